@@ -1,0 +1,192 @@
+"""Command line: ``singa-mpi {train,test,check,data} ...`` (also ``python -m singa_mpi``).
+
+Launch examples::
+
+    singa-mpi train                                   # the default job (digits MLP)
+    singa-mpi train conf/mnist_mlp.conf --workspace runs/mlp --seed 1
+    singa-mpi check conf/cifar10_convnet.conf
+    singa-mpi data digits --out data/digits
+    mpirun -n 2 python -m singa_mpi train conf/cifar10_hybrid.conf
+
+Errors reach the user as one line on stderr and a non-zero exit code
+(2 for a bad configuration, 3 for bad data); ``--traceback`` shows the stack.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import warnings
+
+from singa_mpi.errors import ConfigError, SingaError
+
+REPO_CONF = pathlib.Path(__file__).resolve().parent.parent / "conf"
+DEFAULT_JOB = "digits_mlp.conf"
+DIGITS_DIR = pathlib.Path("data") / "digits"
+
+
+def default_job_path() -> pathlib.Path:
+    """conf/digits_mlp.conf of the checkout (or of the current directory)."""
+    for folder in (REPO_CONF, pathlib.Path("conf")):
+        if (folder / DEFAULT_JOB).exists():
+            return folder / DEFAULT_JOB
+    raise ConfigError(f"no job given and {DEFAULT_JOB} not found in {REPO_CONF} or ./conf: "
+                      f"expected `singa-mpi train JOB.conf`")
+
+
+def resolve_workspace(cfg, override: str | None) -> str:
+    if override:
+        return override
+    if cfg.proto.cluster.workspace:
+        return cfg.proto.cluster.workspace
+    return os.path.join("workspace", cfg.proto.name or pathlib.Path(cfg.path).stem)
+
+
+# ------------------------------------------------------------------ commands
+
+def cmd_check(args) -> int:
+    from singa_mpi.config.load import load_job
+    from singa_mpi.config.validate import validate
+
+    cfg = load_job(args.job)
+    summary = validate(cfg)
+    for warning in summary.warnings:
+        print(f"warning: {warning}")
+    print(f"{cfg.path}: OK  job '{summary.name}'  {summary.algorithm}  {summary.updater}  "
+          f"{summary.train_steps} steps")
+    for phase in summary.phases:
+        print(f"  {phase.phase}: {len(phase.layers)} layers, batch {phase.batch}")
+        if args.verbose:
+            for name, type_name, shape in phase.layers:
+                print(f"    {name:<20} {type_name:<18} {shape}")
+    print(f"  params: {len(summary.params)}  ({summary.num_weights:,} weights)")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from singa_mpi.config.load import load_job
+    from singa_mpi.config.validate import validate
+
+    job_path = args.job or default_job_path()
+    if args.job is None:
+        ensure_digits()
+    cfg = load_job(job_path)
+    if args.seed is not None:
+        cfg.proto.seed = args.seed
+    validate(cfg)
+    workspace = resolve_workspace(cfg, args.workspace)
+    from singa_mpi.runtime import run_training
+
+    return run_training(cfg, workspace, steps=args.steps, stall_timeout=getattr(args, "stall_timeout", None))
+
+
+def cmd_test(args) -> int:
+    from singa_mpi.config.load import load_job
+    from singa_mpi.config.validate import validate
+    from singa_mpi.runtime import run_test
+
+    cfg = load_job(args.job)
+    validate(cfg)
+    if cfg.proto.test_steps <= 0:
+        raise ConfigError(f"{cfg.path}: test_steps = {cfg.proto.test_steps}: expected test_steps > 0 for `test`")
+    workspace = resolve_workspace(cfg, args.workspace)
+    return run_test(cfg, workspace, checkpoints=args.checkpoint)
+
+
+def ensure_digits() -> None:
+    """Prepare scikit-learn's digits for the default job on first use."""
+    if (DIGITS_DIR / "train.h5").exists() and (DIGITS_DIR / "test.h5").exists():
+        return
+    from singa_mpi.data.convert import convert_digits
+
+    print(f"preparing scikit-learn's digits in {DIGITS_DIR}/ (first run)")
+    convert_digits(str(DIGITS_DIR), backend="hdf5")
+
+
+def cmd_data(args) -> int:
+    from singa_mpi.data import convert
+
+    if args.source == "digits":
+        paths = convert.convert_digits(args.out, backend=args.backend, test_fraction=args.test_fraction,
+                                       seed=args.seed)
+    elif args.source == "mnist":
+        paths = convert.convert_mnist(args.images, args.labels, args.out, args.backend)
+    elif args.source == "cifar10":
+        paths = convert.convert_cifar10(args.batches, args.out, args.backend, mean_out=args.mean)
+    else:
+        paths = convert.convert_csv(args.csv, args.out, args.backend, has_label=not args.no_label,
+                                    separator=args.separator)
+    for path in paths if isinstance(paths, (list, tuple)) else [paths]:
+        print(f"wrote {path}")
+    return 0
+
+
+# ------------------------------------------------------------------ parser
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="singa-mpi", description=__doc__.split("\n")[0])
+    parser.add_argument("--traceback", action="store_true", help="show the Python traceback on errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a job (default: conf/digits_mlp.conf)")
+    p.add_argument("job", nargs="?", help="job configuration (text-format JobProto)")
+    p.add_argument("--workspace", help="output folder (default: cluster.workspace)")
+    p.add_argument("--seed", type=int, help="overrides the job's seed")
+    p.add_argument("--steps", type=int, help="overrides train_steps")
+    p.add_argument("--stall-timeout", type=float, default=None,
+                   help="MPI runs: abort when a step makes no progress for this many seconds")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("test", help="run the test phase on a trained model")
+    p.add_argument("job")
+    p.add_argument("--workspace")
+    p.add_argument("--checkpoint", action="append",
+                   help="checkpoint file(s) to load (default: the newest in the workspace)")
+    p.set_defaults(func=cmd_test)
+
+    p = sub.add_parser("check", help="validate a job configuration (no data, no MPI)")
+    p.add_argument("job")
+    p.add_argument("-v", "--verbose", action="store_true", help="list layers with output shapes")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("data", help="convert data sets into stores")
+    p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv"])
+    p.add_argument("--out", required=True, help="output store (folder for digits)")
+    p.add_argument("--backend", default="hdf5", choices=["hdf5", "kvfile", "textfile"])
+    p.add_argument("--images", help="mnist: IDX image file (.gz ok)")
+    p.add_argument("--labels", help="mnist: IDX label file (.gz ok)")
+    p.add_argument("--batches", nargs="+", help="cifar10: binary batch files")
+    p.add_argument("--mean", help="cifar10: also write the per-pixel mean to this kvfile")
+    p.add_argument("--csv", help="csv: input file with label,v1,v2,... lines")
+    p.add_argument("--no-label", action="store_true", help="csv: lines carry no label column")
+    p.add_argument("--separator", default=",")
+    p.add_argument("--test-fraction", type=float, default=0.2, help="digits: held-out share")
+    p.add_argument("--seed", type=int, default=0, help="digits: split seed")
+    p.set_defaults(func=cmd_data)
+    return parser
+
+
+def _check_data_args(args) -> None:
+    required = {"mnist": ("images", "labels"), "cifar10": ("batches",), "csv": ("csv",)}
+    for name in required.get(getattr(args, "source", ""), ()):
+        if not getattr(args, name):
+            raise ConfigError(f"data {args.source}: --{name} is required")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.simplefilter("default")
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
+    try:
+        if args.command == "data":
+            _check_data_args(args)
+        return args.func(args)
+    except SingaError as err:
+        if args.traceback:
+            raise
+        print(f"singa-mpi: error: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("singa-mpi: interrupted", file=sys.stderr)
+        return 130

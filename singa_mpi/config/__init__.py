@@ -1,0 +1,1 @@
+"""Job configuration: parsing with positions, phase selection, validation."""

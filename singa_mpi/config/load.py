@@ -1,0 +1,93 @@
+"""Read a job configuration: text format -> JobProto, with positions for errors.
+
+Parse errors become ``FILE:LINE:COL: message``.  Semantic checks live in
+:mod:`singa_mpi.config.validate`; this module only parses and selects layers
+by phase.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import warnings
+
+from google.protobuf import text_format
+
+from singa_mpi.config.source import SourceMap
+from singa_mpi.errors import ConfigError
+from singa_mpi.proto import job_pb2
+
+PHASES = {"train": job_pb2.kTrain, "val": job_pb2.kVal, "test": job_pb2.kTest}
+
+
+@dataclasses.dataclass
+class JobConfig:
+    """A parsed job: the proto, its text and where each field was written."""
+
+    proto: job_pb2.JobProto
+    path: str
+    text: str
+    source: SourceMap
+
+    def where(self, *fields) -> str:
+        return self.source.where(*fields)
+
+    def layer_where(self, index: int, *fields) -> str:
+        """``FILE:LINE:COL`` of ``neuralnet.layer[index].<fields>``."""
+        return self.source.where("neuralnet", "layer", index, *fields)
+
+
+def parse_job(text: str, path: str = "<string>") -> JobConfig:
+    """Parse text-format JobProto; ConfigError ``path:line:col: ...`` on syntax errors."""
+    job = job_pb2.JobProto()
+    try:
+        # SINGA user extensions ([data_conf] { ... }) parse; validation rejects user layers.
+        text_format.Parse(text, job, allow_unknown_extension=True)
+    except text_format.ParseError as err:
+        line, col = err.GetLine(), err.GetColumn()
+        message = str(err)
+        # protobuf prefixes "line:col : "; keep only the explanation
+        if " : " in message:
+            message = message.split(" : ", 1)[1]
+        where = f"{path}:{line}:{col}" if line else path
+        raise ConfigError(f"{where}: {message}") from None
+    _warn_ignored(job, path)
+    return JobConfig(job, path, text, SourceMap(path, text))
+
+
+def load_job(path: str | pathlib.Path) -> JobConfig:
+    """Read and parse a job file; ConfigError if it cannot be read."""
+    path = str(path)
+    try:
+        text = pathlib.Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read job configuration: {err.strerror}") from None
+    return parse_job(text, path)
+
+
+def _warn_ignored(job: job_pb2.JobProto, path: str) -> None:
+    if job.gpu:
+        warnings.warn(f"{path}: gpu: {list(job.gpu)} ignored: singa_mpi trains on CPUs", stacklevel=3)
+
+
+def layers_for_phase(job: job_pb2.JobProto, phase: str) -> list[tuple[int, job_pb2.LayerProto]]:
+    """(file index, layer) of the layers kept for ``phase`` (SINGA's include/exclude rules).
+
+    A layer is dropped if ``exclude`` lists the phase; if ``include`` is non-empty it is
+    kept only when ``include`` lists the phase.
+    """
+    code = PHASES[phase]
+    kept = []
+    for index, layer in enumerate(job.neuralnet.layer):
+        if code in layer.exclude:
+            continue
+        if layer.include and code not in layer.include:
+            continue
+        kept.append((index, layer))
+    return kept
+
+
+def effective_partition_dim(job: job_pb2.JobProto, layer: job_pb2.LayerProto) -> int:
+    """The layer's own partition_dim if written, else the net's (default 0)."""
+    if layer.HasField("partition_dim"):
+        return layer.partition_dim
+    return job.neuralnet.partition_dim

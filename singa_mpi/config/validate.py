@@ -1,0 +1,289 @@
+"""Check a whole job before anything runs; report the first problem on one line.
+
+Every message names the file, line and column, the layer (name, index in the
+file, type), the field, the bad value and what was expected.  Nothing here
+opens a data file (missing data is a warning), touches MPI or allocates params.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from singa_mpi.config.load import JobConfig, effective_partition_dim
+from singa_mpi.errors import ConfigError
+from singa_mpi.graph import CycleError, Node
+from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class
+from singa_mpi.net import describe, global_batch_size, instantiate, layer_error, phase_nodes
+from singa_mpi.params import INITS, init_method_name
+from singa_mpi.proto import job_pb2
+
+ALGORITHMS_SUPPORTED = ("kBP",)
+
+
+@dataclasses.dataclass
+class PhaseSummary:
+    phase: str
+    layers: list[tuple[str, str, tuple[int, ...]]]  # (name, type, output shape per sample)
+    batch: int
+
+
+@dataclasses.dataclass
+class Summary:
+    """What ``singa-mpi check`` prints."""
+
+    name: str
+    algorithm: str
+    updater: str
+    train_steps: int
+    phases: list[PhaseSummary]
+    params: list[tuple[str, tuple[int, ...]]]  # (name, logical shape), owners only
+    warnings: list[str]
+
+    @property
+    def num_weights(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.params)
+
+
+def validate(cfg: JobConfig) -> Summary:
+    """Raise ConfigError for the first problem; return a summary otherwise."""
+    job = cfg.proto
+    _check_job_fields(cfg)
+    _check_include_exclude(cfg)
+    phases = ["train"]
+    if job.test_steps > 0:
+        phases.append("test")
+    if job.validate_steps > 0:
+        phases.append("val")
+    summaries, params, warnings = [], {}, []
+    for phase in phases:
+        summaries.append(_check_phase(cfg, phase, params, warnings))
+    from singa_mpi.updaters import make_updater  # deferred: keeps `check` light
+
+    try:
+        make_updater(job.updater)
+    except ConfigError as err:
+        raise ConfigError(f"{cfg.where('updater')}: {err}") from None
+    return Summary(
+        name=job.name or "(unnamed)",
+        algorithm=job_pb2.AlgType.Name(job.train_one_batch.alg),
+        updater=job_pb2.UpdaterType.Name(job.updater.type),
+        train_steps=job.train_steps,
+        phases=summaries,
+        params=sorted((name, shape) for name, (shape, _) in params.items()),
+        warnings=warnings,
+    )
+
+
+def _fail(cfg: JobConfig, fields: tuple, message: str) -> ConfigError:
+    return ConfigError(f"{cfg.where(*fields)}: {message}")
+
+
+def _check_job_fields(cfg: JobConfig) -> None:
+    job = cfg.proto
+    if not job.HasField("neuralnet") or not job.neuralnet.layer:
+        raise _fail(cfg, ("neuralnet",), "neuralnet: expected at least one layer { ... }")
+    alg = job_pb2.AlgType.Name(job.train_one_batch.alg)
+    if alg not in ALGORITHMS_SUPPORTED:
+        raise _fail(cfg, ("train_one_batch", "alg"),
+                    f"train_one_batch.alg = {alg}: expected one of {', '.join(ALGORITHMS_SUPPORTED)}")
+    if job.train_steps <= 0 and not job.HasField("train_steps"):
+        raise _fail(cfg, (), "train_steps: missing: expected a positive number of training steps")
+    for field in ("train_steps", "disp_freq", "test_freq", "test_steps", "validate_freq",
+                  "validate_steps", "checkpoint_freq", "disp_after", "test_after", "validate_after",
+                  "checkpoint_after"):
+        value = getattr(job, field)
+        if value < 0 or (field == "train_steps" and value == 0):
+            expected = "a positive integer" if field == "train_steps" else "an integer >= 0"
+            raise _fail(cfg, (field,), f"{field} = {value}: expected {expected}")
+    if job.test_steps > 0 and job.test_freq <= 0:
+        raise _fail(cfg, ("test_steps",), f"test_freq = {job.test_freq}: expected a positive test_freq "
+                                          f"when test_steps = {job.test_steps}")
+    if job.validate_steps > 0 and job.validate_freq <= 0:
+        raise _fail(cfg, ("validate_steps",), f"validate_freq = {job.validate_freq}: expected a positive "
+                                              f"validate_freq when validate_steps = {job.validate_steps}")
+    if not (-1 <= job.neuralnet.partition_dim <= 1):
+        raise _fail(cfg, ("neuralnet", "partition_dim"),
+                    f"neuralnet.partition_dim = {job.neuralnet.partition_dim}: expected -1, 0 or 1")
+
+
+def _check_include_exclude(cfg: JobConfig) -> None:
+    """SINGA's rule: one file uses include or exclude, never both."""
+    first = {}
+    for index, layer in enumerate(cfg.proto.neuralnet.layer):
+        for field in ("include", "exclude"):
+            if getattr(layer, field):
+                first.setdefault(field, (index, layer))
+    if len(first) == 2:
+        index, layer = max(first.values(), key=lambda item: item[0])
+        field = "include" if first["include"][0] == index else "exclude"
+        other = "exclude" if field == "include" else "include"
+        node = Node(index, layer)
+        raise layer_error(cfg, node, field, _phases(getattr(layer, field)),
+                          f"only '{other}' in this file (layer #{first[other][0]} uses it; "
+                          f"SINGA forbids mixing include and exclude)")
+
+
+def _phases(values) -> str:
+    return ",".join(job_pb2.Phase.Name(v) for v in values)
+
+
+def _check_phase(cfg: JobConfig, phase: str, params: dict, warnings: list[str]) -> PhaseSummary:
+    nodes = phase_nodes(cfg, phase)
+    if not nodes:
+        raise _fail(cfg, ("neuralnet",), f"neuralnet: no layer is kept for phase {phase}: "
+                                         f"expected layers without include/exclude for it")
+    _check_names_and_sources(cfg, nodes, phase)
+    for node in nodes:
+        _check_layer_fields(cfg, node)
+    batch = global_batch_size(cfg, nodes)
+    ctx = LayerContext(global_batch=batch, workspace=cfg.proto.cluster.workspace or ".", phase=phase)
+    try:
+        built = instantiate(cfg, nodes, lambda node: dataclasses.replace(ctx))
+    except CycleError as err:
+        first = next(n for n in nodes if n.name == err.names[0])
+        raise layer_error(cfg, first, "srclayers", list(first.conf.srclayers),
+                          f"an acyclic net, found the cycle {' -> '.join(err.names)}") from None
+    by_name = {node.name: (node, layer) for node, layer, _ in built}
+    for node, layer, kinds in built:
+        _check_sources(cfg, node, layer, kinds, by_name)
+        _check_params(cfg, node, layer, params)
+        _warn_missing_data(cfg, node, warnings)
+    for node, layer, _ in built:  # after all owners of the phase are known
+        _check_shared_params(cfg, node, layer, params)
+    _check_batches(cfg, [(n, l) for n, l, _ in built])
+    return PhaseSummary(phase, [(n.name, n.type_name, l.out_shape) for n, l, _ in built], batch)
+
+
+def _check_names_and_sources(cfg: JobConfig, nodes: list[Node], phase: str) -> None:
+    seen: dict[str, Node] = {}
+    for node in nodes:
+        if not node.name:
+            raise layer_error(cfg, node, "name", '""', "a non-empty layer name")
+        if "@" in node.name or "#" in node.name:
+            raise layer_error(cfg, node, "name", repr(node.name),
+                              "a name without '@' or '#' (reserved for partition and unroll suffixes)")
+        if node.name in seen:
+            raise layer_error(cfg, node, "name", repr(node.name),
+                              f"a name unique in phase {phase} (layer #{seen[node.name].index} has it)")
+        seen[node.name] = node
+    for node in nodes:
+        for k, src in enumerate(node.conf.srclayers):
+            if src not in seen:
+                raise ConfigError(
+                    f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "
+                    f"srclayers = {src!r}: expected the name of a layer of phase {phase} "
+                    f"(known: {', '.join(sorted(seen))})")
+            if src == node.name:
+                raise layer_error(cfg, node, "srclayers", repr(src), "a layer other than itself")
+
+
+def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
+    conf = node.conf
+    if not conf.HasField("type"):
+        raise layer_error(cfg, node, "type", "missing", "a layer type such as kInnerProduct")
+    if conf.type == job_pb2.kUserLayer:
+        raise layer_error(cfg, node, "type", "kUserLayer",
+                          f"a built-in type (user layers are not supported): one of {', '.join(sorted(_types()))}")
+    try:
+        cls = layer_class(node.type_name)
+    except ConfigError as err:
+        raise layer_error(cfg, node, "type", node.type_name, str(err).split("expected ", 1)[1]) from None
+    pdim = effective_partition_dim(cfg.proto, conf)
+    if not -1 <= pdim <= 1:
+        raise layer_error(cfg, node, "partition_dim", pdim, "-1 (none), 0 (batch) or 1 (feature)")
+    if conf.location < 0:
+        raise layer_error(cfg, node, "location", conf.location, "a worker id >= 0")
+    low, high = cls.num_srcs
+    count = len(conf.srclayers)
+    if count < low or (high is not None and count > high):
+        want = f"{low}" if low == high else f"{low}..{high if high is not None else 'n'}"
+        raise layer_error(cfg, node, "srclayers", list(conf.srclayers), f"{want} source layer(s) for {node.type_name}")
+
+
+def _types() -> list[str]:
+    return list(LAYERS)
+
+
+def _check_sources(cfg: JobConfig, node: Node, layer: Layer, kinds: list[str], by_name) -> None:
+    for k, (src_name, kind) in enumerate(zip(node.conf.srclayers, kinds)):
+        src_node, src_layer = by_name[src_name]
+        if kind == "aux":
+            has_label = src_layer.is_input and (not src_node.conf.HasField("store_conf")
+                                                or src_node.conf.store_conf.has_label)
+            if not has_label:
+                raise ConfigError(
+                    f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "
+                    f"srclayers[{k}] = {src_name!r}: expected a label source (an input layer with labels) "
+                    f"for {node.type_name}")
+
+
+def _check_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> None:
+    names = set()
+    for k, spec in enumerate(layer.param_specs):
+        conf = spec.conf
+        field = f"param[{k}]"
+        if not conf.name:
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', k)}: {describe(cfg, node)}: "
+                              f"{field}.name: missing: expected a param name unique in the job")
+        if conf.name in names:
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'name')}: {describe(cfg, node)}: "
+                              f"{field}.name = {conf.name!r}: expected a name not used twice in one layer")
+        names.add(conf.name)
+        if conf.share_from:
+            continue
+        if init_method_name(conf) not in INITS:
+            raise ConfigError(
+                f"{cfg.layer_where(node.index, 'param', k, 'init', 'type')}: {describe(cfg, node)}: "
+                f"{field}.init.type = {init_method_name(conf)}: expected one of {', '.join(sorted(INITS))}")
+        known = params.get(conf.name)
+        if known is not None and known[1] != node.name:
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'name')}: {describe(cfg, node)}: "
+                              f"{field}.name = {conf.name!r}: expected a name not used by another layer's "
+                              f"param (layer '{known[1]}' declares it; use share_from to share it)")
+        params[conf.name] = (spec.logical_shape, node.name)
+
+
+def _check_shared_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> None:
+    for k, spec in enumerate(layer.param_specs):
+        owner = spec.conf.share_from
+        if not owner:
+            continue
+        where = cfg.layer_where(node.index, "param", k, "share_from")
+        if owner not in params:
+            raise ConfigError(f"{where}: {describe(cfg, node)}: param[{k}].share_from = {owner!r}: "
+                              f"expected the name of a param declared by another layer "
+                              f"(known: {', '.join(sorted(params)) or 'none'})")
+        if params[owner][0] != spec.logical_shape:
+            raise ConfigError(f"{where}: {describe(cfg, node)}: param[{k}].share_from = {owner!r}: "
+                              f"expected a param of shape {spec.logical_shape}, {owner!r} has {params[owner][0]}")
+
+
+def _check_batches(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
+    first = None
+    for node, layer in built:
+        if not node.conf.HasField("store_conf"):
+            continue
+        for k, size in enumerate(node.conf.store_conf.batchsize):
+            if size <= 0:
+                raise ConfigError(f"{cfg.layer_where(node.index, 'store_conf', 'batchsize', k)}: "
+                                  f"{describe(cfg, node)}: store_conf.batchsize = {size}: expected a positive integer")
+        if not node.conf.store_conf.batchsize:
+            raise layer_error(cfg, node, "store_conf.batchsize", "missing", "a positive batch size")
+        batch = sum(node.conf.store_conf.batchsize)
+        if first is None:
+            first = (node, batch)
+        elif batch != first[1]:
+            raise layer_error(cfg, node, "store_conf.batchsize", batch,
+                              f"{first[1]}, the batch size of input layer '{first[0].name}' of the same phase")
+
+
+def _warn_missing_data(cfg: JobConfig, node: Node, warnings: list[str]) -> None:
+    if not node.conf.HasField("store_conf") or not node.conf.store_conf.path:
+        return
+    path = node.conf.store_conf.path
+    workspace = cfg.proto.cluster.workspace
+    candidates = [path] + ([os.path.join(workspace, path)] if workspace else [])
+    if not any(os.path.exists(p) for p in candidates):
+        warnings.append(f"{cfg.layer_where(node.index, 'store_conf', 'path')}: layer '{node.name}': "
+                        f"data file {path!r} not found (prepare it before training)")

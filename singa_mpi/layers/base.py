@@ -1,0 +1,190 @@
+"""The layer interface, the layer registry and the per-sub-layer context.
+
+A layer computes on whatever slice of the batch (rows) and of its output
+features (axis 1) it is given.  It never sees a rank: the planner decides the
+slices, the runtime fills a :class:`LayerContext`, and the layer's maths only
+reads ``ctx.batch_slice`` / ``ctx.feature_slice`` where it must (parameter
+shards, random masks keyed by global indices, loss normalisation).
+
+Lifecycle of one (sub-)layer::
+
+    layer = cls(conf, ctx)
+    out_shape = layer.setup(src_shapes)  # logical per-sample shapes; declares ParamSpecs
+    <framework allocates layer.params from the specs: init, share, shard>
+    y = layer.forward(inputs, train)     # inputs: local arrays, rows = local batch
+    gx = layer.backward(dy, need)        # returns input grads, *accumulates* param grads
+
+Shapes passed to ``setup`` exclude the batch dimension and are *logical*
+(unpartitioned).  Arrays passed to ``forward`` have the local batch as axis 0
+and, for a feature-partitioned OneToOne layer, the local feature slice on axis 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, ClassVar, Sequence
+
+import numpy as np
+
+from singa_mpi.errors import ConfigError
+from singa_mpi.params import keyed_rng
+from singa_mpi.proto import job_pb2
+
+Shape = tuple[int, ...]
+
+# How a layer consumes its source's output when the net is partitioned
+# (seed 004's table): OneToAll layers need the whole input feature vector.
+ONE_TO_ONE = "OneToOne"
+ONE_TO_ALL = "OneToAll"
+
+LAYERS: dict[str, type["Layer"]] = {}
+
+
+def register(*type_names: str) -> Callable[[type["Layer"]], type["Layer"]]:
+    """Class decorator: make the layer class available under SINGA type names."""
+
+    def add(cls: type[Layer]) -> type[Layer]:
+        for name in type_names:
+            if name in LAYERS:
+                raise RuntimeError(f"layer type {name} registered twice")
+            job_pb2.LayerType.Value(name)  # a typo here is a programming error
+            LAYERS[name] = cls
+        cls.type_names = tuple(type_names)
+        return cls
+
+    return add
+
+
+def layer_class(type_name: str) -> type["Layer"]:
+    """The class registered for ``type_name``; ConfigError listing valid names otherwise."""
+    _load_families()
+    try:
+        return LAYERS[type_name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown layer type {type_name}: expected one of {', '.join(sorted(LAYERS))}"
+        ) from None
+
+
+def _load_families() -> None:
+    """Import every layer family so its decorators have filled LAYERS."""
+    from singa_mpi.layers import input, loss, neuron, output  # noqa: F401
+
+
+class LayerConfigError(Exception):
+    """Raised by ``Layer.setup``; the validator adds file, line and layer name."""
+
+    def __init__(self, field: str, value: object, expected: str):
+        super().__init__(f"{field} = {value}: expected {expected}")
+        self.field, self.value, self.expected = field, value, expected
+
+
+@dataclasses.dataclass
+class LayerContext:
+    """What a (sub-)layer knows of its place in the job; never a rank.
+
+    batch_slice:   rows ``[lo, hi)`` of the global mini-batch this sub-layer computes.
+    feature_slice: ``[lo, hi)`` of the output's axis 1 this sub-layer computes,
+                   or None for the whole axis.
+    global_batch:  rows in the global mini-batch (loss layers normalise by it).
+    seed:          the job seed; random streams are keyed by (seed, step, layer, index).
+    step:          the current training step, set by the trainer before each batch.
+    workspace:     folder for output layers' files and relative store paths.
+    """
+
+    global_batch: int = 1
+    batch_slice: tuple[int, int] | None = None
+    feature_slice: tuple[int, int] | None = None
+    seed: int = 0
+    step: int = 0
+    workspace: str = "."
+    phase: str = "train"
+
+    def rows(self) -> tuple[int, int]:
+        return self.batch_slice if self.batch_slice is not None else (0, self.global_batch)
+
+    def features(self, total: int) -> tuple[int, int]:
+        return self.feature_slice if self.feature_slice is not None else (0, total)
+
+
+@dataclasses.dataclass
+class ParamSpec:
+    """A parameter a layer declares in setup; the framework allocates it.
+
+    logical_shape is the unpartitioned shape; ``shard`` selects this sub-layer's
+    part of it (a tuple of (lo, hi) per axis).  fan_in/fan_out feed the
+    *SqrtFanIn* init methods (SINGA uses shape[1] and shape[0] of 2-D params).
+    """
+
+    conf: job_pb2.ParamProto
+    logical_shape: Shape
+    shard: tuple[tuple[int, int], ...]
+    role: str  # "weight", "bias", ... (for messages)
+
+    @property
+    def shard_shape(self) -> Shape:
+        return tuple(hi - lo for lo, hi in self.shard)
+
+
+class Layer:
+    """Base class; subclasses implement setup/forward/backward."""
+
+    type_names: ClassVar[tuple[str, ...]] = ()
+    connection: ClassVar[str] = ONE_TO_ONE
+    # How each source is consumed: "data" (its output) or "aux" (its labels).
+    input_kinds: ClassVar[tuple[str, ...]] = ()
+    is_input: ClassVar[bool] = False
+    is_loss: ClassVar[bool] = False
+    # Whether partition_dim 1 is meaningful; the planner rejects it otherwise.
+    feature_partitionable: ClassVar[bool] = True
+    # Minimum and maximum number of srclayers (None = unbounded).
+    num_srcs: ClassVar[tuple[int, int | None]] = (1, 1)
+
+    def __init__(self, conf: job_pb2.LayerProto, ctx: LayerContext | None = None):
+        self.conf = conf
+        self.name = conf.name
+        self.ctx = ctx or LayerContext()
+        self.param_specs: list[ParamSpec] = []
+        self.params: list = []  # filled by the framework, same order as param_specs
+        self.out_shape: Shape = ()
+        self.data: np.ndarray | None = None
+        self.aux: np.ndarray | None = None
+
+    # -- configuration -------------------------------------------------------
+    def setup(self, src_shapes: Sequence[Shape]) -> Shape:
+        """Check the conf against the logical source shapes; return the logical output shape."""
+        raise NotImplementedError
+
+    def declare_param(self, index: int, role: str, logical_shape: Shape, shard_axis: int | None) -> None:
+        """Declare ``conf.param[index]``; sharded on ``shard_axis`` by the feature slice."""
+        if index >= len(self.conf.param):
+            raise LayerConfigError(f"param[{index}]", "missing", f"a param {{ name: ... }} for the {role}")
+        shard = [(0, n) for n in logical_shape]
+        if shard_axis is not None and self.ctx.feature_slice is not None:
+            shard[shard_axis] = self.ctx.feature_slice
+        self.param_specs.append(ParamSpec(self.conf.param[index], tuple(logical_shape), tuple(shard), role))
+
+    def local_out_shape(self) -> Shape:
+        """This sub-layer's output shape per sample (feature slice applied to axis 1)."""
+        if not self.out_shape:
+            return self.out_shape
+        lo, hi = self.ctx.features(self.out_shape[0])
+        return (hi - lo,) + tuple(self.out_shape[1:])
+
+    # -- computation ---------------------------------------------------------
+    def forward(self, inputs: list[np.ndarray], train: bool) -> np.ndarray:
+        raise NotImplementedError
+
+    def backward(self, grad: np.ndarray | None, need: list[bool]) -> list[np.ndarray | None]:
+        """Gradients w.r.t. the inputs (None where ``need`` is False); param grads accumulate."""
+        return [None] * len(need)
+
+    def metrics(self) -> dict[str, float]:
+        """Sums over this sub-layer's rows since the last call (loss/output layers)."""
+        return {}
+
+    def rng(self, *key: int) -> np.random.Generator:
+        """A random stream keyed by (seed, layer name, *key), independent of rank and order."""
+        return keyed_rng(self.ctx.seed, self.conf.name, *key)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"

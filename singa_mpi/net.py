@@ -1,0 +1,174 @@
+"""A net of layer instances for one process: build, allocate params, run forward/backward.
+
+The serial net is built from the job for one phase.  The MPI runtime builds the
+same :class:`Net` from a rank's part of a partition plan (sub-layers plus
+connection layers), so forward/backward below is the one execution engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable
+
+from singa_mpi.config.load import JobConfig, layers_for_phase
+from singa_mpi.errors import ConfigError
+from singa_mpi.graph import Node, topological_order
+from singa_mpi.layers.base import Layer, LayerConfigError, LayerContext, layer_class
+from singa_mpi.params import Param, make_param
+
+
+@dataclasses.dataclass
+class Wire:
+    """A layer with its sources, as the net runs it."""
+
+    layer: Layer
+    srcs: list[Layer]
+    kinds: list[str]  # per source: "data" or "aux"
+    node: Node | None = None
+    needs_grad: bool = False  # some parameter at or below this layer
+
+
+class Net:
+    """Layers in execution order; forward in order, backward in reverse (seed 003)."""
+
+    def __init__(self, wires: list[Wire]):
+        self.wires = wires
+        self.layers = [w.layer for w in wires]
+        self._wire_by_layer = {id(w.layer): w for w in wires}
+        self._mark_needs_grad()
+        # which inputs of each wire need a gradient: fixed once the graph is built
+        self._need = {id(w.layer): [k == "data" and self.wire_of(s).needs_grad
+                                    for s, k in zip(w.srcs, w.kinds)] for w in wires}
+
+    def _mark_needs_grad(self) -> None:
+        for wire in self.wires:
+            wire.needs_grad = bool(wire.layer.params) or any(
+                self.wire_of(s).needs_grad for s, k in zip(wire.srcs, wire.kinds) if k == "data"
+            )
+
+    def wire_of(self, layer: Layer) -> Wire:
+        return self._wire_by_layer[id(layer)]
+
+    @property
+    def params(self) -> list[Param]:
+        """Unique params in first-use order (shared params appear once)."""
+        seen: dict[int, Param] = {}
+        for layer in self.layers:
+            for p in layer.params:
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def forward(self, train: bool) -> None:
+        for wire in self.wires:
+            inputs = [s.aux if k == "aux" else s.data for s, k in zip(wire.srcs, wire.kinds)]
+            wire.layer.grad = None
+            wire.layer.data = wire.layer.forward(inputs, train)
+
+    def backward(self, on_layer_done: Callable[[Layer], None] | None = None) -> None:
+        """Reverse pass; ``on_layer_done(layer)`` fires once a layer's param grads are final."""
+        for wire in reversed(self.wires):
+            if not wire.needs_grad:
+                continue
+            layer = wire.layer
+            grads = layer.backward(layer.grad, self._need[id(layer)])
+            for src, g in zip(wire.srcs, grads):
+                if g is None:
+                    continue
+                # the first gradient is taken as is; later ones make a new sum so
+                # that no layer's cached array is modified behind its back
+                src.grad = g if src.grad is None else src.grad + g
+            if on_layer_done is not None and layer.params:
+                on_layer_done(layer)
+
+    def zero_grads(self) -> None:
+        for p in self.params:
+            p.zero_grad()
+
+    def collect_metrics(self) -> dict[str, float]:
+        """Sum of all loss/output layers' metrics since the last call."""
+        total: dict[str, float] = {}
+        for layer in self.layers:
+            for key, value in layer.metrics().items():
+                total[key] = total.get(key, 0.0) + float(value)
+        return total
+
+
+# ------------------------------------------------------------------ building
+
+def describe(cfg: JobConfig, node: Node) -> str:
+    return f"layer '{node.name}' (#{node.index}, {node.type_name})"
+
+
+def layer_error(cfg: JobConfig, node: Node, field: str, value, expected: str) -> ConfigError:
+    """One-line ConfigError: FILE:LINE:COL: layer 'x' (#i, kType): field = value: expected ..."""
+    where = cfg.layer_where(node.index, *field.split(".")) if field else cfg.layer_where(node.index)
+    return ConfigError(f"{where}: {describe(cfg, node)}: {field} = {value}: expected {expected}")
+
+
+def phase_nodes(cfg: JobConfig, phase: str) -> list[Node]:
+    return [Node(i, conf) for i, conf in layers_for_phase(cfg.proto, phase)]
+
+
+def instantiate(cfg: JobConfig, nodes: list[Node], make_ctx: Callable[[Node], LayerContext]
+                ) -> list[tuple[Node, Layer, list[str]]]:
+    """Create and set up the layers of ``nodes`` in topological order.
+
+    Returns (node, layer, source kinds).  Every problem is a one-line ConfigError.
+    """
+    done: dict[str, Layer] = {}
+    built = []
+    for node in topological_order(nodes):
+        cls = layer_class(node.type_name)
+        layer = cls(node.conf, make_ctx(node))
+        srcs = [done[s] for s in node.conf.srclayers if s in done]
+        kinds = list(cls.input_kinds) or ["data"] * len(srcs)
+        shapes = [s.out_shape if k == "data" else () for s, k in zip(srcs, kinds)]
+        try:
+            layer.out_shape = tuple(layer.setup(shapes))
+        except LayerConfigError as err:
+            raise layer_error(cfg, node, err.field, err.value, err.expected) from None
+        done[node.name] = layer
+        built.append((node, layer, kinds))
+    return built
+
+
+def global_batch_size(cfg: JobConfig, nodes: Iterable[Node]) -> int:
+    """The batch size of the phase's input layers (the validator checks they agree)."""
+    for node in nodes:
+        store = node.conf.store_conf
+        if node.conf.HasField("store_conf") and store.batchsize:
+            return int(sum(store.batchsize)) if len(store.batchsize) > 1 else int(store.batchsize[0])
+    return 1
+
+
+def allocate_params(layers: list[Layer], seed: int, shared: dict[str, Param]) -> None:
+    """Create each layer's params from its specs; ``share_from`` and other phases reuse ``shared``.
+
+    Owners are created first so that a param may share from one declared later in the file.
+    """
+    specs = [(layer, spec) for layer in layers for spec in layer.param_specs]
+    for layer, spec in specs:
+        if not spec.conf.share_from and spec.conf.name not in shared:
+            shared[spec.conf.name] = make_param(spec.conf, spec.logical_shape, spec.shard, seed)
+    for layer in layers:
+        layer.params = []
+        for spec in layer.param_specs:
+            name = spec.conf.share_from or spec.conf.name
+            layer.params.append(shared[name])
+
+
+def build_serial_net(cfg: JobConfig, phase: str, seed: int, workspace: str,
+                     shared: dict[str, Param]) -> Net:
+    """The whole net of ``phase`` in one process (no partitioning)."""
+    nodes = phase_nodes(cfg, phase)
+    batch = global_batch_size(cfg, nodes)
+
+    def make_ctx(node: Node) -> LayerContext:
+        return LayerContext(global_batch=batch, seed=seed, workspace=workspace, phase=phase)
+
+    built = instantiate(cfg, nodes, make_ctx)
+    by_name = {node.name: layer for node, layer, _ in built}
+    allocate_params([layer for _, layer, _ in built], seed, shared)
+    wires = [Wire(layer, [by_name[s] for s in node.conf.srclayers], kinds, node)
+             for node, layer, kinds in built]
+    return Net(wires)
+

@@ -1,0 +1,137 @@
+"""Parameters: their values, gradients, init methods and sharding.
+
+A :class:`Param` holds this sub-layer's shard of a logical parameter.  Values
+are initialised from the *logical* (unsharded) array, drawn from a random
+stream keyed by (seed, param name), and then sliced, so every partitioning of
+a job starts from exactly the numbers the serial run starts from.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Callable
+
+import numpy as np
+
+from singa_mpi.errors import ConfigError
+from singa_mpi.proto import job_pb2
+
+Shape = tuple[int, ...]
+
+
+def keyed_rng(seed: int, name: str, *key: int) -> np.random.Generator:
+    """A random stream determined by (seed, name, *key) alone: no rank, no call order."""
+    return np.random.default_rng([seed & 0xFFFFFFFFFFFF, zlib.crc32(name.encode()), *key])
+
+
+class Param:
+    """One parameter shard.
+
+    name:          the param's name (unique in the job).
+    logical_shape: the unpartitioned shape.
+    shard:         ((lo, hi), ...) per axis: which part of the logical array this is.
+    data, grad:    float32 arrays of the shard's shape; ``grad`` accumulates.
+    """
+
+    def __init__(self, conf: job_pb2.ParamProto, logical_shape: Shape, shard: tuple[tuple[int, int], ...]):
+        self.conf = conf
+        self.name = conf.name
+        self.logical_shape = tuple(logical_shape)
+        self.shard = tuple(shard)
+        shape = tuple(hi - lo for lo, hi in self.shard)
+        self.data = np.zeros(shape, np.float32)
+        self.grad = np.zeros(shape, np.float32)
+        self.lr_scale = conf.lr_scale
+        self.wd_scale = conf.wd_scale
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.data.shape != self.logical_shape
+
+    def shard_index(self) -> tuple[slice, ...]:
+        return tuple(slice(lo, hi) for lo, hi in self.shard)
+
+    def zero_grad(self) -> None:
+        self.grad.fill(0.0)
+
+    def __repr__(self) -> str:
+        return f"Param({self.name!r}, shape={self.data.shape}, logical={self.logical_shape})"
+
+
+# ---------------------------------------------------------------- init methods
+
+InitFn = Callable[[job_pb2.ParamGenProto, Shape, np.random.Generator], np.ndarray]
+INITS: dict[str, InitFn] = {}
+
+
+def _init(name: str) -> Callable[[InitFn], InitFn]:
+    def add(fn: InitFn) -> InitFn:
+        INITS[name] = fn
+        return fn
+
+    return add
+
+
+def _scaled(gen: job_pb2.ParamGenProto, values: np.ndarray) -> np.ndarray:
+    # SINGA multiplies random values by `value` only when it is not the default 1.
+    return values * gen.value if gen.value != 1 else values
+
+
+def _fan_in(shape: Shape) -> int:
+    # SINGA: fan_in = shape[1] for 2-D params; a vector's fan_in is its length.
+    return shape[1] if len(shape) > 1 else shape[0]
+
+
+@_init("kConstant")
+def _constant(gen, shape, rng):
+    return np.full(shape, gen.value, np.float64)
+
+
+@_init("kGaussian")
+def _gaussian(gen, shape, rng):
+    return _scaled(gen, rng.normal(gen.mean, gen.std, shape))
+
+
+@_init("kUniform")
+def _uniform(gen, shape, rng):
+    return _scaled(gen, rng.uniform(gen.low, gen.high, shape))
+
+
+@_init("kGaussianSqrtFanIn")
+def _gaussian_sqrt_fan_in(gen, shape, rng):
+    return _scaled(gen, rng.normal(gen.mean, gen.std, shape)) / np.sqrt(_fan_in(shape))
+
+
+@_init("kUniformSqrtFanIn")
+def _uniform_sqrt_fan_in(gen, shape, rng):
+    return _scaled(gen, rng.uniform(gen.low, gen.high, shape)) / np.sqrt(_fan_in(shape) / 3.0)
+
+
+@_init("kUniformSqrtFanInOut")
+def _uniform_sqrt_fan_in_out(gen, shape, rng):
+    fan_out = shape[0]
+    return _scaled(gen, rng.uniform(gen.low, gen.high, shape)) / np.sqrt(_fan_in(shape) + fan_out)
+
+
+def init_method_name(conf: job_pb2.ParamProto) -> str:
+    return job_pb2.InitMethod.Name(conf.init.type)
+
+
+def check_init(conf: job_pb2.ParamProto) -> None:
+    """ConfigError unless the param's init method is supported."""
+    name = init_method_name(conf)
+    if name not in INITS:
+        raise ConfigError(f"init.type = {name}: expected one of {', '.join(sorted(INITS))}")
+
+
+def logical_init(conf: job_pb2.ParamProto, shape: Shape, seed: int) -> np.ndarray:
+    """The whole (unsharded) initial value of a param, as float32."""
+    check_init(conf)
+    rng = keyed_rng(seed, conf.name)
+    return np.asarray(INITS[init_method_name(conf)](conf.init, tuple(shape), rng), np.float32)
+
+
+def make_param(conf: job_pb2.ParamProto, logical_shape: Shape, shard, seed: int) -> Param:
+    """Allocate a shard and fill it with its part of the logical initial value."""
+    param = Param(conf, logical_shape, shard)
+    param.data[...] = logical_init(conf, logical_shape, seed)[param.shard_index()]
+    return param

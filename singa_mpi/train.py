@@ -1,0 +1,194 @@
+"""The training loop: SINGA 0.3's Worker::Run order, metrics, progress lines.
+
+Per step ``s`` (from ``job.step`` while ``s < train_steps``): validate if due,
+test if due, train one batch, display if due.  Test and validation happen at
+step 0 too, before the first batch, as in SINGA; singa_mpi also tests once more
+after the last step so that the final model is always measured.
+
+Where the loop runs on several ranks, a :class:`Runtime` supplies the nets of
+this rank and the reductions; the serial runtime is the one-process case.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable
+
+import numpy as np
+
+from singa_mpi import checkpoint
+from singa_mpi.algorithms import make_algorithm
+from singa_mpi.config.load import JobConfig
+from singa_mpi.net import Net, build_serial_net
+from singa_mpi.params import Param
+from singa_mpi.proto import job_pb2
+from singa_mpi.updaters import make_updater
+
+
+# SINGA 0.3 include/singa/worker.h, verbatim semantics
+def display_now(job: job_pb2.JobProto, step: int) -> bool:
+    return job.disp_freq > 0 and step >= job.disp_after and (step - job.disp_after) % job.disp_freq == 0
+
+
+def test_now(job: job_pb2.JobProto, step: int) -> bool:
+    return (job.test_freq > 0 and job.test_steps > 0 and step >= job.test_after
+            and (step - job.test_after) % job.test_freq == 0)
+
+
+def checkpoint_now(job: job_pb2.JobProto, step: int) -> bool:
+    return (job.checkpoint_freq > 0 and step >= job.checkpoint_after
+            and (step - job.checkpoint_after) % job.checkpoint_freq == 0)
+
+
+def validate_now(job: job_pb2.JobProto, step: int) -> bool:
+    return (job.validate_freq > 0 and job.validate_steps > 0 and step >= job.validate_after
+            and (step - job.validate_after) % job.validate_freq == 0)
+
+
+class SerialRuntime:
+    """One process: the whole net, nothing to reduce."""
+
+    rank, size, is_root = 0, 1, True
+
+    def __init__(self, cfg: JobConfig, seed: int, workspace: str):
+        self.cfg, self.seed, self.workspace = cfg, seed, workspace
+        self.shared_params: dict[str, Param] = {}
+
+    def build_net(self, phase: str) -> Net:
+        return build_serial_net(self.cfg, phase, self.seed, self.workspace, self.shared_params)
+
+    def owned_params(self, net: Net) -> list[Param]:
+        return net.params
+
+    def gradient_hook(self, net: Net) -> Callable | None:
+        return None
+
+    def reduce_gradients(self, net: Net) -> None:
+        pass
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return metrics
+
+    def comm_seconds(self) -> float:
+        return 0.0
+
+    def gather_params(self, net: Net) -> dict[str, np.ndarray]:
+        """name -> logical array of every param (on the root; others may return {})."""
+        return {p.name: p.data for p in net.params}
+
+
+def summarize(metrics: dict[str, float]) -> dict[str, float]:
+    """Sums over rows -> means: loss per row, accuracy as a fraction."""
+    count = metrics.get("count", 0.0)
+    out = {}
+    for key, value in metrics.items():
+        if key != "count":
+            out[key] = value / count if count else float("nan")
+    return out
+
+
+class Trainer:
+    """Runs a job: builds the nets of each phase, trains, tests, logs metrics."""
+
+    def __init__(self, cfg: JobConfig, workspace: str, runtime, log: Callable[[str], None] = print,
+                 train_steps: int | None = None):
+        self.cfg = cfg
+        self.job = cfg.proto
+        self.workspace = workspace
+        self.runtime = runtime
+        self.log = log if runtime.is_root else (lambda line: None)
+        self.train_steps = train_steps if train_steps is not None else self.job.train_steps
+        self.algorithm = make_algorithm(job_pb2.AlgType.Name(self.job.train_one_batch.alg))
+        self.updater = make_updater(self.job.updater)
+        self.train_net = runtime.build_net("train")
+        self.test_net = runtime.build_net("test") if self.job.test_steps > 0 else None
+        self.val_net = runtime.build_net("val") if self.job.validate_steps > 0 else None
+        self.batch = self.train_net_batch()
+        self.metrics_path = os.path.join(workspace, "metrics.jsonl")
+        self.history: list[dict] = []
+        self.start_time = time.perf_counter()
+
+    def train_net_batch(self) -> int:
+        return self.train_net.layers[0].ctx.global_batch
+
+    # ---------------------------------------------------------------- steps
+    def train_one_batch(self, step: int) -> None:
+        for layer in self.train_net.layers:
+            layer.ctx.step = step
+        hook = self.runtime.gradient_hook(self.train_net)
+        self.algorithm.train_one_batch(self.train_net, hook)
+        self.runtime.reduce_gradients(self.train_net)
+        for param in self.runtime.owned_params(self.train_net):
+            self.updater.update(step, param)
+
+    def evaluate(self, net: Net, steps: int, phase: str, step: int) -> dict[str, float]:
+        net.collect_metrics()  # drop anything left from an earlier pass
+        for _ in range(steps):
+            for layer in net.layers:
+                layer.ctx.step = step
+            self.algorithm.evaluate(net)
+        result = summarize(self.runtime.reduce_metrics(net.collect_metrics()))
+        self.record(step, phase, result)
+        return result
+
+    # ---------------------------------------------------------------- loop
+    def run(self) -> dict[str, float]:
+        job = self.job
+        os.makedirs(self.workspace, exist_ok=True)
+        if self.runtime.is_root:
+            open(self.metrics_path, "w").close()
+        last_display, last_time, steps_since = job.step, time.perf_counter(), 0
+        final: dict[str, float] = {}
+        for step in range(job.step, self.train_steps):
+            if checkpoint_now(job, step) and step > job.step:
+                self.save_checkpoint(step)
+            if self.val_net is not None and validate_now(job, step):
+                self.evaluate(self.val_net, job.validate_steps, "val", step)
+            if self.test_net is not None and test_now(job, step):
+                self.evaluate(self.test_net, job.test_steps, "test", step)
+            self.train_one_batch(step)
+            steps_since += 1
+            if display_now(job, step):
+                now = time.perf_counter()
+                rate = steps_since * self.batch / max(now - last_time, 1e-9)
+                final = summarize(self.runtime.reduce_metrics(self.train_net.collect_metrics()))
+                self.record(step, "train", final, samples_per_s=rate)
+                last_display, last_time, steps_since = step, now, 0
+        self.save_checkpoint(self.train_steps)
+        if self.test_net is not None:
+            final = self.evaluate(self.test_net, job.test_steps, "test", self.train_steps)
+        return final
+
+    def save_checkpoint(self, step: int) -> str | None:
+        params = self.runtime.gather_params(self.train_net)
+        if not self.runtime.is_root:
+            return None
+        path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), step, params,
+                                self.job.name, self.cfg.text)
+        self.log(f"checkpoint {path}")
+        return path
+
+    def record(self, step: int, phase: str, metrics: dict[str, float], samples_per_s: float | None = None) -> None:
+        """Append one JSON line to metrics.jsonl and print the progress line (root only)."""
+        elapsed = time.perf_counter() - self.start_time
+        entry = {"step": step, "phase": phase, **{k: round(v, 6) for k, v in metrics.items()},
+                 "elapsed": round(elapsed, 3)}
+        if samples_per_s is not None:
+            entry["samples_per_s"] = round(samples_per_s, 1)
+        comm = self.runtime.comm_seconds()
+        if comm:
+            entry["comm_share"] = round(comm / max(elapsed, 1e-9), 4)
+        self.history.append(entry)
+        if not self.runtime.is_root:
+            return
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        parts = [f"step {step:>6}", f"{phase:<5}"]
+        parts += [f"{k} {v:.4f}" for k, v in metrics.items()]
+        if samples_per_s is not None:
+            parts.append(f"{samples_per_s:,.0f} samples/s")
+        if "comm_share" in entry:
+            parts.append(f"comm {100 * entry['comm_share']:.0f}%")
+        parts.append(f"elapsed {elapsed:.1f}s")
+        self.log("  ".join(parts))
