@@ -1,4 +1,4 @@
-"""Command line: ``singa-mpi {train,test,check,data} ...`` (also ``python -m singa_mpi``).
+"""Command line: ``singa-mpi {train,test,check,plan,data} ...`` (also ``python -m singa_mpi``).
 
 Launch examples::
 
@@ -65,33 +65,19 @@ def cmd_check(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from singa_mpi.config.load import load_job
-    from singa_mpi.config.validate import validate
+    from singa_mpi.runtime import run_training
 
     job_path = args.job or default_job_path()
     if args.job is None:
         ensure_digits()
-    cfg = load_job(job_path)
-    if args.seed is not None:
-        cfg.proto.seed = args.seed
-    validate(cfg)
-    workspace = resolve_workspace(cfg, args.workspace)
-    from singa_mpi.runtime import run_training
-
-    return run_training(cfg, workspace, steps=args.steps, stall_timeout=getattr(args, "stall_timeout", None))
+    return run_training(str(job_path), lambda cfg: resolve_workspace(cfg, args.workspace), seed=args.seed,
+                        steps=args.steps, stall_timeout=args.stall_timeout)
 
 
 def cmd_test(args) -> int:
-    from singa_mpi.config.load import load_job
-    from singa_mpi.config.validate import validate
     from singa_mpi.runtime import run_test
 
-    cfg = load_job(args.job)
-    validate(cfg)
-    if cfg.proto.test_steps <= 0:
-        raise ConfigError(f"{cfg.path}: test_steps = {cfg.proto.test_steps}: expected test_steps > 0 for `test`")
-    workspace = resolve_workspace(cfg, args.workspace)
-    return run_test(cfg, workspace, checkpoints=args.checkpoint)
+    return run_test(args.job, lambda cfg: resolve_workspace(cfg, args.workspace), checkpoints=args.checkpoint)
 
 
 def ensure_digits() -> None:
@@ -149,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("-v", "--verbose", action="store_true", help="list layers with output shapes")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("plan", help="show how a job is partitioned over N workers (no MPI needed)")
+    p.add_argument("job")
+    p.add_argument("-n", type=int, required=True, help="number of workers (MPI ranks)")
+    p.add_argument("--phase", default="train", choices=["train", "test", "val"])
+    p.add_argument("--format", default="text", choices=["text", "json", "dot"])
+    p.add_argument("-o", "--output", help="write to FILE (dot: .png/.svg/.pdf are rendered with Graphviz)")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("data", help="convert data sets into stores")
     p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv"])

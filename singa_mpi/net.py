@@ -24,7 +24,7 @@ class Wire:
     srcs: list[Layer]
     kinds: list[str]  # per source: "data" or "aux"
     node: Node | None = None
-    needs_grad: bool = False  # some parameter at or below this layer
+    needs_grad: bool | None = None  # some parameter at or below this layer; None = derive here
 
 
 class Net:
@@ -40,7 +40,10 @@ class Net:
                                     for s, k in zip(w.srcs, w.kinds)] for w in wires}
 
     def _mark_needs_grad(self) -> None:
+        """Derive needs_grad where the builder did not fix it (the planner fixes it globally)."""
         for wire in self.wires:
+            if wire.needs_grad is not None:
+                continue
             wire.needs_grad = bool(wire.layer.params) or any(
                 self.wire_of(s).needs_grad for s, k in zip(wire.srcs, wire.kinds) if k == "data"
             )

@@ -64,6 +64,9 @@ class SerialRuntime:
     def gradient_hook(self, net: Net) -> Callable | None:
         return None
 
+    def begin_step(self, step: int) -> None:
+        pass
+
     def reduce_gradients(self, net: Net) -> None:
         pass
 
@@ -114,6 +117,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- steps
     def train_one_batch(self, step: int) -> None:
+        self.runtime.begin_step(step)
         for layer in self.train_net.layers:
             layer.ctx.step = step
         hook = self.runtime.gradient_hook(self.train_net)

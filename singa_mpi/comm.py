@@ -1,0 +1,229 @@
+"""The one module that talks MPI.
+
+:class:`MPIComm` wraps an ``mpi4py`` communicator with buffer-based methods
+named after the MPI calls the planner schedules (Send/Recv, Bcast, Reduce,
+Scatterv, Gatherv, Allgatherv, Reduce_scatter, Alltoallv, Allreduce).  Every
+call is accounted (bytes, seconds, per layer label) and announced to the
+watchdog (what is pending, where, since when), so a stalled step can be named.
+
+Layers, algorithms and the planner never import this module; they receive a
+communicator object.  Nothing on the `check`/`plan` path imports it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from mpi4py import MPI  # noqa: E402  (the only mpi4py import in the package)
+
+_MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.int32): MPI.INT, np.dtype(np.float64): MPI.DOUBLE}
+
+
+@dataclasses.dataclass
+class Pending:
+    """The operation a rank is inside, for the watchdog's report."""
+
+    op: str
+    layer: str
+    peer: str
+    tag: int | None
+    step: int
+    direction: str
+    since: float
+
+    def describe(self) -> str:
+        tag = f" tag {self.tag}" if self.tag is not None else ""
+        return (f"step {self.step} {self.direction} {self.op} {self.peer}{tag} in layer {self.layer} "
+                f"for {time.monotonic() - self.since:.1f}s")
+
+
+@dataclasses.dataclass
+class Account:
+    calls: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+class MPIComm:
+    """A worker group's communicator; ``sub(ranks)`` gives communicators of subgroups."""
+
+    def __init__(self, comm: MPI.Comm | None = None, world: "MPIComm | None" = None):
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.world = world or self
+        self.accounts: dict[str, Account] = {}
+        self.pending: Pending | None = None
+        self.step = 0
+        self.direction = "forward"
+        self._subs: dict[tuple[int, ...], MPIComm] = {}
+
+    # ------------------------------------------------------------- bookkeeping
+    def _enter(self, op: str, layer: str, peer: str, tag: int | None = None) -> float:
+        world = self.world
+        world.pending = Pending(op, layer, peer, tag, world.step, world.direction, time.monotonic())
+        return time.perf_counter()
+
+    def _leave(self, start: float, label: str, nbytes: int) -> None:
+        world = self.world
+        world.pending = None
+        account = world.accounts.setdefault(label, Account())
+        account.calls += 1
+        account.bytes += int(nbytes)
+        account.seconds += time.perf_counter() - start
+
+    def comm_seconds(self) -> float:
+        return sum(a.seconds for a in self.world.accounts.values())
+
+    @staticmethod
+    def _buf(array: np.ndarray):
+        return [array, _MPI_TYPES[array.dtype]]
+
+    @staticmethod
+    def _vbuf(array: np.ndarray, counts, displs):
+        return [array, (list(counts), list(displs)), _MPI_TYPES[array.dtype]]
+
+    # ------------------------------------------------------------- subgroups
+    def sub(self, ranks: tuple[int, ...]) -> "MPIComm":
+        """The communicator of ``ranks`` (all members must call this, in the same order)."""
+        ranks = tuple(ranks)
+        if ranks == tuple(range(self.size)):
+            return self
+        if ranks not in self._subs:
+            group = self.comm.Get_group().Incl(list(ranks))
+            self._subs[ranks] = MPIComm(self.comm.Create_group(group), world=self.world)
+        return self._subs[ranks]
+
+    def group_rank(self, world_rank: int, ranks: tuple[int, ...]) -> int:
+        return list(ranks).index(world_rank)
+
+    # ------------------------------------------------------------- point to point
+    def Isend(self, array: np.ndarray, dest: int, tag: int, layer: str):
+        start = self._enter("Isend", layer, f"to rank {dest}", tag)
+        request = self.comm.Isend(self._buf(array), dest=dest, tag=tag)
+        self._leave(start, layer, array.nbytes)
+        return request
+
+    def Send(self, array: np.ndarray, dest: int, tag: int, layer: str) -> None:
+        start = self._enter("Send", layer, f"to rank {dest}", tag)
+        self.comm.Send(self._buf(array), dest=dest, tag=tag)
+        self._leave(start, layer, array.nbytes)
+
+    def Recv(self, array: np.ndarray, source: int, tag: int, layer: str) -> None:
+        start = self._enter("Recv", layer, f"from rank {source}", tag)
+        self.comm.Recv(self._buf(array), source=source, tag=tag)
+        self._leave(start, layer, array.nbytes)
+
+    def Wait(self, request, layer: str, what: str = "Wait") -> None:
+        start = self._enter(what, layer, "request")
+        request.Wait()
+        self._leave(start, layer, 0)
+
+    # ------------------------------------------------------------- collectives
+    def Bcast(self, array: np.ndarray, root: int, layer: str) -> None:
+        start = self._enter("Bcast", layer, f"root {root}")
+        self.comm.Bcast(self._buf(array), root=root)
+        self._leave(start, layer, array.nbytes)
+
+    def Reduce(self, send: np.ndarray, recv: np.ndarray | None, root: int, layer: str) -> None:
+        start = self._enter("Reduce", layer, f"root {root}")
+        self.comm.Reduce(self._buf(send), self._buf(recv) if recv is not None else None, op=MPI.SUM, root=root)
+        self._leave(start, layer, send.nbytes)
+
+    def Scatterv(self, send: np.ndarray | None, counts, displs, recv: np.ndarray, root: int, layer: str) -> None:
+        start = self._enter("Scatterv", layer, f"root {root}")
+        sendbuf = self._vbuf(send, counts, displs) if self.rank == root else None
+        self.comm.Scatterv(sendbuf, self._buf(recv), root=root)
+        self._leave(start, layer, recv.nbytes)
+
+    def Gatherv(self, send: np.ndarray, recv: np.ndarray | None, counts, displs, root: int, layer: str) -> None:
+        start = self._enter("Gatherv", layer, f"root {root}")
+        recvbuf = self._vbuf(recv, counts, displs) if self.rank == root else None
+        self.comm.Gatherv(self._buf(send), recvbuf, root=root)
+        self._leave(start, layer, send.nbytes)
+
+    def Allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs, layer: str) -> None:
+        start = self._enter("Allgatherv", layer, "group")
+        self.comm.Allgatherv(self._buf(send), self._vbuf(recv, counts, displs))
+        self._leave(start, layer, recv.nbytes)
+
+    def Reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str) -> None:
+        start = self._enter("Reduce_scatter", layer, "group")
+        self.comm.Reduce_scatter(self._buf(send), self._buf(recv), recvcounts=list(counts), op=MPI.SUM)
+        self._leave(start, layer, send.nbytes)
+
+    def Alltoallv(self, send: np.ndarray, scounts, sdispls, recv: np.ndarray, rcounts, rdispls, layer: str) -> None:
+        start = self._enter("Alltoallv", layer, "group")
+        self.comm.Alltoallv(self._vbuf(send, scounts, sdispls), self._vbuf(recv, rcounts, rdispls))
+        self._leave(start, layer, send.nbytes + recv.nbytes)
+
+    def Allreduce(self, array: np.ndarray, layer: str) -> None:
+        """In-place sum over the group."""
+        start = self._enter("Allreduce", layer, "group")
+        self.comm.Allreduce(MPI.IN_PLACE, self._buf(array), op=MPI.SUM)
+        self._leave(start, layer, array.nbytes)
+
+    def Iallreduce(self, array: np.ndarray, layer: str):
+        """Start an in-place sum over the group; ``Wait`` on the returned request."""
+        start = self._enter("Iallreduce", layer, "group")
+        request = self.comm.Iallreduce(MPI.IN_PLACE, self._buf(array), op=MPI.SUM)
+        self._leave(start, layer, array.nbytes)
+        return request
+
+    # ------------------------------------------------------------- objects (setup only)
+    def allgather_object(self, value):
+        return self.comm.allgather(value)
+
+    def allreduce_dict(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum per key over the group (metrics); keys may differ between ranks."""
+        keys = sorted(set().union(*self.comm.allgather(sorted(values))))
+        array = np.array([values.get(k, 0.0) for k in keys], np.float64)
+        self.comm.Allreduce(MPI.IN_PLACE, [array, MPI.DOUBLE], op=MPI.SUM)
+        return dict(zip(keys, array.tolist()))
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job now (after flushing this rank's output)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(code)
+
+
+def world() -> MPIComm:
+    return MPIComm(MPI.COMM_WORLD)
+
+
+def world_size() -> int:
+    return MPI.COMM_WORLD.Get_size()
+
+
+class Watchdog(threading.Thread):
+    """Aborts the job when this rank sits in one communication call too long.
+
+    It reports the pending operation (layer, op, peer, tag, step, direction),
+    then calls MPI_Abort, which ends every rank.  A SIGSTOPped peer is found
+    this way: its partners wait on it until their watchdogs fire.
+    """
+
+    def __init__(self, comm: MPIComm, timeout: float, poll: float = 0.5):
+        super().__init__(name="singa-mpi-watchdog", daemon=True)
+        self.comm, self.timeout, self.poll = comm, timeout, poll
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(self.poll):
+            pending = self.comm.pending
+            if pending is not None and time.monotonic() - pending.since > self.timeout:
+                os.write(2, (f"singa-mpi: rank {self.comm.rank}: stalled: {pending.describe()} "
+                             f"(--stall-timeout {self.timeout:g}s); aborting the job\n").encode())
+                self.comm.abort(4)
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,1 @@
+"""Running a partition plan with one worker per MPI rank."""

@@ -1,0 +1,218 @@
+"""Connection layers: the planner's exchanges executed with a communicator.
+
+Forward and backward are mirror pairs (as in ChainerMN):
+
+=================  ==========================  =================================
+SINGA type         forward (data)              backward (gradient)
+=================  ==========================  =================================
+kBridgeSrc/Dst     Send -> Recv                Recv <- Send
+kSplit             Bcast from the holder       Reduce (sum) to the holder
+kSlice             Scatterv from the holder    Gatherv to the holder
+kConcate           Gatherv to one receiver     Scatterv from it
+kConcate           Allgatherv                  Reduce_scatter (sum)
+kConcate           Alltoallv                   Alltoallv
+=================  ==========================  =================================
+
+Every exchange is a list of pieces (rows x features of the source layer's
+logical output) that rank ``src`` sends to rank ``dst``; the MPI operation only
+decides how the packed pieces travel.  Gradients coming back are *added* into
+the holder's gradient, which is the sum a Split needs.  Label exchanges
+(``kind == "aux"``) move int32 labels forward only and publish them as
+``self.aux`` for the loss layer.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from singa_mpi.layers.base import Layer
+from singa_mpi.planner.plan import SubLayer
+from singa_mpi.planner.regions import Piece, Region
+
+
+def _local_index(held: Region, piece: Region, ndim: int) -> tuple[slice, ...]:
+    """Index of ``piece`` inside an array that holds ``held`` (rows, features, rest...)."""
+    rows = slice(piece.rows[0] - held.rows[0], piece.rows[1] - held.rows[0])
+    if ndim == 1:
+        return (rows,)
+    feats = slice(piece.features[0] - held.features[0], piece.features[1] - held.features[0])
+    return (rows, feats)
+
+
+class ExchangeLayer(Layer):
+    """One rank's side of an exchange (see the module docstring)."""
+
+    num_srcs = (0, 1)
+
+    def __init__(self, sub: SubLayer, comm, conf):
+        super().__init__(conf)
+        ex = sub.exchange
+        self.sub, self.ex, self.name = sub, ex, sub.name
+        self.rank = sub.rank
+        self.comm = comm.sub(ex.group) if sub.role == "collective" else comm
+        self.members = list(ex.group)
+        self.held = ex.holders.get(self.rank)
+        self.need = ex.needs.get(self.rank)
+        self.rest = tuple(ex.rest_shape)
+        self.labels = ex.kind == "aux"
+        self.dtype = np.int32 if self.labels else np.float32
+        self.sends = sorted((p for p in ex.pieces if p.src == self.rank), key=lambda p: p.dst)
+        self.recvs = sorted((p for p in ex.pieces if p.dst == self.rank), key=lambda p: p.src)
+        self._requests: list = []
+
+    # ------------------------------------------------------------- helpers
+    def _shape(self, region: Region) -> tuple[int, ...]:
+        if self.labels:
+            return (region.nrows,)
+        return (region.nrows, region.nfeatures) + self.rest
+
+    def _size(self, region: Region) -> int:
+        return math.prod(self._shape(region))
+
+    def _empty(self, region: Region | None) -> np.ndarray:
+        return np.empty(self._shape(region) if region else (0,), self.dtype)
+
+    def _pack(self, array: np.ndarray, held: Region, pieces, key) -> tuple[np.ndarray, list[int], list[int]]:
+        """Pieces of ``array`` (holding ``held``) in one buffer; counts/displs per group member."""
+        counts = [0] * len(self.members)
+        for p in pieces:
+            counts[self.members.index(key(p))] += self._size(p.region)
+        displs = list(np.cumsum([0] + counts[:-1]))
+        buf = np.empty(sum(counts), self.dtype)
+        offset = 0
+        for p in pieces:
+            n = self._size(p.region)
+            buf[offset:offset + n].reshape(self._shape(p.region))[...] = array[_local_index(held, p.region, array.ndim)]
+            offset += n
+        return buf, counts, displs
+
+    def _layout(self, pieces, key) -> tuple[list[int], list[int]]:
+        counts = [0] * len(self.members)
+        for p in pieces:
+            counts[self.members.index(key(p))] += self._size(p.region)
+        return counts, list(np.cumsum([0] + counts[:-1]))
+
+    def _unpack(self, buf: np.ndarray, pieces, into: np.ndarray, region: Region, add: bool) -> None:
+        offset = 0
+        for p in pieces:
+            n = self._size(p.region)
+            block = buf[offset:offset + n].reshape(self._shape(p.region))
+            index = _local_index(region, p.region, into.ndim)
+            if add:
+                into[index] += block
+            else:
+                into[index] = block
+            offset += n
+
+    def _wait_sends(self) -> None:
+        for request in self._requests:
+            self.comm.Wait(request, self.name, "Wait(Isend)")
+        self._requests = []
+
+    # ------------------------------------------------------------- forward
+    def setup(self, src_shapes):
+        return self._shape(self.need)[1:] if self.need else ()
+
+    def forward(self, inputs: list[np.ndarray], train: bool) -> np.ndarray:
+        self.comm.world.direction = "forward"
+        self._wait_sends()
+        x = np.ascontiguousarray(inputs[0], self.dtype) if inputs else None
+        out = self._exchange_forward(x)
+        if self.labels:
+            self.aux = out
+            return np.empty((0,), np.float32)
+        return out
+
+    def _exchange_forward(self, x: np.ndarray | None) -> np.ndarray:
+        op, root, role = self.ex.forward_op, self._root(), self.sub.role
+        out = self._empty(self.need)
+        if role == "bridge_src":
+            self._requests.append(self.comm.Isend(x, self.sends[0].dst, 2 * self.ex.id, self.name))
+        elif role == "bridge_dst":
+            self.comm.Recv(out, self.recvs[0].src, 2 * self.ex.id, self.name)
+        elif op == "Bcast":
+            if self.rank == root:
+                out[...] = x
+            self.comm.Bcast(out, self.members.index(root), self.name)
+        else:
+            self._collective_forward(op, x, out, root)
+        return out
+
+    def _collective_forward(self, op: str, x: np.ndarray | None, out: np.ndarray, root: int | None) -> None:
+        """Scatterv, Gatherv, Allgatherv or Alltoallv of the packed pieces."""
+        if x is None:
+            send, scounts, sdispls = np.empty(0, self.dtype), [0] * len(self.members), [0] * len(self.members)
+        else:
+            pieces = self._own_pieces() if op == "Allgatherv" else self.sends
+            send, scounts, sdispls = self._pack(x, self.held, pieces, lambda p: p.dst)
+        rcounts, rdispls = self._layout(self.recvs, lambda p: p.src)
+        recv = np.empty(sum(rcounts), self.dtype)
+        name, groot = self.name, (self.members.index(root) if root is not None else None)
+        if op == "Scatterv":
+            self.comm.Scatterv(send, scounts, sdispls, recv, groot, name)
+        elif op == "Gatherv":
+            self.comm.Gatherv(send, recv, rcounts, rdispls, groot, name)
+        elif op == "Allgatherv":
+            self.comm.Allgatherv(send, recv, rcounts, rdispls, name)
+        else:
+            self.comm.Alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, name)
+        if self.need is not None:
+            self._unpack(recv, self.recvs, out, self.need, add=False)
+
+    def _own_pieces(self) -> list[Piece]:
+        """Allgatherv: a holder sends its whole held region once, to everybody."""
+        return [Piece(self.rank, self.rank, self.held)]
+
+    def _root(self) -> int | None:
+        op = self.ex.forward_op
+        if op in ("Bcast", "Scatterv"):
+            return next(iter(self.ex.holders))
+        if op == "Gatherv":
+            return next(iter(self.ex.needs))
+        return None
+
+    # ------------------------------------------------------------- backward
+    def backward(self, grad: np.ndarray | None, need: list[bool]) -> list[np.ndarray | None]:
+        self.comm.world.direction = "backward"
+        self._wait_sends()
+        if not self.ex.with_backward:
+            return [None] * len(need)
+        gx = np.zeros(self._shape(self.held), np.float32) if self.held is not None else None
+        g = grad if grad is not None else (np.zeros(self._shape(self.need), np.float32) if self.need else None)
+        g = np.ascontiguousarray(g, np.float32) if g is not None else None
+        op, root, name = self.ex.backward_op, self._root(), self.name
+        if self.sub.role == "bridge_dst":
+            self._requests.append(self.comm.Isend(g, self.recvs[0].src, 2 * self.ex.id + 1, name))
+        elif self.sub.role == "bridge_src":
+            self.comm.Recv(gx, self.sends[0].dst, 2 * self.ex.id + 1, name)
+        elif op == "Reduce":
+            result = np.empty_like(gx) if self.rank == root else None
+            self.comm.Reduce(g, result, self.members.index(root), name)
+            if self.rank == root:
+                gx += result
+        elif op == "Reduce_scatter":
+            holders = sorted(self.ex.holders.items(), key=lambda kv: kv[0])
+            blocks = [Piece(r, self.rank, region) for r, region in holders]
+            send, counts, _ = self._pack(g, self.need, blocks, lambda p: p.src)
+            recv = np.empty(counts[self.members.index(self.rank)], np.float32)
+            self.comm.Reduce_scatter(send, recv, counts, name)
+            if gx is not None:
+                gx += recv.reshape(gx.shape)
+        else:  # Gatherv, Scatterv, Alltoallv: the forward pieces travel back
+            if g is not None:
+                send, scounts, sdispls = self._pack(g, self.need, self.recvs, lambda p: p.src)
+            else:
+                send, scounts, sdispls = np.empty(0, np.float32), [0] * len(self.members), [0] * len(self.members)
+            rcounts, rdispls = self._layout(self.sends, lambda p: p.dst)
+            recv = np.empty(sum(rcounts), np.float32)
+            groot = self.members.index(root) if root is not None else None
+            if op == "Gatherv":
+                self.comm.Gatherv(send, recv, rcounts, rdispls, groot, name)
+            elif op == "Scatterv":
+                self.comm.Scatterv(send, scounts, sdispls, recv, groot, name)
+            else:
+                self.comm.Alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, name)
+            if gx is not None:
+                self._unpack(recv, self.sends, gx, self.held, add=True)
+        return [gx] if need else []

@@ -1,0 +1,211 @@
+"""One worker per MPI rank: build this rank's part of the plan and run it.
+
+The worker whose rank is ``r`` builds the sub-layers the plan places on ``r``
+(in the plan's global order, so sub-communicators are created in the same order
+everywhere), allocates their parameter shards from the logical initial values,
+and joins the step's exchanges.  Replicated parameter shards (batch-partitioned
+layers, shared params) have their gradients summed with bucketed Iallreduce,
+started during the backward pass as soon as a bucket's layers are done.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from singa_mpi.config.load import JobConfig
+from singa_mpi.errors import ConfigError
+from singa_mpi.layers.base import Layer
+from singa_mpi.net import Net, Wire
+from singa_mpi.parallel.connection import ExchangeLayer
+from singa_mpi.params import Param, make_param
+from singa_mpi.planner import plan as make_plan
+from singa_mpi.planner.plan import ParamSync, Plan
+from singa_mpi.planner.schedule import schedule_hash, schedules
+from singa_mpi.proto import job_pb2
+
+BUCKET_BYTES = 8 << 20  # gradient fusion: big enough to amortise latency, small enough to overlap
+
+
+class GradientBuckets:
+    """Fused gradient buffers of replicated params, summed across their ranks.
+
+    Each param's ``grad`` becomes a view into its bucket, so the reduction is
+    in place with no copies.  A bucket starts its Iallreduce once every local
+    use of its params has finished backward; ``finish`` waits for all.
+    """
+
+    def __init__(self, comm, syncs: list[ParamSync], params: dict[tuple, Param], uses: dict[int, int],
+                 order: list[str]):
+        self.comm = comm
+        self.buckets: list[dict] = []
+        position = {name: i for i, name in enumerate(order)}
+        mine = [s for s in syncs if comm.rank in s.ranks]
+        # reverse of first use in the global order: the order in which backward finishes them
+        mine.sort(key=lambda s: (s.ranks, -position.get(s.name, 0), s.name))
+        current: dict | None = None
+        for sync in mine:
+            param = params[(sync.name, sync.offsets)]
+            full = current is not None and (current["ranks"] != sync.ranks or
+                                            current["size"] + param.grad.size > BUCKET_BYTES // 4)
+            if current is None or full:
+                current = {"ranks": sync.ranks, "size": 0, "params": []}
+                self.buckets.append(current)
+            current["params"].append(param)
+            current["size"] += param.grad.size
+        self.bucket_of: dict[int, dict] = {}
+        for index, bucket in enumerate(self.buckets):
+            buffer = np.zeros(bucket["size"], np.float32)
+            offset = 0
+            for param in bucket["params"]:
+                n = param.grad.size
+                param.grad = buffer[offset:offset + n].reshape(param.grad.shape)
+                offset += n
+                self.bucket_of[id(param)] = bucket
+            bucket.update(buffer=buffer, comm=comm.sub(bucket["ranks"]), label=f"allreduce(bucket{index})")
+        self.uses = uses
+        self._reset()
+
+    def _reset(self) -> None:
+        self.remaining = {id(b["buffer"]): sum(self.uses[id(p)] for p in b["params"]) for b in self.buckets}
+        self.requests: list[tuple] = []
+        self.started: set[int] = set()
+
+    def layer_done(self, layer: Layer) -> None:
+        for param in layer.params:
+            bucket = self.bucket_of.get(id(param))
+            if bucket is None:
+                continue
+            key = id(bucket["buffer"])
+            self.remaining[key] -= 1
+            if self.remaining[key] == 0:
+                self._start(bucket)
+
+    def _start(self, bucket: dict) -> None:
+        key = id(bucket["buffer"])
+        if key not in self.started:
+            self.started.add(key)
+            self.requests.append((bucket, bucket["comm"].Iallreduce(bucket["buffer"], bucket["label"])))
+
+    def finish(self) -> None:
+        """Start what backward did not (params unused this step) and wait for every sum."""
+        for bucket in self.buckets:
+            self._start(bucket)
+        for bucket, request in self.requests:
+            bucket["comm"].Wait(request, bucket["label"], "Wait(Iallreduce)")
+        self._reset()
+
+
+class ParallelRuntime:
+    """Trainer runtime for an MPI world of ``comm.size`` workers."""
+
+    def __init__(self, cfg: JobConfig, seed: int, workspace: str, comm):
+        self.cfg, self.seed, self.workspace, self.comm = cfg, seed, workspace, comm
+        self.rank, self.size = comm.rank, comm.size
+        self.is_root = self.rank == 0
+        self.shared: dict[tuple, Param] = {}
+        self.plans: dict[str, Plan] = {}
+        self.buckets: dict[int, GradientBuckets] = {}
+
+    # -------------------------------------------------------------- building
+    def plan_all(self, phases: list[str]) -> None:
+        """Plan every phase (pure, no communication): errors surface before any MPI call."""
+        for phase in phases:
+            self.plans[phase] = make_plan(self.cfg, self.size, phase, seed=self.seed, workspace=self.workspace)
+
+    def begin_step(self, step: int) -> None:
+        self.comm.step = step
+
+    def build_net(self, phase: str) -> Net:
+        if phase not in self.plans:
+            self.plan_all([phase])
+        the_plan = self.plans[phase]
+        owner_confs = {spec.conf.name: spec.conf for sub in the_plan.sublayers if sub.layer is not None
+                       for spec in sub.layer.param_specs if not spec.conf.share_from}
+        by_name: dict[str, Layer] = {}
+        wires = []
+        for sub in the_plan.sublayers:
+            if sub.rank != self.rank:
+                continue
+            if sub.origin is None:
+                layer = ExchangeLayer(sub, self.comm, job_pb2.LayerProto(name=sub.name))
+            else:
+                layer = sub.layer
+                layer.params = [self._param(spec, owner_confs) for spec in layer.param_specs]
+            by_name[sub.name] = layer
+            wires.append(Wire(layer, [by_name[s] for s in sub.srcs], list(sub.kinds), needs_grad=sub.needs_grad))
+        net = Net(wires)
+        if phase == "train":
+            self._setup_buckets(net, the_plan)
+        return net
+
+    def _param(self, spec, owner_confs) -> Param:
+        name = spec.conf.share_from or spec.conf.name
+        key = (name, spec.shard)
+        if key not in self.shared:
+            self.shared[key] = make_param(owner_confs[name], spec.logical_shape, spec.shard, self.seed)
+        return self.shared[key]
+
+    def _setup_buckets(self, net: Net, the_plan: Plan) -> None:
+        params = {(p.name, p.shard): p for p in net.params}
+        uses: dict[int, int] = {}
+        for layer in net.layers:
+            for p in layer.params:
+                uses[id(p)] = uses.get(id(p), 0) + 1
+        order = list(dict.fromkeys(shard.name for sub in the_plan.sublayers for shard in sub.params))
+        self.buckets[id(net)] = GradientBuckets(self.comm, the_plan.param_syncs, params, uses, order)
+
+    def check_agreement(self) -> None:
+        """All ranks must hold the same plan: compare schedule digests before step 1."""
+        digests = {}
+        for phase, the_plan in self.plans.items():
+            ops = [op for rank_ops in schedules(the_plan).values() for op in rank_ops]
+            digests[phase] = schedule_hash(ops)
+        everyone = self.comm.allgather_object(digests)
+        for rank, theirs in enumerate(everyone):
+            if theirs != digests:
+                raise ConfigError(f"rank {rank} planned a different communication schedule than rank "
+                                  f"{self.rank} ({theirs} vs {digests}): expected every rank to read the "
+                                  f"same job configuration")
+
+    # -------------------------------------------------------------- steps
+    def owned_params(self, net: Net) -> list[Param]:
+        return net.params
+
+    def gradient_hook(self, net: Net):
+        buckets = self.buckets.get(id(net))
+        return buckets.layer_done if buckets and buckets.buckets else None
+
+    def reduce_gradients(self, net: Net) -> None:
+        self.comm.direction = "params"
+        buckets = self.buckets.get(id(net))
+        if buckets is not None:
+            buckets.finish()
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return self.comm.allreduce_dict(metrics)
+
+    def comm_seconds(self) -> float:
+        return self.comm.comm_seconds()
+
+    def gather_params(self, net: Net) -> dict[str, np.ndarray]:
+        """Logical arrays of all params on rank 0 (shards sent by their lowest holder)."""
+        the_plan = self.plans["train"]
+        holders: dict[tuple, int] = {}
+        shapes: dict[str, tuple] = {}
+        for sub in the_plan.sublayers:
+            for shard in sub.params:
+                key = (shard.name, shard.offsets)
+                holders[key] = min(holders.get(key, sub.rank), sub.rank)
+                shapes[shard.name] = shard.logical_shape
+        mine = {(p.name, p.shard): p for p in net.params}
+        out = {name: np.empty(shape, np.float32) for name, shape in shapes.items()} if self.is_root else {}
+        for tag, ((name, offsets), holder) in enumerate(sorted(holders.items())):
+            index = tuple(slice(lo, hi) for lo, hi in offsets)
+            if holder == self.rank == 0:
+                out[name][index] = mine[(name, offsets)].data
+            elif holder == self.rank:
+                self.comm.Send(np.ascontiguousarray(mine[(name, offsets)].data), 0, 100000 + tag, "checkpoint")
+            elif self.is_root:
+                buf = np.empty(tuple(hi - lo for lo, hi in offsets), np.float32)
+                self.comm.Recv(buf, holder, 100000 + tag, "checkpoint")
+                out[name][index] = buf
+        return out

@@ -1,0 +1,406 @@
+"""The partition planner: a net and a rank count in, a :class:`Plan` out.  No MPI.
+
+Rules (SINGA 0.x seeds 001, 002, 004, extended to placement):
+
+* ``partition_dim: 0`` -> one sub-layer per rank, rank ``i`` computing rows
+  ``chunk(B, n, i)`` of the batch; parameters replicated (gradients summed by
+  the runtime).
+* ``partition_dim: 1`` -> one sub-layer per rank computing output features
+  ``chunk(F, n, i)`` (axis 1: inner-product units, convolution filters);
+  parameters sharded accordingly.  Layer types whose maths cannot be split on
+  features (softmax, losses, LRN across channels, input and output layers)
+  are rejected with a message.
+* ``partition_dim: -1`` -> one sub-layer on rank ``location`` (default 0).
+
+For every edge the planner compares what each source sub-layer holds with what
+each destination sub-layer needs (seed 004's OneToOne/OneToAll rule) and, where
+they differ, inserts a connection layer: a bridge pair (Send/Recv) between two
+ranks, or a collective Slice/Split/Concate (see :mod:`.regions`).  Names follow
+SINGA: ``fc1@0``, ``concate(split(pool3))@1``, ``bridge_src(fc1->fc2)``.
+
+The global order (original layers in topological order, each preceded by the
+connection layers of its incoming edges) is every rank's execution order
+restricted to its own sub-layers, so collectives are entered in the same order
+everywhere and a bridge's Send (non-blocking) comes right before its Recv:
+the schedule cannot deadlock, and :mod:`.schedule` checks that it does not.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from singa_mpi.config.load import JobConfig, effective_partition_dim
+from singa_mpi.errors import ConfigError
+from singa_mpi.graph import Node
+from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, LayerContext, layer_class
+from singa_mpi.net import describe, global_batch_size, instantiate, layer_error, phase_nodes
+from singa_mpi.planner.chunk import chunk
+from singa_mpi.planner.regions import Piece, Region, classify, pieces
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamShard:
+    """A sub-layer's part of a logical parameter."""
+
+    name: str  # the owner param's name (share_from resolved)
+    logical_shape: tuple[int, ...]
+    offsets: tuple[tuple[int, int], ...]  # (lo, hi) per axis
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(hi - lo for lo, hi in self.offsets)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclasses.dataclass
+class Exchange:
+    """What an inserted connection layer moves, seen from the whole group."""
+
+    id: int  # position among the plan's exchanges: the MPI tag base and the schedule key
+    src_layer: str  # original layer names of the edge
+    dst_layer: str
+    kind: str  # "data" (float32, with a backward) or "aux" (int32 labels, forward only)
+    forward_op: str
+    backward_op: str | None
+    group: tuple[int, ...]  # ranks taking part, ascending
+    holders: dict[int, Region]
+    needs: dict[int, Region]
+    pieces: list[Piece]
+    rest_shape: tuple[int, ...]  # per-sample dims after axis 1 (e.g. H, W)
+    with_backward: bool  # the source needs a gradient (decided globally: every member agrees)
+
+    @property
+    def dtype(self) -> str:
+        return "float32" if self.kind == "data" else "int32"
+
+    @property
+    def itemsize(self) -> int:
+        return 4
+
+    def bytes_between(self, src: int, dst: int) -> int:
+        rest = math.prod(self.rest_shape)
+        return sum(p.region.size(rest) * self.itemsize for p in self.pieces if p.src == src and p.dst == dst)
+
+
+@dataclasses.dataclass
+class SubLayer:
+    """One node of the partitioned net: an original layer's part, or an inserted layer."""
+
+    name: str
+    type: str  # SINGA type name (kInnerProduct, kBridgeSrc, kConcate, ...)
+    rank: int
+    origin: str | None  # original layer name; None for inserted layers
+    srcs: list[str]  # names of sub-layers on the same rank feeding this one
+    kinds: list[str]  # per src: "data" or "aux"
+    region: Region  # the part of the (origin's or the edge source's) logical output held here
+    out_shape: tuple[int, ...]  # local output shape including the batch dimension
+    pdim: int = -1
+    params: list[ParamShard] = dataclasses.field(default_factory=list)
+    exchange: Exchange | None = None
+    role: str = ""  # for inserted layers: "bridge_src", "bridge_dst" or "collective"
+    needs_grad: bool = False  # decided globally, identical on every rank
+    # the set-up layer instance of an original layer (shapes, param specs; no values)
+    layer: Layer | None = dataclasses.field(default=None, repr=False, compare=False)
+
+
+@dataclasses.dataclass
+class ParamSync:
+    """Ranks that hold the same shard of a parameter: their gradients are summed."""
+
+    name: str
+    offsets: tuple[tuple[int, int], ...]
+    ranks: tuple[int, ...]
+    size: int
+
+
+@dataclasses.dataclass
+class Plan:
+    phase: str
+    nranks: int
+    batch: int
+    sublayers: list[SubLayer]  # global order
+    exchanges: list[Exchange]
+    param_syncs: list[ParamSync]
+    origins: dict[str, Node]  # original layer name -> node
+
+    def on_rank(self, rank: int) -> list[SubLayer]:
+        return [s for s in self.sublayers if s.rank == rank]
+
+    def sublayer(self, name: str) -> SubLayer:
+        return next(s for s in self.sublayers if s.name == name)
+
+
+# ---------------------------------------------------------------- planning
+
+@dataclasses.dataclass
+class _Placed:
+    """An original layer's sub-layers, by rank, during planning."""
+
+    node: Node
+    pdim: int
+    layers: dict[int, Layer]  # rank -> set-up layer instance (shapes, param specs)
+    regions: dict[int, Region]
+    out_shape: tuple[int, ...]  # logical per-sample shape
+    needs_grad: bool = False
+
+
+def plan(cfg: JobConfig, nranks: int, phase: str = "train", seed: int | None = None,
+         workspace: str | None = None) -> Plan:
+    """Partition the ``phase`` net of ``cfg`` over ``nranks`` workers; ConfigError if impossible.
+
+    ``seed``/``workspace`` only reach the layer contexts of the sub-layers (the
+    runtime builds from them); they do not change the plan.
+    """
+    if nranks < 1:
+        raise ConfigError(f"number of workers = {nranks}: expected at least 1")
+    nodes = phase_nodes(cfg, phase)
+    batch = global_batch_size(cfg, nodes)
+    built = instantiate(cfg, nodes, lambda n: LayerContext(global_batch=batch, phase=phase))
+    order = [node for node, _, _ in built]
+    placed: dict[str, _Placed] = {}
+    base_ctx = LayerContext(global_batch=batch, phase=phase, seed=cfg.proto.seed if seed is None else seed,
+                            workspace=workspace or cfg.proto.cluster.workspace or ".")
+    for node, logical, _ in built:
+        placed[node.name] = _place(cfg, node, logical, nranks, base_ctx, placed)
+    _mark_needs_grad(order, placed)
+    sublayers, exchanges = _connect(cfg, order, placed, nranks, batch)
+    _check_every_rank_busy(sublayers, nranks, order)
+    plan_ = Plan(phase, nranks, batch, sublayers, exchanges, _param_syncs(cfg, placed, sublayers),
+                 {n.name: n for n in order})
+    from singa_mpi.planner.schedule import verify  # local import: schedule uses Plan
+
+    verify(plan_)
+    return plan_
+
+
+def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: LayerContext,
+           placed: dict[str, _Placed]) -> _Placed:
+    batch = base_ctx.global_batch
+    pdim = effective_partition_dim(cfg.proto, node.conf)
+    cls = type(logical)
+    out_shape = logical.out_shape
+    nfeat = out_shape[0] if out_shape else 1
+    if pdim == 1 and not cls.feature_partitionable:
+        inherited = "" if node.conf.HasField("partition_dim") else " (inherited from neuralnet.partition_dim)"
+        raise layer_error(cfg, node, "partition_dim", f"1{inherited}",
+                          f"0 or -1: {node.type_name} cannot be split on features "
+                          f"({_why_not_feature(cls)}); set partition_dim on this layer")
+    if nranks == 1:
+        pdim = -1 if pdim == -1 else 0  # one worker: every layer is whole on rank 0
+    if pdim == -1:
+        if node.conf.location >= nranks:
+            raise layer_error(cfg, node, "location", node.conf.location,
+                              f"a worker id below the number of workers ({nranks})")
+        ranks = {node.conf.location: (None, None)}
+    elif pdim == 0:
+        if batch < nranks:
+            raise layer_error(cfg, node, "partition_dim", 0,
+                              f"a batch of at least {nranks} rows to split over {nranks} workers (batch is {batch})")
+        ranks = {r: (chunk(batch, nranks, r), None) for r in range(nranks)}
+    else:
+        if nfeat < nranks:
+            raise layer_error(cfg, node, "partition_dim", 1,
+                              f"at least {nranks} output features to split over {nranks} workers (has {nfeat})")
+        if cls.connection != ONE_TO_ALL:
+            _check_one_to_one_features(cfg, node, nfeat, placed)
+        ranks = {r: (None, chunk(nfeat, nranks, r)) for r in range(nranks)}
+    layers, regions = {}, {}
+    for rank, (rows, feats) in ranks.items():
+        ctx = dataclasses.replace(base_ctx, batch_slice=rows, feature_slice=feats)
+        layer = cls(node.conf, ctx)
+        try:
+            layer.out_shape = tuple(layer.setup(_src_shapes(node, placed, cls)))
+        except LayerConfigError as err:
+            raise layer_error(cfg, node, err.field, err.value, err.expected) from None
+        layers[rank] = layer
+        regions[rank] = Region(rows or (0, batch), feats or (0, nfeat))
+    return _Placed(node, pdim, layers, regions, out_shape)
+
+
+def _why_not_feature(cls: type[Layer]) -> str:
+    if cls.is_input:
+        return "input layers read whole records"
+    if cls.is_loss:
+        return "a loss needs every class score of a row"
+    return "its output mixes features across any split"
+
+
+def _check_one_to_one_features(cfg: JobConfig, node: Node, nfeat: int, placed: dict[str, _Placed]) -> None:
+    """A OneToOne layer split on features computes on the same slice of its input."""
+    for src in node.conf.srclayers:
+        src_out = placed[src].out_shape
+        if src_out and src_out[0] != nfeat:
+            raise layer_error(cfg, node, "partition_dim", 1,
+                              f"0 or -1: this {node.type_name} layer changes axis 1 from {src_out[0]} "
+                              f"(layer '{src}') to {nfeat}, so it cannot compute on a feature slice")
+
+
+def _src_shapes(node: Node, placed: dict[str, _Placed], cls: type[Layer]) -> list[tuple[int, ...]]:
+    kinds = list(cls.input_kinds) or ["data"] * len(node.conf.srclayers)
+    return [placed[s].out_shape if k == "data" else () for s, k in zip(node.conf.srclayers, kinds)
+            if s in placed]
+
+
+def _mark_needs_grad(order: list[Node], placed: dict[str, _Placed]) -> None:
+    """A layer needs a gradient if it or anything feeding its data inputs has params."""
+    for node in order:
+        p = placed[node.name]
+        any_layer = next(iter(p.layers.values()))
+        kinds = list(type(any_layer).input_kinds) or ["data"] * len(node.conf.srclayers)
+        p.needs_grad = bool(any_layer.param_specs) or any(
+            placed[s].needs_grad for s, k in zip(node.conf.srclayers, kinds) if k == "data" and s in placed)
+
+
+def _sub_name(node: Node, rank: int, pdim: int) -> str:
+    return node.name if pdim == -1 else f"{node.name}@{rank}"
+
+
+def _needed_region(dst: _Placed, rank: int, src: _Placed, kind: str) -> Region:
+    """What dst's sub-layer on ``rank`` needs of src's logical output (seed 004's table).
+
+    Rows: its own rows if dst is split on the batch, else all.  Features: its own
+    slice if dst is a OneToOne layer split on features, else all (OneToAll).
+    """
+    rows = dst.regions[rank].rows if dst.pdim == 0 else (0, _batch_of(src))
+    if kind == "aux":
+        return Region(rows, (0, 1))
+    if dst.pdim == 1 and type(dst.layers[rank]).connection != ONE_TO_ALL:
+        return Region(rows, dst.regions[rank].features)
+    return Region(rows, (0, src.out_shape[0] if src.out_shape else 1))
+
+
+def _batch_of(p: _Placed) -> int:
+    return max(region.rows[1] for region in p.regions.values())
+
+
+def _holder_regions(src: _Placed, kind: str) -> dict[int, Region]:
+    if kind == "data":
+        return dict(src.regions)
+    return {rank: Region(region.rows, (0, 1)) for rank, region in src.regions.items()}
+
+
+def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nranks: int, batch: int
+             ) -> tuple[list[SubLayer], list[Exchange]]:
+    sublayers: list[SubLayer] = []
+    exchanges: list[Exchange] = []
+    for node in order:
+        dst = placed[node.name]
+        cls = type(next(iter(dst.layers.values())))
+        kinds = list(cls.input_kinds) or ["data"] * len(node.conf.srclayers)
+        # per rank: the names of this layer's inputs on that rank, in srclayers order
+        inputs: dict[int, list[str]] = {rank: [] for rank in dst.layers}
+        for src_name, kind in zip(node.conf.srclayers, kinds):
+            if src_name not in placed:
+                continue  # a declared back edge (energy models)
+            src = placed[src_name]
+            holders = _holder_regions(src, kind)
+            needs = {rank: _needed_region(dst, rank, src, kind) for rank in dst.layers}
+            if all(rank in holders and holders[rank] == need for rank, need in needs.items()):
+                for rank in dst.layers:
+                    inputs[rank].append(_sub_name(src.node, rank, src.pdim))
+                continue
+            exchange, conn_layers = _make_exchange(len(exchanges), src, dst, kind, holders, needs)
+            exchanges.append(exchange)
+            sublayers.extend(conn_layers)
+            for rank in dst.layers:
+                inputs[rank].append(next(c.name for c in conn_layers if c.rank == rank and c.role != "bridge_src"))
+        for rank, layer in sorted(dst.layers.items()):
+            region = dst.regions[rank]
+            local = (region.nrows,) + layer.local_out_shape() if layer.out_shape else (region.nrows,)
+            sublayers.append(SubLayer(
+                name=_sub_name(node, rank, dst.pdim), type=node.type_name, rank=rank, origin=node.name,
+                srcs=inputs[rank], kinds=kinds[:len(inputs[rank])], region=region, out_shape=local,
+                pdim=dst.pdim, params=[_shard(spec) for spec in layer.param_specs],
+                needs_grad=dst.needs_grad, layer=layer))
+    return sublayers, exchanges
+
+
+def _shard(spec) -> ParamShard:
+    return ParamShard(spec.conf.share_from or spec.conf.name, spec.logical_shape, spec.shard)
+
+
+def _make_exchange(eid: int, src: _Placed, dst: _Placed, kind: str, holders: dict[int, Region],
+                   needs: dict[int, Region]) -> tuple[Exchange, list[SubLayer]]:
+    nfeat = src.out_shape[0] if (src.out_shape and kind == "data") else 1
+    full = Region((0, _batch_of(src)), (0, nfeat))
+    type_name, fwd, bwd = classify(holders, needs, full)
+    rest = tuple(src.out_shape[1:]) if kind == "data" else ()
+    group = tuple(sorted(set(holders) | set(needs)))
+    with_backward = kind == "data" and src.needs_grad
+    exchange = Exchange(eid, src.node.name, dst.node.name, kind, fwd, bwd if kind == "data" else None, group,
+                        holders, needs, pieces(holders, needs), rest, with_backward)
+    if type_name == "kBridge":
+        (s_rank,), (d_rank,) = holders, needs
+        label = f"{_sub_name(src.node, s_rank, src.pdim)}->{_sub_name(dst.node, d_rank, dst.pdim)}"
+        if kind == "aux":
+            label += ".label"
+        src_sub = _sub_name(src.node, s_rank, src.pdim)
+        common = dict(origin=None, exchange=exchange, needs_grad=with_backward, kinds=[kind])
+        return exchange, [
+            SubLayer(f"bridge_src({label})", "kBridgeSrc", s_rank, srcs=[src_sub],
+                     region=holders[s_rank], out_shape=_local_shape(holders[s_rank], rest, kind),
+                     role="bridge_src", **common),
+            SubLayer(f"bridge_dst({label})", "kBridgeDst", d_rank, srcs=[],
+                     region=needs[d_rank], out_shape=_local_shape(needs[d_rank], rest, kind),
+                     role="bridge_dst", **{**common, "kinds": []}),
+        ]
+    base = {"kSplit": f"split({src.node.name})", "kSlice": f"slice({src.node.name})"}.get(type_name)
+    if base is None:
+        inner = "split" if fwd in ("Allgatherv",) else "slice"
+        base = f"concate({inner}({src.node.name}))" if len(needs) > 1 else f"concate({src.node.name})"
+    if kind == "aux":
+        base = f"{base}.label"
+    conn = []
+    for rank in group:
+        srcs = [_sub_name(src.node, rank, src.pdim)] if rank in holders else []
+        region = needs.get(rank)
+        conn.append(SubLayer(
+            f"{base}@{rank}" if len(group) > 1 else base, type_name, rank, None, srcs, [kind] * len(srcs),
+            region or Region((0, 0), (0, 0)), _local_shape(region, rest, kind) if region else (0,),
+            exchange=exchange, role="collective", needs_grad=with_backward))
+    return exchange, conn
+
+
+def _local_shape(region: Region, rest: tuple[int, ...], kind: str) -> tuple[int, ...]:
+    if kind == "aux":
+        return (region.nrows,)
+    return (region.nrows, region.nfeatures) + tuple(rest)
+
+
+def _check_every_rank_busy(sublayers: list[SubLayer], nranks: int, order: list[Node]) -> None:
+    busy = {s.rank for s in sublayers if s.origin is not None}
+    idle = [r for r in range(nranks) if r not in busy]
+    if idle:
+        raise ConfigError(
+            f"worker(s) {', '.join(map(str, idle))} of {nranks} would run no layer: expected every worker to "
+            f"own part of the net (use fewer workers, partition_dim 0/1, or location to place layers there)")
+
+
+def _param_syncs(cfg: JobConfig, placed: dict[str, _Placed], sublayers: list[SubLayer]) -> list[ParamSync]:
+    """Group identical shards held on several ranks; reject overlapping but different shards."""
+    holders: dict[tuple[str, tuple], set[int]] = {}
+    shapes: dict[str, dict[tuple, str]] = {}
+    for sub in sublayers:
+        for shard in sub.params:
+            holders.setdefault((shard.name, shard.offsets), set()).add(sub.rank)
+            shapes.setdefault(shard.name, {}).setdefault(shard.offsets, sub.name)
+    for name, shards in shapes.items():
+        offsets = list(shards)
+        for a in offsets:
+            for b in offsets:
+                if a < b and all(max(x[0], y[0]) < min(x[1], y[1]) for x, y in zip(a, b)):
+                    raise ConfigError(
+                        f"param {name!r} is partitioned differently by {shards[a]} ({_fmt(a)}) and "
+                        f"{shards[b]} ({_fmt(b)}): expected the layers sharing it to use the same partition_dim")
+    syncs = []
+    for (name, offsets), ranks in sorted(holders.items()):
+        if len(ranks) > 1:
+            syncs.append(ParamSync(name, offsets, tuple(sorted(ranks)), math.prod(hi - lo for lo, hi in offsets)))
+    return syncs
+
+
+def _fmt(offsets) -> str:
+    return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in offsets) + "]"

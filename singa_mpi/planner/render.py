@@ -1,0 +1,114 @@
+"""A plan as text (per rank), JSON (for tools) or Graphviz dot (like seed 002's figures)."""
+from __future__ import annotations
+
+import json
+
+from singa_mpi.planner.plan import Plan
+from singa_mpi.planner.schedule import BACKWARD, FORWARD, PARAMS, schedules
+
+# one colour per rank (ColorBrewer Set3-like, readable on white)
+COLOURS = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#d9d9d9",
+           "#bc80bd", "#ccebc5", "#ffed6f", "#ffffb3"]
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def traffic(plan: Plan) -> dict[int, dict[str, int]]:
+    """Bytes each rank sends and receives per step, by direction (forward/backward/params)."""
+    out = {}
+    for rank, ops in schedules(plan).items():
+        row = {f"{d}_{k}": 0 for d in (FORWARD, BACKWARD, PARAMS) for k in ("sent", "received")}
+        for op in ops:
+            row[f"{op.direction}_sent"] += op.send_bytes
+            row[f"{op.direction}_received"] += op.recv_bytes
+        out[rank] = row
+    return out
+
+
+def to_text(plan: Plan) -> str:
+    lines = [f"plan: phase {plan.phase}, {plan.nranks} worker(s), batch {plan.batch}"]
+    volume = traffic(plan)
+    for rank in range(plan.nranks):
+        lines.append(f"\nrank {rank}:")
+        for sub in plan.on_rank(rank):
+            mark = "  " if sub.origin else "+ "  # "+" marks an inserted connection layer
+            detail = ""
+            if sub.exchange is not None:
+                ex = sub.exchange
+                detail = f"  [{ex.forward_op}/{ex.backward_op or '-'} group {list(ex.group)}]"
+            lines.append(f"  {mark}{sub.name:<34} {sub.type:<15} out {list(sub.out_shape)}{detail}")
+            for shard in sub.params:
+                offsets = ", ".join(f"{lo}:{hi}" for lo, hi in shard.offsets)
+                lines.append(f"      param {shard.name:<12} {list(shard.shape)} of {list(shard.logical_shape)} "
+                             f"at [{offsets}]")
+        v = volume[rank]
+        lines.append(f"  traffic/step: forward sent {_fmt_bytes(v['forward_sent'])}, received "
+                     f"{_fmt_bytes(v['forward_received'])}; backward sent {_fmt_bytes(v['backward_sent'])}, "
+                     f"received {_fmt_bytes(v['backward_received'])}; param averaging "
+                     f"{_fmt_bytes(v['params_sent'])}")
+    total = {k: sum(v[k] for v in volume.values()) for k in next(iter(volume.values()))}
+    inserted = sum(1 for s in plan.sublayers if s.origin is None)
+    lines.append(f"\ntotal: {len(plan.sublayers)} sub-layers ({inserted} inserted), "
+                 f"{len(plan.exchanges)} exchanges, {len(plan.param_syncs)} replicated param shards; "
+                 f"per step sent forward {_fmt_bytes(total['forward_sent'])}, backward "
+                 f"{_fmt_bytes(total['backward_sent'])}, param averaging {_fmt_bytes(total['params_sent'])}")
+    return "\n".join(lines)
+
+
+def to_json(plan: Plan) -> str:
+    subs = [{
+        "name": s.name, "type": s.type, "rank": s.rank, "origin": s.origin, "srcs": s.srcs,
+        "partition_dim": s.pdim if s.origin else None,
+        "rows": list(s.region.rows), "features": list(s.region.features), "out_shape": list(s.out_shape),
+        "params": [{"name": p.name, "shape": list(p.shape), "logical_shape": list(p.logical_shape),
+                    "offsets": [list(o) for o in p.offsets]} for p in s.params],
+        "exchange": s.exchange.id if s.exchange else None,
+    } for s in plan.sublayers]
+    exchanges = [{
+        "id": e.id, "src": e.src_layer, "dst": e.dst_layer, "kind": e.kind, "forward_op": e.forward_op,
+        "backward_op": e.backward_op, "group": list(e.group), "dtype": e.dtype,
+        "pieces": [{"src": p.src, "dst": p.dst, "rows": list(p.region.rows),
+                    "features": list(p.region.features)} for p in e.pieces],
+    } for e in plan.exchanges]
+    sched = {str(rank): [{"op": o.op, "peer": o.peer, "group": list(o.group), "root": o.root, "tag": o.tag,
+                          "shape": list(o.shape), "dtype": o.dtype, "layer": o.layer, "direction": o.direction}
+                         for o in ops] for rank, ops in schedules(plan).items()}
+    params = [{"name": p.name, "offsets": [list(o) for o in p.offsets], "ranks": list(p.ranks), "size": p.size}
+              for p in plan.param_syncs]
+    return json.dumps({"phase": plan.phase, "nranks": plan.nranks, "batch": plan.batch, "sublayers": subs,
+                       "exchanges": exchanges, "schedule": sched, "param_syncs": params,
+                       "traffic": {str(k): v for k, v in traffic(plan).items()}}, indent=1)
+
+
+def to_dot(plan: Plan) -> str:
+    lines = ["digraph plan {", "  rankdir=BT;", '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
+    for rank in range(plan.nranks):
+        lines.append(f'  subgraph cluster_rank{rank} {{ label="worker {rank}"; style=dashed;')
+        for sub in plan.on_rank(rank):
+            shape = "box" if sub.origin else "ellipse"
+            label = sub.name if sub.origin else f"{sub.name}\\n{sub.type} {sub.exchange.forward_op}"
+            lines.append(f'    "{sub.name}" [label="{label}", shape={shape}, '
+                         f'fillcolor="{COLOURS[rank % len(COLOURS)]}"];')
+        lines.append("  }")
+    for sub in plan.sublayers:
+        for src in sub.srcs:
+            lines.append(f'  "{src}" -> "{sub.name}";')
+    drawn = set()
+    for ex in plan.exchanges:  # dashed edges: data moving between ranks
+        subs = [s for s in plan.sublayers if s.exchange is ex]
+        for piece in ex.pieces:
+            if piece.src == piece.dst:
+                continue
+            src = next((s for s in subs if s.rank == piece.src and (s.role != "bridge_dst")), None)
+            dst = next((s for s in subs if s.rank == piece.dst and (s.role != "bridge_src")), None)
+            if src and dst and src is not dst and (src.name, dst.name) not in drawn:
+                drawn.add((src.name, dst.name))
+                lines.append(f'  "{src.name}" -> "{dst.name}" [style=dashed, color=gray40];')
+    lines.append("}")
+    return "\n".join(lines)

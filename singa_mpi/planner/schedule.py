@@ -1,0 +1,170 @@
+"""Each rank's communication schedule for one training step, and its proof of safety.
+
+The schedule lists, per rank and in execution order, every communication
+operation of a step: the forward pass, the backward pass (reverse order) and
+the parameter-gradient reductions.  :func:`verify` checks that
+
+* every Send has exactly one Recv with the same peer pair, tag, shape and dtype;
+* every collective has the same operation and members on all of them, and
+  each member enters the collectives of a communicator group in the same order;
+* the per-rank sequences cannot deadlock: a simulation with non-blocking sends,
+  blocking receives and blocking collectives runs to completion.
+
+A plan that fails is rejected with a ConfigError naming the layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+
+from singa_mpi.errors import ConfigError
+from singa_mpi.planner.plan import Plan, SubLayer
+
+FORWARD, BACKWARD, PARAMS = "forward", "backward", "params"
+
+
+@dataclasses.dataclass(frozen=True)
+class CommOp:
+    """One communication call on one rank."""
+
+    rank: int
+    op: str  # Send, Recv, Bcast, Reduce, Scatterv, Gatherv, Allgatherv, Reduce_scatter, Alltoallv, Allreduce
+    peer: int | None  # for Send/Recv
+    group: tuple[int, ...]  # members of a collective (both ranks for Send/Recv)
+    root: int | None
+    tag: int | None
+    shape: tuple[int, ...]  # Send/Recv: the message; collectives: this rank's local buffer
+    dtype: str
+    layer: str  # sub-layer name, or the parameter name for Allreduce
+    direction: str
+    key: str  # identifies the matching operation on the other ranks
+    send_bytes: int
+    recv_bytes: int
+
+    def describe(self) -> str:
+        who = f"peer {self.peer}" if self.peer is not None else f"group {list(self.group)}"
+        tag = f" tag {self.tag}" if self.tag is not None else ""
+        return f"{self.direction} {self.op} {who}{tag} {self.dtype}{list(self.shape)} ({self.layer})"
+
+
+def _root(exchange) -> int | None:
+    if exchange.forward_op in ("Bcast", "Scatterv"):
+        return next(iter(exchange.holders))
+    if exchange.forward_op == "Gatherv":
+        return next(iter(exchange.needs))
+    return None
+
+
+def _exchange_ops(sub: SubLayer, direction: str) -> CommOp:
+    ex = sub.exchange
+    forward = direction == FORWARD
+    rank = sub.rank
+    sent = sum(ex.bytes_between(rank, d) for d in ex.group if d != rank)
+    received = sum(ex.bytes_between(s, rank) for s in ex.group if s != rank)
+    if not forward:
+        sent, received = received, sent
+    if sub.role in ("bridge_src", "bridge_dst"):
+        is_sender = (sub.role == "bridge_src") == forward
+        peer = ex.group[0] if ex.group[1] == rank else ex.group[1]
+        op = "Send" if is_sender else "Recv"
+        return CommOp(rank, op, peer, ex.group, None, 2 * ex.id + (0 if forward else 1), sub.out_shape,
+                      ex.dtype, sub.name, direction, f"{direction}:{ex.id}", sent, received)
+    op = ex.forward_op if forward else ex.backward_op
+    return CommOp(rank, op, None, ex.group, _root(ex), None, sub.out_shape, ex.dtype, sub.name, direction,
+                  f"{direction}:{ex.id}", sent, received)
+
+
+def rank_schedule(plan: Plan, rank: int) -> list[CommOp]:
+    """The communication calls of ``rank`` in one training step, in order."""
+    subs = [s for s in plan.on_rank(rank) if s.exchange is not None]
+    ops = [_exchange_ops(s, FORWARD) for s in subs]
+    ops += [_exchange_ops(s, BACKWARD) for s in reversed(subs) if s.exchange.with_backward]
+    for sync in plan.param_syncs:
+        if rank in sync.ranks:
+            nbytes = 4 * sync.size
+            ops.append(CommOp(rank, "Allreduce", None, sync.ranks, None, None,
+                              tuple(hi - lo for lo, hi in sync.offsets), "float32", sync.name, PARAMS,
+                              f"params:{sync.name}:{sync.offsets}", nbytes, nbytes))
+    return ops
+
+
+def schedules(plan: Plan) -> dict[int, list[CommOp]]:
+    return {rank: rank_schedule(plan, rank) for rank in range(plan.nranks)}
+
+
+def schedule_hash(ops: list[CommOp]) -> str:
+    """A digest of the whole schedule, identical on every rank of a consistent job."""
+    text = "\n".join(op.describe() + f" rank {op.rank} key {op.key}" for op in ops)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def verify(plan: Plan) -> None:
+    """ConfigError if the schedule is unpaired, inconsistent or could deadlock."""
+    sched = schedules(plan)
+    _check_pairs(sched)
+    _check_collectives(sched)
+    _simulate(sched)
+
+
+def _check_pairs(sched: dict[int, list[CommOp]]) -> None:
+    sends = {(o.rank, o.peer, o.tag): o for ops in sched.values() for o in ops if o.op == "Send"}
+    recvs = {(o.peer, o.rank, o.tag): o for ops in sched.values() for o in ops if o.op == "Recv"}
+    for key in sends.keys() | recvs.keys():
+        s, r = sends.get(key), recvs.get(key)
+        if s is None or r is None:
+            lone = s or r
+            raise ConfigError(f"unpaired bridge: {lone.describe()} on rank {lone.rank} has no matching "
+                              f"{'Recv' if s else 'Send'}")
+        if (math.prod(s.shape), s.dtype) != (math.prod(r.shape), r.dtype):
+            raise ConfigError(f"bridge {s.layer} -> {r.layer}: sends {s.dtype}{list(s.shape)} but the receiver "
+                              f"expects {r.dtype}{list(r.shape)}")
+
+
+def _check_collectives(sched: dict[int, list[CommOp]]) -> None:
+    seen: dict[str, CommOp] = {}
+    members: dict[str, set[int]] = {}
+    for ops in sched.values():
+        for o in ops:
+            if o.op in ("Send", "Recv"):
+                continue
+            first = seen.setdefault(o.key, o)
+            if (o.op, o.group, o.root) != (first.op, first.group, first.root):
+                raise ConfigError(f"collective mismatch: {o.describe()} on rank {o.rank} vs "
+                                  f"{first.describe()} on rank {first.rank}")
+            members.setdefault(o.key, set()).add(o.rank)
+    for key, ranks in members.items():
+        op = seen[key]
+        if ranks != set(op.group):
+            missing = sorted(set(op.group) - ranks)
+            raise ConfigError(f"collective {op.describe()}: ranks {missing} of its group never call it")
+
+
+def _simulate(sched: dict[int, list[CommOp]]) -> None:
+    """Run the schedule abstractly; ConfigError naming the stuck operations if it blocks."""
+    pos = {rank: 0 for rank in sched}
+    posted: set[tuple] = set()
+    while True:
+        progressed = False
+        for rank, ops in sched.items():
+            while pos[rank] < len(ops):
+                op = ops[pos[rank]]
+                if op.op == "Send":
+                    posted.add((op.rank, op.peer, op.tag))
+                elif op.op == "Recv":
+                    if (op.peer, op.rank, op.tag) not in posted:
+                        break
+                else:
+                    ready = all(pos[m] < len(sched[m]) and sched[m][pos[m]].key == op.key for m in op.group)
+                    if not ready:
+                        break
+                    for member in op.group:
+                        if member != rank:
+                            pos[member] += 1
+                pos[rank] += 1
+                progressed = True
+        if all(pos[r] == len(ops) for r, ops in sched.items()):
+            return
+        if not progressed:
+            stuck = [f"rank {r}: {sched[r][pos[r]].describe()}" for r in sched if pos[r] < len(sched[r])]
+            raise ConfigError("the communication schedule would deadlock: " + "; ".join(stuck))

@@ -1,0 +1,21 @@
+"""MPI test helpers: these tests run under `mpiexec -n N python -m pytest tests/mpi`.
+
+tests/test_mpi_suites.py launches them for N = 1..4 from a plain pytest run.
+Every assertion goes through :func:`agree`, which allreduces the verdict so
+that all ranks fail (or pass) together: a failure never leaves a rank waiting.
+"""
+import pytest
+
+from singa_mpi import comm as comm_module
+
+
+@pytest.fixture(scope="session")
+def world():
+    return comm_module.world()
+
+
+def agree(world, ok: bool, message: str = "") -> None:
+    """Assert ``ok`` on every rank; the failure names the ranks that disagreed."""
+    verdicts = world.allgather_object((bool(ok), message))
+    bad = [(rank, msg) for rank, (good, msg) in enumerate(verdicts) if not good]
+    assert not bad, "; ".join(f"rank {rank}: {msg}" for rank, msg in bad)

@@ -1,0 +1,36 @@
+"""Run the MPI test suite (tests/mpi) under mpiexec with 1, 2, 3 and 4 ranks.
+
+Four ranks oversubscribe a 2-core machine: fine for correctness.  Each run has
+a hard timeout, so a hang fails the test instead of the CI job.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def mpiexec_command(n: int) -> list[str]:
+    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if exe is None:
+        pytest.fail("mpiexec not found: install MPI (pip install mpich) or put a system MPI on PATH")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    extra = ["--oversubscribe", "--allow-run-as-root"] if "Open MPI" in version or "OpenRTE" in version else []
+    return [exe, *extra, "-n", str(n)]
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+def test_mpi_suite(nranks, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               SINGA_MPI_TEST_TMP=str(tmp_path))
+    cmd = mpiexec_command(nranks) + [sys.executable, "-m", "pytest", os.path.join(HERE, "mpi"), "-q", "-x",
+                                     "-p", "no:cacheprovider", "--timeout=600"]
+    try:
+        result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"MPI suite on {nranks} ranks timed out:\n{(err.stdout or b'')[-3000:]}")
+    assert result.returncode == 0, f"MPI suite on {nranks} ranks failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
