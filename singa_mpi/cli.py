@@ -50,6 +50,9 @@ def cmd_check(args) -> int:
     from singa_mpi.config.validate import validate
 
     cfg = load_job(args.job)
+    if args.print_workspace:  # for batch scripts: where this job writes
+        print(resolve_workspace(cfg, None))
+        return 0
     summary = validate(cfg)
     for warning in summary.warnings:
         print(f"warning: {warning}")
@@ -134,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="validate a job configuration (no data, no MPI)")
     p.add_argument("job")
     p.add_argument("-v", "--verbose", action="store_true", help="list layers with output shapes")
+    p.add_argument("--print-workspace", action="store_true", help="only print the job's workspace folder")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("plan", help="show how a job is partitioned over N workers (no MPI needed)")

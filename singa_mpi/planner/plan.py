@@ -286,6 +286,7 @@ def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nran
              ) -> tuple[list[SubLayer], list[Exchange]]:
     sublayers: list[SubLayer] = []
     exchanges: list[Exchange] = []
+    used_names: set[str] = set()
     for node in order:
         dst = placed[node.name]
         cls = type(next(iter(dst.layers.values())))
@@ -302,7 +303,7 @@ def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nran
                 for rank in dst.layers:
                     inputs[rank].append(_sub_name(src.node, rank, src.pdim))
                 continue
-            exchange, conn_layers = _make_exchange(len(exchanges), src, dst, kind, holders, needs)
+            exchange, conn_layers = _make_exchange(len(exchanges), src, dst, kind, holders, needs, used_names)
             exchanges.append(exchange)
             sublayers.extend(conn_layers)
             for rank in dst.layers:
@@ -323,7 +324,7 @@ def _shard(spec) -> ParamShard:
 
 
 def _make_exchange(eid: int, src: _Placed, dst: _Placed, kind: str, holders: dict[int, Region],
-                   needs: dict[int, Region]) -> tuple[Exchange, list[SubLayer]]:
+                   needs: dict[int, Region], used_names: set[str]) -> tuple[Exchange, list[SubLayer]]:
     nfeat = src.out_shape[0] if (src.out_shape and kind == "data") else 1
     full = Region((0, _batch_of(src)), (0, nfeat))
     type_name, fwd, bwd = classify(holders, needs, full)
@@ -353,6 +354,9 @@ def _make_exchange(eid: int, src: _Placed, dst: _Placed, kind: str, holders: dic
         base = f"concate({inner}({src.node.name}))" if len(needs) > 1 else f"concate({src.node.name})"
     if kind == "aux":
         base = f"{base}.label"
+    if base in used_names:  # the same source feeds several differently placed layers
+        base = f"{base}[{dst.node.name}]"
+    used_names.add(base)
     conn = []
     for rank in group:
         srcs = [_sub_name(src.node, rank, src.pdim)] if rank in holders else []

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Submit slurm/train.sbatch to a real, throw-away one-node Slurm and check the result.
+#
+#   bash scripts/slurm_selftest.sh          (as root; installs slurm + munge from Debian if missing)
+#
+# 1. installs slurmctld/slurmd/munge if missing, writes a slurm.conf into a scratch folder,
+#    starts munged, slurmctld and slurmd (foreground mode, pids kept);
+# 2. submits a short 2-task training job with `sbatch --wait` under `timeout` and checks that
+#    it succeeded and wrote metrics.jsonl and its per-job log into the workspace;
+# 3. submits a job with a broken configuration and checks that it fails and that its error
+#    output is reported;
+# 4. stops exactly the daemons it started (also on failure or Ctrl-C).
+# Every wait is bounded; the whole run takes well under two minutes.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${SINGA_PYTHON:-$(command -v python3)}
+SCRATCH=$(mktemp -d /tmp/singa-slurm.XXXXXX)
+PIDS=()
+say() { echo "slurm-selftest: $*"; }
+
+cleanup() {
+  local code=$?
+  if command -v scancel >/dev/null && [ -f "$SCRATCH/slurm.conf" ]; then
+    SLURM_CONF=$SCRATCH/slurm.conf timeout 10 scancel --user=root >/dev/null 2>&1 || true
+  fi
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in $(seq 1 50); do
+    alive=0
+    for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break
+    sleep 0.2
+  done
+  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  rm -rf "$SCRATCH"
+  exit "$code"
+}
+trap cleanup EXIT INT TERM
+
+# --------------------------------------------------------------- install
+if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
+  say "installing slurm and munge from Debian"
+  export DEBIAN_FRONTEND=noninteractive
+  # refuse service starts during install (hosts with systemd would start the daemons)
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d.singa && chmod +x /usr/sbin/policy-rc.d.singa
+  [ -e /usr/sbin/policy-rc.d ] || ln -s /usr/sbin/policy-rc.d.singa /usr/sbin/policy-rc.d
+  timeout 300 apt-get update -qq
+  timeout 300 apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+  [ -L /usr/sbin/policy-rc.d ] && [ "$(readlink /usr/sbin/policy-rc.d)" = /usr/sbin/policy-rc.d.singa ] && rm -f /usr/sbin/policy-rc.d
+  rm -f /usr/sbin/policy-rc.d.singa
+fi
+
+# --------------------------------------------------------------- configure
+HOST=$(hostname -s)
+getent hosts "$HOST" >/dev/null || echo "127.0.0.1 $HOST" >> /etc/hosts
+NODE_LINE=$(slurmd -C | head -n 1 | sed -E 's/CPUs=[0-9]+/CPUs=4/')
+mkdir -p "$SCRATCH/state" "$SCRATCH/spool"
+cat > "$SCRATCH/slurm.conf" <<CONF
+ClusterName=singaselftest
+SlurmctldHost=$HOST
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=$SCRATCH/state
+SlurmdSpoolDir=$SCRATCH/spool
+SlurmctldPidFile=$SCRATCH/slurmctld.pid
+SlurmdPidFile=$SCRATCH/slurmd.pid
+SlurmctldLogFile=$SCRATCH/slurmctld.log
+SlurmdLogFile=$SCRATCH/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+MpiDefault=pmi2
+EnforcePartLimits=ALL
+ReturnToService=2
+KillWait=5
+SlurmdParameters=config_overrides
+$NODE_LINE
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+export SLURM_CONF=$SCRATCH/slurm.conf
+
+# --------------------------------------------------------------- start daemons
+if ! (munge -n | unmunge) >/dev/null 2>&1; then
+  mkdir -p /run/munge && chown munge:munge /run/munge && chmod 0755 /run/munge
+  runuser -u munge -- /usr/sbin/munged --foreground &
+  PIDS+=($!)
+  for _ in $(seq 1 50); do (munge -n | unmunge) >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+(munge -n | unmunge) >/dev/null 2>&1 || { say "munged did not start"; exit 1; }
+slurmctld -D -i -f "$SLURM_CONF" >"$SCRATCH/slurmctld.out" 2>&1 &
+PIDS+=($!)
+slurmd -D -f "$SLURM_CONF" >"$SCRATCH/slurmd.out" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 100); do
+  if timeout 5 scontrol ping 2>/dev/null | grep -q UP && [ "$(timeout 5 sinfo -h -N -o %T 2>/dev/null)" = idle ]; then
+    break
+  fi
+  sleep 0.3
+done
+[ "$(timeout 5 sinfo -h -N -o %T 2>/dev/null)" = idle ] || { say "slurm did not come up"; tail -20 "$SCRATCH"/*.log; exit 1; }
+say "slurm is up on $HOST (daemon pids ${PIDS[*]})"
+
+# --------------------------------------------------------------- a short training job
+WORK=$SCRATCH/work
+mkdir -p "$WORK"
+"$PY" - "$WORK" <<'PYTHON'
+import sys
+sys.path.insert(0, "tests")
+import nets
+work = sys.argv[1]
+data = nets.make_data(f"{work}/data.h5", 256, (12,), 5)
+text = nets.mlp(data, 32, "data").replace("train_steps: 20", "train_steps: 30").replace("disp_freq: 1", "disp_freq: 10")
+open(f"{work}/good.conf", "w").write(text + "\ncluster { nworkers_per_group: 2 }\n")
+open(f"{work}/bad.conf", "w").write(text.replace("num_output: 16", "num_output: 0"))
+PYTHON
+
+submit() {  # name conf -> prints the job's exit status line; output stays in $WORK
+  local name=$1 conf=$2
+  (cd "$ROOT" && SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-$name timeout 150 \
+     sbatch --wait --parsable --ntasks=2 --time=00:05:00 --job-name="selftest-$name" \
+            --output="$WORK/$name-%j.out" slurm/train.sbatch "$conf")
+}
+
+say "submitting a 2-task training job"
+set +e
+JOBID=$(submit good "$WORK/good.conf"); status=$?
+set -e
+if [ "$status" -ne 0 ]; then
+  say "FAILED: the training job (id ${JOBID:-?}) exited with status $status; its output:"
+  cat "$WORK"/good-*.out "$WORK"/ws-good/slurm-*.log 2>/dev/null | tail -40
+  exit 1
+fi
+grep -q '"phase": "train"' "$WORK/ws-good/metrics.jsonl" || { say "FAILED: no metrics written"; exit 1; }
+ls "$WORK/ws-good/slurm-$JOBID.log" >/dev/null || { say "FAILED: no per-job log in the workspace"; exit 1; }
+say "training job $JOBID succeeded: $(grep -c '"phase": "train"' "$WORK/ws-good/metrics.jsonl") metric lines"
+
+say "submitting a job with a broken configuration (must fail, not hang)"
+set +e
+JOBID=$(submit bad "$WORK/bad.conf"); status=$?
+set -e
+if [ "$status" -eq 0 ]; then
+  say "FAILED: the broken job $JOBID succeeded"
+  exit 1
+fi
+say "broken job ${JOBID:-?} failed as it should (status $status); its error output:"
+error=$(cat "$WORK"/bad-*.out "$WORK"/ws-bad/slurm-*.log 2>/dev/null | grep -m 1 "error" || true)
+echo "    $error"
+case "$error" in
+  *num_output*) ;;
+  *) say "FAILED: the error output does not name the bad field"; exit 1 ;;
+esac
+say "PASSED"
