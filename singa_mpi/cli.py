@@ -83,6 +83,44 @@ def cmd_test(args) -> int:
     return run_test(args.job, lambda cfg: resolve_workspace(cfg, args.workspace), checkpoints=args.checkpoint)
 
 
+def cmd_plan(args) -> int:
+    from singa_mpi.config.load import load_job
+    from singa_mpi.config.validate import validate
+    from singa_mpi.planner import plan, render
+
+    cfg = load_job(args.job)
+    validate(cfg)
+    the_plan = plan(cfg, args.n, phase=args.phase)
+    renderers = {"json": render.to_json, "dot": render.to_dot, "text": render.to_text}
+    text = renderers[args.format](the_plan)
+    if args.output and args.format == "dot" and not args.output.endswith(".dot"):
+        return _render_dot(text, args.output)
+    if args.output:
+        pathlib.Path(args.output).write_text(text + "\n")
+        print(f"wrote {args.output}")
+    else:
+        print(text)
+    return 0
+
+
+def _render_dot(text: str, output: str) -> int:
+    """Draw with Graphviz's `dot` into PNG/SVG/PDF (by the file extension)."""
+    import shutil
+    import subprocess
+
+    dot = shutil.which("dot")
+    if dot is None:
+        dot_path = pathlib.Path(output).with_suffix(".dot")
+        dot_path.write_text(text + "\n")
+        raise ConfigError(f"Graphviz `dot` not found: wrote {dot_path} instead of {output} "
+                          f"(install Graphviz: apt-get install graphviz, brew install graphviz, "
+                          f"or conda install graphviz)")
+    fmt = pathlib.Path(output).suffix.lstrip(".") or "png"
+    subprocess.run([dot, f"-T{fmt}", "-o", output], input=text.encode(), check=True, timeout=120)
+    print(f"wrote {output}")
+    return 0
+
+
 def ensure_digits() -> None:
     """Prepare scikit-learn's digits for the default job on first use."""
     if (DIGITS_DIR / "train.h5").exists() and (DIGITS_DIR / "test.h5").exists():

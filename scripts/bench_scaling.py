@@ -1,0 +1,147 @@
+"""Scaling benchmark: samples/s of the example nets under data, feature and hybrid partitioning.
+
+    python scripts/bench_scaling.py [--ranks 1 2 4] [--steps 20] [--json results.json]
+
+For mnist_mlp (batch 64) and cifar10_convnet (batch 100) on synthetic data, each scheme runs under
+`mpiexec -n N` (one BLAS thread per rank) and reports samples/s, the speed-up over N = 1, the share
+of step time spent inside MPI calls that computation did not hide (exposed communication: blocking
+exchanges and waits for gradient sums), and bytes moved per step.  On a 2-core machine N = 4
+oversubscribes the cores: those rows are marked and say nothing about speed.
+
+Schemes: data = every layer partition_dim 0; feature = inner-product/convolution layers and the
+element-wise layers after them partition_dim 1 (LRN, loss and input stay on the batch); hybrid =
+convolution part on the batch, inner products on features (for the MLP: the first three layers on
+the batch, the last three on features).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+NETS = {"mnist_mlp": ("mnist_mlp.conf", (784,), 64), "cifar10_convnet": ("cifar10_convnet.conf", (3, 32, 32), 100)}
+SCHEMES = {"mnist_mlp": ["data", "feature", "hybrid"], "cifar10_convnet": ["data", "feature", "hybrid"]}
+FEATURE_TYPES = {"kInnerProduct", "kConvolution", "kCConvolution", "kReLU", "kSTanh", "kPooling", "kCPooling"}
+
+
+def partitioned(cfg, scheme: str):
+    """Set partition_dim per layer for the scheme (in place)."""
+    from singa_mpi.proto import job_pb2
+
+    layers = list(cfg.proto.neuralnet.layer)
+    ips = [layer.name for layer in layers if layer.type == job_pb2.kInnerProduct]
+    for layer in layers:
+        type_name = job_pb2.LayerType.Name(layer.type)
+        if scheme == "data":
+            layer.partition_dim = 0
+        elif scheme == "feature":
+            layer.partition_dim = 1 if type_name in FEATURE_TYPES else 0
+        else:  # hybrid
+            convnet = any(t.type in (job_pb2.kConvolution, job_pb2.kCConvolution) for t in layers)
+            if convnet:
+                layer.partition_dim = 1 if layer.type == job_pb2.kInnerProduct else 0
+            else:
+                second_half = ips[len(ips) // 2:]
+                idx = layers.index(layer)
+                follows = idx > 0 and layers[idx - 1].name in second_half and type_name in FEATURE_TYPES
+                layer.partition_dim = 1 if (layer.name in second_half or follows) else 0
+    return cfg
+
+
+def worker(args) -> int:
+    """Runs under mpiexec: time the training step of one net and scheme, print JSON on rank 0."""
+    from bench_serial import job_on_synthetic_data
+    from singa_mpi import comm as comm_module
+    from singa_mpi.parallel.runtime import ParallelRuntime
+    from singa_mpi.planner.render import traffic
+    from singa_mpi.train import Trainer
+
+    world = comm_module.world()
+    conf, shape, _ = NETS[args.net]
+    folder = tempfile.mkdtemp(prefix=f"bench_scaling_r{world.rank}_")
+    cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 2048 if args.net == "mnist_mlp" else 1000),
+                      args.scheme)
+    runtime = ParallelRuntime(cfg, 1, folder, world)
+    trainer = Trainer(cfg, folder, runtime, log=lambda line: None)
+    for step in range(3):
+        trainer.train_one_batch(step)
+    world.barrier()
+    world.accounts.clear()
+    times = []
+    for step in range(args.steps):
+        world.barrier()
+        start = time.perf_counter()
+        trainer.train_one_batch(3 + step)
+        times.append(time.perf_counter() - start)
+    comm_s = world.comm_seconds() / args.steps
+    slowest = max(world.allgather_object(statistics.median(times)))
+    shares = world.allgather_object(comm_s)
+    if world.rank == 0:
+        volume = traffic(runtime.plans["train"])
+        sent = sum(v[k] for v in volume.values() for k in v if k.endswith("_sent"))
+        batch = trainer.batch
+        print(json.dumps({"net": args.net, "scheme": args.scheme, "ranks": world.size, "batch": batch,
+                          "step_ms": 1e3 * slowest, "samples_per_s": batch / slowest,
+                          "exposed_comm_share": max(shares) / slowest, "bytes_per_step": sent}))
+    shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+def launch(net: str, scheme: str, ranks: int, steps: int) -> dict:
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
+           "--steps", str(steps)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"{net}/{scheme} on {ranks} ranks failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--nets", nargs="+", default=list(NETS))
+    parser.add_argument("--json")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--net", help=argparse.SUPPRESS)
+    parser.add_argument("--scheme", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    cores = os.cpu_count() or 1
+    rows = []
+    for net in args.nets:
+        for scheme in SCHEMES[net]:
+            base = None
+            for ranks in args.ranks:
+                r = launch(net, scheme, ranks, args.steps if net == "mnist_mlp" else max(5, args.steps // 2))
+                if ranks == 1:
+                    base = r["samples_per_s"]
+                r["speedup"] = r["samples_per_s"] / base if base else float("nan")
+                r["oversubscribed"] = ranks > cores
+                rows.append(r)
+                print(f"{net:<16} {scheme:<8} n={ranks}{'*' if r['oversubscribed'] else ' '} "
+                      f"{r['samples_per_s']:>9.1f} samples/s  x{r['speedup']:.2f}  "
+                      f"exposed comm {100 * r['exposed_comm_share']:>4.1f}%  "
+                      f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step", flush=True)
+    print("* oversubscribed: more ranks than cores; correctness only, not speed")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
