@@ -175,6 +175,36 @@ class MPIComm:
         self._leave(start, layer, array.nbytes)
         return request
 
+    # ------------------------------------------------------------- shared memory (one node)
+    def on_one_node(self) -> bool:
+        """Whether every rank of this communicator shares one node's memory."""
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        same = node.Get_size() == self.size
+        node.Free()
+        return same
+
+    def shared_arrays(self, owner_counts: list[int]) -> tuple[object, list[np.ndarray]]:
+        """One float32 segment of ``owner_counts[r]`` items per rank r, visible to all ranks.
+
+        Collective.  Returns (window, [segment of rank r for each r]); keep the window alive.
+        """
+        itemsize = np.dtype(np.float32).itemsize
+        win = MPI.Win.Allocate_shared(owner_counts[self.rank] * itemsize, itemsize, comm=self.comm)
+        segments = []
+        for r, n in enumerate(owner_counts):
+            buf, _ = win.Shared_query(r)
+            segments.append(np.ndarray((n,), np.float32, buffer=buf) if n else np.zeros(0, np.float32))
+        win.Lock_all()
+        return win, segments
+
+    def memory_fence(self, win, label: str) -> None:
+        """Make every rank's writes to the shared window visible to every other rank."""
+        start = self._enter("Barrier(shm)", label, "group")
+        win.Sync()
+        self.comm.Barrier()
+        win.Sync()
+        self._leave(start, label, 0)
+
     # ------------------------------------------------------------- objects (setup only)
     def allgather_object(self, value):
         return self.comm.allgather(value)

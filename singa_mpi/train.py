@@ -67,6 +67,9 @@ class SerialRuntime:
     def begin_step(self, step: int) -> None:
         pass
 
+    def finish_update(self) -> None:
+        pass
+
     def reduce_gradients(self, net: Net) -> None:
         pass
 
@@ -125,6 +128,7 @@ class Trainer:
         self.runtime.reduce_gradients(self.train_net)
         for param in self.runtime.owned_params(self.train_net):
             self.updater.update(step, param)
+        self.runtime.finish_update()
 
     def evaluate(self, net: Net, steps: int, phase: str, step: int) -> dict[str, float]:
         net.collect_metrics()  # drop anything left from an earlier pass

@@ -67,7 +67,7 @@ def layer_class(type_name: str) -> type["Layer"]:
 
 def _load_families() -> None:
     """Import every layer family so its decorators have filled LAYERS."""
-    from singa_mpi.layers import input, loss, neuron, output  # noqa: F401
+    from singa_mpi.layers import conv, input, loss, neuron, output  # noqa: F401
 
 
 class LayerConfigError(Exception):

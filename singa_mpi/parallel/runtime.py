@@ -16,6 +16,7 @@ from singa_mpi.errors import ConfigError
 from singa_mpi.layers.base import Layer
 from singa_mpi.net import Net, Wire
 from singa_mpi.parallel.connection import ExchangeLayer
+from singa_mpi.parallel.shared_grads import SharedMemoryGradients
 from singa_mpi.params import Param, make_param
 from singa_mpi.planner import plan as make_plan
 from singa_mpi.planner.plan import ParamSync, Plan
@@ -104,6 +105,8 @@ class ParallelRuntime:
         self.shared: dict[tuple, Param] = {}
         self.plans: dict[str, Plan] = {}
         self.buckets: dict[int, GradientBuckets] = {}
+        self.shm: SharedMemoryGradients | None = None
+        self._one_node: bool | None = None
 
     # -------------------------------------------------------------- building
     def plan_all(self, phases: list[str]) -> None:
@@ -145,13 +148,23 @@ class ParallelRuntime:
         return self.shared[key]
 
     def _setup_buckets(self, net: Net, the_plan: Plan) -> None:
+        """Replicated params: node-shared memory when the whole world is one node, else Iallreduce."""
         params = {(p.name, p.shard): p for p in net.params}
+        everyone = tuple(range(self.size))
+        if self._one_node is None:
+            self._one_node = self.comm.on_one_node()
+        syncs = the_plan.param_syncs
+        if self._one_node:
+            world_syncs = [s for s in syncs if s.ranks == everyone]
+            if world_syncs:
+                self.shm = SharedMemoryGradients(self.comm, [params[(s.name, s.offsets)] for s in world_syncs])
+            syncs = [s for s in syncs if s.ranks != everyone]
         uses: dict[int, int] = {}
         for layer in net.layers:
             for p in layer.params:
                 uses[id(p)] = uses.get(id(p), 0) + 1
         order = list(dict.fromkeys(shard.name for sub in the_plan.sublayers for shard in sub.params))
-        self.buckets[id(net)] = GradientBuckets(self.comm, the_plan.param_syncs, params, uses, order)
+        self.buckets[id(net)] = GradientBuckets(self.comm, syncs, params, uses, order)
 
     def check_agreement(self) -> None:
         """All ranks must hold the same plan: compare schedule digests before step 1."""
@@ -168,7 +181,11 @@ class ParallelRuntime:
 
     # -------------------------------------------------------------- steps
     def owned_params(self, net: Net) -> list[Param]:
-        return net.params
+        """What this rank updates: its chunks of node-shared params, and all its other params."""
+        if self.shm is None:
+            return net.params
+        shared = {id(p) for p in self.shm.params}
+        return list(self.shm.views) + [p for p in net.params if id(p) not in shared]
 
     def gradient_hook(self, net: Net):
         buckets = self.buckets.get(id(net))
@@ -179,6 +196,12 @@ class ParallelRuntime:
         buckets = self.buckets.get(id(net))
         if buckets is not None:
             buckets.finish()
+        if self.shm is not None:
+            self.shm.reduce()
+
+    def finish_update(self) -> None:
+        if self.shm is not None:
+            self.shm.publish()
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         return self.comm.allreduce_dict(metrics)

@@ -1,0 +1,280 @@
+"""Neuron layers: feature transformations (SINGA's neuron family).
+
+Inner product, element-wise activations, dropout, softmax, embedding and
+one-hot here; convolution, pooling and LRN in :mod:`singa_mpi.layers.conv`.
+Maths preserves the input dtype (float32 in training, float64 in gradient checks).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, Shape, register
+from singa_mpi.proto import job_pb2
+
+
+def _flat(shape: Shape) -> int:
+    return int(math.prod(shape))
+
+
+@register("kInnerProduct")
+class InnerProduct(Layer):
+    """y = x·Wᵀ + b with W of shape (F, D) (SINGA's (out, in) layout); ``transpose``: W (D, F), y = x·W.
+
+    Split on features, this sub-layer computes output units ``ctx.feature_slice``
+    with the matching rows (columns when transposed) of W and entries of b.
+    """
+
+    connection = ONE_TO_ALL
+
+    def setup(self, src_shapes: Sequence[Shape]) -> Shape:
+        conf = self.conf.innerproduct_conf
+        if conf.num_output <= 0:
+            raise LayerConfigError("innerproduct_conf.num_output", conf.num_output if conf.HasField("num_output")
+                                   else "missing", "a positive number of output units")
+        self.in_dim = _flat(src_shapes[0])
+        self.transpose = conf.transpose
+        weight_shape = (self.in_dim, conf.num_output) if self.transpose else (conf.num_output, self.in_dim)
+        self.declare_param(0, "weight", weight_shape, 1 if self.transpose else 0)
+        self.bias = conf.bias_term
+        if self.bias:
+            self.declare_param(1, "bias", (conf.num_output,), 0)
+        return (conf.num_output,)
+
+    def forward(self, inputs: list[np.ndarray], train: bool) -> np.ndarray:
+        x = inputs[0].reshape(len(inputs[0]), -1)  # (batch, in_dim)
+        self.x = x
+        w = self.params[0].data
+        y = x @ w if self.transpose else x @ w.T  # (batch, out)
+        if self.bias:
+            y += self.params[1].data
+        return y
+
+    def backward(self, grad: np.ndarray, need: list[bool]) -> list[np.ndarray | None]:
+        w = self.params[0]
+        if self.transpose:
+            w.grad += self.x.T @ grad  # (in, out)
+        else:
+            w.grad += grad.T @ self.x  # (out, in)
+        if self.bias:
+            self.params[1].grad += grad.sum(axis=0)
+        if not need[0]:
+            return [None]
+        dx = grad @ w.data.T if self.transpose else grad @ w.data  # (batch, in)
+        return [dx.reshape((len(grad),) + self._in_shape)]
+
+    @property
+    def _in_shape(self) -> Shape:
+        return tuple(self.x.shape[1:]) if self.x.ndim > 1 else ()
+
+
+class _Elementwise(Layer):
+    """y = f(x) element by element; any slice of rows or features works unchanged."""
+
+    def setup(self, src_shapes: Sequence[Shape]) -> Shape:
+        return tuple(src_shapes[0])
+
+
+@register("kReLU")
+class ReLU(_Elementwise):
+    """max(x, 0) + negative_slope·min(x, 0)."""
+
+    def forward(self, inputs, train):
+        x = inputs[0]
+        self.slope = self.conf.relu_conf.negative_slope
+        self.mask = x > 0
+        if self.slope:
+            return np.where(self.mask, x, x * x.dtype.type(self.slope))
+        return np.maximum(x, 0)
+
+    def backward(self, grad, need):
+        if self.slope:
+            return [np.where(self.mask, grad, grad * grad.dtype.type(self.slope))]
+        return [grad * self.mask]
+
+
+@register("kSigmoid")
+class Sigmoid(_Elementwise):
+    def forward(self, inputs, train):
+        x = inputs[0]
+        self.y = 0.5 * (np.tanh(0.5 * x) + 1)  # stable logistic, keeps the dtype
+        return self.y
+
+    def backward(self, grad, need):
+        return [grad * self.y * (1 - self.y)]
+
+
+STANH_A, STANH_B = 1.7159, 2.0 / 3.0
+
+
+@register("kSTanh")
+class STanh(_Elementwise):
+    """Scaled tanh of LeCun: 1.7159·tanh(2x/3)."""
+
+    def forward(self, inputs, train):
+        x = inputs[0]
+        self.t = np.tanh(x * x.dtype.type(STANH_B))
+        return self.t * x.dtype.type(STANH_A)
+
+    def backward(self, grad, need):
+        t = self.t
+        return [grad * (grad.dtype.type(STANH_A * STANH_B) * (1 - t * t))]
+
+
+class _Tanh(_Elementwise):
+    """tanh(x): only reachable through kActivation (SINGA has no kTanh type)."""
+
+    def forward(self, inputs, train):
+        self.y = np.tanh(inputs[0])
+        return self.y
+
+    def backward(self, grad, need):
+        return [grad * (1 - self.y * self.y)]
+
+
+_ACTIVATIONS = {"RELU": ReLU, "SIGMOID": Sigmoid, "TANH": _Tanh, "STANH": STanh}
+
+
+@register("kActivation", "kCudnnActivation")
+class Activation(_Elementwise):
+    """One of RELU, SIGMOID, TANH, STANH chosen by ``activation_conf.type``."""
+
+    def setup(self, src_shapes):
+        name = job_pb2.ActivationProto.ActivationType.Name(self.conf.activation_conf.type)
+        self.impl = _ACTIVATIONS[name](self.conf, self.ctx)
+        return tuple(src_shapes[0])
+
+    def forward(self, inputs, train):
+        return self.impl.forward(inputs, train)
+
+    def backward(self, grad, need):
+        return self.impl.backward(grad, need)
+
+
+@register("kDropout")
+class Dropout(_Elementwise):
+    """Inverted dropout: keep with probability 1-p and scale by 1/(1-p) in training.
+
+    The mask is drawn for the whole logical (global_batch, *out_shape) array from a
+    stream keyed by (seed, layer, step) and then sliced to this sub-layer's rows and
+    features, so any partitioning drops exactly the units the serial run drops.
+    """
+
+    def setup(self, src_shapes):
+        ratio = self.conf.dropout_conf.dropout_ratio
+        if not 0 <= ratio < 1:
+            raise LayerConfigError("dropout_conf.dropout_ratio", ratio, "a ratio in [0, 1)")
+        return tuple(src_shapes[0])
+
+    def forward(self, inputs, train):
+        x = inputs[0]
+        ratio = self.conf.dropout_conf.dropout_ratio
+        if not train or ratio == 0:
+            self.mask = None
+            return x
+        keep = self.rng(self.ctx.step).random((self.ctx.global_batch,) + self.out_shape) >= ratio
+        rows = slice(*self.ctx.rows())
+        feats = slice(*self.ctx.features(self.out_shape[0]))
+        self.mask = keep[rows, feats].astype(x.dtype) * x.dtype.type(1.0 / (1.0 - ratio))
+        return x * self.mask
+
+    def backward(self, grad, need):
+        return [grad if self.mask is None else grad * self.mask]
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise softmax over the last axis, shifted by the row maximum for stability."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    e /= e.sum(axis=-1, keepdims=True)
+    return e
+
+
+@register("kSoftmax", "kCudnnSoftmax")
+class Softmax(Layer):
+    """Softmax over the flattened features (``num_softmax_per_instance`` groups per row)."""
+
+    connection = ONE_TO_ALL
+    feature_partitionable = False
+
+    def setup(self, src_shapes):
+        self.groups = self.conf.softmax_conf.num_softmax_per_instance
+        dim = _flat(src_shapes[0])
+        if self.groups <= 0 or dim % self.groups:
+            raise LayerConfigError("softmax_conf.num_softmax_per_instance", self.groups,
+                                   f"a positive divisor of the feature count {dim}")
+        return tuple(src_shapes[0])
+
+    def forward(self, inputs, train):
+        x = inputs[0]
+        self.y = softmax(x.reshape(len(x), self.groups, -1))
+        return self.y.reshape(x.shape)
+
+    def backward(self, grad, need):
+        g = grad.reshape(self.y.shape)
+        dx = self.y * (g - (g * self.y).sum(axis=-1, keepdims=True))
+        return [dx.reshape(grad.shape)]
+
+
+@register("kEmbedding")
+class Embedding(Layer):
+    """Rows of a (vocab_size, feature_dim) table looked up by integer ids.
+
+    Split on features, a sub-layer holds columns ``ctx.feature_slice`` of the table.
+    """
+
+    connection = ONE_TO_ALL
+
+    def setup(self, src_shapes):
+        conf = self.conf.embedding_conf
+        if conf.vocab_size <= 0:
+            raise LayerConfigError("embedding_conf.vocab_size", conf.vocab_size, "a positive vocabulary size")
+        if conf.feature_dim <= 0:
+            raise LayerConfigError("embedding_conf.feature_dim", conf.feature_dim, "a positive feature dimension")
+        self.declare_param(0, "table", (conf.vocab_size, conf.feature_dim), 1)
+        self.in_shape = tuple(src_shapes[0])
+        return (conf.feature_dim,) if not self.in_shape or self.in_shape == (1,) else self.in_shape + (conf.feature_dim,)
+
+    def forward(self, inputs, train):
+        ids = inputs[0].astype(np.int64).reshape(len(inputs[0]), -1)
+        vocab = self.conf.embedding_conf.vocab_size
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            bad = ids[(ids < 0) | (ids >= vocab)][0]
+            from singa_mpi.errors import DataError
+
+            raise DataError(f"layer '{self.name}': id {bad} outside the vocabulary 0..{vocab - 1}")
+        self.ids = ids
+        table = self.params[0].data
+        out = table[ids]  # (batch, T, dim)
+        return out.reshape((len(ids),) + ((out.shape[-1],) if ids.shape[1] == 1 else (ids.shape[1], out.shape[-1])))
+
+    def backward(self, grad, need):
+        table = self.params[0]
+        g = grad.reshape(self.ids.size, table.data.shape[1])
+        np.add.at(table.grad, self.ids.reshape(-1), g)
+        return [None]
+
+
+@register("kOneHot")
+class OneHot(Layer):
+    """Integer ids -> one-hot rows of length ``onehot_conf.vocab_size``."""
+
+    connection = ONE_TO_ALL
+
+    def setup(self, src_shapes):
+        self.vocab = self.conf.onehot_conf.vocab_size
+        if self.vocab <= 0:
+            raise LayerConfigError("onehot_conf.vocab_size", self.vocab, "a positive vocabulary size")
+        return (self.vocab,)
+
+    def forward(self, inputs, train):
+        ids = inputs[0].astype(np.int64).reshape(len(inputs[0]))
+        lo, hi = self.ctx.features(self.vocab)
+        out = np.zeros((len(ids), hi - lo), np.float32)
+        inside = (ids >= lo) & (ids < hi)
+        out[np.nonzero(inside)[0], ids[inside] - lo] = 1
+        return out
+
+    def backward(self, grad, need):
+        return [None]
