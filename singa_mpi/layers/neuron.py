@@ -44,6 +44,7 @@ class InnerProduct(Layer):
         return (conf.num_output,)
 
     def forward(self, inputs: list[np.ndarray], train: bool) -> np.ndarray:
+        self.in_shape = inputs[0].shape
         x = inputs[0].reshape(len(inputs[0]), -1)  # (batch, in_dim)
         self.x = x
         w = self.params[0].data
@@ -63,11 +64,7 @@ class InnerProduct(Layer):
         if not need[0]:
             return [None]
         dx = grad @ w.data.T if self.transpose else grad @ w.data  # (batch, in)
-        return [dx.reshape((len(grad),) + self._in_shape)]
-
-    @property
-    def _in_shape(self) -> Shape:
-        return tuple(self.x.shape[1:]) if self.x.ndim > 1 else ()
+        return [dx.reshape(self.in_shape)]
 
 
 class _Elementwise(Layer):
