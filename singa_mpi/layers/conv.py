@@ -1,6 +1,6 @@
 """Convolution, pooling and local response normalisation on (batch, channels, height, width).
 
-Convolution is im2col (a strided view, copied once) and one GEMM over the
+Convolution is im2col (one block copy per kernel offset) and one GEMM over the
 whole batch; its backward scatters column gradients back with a loop over the
 kernel offsets only.  Pooling loops over kernel offsets too, each step
 vectorised over batch, channels and positions.  Output sizes use SINGA's floor
@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, Shape, register
 
@@ -49,12 +48,6 @@ def _pad(x: np.ndarray, pad: tuple[int, int], value: float = 0.0) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])), constant_values=value)
 
 
-def _windows(xp: np.ndarray, kernel, stride, out_hw) -> np.ndarray:
-    """View (B, C, Ho, Wo, kh, kw) of the kernel windows of a padded input."""
-    view = sliding_window_view(xp, kernel, axis=(2, 3))
-    return view[:, :, ::stride[0], ::stride[1]][:, :, :out_hw[0], :out_hw[1]]
-
-
 def _offset_slices(i: int, j: int, stride, out_hw) -> tuple[slice, slice]:
     """Positions in the padded input that kernel offset (i, j) touches, over all outputs."""
     return (slice(i, i + stride[0] * (out_hw[0] - 1) + 1, stride[0]),
@@ -88,33 +81,42 @@ class Convolution(Layer):
     def forward(self, inputs, train):
         x = inputs[0]  # (B, C, H, W)
         self.in_shape = x.shape
-        batch, ho, wo = len(x), *self.out_hw
-        win = _windows(_pad(x, self.pad), self.kernel, self.stride, self.out_hw)
-        self.cols = np.ascontiguousarray(win.transpose(0, 2, 3, 1, 4, 5)).reshape(batch * ho * wo, -1)
-        w = self.params[0].data  # (F, C*kh*kw)
-        y = self.cols @ w.T  # (B*Ho*Wo, F)
-        if self.bias:
-            y += self.params[1].data
-        return np.ascontiguousarray(y.reshape(batch, ho, wo, -1).transpose(0, 3, 1, 2))
-
-    def backward(self, grad, need):
-        batch, filters = len(grad), grad.shape[1]
-        g = grad.transpose(0, 2, 3, 1).reshape(-1, filters)  # (B*Ho*Wo, F)
-        w = self.params[0]
-        w.grad += g.T @ self.cols
-        if self.bias:
-            self.params[1].grad += grad.sum(axis=(0, 2, 3))
-        if not need[0]:
-            return [None]
-        channels, kh, kw = self.in_shape[1], *self.kernel
-        dcols = (g @ w.data).reshape(batch, *self.out_hw, channels, kh, kw)
-        h, wd = self.in_shape[2], self.in_shape[3]
-        dxp = np.zeros((batch, channels, h + 2 * self.pad[0], wd + 2 * self.pad[1]), grad.dtype)
+        batch, channels = x.shape[:2]
+        (kh, kw), (ho, wo) = self.kernel, self.out_hw
+        # im2col in the layout (C, kh, kw, B, Ho, Wo): each kernel offset is one block copy,
+        # the GEMM output is (F, B·Ho·Wo) and the backward's column gradient comes out in
+        # the same layout, so col2im adds contiguous blocks
+        xt = _pad(x, self.pad).transpose(1, 0, 2, 3)  # (C, B, Hp, Wp) view
+        cols = np.empty((channels, kh, kw, batch, ho, wo), x.dtype)
         for i in range(kh):
             for j in range(kw):
-                rows, cols = _offset_slices(i, j, self.stride, self.out_hw)
-                dxp[:, :, rows, cols] += dcols[:, :, :, :, i, j].transpose(0, 3, 1, 2)
-        return [dxp[:, :, self.pad[0]:self.pad[0] + h, self.pad[1]:self.pad[1] + wd]]
+                rows, columns = _offset_slices(i, j, self.stride, self.out_hw)
+                cols[:, i, j] = xt[:, :, rows, columns]
+        self.cols = cols.reshape(channels * kh * kw, batch * ho * wo)
+        y = self.params[0].data @ self.cols  # (F, B·Ho·Wo)
+        if self.bias:
+            y += self.params[1].data[:, None]
+        return np.ascontiguousarray(y.reshape(-1, batch, ho, wo).transpose(1, 0, 2, 3))
+
+    def backward(self, grad, need):
+        filters = grad.shape[1]
+        g = np.ascontiguousarray(grad.transpose(1, 0, 2, 3)).reshape(filters, -1)  # (F, B·Ho·Wo)
+        w = self.params[0]
+        w.grad += g @ self.cols.T
+        if self.bias:
+            self.params[1].grad += g.sum(axis=1)
+        if not need[0]:
+            return [None]
+        batch, channels, h, wd = self.in_shape
+        (kh, kw), (ho, wo) = self.kernel, self.out_hw
+        dcols = (w.data.T @ g).reshape(channels, kh, kw, batch, ho, wo)
+        dxt = np.zeros((channels, batch, h + 2 * self.pad[0], wd + 2 * self.pad[1]), grad.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                rows, columns = _offset_slices(i, j, self.stride, self.out_hw)
+                dxt[:, :, rows, columns] += dcols[:, i, j]
+        dxt = dxt[:, :, self.pad[0]:self.pad[0] + h, self.pad[1]:self.pad[1] + wd]
+        return [np.ascontiguousarray(dxt.transpose(1, 0, 2, 3))]
 
 
 @register("kPooling", "kCPooling", "kCudnnPool")
@@ -135,38 +137,32 @@ class Pooling(Layer):
     def forward(self, inputs, train):
         x = inputs[0]
         self.in_shape = x.shape
-        fill = -np.inf if self.max else 0.0
-        xp = _pad(x, self.pad, fill)
+        xp = _pad(x, self.pad, -np.inf if self.max else 0.0)
         kh, kw = self.kernel
-        out, index = None, None
+        # one (kh·kw, B, C, Ho, Wo) copy, then contiguous reductions over the offsets
+        stack = np.empty((kh * kw, x.shape[0], x.shape[1], *self.out_hw), x.dtype)
         for i in range(kh):
             for j in range(kw):
                 rows, cols = _offset_slices(i, j, self.stride, self.out_hw)
-                v = xp[:, :, rows, cols]
-                if out is None:
-                    out = v.copy()
-                    index = np.zeros(v.shape, np.int16) if self.max else None
-                elif self.max:
-                    better = v > out
-                    np.copyto(out, v, where=better)
-                    index[better] = i * kw + j
-                else:
-                    out += v
+                stack[i * kw + j] = xp[:, :, rows, cols]
         if self.max:
-            self.index = index
-            return out
-        return out * x.dtype.type(1.0 / (kh * kw))
+            self.stack, self.out = stack, stack.max(axis=0)  # backward finds the argmax again
+            return self.out
+        return stack.sum(axis=0) * x.dtype.type(1.0 / (kh * kw))
 
     def backward(self, grad, need):
         batch, channels, h, w = self.in_shape
         kh, kw = self.kernel
         dxp = np.zeros((batch, channels, h + 2 * self.pad[0], w + 2 * self.pad[1]), grad.dtype)
         share = grad * grad.dtype.type(1.0 / (kh * kw)) if not self.max else None
+        taken = np.zeros(grad.shape, bool) if self.max else None
         for i in range(kh):
             for j in range(kw):
                 rows, cols = _offset_slices(i, j, self.stride, self.out_hw)
-                if self.max:
-                    dxp[:, :, rows, cols] += grad * (self.index == i * kw + j)
+                if self.max:  # the first offset holding the maximum gets the gradient
+                    first = (self.stack[i * kw + j] == self.out) & ~taken
+                    taken |= first
+                    dxp[:, :, rows, cols] += grad * first
                 else:
                     dxp[:, :, rows, cols] += share
         return [dxp[:, :, self.pad[0]:self.pad[0] + h, self.pad[1]:self.pad[1] + w]]
