@@ -97,6 +97,14 @@ class Net:
 
 # ------------------------------------------------------------------ building
 
+def supported_layer_types() -> list[str]:
+    """Every implemented layer type name, sorted (for messages that list the valid ones)."""
+    from singa_mpi.layers.base import LAYERS, _load_families
+
+    _load_families()
+    return sorted(LAYERS)
+
+
 def describe(cfg: JobConfig, node: Node) -> str:
     return f"layer '{node.name}' (#{node.index}, {node.type_name})"
 

@@ -1,24 +1,43 @@
-"""Updaters and learning-rate schedules with SINGA 0.3's formulas (src/utils/updater.cc).
+"""Updaters and learning-rate schedules with SINGA 0.3's formulas (``src/utils/updater.cc``).
 
-Per param, each step:  clip the gradient to [clip_low, clip_high] if clip_high > clip_low
-(SINGA does this for kSGD, kNesterov, kAdaGrad and kRMSProp only; so do we);
-lr = LR(step)·lr_scale; wd = weight_decay·wd_scale; grad *= grad_scale;
-if wd > 0: grad += wd·data; then the rule of the updater type.  Where SINGA
-differs from the textbook we follow SINGA by default:
+Every step, for each param (shard or chunk) this rank owns, ``Updater.update``:
 
-* kAdam has no bias correction (``adam_conf { bias_correction: true }`` adds it);
-* kAdamMax adds ``delta`` to its running maximum every step;
-* kNesterov keeps ``history = momentum·history + lr·grad`` and steps by
-  ``(1+momentum)·history - momentum·history_prev``.
+1. clips ``grad`` to [clip_low, clip_high] when clip_high > clip_low, for kSGD,
+   kNesterov, kAdaGrad and kRMSProp only: SINGA's other updaters ignore the
+   clip fields, and so do we (SINGA-exact);
+2. lr = LR(step)·param.lr_scale;  wd = weight_decay·param.wd_scale;
+3. grad *= grad_scale;  if wd > 0: grad += wd·data;
+4. applies the rule of its type (``h`` = history, ``u`` = update, both per param)::
 
-The updater modifies ``param.grad`` in place (scaling, clipping, weight decay):
-callers zero gradients before the next backward anyway.  Per-param state
-(``history``, ``update``) is float32, allocated on first use, keyed by name.
+     kSGD       momentum > 0: h = m·h - lr·g; data += h      else: data -= lr·g
+     kNesterov  h' = m·h + lr·g; data -= (1+m)·h' - m·h
+     kAdaGrad   h += g²;                  data -= lr·g / sqrt(h + delta)
+     kRMSProp   h = rho·h + (1-rho)·g²;   data -= lr·g / sqrt(h + delta)
+     kAdaDelta  h = rho·h + (1-rho)·g²;   t = g·sqrt(u + delta) / sqrt(h + delta)
+                u = rho·u + (1-rho)·t²;   data -= lr·t
+     kAdam      h = b1·h + (1-b1)·g;  u = b2·u + (1-b2)·g²;  data -= lr·h / sqrt(u + delta)
+     kAdamMax   h = b1·h + (1-b1)·g;  u = max(b2·u, |g|) + delta;  data -= lr·h / u
+
+Where SINGA differs from the textbook we follow SINGA:
+
+* kAdam has no bias correction.  ``adam_conf { bias_correction: true }`` (a
+  singa_mpi field) gives textbook Adam: with t the number of updates of the
+  param so far (counted per param, saved in its state),
+  ``data -= lr·(h/(1-b1^t)) / sqrt(u/(1-b2^t) + delta)`` (delta stays inside
+  the square root, where SINGA puts it);
+* kAdamMax adds ``delta`` to its running maximum on every step;
+* kNesterov is the "look-ahead" form above, with lr folded into the history.
+
+``param.grad`` is consumed: the updater clips, scales and adds weight decay to
+it in place and then uses it as scratch space, so its contents afterwards are
+unspecified (the algorithm zeroes gradients before the next backward).
+Per-param state (``history``, ``update``) is float32, allocated on first use and
+keyed by the param's name; ``state``/``load_state`` move it to and from checkpoints.
 """
 from __future__ import annotations
 
-import math
-from typing import Callable
+import bisect
+from typing import ClassVar
 
 import numpy as np
 
@@ -26,153 +45,270 @@ from singa_mpi.errors import ConfigError
 from singa_mpi.params import Param
 from singa_mpi.proto import job_pb2
 
-LR_SCHEDULES: dict[str, Callable[[job_pb2.LRGenProto], Callable[[int], float]]] = {}
-UPDATERS: dict[str, type["Updater"]] = {}
+
+def _require(ok: bool, field: str, value: object, expected: str) -> None:
+    """One-line ConfigError naming the updater field, its value and what was expected."""
+    if not ok:
+        raise ConfigError(f"updater.{field} = {value}: expected {expected}")
+
+
+# ------------------------------------------------------------ learning rates
+
+class LRSchedule:
+    """The learning rate as a function of the training step (``LRGenProto``)."""
+
+    def __init__(self, conf: job_pb2.LRGenProto):
+        self.base_lr = conf.base_lr
+
+    def __call__(self, step: int) -> float:
+        raise NotImplementedError
+
+
+LR_SCHEDULES: dict[str, type[LRSchedule]] = {}
 
 
 def _schedule(name: str):
-    def add(fn):
-        LR_SCHEDULES[name] = fn
-        return fn
+    def add(cls: type[LRSchedule]) -> type[LRSchedule]:
+        LR_SCHEDULES[name] = cls
+        return cls
 
     return add
 
 
-def _require(ok: bool, field: str, value, expected: str) -> None:
-    if not ok:
-        raise ConfigError(f"updater.learning_rate.{field} = {value}: expected {expected}")
+def _positive_freq(sub_conf, field: str) -> int:
+    freq = sub_conf.change_freq
+    _require(freq > 0, f"learning_rate.{field}.change_freq", freq, "a positive number of steps")
+    return freq
 
 
 @_schedule("kFixed")
-def _fixed(conf):
-    return lambda step: conf.base_lr
+class FixedLR(LRSchedule):
+    """lr = base_lr."""
+
+    def __call__(self, step: int) -> float:
+        return self.base_lr
 
 
 @_schedule("kStep")
-def _step(conf):
-    freq = conf.step_conf.change_freq
-    _require(freq > 0, "step_conf.change_freq", freq, "a positive number of steps")
-    return lambda step: conf.base_lr * conf.step_conf.gamma ** (step // freq)  # integer division: a staircase
+class StepLR(LRSchedule):
+    """lr = base_lr·gamma^(step // change_freq): a staircase (integer division)."""
+
+    def __init__(self, conf):
+        super().__init__(conf)
+        self.gamma = conf.step_conf.gamma
+        self.freq = _positive_freq(conf.step_conf, "step_conf")
+
+    def __call__(self, step: int) -> float:
+        return self.base_lr * self.gamma ** (step // self.freq)
 
 
 @_schedule("kFixedStep")
-def _fixed_step(conf):
-    steps, rates = list(conf.fixedstep_conf.step), list(conf.fixedstep_conf.step_lr)
-    _require(len(steps) == len(rates) and steps, "fixedstep_conf", f"{len(steps)} steps/{len(rates)} step_lr",
-             "as many step_lr as step values (at least one)")
-    _require(steps == sorted(steps), "fixedstep_conf.step", steps, "increasing steps")
+class FixedStepLR(LRSchedule):
+    """lr = step_lr[i] for the largest i with step >= step[i] (step_lr[0] before step[0]).
 
-    def lr(step: int) -> float:
-        # SINGA advances a stored index by at most one per call; for a monotone step this is the same
-        current = rates[0]
-        for boundary, rate in zip(steps, rates):
-            if step >= boundary:
-                current = rate
-        return current
+    SINGA keeps an index that advances by at most one per call; called on every
+    step from 0 with increasing boundaries (as training does) that is this
+    stateless rule.  It differs only when a run starts past two or more
+    boundaries (a resume), where SINGA lags behind for a few steps and we do not.
+    """
 
-    return lr
+    def __init__(self, conf):
+        super().__init__(conf)
+        fixed = conf.fixedstep_conf
+        self.steps, self.rates = list(fixed.step), list(fixed.step_lr)
+        _require(len(self.steps) == len(self.rates) and self.steps, "learning_rate.fixedstep_conf",
+                 f"{len(self.steps)} step / {len(self.rates)} step_lr values",
+                 "one step_lr per step, at least one")
+        _require(all(a < b for a, b in zip(self.steps, self.steps[1:])), "learning_rate.fixedstep_conf.step",
+                 self.steps, "strictly increasing steps")
+
+    def __call__(self, step: int) -> float:
+        index = bisect.bisect_right(self.steps, step) - 1
+        return self.rates[max(index, 0)]
 
 
 @_schedule("kLinear")
-def _linear(conf):
-    freq = conf.linear_conf.change_freq
-    _require(freq > 0, "linear_conf.change_freq", freq, "a positive number of steps")
+class LinearLR(LRSchedule):
+    """r = step / change_freq; lr = (1-r)·base_lr + r·final_lr; not clamped for r > 1 (SINGA)."""
 
-    def lr(step: int) -> float:
-        r = step / freq
-        return (1 - r) * conf.base_lr + r * conf.linear_conf.final_lr  # not clamped past freq (SINGA)
+    def __init__(self, conf):
+        super().__init__(conf)
+        self.final_lr = conf.linear_conf.final_lr
+        self.freq = _positive_freq(conf.linear_conf, "linear_conf")
 
-    return lr
+    def __call__(self, step: int) -> float:
+        r = step / self.freq
+        return (1 - r) * self.base_lr + r * self.final_lr
 
 
 @_schedule("kExponential")
-def _exponential(conf):
-    freq = conf.exponential_conf.change_freq
-    _require(freq > 0, "exponential_conf.change_freq", freq, "a positive number of steps")
-    return lambda step: conf.base_lr / 2.0 ** (step / freq)
+class ExponentialLR(LRSchedule):
+    """lr = base_lr / 2^(step / change_freq), with a real (not integer) exponent."""
+
+    def __init__(self, conf):
+        super().__init__(conf)
+        self.freq = _positive_freq(conf.exponential_conf, "exponential_conf")
+
+    def __call__(self, step: int) -> float:
+        return self.base_lr / 2.0 ** (step / self.freq)
 
 
 @_schedule("kInverse")
-def _inverse(conf):
-    c = conf.inverse_conf
-    return lambda step: conf.base_lr * (1 + c.gamma * step) ** (-c.pow)
+class InverseLR(LRSchedule):
+    """lr = base_lr·(1 + gamma·step)^(-pow)."""
+
+    def __init__(self, conf):
+        super().__init__(conf)
+        self.gamma, self.pow = conf.inverse_conf.gamma, conf.inverse_conf.pow
+        _require(self.gamma >= 0, "learning_rate.inverse_conf.gamma", self.gamma, "a value >= 0")
+
+    def __call__(self, step: int) -> float:
+        return self.base_lr * (1 + self.gamma * step) ** (-self.pow)
 
 
 @_schedule("kInverseT")
-def _inverse_t(conf):
-    final = conf.inverset_conf.final_lr
-    _require(final > 0, "inverset_conf.final_lr", final, "a positive time constant")
-    return lambda step: conf.base_lr / (1 + step / final)
+class InverseTLR(LRSchedule):
+    """lr = base_lr / (1 + step / final_lr): SINGA uses final_lr as a time constant."""
+
+    def __init__(self, conf):
+        super().__init__(conf)
+        self.time_constant = conf.inverset_conf.final_lr
+        _require(self.time_constant > 0, "learning_rate.inverset_conf.final_lr", self.time_constant,
+                 "a positive time constant (in steps)")
+
+    def __call__(self, step: int) -> float:
+        return self.base_lr / (1 + step / self.time_constant)
 
 
-def make_schedule(conf: job_pb2.LRGenProto) -> Callable[[int], float]:
+def make_schedule(conf: job_pb2.LRGenProto) -> LRSchedule:
+    """The schedule of ``conf``; ConfigError listing the valid types otherwise."""
     name = job_pb2.ChangeMethod.Name(conf.type)
-    if name not in LR_SCHEDULES:
-        raise ConfigError(f"updater.learning_rate.type = {name}: expected one of {', '.join(sorted(LR_SCHEDULES))}")
+    _require(name in LR_SCHEDULES, "learning_rate.type", name, f"one of {', '.join(sorted(LR_SCHEDULES))}")
     return LR_SCHEDULES[name](conf)
 
 
 # ------------------------------------------------------------------ updaters
 
+UPDATERS: dict[str, type["Updater"]] = {}
+
+
 def _updater(name: str):
-    def add(cls):
+    def add(cls: type[Updater]) -> type[Updater]:
         UPDATERS[name] = cls
         return cls
 
     return add
 
 
-class Updater:
-    """Applies one step to a param in place, from ``param.grad``."""
+def _fraction(value: float, field: str) -> float:
+    _require(0 <= value <= 1, field, value, "a decay rate in [0, 1]")
+    return value
 
-    clips = False  # whether SINGA clips the gradient for this updater
+
+class Updater:
+    """Applies one step to a param in place from ``param.grad``; keeps per-param state."""
+
+    clips: ClassVar[bool] = False  # whether SINGA clips the gradient for this updater
 
     def __init__(self, conf: job_pb2.UpdaterProto):
         self.conf = conf
-        self.learning_rate = make_schedule(conf.learning_rate)
-        self.slots: dict[str, dict[str, np.ndarray]] = {}
+        self.schedule = make_schedule(conf.learning_rate)
+        self.momentum, self.weight_decay, self.delta = conf.momentum, conf.weight_decay, conf.delta
+        _require(self.momentum >= 0, "momentum", self.momentum, "a value >= 0")
+        _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a value >= 0")
+        self.clip = self._clip_bounds(conf)
+        self._slots: dict[str, dict[str, np.ndarray]] = {}
+        self._scratch = np.empty(0, np.float32)
 
-    def _slot(self, param: Param, key: str) -> np.ndarray:
-        slot = self.slots.setdefault(param.name, {})
-        if key not in slot:
-            slot[key] = np.zeros_like(param.data)
-        return slot[key]
+    @staticmethod
+    def _clip_bounds(conf: job_pb2.UpdaterProto) -> tuple[float, float] | None:
+        # A lone bound would clip to [bound, 0] or [0, bound] (the other defaults to 0):
+        # never what was meant, so both must be given.
+        if conf.HasField("clip_low") != conf.HasField("clip_high"):
+            missing = "clip_high" if conf.HasField("clip_low") else "clip_low"
+            _require(False, missing, "(unset)", "both clip_low and clip_high when clipping gradients")
+        if not conf.HasField("clip_low") or conf.clip_low == conf.clip_high == 0:
+            return None
+        _require(conf.clip_high > conf.clip_low, "clip_high", conf.clip_high, f"a value > clip_low ({conf.clip_low})")
+        return conf.clip_low, conf.clip_high
+
+    def learning_rate(self, step: int) -> float:
+        """LR(step), before the param's lr_scale."""
+        return self.schedule(step)
 
     def update(self, step: int, param: Param, grad_scale: float = 1.0) -> None:
-        conf = self.conf
+        """One step on ``param.data`` from ``param.grad`` (which is consumed, see the module doc)."""
         grad, data = param.grad, param.data
-        if self.clips and conf.clip_high > conf.clip_low:
-            np.clip(grad, conf.clip_low, conf.clip_high, out=grad)
-        lr = np.float32(self.learning_rate(step) * param.lr_scale)
+        if self.clips and self.clip is not None:
+            np.clip(grad, self.clip[0], self.clip[1], out=grad)
         if grad_scale != 1.0:
-            grad *= np.float32(grad_scale)
-        wd = conf.weight_decay * param.wd_scale
+            grad *= grad_scale
+        wd = self.weight_decay * param.wd_scale
         if wd > 0:
-            grad += np.float32(wd) * data
-        self.apply(param, grad, data, lr)
+            scratch = self._scratch_like(data)
+            np.multiply(data, wd, out=scratch)
+            grad += scratch
+        self.apply(param.name, data, grad, self.learning_rate(step) * param.lr_scale)
 
-    def apply(self, param: Param, grad: np.ndarray, data: np.ndarray, lr: np.float32) -> None:
+    def apply(self, name: str, data: np.ndarray, grad: np.ndarray, lr: float) -> None:
+        """The updater's rule; ``grad`` already clipped, scaled and weight-decayed."""
         raise NotImplementedError
 
+    # -------------------------------------------------------------- state
+    def _slot(self, name: str, key: str, shape: tuple[int, ...]) -> np.ndarray:
+        slots = self._slots.setdefault(name, {})
+        if key not in slots:
+            slots[key] = np.zeros(shape, np.float32)
+        elif slots[key].shape != shape:
+            raise ValueError(f"updater state {key!r} of param {name!r} has shape {slots[key].shape}, "
+                             f"the param {shape}: one updater serves each param shard once")
+        return slots[key]
+
+    def _scratch_like(self, array: np.ndarray) -> np.ndarray:
+        """A reusable work array of ``array``'s shape and dtype (one buffer for all params)."""
+        if self._scratch.size < array.size or self._scratch.dtype != array.dtype:
+            self._scratch = np.empty(max(array.size, self._scratch.size), array.dtype)
+        return self._scratch[:array.size].reshape(array.shape)
+
     def state(self, param_name: str) -> dict[str, np.ndarray]:
-        return dict(self.slots.get(param_name, {}))
+        """Copies of the param's state arrays (empty before its first update)."""
+        return {key: value.copy() for key, value in self._slots.get(param_name, {}).items()}
 
     def load_state(self, param_name: str, state: dict[str, np.ndarray]) -> None:
-        self.slots[param_name] = {k: np.array(v, np.float32) for k, v in state.items()}
+        """Restore what ``state`` returned; the next update continues from it."""
+        self._slots[param_name] = {
+            key: np.array(value, np.int64 if np.issubdtype(np.asarray(value).dtype, np.integer) else np.float32)
+            for key, value in state.items()
+        }
+
+
+def _descend_by_rms(data, numerator, accumulator, delta: float, lr: float, scratch) -> None:
+    """data -= lr·numerator / sqrt(accumulator + delta), in place through ``scratch``."""
+    np.add(accumulator, delta, out=scratch)
+    np.sqrt(scratch, out=scratch)
+    np.divide(numerator, scratch, out=scratch)
+    scratch *= lr
+    data -= scratch
+
+
+def _decay_into(average, decay: float, value) -> None:
+    """average = decay·average + (1-decay)·value; ``value`` is overwritten."""
+    value *= 1 - decay
+    average *= decay
+    average += value
 
 
 @_updater("kSGD")
 class SGD(Updater):
-    """history = momentum·history - lr·grad; data += history (plain data -= lr·grad without momentum)."""
+    """Momentum SGD: h = m·h - lr·g; data += h (data -= lr·g without momentum)."""
 
     clips = True
 
-    def apply(self, param, grad, data, lr):
-        momentum = self.conf.momentum
+    def apply(self, name, data, grad, lr):
         grad *= lr
-        if momentum > 0:
-            history = self._slot(param, "history")
-            history *= np.float32(momentum)
+        if self.momentum > 0:
+            history = self._slot(name, "history", data.shape)
+            history *= self.momentum
             history -= grad
             data += history
         else:
@@ -181,88 +317,139 @@ class SGD(Updater):
 
 @_updater("kNesterov")
 class Nesterov(Updater):
+    """h' = m·h + lr·g; data -= (1+m)·h' - m·h."""
+
     clips = True
 
-    def apply(self, param, grad, data, lr):
-        momentum = np.float32(self.conf.momentum)
-        history = self._slot(param, "history")
-        previous = history.copy()
-        history *= momentum
-        history += lr * grad
-        data -= (1 + momentum) * history - momentum * previous
+    def apply(self, name, data, grad, lr):
+        history = self._slot(name, "history", data.shape)
+        previous = self._scratch_like(data)
+        np.multiply(history, self.momentum, out=previous)  # m·h, before h changes
+        grad *= lr
+        history *= self.momentum
+        history += grad
+        data += previous
+        np.multiply(history, 1 + self.momentum, out=grad)
+        data -= grad
 
 
 @_updater("kAdaGrad")
 class AdaGrad(Updater):
+    """h += g²; data -= lr·g / sqrt(h + delta)."""
+
     clips = True
 
-    def apply(self, param, grad, data, lr):
-        history = self._slot(param, "history")
-        history += grad * grad
-        data -= lr * grad / np.sqrt(history + np.float32(self.conf.delta))
+    def apply(self, name, data, grad, lr):
+        history = self._slot(name, "history", data.shape)
+        scratch = self._scratch_like(data)
+        np.multiply(grad, grad, out=scratch)
+        history += scratch
+        _descend_by_rms(data, grad, history, self.delta, lr, scratch)
 
 
 @_updater("kRMSProp")
 class RMSProp(Updater):
+    """h = rho·h + (1-rho)·g²; data -= lr·g / sqrt(h + delta)."""
+
     clips = True
 
-    def apply(self, param, grad, data, lr):
-        rho = np.float32(self.conf.rmsprop_conf.rho)
-        history = self._slot(param, "history")
-        history *= rho
-        history += (1 - rho) * grad * grad
-        data -= lr * grad / np.sqrt(history + np.float32(self.conf.delta))
+    def __init__(self, conf):
+        super().__init__(conf)
+        self.rho = _fraction(conf.rmsprop_conf.rho, "rmsprop_conf.rho")
+
+    def apply(self, name, data, grad, lr):
+        history = self._slot(name, "history", data.shape)
+        scratch = self._scratch_like(data)
+        np.multiply(grad, grad, out=scratch)
+        _decay_into(history, self.rho, scratch)
+        _descend_by_rms(data, grad, history, self.delta, lr, scratch)
 
 
 @_updater("kAdaDelta")
 class AdaDelta(Updater):
-    def apply(self, param, grad, data, lr):
-        rho, delta = np.float32(self.conf.adadelta_conf.rho), np.float32(self.conf.delta)
-        history, update = self._slot(param, "history"), self._slot(param, "update")
-        history *= rho
-        history += (1 - rho) * grad * grad
-        step = grad * np.sqrt(update + delta) / np.sqrt(history + delta)
-        update *= rho
-        update += (1 - rho) * step * step
-        data -= lr * step
+    """h = rho·h + (1-rho)·g²; t = g·sqrt(u+delta)/sqrt(h+delta); u = rho·u + (1-rho)·t²; data -= lr·t."""
+
+    def __init__(self, conf):
+        super().__init__(conf)
+        self.rho = _fraction(conf.adadelta_conf.rho, "adadelta_conf.rho")
+
+    def apply(self, name, data, grad, lr):
+        history = self._slot(name, "history", data.shape)
+        update = self._slot(name, "update", data.shape)
+        scratch = self._scratch_like(data)
+        np.multiply(grad, grad, out=scratch)
+        _decay_into(history, self.rho, scratch)
+        np.add(update, self.delta, out=scratch)
+        np.sqrt(scratch, out=scratch)
+        grad *= scratch
+        np.add(history, self.delta, out=scratch)
+        np.sqrt(scratch, out=scratch)
+        grad /= scratch  # grad now holds t
+        np.multiply(grad, grad, out=scratch)
+        _decay_into(update, self.rho, scratch)
+        grad *= lr
+        data -= grad
 
 
 @_updater("kAdam")
 class Adam(Updater):
+    """h = b1·h + (1-b1)·g; u = b2·u + (1-b2)·g²; data -= lr·h / sqrt(u + delta) (see module doc)."""
+
     def __init__(self, conf):
         super().__init__(conf)
-        self.steps: dict[str, int] = {}
+        self.beta1 = _fraction(conf.adam_conf.beta1, "adam_conf.beta1")
+        self.beta2 = _fraction(conf.adam_conf.beta2, "adam_conf.beta2")
+        self.bias_correction = conf.adam_conf.bias_correction
+        _require(not self.bias_correction or (self.beta1 < 1 and self.beta2 < 1), "adam_conf",
+                 f"beta1 {self.beta1}, beta2 {self.beta2}", "betas below 1 with bias_correction")
 
-    def apply(self, param, grad, data, lr):
-        c = self.conf.adam_conf
-        b1, b2 = np.float32(c.beta1), np.float32(c.beta2)
-        history, update = self._slot(param, "history"), self._slot(param, "update")
-        history *= b1
-        history += (1 - b1) * grad
-        update *= b2
-        update += (1 - b2) * grad * grad
-        if c.bias_correction:
-            t = self.steps[param.name] = self.steps.get(param.name, 0) + 1
-            lr = np.float32(lr * math.sqrt(1 - c.beta2 ** t) / (1 - c.beta1 ** t))
-        data -= lr * history / np.sqrt(update + np.float32(self.conf.delta))
+    def apply(self, name, data, grad, lr):
+        history = self._slot(name, "history", data.shape)
+        update = self._slot(name, "update", data.shape)
+        scratch = self._scratch_like(data)
+        np.multiply(grad, grad, out=scratch)
+        _decay_into(update, self.beta2, scratch)
+        _decay_into(history, self.beta1, grad)
+        if not self.bias_correction:
+            _descend_by_rms(data, history, update, self.delta, lr, scratch)
+            return
+        t = self._count(name)
+        np.multiply(update, 1 / (1 - self.beta2 ** t), out=scratch)
+        np.multiply(history, 1 / (1 - self.beta1 ** t), out=grad)
+        _descend_by_rms(data, grad, scratch, self.delta, lr, scratch)
+
+    def _count(self, name: str) -> int:
+        """Updates of this param so far, including this one (kept in its state for resume)."""
+        slots = self._slots[name]
+        slots["steps"] = np.asarray(int(slots.get("steps", 0)) + 1, np.int64)
+        return int(slots["steps"])
 
 
 @_updater("kAdamMax")
 class AdamMax(Updater):
-    def apply(self, param, grad, data, lr):
-        c = self.conf.adammax_conf
-        b1, b2 = np.float32(c.beta1), np.float32(c.beta2)
-        history, update = self._slot(param, "history"), self._slot(param, "update")
-        history *= b1
-        history += (1 - b1) * grad
-        np.maximum(update * b2, np.abs(grad), out=update)
-        update += np.float32(self.conf.delta)
-        data -= lr * history / update
+    """h = b1·h + (1-b1)·g; u = max(b2·u, |g|) + delta; data -= lr·h / u."""
+
+    def __init__(self, conf):
+        super().__init__(conf)
+        self.beta1 = _fraction(conf.adammax_conf.beta1, "adammax_conf.beta1")
+        self.beta2 = _fraction(conf.adammax_conf.beta2, "adammax_conf.beta2")
+
+    def apply(self, name, data, grad, lr):
+        history = self._slot(name, "history", data.shape)
+        update = self._slot(name, "update", data.shape)
+        scratch = self._scratch_like(data)
+        np.abs(grad, out=scratch)
+        update *= self.beta2
+        np.maximum(update, scratch, out=update)
+        update += self.delta
+        _decay_into(history, self.beta1, grad)
+        np.divide(history, update, out=scratch)
+        scratch *= lr
+        data -= scratch
 
 
 def make_updater(conf: job_pb2.UpdaterProto) -> Updater:
     """The updater of ``conf``; ConfigError naming the field and the valid types otherwise."""
     name = job_pb2.UpdaterType.Name(conf.type)
-    if name not in UPDATERS:
-        raise ConfigError(f"updater.type = {name}: expected one of {', '.join(sorted(UPDATERS))}")
+    _require(name in UPDATERS, "type", name, f"one of {', '.join(sorted(UPDATERS))}")
     return UPDATERS[name](conf)

@@ -131,6 +131,10 @@ class Pooling(Layer):
         conf = self.conf.pooling_conf
         self.kernel, self.pad, self.stride = _pair(conf, "kernel", 3), _pair(conf, "pad", 0), _pair(conf, "stride", 2)
         self.out_hw = _check_geometry("pooling_conf", src_shapes[0], self.kernel, self.pad, self.stride)
+        if self.pad[0] >= self.kernel[0] or self.pad[1] >= self.kernel[1]:
+            # a window lying wholly in the padding would pool nothing (-inf for MAX); Caffe refuses it too
+            raise LayerConfigError("pooling_conf.pad", f"{self.pad[0]}x{self.pad[1]}",
+                                   f"a pad smaller than the kernel {self.kernel[0]}x{self.kernel[1]}")
         self.max = conf.pool == conf.MAX
         return (src_shapes[0][0],) + self.out_hw
 
@@ -151,6 +155,8 @@ class Pooling(Layer):
         return stack.sum(axis=0) * x.dtype.type(1.0 / (kh * kw))
 
     def backward(self, grad, need):
+        if not need[0]:
+            return [None]
         batch, channels, h, w = self.in_shape
         kh, kw = self.kernel
         dxp = np.zeros((batch, channels, h + 2 * self.pad[0], w + 2 * self.pad[1]), grad.dtype)
@@ -210,6 +216,8 @@ class LRN(Layer):
         return x * self.scale
 
     def backward(self, grad, need):
+        if not need[0]:
+            return [None]
         conf = self.conf.lrn_conf
         dt = grad.dtype.type
         inner = grad * self.x * self.scale / self.norm

@@ -1,9 +1,14 @@
-"""Loss layers: the objective and its gradient; metrics as sums over this sub-layer's rows.
+"""Loss layers: the objective, its gradient, and metrics summed over this sub-layer's rows.
 
-Both losses divide by the GLOBAL batch size (``ctx.global_batch``), so the
-gradients of row-partitioned sub-layers add up to exactly the serial gradient
-for any split, even or not.  (SINGA 0.x divided by the local batch and
-averaged replicas on the server, which equals this only for even splits.)
+Both losses divide gradients by the GLOBAL batch size (``ctx.global_batch``),
+so the gradients of row-partitioned sub-layers are exactly the rows of the
+serial gradient, for any split, even or not.  (SINGA 0.x divided by the local
+batch and the server averaged the replicas' gradients, which equals this only
+when every replica has the same number of rows.)
+
+``metrics()`` returns sums over the rows seen since the last call and resets
+them; the trainer adds the sums of all sub-layers (and ranks) and divides by
+``count``, giving SINGA's per-row averages.
 """
 from __future__ import annotations
 
@@ -11,91 +16,138 @@ import numpy as np
 
 from singa_mpi.errors import DataError
 from singa_mpi.layers.base import Layer, LayerConfigError, register
-from singa_mpi.layers.neuron import softmax
 
 
 class _Loss(Layer):
+    """Shared by the losses: whole rows only, two sources, running metric sums."""
+
     is_loss = True
     feature_partitionable = False
     num_srcs = (2, 2)
+    metric_names: tuple[str, ...] = ("loss", "count")
 
     def __init__(self, conf, ctx=None):
         super().__init__(conf, ctx)
-        self.sums: dict[str, float] = {}
+        self._reset_sums()
 
-    def _add(self, **values: float) -> None:
-        for key, value in values.items():
-            self.sums[key] = self.sums.get(key, 0.0) + float(value)
+    def _reset_sums(self) -> None:
+        self.sums = {key: 0.0 for key in self.metric_names}
 
     def metrics(self) -> dict[str, float]:
-        sums, self.sums = self.sums, {}
+        sums = self.sums
+        self._reset_sums()
         return sums
+
+
+def _check_labels(layer: str, labels: np.ndarray, rows: int, classes: int) -> np.ndarray:
+    """Labels as int64 of shape (rows,); DataError naming the layer for anything else."""
+    labels = np.asarray(labels).reshape(-1)
+    if len(labels) != rows:
+        raise DataError(f"layer '{layer}': {len(labels)} labels for {rows} rows of scores: "
+                        f"expected one label per row")
+    if not np.issubdtype(labels.dtype, np.integer):
+        if np.any(labels != np.round(labels)):
+            bad = labels[labels != np.round(labels)][0]
+            raise DataError(f"layer '{layer}': label {bad}: expected an integer class index")
+        labels = labels.astype(np.int64)
+    outside = (labels < 0) | (labels >= classes)
+    if outside.any():
+        raise DataError(f"layer '{layer}': label {labels[outside][0]}: expected a class index in "
+                        f"0..{classes - 1} ({classes} classes)")
+    return labels.astype(np.int64, copy=False)
+
+
+def _ranks_of_labels(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Position of each row's label when the row is sorted by descending score.  # (rows,)
+
+    Ties go to the lower class index (like ``argmax``), so topk 1 is argmax accuracy.
+    """
+    rows = np.arange(len(labels))
+    label_scores = scores[rows, labels][:, None]
+    classes = np.arange(scores.shape[1])[None, :]
+    before = (scores > label_scores) | ((scores == label_scores) & (classes < labels[:, None]))
+    return before.sum(axis=1)
 
 
 @register("kSoftmaxLoss", "kCudnnSoftmaxLoss")
 class SoftmaxLoss(_Loss):
-    """Cross-entropy of softmax(scores) against integer labels (srclayers: scores, label source).
+    """Cross-entropy of softmax(scores) against integer labels.
 
-    Output: the probabilities.  Metrics: loss (Σ -log p[label] · scale), accuracy
-    (rows whose label is among the ``topk`` highest scores), count (rows).
+    srclayers: [scores (rows, ...) flattened to classes, label source (its int labels)].
+    Output: the probabilities, in the scores' shape.  Metrics (sums over rows):
+    loss = Σ -log p[label]·scale, accuracy = rows whose label is among the
+    ``topk`` highest scores, count = rows.  Gradient to the scores:
+    (p - onehot(label))·scale / global_batch.
+
+    -log p[label] is computed from the log-softmax, so it stays exact where p
+    underflows; SINGA clamps p at FLT_MIN, capping a row's loss at 87.3.
     """
 
     input_kinds = ("data", "aux")
+    metric_names = ("loss", "accuracy", "count")
 
     def setup(self, src_shapes):
         conf = self.conf.softmaxloss_conf
         self.classes = int(np.prod(src_shapes[0]))
-        if conf.topk < 1 or conf.topk > self.classes:
+        if not 1 <= conf.topk <= self.classes:
             raise LayerConfigError("softmaxloss_conf.topk", conf.topk, f"1..{self.classes} (the number of classes)")
+        self.topk, self.scale = conf.topk, conf.scale
         return tuple(src_shapes[0])
 
     def forward(self, inputs, train):
-        scores = inputs[0].reshape(len(inputs[0]), -1)
-        labels = np.asarray(inputs[1]).astype(np.int64).reshape(-1)
-        if labels.size and (labels.min() < 0 or labels.max() >= self.classes):
-            bad = labels[(labels < 0) | (labels >= self.classes)][0]
-            raise DataError(f"layer '{self.name}': label {bad} outside 0..{self.classes - 1} "
-                            f"({self.classes} classes)")
-        self.p, self.labels = softmax(scores), labels
+        scores = inputs[0].reshape(len(inputs[0]), -1)  # (rows, classes)
+        labels = _check_labels(self.name, inputs[1], len(scores), self.classes)
+        shifted = scores - scores.max(axis=1, keepdims=True)
+        exp = np.exp(shifted)
+        total = exp.sum(axis=1, keepdims=True)
+        self.p = exp / total
+        self.labels = labels
         rows = np.arange(len(labels))
-        picked = np.maximum(self.p[rows, labels], np.finfo(self.p.dtype).tiny)
-        topk = self.conf.softmaxloss_conf.topk
-        if topk == 1:
-            hits = scores.argmax(axis=1) == labels
-        else:
-            hits = (scores > scores[rows, labels][:, None]).sum(axis=1) < topk
-        scale = self.conf.softmaxloss_conf.scale
-        self._add(loss=-np.log(picked).sum() * scale, accuracy=hits.sum(), count=len(labels))
+        neg_log_p = np.log(total[:, 0]) - shifted[rows, labels]
+        self.sums["loss"] += float(neg_log_p.sum()) * self.scale
+        self.sums["accuracy"] += float((_ranks_of_labels(scores, labels) < self.topk).sum())
+        self.sums["count"] += len(labels)
         return self.p.reshape(inputs[0].shape)
 
     def backward(self, grad, need):
-        d = self.p.copy()
+        if not need[0]:
+            return [None, None]
+        d = self.p.copy()  # (rows, classes)
         d[np.arange(len(self.labels)), self.labels] -= 1
-        d *= d.dtype.type(self.conf.softmaxloss_conf.scale / self.ctx.global_batch)
-        return [d.reshape(self.p.shape) if need[0] else None, None]
+        d *= self.scale / self.ctx.global_batch
+        return [d.reshape((len(d),) + self.out_shape), None]
 
 
 @register("kEuclideanLoss")
 class EuclideanLoss(_Loss):
-    """0.5·||prediction - target||² per row (srclayers: prediction, target; both data).
+    """Squared error: loss = Σ_rows ½·||prediction - target||² / global_batch.
 
-    Metric loss: Σ over rows of 0.5·||d||²; gradient d / global_batch to the
-    prediction and -d / global_batch to the target.
+    srclayers: [prediction, target], both data, of the same size per row.
+    Output: the prediction.  Metrics (sums over rows): loss = Σ ½·||d||²,
+    count = rows.  Gradient: d / global_batch to the prediction, -d / global_batch
+    to the target (only when it needs one), with d = prediction - target.
+
+    SINGA 0.2/0.3 used the same gradient, d / batch, but displayed
+    Σ||d||² / batch, twice this loss (v0.1 used 2·d / batch as the gradient).
+    Here the reported loss is the objective whose gradient is computed.
     """
 
     def setup(self, src_shapes):
         if int(np.prod(src_shapes[0])) != int(np.prod(src_shapes[1])):
             raise LayerConfigError("srclayers", f"shapes {tuple(src_shapes[0])} and {tuple(src_shapes[1])}",
                                    "a prediction and a target of the same size")
+        self.target_shape = tuple(src_shapes[1])
         return tuple(src_shapes[0])
 
     def forward(self, inputs, train):
-        pred = inputs[0]
-        self.d = pred.reshape(len(pred), -1) - inputs[1].reshape(len(pred), -1)
-        self._add(loss=0.5 * float((self.d * self.d).sum()), count=len(pred))
-        return pred
+        prediction, target = inputs
+        self.d = prediction.reshape(len(prediction), -1) - target.reshape(len(target), -1)  # (rows, dim)
+        self.sums["loss"] += 0.5 * float(np.einsum("ij,ij->", self.d, self.d))
+        self.sums["count"] += len(prediction)
+        return prediction
 
     def backward(self, grad, need):
-        g = self.d * self.d.dtype.type(1.0 / self.ctx.global_batch)
-        shape = (len(g),) + self.out_shape
-        return [g.reshape(shape) if need[0] else None, (-g).reshape(shape) if need[1] else None]
+        g = self.d * (1.0 / self.ctx.global_batch)  # (rows, dim)
+        rows = len(g)
+        return [g.reshape((rows,) + self.out_shape) if need[0] else None,
+                (-g).reshape((rows,) + self.target_shape) if need[1] else None]

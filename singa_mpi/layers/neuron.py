@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from singa_mpi.errors import DataError
 from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, Shape, register
 from singa_mpi.proto import job_pb2
 
@@ -73,23 +74,33 @@ class _Elementwise(Layer):
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         return tuple(src_shapes[0])
 
+    def backward(self, grad: np.ndarray, need: list[bool]) -> list[np.ndarray | None]:
+        return [self.input_grad(grad) if need[0] else None]
+
+    def input_grad(self, grad: np.ndarray) -> np.ndarray:
+        """dL/dx from dL/dy, using what forward cached."""
+        raise NotImplementedError
+
 
 @register("kReLU")
 class ReLU(_Elementwise):
     """max(x, 0) + negative_slope·min(x, 0)."""
 
+    def setup(self, src_shapes):
+        self.slope = self.conf.relu_conf.negative_slope
+        return tuple(src_shapes[0])
+
     def forward(self, inputs, train):
         x = inputs[0]
-        self.slope = self.conf.relu_conf.negative_slope
         self.mask = x > 0
         if self.slope:
             return np.where(self.mask, x, x * x.dtype.type(self.slope))
         return np.maximum(x, 0)
 
-    def backward(self, grad, need):
+    def input_grad(self, grad):
         if self.slope:
-            return [np.where(self.mask, grad, grad * grad.dtype.type(self.slope))]
-        return [grad * self.mask]
+            return np.where(self.mask, grad, grad * grad.dtype.type(self.slope))
+        return grad * self.mask
 
 
 @register("kSigmoid")
@@ -99,8 +110,8 @@ class Sigmoid(_Elementwise):
         self.y = 0.5 * (np.tanh(0.5 * x) + 1)  # stable logistic, keeps the dtype
         return self.y
 
-    def backward(self, grad, need):
-        return [grad * self.y * (1 - self.y)]
+    def input_grad(self, grad):
+        return grad * self.y * (1 - self.y)
 
 
 STANH_A, STANH_B = 1.7159, 2.0 / 3.0
@@ -115,9 +126,9 @@ class STanh(_Elementwise):
         self.t = np.tanh(x * x.dtype.type(STANH_B))
         return self.t * x.dtype.type(STANH_A)
 
-    def backward(self, grad, need):
+    def input_grad(self, grad):
         t = self.t
-        return [grad * (grad.dtype.type(STANH_A * STANH_B) * (1 - t * t))]
+        return grad * (grad.dtype.type(STANH_A * STANH_B) * (1 - t * t))
 
 
 class _Tanh(_Elementwise):
@@ -127,8 +138,8 @@ class _Tanh(_Elementwise):
         self.y = np.tanh(inputs[0])
         return self.y
 
-    def backward(self, grad, need):
-        return [grad * (1 - self.y * self.y)]
+    def input_grad(self, grad):
+        return grad * (1 - self.y * self.y)
 
 
 _ACTIVATIONS = {"RELU": ReLU, "SIGMOID": Sigmoid, "TANH": _Tanh, "STANH": STanh}
@@ -141,13 +152,14 @@ class Activation(_Elementwise):
     def setup(self, src_shapes):
         name = job_pb2.ActivationProto.ActivationType.Name(self.conf.activation_conf.type)
         self.impl = _ACTIVATIONS[name](self.conf, self.ctx)
-        return tuple(src_shapes[0])
+        self.impl.out_shape = self.impl.setup(src_shapes)
+        return self.impl.out_shape
 
     def forward(self, inputs, train):
         return self.impl.forward(inputs, train)
 
-    def backward(self, grad, need):
-        return self.impl.backward(grad, need)
+    def input_grad(self, grad):
+        return self.impl.input_grad(grad)
 
 
 @register("kDropout")
@@ -177,8 +189,8 @@ class Dropout(_Elementwise):
         self.mask = keep[rows, feats].astype(x.dtype) * x.dtype.type(1.0 / (1.0 - ratio))
         return x * self.mask
 
-    def backward(self, grad, need):
-        return [grad if self.mask is None else grad * self.mask]
+    def input_grad(self, grad):
+        return grad if self.mask is None else grad * self.mask
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -209,19 +221,41 @@ class Softmax(Layer):
         return self.y.reshape(x.shape)
 
     def backward(self, grad, need):
+        if not need[0]:
+            return [None]
         g = grad.reshape(self.y.shape)
         dx = self.y * (g - (g * self.y).sum(axis=-1, keepdims=True))
         return [dx.reshape(grad.shape)]
+
+
+def _token_ids(layer: Layer, x: np.ndarray, vocab: int) -> np.ndarray:
+    """Ids as int64 (stores may hold them as floats); DataError for any id outside the vocabulary."""
+    ids = x.astype(np.int64)
+    outside = (ids < 0) | (ids >= vocab)
+    if outside.any():
+        raise DataError(f"layer '{layer.name}': id {ids[outside][0]} outside the vocabulary 0..{vocab - 1}")
+    return ids
+
+
+def _id_shape(shape: Shape, max_dims: int) -> Shape:
+    """Per-sample shape of an id input, a trailing 1 dropped: () for one id, (T,) for a sequence."""
+    ids = tuple(shape[:-1]) if shape and shape[-1] == 1 else tuple(shape)
+    if len(ids) > max_dims:
+        expected = "(batch,) or (batch, T) integer ids" if max_dims else "(batch,) integer ids"
+        raise LayerConfigError("srclayers", f"output shape {tuple(shape)}", f"a source giving {expected}")
+    return ids
 
 
 @register("kEmbedding")
 class Embedding(Layer):
     """Rows of a (vocab_size, feature_dim) table looked up by integer ids.
 
-    Split on features, a sub-layer holds columns ``ctx.feature_slice`` of the table.
+    ids (batch,) -> (batch, feature_dim); ids (batch, T) -> (batch, T, feature_dim).
+    Split on features, a sub-layer holds columns ``ctx.feature_slice`` of the table;
+    that needs (batch,) ids, since with (batch, T) ids axis 1 of the output is T.
     """
 
-    connection = ONE_TO_ALL
+    connection = ONE_TO_ALL  # every feature shard needs all the ids
 
     def setup(self, src_shapes):
         conf = self.conf.embedding_conf
@@ -229,46 +263,48 @@ class Embedding(Layer):
             raise LayerConfigError("embedding_conf.vocab_size", conf.vocab_size, "a positive vocabulary size")
         if conf.feature_dim <= 0:
             raise LayerConfigError("embedding_conf.feature_dim", conf.feature_dim, "a positive feature dimension")
+        self.id_shape = _id_shape(src_shapes[0], max_dims=1)
+        if self.id_shape and self.ctx.feature_slice is not None:
+            raise LayerConfigError("partition_dim", 1, "0 or -1: with (batch, T) ids axis 1 of the output is T, "
+                                   "not the embedding features")
         self.declare_param(0, "table", (conf.vocab_size, conf.feature_dim), 1)
-        self.in_shape = tuple(src_shapes[0])
-        return (conf.feature_dim,) if not self.in_shape or self.in_shape == (1,) else self.in_shape + (conf.feature_dim,)
+        return self.id_shape + (conf.feature_dim,)
 
     def forward(self, inputs, train):
-        ids = inputs[0].astype(np.int64).reshape(len(inputs[0]), -1)
-        vocab = self.conf.embedding_conf.vocab_size
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-            bad = ids[(ids < 0) | (ids >= vocab)][0]
-            from singa_mpi.errors import DataError
-
-            raise DataError(f"layer '{self.name}': id {bad} outside the vocabulary 0..{vocab - 1}")
-        self.ids = ids
-        table = self.params[0].data
-        out = table[ids]  # (batch, T, dim)
-        return out.reshape((len(ids),) + ((out.shape[-1],) if ids.shape[1] == 1 else (ids.shape[1], out.shape[-1])))
+        x = inputs[0]
+        self.ids = _token_ids(self, x.reshape((len(x),) + self.id_shape), self.conf.embedding_conf.vocab_size)
+        return self.params[0].data[self.ids]  # (batch, [T,] local_dim)
 
     def backward(self, grad, need):
         table = self.params[0]
-        g = grad.reshape(self.ids.size, table.data.shape[1])
-        np.add.at(table.grad, self.ids.reshape(-1), g)
+        # several rows may use one id: unbuffered add so every use accumulates
+        np.add.at(table.grad, self.ids.reshape(-1), grad.reshape(self.ids.size, -1))
         return [None]
 
 
 @register("kOneHot")
 class OneHot(Layer):
-    """Integer ids -> one-hot rows of length ``onehot_conf.vocab_size``."""
+    """Integer ids (batch,) -> one-hot rows (batch, vocab_size); no gradient flows back to ids.
 
-    connection = ONE_TO_ALL
+    Split on features, a sub-layer writes columns ``ctx.feature_slice`` of the rows.
+    """
+
+    connection = ONE_TO_ALL  # every column shard needs all the ids
 
     def setup(self, src_shapes):
         self.vocab = self.conf.onehot_conf.vocab_size
         if self.vocab <= 0:
             raise LayerConfigError("onehot_conf.vocab_size", self.vocab, "a positive vocabulary size")
+        _id_shape(src_shapes[0], max_dims=0)
         return (self.vocab,)
 
     def forward(self, inputs, train):
-        ids = inputs[0].astype(np.int64).reshape(len(inputs[0]))
+        x = inputs[0]
+        ids = _token_ids(self, x.reshape(len(x)), self.vocab)
         lo, hi = self.ctx.features(self.vocab)
-        out = np.zeros((len(ids), hi - lo), np.float32)
+        # float ids keep their dtype (float64 in checks); integer ids give float32 rows
+        dtype = x.dtype if np.issubdtype(x.dtype, np.floating) else np.float32
+        out = np.zeros((len(ids), hi - lo), dtype)
         inside = (ids >= lo) & (ids < hi)
         out[np.nonzero(inside)[0], ids[inside] - lo] = 1
         return out

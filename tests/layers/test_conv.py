@@ -1,0 +1,134 @@
+"""Convolution, pooling, LRN: gradient checks and slow loop references written independently."""
+import numpy as np
+import pytest
+
+from gradcheck import build_layer, check_layer_gradients
+from singa_mpi.layers.base import LayerConfigError, LayerContext
+from test_neuron import conf, rand
+
+WB = 'param { name: "w" init { type: kGaussian std: 0.5 } } param { name: "b" init { type: kGaussian } }'
+
+
+def reference_conv(x, w, b, kh, kw, pad, stride):
+    """Direct loops over output positions: out[n, f, i, j] = Σ x_pad[n, c, i*s+u, j*s+v] w[f, c, u, v] + b[f]."""
+    n, c, h, wd = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    ho, wo = (h + 2 * pad[0] - kh) // stride[0] + 1, (wd + 2 * pad[1] - kw) // stride[1] + 1
+    w4 = w.reshape(len(w), c, kh, kw)
+    out = np.zeros((n, len(w), ho, wo))
+    for i in range(ho):
+        for j in range(wo):
+            patch = xp[:, :, i * stride[0]:i * stride[0] + kh, j * stride[1]:j * stride[1] + kw]
+            out[:, :, i, j] = np.einsum("ncuv,fcuv->nf", patch, w4) + b
+    return out
+
+
+@pytest.mark.parametrize("spec,geometry", [
+    ("kernel: 3 pad: 1 stride: 1", ((3, 3), (1, 1), (1, 1))),
+    ("kernel: 2 stride: 2", ((2, 2), (0, 0), (2, 2))),
+    ("kernel_x: 3 kernel_y: 2 pad_x: 1 stride_y: 2", ((2, 3), (0, 1), (2, 1))),
+])
+def test_convolution_values_and_gradients(spec, geometry):
+    (kh, kw), pad, stride = geometry
+    layer = build_layer(conf(f'name: "c" type: kCConvolution convolution_conf {{ num_filters: 3 {spec} }} {WB}'),
+                        [(2, 5, 6)], batch=2)
+    x = rand(2, 2, 5, 6)
+    y = layer.forward([x], True)
+    expected = reference_conv(x, layer.params[0].data, layer.params[1].data, kh, kw, pad, stride)
+    np.testing.assert_allclose(y, expected, atol=1e-12)
+    assert y.shape[1:] == layer.out_shape
+    check_layer_gradients(layer, [x])
+
+
+def test_convolution_filter_shards_match_the_whole():
+    text = f'name: "c" type: kConvolution convolution_conf {{ num_filters: 5 kernel: 3 pad: 1 }} {WB}'
+    x, g = rand(2, 3, 4, 4), rand(2, 5, 4, 4, seed=2)
+    whole = build_layer(conf(text), [(3, 4, 4)], batch=2)
+    y = whole.forward([x], True)
+    gx = whole.backward(g, [True])[0]
+    total = np.zeros_like(gx)
+    for lo, hi in [(0, 3), (3, 5)]:
+        part = build_layer(conf(text), [(3, 4, 4)], batch=2,
+                           ctx=LayerContext(global_batch=2, seed=7, feature_slice=(lo, hi)))
+        np.testing.assert_allclose(part.forward([x], True), y[:, lo:hi])
+        total += part.backward(g[:, lo:hi], [True])[0]
+        np.testing.assert_allclose(part.params[0].grad, whole.params[0].grad[lo:hi])
+    np.testing.assert_allclose(total, gx)  # input gradients of filter shards sum to the whole
+
+
+def test_convolution_rejects_kernel_larger_than_padded_input():
+    with pytest.raises(LayerConfigError, match="convolution_conf.kernel"):
+        build_layer(conf(f'name: "c" type: kConvolution convolution_conf {{ num_filters: 2 kernel: 7 pad: 1 }} {WB}'),
+                    [(1, 4, 4)], batch=1)
+    with pytest.raises(LayerConfigError, match="convolution_conf.num_filters"):
+        build_layer(conf(f'name: "c" type: kConvolution convolution_conf {{ kernel: 3 }} {WB}'), [(1, 4, 4)], batch=1)
+
+
+def reference_pool(x, k, stride, pad, op):
+    n, c, h, w = x.shape
+    fill = -np.inf if op == "max" else 0.0
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=fill)
+    ho, wo = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    out = np.zeros((n, c, ho, wo))
+    for i in range(ho):
+        for j in range(wo):
+            window = xp[:, :, i * stride:i * stride + k, j * stride:j * stride + k]
+            out[:, :, i, j] = window.max(axis=(2, 3)) if op == "max" else window.sum(axis=(2, 3)) / (k * k)
+    return out
+
+
+@pytest.mark.parametrize("op", ["MAX", "AVG"])
+@pytest.mark.parametrize("k,stride,pad", [(2, 2, 0), (3, 2, 0), (3, 2, 1), (3, 1, 0)])
+def test_pooling_values_and_gradients(op, k, stride, pad):
+    layer = build_layer(conf(f'name: "p" type: kCPooling pooling_conf {{ pool: {op} kernel: {k} stride: {stride} '
+                             f'pad: {pad} }}'), [(2, 7, 7)], batch=2)
+    x = np.random.default_rng(3).permutation(2 * 2 * 7 * 7).reshape(2, 2, 7, 7) / 10.0  # no ties
+    np.testing.assert_allclose(layer.forward([x], True), reference_pool(x, k, stride, pad, op.lower()))
+    check_layer_gradients(layer, [x])
+
+
+def test_max_pooling_ties_send_the_gradient_once():
+    layer = build_layer(conf('name: "p" type: kPooling pooling_conf { pool: MAX kernel: 2 stride: 2 }'),
+                        [(1, 2, 2)], batch=1)
+    layer.forward([np.zeros((1, 1, 2, 2))], True)
+    grad = layer.backward(np.ones((1, 1, 1, 1)), [True])[0]
+    assert grad.sum() == 1 and grad[0, 0, 0, 0] == 1  # the first maximum only
+
+
+def reference_lrn(x, size, alpha, beta, knorm):
+    n, c = x.shape[:2]
+    out = np.empty_like(x)
+    for ch in range(c):
+        lo, hi = max(0, ch - size // 2), min(c, ch + size // 2 + 1)
+        norm = knorm + alpha / size * (x[:, lo:hi] ** 2).sum(axis=1)
+        out[:, ch] = x[:, ch] * norm ** -beta
+    return out
+
+
+def test_lrn_values_and_gradients():
+    layer = build_layer(conf('name: "n" type: kLRN lrn_conf { local_size: 3 alpha: 0.5 beta: 0.75 knorm: 2 }'),
+                        [(5, 3, 3)], batch=2)
+    x = rand(2, 5, 3, 3)
+    np.testing.assert_allclose(layer.forward([x], True), reference_lrn(x, 3, 0.5, 0.75, 2.0))
+    check_layer_gradients(layer, [x])
+
+
+def test_lrn_rejects_even_window():
+    with pytest.raises(LayerConfigError, match="lrn_conf.local_size"):
+        build_layer(conf('name: "n" type: kLRN lrn_conf { local_size: 4 }'), [(5, 3, 3)], batch=1)
+
+
+def test_pooling_rejects_kernel_larger_than_input():
+    with pytest.raises(LayerConfigError, match="pooling_conf.kernel"):
+        build_layer(conf('name: "p" type: kPooling pooling_conf { kernel: 5 }'), [(1, 3, 3)], batch=1)
+
+
+@pytest.mark.parametrize("text", [
+    f'name: "c" type: kConvolution convolution_conf {{ num_filters: 2 kernel: 3 }} {WB}',
+    'name: "p" type: kPooling pooling_conf { kernel: 2 }', 'name: "n" type: kLRN lrn_conf { local_size: 3 }',
+])
+def test_float32_stays_float32(text):
+    layer = build_layer(conf(text), [(3, 6, 6)], batch=2, dtype=np.float32)
+    y = layer.forward([rand(2, 3, 6, 6).astype(np.float32)], True)
+    assert y.dtype == np.float32
+    assert layer.backward(np.ones_like(y), [True])[0].dtype == np.float32
