@@ -134,7 +134,14 @@ def ensure_digits() -> None:
 def cmd_data(args) -> int:
     from singa_mpi.data import convert
 
-    if args.source == "digits":
+    if args.source == "synthetic":
+        from singa_mpi.data.synthetic import write_synthetic
+
+        paths = write_synthetic(args.like, count=args.count, classes=args.classes, seed=args.seed,
+                                overwrite=args.overwrite)
+        if not paths:
+            print("nothing to write: the job's data files exist (use --overwrite to replace them)")
+    elif args.source == "digits":
         paths = convert.convert_digits(args.out, backend=args.backend, test_fraction=args.test_fraction,
                                        seed=args.seed)
     elif args.source == "mnist":
@@ -187,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("data", help="convert data sets into stores")
-    p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv"])
-    p.add_argument("--out", required=True, help="output store (folder for digits)")
+    p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv", "synthetic"])
+    p.add_argument("--out", help="output store (folder for digits)")
     p.add_argument("--backend", default="hdf5", choices=["hdf5", "kvfile", "textfile"])
     p.add_argument("--images", help="mnist: IDX image file (.gz ok)")
     p.add_argument("--labels", help="mnist: IDX label file (.gz ok)")
@@ -198,13 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-label", action="store_true", help="csv: lines carry no label column")
     p.add_argument("--separator", default=",")
     p.add_argument("--test-fraction", type=float, default=0.2, help="digits: held-out share")
-    p.add_argument("--seed", type=int, default=0, help="digits: split seed")
+    p.add_argument("--seed", type=int, default=0, help="digits: split seed; synthetic: data seed")
+    p.add_argument("--like", help="synthetic: write random stores at the paths of this job's input layers")
+    p.add_argument("--count", type=int, default=1000, help="synthetic: records per store")
+    p.add_argument("--classes", type=int, default=10, help="synthetic: label range")
+    p.add_argument("--overwrite", action="store_true", help="synthetic: replace existing files")
     p.set_defaults(func=cmd_data)
     return parser
 
 
 def _check_data_args(args) -> None:
-    required = {"mnist": ("images", "labels"), "cifar10": ("batches",), "csv": ("csv",)}
+    required = {"mnist": ("images", "labels", "out"), "cifar10": ("batches", "out"), "csv": ("csv", "out"),
+                "digits": ("out",), "synthetic": ("like",)}
     for name in required.get(getattr(args, "source", ""), ()):
         if not getattr(args, name):
             raise ConfigError(f"data {args.source}: --{name} is required")

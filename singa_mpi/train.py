@@ -85,13 +85,10 @@ class SerialRuntime:
 
 
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
-    """Sums over rows -> means: loss per row, accuracy as a fraction."""
+    """Sums over rows -> means: loss per row, accuracy as a fraction (loss first, then the rest)."""
     count = metrics.get("count", 0.0)
-    out = {}
-    for key, value in metrics.items():
-        if key != "count":
-            out[key] = value / count if count else float("nan")
-    return out
+    keys = sorted((k for k in metrics if k != "count"), key=lambda k: (k != "loss", k))
+    return {key: metrics[key] / count if count else float("nan") for key in keys}
 
 
 class Trainer:
