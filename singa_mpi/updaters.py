@@ -22,7 +22,7 @@ Where SINGA differs from the textbook we follow SINGA:
 
 * kAdam has no bias correction.  ``adam_conf { bias_correction: true }`` (a
   singa_mpi field) gives textbook Adam: with t the number of updates of the
-  param so far (counted per param, saved in its state),
+  param so far (counted per param, see ``counters``),
   ``data -= lr·(h/(1-b1^t)) / sqrt(u/(1-b2^t) + delta)`` (delta stays inside
   the square root, where SINGA puts it);
 * kAdamMax adds ``delta`` to its running maximum on every step;
@@ -31,8 +31,11 @@ Where SINGA differs from the textbook we follow SINGA:
 ``param.grad`` is consumed: the updater clips, scales and adds weight decay to
 it in place and then uses it as scratch space, so its contents afterwards are
 unspecified (the algorithm zeroes gradients before the next backward).
-Per-param state (``history``, ``update``) is float32, allocated on first use and
-keyed by the param's name; ``state``/``load_state`` move it to and from checkpoints.
+Per-param state (``history``, ``update``) is float32 of the param's shape,
+allocated on first use and keyed by the param's name; ``state``/``load_state``
+move it to and from checkpoints.  Integer per-param counters (textbook Adam's
+update count) are kept apart, in ``counters``/``load_counters``, so that every
+state array has the param's shape and can be assembled from shards or chunks.
 """
 from __future__ import annotations
 
@@ -46,10 +49,15 @@ from singa_mpi.params import Param
 from singa_mpi.proto import job_pb2
 
 
+def _show(value: object) -> str:
+    # proto floats are float32: print 0.9, not its float64 widening 0.8999999761581421
+    return str(np.float32(value)) if isinstance(value, float) else str(value)
+
+
 def _require(ok: bool, field: str, value: object, expected: str) -> None:
     """One-line ConfigError naming the updater field, its value and what was expected."""
     if not ok:
-        raise ConfigError(f"updater.{field} = {value}: expected {expected}")
+        raise ConfigError(f"updater.{field} = {_show(value)}: expected {expected}")
 
 
 # ------------------------------------------------------------ learning rates
@@ -218,6 +226,7 @@ class Updater:
         _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a value >= 0")
         self.clip = self._clip_bounds(conf)
         self._slots: dict[str, dict[str, np.ndarray]] = {}
+        self._counters: dict[str, dict[str, int]] = {}
         self._scratch = np.empty(0, np.float32)
 
     @staticmethod
@@ -229,7 +238,8 @@ class Updater:
             _require(False, missing, "(unset)", "both clip_low and clip_high when clipping gradients")
         if not conf.HasField("clip_low") or conf.clip_low == conf.clip_high == 0:
             return None
-        _require(conf.clip_high > conf.clip_low, "clip_high", conf.clip_high, f"a value > clip_low ({conf.clip_low})")
+        _require(conf.clip_high > conf.clip_low, "clip_high", conf.clip_high,
+                 f"a value > clip_low ({_show(conf.clip_low)})")
         return conf.clip_low, conf.clip_high
 
     def learning_rate(self, step: int) -> float:
@@ -271,15 +281,21 @@ class Updater:
         return self._scratch[:array.size].reshape(array.shape)
 
     def state(self, param_name: str) -> dict[str, np.ndarray]:
-        """Copies of the param's state arrays (empty before its first update)."""
+        """Copies of the param's state arrays, each of the param's shape (empty before its first update)."""
         return {key: value.copy() for key, value in self._slots.get(param_name, {}).items()}
 
     def load_state(self, param_name: str, state: dict[str, np.ndarray]) -> None:
-        """Restore what ``state`` returned; the next update continues from it."""
-        self._slots[param_name] = {
-            key: np.array(value, np.int64 if np.issubdtype(np.asarray(value).dtype, np.integer) else np.float32)
-            for key, value in state.items()
-        }
+        """Restore what ``state`` returned (as float32 copies); the next update continues from it."""
+        self._slots[param_name] = {key: np.array(value, np.float32) for key, value in state.items()}
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Integer per-param counters, {param name: {counter: value}} (empty for most updaters)."""
+        return {name: dict(values) for name, values in self._counters.items()}
+
+    def load_counters(self, counters: dict[str, dict[str, int]]) -> None:
+        """Restore what ``counters`` returned."""
+        for name, values in counters.items():
+            self._counters[name] = {key: int(value) for key, value in values.items()}
 
 
 def _descend_by_rms(data, numerator, accumulator, delta: float, lr: float, scratch) -> None:
@@ -419,10 +435,10 @@ class Adam(Updater):
         _descend_by_rms(data, grad, scratch, self.delta, lr, scratch)
 
     def _count(self, name: str) -> int:
-        """Updates of this param so far, including this one (kept in its state for resume)."""
-        slots = self._slots[name]
-        slots["steps"] = np.asarray(int(slots.get("steps", 0)) + 1, np.int64)
-        return int(slots["steps"])
+        """Updates of this param so far, including this one (a counter, saved for resume)."""
+        counters = self._counters.setdefault(name, {})
+        counters["steps"] = counters.get("steps", 0) + 1
+        return counters["steps"]
 
 
 @_updater("kAdamMax")
