@@ -127,18 +127,22 @@ class SourceMap:
         return self._scalar(tokens, j, path)
 
     def _list_item(self, tokens: list[_Token], i: int, stack: list[_Frame]) -> int:
-        """One token inside ``field: [ ... ]``: each item is an occurrence of the field."""
+        """One token inside ``field: [ ... ]``: each item is an occurrence of the field.
+
+        Always moves on (the text may not parse): anything but an item or ``]`` is skipped,
+        and a ``}`` ends the unclosed list so that it can close the enclosing message.
+        """
         token, frame = tokens[i], stack[-1]
-        if token.text == "]":
+        if token.text in ("]", "}", ">"):
             stack.pop()
-            return i + 1
-        if token.text == ",":
-            return i + 1
-        path = self._occurrence(frame.parent, frame.list_field, token.pos)
+            return i + 1 if token.text == "]" else i
         if token.text in ("{", "<"):
-            self._open(stack, path, token)
+            self._open(stack, self._occurrence(frame.parent, frame.list_field, token.pos), token)
             return i + 1
-        return self._scalar(tokens, i, path)
+        if token.kind in ("string", "word", "number", "ext") or token.text == "-":
+            path = self._occurrence(frame.parent, frame.list_field, token.pos)
+            return max(self._scalar(tokens, i, path), i + 1)
+        return i + 1  # a comma, or a syntax error that the parser reports
 
     def _scalar(self, tokens: list[_Token], j: int, path: Path) -> int:
         """Index after a scalar value starting at ``j``; remember the value's text."""

@@ -13,8 +13,9 @@ import os
 from singa_mpi.config.load import JobConfig, effective_partition_dim
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import CycleError, Node
-from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class
-from singa_mpi.net import describe, global_batch_size, instantiate, layer_error, phase_nodes
+from singa_mpi.layers.base import Layer, LayerContext, layer_class
+from singa_mpi.net import (describe, global_batch_size, instantiate, layer_error, phase_nodes,
+                           supported_layer_types)
 from singa_mpi.params import INITS, init_method_name
 from singa_mpi.proto import job_pb2
 
@@ -63,7 +64,11 @@ def validate(cfg: JobConfig) -> Summary:
     try:
         make_updater(job.updater)
     except ConfigError as err:
-        raise ConfigError(f"{cfg.where('updater')}: {err}") from None
+        # messages start with the dotted field ("updater.learning_rate.type = ..."): point at it
+        # or at its nearest written ancestor
+        field = str(err).split(" ", 1)[0]
+        fields = field.split(".") if field.startswith("updater.") else ["updater"]
+        raise ConfigError(f"{cfg.where(*fields)}: {err}") from None
     return Summary(
         name=job.name or "(unnamed)",
         algorithm=job_pb2.AlgType.Name(job.train_one_batch.alg),
@@ -88,7 +93,7 @@ def _check_job_fields(cfg: JobConfig) -> None:
         raise _fail(cfg, ("train_one_batch", "alg"),
                     f"train_one_batch.alg = {alg}: expected one of {', '.join(ALGORITHMS_SUPPORTED)}")
     if job.train_steps <= 0 and not job.HasField("train_steps"):
-        raise _fail(cfg, (), "train_steps: missing: expected a positive number of training steps")
+        raise _fail(cfg, (), "train_steps = missing: expected a positive number of training steps")
     for field in ("train_steps", "disp_freq", "test_freq", "test_steps", "validate_freq",
                   "validate_steps", "checkpoint_freq", "disp_after", "test_after", "validate_after",
                   "checkpoint_after"):
@@ -96,12 +101,12 @@ def _check_job_fields(cfg: JobConfig) -> None:
         if value < 0 or (field == "train_steps" and value == 0):
             expected = "a positive integer" if field == "train_steps" else "an integer >= 0"
             raise _fail(cfg, (field,), f"{field} = {value}: expected {expected}")
-    if job.test_steps > 0 and job.test_freq <= 0:
-        raise _fail(cfg, ("test_steps",), f"test_freq = {job.test_freq}: expected a positive test_freq "
-                                          f"when test_steps = {job.test_steps}")
-    if job.validate_steps > 0 and job.validate_freq <= 0:
-        raise _fail(cfg, ("validate_steps",), f"validate_freq = {job.validate_freq}: expected a positive "
-                                              f"validate_freq when validate_steps = {job.validate_steps}")
+    for prefix in ("test", "validate"):
+        steps, freq = getattr(job, f"{prefix}_steps"), getattr(job, f"{prefix}_freq")
+        if steps > 0 and freq <= 0:
+            written = f"{prefix}_freq" if job.HasField(f"{prefix}_freq") else f"{prefix}_steps"
+            raise _fail(cfg, (written,), f"{prefix}_freq = {freq}: expected a positive {prefix}_freq "
+                                         f"when {prefix}_steps = {steps}")
     if not (-1 <= job.neuralnet.partition_dim <= 1):
         raise _fail(cfg, ("neuralnet", "partition_dim"),
                     f"neuralnet.partition_dim = {job.neuralnet.partition_dim}: expected -1, 0 or 1")
@@ -172,10 +177,11 @@ def _check_names_and_sources(cfg: JobConfig, nodes: list[Node], phase: str) -> N
             if src not in seen:
                 raise ConfigError(
                     f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "
-                    f"srclayers = {src!r}: expected the name of a layer of phase {phase} "
+                    f"srclayers[{k}] = {src!r}: expected the name of a layer of phase {phase} "
                     f"(known: {', '.join(sorted(seen))})")
             if src == node.name:
-                raise layer_error(cfg, node, "srclayers", repr(src), "a layer other than itself")
+                raise ConfigError(f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "
+                                  f"srclayers[{k}] = {src!r}: expected a layer other than itself")
 
 
 def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
@@ -202,7 +208,7 @@ def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
 
 
 def _types() -> list[str]:
-    return list(LAYERS)
+    return supported_layer_types()  # loads every layer family: LAYERS alone may still be empty
 
 
 def _check_sources(cfg: JobConfig, node: Node, layer: Layer, kinds: list[str], by_name) -> None:
@@ -225,7 +231,7 @@ def _check_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> Non
         field = f"param[{k}]"
         if not conf.name:
             raise ConfigError(f"{cfg.layer_where(node.index, 'param', k)}: {describe(cfg, node)}: "
-                              f"{field}.name: missing: expected a param name unique in the job")
+                              f"{field}.name = missing: expected a param name unique in the job")
         if conf.name in names:
             raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'name')}: {describe(cfg, node)}: "
                               f"{field}.name = {conf.name!r}: expected a name not used twice in one layer")

@@ -1,0 +1,123 @@
+"""Protobuf's text-format parse errors, reworded for people who write job files.
+
+``FILE:LINE:COL: [layer 'x' (#i, kType): ]field = value: expected ...``: the
+layer the error sits in (found by re-tokenizing the text, which works even when
+it does not parse), the field as a dotted path below that layer, and, for enum
+values, the valid names.  Protobuf's own wording is kept for anything not
+recognised here, minus its echo of the source line.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+
+from google.protobuf import text_format
+
+from singa_mpi.config.source import SourceMap
+from singa_mpi.errors import ConfigError
+from singa_mpi.proto import job_pb2
+
+_NO_ENUM_VALUE = re.compile(r'Enum type "([\w.]+)" has no value (?:named|with number) (.+?)\.$')
+_NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "([^"]+)"\.$')
+_TWICE = re.compile(r'Message type "([\w.]+)" should not have multiple "([^"]+)" fields\.$')
+_STRAY_BRACE = re.compile(r"Expected identifier or number, got [}>]\.$")
+_VALUE_ERRORS = [  # (protobuf's complaint about a scalar value, what the field expects)
+    (re.compile(r"Couldn't parse integer: (.*)$"), "an integer"),
+    (re.compile(r"Couldn't parse (?:float|double): (.*)$"), "a number"),
+    (re.compile(r"Expected string but found: '(.*)'$"), 'a "quoted string"'),
+    (re.compile(r'Expected "true" or "false"\.$'), "true or false"),
+    (re.compile(r"Value out of range: (.*)$"), "a value within the range of the field's type"),
+]
+
+
+def explain_parse_error(err: text_format.ParseError, text: str, path: str) -> ConfigError:
+    """``FILE:LINE:COL: [layer 'x' (#i): ]explanation`` for a text-format syntax error."""
+    line, col = err.GetLine(), err.GetColumn()
+    message = str(err)
+    if " : " in message:  # protobuf prefixes "line:col : "
+        message = message.split(" : ", 1)[1]
+    lines = text.split("\n")  # as protobuf splits them, so a CRLF line matches its echo
+    if line and line <= len(lines):
+        echo = f"'{lines[line - 1]}': "  # protobuf quotes the whole source line before some errors
+        if message.startswith(echo):
+            message = message[len(echo):]
+    message = " ".join(message.split())  # always one line
+    if not line:
+        return ConfigError(f"{path}: {message}")
+    source = SourceMap(path, text)
+    block = source.enclosing(line, col)
+    layer, message = _layer_context(source, block), _explain(message, source, block, line, col)
+    return ConfigError(f"{path}:{line}:{col}: {layer}{message}")
+
+
+def _layer_context(source: SourceMap, block: tuple) -> str:
+    """``layer 'x' (#i, kType): `` when the error lies inside a layer { ... }."""
+    if not _in_layer(block):
+        return ""
+    layer = block[:4]
+    name, type_name = source.value(*layer, "name"), source.value(*layer, "type")
+    label = f"'{name}' " if name is not None else ""
+    known = type_name in job_pb2.LayerType.keys()
+    return f"layer {label}(#{layer[3]}{', ' + type_name if known else ''}): "
+
+
+def _in_layer(block: tuple) -> bool:
+    return len(block) >= 4 and block[:3] == ("neuralnet", 0, "layer")
+
+
+def _explain(message: str, source: SourceMap, block: tuple, line: int, col: int) -> str:
+    """Reword protobuf's complaint: name the field (dotted, below its layer), the value, what is valid."""
+    field = source.field_before(line, col)
+    name = _field_name(field, block[:4] if _in_layer(block) else ()) if field else "value"
+    enum = _NO_ENUM_VALUE.search(message)
+    if enum:
+        return f"{name} = {enum.group(2)}: expected one of {', '.join(_enum_choices(enum.group(1)))}"
+    for pattern, expected in _VALUE_ERRORS:
+        bad = pattern.search(message)
+        if bad:
+            value = bad.group(1) if pattern.groups else source.values.get(field, "?")
+            return f"{name} = {value}: expected {expected}"
+    twice = _TWICE.search(message)
+    if twice:
+        name = name if field and field[-2] == twice.group(2) else twice.group(2)
+        return f"{name}: written twice: expected at most one value (not a repeated field)"
+    if message == 'Expected ":".' and field:
+        return f'{name}: expected ":" between the field name and its value'
+    if _STRAY_BRACE.search(message):
+        return 'unexpected "}": no block is open here (one closing brace too many?)'
+    unknown = _NO_FIELD.search(message)
+    if unknown:
+        message_type, bad_name = unknown.groups()
+        name = name if field and field[-2] == bad_name else bad_name
+        return f"{name}: unknown field of {message_type.split('.')[-1]}{_field_hint(message_type, bad_name, block)}"
+    return message
+
+
+def _field_hint(message_type: str, bad_name: str, block: tuple) -> str:
+    """A missing '}' when an enclosing message has that field, else the closest field name."""
+    descriptor = job_pb2.JobProto.DESCRIPTOR
+    for name in block[0::2]:
+        if bad_name in descriptor.fields_by_name:
+            return " (is a '}' missing before it?)"
+        field = descriptor.fields_by_name.get(name)
+        if field is None or field.message_type is None:  # an extension block: no schema to compare
+            break
+        descriptor = field.message_type
+    fields = job_pb2.DESCRIPTOR.pool.FindMessageTypeByName(message_type).fields_by_name
+    close = difflib.get_close_matches(bad_name, list(fields), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _field_name(path: tuple, base: tuple) -> str:
+    """Dotted field names of ``path`` below ``base``: ``pooling_conf.pool``, ``updater.type``."""
+    return ".".join(str(part) for part in path[len(base)::2])
+
+
+def _enum_choices(enum_name: str) -> list[str]:
+    """Values worth suggesting: implemented layer types; otherwise the enum minus kUser* placeholders."""
+    if enum_name == "singa.LayerType":
+        from singa_mpi.net import supported_layer_types  # deferred: net imports this module
+
+        return supported_layer_types()
+    enum = job_pb2.DESCRIPTOR.pool.FindEnumTypeByName(enum_name)
+    return [value.name for value in enum.values if not value.name.startswith("kUser")]
