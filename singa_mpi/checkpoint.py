@@ -1,19 +1,30 @@
-"""HDF5 checkpoints: every parameter as its full logical array, written atomically.
+"""HDF5 checkpoints that do not depend on how the job was partitioned.
 
-Layout of ``WORKSPACE/checkpoint/step<N>.h5`` (plain h5py/h5dump can read it)::
+One file per checkpoint, ``WORKSPACE/checkpoint/step<N>.h5``, readable with
+plain h5py or h5dump::
 
-    /                 attrs: format_version, step, job_name, job_config (the job text)
-    /params/<name>    float32 dataset, the logical (unsharded) array; attrs: crc32
+    /                       attrs: format_version, step, job_name, seed, nranks, complete
+    /job_config             the job's text (string dataset)
+    /plan                   JSON summary of the partitioning it was written under
+    /params/<name>          float32, the full logical (unsharded) array
+    /updater/<name>/<slot>  float32 updater state (momentum "history", "update"), logical shape;
+                            attrs: counters (e.g. Adam's step count "t")
+    /readers/<phase>/<layer> attrs: batches (how many global batches the input layer has read)
 
-The file is written to a temporary name in the same folder, flushed, fsynced
-and renamed over the final name, so a crash leaves the previous checkpoint
-intact.  No pickle is used anywhere: loading a file cannot execute code.
+Every dataset carries a ``crc32`` attribute; ``complete`` is set last.  A file
+is written under a temporary name in the same folder, flushed, fsynced and
+renamed, so a crash at any moment leaves the previous checkpoint intact, and a
+damaged file (truncated, bit rot) is detected by :func:`read` and named.
+Loading never unpickles: only arrays, numbers and strings are read.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
+import json
 import os
 import re
+import warnings
 import zlib
 
 import h5py
@@ -21,8 +32,26 @@ import numpy as np
 
 from singa_mpi.errors import DataError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _STEP = re.compile(r"step(\d+)\.h5$")
+EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped on a signal after writing a checkpoint; resume to go on
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """The content of a checkpoint, as logical arrays."""
+
+    step: int
+    params: dict[str, np.ndarray]
+    updater: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
+    counters: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    readers: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # phase -> layer -> batches
+    job_name: str = ""
+    job_config: str = ""
+    plan: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    nranks: int = 1
+    path: str = ""
 
 
 def checkpoint_dir(workspace: str) -> str:
@@ -37,52 +66,154 @@ def crc(array: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(array).tobytes())
 
 
-def write(path: str, step: int, params: dict[str, np.ndarray], job_name: str, job_text: str) -> str:
-    """Write ``params`` (name -> logical array) atomically to ``path``."""
+def _dataset(group, name: str, data: np.ndarray) -> None:
+    data = np.ascontiguousarray(data, np.float32)
+    ds = group.create_dataset(name, data=data)
+    ds.attrs["crc32"] = crc(data)
+
+
+def write(path: str, ckpt: Checkpoint, fault_after: int | None = None) -> str:
+    """Write ``ckpt`` atomically to ``path``.
+
+    ``fault_after`` (tests only) raises after that many parameter datasets, to
+    prove that an interrupted write leaves no file behind and the old one intact.
+    """
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["step"] = step
-            f.attrs["job_name"] = job_name
-            f.attrs["job_config"] = job_text
-            group = f.create_group("params")
-            for name, value in params.items():
-                data = np.ascontiguousarray(value, np.float32)
-                ds = group.create_dataset(name, data=data)
-                ds.attrs["crc32"] = crc(data)
+            f.attrs.update(format_version=FORMAT_VERSION, step=ckpt.step, job_name=ckpt.job_name,
+                           seed=ckpt.seed, nranks=ckpt.nranks, complete=0)
+            f.create_dataset("job_config", data=ckpt.job_config)
+            f.create_dataset("plan", data=json.dumps(ckpt.plan, sort_keys=True))
+            params = f.create_group("params")
+            for k, (name, value) in enumerate(sorted(ckpt.params.items())):
+                if fault_after is not None and k >= fault_after:
+                    raise OSError(f"injected fault while writing {path}")
+                _dataset(params, name, value)
+            updater = f.create_group("updater")
+            for name, slots in sorted(ckpt.updater.items()):
+                group = updater.create_group(name)
+                for slot, value in sorted(slots.items()):
+                    _dataset(group, slot, value)
+                group.attrs.update(ckpt.counters.get(name, {}))
+            for name in set(ckpt.counters) - set(ckpt.updater):
+                updater.create_group(name).attrs.update(ckpt.counters[name])
+            readers = f.create_group("readers")
+            for phase, layers in sorted(ckpt.readers.items()):
+                group = readers.create_group(phase)
+                for layer, batches in sorted(layers.items()):
+                    group.create_group(layer).attrs["batches"] = int(batches)
+            f.attrs["complete"] = 1
             f.flush()
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(path) or ".")
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
 
 
-def read(path: str) -> tuple[int, dict[str, np.ndarray]]:
-    """(step, name -> array); DataError naming the file for anything damaged."""
+def _fsync_dir(folder: str) -> None:
+    """Make the rename itself durable."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_array(ds, path: str, where: str) -> np.ndarray:
+    data = ds[...]
+    if "crc32" not in ds.attrs:
+        raise DataError(f"{path}: {where} has no checksum: not a singa_mpi checkpoint")
+    if crc(data) != int(ds.attrs["crc32"]):
+        raise DataError(f"{path}: {where} fails its checksum (the file is damaged)")
+    return data
+
+
+def _text(ds) -> str:
+    value = ds[()]
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read(path: str) -> Checkpoint:
+    """Read and verify a checkpoint; DataError naming the file and the damaged part."""
     try:
         with h5py.File(path, "r") as f:
-            step = int(f.attrs["step"])
-            params = {}
+            if int(f.attrs.get("complete", 0)) != 1:
+                raise DataError(f"{path}: incomplete checkpoint (writing was interrupted)")
+            version = int(f.attrs.get("format_version", 0))
+            if version > FORMAT_VERSION:
+                raise DataError(f"{path}: checkpoint format {version} is newer than this singa_mpi "
+                                f"({FORMAT_VERSION}): upgrade singa_mpi")
+            ckpt = Checkpoint(step=int(f.attrs["step"]), params={}, job_name=str(f.attrs.get("job_name", "")),
+                              seed=int(f.attrs.get("seed", 0)), nranks=int(f.attrs.get("nranks", 1)), path=path)
+            ckpt.job_config = _text(f["job_config"]) if "job_config" in f else ""
+            ckpt.plan = json.loads(_text(f["plan"])) if "plan" in f else {}
             for name, ds in f["params"].items():
-                data = ds[...]
-                if "crc32" in ds.attrs and crc(data) != int(ds.attrs["crc32"]):
-                    raise DataError(f"{path}: checkpoint dataset params/{name} fails its checksum")
-                params[name] = data
-    except (OSError, KeyError) as err:
+                ckpt.params[name] = _read_array(ds, path, f"params/{name}")
+            for name, group in f.get("updater", {}).items():
+                ckpt.updater[name] = {slot: _read_array(ds, path, f"updater/{name}/{slot}")
+                                      for slot, ds in group.items()}
+                if group.attrs:
+                    ckpt.counters[name] = {k: int(v) for k, v in group.attrs.items()}
+            for phase, group in f.get("readers", {}).items():
+                ckpt.readers[phase] = {layer: int(g.attrs["batches"]) for layer, g in group.items()}
+    except DataError:
+        raise
+    except (OSError, KeyError, ValueError) as err:
         raise DataError(f"{path}: not a readable singa_mpi checkpoint ({err})") from None
-    return step, params
+    return ckpt
 
 
-def newest(workspace: str) -> str | None:
-    """The checkpoint with the highest step in the workspace, or None."""
+def listed(workspace: str) -> list[tuple[int, str]]:
+    """(step, path) of the checkpoint files in the workspace, newest first."""
     found = []
     for path in glob.glob(os.path.join(checkpoint_dir(workspace), "step*.h5")):
         m = _STEP.search(path)
         if m:
             found.append((int(m.group(1)), path))
-    return max(found)[1] if found else None
+    return sorted(found, reverse=True)
+
+
+def newest(workspace: str) -> str | None:
+    """The newest checkpoint file (unverified), or None."""
+    found = listed(workspace)
+    return found[0][1] if found else None
+
+
+def newest_good(workspace: str) -> Checkpoint | None:
+    """The newest checkpoint that reads and verifies; damaged newer ones are skipped with a warning."""
+    for _, path in listed(workspace):
+        try:
+            return read(path)
+        except DataError as err:
+            warnings.warn(f"skipping damaged checkpoint: {err}", stacklevel=2)
+    return None
+
+
+def prune(workspace: str, keep: int) -> list[str]:
+    """Delete all but the ``keep`` newest checkpoints; returns the removed paths."""
+    removed = []
+    for _, path in listed(workspace)[keep:]:
+        os.remove(path)
+        removed.append(path)
+    return removed
+
+
+def plan_diff(saved: dict, current: dict) -> list[str]:
+    """Short human-readable differences between two plan summaries."""
+    lines = []
+    if saved.get("nranks") != current.get("nranks"):
+        lines.append(f"workers: {saved.get('nranks')} -> {current.get('nranks')}")
+    old, new = saved.get("layers", {}), current.get("layers", {})
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            lines.append(f"layer {name}: {old.get(name, 'absent')} -> {new.get(name, 'absent')}")
+    return lines

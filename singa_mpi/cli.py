@@ -1,4 +1,4 @@
-"""Command line: ``singa-mpi {train,test,check,plan,data} ...`` (also ``python -m singa_mpi``).
+"""Command line: ``singa-mpi {train,test,check,plan,data,ckpt} ...`` (also ``python -m singa_mpi``).
 
 Launch examples::
 
@@ -68,13 +68,14 @@ def cmd_check(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from singa_mpi.runtime import run_training
+    from singa_mpi.runtime import RunOptions, run_training
 
     job_path = args.job or default_job_path()
     if args.job is None:
         ensure_digits()
-    return run_training(str(job_path), lambda cfg: resolve_workspace(cfg, args.workspace), seed=args.seed,
-                        steps=args.steps, stall_timeout=args.stall_timeout)
+    options = RunOptions(seed=args.seed, steps=args.steps, stall_timeout=args.stall_timeout, resume=args.resume,
+                         keep=args.keep, allow_partial=args.allow_partial)
+    return run_training(str(job_path), lambda cfg: resolve_workspace(cfg, args.workspace), options)
 
 
 def cmd_test(args) -> int:
@@ -118,6 +119,18 @@ def _render_dot(text: str, output: str) -> int:
     fmt = pathlib.Path(output).suffix.lstrip(".") or "png"
     subprocess.run([dot, f"-T{fmt}", "-o", output], input=text.encode(), check=True, timeout=120)
     print(f"wrote {output}")
+    return 0
+
+
+def cmd_ckpt(args) -> int:
+    from singa_mpi import ckpt_tools
+
+    if args.action == "inspect":
+        print(ckpt_tools.inspect(args.files[0]))
+        return 0
+    if not args.out:
+        raise ConfigError("ckpt convert: --out FILE.h5 is required")
+    print(ckpt_tools.convert_singa(args.files, args.out, step=args.step))
     return 0
 
 
@@ -170,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="overrides train_steps")
     p.add_argument("--stall-timeout", type=float, default=None,
                    help="MPI runs: abort when a step makes no progress for this many seconds")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in the workspace (any rank count)")
+    p.add_argument("--keep", type=int, default=None, help="keep only the K newest checkpoints")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="when loading a checkpoint, keep the initial values of params it lacks")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("test", help="run the test phase on a trained model")
@@ -192,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="text", choices=["text", "json", "dot"])
     p.add_argument("-o", "--output", help="write to FILE (dot: .png/.svg/.pdf are rendered with Graphviz)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("ckpt", help="inspect or convert checkpoints")
+    p.add_argument("action", choices=["inspect", "convert"])
+    p.add_argument("files", nargs="+", help="inspect: a checkpoint; convert: SINGA 0.x BlobProtos files")
+    p.add_argument("--out", help="convert: the HDF5 checkpoint to write")
+    p.add_argument("--step", type=int, help="convert: the step to record (default: from the file name)")
+    p.set_defaults(func=cmd_ckpt)
 
     p = sub.add_parser("data", help="convert data sets into stores")
     p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv", "synthetic"])

@@ -209,6 +209,16 @@ class MPIComm:
     def allgather_object(self, value):
         return self.comm.allgather(value)
 
+    def gather_object(self, value, root: int = 0):
+        """Python objects to ``root`` (setup and checkpoints only: never on the step's hot path)."""
+        return self.comm.gather(value, root=root)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any rank (e.g. a stop signal arrived)."""
+        value = np.array([1 if flag else 0], np.int32)
+        self.comm.Allreduce(MPI.IN_PLACE, [value, MPI.INT], op=MPI.MAX)
+        return bool(value[0])
+
     def allreduce_dict(self, values: dict[str, float]) -> dict[str, float]:
         """Sum per key over the group (metrics); keys may differ between ranks."""
         keys = sorted(set().union(*self.comm.allgather(sorted(values))))

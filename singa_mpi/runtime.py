@@ -15,9 +15,13 @@ neither hangs:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
 import sys
+import threading
 import traceback
+import warnings
 from typing import Callable
 
 from singa_mpi import checkpoint
@@ -27,6 +31,18 @@ from singa_mpi.errors import ConfigError, DataError, SingaError
 from singa_mpi.train import SerialRuntime, Trainer
 
 EXIT_ABORT = 1
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """How to run beyond the job file: ``singa-mpi train`` options."""
+
+    seed: int | None = None
+    steps: int | None = None
+    stall_timeout: float | None = None
+    resume: bool = False
+    keep: int | None = None
+    allow_partial: bool = False
 
 
 def mpi_world():
@@ -48,27 +64,81 @@ def _prepare(job: str | JobConfig, seed: int | None) -> JobConfig:
     return cfg
 
 
-def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str], seed: int | None = None,
-                 steps: int | None = None, stall_timeout: float | None = None) -> int:
-    """Train ``job``; ``workspace_of(cfg)`` names the output folder.  Returns the exit code."""
+def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
+                 options: RunOptions | None = None) -> int:
+    """Train ``job``; ``workspace_of(cfg)`` names the output folder.  Returns the exit code:
+    0 when done, ``checkpoint.EXIT_CHECKPOINTED`` (75) when stopped by SIGTERM/SIGUSR1 after
+    writing a checkpoint."""
+    options = options or RunOptions()
     world = mpi_world()
     if world is None:
-        cfg = _prepare(job, seed)
+        cfg = _prepare(job, options.seed)
         workspace = workspace_of(cfg)
         os.makedirs(workspace, exist_ok=True)
-        Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=steps).run()
+        trainer = Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=options.steps)
+        return _train(trainer, options)
+    return _run_parallel(world, job, workspace_of, options)
+
+
+def _train(trainer: Trainer, options: RunOptions) -> int:
+    """Initialise or resume, catch stop signals, run; returns the exit code."""
+    trainer.keep = options.keep
+    _load_initial_state(trainer, options)
+    if trainer.start_step > 0 and trainer.start_step >= trainer.train_steps:
+        trainer.log(f"nothing to do: the checkpoint is at step {trainer.start_step}, "
+                    f"train_steps is {trainer.train_steps}")
         return 0
-    return _run_parallel(world, job, workspace_of, seed, steps, stall_timeout)
+    previous = _catch_stop_signals(trainer)
+    try:
+        trainer.run()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return checkpoint.EXIT_CHECKPOINTED if trainer.stopped else 0
 
 
-def _run_parallel(world, job, workspace_of, seed, steps, stall_timeout) -> int:
+def _load_initial_state(trainer: Trainer, options: RunOptions) -> None:
+    """--resume: the newest good checkpoint of the workspace; else the job's checkpoint_path files."""
+    job = trainer.job
+    if options.resume:
+        with warnings.catch_warnings():
+            if not trainer.runtime.is_root:
+                warnings.simplefilter("ignore")  # one report of a damaged file is enough
+            ckpt = checkpoint.newest_good(trainer.workspace)
+        if ckpt is None:
+            trainer.log(f"note: no checkpoint in {checkpoint.checkpoint_dir(trainer.workspace)}: starting at step 0")
+            return
+        trainer.log(f"resuming from {ckpt.path} (step {ckpt.step})")
+        trainer.restore(ckpt, full=True, allow_partial=options.allow_partial)
+    elif job.checkpoint_path:
+        # SINGA: params matched by name; later files override earlier ones
+        merged = checkpoint.read(job.checkpoint_path[0])
+        for path in job.checkpoint_path[1:]:
+            merged.params.update(checkpoint.read(path).params)
+            merged.path = path
+        trainer.log(f"initialising parameters from {', '.join(job.checkpoint_path)}")
+        trainer.restore(merged, full=False, allow_partial=options.allow_partial)
+
+
+def _catch_stop_signals(trainer: Trainer) -> dict:
+    """SIGTERM/SIGUSR1 (Slurm's warning before the time limit): finish the step, checkpoint, stop."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def request_stop(signum, frame):
+        trainer.stop_requested = True
+
+    return {signum: signal.signal(signum, request_stop) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+
+
+def _run_parallel(world, job, workspace_of, options: RunOptions) -> int:
     from singa_mpi.comm import Watchdog
     from singa_mpi.parallel.runtime import ParallelRuntime
 
     # -- phase 1: every rank reads, validates and plans alone; then one vote
     runtime, error = None, None
     try:
-        cfg = _prepare(job, seed)
+        cfg = _prepare(job, options.seed)
         _check_cluster(cfg, world.size)
         workspace = workspace_of(cfg)
         runtime = ParallelRuntime(cfg, cfg.proto.seed, workspace, world)
@@ -90,16 +160,16 @@ def _run_parallel(world, job, workspace_of, seed, steps, stall_timeout) -> int:
         if world.rank == 0:
             os.makedirs(workspace, exist_ok=True)
         world.barrier()
-        trainer = Trainer(cfg, workspace, runtime, train_steps=steps)
+        trainer = Trainer(cfg, workspace, runtime, train_steps=options.steps)
         runtime.check_agreement()
-        if stall_timeout:
-            watchdog = Watchdog(world, stall_timeout)
+        if options.stall_timeout:
+            watchdog = Watchdog(world, options.stall_timeout)
             watchdog.start()
-        trainer.run()
+        code = _train(trainer, options)
         if watchdog is not None:
             watchdog.stop()
         world.barrier()
-        return 0
+        return code
     except SingaError as err:
         _abort(world, f"{err}", err.exit_code)
     except BaseException as err:  # a bug or a signal: show where, then end every rank
@@ -128,26 +198,20 @@ def _check_cluster(cfg: JobConfig, size: int) -> None:
 
 
 def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: list[str] | None = None) -> int:
-    """Load parameters from checkpoints (default: the newest in the workspace) and test."""
+    """Load parameters from checkpoints (default: the newest good one in the workspace) and test."""
     cfg = _prepare(job, None)
     if cfg.proto.test_steps <= 0:
         raise ConfigError(f"{cfg.path}: test_steps = {cfg.proto.test_steps}: expected test_steps > 0 for `test`")
     workspace = workspace_of(cfg)
-    paths = checkpoints or [checkpoint.newest(workspace)]
-    if paths == [None]:
-        raise DataError(f"{workspace}: no checkpoint found: expected `--checkpoint FILE` or a trained workspace")
-    runtime = SerialRuntime(cfg, cfg.proto.seed, workspace)
-    trainer = Trainer(cfg, workspace, runtime)
-    values = {}
-    for path in paths:
-        values.update(checkpoint.read(path)[1])  # later files override earlier ones (SINGA)
-    for param in trainer.test_net.params:
-        if param.name not in values:
-            raise DataError(f"{paths[-1]}: no parameter {param.name!r} (shape {param.logical_shape}) "
-                            f"in the checkpoint(s)")
-        if values[param.name].shape != param.logical_shape:
-            raise DataError(f"{paths[-1]}: parameter {param.name!r} has shape {values[param.name].shape}, "
-                            f"the net expects {param.logical_shape}")
-        param.data[...] = values[param.name][param.shard_index()]
-    trainer.evaluate(trainer.test_net, cfg.proto.test_steps, "test", cfg.proto.step)
+    if checkpoints:
+        ckpt = checkpoint.read(checkpoints[0])
+        for path in checkpoints[1:]:  # later files override earlier ones (SINGA)
+            ckpt.params.update(checkpoint.read(path).params)
+    else:
+        ckpt = checkpoint.newest_good(workspace)
+        if ckpt is None:
+            raise DataError(f"{workspace}: no checkpoint found: expected `--checkpoint FILE` or a trained workspace")
+    trainer = Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace))
+    trainer.restore(ckpt, full=False)
+    trainer.evaluate(trainer.test_net, cfg.proto.test_steps, "test", ckpt.step)
     return 0

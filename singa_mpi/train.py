@@ -15,8 +15,6 @@ import os
 import time
 from typing import Callable
 
-import numpy as np
-
 from singa_mpi import checkpoint
 from singa_mpi.algorithms import make_algorithm
 from singa_mpi.config.load import JobConfig
@@ -79,9 +77,14 @@ class SerialRuntime:
     def comm_seconds(self) -> float:
         return 0.0
 
-    def gather_params(self, net: Net) -> dict[str, np.ndarray]:
-        """name -> logical array of every param (on the root; others may return {})."""
-        return {p.name: p.data for p in net.params}
+    def contributes(self, param: Param) -> bool:
+        return True
+
+    def gather_object(self, value):
+        return [value]
+
+    def any(self, flag: bool) -> bool:
+        return flag
 
 
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
@@ -111,6 +114,14 @@ class Trainer:
         self.metrics_path = os.path.join(workspace, "metrics.jsonl")
         self.history: list[dict] = []
         self.start_time = time.perf_counter()
+        self.start_step = self.job.step
+        self.keep: int | None = None  # checkpoints to keep (None: all)
+        self.stop_requested = False  # set by a signal handler: checkpoint and stop after this step
+        self.stopped = False
+
+    def nets(self) -> dict[str, Net]:
+        nets = {"train": self.train_net, "test": self.test_net, "val": self.val_net}
+        return {phase: net for phase, net in nets.items() if net is not None}
 
     def train_net_batch(self) -> int:
         return self.train_net.layers[0].ctx.global_batch
@@ -141,12 +152,12 @@ class Trainer:
     def run(self) -> dict[str, float]:
         job = self.job
         os.makedirs(self.workspace, exist_ok=True)
-        if self.runtime.is_root:
+        if self.runtime.is_root and self.start_step == 0:
             open(self.metrics_path, "w").close()
-        last_display, last_time, steps_since = job.step, time.perf_counter(), 0
+        last_time, steps_since = time.perf_counter(), 0
         final: dict[str, float] = {}
-        for step in range(job.step, self.train_steps):
-            if checkpoint_now(job, step) and step > job.step:
+        for step in range(self.start_step, self.train_steps):
+            if checkpoint_now(job, step) and step > self.start_step:
                 self.save_checkpoint(step)
             if self.val_net is not None and validate_now(job, step):
                 self.evaluate(self.val_net, job.validate_steps, "val", step)
@@ -159,20 +170,42 @@ class Trainer:
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)
                 final = summarize(self.runtime.reduce_metrics(self.train_net.collect_metrics()))
                 self.record(step, "train", final, samples_per_s=rate)
-                last_display, last_time, steps_since = step, now, 0
+                last_time, steps_since = now, 0
+            if self.runtime.any(self.stop_requested):  # every rank stops after the same step
+                self.save_checkpoint(step + 1)
+                self.log(f"stopped on a signal after step {step}: resume with --resume")
+                self.stopped = True
+                return final
         self.save_checkpoint(self.train_steps)
         if self.test_net is not None:
             final = self.evaluate(self.test_net, job.test_steps, "test", self.train_steps)
         return final
 
     def save_checkpoint(self, step: int) -> str | None:
-        params = self.runtime.gather_params(self.train_net)
-        if not self.runtime.is_root:
+        """Gather the job's state to the root and write it atomically (collective)."""
+        from singa_mpi.snapshot import collect
+
+        ckpt = collect(self, step)
+        if ckpt is None:
             return None
-        path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), step, params,
-                                self.job.name, self.cfg.text)
+        path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), ckpt)
         self.log(f"checkpoint {path}")
+        if self.keep:
+            checkpoint.prune(self.workspace, self.keep)
         return path
+
+    def restore(self, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool = False) -> None:
+        """Load a checkpoint: everything to resume (``full``), or only params to initialise."""
+        from singa_mpi.snapshot import plan_summary, restore
+
+        if self.runtime.is_root:
+            for line in checkpoint.plan_diff(ckpt.plan, plan_summary(self.cfg, self.runtime.size)):
+                self.log(f"note: {ckpt.path} was written with a different partitioning: {line}")
+        skipped = restore(self, ckpt, full, allow_partial)
+        for line in skipped:
+            self.log(f"note: kept the initial value of {line}")
+        if full:
+            self.start_step = ckpt.step
 
     def record(self, step: int, phase: str, metrics: dict[str, float], samples_per_s: float | None = None) -> None:
         """Append one JSON line to metrics.jsonl and print the progress line (root only)."""

@@ -209,26 +209,19 @@ class ParallelRuntime:
     def comm_seconds(self) -> float:
         return self.comm.comm_seconds()
 
-    def gather_params(self, net: Net) -> dict[str, np.ndarray]:
-        """Logical arrays of all params on rank 0 (shards sent by their lowest holder)."""
-        the_plan = self.plans["train"]
-        holders: dict[tuple, int] = {}
-        shapes: dict[str, tuple] = {}
-        for sub in the_plan.sublayers:
-            for shard in sub.params:
-                key = (shard.name, shard.offsets)
-                holders[key] = min(holders.get(key, sub.rank), sub.rank)
-                shapes[shard.name] = shard.logical_shape
-        mine = {(p.name, p.shard): p for p in net.params}
-        out = {name: np.empty(shape, np.float32) for name, shape in shapes.items()} if self.is_root else {}
-        for tag, ((name, offsets), holder) in enumerate(sorted(holders.items())):
-            index = tuple(slice(lo, hi) for lo, hi in offsets)
-            if holder == self.rank == 0:
-                out[name][index] = mine[(name, offsets)].data
-            elif holder == self.rank:
-                self.comm.Send(np.ascontiguousarray(mine[(name, offsets)].data), 0, 100000 + tag, "checkpoint")
-            elif self.is_root:
-                buf = np.empty(tuple(hi - lo for lo, hi in offsets), np.float32)
-                self.comm.Recv(buf, holder, 100000 + tag, "checkpoint")
-                out[name][index] = buf
-        return out
+    def contributes(self, param: Param) -> bool:
+        """Whether this rank is the one that reports ``param``'s shard (its lowest holder)."""
+        if not hasattr(self, "_lowest_holder"):
+            lowest: dict[tuple, int] = {}
+            for sub in self.plans["train"].sublayers:
+                for shard in sub.params:
+                    key = (shard.name, shard.offsets)
+                    lowest[key] = min(lowest.get(key, sub.rank), sub.rank)
+            self._lowest_holder = lowest
+        return self._lowest_holder.get((param.name, param.shard), self.rank) == self.rank
+
+    def gather_object(self, value):
+        return self.comm.gather_object(value)
+
+    def any(self, flag: bool) -> bool:
+        return self.comm.any(flag)

@@ -13,6 +13,7 @@ import pytest
 import nets
 from conftest import agree
 from singa_mpi.parallel.runtime import ParallelRuntime
+from singa_mpi.snapshot import collect
 from singa_mpi.train import SerialRuntime, Trainer
 
 RTOL = 1e-5
@@ -28,7 +29,8 @@ def _train(cfg, runtime, workspace):
     trainer = Trainer(cfg, workspace, runtime, log=lambda line: None)
     trainer.run()
     losses = [h["loss"] for h in trainer.history if h["phase"] == "train"]
-    return losses, runtime.gather_params(trainer.train_net)
+    ckpt = collect(trainer, trainer.train_steps)
+    return losses, ckpt.params if ckpt is not None else {}
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

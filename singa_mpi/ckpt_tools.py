@@ -1,0 +1,97 @@
+"""``singa-mpi ckpt inspect`` and ``singa-mpi ckpt convert`` (SINGA 0.x BlobProtos -> HDF5)."""
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import numpy as np
+
+from singa_mpi import checkpoint
+from singa_mpi.errors import DataError
+from singa_mpi.proto import job_pb2
+
+
+def inspect(path: str) -> str:
+    """A summary of a checkpoint: step, params and shapes, plan, checksum verdict."""
+    try:
+        ckpt = checkpoint.read(path)
+        verdict = "all checksums OK"
+    except DataError as err:
+        return f"{path}: DAMAGED: {err}"
+    lines = [f"{path}: step {ckpt.step}, job '{ckpt.job_name}', seed {ckpt.seed}, written by {ckpt.nranks} "
+             f"worker(s), format {checkpoint.FORMAT_VERSION}; {verdict}"]
+    total = sum(v.size for v in ckpt.params.values())
+    lines.append(f"params ({len(ckpt.params)}, {total:,} values):")
+    for name, value in sorted(ckpt.params.items()):
+        slots = ", ".join(sorted(ckpt.updater.get(name, {})))
+        lines.append(f"  {name:<16} {str(list(value.shape)):<16} updater state: {slots or '-'}")
+    for phase, readers in sorted(ckpt.readers.items()):
+        for layer, batches in sorted(readers.items()):
+            lines.append(f"reader {phase}/{layer}: {batches} batches read")
+    layers = ckpt.plan.get("layers", {})
+    if layers:
+        lines.append("partitioning: " + "; ".join(f"{k}: {v}" for k, v in sorted(layers.items())))
+    if ckpt.job_config:
+        lines.append(f"job config: {len(ckpt.job_config.splitlines())} lines (h5dump -d job_config {path})")
+    return "\n".join(lines)
+
+
+def read_blobprotos(path: str) -> list[tuple[str, int, np.ndarray]]:
+    """(name, version, array) of a SINGA 0.x checkpoint file (binary BlobProtos)."""
+    blobs = job_pb2.BlobProtos()
+    try:
+        with open(path, "rb") as f:
+            blobs.ParseFromString(f.read())
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror})") from None
+    except Exception as err:  # protobuf's DecodeError: not a BlobProtos file
+        raise DataError(f"{path}: not a SINGA BlobProtos checkpoint ({err})") from None
+    if not (len(blobs.name) == len(blobs.blob)):
+        raise DataError(f"{path}: {len(blobs.name)} names for {len(blobs.blob)} blobs")
+    out = []
+    for k, (name, blob) in enumerate(zip(blobs.name, blobs.blob)):
+        shape = tuple(blob.shape) or (len(blob.data),)
+        if math.prod(shape) != len(blob.data):
+            raise DataError(f"{path}: blob {name!r} has {len(blob.data)} values for shape {shape}")
+        version = blobs.version[k] if k < len(blobs.version) else 0
+        # v0.2/v0.3 prefix unrolled names with "0#"; v0.1 did not
+        out.append((re.sub(r"^0#", "", name), version, np.asarray(blob.data, np.float32).reshape(shape)))
+    return out
+
+
+def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
+    """SINGA 0.x worker checkpoints (step<N>-worker<W>) -> one singa_mpi HDF5 checkpoint.
+
+    A param found in several worker files with equal values is a data-parallel
+    replica; otherwise it is a feature-partitioned param whose parts are joined
+    along axis 0 in worker order (SINGA split inner-product and convolution
+    weights and biases along axis 0).
+    """
+    pieces: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for path in sorted(paths, key=_worker_index):
+        for name, _, value in read_blobprotos(path):
+            pieces.setdefault(name, []).append((path, value))
+    params = {}
+    for name, parts in pieces.items():
+        shapes = {v.shape for _, v in parts}
+        first = parts[0][1]
+        if all(v.shape == first.shape and np.array_equal(v, first) for _, v in parts):
+            params[name] = first
+        elif all(len(s) == first.ndim and s[1:] == first.shape[1:] for s in shapes):
+            params[name] = np.concatenate([v for _, v in parts], axis=0)
+        else:
+            detail = ", ".join(f"{os.path.basename(p)}: {list(v.shape)}" for p, v in parts)
+            raise DataError(f"param {name!r} has shapes that cannot be joined ({detail})")
+    if step is None:
+        m = re.search(r"step(\d+)", os.path.basename(paths[0]))
+        step = int(m.group(1)) if m else 0
+    ckpt = checkpoint.Checkpoint(step=step, params=params, job_name="converted from SINGA 0.x",
+                                 plan={"source": [os.path.basename(p) for p in paths]})
+    checkpoint.write(out, ckpt)
+    return f"wrote {out}: {len(params)} params from {len(paths)} SINGA file(s), step {step}"
+
+
+def _worker_index(path: str) -> int:
+    m = re.search(r"worker(\d+)", os.path.basename(path))
+    return int(m.group(1)) if m else 0

@@ -1,0 +1,213 @@
+"""Checkpoints: exact resume, resume on other rank counts and partitionings, crash safety, damage, signals."""
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import nets
+from singa_mpi import checkpoint, ckpt_tools
+from singa_mpi.errors import DataError
+from singa_mpi.proto import job_pb2
+from singa_mpi.runtime import RunOptions, run_training
+from test_mpi_suites import mpiexec_command
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def job_file(tmp_path, scheme="data", steps=20, batch=7, name="job", extra=""):
+    data = tmp_path / "data.h5"
+    if not data.exists():
+        nets.make_data(str(data), 64, (12,), 5)
+    text = nets.mlp(str(data), batch, scheme, 3).replace("train_steps: 20", f"train_steps: {steps}")
+    path = tmp_path / f"{name}.conf"
+    path.write_text(text + extra)
+    return str(path)
+
+
+def train(conf, workspace, **options):
+    return run_training(conf, lambda cfg: str(workspace), RunOptions(**options))
+
+
+def final(workspace, step):
+    return checkpoint.read(checkpoint.checkpoint_path(str(workspace), step))
+
+
+def test_exact_resume_is_bitwise(tmp_path):
+    conf = job_file(tmp_path)
+    assert train(conf, tmp_path / "straight") == 0
+    assert train(conf, tmp_path / "split", steps=10) == 0
+    assert train(conf, tmp_path / "split", resume=True) == 0
+    a, b = final(tmp_path / "straight", 20), final(tmp_path / "split", 20)
+    assert sorted(a.params) == sorted(b.params)
+    for name in a.params:
+        np.testing.assert_array_equal(a.params[name], b.params[name])
+        for slot in a.updater[name]:
+            np.testing.assert_array_equal(a.updater[name][slot], b.updater[name][slot])
+    assert a.readers == b.readers == {"train": {"data": 20}}
+
+
+def test_interrupted_write_leaves_the_previous_checkpoint(tmp_path):
+    conf = job_file(tmp_path, steps=4)
+    train(conf, tmp_path / "ws")
+    good = final(tmp_path / "ws", 4)
+    target = checkpoint.checkpoint_path(str(tmp_path / "ws"), 4)
+    with pytest.raises(OSError, match="injected fault"):
+        checkpoint.write(target, checkpoint.Checkpoint(step=4, params={k: v * 0 for k, v in good.params.items()}),
+                         fault_after=2)
+    again = checkpoint.read(target)
+    for name in good.params:
+        np.testing.assert_array_equal(again.params[name], good.params[name])
+    assert not [p for p in os.listdir(os.path.dirname(target)) if ".tmp" in p]
+
+
+def test_truncated_checkpoint_is_detected_and_resume_falls_back(tmp_path):
+    conf = job_file(tmp_path, steps=10, extra="checkpoint_freq: 5\n")
+    train(conf, tmp_path / "ws")
+    newest = checkpoint.checkpoint_path(str(tmp_path / "ws"), 10)
+    size = os.path.getsize(newest)
+    with open(newest, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(DataError, match=r"step10\.h5"):
+        checkpoint.read(newest)
+    with pytest.warns(UserWarning, match=r"skipping damaged checkpoint: .*step10\.h5"):
+        assert checkpoint.newest_good(str(tmp_path / "ws")).step == 5
+    assert "DAMAGED" in ckpt_tools.inspect(newest)
+
+
+def test_corrupted_dataset_fails_its_checksum(tmp_path):
+    import h5py
+
+    conf = job_file(tmp_path, steps=2)
+    train(conf, tmp_path / "ws")
+    path = checkpoint.checkpoint_path(str(tmp_path / "ws"), 2)
+    with h5py.File(path, "r+") as f:
+        f["params/w_fc1"][0, 0] += 1
+    with pytest.raises(DataError, match="params/w_fc1 fails its checksum"):
+        checkpoint.read(path)
+
+
+def test_keep_prunes_old_checkpoints(tmp_path):
+    conf = job_file(tmp_path, steps=12, extra="checkpoint_freq: 3\n")
+    train(conf, tmp_path / "ws", keep=2)
+    assert [step for step, _ in checkpoint.listed(str(tmp_path / "ws"))] == [12, 9]
+
+
+def test_checkpoint_path_initialises_params_by_name(tmp_path):
+    conf = job_file(tmp_path, steps=3)
+    train(conf, tmp_path / "pre")
+    pre = final(tmp_path / "pre", 3)
+    init = job_file(tmp_path, steps=1, name="init",
+                    extra=f'checkpoint_path: "{checkpoint.checkpoint_path(str(tmp_path / "pre"), 3)}"\n')
+    train(init, tmp_path / "post", steps=0)  # zero steps: the final checkpoint holds the loaded values
+    post = final(tmp_path / "post", 0)
+    for name in pre.params:
+        np.testing.assert_array_equal(post.params[name], pre.params[name])
+
+
+def test_missing_param_is_an_error_unless_allow_partial(tmp_path):
+    conf = job_file(tmp_path, steps=1)
+    train(conf, tmp_path / "pre")
+    path = checkpoint.checkpoint_path(str(tmp_path / "pre"), 1)
+    ckpt = checkpoint.read(path)
+    w_fc2 = ckpt.params.pop("w_fc2")
+    checkpoint.write(path, ckpt)
+    init = job_file(tmp_path, steps=1, name="init", extra=f'checkpoint_path: "{path}"\n')
+    with pytest.raises(DataError, match=r"no parameter 'w_fc2' \(shape \(10, 16\)\)"):
+        train(init, tmp_path / "post")
+    ckpt.params["w_fc2"], ckpt.params["b_fc1"] = w_fc2, np.zeros(3, np.float32)
+    checkpoint.write(path, ckpt)
+    with pytest.raises(DataError, match=r"'b_fc1' has shape \(3,\), the net expects \(16,\)"):
+        train(init, tmp_path / "post")
+    assert train(init, tmp_path / "post", allow_partial=True) == 0
+
+
+def test_inspect_and_convert_singa_checkpoints(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 3)).astype(np.float32)
+    for worker, rows in ((0, w[:2]), (1, w[2:])):
+        blobs = job_pb2.BlobProtos(name=["0#w1", "0#b1"], version=[10, 10])
+        blobs.blob.add(shape=[2, 3], data=rows.reshape(-1).tolist())
+        blobs.blob.add(shape=[2], data=[1.0, 2.0])
+        (tmp_path / f"step10-worker{worker}").write_bytes(blobs.SerializeToString())
+    out = str(tmp_path / "converted.h5")
+    message = ckpt_tools.convert_singa([str(tmp_path / "step10-worker1"), str(tmp_path / "step10-worker0")], out)
+    assert "2 params" in message and "step 10" in message
+    ckpt = checkpoint.read(out)
+    np.testing.assert_allclose(ckpt.params["w1"], w)  # feature parts joined in worker order
+    np.testing.assert_allclose(ckpt.params["b1"], [1, 2])
+    text = ckpt_tools.inspect(out)
+    assert "step 10" in text and "w1" in text and "[4, 3]" in text and "checksums OK" in text
+
+
+def test_no_pickle_in_checkpoint_code():
+    for module in ("checkpoint.py", "ckpt_tools.py", "snapshot.py"):
+        source = (ROOT / "singa_mpi" / module).read_text()
+        assert "pickle" not in source.replace("never unpickles", ""), module
+
+
+# ------------------------------------------------------------------ under MPI
+
+def mpi_train(n, conf, workspace, *args, timeout=300):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    cmd = mpiexec_command(n) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(workspace),
+                                *args]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_resume_across_rank_counts_and_partitionings(tmp_path):
+    """6 steps on 1 rank (batch split), then 2 ranks (features split), then 3 ranks (pipeline)."""
+    confs = {s: job_file(tmp_path, s, steps=18, name=s) for s in ("data", "feature", "pipeline")}
+    assert train(confs["data"], tmp_path / "serial") == 0
+    ws = tmp_path / "moving"
+    mpi_train(1, confs["data"], ws, "--steps", "6")
+    out = mpi_train(2, confs["feature"], ws, "--steps", "12", "--resume")
+    assert "different partitioning" in out.stdout and "workers: 1 -> 2" in out.stdout
+    mpi_train(3, confs["pipeline"], ws, "--resume")
+    reference, moved = final(tmp_path / "serial", 18), final(ws, 18)
+    for name, value in reference.params.items():
+        scale = max(float(np.abs(value).max()), 1e-6)
+        assert float(np.abs(moved.params[name] - value).max()) / scale < 1e-5, name
+
+
+def test_exact_resume_on_the_same_ranks_is_bitwise(tmp_path):
+    conf = job_file(tmp_path, "feature", steps=16)
+    mpi_train(2, conf, tmp_path / "straight")
+    mpi_train(2, conf, tmp_path / "split", "--steps", "8")
+    mpi_train(2, conf, tmp_path / "split", "--resume")
+    a, b = final(tmp_path / "straight", 16), final(tmp_path / "split", 16)
+    for name in a.params:
+        np.testing.assert_array_equal(a.params[name], b.params[name])
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_sigterm_checkpoints_and_the_resumed_run_continues_the_curve(tmp_path, nranks):
+    total = 3000
+    conf = job_file(tmp_path, steps=total)
+    reference = tmp_path / "reference"
+    mpi_train(nranks, conf, reference)
+    ws = tmp_path / "ws"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    cmd = mpiexec_command(nranks) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(ws)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = ws / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 20):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # mpiexec forwards it to the ranks
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == checkpoint.EXIT_CHECKPOINTED, err[-2000:]
+    stopped = checkpoint.listed(str(ws))[0][0]
+    assert 0 < stopped < total
+    mpi_train(nranks, conf, ws, "--resume")
+    ref_lines = [line for line in (reference / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+    got_lines = [line for line in metrics.read_text().splitlines() if '"train"' in line]
+    strip = lambda line: {k: v for k, v in __import__("json").loads(line).items()  # noqa: E731
+                          if k in ("step", "loss", "accuracy")}
+    assert [strip(x) for x in got_lines][-(total - stopped):] == [strip(x) for x in ref_lines][stopped:]
