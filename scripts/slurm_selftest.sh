@@ -9,7 +9,9 @@
 #    it succeeded and wrote metrics.jsonl and its per-job log into the workspace;
 # 3. submits a job with a broken configuration and checks that it fails and that its error
 #    output is reported;
-# 4. stops exactly the daemons it started (also on failure or Ctrl-C).
+# 4. preemption: signals a running job with SIGUSR1 (what `#SBATCH --signal` sends before the
+#    time limit), checks that it checkpoints, is requeued, resumes and finishes;
+# 5. stops exactly the daemons it started (also on failure or Ctrl-C).
 # Every wait is bounded; the whole run takes well under two minutes.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,7 +23,12 @@ say() { echo "slurm-selftest: $*"; }
 cleanup() {
   local code=$?
   if command -v scancel >/dev/null && [ -f "$SCRATCH/slurm.conf" ]; then
-    SLURM_CONF=$SCRATCH/slurm.conf timeout 10 scancel --user=root >/dev/null 2>&1 || true
+    export SLURM_CONF=$SCRATCH/slurm.conf
+    timeout 10 scancel --user=root >/dev/null 2>&1 || true
+    for _ in $(seq 1 50); do  # let job steps (slurmstepd) finish before their daemons go
+      [ -z "$(timeout 5 squeue -h 2>/dev/null)" ] && ! pgrep -x slurmstepd >/dev/null && break
+      sleep 0.2
+    done
   fi
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for _ in $(seq 1 50); do
@@ -52,7 +59,8 @@ fi
 # --------------------------------------------------------------- configure
 HOST=$(hostname -s)
 getent hosts "$HOST" >/dev/null || echo "127.0.0.1 $HOST" >> /etc/hosts
-NODE_LINE=$(slurmd -C | head -n 1 | sed -E 's/CPUs=[0-9]+/CPUs=4/')
+# 4 CPUs on a 2-core machine (config_overrides) so that 2- and 4-task jobs can run
+NODE_LINE="NodeName=$HOST CPUs=4 State=UNKNOWN"
 mkdir -p "$SCRATCH/state" "$SCRATCH/spool"
 cat > "$SCRATCH/slurm.conf" <<CONF
 ClusterName=singaselftest
@@ -119,6 +127,8 @@ data = nets.make_data(f"{work}/data.h5", 256, (12,), 5)
 text = nets.mlp(data, 32, "data").replace("train_steps: 20", "train_steps: 30").replace("disp_freq: 1", "disp_freq: 10")
 open(f"{work}/good.conf", "w").write(text + "\ncluster { nworkers_per_group: 2 }\n")
 open(f"{work}/bad.conf", "w").write(text.replace("num_output: 16", "num_output: 0"))
+long = text.replace("train_steps: 30", "train_steps: 4000").replace("disp_freq: 10", "disp_freq: 20")
+open(f"{work}/long.conf", "w").write(long + "\ncluster { nworkers_per_group: 2 }\n")
 PYTHON
 
 submit() {  # name conf -> prints the job's exit status line; output stays in $WORK
@@ -150,10 +160,40 @@ if [ "$status" -eq 0 ]; then
   exit 1
 fi
 say "broken job ${JOBID:-?} failed as it should (status $status); its error output:"
-error=$(cat "$WORK"/bad-*.out "$WORK"/ws-bad/slurm-*.log 2>/dev/null | grep -m 1 "error" || true)
+error=$(cat "$WORK"/bad-*.out "$WORK"/ws-bad/slurm-*.log 2>/dev/null | grep -m 1 "singa-mpi: error" || true)
 echo "    $error"
 case "$error" in
   *num_output*) ;;
   *) say "FAILED: the error output does not name the bad field"; exit 1 ;;
 esac
+say "preemption: submitting a long job, then signalling it with SIGUSR1"
+JOBID=$(cd "$ROOT" && SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-long timeout 30 \
+  sbatch --parsable --ntasks=2 --time=00:05:00 --job-name=selftest-long --output="$WORK/long-%j.out" \
+         slurm/train.sbatch "$WORK/long.conf")
+for _ in $(seq 1 300); do
+  [ -f "$WORK/ws-long/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-long/metrics.jsonl")" -ge 5 ] && break
+  sleep 0.1
+done
+timeout 10 scancel --signal=USR1 --batch "$JOBID"
+state=""
+for _ in $(seq 1 600); do   # bounded: at most 60 s
+  state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+  restarts=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+  case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
+  if [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ]; then
+    # Slurm holds a requeued job back (BeginTime) for a while; the test has no time to wait
+    timeout 5 scontrol update JobId="$JOBID" StartTime=now >/dev/null 2>&1 || true
+  fi
+  sleep 0.1
+done
+log=$(cat "$WORK"/ws-long/slurm-*.log 2>/dev/null)
+if [ "$state" != COMPLETED ] || [ "${restarts:-0}" -lt 1 ]; then
+  say "FAILED: the preempted job ended in state '${state:-unknown}' after ${restarts:-0} restart(s); its log:"
+  echo "$log" | tail -30
+  timeout 10 scancel "$JOBID" 2>/dev/null || true
+  exit 1
+fi
+grep -q "stopped on a signal after step" <<<"$log" || { say "FAILED: no checkpoint on the signal"; exit 1; }
+grep -q "resuming from" <<<"$log" || { say "FAILED: the requeued job did not resume"; exit 1; }
+say "preempted job $JOBID checkpointed, was requeued ($restarts restart), resumed and completed"
 say "PASSED"
