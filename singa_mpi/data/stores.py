@@ -1,204 +1,447 @@
 """Record stores: SINGA's kvfile, CSV text files and HDF5, read by record index.
 
-A data-parallel input sub-layer reads only its rows of each global batch, so
-reading is random access: ``store.read(indices) -> (data, labels)``.  Stores
-are small enough here to decode once into memory (numpy arrays); HDF5 files
-larger than ``MEMORY_LIMIT`` are read lazily with h5py.
+``open_store(backend, path, "r")`` gives a :class:`RecordStore`; a data-parallel
+input sub-layer reads only its own rows of each global batch, so reading is
+random access: ``store.read(indices) -> (data, labels)``.  ``open_store(...,
+"w")`` gives a writer that appends batches (converters and output layers).
 
-kvfile layout (SINGA 0.2+ ``io::KVFile``, also v0.1's ``shard.dat``): a
-concatenation of ``[key_len][key][value_len][value]`` with lengths as 8-byte
-little-endian unsigned integers and values serialized ``RecordProto``s.
+Caching: the first ``read`` decodes the whole store into memory when its
+float32 form is smaller than ``cache_limit`` (1 GiB).  An epoch touches every
+record anyway, so this costs no more than one epoch of per-batch decoding, and
+afterwards a batch is one numpy fancy-indexing operation (no per-record
+protobuf parsing in the steady state).  Larger stores decode only the requested
+records on every read.
+
+kvfile layout (SINGA 0.2+ ``io::KVFile``, also v0.1's ``<folder>/shard.dat``):
+a concatenation of ``[key_len][key][value_len][value]`` tuples, lengths as
+8-byte little-endian unsigned integers (``size_t`` on x86-64), values
+serialized ``RecordProto``s holding ``pixel`` bytes (uint8) or float ``data``.
 """
 from __future__ import annotations
 
+import dataclasses
+import mmap
 import os
 import struct
 import warnings
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.proto import job_pb2
 
-MEMORY_LIMIT = 1 << 30
+MEMORY_LIMIT = 1 << 30  # bytes of float32 data below which a store is decoded once and cached
 _LEN = struct.Struct("<Q")
 
+Arrays = tuple[np.ndarray, "np.ndarray | None"]
+
+
+def _where(path: str, layer: str | None) -> str:
+    """Error-message prefix naming the layer (if any) and the file."""
+    return f"layer '{layer}': {path}" if layer else path
+
+
+# ------------------------------------------------------------------ readers
 
 class RecordStore:
-    """Records with per-sample ``shape``; ``labels`` is None for unlabelled stores."""
+    """Random access to records of one per-sample ``shape``; ``labels`` may be absent.
 
-    def __init__(self, data: np.ndarray, labels: np.ndarray | None, path: str):
-        self.data, self.labels, self.path = data, labels, path
+    Subclasses give ``shape``, ``has_labels``, ``__len__`` and ``_decode(rows)``
+    for sorted unique row numbers; this class adds caching and reordering.
+    """
+
+    shape: tuple[int, ...]
+    has_labels: bool
+
+    def __init__(self, path: str, cache_limit: int = MEMORY_LIMIT):
+        self.path = path
+        self.cache_limit = cache_limit
+        self._cache: Arrays | None = None
 
     def __len__(self) -> int:
-        return len(self.data)
+        raise NotImplementedError
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape[1:])
+    def _decode(self, rows: np.ndarray) -> Arrays:
+        """float32 (len(rows), *shape) and int32 (len(rows),) labels or None; rows sorted, unique."""
+        raise NotImplementedError
 
-    def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        data = np.asarray(self.data[indices], np.float32)
-        labels = None if self.labels is None else np.asarray(self.labels[indices], np.int32)
-        return data, labels
+    def _release(self) -> None:
+        """Drop file handles once everything is cached (subclasses that hold any)."""
 
-
-class LazyHDF5Store(RecordStore):
-    """An HDF5 store too big to load: h5py reads sorted unique indices, then reorders."""
-
-    def __init__(self, path: str, data_name: str = "data", label_name: str = "label"):
-        import h5py
-
-        self.file = h5py.File(path, "r")
-        labels = self.file[label_name] if label_name in self.file else None
-        super().__init__(self.file[data_name], labels, path)
-
-    def read(self, indices):
-        unique, inverse = np.unique(indices, return_inverse=True)
-        data = np.asarray(self.data[unique], np.float32)[inverse]
-        labels = None if self.labels is None else np.asarray(self.labels[unique], np.int32)[inverse]
-        return data, labels
-
-
-# ------------------------------------------------------------------ kvfile
-
-def _kvfile_path(path: str) -> str:
-    """SINGA accepts a file, or a folder holding shard.dat (v0.1's DataShard)."""
-    return os.path.join(path, "shard.dat") if os.path.isdir(path) else path
-
-
-def iter_kvfile(path: str):
-    """(key, value) pairs of a kvfile; a torn last tuple is dropped with a warning (as SINGA does)."""
-    path = _kvfile_path(path)
-    with open(path, "rb") as f:
-        blob = f.read()
-    offset, end = 0, len(blob)
-    while offset < end:
-        if offset + 8 > end:
-            break
-        (klen,) = _LEN.unpack_from(blob, offset)
-        if offset + 8 + klen + 8 > end:
-            break
-        key = blob[offset + 8:offset + 8 + klen]
-        (vlen,) = _LEN.unpack_from(blob, offset + 8 + klen)
-        start = offset + 16 + klen
-        if start + vlen > end:
-            break
-        yield key, blob[start:start + vlen]
-        offset = start + vlen
-    if offset < end:
-        warnings.warn(f"{path}: ignoring a torn record at byte {offset} (an interrupted write)", stacklevel=2)
-
-
-def decode_record(value: bytes) -> job_pb2.RecordProto:
-    record = job_pb2.RecordProto()
-    record.ParseFromString(value)
-    return record
-
-
-def record_values(record: job_pb2.RecordProto) -> np.ndarray:
-    """The record's pixels (uint8 bytes) or float data, as float32."""
-    if len(record.data):
-        return np.asarray(record.data, np.float32)
-    return np.frombuffer(record.pixel, np.uint8).astype(np.float32)
-
-
-def read_kvfile(path: str) -> RecordStore:
-    records = [decode_record(value) for _, value in iter_kvfile(path)]
-    if not records:
-        raise DataError(f"{path}: kvfile holds no records")
-    shape = tuple(records[0].shape) or (len(record_values(records[0])),)
-    data = np.empty((len(records), *shape), np.float32)
-    labels = np.empty(len(records), np.int32)
-    for i, record in enumerate(records):
-        values = record_values(record)
-        if values.size != data[i].size:
-            raise DataError(f"{path}: record {i} has {values.size} values, the first had {data[i].size} "
-                            f"(shape {shape})")
-        data[i] = values.reshape(shape)
-        labels[i] = record.label
-    has_label = any(r.HasField("label") for r in records)
-    return RecordStore(data, labels if has_label else None, path)
-
-
-class KVFileWriter:
-    """Writes SINGA kvfile tuples; keys must be unique and non-empty."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.file = open(path, "wb")
-        self.keys: set[bytes] = set()
-
-    def write(self, key: bytes | str, record: job_pb2.RecordProto) -> None:
-        key = key.encode() if isinstance(key, str) else key
-        if not key or key in self.keys:
-            raise ValueError(f"{self.path}: key {key!r} is empty or already written")
-        value = record.SerializeToString()
-        self.keys.add(key)
-        self.file.write(_LEN.pack(len(key)) + key + _LEN.pack(len(value)) + value)
+    def read(self, indices: np.ndarray) -> Arrays:
+        """Records ``indices`` (any order, repeats allowed): (len, *shape) float32, (len,) int32 or None."""
+        indices = np.asarray(indices, np.int64).reshape(-1)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"{self.path}: record index outside 0..{len(self) - 1}")
+        if self._cache is None and len(self) * int(np.prod(self.shape)) * 4 < self.cache_limit:
+            self._cache = self._decode(np.arange(len(self)))
+            self._release()
+        if self._cache is not None:
+            data, labels = self._cache
+            return data[indices], None if labels is None else labels[indices]
+        # stores too big to cache: decode each needed record once, in file order
+        rows, inverse = np.unique(indices, return_inverse=True)
+        data, labels = self._decode(rows)
+        return data[inverse], None if labels is None else labels[inverse]
 
     def close(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
+        self._release()
 
-    def __enter__(self) -> "KVFileWriter":
+    def __enter__(self) -> "RecordStore":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-# ------------------------------------------------------------------ text and hdf5
+class ArrayStore(RecordStore):
+    """Records already decoded into arrays (text files are parsed in one go)."""
 
-def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> RecordStore:
+    def __init__(self, path: str, data: np.ndarray, labels: np.ndarray | None):
+        super().__init__(path)
+        self._cache = (np.asarray(data, np.float32), None if labels is None else np.asarray(labels, np.int32))
+        self.shape = tuple(self._cache[0].shape[1:])
+        self.has_labels = labels is not None
+
+    def __len__(self) -> int:
+        return len(self._cache[0])
+
+
+def kvfile_path(path: str) -> str:
+    """SINGA accepts a file, or (v0.1's DataShard) a folder holding ``shard.dat``."""
+    return os.path.join(path, "shard.dat") if os.path.isdir(path) else path
+
+
+def scan_kvfile(buffer, path: str) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """Keys, value offsets and value lengths of every whole tuple in ``buffer``.
+
+    A torn last tuple (an interrupted write) is ignored with a warning, as
+    SINGA's KVFile does on open.  Reading the headers is one small step per
+    record; the values themselves are not touched here.
+    """
+    keys, offsets, lengths = [], [], []
+    position, end = 0, len(buffer)
+    while position + 8 <= end:
+        (key_len,) = _LEN.unpack_from(buffer, position)
+        value_at = position + 16 + key_len
+        if value_at > end:
+            break
+        (value_len,) = _LEN.unpack_from(buffer, position + 8 + key_len)
+        if value_at + value_len > end:
+            break
+        keys.append(bytes(buffer[position + 8:position + 8 + key_len]))
+        offsets.append(value_at)
+        lengths.append(value_len)
+        position = value_at + value_len
+    if position < end:
+        warnings.warn(f"{path}: ignoring a torn record at byte {position} of {end} (an interrupted write)",
+                      stacklevel=3)
+    return keys, np.array(offsets, np.int64), np.array(lengths, np.int64)
+
+
+def record_values(record: job_pb2.RecordProto) -> np.ndarray:
+    """A record's float ``data`` if it has any, else its ``pixel`` bytes (as SINGA's Parse does)."""
+    if len(record.data):
+        return np.asarray(record.data, np.float32)
+    return np.frombuffer(record.pixel, np.uint8)
+
+
+class KVFileStore(RecordStore):
+    """A kvfile indexed once by its headers; records are decoded on demand (or all, then cached)."""
+
+    def __init__(self, path: str, cache_limit: int = MEMORY_LIMIT):
+        super().__init__(kvfile_path(path), cache_limit)
+        if not os.path.isfile(self.path):
+            raise DataError(f"{self.path}: no such file")
+        self._file = open(self.path, "rb")
+        try:
+            self._index()
+        except DataError:
+            self._release()
+            raise
+
+    def _index(self) -> None:
+        if os.fstat(self._file.fileno()).st_size == 0:
+            raise DataError(f"{self.path}: empty kvfile (no records)")
+        self._buffer = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.keys, self.offsets, self.lengths = scan_kvfile(self._buffer, self.path)
+        if not self.keys:
+            raise DataError(f"{self.path}: no whole record in this kvfile")
+        first = self.record(0)
+        self.size = record_values(first).size
+        self.shape = tuple(first.shape) or (self.size,)
+        if int(np.prod(self.shape)) != self.size:
+            raise DataError(f"{self.path}: record 0 has {self.size} values but shape {list(first.shape)}")
+        self.has_labels = first.HasField("label")
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def record(self, row: int) -> job_pb2.RecordProto:
+        """The parsed RecordProto at position ``row`` of the file."""
+        start = int(self.offsets[row])
+        record = job_pb2.RecordProto()
+        try:
+            record.ParseFromString(self._buffer[start:start + int(self.lengths[row])])
+        except DecodeError:
+            raise DataError(f"{self.path}: record {row} (key {self.keys[row]!r}) is not a RecordProto") from None
+        return record
+
+    def _decode(self, rows: np.ndarray) -> Arrays:
+        # per-record protobuf parsing cannot be vectorised; everything after it is
+        records = [self.record(int(row)) for row in rows]
+        values = [record_values(record) for record in records]
+        sizes = np.array([v.size for v in values])
+        bad = np.flatnonzero(sizes != self.size)
+        if bad.size:
+            row = int(rows[bad[0]])
+            raise DataError(f"{self.path}: record {row} (key {self.keys[row]!r}) has {sizes[bad[0]]} values, "
+                            f"expected {self.size} (shape {self.shape}, from record 0)")
+        data = np.stack(values).astype(np.float32, copy=False).reshape((len(rows),) + self.shape)
+        labels = np.array([record.label for record in records], np.int32) if self.has_labels else None
+        return data, labels
+
+    def _release(self) -> None:
+        if not self._file.closed:
+            if hasattr(self, "_buffer"):  # absent when the file was empty
+                self._buffer.close()
+            self._file.close()
+
+
+def read_first_record(path: str) -> np.ndarray:
+    """The values of a kvfile's first record (SINGA's mean/std file, e.g. image_mean.bin)."""
+    store = KVFileStore(path, cache_limit=0)
     try:
-        table = np.loadtxt(path, delimiter=separator or None, dtype=np.float64, ndmin=2)
+        return record_values(store.record(0)).astype(np.float32)
+    finally:
+        store.close()
+
+
+def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> ArrayStore:
+    """``label,v1,v2,...`` lines (or ``v1,v2,...`` without labels), parsed in one go."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # numpy warns on an empty file; we raise below
+            table = np.loadtxt(path, delimiter=separator or None, dtype=np.float64, ndmin=2)
     except ValueError as err:
-        raise DataError(f"{path}: not a {separator!r}-separated table of numbers ({err})") from None
-    if has_label:
-        return RecordStore(table[:, 1:].astype(np.float32), table[:, 0].astype(np.int32), path)
-    return RecordStore(table.astype(np.float32), None, path)
+        raise DataError(f"{path}: not a table of numbers separated by {separator!r} ({err})") from None
+    if table.size == 0:
+        raise DataError(f"{path}: empty text file (no records)")
+    if not has_label:
+        return ArrayStore(path, table, None)
+    if table.shape[1] < 2:
+        raise DataError(f"{path}: one column only, expected label,v1,v2,... (has_label: false?)")
+    return ArrayStore(path, table[:, 1:], table[:, 0].astype(np.int32))
 
 
-def read_hdf5(path: str) -> RecordStore:
-    import h5py
+class HDF5Store(RecordStore):
+    """Datasets ``data`` (N, *shape) and optional ``label`` (N,) of an HDF5 file."""
 
-    with h5py.File(path, "r") as f:
-        if "data" not in f:
-            raise DataError(f"{path}: HDF5 store without a 'data' dataset (found: {', '.join(f) or 'nothing'})")
-        if f["data"].nbytes > MEMORY_LIMIT:
-            return LazyHDF5Store(path)
-        data = f["data"][...].astype(np.float32)
-        labels = f["label"][...].astype(np.int32) if "label" in f else None
-    return RecordStore(data, labels, path)
+    def __init__(self, path: str, cache_limit: int = MEMORY_LIMIT):
+        import h5py
+
+        super().__init__(path, cache_limit)
+        self._file = h5py.File(path, "r")
+        if "data" not in self._file:
+            found = ", ".join(self._file) or "nothing"
+            self._file.close()
+            raise DataError(f"{path}: HDF5 store without a 'data' dataset (found: {found})")
+        self._data = self._file["data"]
+        self._labels = self._file["label"] if "label" in self._file else None
+        self.shape = tuple(self._data.shape[1:])
+        self.has_labels = self._labels is not None
+        if self._labels is not None and len(self._labels) != len(self._data):
+            raise DataError(f"{path}: {len(self._labels)} labels for {len(self._data)} records")
+        self._length = len(self._data)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _decode(self, rows: np.ndarray) -> Arrays:
+        whole = len(rows) == self._length  # rows are sorted and unique: all of them
+        pick = slice(None) if whole else rows  # h5py fancy indexing wants increasing indices
+        data = np.asarray(self._data[pick], np.float32)
+        labels = None if self._labels is None else np.asarray(self._labels[pick], np.int32)
+        return data, labels
+
+    def _release(self) -> None:
+        if self._file:
+            self._file.close()
 
 
-def write_hdf5(path: str, data: np.ndarray, labels: np.ndarray | None) -> str:
-    import h5py
+# ------------------------------------------------------------------ writers
 
-    with h5py.File(path, "w") as f:
-        f.create_dataset("data", data=np.asarray(data, np.float32))
+class StoreWriter:
+    """Appends batches of records to one file: ``write_batch``, ``flush``, ``close``."""
+
+    file: object
+
+    def write_batch(self, data: np.ndarray, labels: np.ndarray | None = None) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()  # idempotent for Python and h5py files
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class KVFileWriter(StoreWriter):
+    """Writes SINGA kvfile tuples; keys must be unique and non-empty (as KVFile::Insert)."""
+
+    def __init__(self, path: str, key_format: str = "{:05d}"):
+        self.path = path
+        self.key_format = key_format  # keys of write_batch: a running count, like SINGA's converters
+        self.file = open(path, "wb")
+        self.keys: set[bytes] = set()
+
+    def write(self, key: bytes | str, record: job_pb2.RecordProto) -> None:
+        key = key.encode() if isinstance(key, str) else bytes(key)
+        if not key:
+            raise ValueError(f"{self.path}: empty key")
+        if key in self.keys:
+            raise ValueError(f"{self.path}: key {key!r} already written")
+        value = record.SerializeToString()
+        self.keys.add(key)
+        self.file.write(_LEN.pack(len(key)) + key + _LEN.pack(len(value)) + value)
+
+    def write_batch(self, data: np.ndarray, labels: np.ndarray | None = None) -> None:
+        """One RecordProto per row: uint8 rows as ``pixel`` bytes, others as float ``data``."""
+        shape = list(data.shape[1:])
+        pixels = data.dtype == np.uint8
+        flat = (data if pixels else np.asarray(data, np.float32)).reshape(len(data), -1)
+        # one protobuf message per record: the format has no batch form
+        for i, row in enumerate(flat):
+            record = job_pb2.RecordProto(shape=shape)
+            if pixels:
+                record.pixel = row.tobytes()
+            else:
+                record.data.extend(row.tolist())
+            if labels is not None:
+                record.label = int(labels[i])
+            self.write(self.key_format.format(len(self.keys)), record)
+
+
+class TextFileWriter(StoreWriter):
+    """Appends ``label,v1,v2,...`` lines (no label column when labels are None)."""
+
+    def __init__(self, path: str, separator: str = ","):
+        self.path, self.separator = path, separator or ","
+        self.file = open(path, "w")
+
+    def write_batch(self, data: np.ndarray, labels: np.ndarray | None = None) -> None:
+        flat = np.asarray(data).reshape(len(data), -1)
+        # %.9g keeps every float32 exactly; integers (pixels) print without a fraction
+        if labels is None:
+            np.savetxt(self.file, flat, delimiter=self.separator, fmt="%.9g")
+        else:
+            table = np.column_stack([np.asarray(labels, np.float64), flat.astype(np.float64)])
+            np.savetxt(self.file, table, delimiter=self.separator, fmt=["%d"] + ["%.9g"] * flat.shape[1])
+
+
+class HDF5Writer(StoreWriter):
+    """Appends batches to resizable ``data`` and ``label`` datasets (uint8 data stays uint8)."""
+
+    def __init__(self, path: str):
+        import h5py
+
+        self.path = path
+        self.file = h5py.File(path, "w")
+
+    def write_batch(self, data: np.ndarray, labels: np.ndarray | None = None) -> None:
+        data = data if data.dtype == np.uint8 else np.asarray(data, np.float32)
+        if "data" not in self.file:
+            self.file.create_dataset("data", data=data, maxshape=(None,) + data.shape[1:], chunks=True)
+            if labels is not None:
+                self.file.create_dataset("label", data=np.asarray(labels, np.int32), maxshape=(None,), chunks=True)
+            return
+        if data.shape[1:] != self.file["data"].shape[1:] or (labels is None) == ("label" in self.file):
+            raise ValueError(f"{self.path}: batch of shape {data.shape} (labels: {labels is not None}) does not "
+                             f"match the records written before")
+        _append(self.file["data"], data)
         if labels is not None:
-            f.create_dataset("label", data=np.asarray(labels, np.int32))
-    return path
+            _append(self.file["label"], np.asarray(labels, np.int32))
 
 
-READERS: dict[str, Callable[..., RecordStore]] = {
-    "kvfile": lambda path, **kw: read_kvfile(path),
-    "textfile": lambda path, has_label=True, separator=",", **kw: read_textfile(path, has_label, separator),
-    "hdf5": lambda path, **kw: read_hdf5(path),
+def _append(dataset, rows: np.ndarray) -> None:
+    start = dataset.shape[0]
+    dataset.resize(start + len(rows), axis=0)
+    dataset[start:] = rows
+
+
+# ------------------------------------------------------------------ registry
+
+@dataclasses.dataclass(frozen=True)
+class StoreOptions:
+    """What a backend may need besides the path."""
+
+    has_label: bool = True  # textfile: the first column is the label
+    separator: str = ","  # textfile
+    cache_limit: int = MEMORY_LIMIT  # readers: decode everything on the first read below this size
+    key_format: str = "{:05d}"  # kvfile writers: keys of a running count
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """How to open one kind of store for reading and for writing."""
+
+    reader: Callable[[str, StoreOptions], RecordStore]
+    writer: Callable[[str, StoreOptions], StoreWriter]
+
+
+BACKENDS: dict[str, Backend] = {
+    "hdf5": Backend(reader=lambda path, o: HDF5Store(path, o.cache_limit),
+                    writer=lambda path, o: HDF5Writer(path)),
+    "kvfile": Backend(reader=lambda path, o: KVFileStore(path, o.cache_limit),
+                      writer=lambda path, o: KVFileWriter(path, o.key_format)),
+    "textfile": Backend(reader=lambda path, o: read_textfile(path, o.has_label, o.separator),
+                        writer=lambda path, o: TextFileWriter(path, o.separator)),
 }
 
 
-def open_store(backend: str, path: str, **options) -> RecordStore:
-    """Read a store; ConfigError for an unknown backend, DataError for a missing or bad file."""
-    if backend not in READERS:
-        raise ConfigError(f"store_conf.backend = {backend!r}: expected one of {', '.join(sorted(READERS))}")
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such data file")
+def check_backend(backend: str) -> Backend:
+    """The registered backend; ConfigError listing the valid names otherwise."""
     try:
-        return READERS[backend](path, **options)
+        return BACKENDS[backend]
+    except KeyError:
+        raise ConfigError(f"unknown store backend {backend!r}: expected one of {', '.join(sorted(BACKENDS))}"
+                          ) from None
+
+
+def open_store(backend: str, path: str, mode: str = "r", *, layer: str | None = None,
+               shape: Sequence[int] | None = None, has_label: bool = True, separator: str = ",",
+               cache_limit: int = MEMORY_LIMIT, key_format: str = "{:05d}") -> RecordStore | StoreWriter:
+    """A RecordStore (mode "r") or a batch writer (mode "w") for ``backend`` at ``path``.
+
+    Reading: DataError naming the layer (if given) and the path for a missing or
+    unreadable file, or when the records do not hold ``prod(shape)`` values
+    (SINGA checks the value count only, so shape 784 reads 1x28x28 records).
+    ``has_label`` and ``separator`` apply to text files; ``key_format`` to kvfile writers.
+    """
+    kind = check_backend(backend)
+    options = StoreOptions(has_label, separator, cache_limit, key_format)
+    if mode == "w":
+        return kind.writer(path, options)
+    if mode != "r":
+        raise ValueError(f"open_store mode {mode!r}: expected 'r' or 'w'")
+    if not os.path.exists(path):
+        raise DataError(f"{_where(path, layer)}: no such file")
+    try:
+        store = kind.reader(path, options)
+    except DataError as err:
+        raise DataError(f"layer '{layer}': {err}" if layer else str(err)) from None
     except OSError as err:
-        raise DataError(f"{path}: cannot read the {backend} store ({err})") from None
+        raise DataError(f"{_where(path, layer)}: cannot read it as a {backend} store ({err})") from None
+    if shape is not None and int(np.prod(store.shape)) != int(np.prod(shape)):
+        store.close()
+        raise DataError(f"{_where(path, layer)}: records of shape {store.shape}, but store_conf.shape is "
+                        f"{tuple(shape)}")
+    return store

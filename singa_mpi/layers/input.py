@@ -1,12 +1,24 @@
-"""Input layers: records from a store, normalised; labels published as ``aux``.
+"""Input layers: records from a store, normalised, labels published as ``aux``.
 
-The data order is defined on the GLOBAL batch: batch ``k`` holds records
-``order[(skip + k·B + r) mod N]`` for r in 0..B-1, where ``skip`` is drawn once
-in [0, random_skip] and ``order`` is the identity, or a fresh permutation each
-epoch with ``shuffle: true`` (both keyed by the job seed).  A batch-partitioned
-sub-layer reads only its rows of that batch, so every partitioning sees the
-samples the serial run sees, in the same order.  The store is opened on the
-first batch, not in setup, so ``check`` and ``plan`` need no data.
+Data order is defined on the GLOBAL batch.  With B rows per global batch and N
+records, global batch k holds the records
+
+    order_e[p mod N]  for  p = skip + k·B + r,  r = 0..B-1,  e = p div N
+
+where ``skip`` is drawn once, uniformly in [0, random_skip], and ``order_e`` is
+the identity, or with ``shuffle: true`` a fresh permutation for each epoch e.
+Both draws are keyed by (job seed, layer name) only.  A batch-partitioned
+sub-layer reads just its rows ``ctx.batch_slice`` of that batch, so every
+partitioning sees exactly the samples of the serial run, in the same order.
+
+SINGA differences, on purpose: SINGA's random skip is per worker, to decorrelate
+data-parallel replicas that all read the whole file; here the replicas share
+one global batch, so one skip serves all.  ``prefetching`` is ignored: I/O is
+negligible next to compute (SINGA-130 measured no gain from its prefetch thread),
+and stores are decoded into memory on the first batch anyway.
+
+The store is opened on the first forward, never in setup, so ``check`` and
+``plan`` work without the data.
 """
 from __future__ import annotations
 
@@ -14,26 +26,36 @@ import os
 
 import numpy as np
 
-from singa_mpi.data.stores import RecordStore, open_store, read_kvfile
+from singa_mpi.data.stores import BACKENDS, RecordStore, open_store, read_first_record
 from singa_mpi.errors import DataError
 from singa_mpi.layers.base import Layer, LayerConfigError, register
+from singa_mpi.proto import job_pb2
+
+# keys of the layer's random streams (after seed and layer name)
+_SKIP_STREAM, _SHUFFLE_STREAM = 0, 1
 
 
-def resolve_path(path: str, workspace: str) -> str:
-    """As written (relative to the current folder), else relative to the workspace."""
-    if os.path.exists(path) or os.path.isabs(path):
-        return path
-    candidate = os.path.join(workspace, path)
-    return candidate if os.path.exists(candidate) else path
+def resolve_path(path: str, workspace: str | None) -> str | None:
+    """``path`` as written (relative to the current folder), else under ``workspace``; None if neither."""
+    candidates = [path]
+    if workspace and not os.path.isabs(path):
+        candidates.append(os.path.join(workspace, path))
+    return next((p for p in candidates if os.path.exists(p)), None)
 
 
 @register("kRecordInput", "kCSVInput")
 class RecordInput(Layer):
-    """Mini-batches from ``store_conf`` (kvfile, textfile or hdf5); per-sample shape ``store_conf.shape``.
+    """Mini-batches from ``store_conf`` (kvfile, textfile or hdf5), shape ``store_conf.shape`` per sample.
+
+    Output (B_local, *shape) float32 = (x - mean) / std, mean from ``mean_file``
+    (a kvfile whose first record holds the per-pixel mean) or ``mean_value``
+    [0], std from ``std_file`` or ``std_value`` [1].  ``aux``: int32 labels
+    (B_local,), or None with ``has_label: false``.
 
     ``batchsize`` is one global size, or one size per data-parallel partition
-    (SINGA-131); then the global batch is their sum.  Values become
-    (x - mean) / std with ``mean_value``/``mean_file`` and ``std_value``.
+    (SINGA-131); then the global batch is their sum, and the planner splits it
+    into rows like any other batch (SINGA gave partition p exactly batchsize[p]).
+    kCSVInput defaults ``backend`` to "textfile".
     """
 
     is_input = True
@@ -41,141 +63,164 @@ class RecordInput(Layer):
     num_srcs = (0, 0)
 
     def setup(self, src_shapes):
-        store = self.conf.store_conf
         if not self.conf.HasField("store_conf"):
             raise LayerConfigError("store_conf", "missing", "store_conf { backend path batchsize shape }")
-        if not store.shape:
-            raise LayerConfigError("store_conf.shape", "missing", "the per-sample shape, e.g. shape: 784")
-        if any(s <= 0 for s in store.shape):
-            raise LayerConfigError("store_conf.shape", list(store.shape), "positive dimensions")
-        if not store.path:
-            raise LayerConfigError("store_conf.path", "missing", "the data file")
-        if store.random_skip < 0:
-            raise LayerConfigError("store_conf.random_skip", store.random_skip, "an integer >= 0")
-        backend = store.backend or ("textfile" if self.conf.type == self.conf.kCSVInput else "")
-        if backend not in ("kvfile", "textfile", "hdf5"):
-            raise LayerConfigError("store_conf.backend", repr(store.backend), '"kvfile", "textfile" or "hdf5"')
-        self.backend = backend
-        self.store: RecordStore | None = None
-        self.batches = 0
-        return tuple(store.shape)
-
-    # -------------------------------------------------------------- reading
-    def _open(self) -> RecordStore:
         conf = self.conf.store_conf
-        path = resolve_path(conf.path, self.ctx.workspace)
+        if not conf.shape:
+            raise LayerConfigError("store_conf.shape", "missing", "the per-sample shape, e.g. shape: 784")
+        if any(s <= 0 for s in conf.shape):
+            raise LayerConfigError("store_conf.shape", list(conf.shape), "positive dimensions")
+        if not conf.path:
+            raise LayerConfigError("store_conf.path", "missing", "the data file")
+        if not conf.batchsize or any(b <= 0 for b in conf.batchsize):
+            raise LayerConfigError("store_conf.batchsize", list(conf.batchsize) or "missing", "positive batch sizes")
+        if conf.random_skip < 0:
+            raise LayerConfigError("store_conf.random_skip", conf.random_skip, "an integer >= 0")
+        if conf.HasField("std_value") and conf.std_value == 0:
+            raise LayerConfigError("store_conf.std_value", 0, "a non-zero divisor (default 1)")
+        is_csv = job_pb2.LayerType.Name(self.conf.type) == "kCSVInput"
+        self.backend = conf.backend or ("textfile" if is_csv else "")
+        if self.backend not in BACKENDS:
+            raise LayerConfigError("store_conf.backend", repr(conf.backend),
+                                   f"one of {', '.join(sorted(BACKENDS))}")
+        self.batch_size = int(sum(conf.batchsize))
+        lo, hi = self._rows()
+        if not 0 <= lo < hi <= self.batch_size:
+            raise LayerConfigError("store_conf.batchsize", self.batch_size,
+                                   f"a global batch holding rows {lo}..{hi - 1} (this sub-layer's batch slice)")
+        self.store: RecordStore | None = None
+        self.batches = 0  # global batches read so far; the next forward reads batch number `batches`
+        self._orders: dict[int, np.ndarray] = {}
+        return tuple(conf.shape)
+
+    def _rows(self) -> tuple[int, int]:
+        """This sub-layer's rows [lo, hi) of the global batch (all of it when unpartitioned)."""
+        return self.ctx.batch_slice or (0, self.batch_size)
+
+    # -------------------------------------------------------------- opening
+    def _find(self, path: str, field: str) -> str:
+        found = resolve_path(path, self.ctx.workspace)
+        if found is None:
+            where = f" or in the workspace {self.ctx.workspace}" if self.ctx.workspace not in ("", ".") else ""
+            raise DataError(f"layer '{self.name}': store_conf.{field} {path}: no such file "
+                            f"(looked in the current folder{where})")
+        return found
+
+    def _open(self) -> None:
+        conf = self.conf.store_conf
+        self.store = open_store(self.backend, self._find(conf.path, "path"), layer=self.name,
+                                shape=self.out_shape, has_label=conf.has_label, separator=conf.separator)
+        if conf.has_label and not self.store.has_labels:
+            raise DataError(f"layer '{self.name}': {self.store.path} has no labels "
+                            f"(set store_conf.has_label: false for unlabelled data)")
+        self.mean = self._per_pixel("mean_file") if conf.mean_file else np.float32(conf.mean_value)
+        self.std = (self._per_pixel("std_file") if conf.std_file
+                    else np.float32(conf.std_value if conf.HasField("std_value") else 1))
+        self.skip = int(self.rng(_SKIP_STREAM).integers(0, conf.random_skip + 1))
+
+    def _per_pixel(self, field: str) -> np.ndarray:
+        """SINGA's mean/std file: the first record of a kvfile, one value per input value."""
+        path = self._find(getattr(self.conf.store_conf, field), field)
         try:
-            store = open_store(self.backend, path, has_label=conf.has_label, separator=conf.separator)
+            values = read_first_record(path)
         except DataError as err:
-            raise DataError(f"layer '{self.name}': {err}") from None
-        if int(np.prod(store.shape)) != int(np.prod(self.out_shape)):
-            raise DataError(f"layer '{self.name}': {path} holds samples of shape {store.shape}, "
-                            f"store_conf.shape is {self.out_shape}")
-        if conf.has_label and store.labels is None:
-            raise DataError(f"layer '{self.name}': {path} has no labels (set store_conf.has_label: false?)")
-        self.mean = self._mean(conf)
-        self.std = np.float32(conf.std_value) if conf.HasField("std_value") and conf.std_value else np.float32(1)
-        self.skip = int(self.rng(0).integers(0, conf.random_skip + 1)) if conf.random_skip else 0
-        self.orders: dict[int, np.ndarray] = {}
-        return store
+            raise DataError(f"layer '{self.name}': store_conf.{field}: {err}") from None
+        if values.size != int(np.prod(self.out_shape)):
+            raise DataError(f"layer '{self.name}': store_conf.{field} {path} holds {values.size} values, "
+                            f"samples have shape {self.out_shape}")
+        return values.reshape(self.out_shape)
 
-    def _mean(self, conf) -> np.ndarray | np.float32:
-        if conf.mean_file:
-            path = resolve_path(conf.mean_file, self.ctx.workspace)
-            if not os.path.exists(path):
-                raise DataError(f"layer '{self.name}': mean file {path}: no such file")
-            mean = read_kvfile(path).data[0]
-            if mean.size != int(np.prod(self.out_shape)):
-                raise DataError(f"layer '{self.name}': mean file {path} has {mean.size} values, "
-                                f"samples have {int(np.prod(self.out_shape))}")
-            return mean.reshape(self.out_shape)
-        return np.float32(conf.mean_value)
-
-    def _order(self, epoch: int, count: int) -> np.ndarray:
-        if not self.conf.store_conf.shuffle:
-            return np.arange(count)
-        if epoch not in self.orders:
-            self.orders = {epoch: self.rng(1, epoch).permutation(count)}  # keep only the current epoch
-        return self.orders[epoch]
+    # -------------------------------------------------------------- order
+    def _orders_for(self, epochs: np.ndarray, count: int) -> dict[int, np.ndarray]:
+        """The permutation of each epoch in ``epochs``, keeping only these in the cache."""
+        cache = {}
+        for epoch in map(int, epochs):
+            known = self._orders.get(epoch)
+            cache[epoch] = known if known is not None else self.rng(_SHUFFLE_STREAM, epoch).permutation(count)
+        self._orders = cache
+        return cache
 
     def batch_indices(self, batch: int) -> np.ndarray:
-        """Record indices of this sub-layer's rows of global batch number ``batch``."""
-        count, size = len(self.store), self.ctx.global_batch
-        lo, hi = self.ctx.rows()
-        positions = self.skip + batch * size + np.arange(lo, hi)
+        """Record indices of this sub-layer's rows of global batch number ``batch``.  # (B_local,)"""
+        count = len(self.store)
+        positions = self.skip + batch * self.batch_size + np.arange(*self._rows(), dtype=np.int64)
+        if not self.conf.store_conf.shuffle:
+            return positions % count
         epochs, within = np.divmod(positions, count)
-        out = np.empty(len(positions), np.int64)
-        for epoch in np.unique(epochs):  # a batch spans at most two epochs
-            mask = epochs == epoch
-            out[mask] = self._order(int(epoch), count)[within[mask]]
-        return out
+        indices = np.empty_like(positions)
+        for epoch, order in self._orders_for(np.unique(epochs), count).items():  # one or two epochs
+            hit = epochs == epoch
+            indices[hit] = order[within[hit]]
+        return indices
 
+    # -------------------------------------------------------------- compute
     def forward(self, inputs, train):
         if self.store is None:
-            self.store = self._open()
+            self._open()
         data, labels = self.store.read(self.batch_indices(self.batches))
         self.batches += 1
-        self.aux = labels
-        data = data.reshape((len(data),) + self.out_shape)
-        if isinstance(self.mean, np.ndarray) or self.mean != 0:
-            data -= self.mean
-        if self.std != 1:
-            data /= self.std
+        data = data.reshape((len(data),) + self.out_shape)  # a fresh array: safe to normalise in place
+        data -= self.mean
+        data /= self.std
+        self.aux = labels if self.conf.store_conf.has_label else None
         return data
-
-    def state(self) -> dict[str, int]:
-        """Where the reader is (for checkpoints)."""
-        return {"batches": self.batches}
-
-    def load_state(self, state: dict[str, int]) -> None:
-        self.batches = int(state["batches"])
 
 
 @register("kImagePreprocess")
 class ImagePreprocess(Layer):
-    """Crop to ``cropsize`` (random in training, centre at test), random mirror, multiply by ``scale``.
+    """Crop (C, H, W) images to ``cropsize`` (random in training, centred at test), mirror, scale.
 
-    Offsets and mirror flags are drawn per GLOBAL sample from (seed, layer, step),
-    so partitioned runs crop exactly as the serial run.  Labels stay with the
-    data layer: losses take them from there.
+    Crop offsets and mirror flags are drawn for every GLOBAL sample from
+    (seed, layer, step) and the local rows taken, so a partitioned run crops
+    exactly as the serial one.  Labels stay with the data layer: a loss or
+    accuracy layer takes them from there (its srclayers name the data layer).
+    SINGA draws offsets in [0, H - cropsize) (never the last one); here the
+    range is [0, H - cropsize].
     """
 
-    num_srcs = (1, 1)
+    input_kinds = ("data",)
     feature_partitionable = False
+    num_srcs = (1, 1)
 
     def setup(self, src_shapes):
         shape = tuple(src_shapes[0])
         if len(shape) != 3:
-            raise LayerConfigError("srclayers", f"output shape {shape}", "a (channels, height, width) source")
-        crop = self.conf.rgbimage_conf.cropsize
-        if crop < 0 or crop > min(shape[1:]):
-            raise LayerConfigError("rgbimage_conf.cropsize", crop, f"0 (no crop) .. {min(shape[1:])}")
-        self.crop = crop
-        return (shape[0], crop, crop) if crop else shape
+            raise LayerConfigError("srclayers", f"a source of shape {shape}", "a (channels, height, width) source")
+        conf = self.conf.rgbimage_conf
+        if conf.meanfile:
+            raise LayerConfigError("rgbimage_conf.meanfile", repr(conf.meanfile),
+                                   "unset: put the mean file in the input layer's store_conf.mean_file")
+        channels, height, width = shape
+        if not 0 <= conf.cropsize <= min(height, width):
+            raise LayerConfigError("rgbimage_conf.cropsize", conf.cropsize, f"0 (no crop) .. {min(height, width)}")
+        self.crop = (conf.cropsize or height, conf.cropsize or width)
+        return (channels, *self.crop)
+
+    def _placement(self, height: int, width: int, train: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Top, left and mirror flag of this sub-layer's rows.  # 3 x (B_local,)"""
+        lo, hi = self.ctx.rows()
+        crop_h, crop_w = self.crop
+        if not train:
+            return (np.full(hi - lo, (height - crop_h) // 2), np.full(hi - lo, (width - crop_w) // 2),
+                    np.zeros(hi - lo, bool))
+        batch = self.ctx.global_batch
+        rng = self.rng(self.ctx.step)
+        tops = rng.integers(0, height - crop_h + 1, batch)
+        lefts = rng.integers(0, width - crop_w + 1, batch)
+        flips = rng.random(batch) < 0.5 if self.conf.rgbimage_conf.mirror else np.zeros(batch, bool)
+        return tops[lo:hi], lefts[lo:hi], flips[lo:hi]
 
     def forward(self, inputs, train):
-        x = inputs[0]
-        conf = self.conf.rgbimage_conf
-        batch, (_, h, w) = self.ctx.global_batch, x.shape[1:]
-        lo, hi = self.ctx.rows()
-        crop = self.crop or min(h, w)
-        if train:
-            rng = self.rng(self.ctx.step)
-            tops = rng.integers(0, h - crop + 1, batch)[lo:hi]
-            lefts = rng.integers(0, w - crop + 1, batch)[lo:hi]
-            flips = (rng.random(batch) < 0.5)[lo:hi] if conf.mirror else np.zeros(hi - lo, bool)
-        else:
-            tops = np.full(hi - lo, (h - crop) // 2)
-            lefts = np.full(hi - lo, (w - crop) // 2)
-            flips = np.zeros(hi - lo, bool)
-        rows = tops[:, None] + np.arange(crop)  # (B, crop)
-        cols = lefts[:, None] + np.arange(crop)
+        x = inputs[0]  # (B_local, C, H, W)
+        rows_local, channels, height, width = x.shape
+        tops, lefts, flips = self._placement(height, width, train)
+        rows = tops[:, None] + np.arange(self.crop[0])  # (B_local, crop_h)
+        cols = lefts[:, None] + np.arange(self.crop[1])  # (B_local, crop_w)
         cols = np.where(flips[:, None], cols[:, ::-1], cols)
-        out = x[np.arange(len(x))[:, None, None, None], np.arange(x.shape[1])[None, :, None, None],
-                rows[:, None, :, None], cols[:, None, None, :]]
-        if conf.scale != 1:
-            out = out * np.float32(conf.scale)
-        return out.astype(x.dtype, copy=False)
+        out = x[np.arange(rows_local)[:, None, None, None], np.arange(channels)[None, :, None, None],
+                rows[:, None, :, None], cols[:, None, None, :]]  # (B_local, C, crop_h, crop_w)
+        scale = self.conf.rgbimage_conf.scale
+        return out if scale == 1 else out * x.dtype.type(scale)
 
     def backward(self, grad, need):
-        return [None]
+        return [None]  # preprocessing sits below every parameter: nothing needs this gradient

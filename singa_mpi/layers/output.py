@@ -1,7 +1,9 @@
 """Output layers: accuracy, top-k indices, and writing features to CSV or kvfile stores.
 
-Output layers see whole rows; writers must see the whole batch, so they refuse
-partitioning on features and should run unpartitioned (partition_dim: -1).
+None has parameters or passes a gradient (backward returns Nones).  Accuracy
+and argsort work on any rows of the batch.  The writers append whole batches
+to one file, so they must run unpartitioned (``partition_dim: -1``): setup
+rejects a proper batch slice, and no output layer splits features.
 """
 from __future__ import annotations
 
@@ -9,38 +11,54 @@ import os
 
 import numpy as np
 
-from singa_mpi.data.stores import KVFileWriter
+from singa_mpi.data.stores import StoreWriter, open_store
+from singa_mpi.errors import DataError
 from singa_mpi.layers.base import Layer, LayerConfigError, register
-from singa_mpi.proto import job_pb2
 
 
 @register("kAccuracy")
 class Accuracy(Layer):
-    """Top-1 accuracy of predictions against labels (srclayers: predictions, label source)."""
+    """Top-1 accuracy of predictions (rows, classes...) against the labels of srclayers[1].
+
+    Metrics (sums since the last call): accuracy = rows whose argmax is the
+    label, count = rows.  Output: the predictions, unchanged.
+    """
 
     input_kinds = ("data", "aux")
     num_srcs = (2, 2)
     feature_partitionable = False
 
     def setup(self, src_shapes):
-        self.sums = {"accuracy": 0.0, "count": 0.0}
+        self._reset()
         return tuple(src_shapes[0])
 
+    def _reset(self) -> None:
+        self.sums = {"accuracy": 0.0, "count": 0.0}
+
     def forward(self, inputs, train):
-        scores = inputs[0].reshape(len(inputs[0]), -1)
+        scores = inputs[0].reshape(len(inputs[0]), -1)  # (rows, classes)
         labels = np.asarray(inputs[1]).reshape(-1)
-        self.sums["accuracy"] += float((scores.argmax(axis=1) == labels).sum())
+        if len(labels) != len(scores):
+            raise DataError(f"layer '{self.name}': {len(labels)} labels for {len(scores)} rows of predictions")
+        self.sums["accuracy"] += float(np.count_nonzero(scores.argmax(axis=1) == labels))
         self.sums["count"] += len(labels)
         return inputs[0]
 
+    def backward(self, grad, need):
+        return [None, None]
+
     def metrics(self):
-        sums, self.sums = self.sums, {"accuracy": 0.0, "count": 0.0}
+        sums = self.sums
+        self._reset()
         return sums if sums["count"] else {}
 
 
 @register("kArgSort")
 class ArgSort(Layer):
-    """Indices of the ``topk`` largest scores per row, largest first (as floats)."""
+    """Indices of the ``topk`` largest scores of each row, largest first, as floats.  # (rows, topk)
+
+    Ties go to the lower index, like argmax.
+    """
 
     feature_partitionable = False
 
@@ -48,61 +66,68 @@ class ArgSort(Layer):
         self.topk = self.conf.argsort_conf.topk
         classes = int(np.prod(src_shapes[0]))
         if not 1 <= self.topk <= classes:
-            raise LayerConfigError("argsort_conf.topk", self.topk, f"1..{classes}")
+            raise LayerConfigError("argsort_conf.topk", self.topk, f"1..{classes} (the number of scores per row)")
         return (self.topk,)
 
     def forward(self, inputs, train):
         scores = inputs[0].reshape(len(inputs[0]), -1)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :self.topk]
-        return order.astype(np.float32)
+        return order.astype(inputs[0].dtype if np.issubdtype(inputs[0].dtype, np.floating) else np.float32)
+
+    def backward(self, grad, need):
+        return [None]
 
 
-class _Writer(Layer):
+class _StoreOutput(Layer):
+    """Appends each forward's input rows to ``store_conf.path`` (under the workspace if relative)."""
+
     feature_partitionable = False
+    backend = ""
+    key_format = "{:05d}"
 
     def setup(self, src_shapes):
         if not self.conf.store_conf.path:
             raise LayerConfigError("store_conf.path", "missing", "the file to write")
-        self.handle = None
+        lo, hi = self.ctx.rows()
+        if (lo, hi) != (0, self.ctx.global_batch):
+            raise LayerConfigError("partition_dim", 0, "-1: an output layer writes whole batches to one file")
+        self.writer: StoreWriter | None = None
         self.written = 0
         return tuple(src_shapes[0])
 
     def path(self) -> str:
         path = self.conf.store_conf.path
-        return path if os.path.isabs(path) else os.path.join(self.ctx.workspace, path)
+        return path if os.path.isabs(path) else os.path.join(self.ctx.workspace or ".", path)
 
     def forward(self, inputs, train):
-        if self.handle is None:
+        if self.writer is None:  # opened on the first batch: check/plan create no files
             os.makedirs(os.path.dirname(self.path()) or ".", exist_ok=True)
-            self.handle = self.open()
-        self.write(np.asarray(inputs[0]).reshape(len(inputs[0]), -1))
+            self.writer = open_store(self.backend, self.path(), "w", separator=self.conf.store_conf.separator,
+                                     key_format=self.key_format)
+        rows = np.asarray(inputs[0]).reshape((len(inputs[0]),) + self.out_shape)
+        self.writer.write_batch(rows)
+        self.writer.flush()  # readable while the job runs
+        self.written += len(rows)
         return inputs[0]
+
+    def backward(self, grad, need):
+        return [None]
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 @register("kCSVOutput")
-class CSVOutput(_Writer):
-    """Appends each input row as a line of ``store_conf.separator``-separated values."""
+class CSVOutput(_StoreOutput):
+    """Each input row as one line of ``store_conf.separator``-separated values (no label column)."""
 
-    def open(self):
-        return open(self.path(), "w")
-
-    def write(self, rows: np.ndarray) -> None:
-        sep = self.conf.store_conf.separator or ","
-        np.savetxt(self.handle, rows, delimiter=sep, fmt="%.8g")
-        self.handle.flush()
-        self.written += len(rows)
+    backend = "textfile"
 
 
 @register("kRecordOutput")
-class RecordOutput(_Writer):
-    """Writes each input row as a RecordProto (float data, shape) into a kvfile, keys %010d."""
+class RecordOutput(_StoreOutput):
+    """Each input row as a RecordProto (float data, shape) in a kvfile, keys "%010d" of a running count."""
 
-    def open(self):
-        return KVFileWriter(self.path())
-
-    def write(self, rows: np.ndarray) -> None:
-        for row in rows:
-            record = job_pb2.RecordProto(shape=list(self.out_shape), data=row.tolist())
-            self.handle.write(f"{self.written:010d}", record)
-            self.written += 1
-        self.handle.file.flush()
+    backend = "kvfile"
+    key_format = "{:010d}"

@@ -1,74 +1,151 @@
 """Converters from MNIST IDX, CIFAR-10 binary, CSV and scikit-learn's digits, on tiny files made here."""
 import gzip
+import os
 import struct
 
 import numpy as np
 import pytest
+from sklearn.datasets import load_digits
 
 from singa_mpi.data import convert
-from singa_mpi.data.stores import open_store, read_kvfile
-from singa_mpi.errors import DataError
+from singa_mpi.data.stores import KVFileStore, KVFileWriter, open_store, read_first_record
+from singa_mpi.errors import ConfigError, DataError
+from singa_mpi.proto import job_pb2
+
+BACKENDS = ["hdf5", "kvfile", "textfile"]
 
 
 def write_idx(path, array, magic, gz=False):
     header = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape)
-    opener = gzip.open if gz else open
-    with opener(path, "wb") as f:
+    with (gzip.open if gz else open)(path, "wb") as f:
         f.write(header + array.astype(np.uint8).tobytes())
+    return str(path)
 
 
-@pytest.mark.parametrize("gz", [False, True])
-@pytest.mark.parametrize("backend", ["hdf5", "kvfile", "textfile"])
+def read_all(backend, path, **options):
+    store = open_store(backend, path, **options)
+    return store.read(np.arange(len(store)))
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_mnist(tmp_path, gz, backend):
     images = np.random.default_rng(0).integers(0, 256, (5, 28, 28))
     labels = np.array([3, 1, 4, 1, 5])
     suffix = ".gz" if gz else ""
-    write_idx(tmp_path / f"img{suffix}", images, 2051, gz)
-    write_idx(tmp_path / f"lab{suffix}", labels, 2049, gz)
+    img = write_idx(tmp_path / f"images-idx3-ubyte{suffix}", images, 2051, gz)
+    lab = write_idx(tmp_path / f"labels-idx1-ubyte{suffix}", labels, 2049, gz)
     out = str(tmp_path / "mnist.store")
-    convert.convert_mnist(str(tmp_path / f"img{suffix}"), str(tmp_path / f"lab{suffix}"), out, backend)
-    store = open_store(backend, out)
-    np.testing.assert_array_equal(store.data.reshape(5, -1), images.reshape(5, -1))
-    np.testing.assert_array_equal(store.labels, labels)
+    assert convert.convert_mnist(img, lab, out, backend) == [out]
+    data, got_labels = read_all(backend, out)
+    np.testing.assert_array_equal(data.reshape(5, 28, 28), images)
+    np.testing.assert_array_equal(got_labels, labels)
+    assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]
 
 
-def test_mnist_bad_magic(tmp_path):
-    write_idx(tmp_path / "img", np.zeros((2, 2, 2)), 2049)
-    write_idx(tmp_path / "lab", np.zeros(2), 2049)
-    with pytest.raises(DataError, match="magic number 2049, expected 2051"):
-        convert.convert_mnist(str(tmp_path / "img"), str(tmp_path / "lab"), str(tmp_path / "o.h5"))
+def test_mnist_magic_numbers_and_sizes_are_checked(tmp_path):
+    labels = write_idx(tmp_path / "lab", np.zeros(2), 2049)
+    swapped = write_idx(tmp_path / "img", np.zeros((2, 2, 2)), 2049)
+    with pytest.raises(DataError, match="IDX magic number 2049, expected 2051 for MNIST images"):
+        convert.convert_mnist(swapped, labels, str(tmp_path / "o.h5"))
+    images = write_idx(tmp_path / "img3", np.zeros((3, 2, 2)), 2051)
+    with pytest.raises(DataError, match="3 images but .* has 2 labels"):
+        convert.convert_mnist(images, labels, str(tmp_path / "o.h5"))
+    truncated = tmp_path / "short"
+    truncated.write_bytes(open(images, "rb").read()[:-1])
+    with pytest.raises(DataError, match="11 bytes of data for dimensions"):
+        convert.convert_mnist(str(truncated), labels, str(tmp_path / "o.h5"))
+    assert not (tmp_path / "o.h5").exists()
 
 
-def test_cifar10_with_mean(tmp_path):
-    rng = np.random.default_rng(1)
-    labels = np.array([0, 9, 4], np.uint8)
-    pixels = rng.integers(0, 256, (3, 3072)).astype(np.uint8)
-    (tmp_path / "b.bin").write_bytes(np.column_stack([labels, pixels]).tobytes())
-    out, mean = str(tmp_path / "train.bin"), str(tmp_path / "mean.bin")
-    convert.convert_cifar10([str(tmp_path / "b.bin")], out, "kvfile", mean_out=mean)
-    store = read_kvfile(out)
-    assert store.data.shape == (3, 3, 32, 32)
-    np.testing.assert_array_equal(store.labels, labels)
-    np.testing.assert_allclose(read_kvfile(mean).data[0], pixels.reshape(3, 3, 32, 32).mean(axis=0), rtol=1e-6)
+def cifar_batch(path, labels, seed):
+    pixels = np.random.default_rng(seed).integers(0, 256, (len(labels), 3072)).astype(np.uint8)
+    path.write_bytes(np.column_stack([np.array(labels, np.uint8), pixels]).tobytes())
+    return str(path), pixels.reshape(-1, 3, 32, 32)
+
+
+def test_cifar10_kvfile_is_singas_format_with_mean_file(tmp_path):
+    first, a = cifar_batch(tmp_path / "data_batch_1.bin", [0, 9, 4], 1)
+    second, b = cifar_batch(tmp_path / "data_batch_2.bin", [2], 2)
+    out, mean = str(tmp_path / "train.bin"), str(tmp_path / "image_mean.bin")
+    assert convert.convert_cifar10([first, second], out, "kvfile", mean_out=mean) == [out, mean]
+    store = KVFileStore(out)
+    record = store.record(3)
+    assert store.keys[:2] == [b"00000", b"00001"]  # create_data.cc's "%05d" keys
+    assert list(record.shape) == [3, 32, 32] and record.label == 2 and len(record.data) == 0
+    assert record.pixel == b[0].tobytes()
+    data, labels = store.read(np.arange(4))
+    np.testing.assert_array_equal(data, np.concatenate([a, b]))
+    np.testing.assert_array_equal(labels, [0, 9, 4, 2])
+    mean_store = KVFileStore(mean)
+    assert mean_store.keys == [b"mean"]
+    np.testing.assert_allclose(read_first_record(mean), np.concatenate([a, b]).mean(axis=0).reshape(-1), rtol=1e-6)
+
+
+def test_cifar10_rejects_partial_records_and_foreign_labels(tmp_path):
     (tmp_path / "bad.bin").write_bytes(b"\0" * 100)
-    with pytest.raises(DataError, match="not a whole number of CIFAR-10 records"):
+    with pytest.raises(DataError, match="100 bytes is not a whole number of CIFAR-10 records"):
         convert.convert_cifar10([str(tmp_path / "bad.bin")], str(tmp_path / "x.h5"))
+    path, _ = cifar_batch(tmp_path / "c100.bin", [57], 0)
+    with pytest.raises(DataError, match="label byte 57"):
+        convert.convert_cifar10([path], str(tmp_path / "x.h5"))
 
 
-def test_csv(tmp_path):
-    (tmp_path / "in.csv").write_text("2,1,1\n0,3,4\n")
-    out = convert.convert_csv(str(tmp_path / "in.csv"), str(tmp_path / "o.h5"))[0]
-    store = open_store("hdf5", out)
-    np.testing.assert_array_equal(store.labels, [2, 0])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_csv(tmp_path, backend):
+    (tmp_path / "in.csv").write_text("2;1.5;1\n0;3;-4.25\n")
+    out = convert.convert_csv(str(tmp_path / "in.csv"), str(tmp_path / "o"), backend, separator=";")[0]
+    data, labels = read_all(backend, out)
+    np.testing.assert_array_equal(data, [[1.5, 1], [3, -4.25]])
+    np.testing.assert_array_equal(labels, [2, 0])
+    (tmp_path / "raw.csv").write_text("1,2\n3,4\n")
+    out = convert.convert_csv(str(tmp_path / "raw.csv"), str(tmp_path / "raw.h5"), "hdf5", has_label=False)[0]
+    data, labels = read_all("hdf5", out)
+    assert labels is None and data.shape == (2, 2)
 
 
-def test_digits_split_is_deterministic_and_disjoint(tmp_path):
-    train, test = convert.convert_digits(str(tmp_path / "a"))
-    again = convert.convert_digits(str(tmp_path / "b"))
-    a_train, a_test = open_store("hdf5", train), open_store("hdf5", test)
-    assert len(a_train) + len(a_test) == 1797 and len(a_test) == 359
-    np.testing.assert_array_equal(a_train.data, open_store("hdf5", again[0]).data)
-    rows = {row.tobytes() for row in a_train.data}
-    overlap = sum(row.tobytes() in rows for row in a_test.data)
-    assert overlap < 5  # only the few duplicate images of the data set itself
-    assert a_train.data.max() == 16 and a_train.shape == (64,)
+def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
+    def fail_midway(self, data, labels=None):
+        self.write("00000", job_pb2.RecordProto(label=0))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(KVFileWriter, "write_batch", fail_midway)
+    (tmp_path / "in.csv").write_text("1,2\n")
+    with pytest.raises(KeyboardInterrupt):
+        convert.convert_csv(str(tmp_path / "in.csv"), str(tmp_path / "out.bin"), "kvfile")
+    assert sorted(os.listdir(tmp_path)) == ["in.csv"]
+
+
+def test_unknown_backend_is_a_config_error(tmp_path):
+    (tmp_path / "in.csv").write_text("1,2\n")
+    with pytest.raises(ConfigError, match="expected one of hdf5, kvfile, textfile"):
+        convert.convert_csv(str(tmp_path / "in.csv"), str(tmp_path / "o"), "lmdb")
+
+
+def sorted_rows(data, labels):
+    table = np.column_stack([labels, data.reshape(len(data), -1)])
+    return table[np.lexsort(table.T[::-1])]
+
+
+@pytest.mark.parametrize("backend", ["hdf5", "kvfile"])
+def test_digits_split_sizes_determinism_and_disjointness(tmp_path, backend):
+    train, test = convert.convert_digits(str(tmp_path / "a"), backend)
+    assert os.path.basename(train).startswith("train") and os.path.basename(test).startswith("test")
+    train_data, train_labels = read_all(backend, train)
+    test_data, test_labels = read_all(backend, test)
+    assert train_data.shape == (1438, 64) and test_data.shape == (359, 64)
+    assert train_data.min() == 0 and train_data.max() == 16  # raw 0..16 values: confs divide by std_value
+    # train + test is exactly the data set, each image once: a disjoint split
+    digits = load_digits()
+    np.testing.assert_array_equal(sorted_rows(np.concatenate([train_data, test_data]),
+                                              np.concatenate([train_labels, test_labels])),
+                                  sorted_rows(digits.data, digits.target))
+    again_train, _ = convert.convert_digits(str(tmp_path / "b"), backend)
+    np.testing.assert_array_equal(read_all(backend, again_train)[0], train_data)
+    other_train, _ = convert.convert_digits(str(tmp_path / "c"), backend, seed=1)
+    assert not np.array_equal(read_all(backend, other_train)[0], train_data)
+
+
+def test_digits_rejects_a_bad_fraction(tmp_path):
+    with pytest.raises(ConfigError, match="test_fraction 1.5"):
+        convert.convert_digits(str(tmp_path), test_fraction=1.5)

@@ -1,81 +1,165 @@
-"""Stores: SINGA's kvfile byte layout, round trips, torn files; text and HDF5 reading."""
-import struct
+"""Stores: SINGA's kvfile bytes, round trips for every backend, torn files, caching, errors."""
+import warnings
 
+import h5py
 import numpy as np
 import pytest
 
-from singa_mpi.data.stores import KVFileWriter, iter_kvfile, open_store, read_kvfile, write_hdf5
+from singa_mpi.data.stores import KVFileWriter, open_store, read_first_record
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.proto import job_pb2
 
+BACKENDS = ["hdf5", "kvfile", "textfile"]
 
-def test_kvfile_tuple_layout_is_singas(tmp_path):
+
+def pixel_records(path, count=6, shape=(2, 3)):
+    """A kvfile of uint8 records with labels 10 + i, written tuple by tuple."""
+    images = np.random.default_rng(0).integers(0, 256, (count, *shape)).astype(np.uint8)
+    with KVFileWriter(str(path)) as writer:
+        for i, image in enumerate(images):
+            writer.write(f"{i:05d}", job_pb2.RecordProto(shape=list(shape), label=10 + i, pixel=image.tobytes()))
+    return images
+
+
+def test_kvfile_tuple_is_byte_for_byte_singas(tmp_path):
     path = tmp_path / "one.bin"
-    record = job_pb2.RecordProto(shape=[2], label=3, pixel=bytes([7, 9]))
-    with KVFileWriter(str(path)) as w:
-        w.write("00000", record)
-    blob = path.read_bytes()
-    value = record.SerializeToString()
-    assert blob == struct.pack("<Q", 5) + b"00000" + struct.pack("<Q", len(value)) + value
+    with KVFileWriter(str(path)) as writer:
+        writer.write("00000", job_pb2.RecordProto(shape=[2], label=3, pixel=bytes([7, 9])))
+    # [key_len: size_t LE][key][value_len: size_t LE][RecordProto: shape=2 (field 1), label=3 (2), pixel (3)]
+    expected = (bytes([5, 0, 0, 0, 0, 0, 0, 0]) + b"00000" + bytes([8, 0, 0, 0, 0, 0, 0, 0])
+                + bytes([0x08, 2, 0x10, 3, 0x1A, 2, 7, 9]))
+    assert path.read_bytes() == expected
 
 
-def test_kvfile_round_trip_pixels_and_floats(tmp_path):
-    path = str(tmp_path / "s.bin")
-    rng = np.random.default_rng(0)
-    pixels = rng.integers(0, 256, (4, 2, 3, 3)).astype(np.uint8)
-    with KVFileWriter(path) as w:
-        for i, img in enumerate(pixels):
-            w.write(f"{i:05d}", job_pb2.RecordProto(shape=[2, 3, 3], label=i, pixel=img.tobytes()))
-    store = read_kvfile(path)
-    np.testing.assert_array_equal(store.data, pixels.astype(np.float32))
-    np.testing.assert_array_equal(store.labels, [0, 1, 2, 3])
-    data, labels = store.read(np.array([3, 1]))
-    np.testing.assert_array_equal(labels, [3, 1])
-    floats = str(tmp_path / "f.bin")
-    with KVFileWriter(floats) as w:
-        w.write("a", job_pb2.RecordProto(shape=[3], label=1, data=[0.5, -1.0, 2.0]))
-    np.testing.assert_allclose(read_kvfile(floats).data, [[0.5, -1.0, 2.0]])
+def test_kvfile_pixel_and_float_records_read_back_by_index(tmp_path):
+    images = pixel_records(tmp_path / "p.bin")
+    store = open_store("kvfile", str(tmp_path / "p.bin"))
+    assert len(store) == 6 and store.shape == (2, 3) and store.has_labels
+    data, labels = store.read(np.array([4, 1, 4]))
+    assert data.dtype == np.float32 and labels.dtype == np.int32
+    np.testing.assert_array_equal(data, images[[4, 1, 4]])
+    np.testing.assert_array_equal(labels, [14, 11, 14])
+    with KVFileWriter(str(tmp_path / "f.bin")) as writer:
+        writer.write(b"a", job_pb2.RecordProto(shape=[3], data=[0.5, -1.0, 2.25]))
+    data, labels = open_store("kvfile", str(tmp_path / "f.bin")).read(np.array([0]))
+    np.testing.assert_array_equal(data, [[0.5, -1.0, 2.25]])
+    assert labels is None  # records without a label field: an unlabelled store
 
 
-def test_kvfile_folder_with_shard_dat_and_torn_tail(tmp_path):
-    folder = tmp_path / "shard"
-    folder.mkdir()
-    with KVFileWriter(str(folder / "shard.dat")) as w:
-        for i in range(3):
-            w.write(str(i), job_pb2.RecordProto(shape=[1], label=i, data=[float(i)]))
-    with open(folder / "shard.dat", "ab") as f:
-        f.write(struct.pack("<Q", 4) + b"torn")  # an interrupted write
+@pytest.mark.parametrize("limit", [0, 1 << 30], ids=["per-batch", "cached"])
+@pytest.mark.parametrize("backend", ["kvfile", "hdf5"])
+def test_cached_and_per_batch_reads_agree(tmp_path, backend, limit):
+    data = np.random.default_rng(1).normal(size=(9, 2, 2)).astype(np.float32)
+    path = str(tmp_path / "s")
+    with open_store(backend, path, "w") as writer:
+        writer.write_batch(data, np.arange(9))
+    store = open_store(backend, path, cache_limit=limit)
+    picks = np.array([8, 0, 3, 3, 5])  # unsorted with a repeat: h5py alone would refuse
+    got, labels = store.read(picks)
+    np.testing.assert_array_equal(got, data[picks])
+    np.testing.assert_array_equal(labels, picks)
+    assert (store._cache is not None) == bool(limit)  # small stores are decoded once, then indexed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_writers_round_trip_in_batches(tmp_path, backend, dtype):
+    data = (np.random.default_rng(2).random((7, 2, 3)) * 200).astype(dtype)
+    labels = np.array([0, 1, 2, 3, 4, 5, 6]) * 3
+    path = str(tmp_path / "store")
+    with open_store(backend, path, "w") as writer:
+        writer.write_batch(data[:4], labels[:4])
+        writer.write_batch(data[4:], labels[4:])
+    store = open_store(backend, path)
+    got, got_labels = store.read(np.arange(7))
+    np.testing.assert_array_equal(got.reshape(data.shape), data.astype(np.float32))
+    np.testing.assert_array_equal(got_labels, labels)
+
+
+def test_folder_holding_shard_dat(tmp_path):
+    (tmp_path / "train_shard").mkdir()
+    images = pixel_records(tmp_path / "train_shard" / "shard.dat", count=3)
+    data, _ = open_store("kvfile", str(tmp_path / "train_shard")).read(np.arange(3))
+    np.testing.assert_array_equal(data, images)
+
+
+@pytest.mark.parametrize("cut", [3, 8 + 5 + 4, -2], ids=["in key length", "in value length", "in value"])
+def test_torn_last_tuple_is_dropped_with_a_warning(tmp_path, cut):
+    path = tmp_path / "t.bin"
+    images = pixel_records(path, count=4)
+    whole = path.read_bytes()
+    tuple_size = len(whole) // 4  # equal-sized records
+    path.write_bytes(whole[:3 * tuple_size + cut] if cut > 0 else whole[:cut])
     with pytest.warns(UserWarning, match="torn record"):
-        store = read_kvfile(str(folder))
+        store = open_store("kvfile", str(path))
     assert len(store) == 3
-    assert [k for k, _ in iter_kvfile(str(folder / "shard.dat"))][:3] == [b"0", b"1", b"2"]
+    np.testing.assert_array_equal(store.read(np.arange(3))[0], images[:3])
 
 
-def test_kvfile_rejects_duplicate_and_empty_keys(tmp_path):
-    with KVFileWriter(str(tmp_path / "d.bin")) as w:
-        w.write("k", job_pb2.RecordProto(label=1))
+def test_duplicate_and_empty_keys_are_rejected(tmp_path):
+    with KVFileWriter(str(tmp_path / "d.bin")) as writer:
+        writer.write("k", job_pb2.RecordProto(label=1))
         with pytest.raises(ValueError, match="already written"):
-            w.write("k", job_pb2.RecordProto(label=2))
-        with pytest.raises(ValueError):
-            w.write("", job_pb2.RecordProto(label=2))
+            writer.write(b"k", job_pb2.RecordProto(label=2))
+        with pytest.raises(ValueError, match="empty key"):
+            writer.write("", job_pb2.RecordProto(label=2))
+    assert len(open_store("kvfile", str(tmp_path / "d.bin"))) == 1
 
 
-def test_textfile_and_hdf5(tmp_path):
-    csv = tmp_path / "d.csv"
-    csv.write_text("1,0.5,2\n0,1.5,-3\n")
-    store = open_store("textfile", str(csv))
-    np.testing.assert_allclose(store.data, [[0.5, 2], [1.5, -3]])
-    np.testing.assert_array_equal(store.labels, [1, 0])
-    unlabelled = open_store("textfile", str(csv), has_label=False)
-    assert unlabelled.labels is None and unlabelled.data.shape == (2, 3)
-    h5 = write_hdf5(str(tmp_path / "d.h5"), np.arange(12).reshape(3, 4), np.array([2, 1, 0]))
-    data, labels = open_store("hdf5", h5).read(np.array([2, 0, 2]))
-    np.testing.assert_array_equal(labels, [0, 2, 0])
-    np.testing.assert_array_equal(data[0], [8, 9, 10, 11])
+def test_record_of_another_size_is_a_data_error(tmp_path):
+    with KVFileWriter(str(tmp_path / "m.bin")) as writer:
+        writer.write("0", job_pb2.RecordProto(shape=[2], label=0, data=[1, 2]))
+        writer.write("1", job_pb2.RecordProto(shape=[3], label=1, data=[1, 2, 3]))
+    with pytest.raises(DataError, match=r"record 1 \(key b'1'\) has 3 values, expected 2"):
+        open_store("kvfile", str(tmp_path / "m.bin")).read(np.array([0]))
 
 
-def test_errors(tmp_path):
-    with pytest.raises(DataError, match="no such data file"):
-        open_store("hdf5", str(tmp_path / "missing.h5"))
+def test_mean_file_is_the_first_record(tmp_path):
+    with KVFileWriter(str(tmp_path / "mean.bin")) as writer:
+        writer.write("mean", job_pb2.RecordProto(shape=[2], data=[1.5, 2.5]))
+        writer.write("other", job_pb2.RecordProto(shape=[2], data=[9, 9]))
+    np.testing.assert_array_equal(read_first_record(str(tmp_path / "mean.bin")), [1.5, 2.5])
+
+
+def test_textfile_with_and_without_labels(tmp_path):
+    (tmp_path / "d.csv").write_text("1,0.5,2\n0,1.5,-3\n")
+    store = open_store("textfile", str(tmp_path / "d.csv"))
+    data, labels = store.read(np.array([1, 0]))
+    np.testing.assert_array_equal(data, [[1.5, -3], [0.5, 2]])
+    np.testing.assert_array_equal(labels, [0, 1])
+    unlabelled = open_store("textfile", str(tmp_path / "d.csv"), has_label=False)
+    assert unlabelled.shape == (3,) and not unlabelled.has_labels
+    (tmp_path / "s.txt").write_text("2;7;8\n")
+    np.testing.assert_array_equal(open_store("textfile", str(tmp_path / "s.txt"), separator=";").read([0])[0],
+                                  [[7, 8]])
+    (tmp_path / "bad.csv").write_text("1,a,2\n")
+    with pytest.raises(DataError, match="bad.csv: not a table of numbers"):
+        open_store("textfile", str(tmp_path / "bad.csv"))
+
+
+def test_hdf5_without_labels_and_without_data(tmp_path):
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["data"] = np.arange(6, dtype=np.float32).reshape(3, 2)
+    store = open_store("hdf5", str(tmp_path / "x.h5"))
+    assert not store.has_labels and store.read(np.array([2]))[1] is None
+    with h5py.File(tmp_path / "y.h5", "w") as f:
+        f["pixels"] = np.zeros(3)
+    with pytest.raises(DataError, match="without a 'data' dataset \\(found: pixels\\)"):
+        open_store("hdf5", str(tmp_path / "y.h5"))
+
+
+def test_errors_name_layer_path_and_shapes(tmp_path):
+    with pytest.raises(DataError, match=r"layer 'data': .*missing.h5: no such file"):
+        open_store("hdf5", str(tmp_path / "missing.h5"), layer="data")
     with pytest.raises(ConfigError, match="expected one of hdf5, kvfile, textfile"):
         open_store("lmdb", str(tmp_path))
+    pixel_records(tmp_path / "p.bin")
+    with pytest.raises(DataError, match=r"records of shape \(2, 3\), but store_conf.shape is \(5,\)"):
+        open_store("kvfile", str(tmp_path / "p.bin"), shape=(5,))
+    assert open_store("kvfile", str(tmp_path / "p.bin"), shape=(6,)).shape == (2, 3)  # same count: fine
+    (tmp_path / "empty.bin").write_bytes(b"")
+    with pytest.raises(DataError, match="empty kvfile"):
+        open_store("kvfile", str(tmp_path / "empty.bin"))
+    (tmp_path / "junk.h5").write_bytes(b"not hdf5")
+    with warnings.catch_warnings(), pytest.raises(DataError, match="cannot read it as a hdf5 store"):
+        open_store("hdf5", str(tmp_path / "junk.h5"))

@@ -1,108 +1,191 @@
-"""Input and output layers: normalisation, data order, partitioned reading, writers."""
+"""Input layers: lazy opening, normalisation, the global data order, partitioned reading, preprocessing."""
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 from gradcheck import build_layer
-from singa_mpi.data.stores import KVFileWriter, read_kvfile, write_hdf5
+from singa_mpi.data.stores import KVFileWriter, open_store
 from singa_mpi.errors import DataError
-from singa_mpi.layers.base import LayerContext
+from singa_mpi.layers.base import LayerConfigError, LayerContext
 from singa_mpi.proto import job_pb2
-from test_neuron import conf
+
+N = 11  # records in the test store: batches of 5 wrap around and cross epochs
 
 
-def store(tmp_path, n=11, shape=(3,)):
+def layer_conf(text):
+    return text_format.Parse(text, job_pb2.LayerProto())
+
+
+def make_store(tmp_path, backend="hdf5", n=N, shape=(3,)):
+    """Record i holds i*prod(shape) .. (i+1)*prod(shape)-1 and label i % 4: rows reveal their index."""
     data = np.arange(n * int(np.prod(shape)), dtype=np.float32).reshape(n, *shape)
-    return write_hdf5(str(tmp_path / "d.h5"), data, np.arange(n) % 4), data
+    path = str(tmp_path / f"d.{backend}")
+    with open_store(backend, path, "w") as writer:
+        writer.write_batch(data, np.arange(n) % 4)
+    return path, data
 
 
-def input_layer(path, batch=5, extra="", ctx=None, shape=(3,)):
+def input_layer(path, batch="batchsize: 5", extra="", backend="hdf5", shape=(3,), ctx=None, seed=7,
+                kind="kRecordInput"):
     dims = " ".join(f"shape: {s}" for s in shape)
-    text = f'name: "data" type: kRecordInput store_conf {{ backend: "hdf5" path: "{path}" batchsize: {batch} {dims} {extra} }}'
-    return build_layer(conf(text), [], batch=batch, ctx=ctx, dtype=np.float32)
+    text = (f'name: "data" type: {kind} store_conf {{ backend: "{backend}" path: "{path}" {batch} {dims} '
+            f'{extra} }}')
+    return build_layer(layer_conf(text), [], batch=5, seed=seed, ctx=ctx)
 
 
-def test_normalisation_and_wrap_around(tmp_path):
-    path, data = store(tmp_path)
+def record_ids(rows):
+    return (rows[:, 0] // 3).astype(int)  # for the (3,)-shaped store, unnormalised
+
+
+def test_setup_needs_no_data_file_and_a_shape(tmp_path):
+    layer = input_layer(str(tmp_path / "not-yet.h5"))
+    assert layer.out_shape == (3,) and layer.store is None
+    with pytest.raises(LayerConfigError) as err:
+        input_layer(str(tmp_path / "x.h5"), shape=())
+    assert err.value.field == "store_conf.shape"
+    with pytest.raises(LayerConfigError, match="store_conf.backend = 'lmdb'"):
+        input_layer(str(tmp_path / "x.h5"), backend="lmdb")
+
+
+def test_normalisation_labels_and_wrap_around(tmp_path):
+    path, data = make_store(tmp_path)
     layer = input_layer(path, extra="mean_value: 2 std_value: 4")
     first = layer.forward([], True)
+    assert first.dtype == np.float32 and first.shape == (5, 3)
     np.testing.assert_allclose(first, (data[:5] - 2) / 4)
     np.testing.assert_array_equal(layer.aux, [0, 1, 2, 3, 0])
+    assert layer.aux.dtype == np.int32
     layer.forward([], True)
-    third = layer.forward([], True)  # records 10, 0, 1, 2, 3: wraps around the end of the store
+    third = layer.forward([], True)  # positions 10..14: record 10, then the store starts over
     np.testing.assert_allclose(third * 4 + 2, data[[10, 0, 1, 2, 3]])
 
 
-@pytest.mark.parametrize("extra", ["", "shuffle: true", "random_skip: 7", "shuffle: true random_skip: 3"])
-def test_row_slices_read_exactly_the_rows_of_the_whole(tmp_path, extra):
-    path, _ = store(tmp_path)
-    whole = input_layer(path, extra=extra)
-    parts = [input_layer(path, extra=extra, ctx=LayerContext(global_batch=5, seed=7, batch_slice=rows))
+def test_mean_and_std_files(tmp_path):
+    path, data = make_store(tmp_path, "kvfile", shape=(2,))
+    for name, values in [("mean.bin", [1.0, 2.0]), ("std.bin", [2.0, 0.5])]:
+        with KVFileWriter(str(tmp_path / name)) as writer:
+            writer.write("mean", job_pb2.RecordProto(shape=[2], data=values))
+    extra = f'mean_file: "{tmp_path / "mean.bin"}" std_file: "{tmp_path / "std.bin"}"'
+    layer = input_layer(path, backend="kvfile", shape=(2,), extra=extra)
+    np.testing.assert_allclose(layer.forward([], True), (data[:5] - [1, 2]) / [2, 0.5])
+
+
+def test_random_skip_is_seeded_and_within_range(tmp_path):
+    path, _ = make_store(tmp_path)
+    starts = []
+    for seed in range(12):
+        first = record_ids(input_layer(path, extra="random_skip: 7", seed=seed).forward([], True))
+        np.testing.assert_array_equal(first, (first[0] + np.arange(5)) % N)  # consecutive after the skip
+        again = record_ids(input_layer(path, extra="random_skip: 7", seed=seed).forward([], True))
+        np.testing.assert_array_equal(again, first)
+        starts.append(first[0])
+    assert set(starts) <= set(range(8)) and len(set(starts)) > 2
+
+
+def test_shuffle_gives_a_new_permutation_each_epoch(tmp_path):
+    path, _ = make_store(tmp_path)
+    layer = input_layer(path, batch=f"batchsize: {N}", extra="shuffle: true")
+    epochs = [record_ids(layer.forward([], True)) for _ in range(3)]
+    for ids in epochs:
+        assert sorted(ids) == list(range(N))
+    assert len({tuple(ids) for ids in epochs}) == 3 and list(epochs[0]) != list(range(N))
+    again = input_layer(path, batch=f"batchsize: {N}", extra="shuffle: true")
+    np.testing.assert_array_equal(record_ids(again.forward([], True)), epochs[0])
+
+
+@pytest.mark.parametrize("backend", ["hdf5", "kvfile", "textfile"])
+@pytest.mark.parametrize("extra", ["", "shuffle: true", "random_skip: 9", "shuffle: true random_skip: 4"])
+def test_row_slices_read_exactly_the_rows_of_the_whole_batch(tmp_path, backend, extra):
+    path, _ = make_store(tmp_path, backend)
+    whole = input_layer(path, backend=backend, extra=extra)
+    parts = [input_layer(path, backend=backend, extra=extra, ctx=LayerContext(global_batch=5, seed=7, batch_slice=rows))
              for rows in [(0, 3), (3, 5)]]
-    for _ in range(6):  # several epochs
+    for _ in range(7):  # three epochs, with batches that straddle epoch boundaries
         full = whole.forward([], True)
-        pieces = [p.forward([], True) for p in parts]
+        pieces = [part.forward([], True) for part in parts]
         np.testing.assert_array_equal(np.concatenate(pieces), full)
-        np.testing.assert_array_equal(np.concatenate([p.aux for p in parts]), whole.aux)
+        np.testing.assert_array_equal(np.concatenate([part.aux for part in parts]), whole.aux)
 
 
-def test_shuffle_permutes_each_epoch_and_is_seeded(tmp_path):
-    path, data = store(tmp_path, n=10)
-    layer = input_layer(path, batch=10, extra="shuffle: true")
-    first, second = layer.forward([], True), layer.forward([], True)
-    assert sorted(first[:, 0]) == sorted(data[:, 0]) and not np.array_equal(first, second)
-    again = input_layer(path, batch=10, extra="shuffle: true")
-    np.testing.assert_array_equal(again.forward([], True), first)
+def test_per_partition_batch_sizes_add_up_to_the_global_batch(tmp_path):
+    path, _ = make_store(tmp_path)
+    split = input_layer(path, batch="batchsize: 3 batchsize: 2", extra="shuffle: true")
+    single = input_layer(path, extra="shuffle: true")
+    assert split.batch_size == 5
+    for _ in range(3):
+        np.testing.assert_array_equal(split.forward([], True), single.forward([], True))
 
 
-def test_mean_file_and_kvfile_backend(tmp_path):
-    kv = str(tmp_path / "d.bin")
-    with KVFileWriter(kv) as w:
-        for i in range(4):
-            w.write(f"{i:05d}", job_pb2.RecordProto(shape=[2], label=i, pixel=bytes([i, 2 * i])))
-    mean = str(tmp_path / "mean.bin")
-    with KVFileWriter(mean) as w:
-        w.write("mean", job_pb2.RecordProto(shape=[2], data=[1.0, 2.0]))
-    text = (f'name: "data" type: kRecordInput store_conf {{ backend: "kvfile" path: "{kv}" mean_file: "{mean}" '
-            f'batchsize: 4 shape: 2 }}')
-    layer = build_layer(conf(text), [], batch=4)
-    np.testing.assert_allclose(layer.forward([], True), [[-1, -2], [0, 0], [1, 2], [2, 4]])
+def test_store_path_falls_back_to_the_workspace(tmp_path, monkeypatch):
+    make_store(tmp_path)
+    monkeypatch.chdir(tmp_path.parent)
+    layer = input_layer("d.hdf5", ctx=LayerContext(global_batch=5, seed=7, workspace=str(tmp_path)))
+    assert layer.forward([], True).shape == (5, 3)
 
 
-def test_missing_file_and_wrong_shape_are_data_errors(tmp_path):
-    layer = input_layer(str(tmp_path / "nope.h5"))
-    with pytest.raises(DataError, match=r"layer 'data': .*nope.h5: no such data file"):
-        layer.forward([], True)
-    path, _ = store(tmp_path)
-    with pytest.raises(DataError, match=r"samples of shape \(3,\), store_conf.shape is \(4,\)"):
+def test_data_problems_are_data_errors_naming_the_layer(tmp_path):
+    with pytest.raises(DataError, match=r"layer 'data': store_conf.path .*nope.h5: no such file"):
+        input_layer(str(tmp_path / "nope.h5")).forward([], True)
+    path, _ = make_store(tmp_path)
+    with pytest.raises(DataError, match=r"layer 'data': .*records of shape \(3,\), but store_conf.shape is \(4,\)"):
         input_layer(path, shape=(4,)).forward([], True)
+    with open_store("hdf5", str(tmp_path / "unlabelled.h5"), "w") as writer:
+        writer.write_batch(np.zeros((6, 3)))
+    with pytest.raises(DataError, match="has no labels"):
+        input_layer(str(tmp_path / "unlabelled.h5")).forward([], True)
+    unlabelled = input_layer(str(tmp_path / "unlabelled.h5"), extra="has_label: false")
+    unlabelled.forward([], True)
+    assert unlabelled.aux is None
 
 
-def test_image_preprocess_crop_mirror_and_partitions(tmp_path):
-    text = 'name: "img" type: kImagePreprocess rgbimage_conf { cropsize: 3 mirror: true scale: 0.5 }'
+def test_csv_input_reads_text_files_by_default(tmp_path):
+    (tmp_path / "d.csv").write_text("".join(f"{i % 2},{i},{-i}\n" for i in range(6)))
+    text = f'name: "csv" type: kCSVInput store_conf {{ path: "{tmp_path / "d.csv"}" batchsize: 4 shape: 2 }}'
+    layer = build_layer(layer_conf(text), [], batch=4)
+    np.testing.assert_array_equal(layer.forward([], True), [[0, 0], [1, -1], [2, -2], [3, -3]])
+    np.testing.assert_array_equal(layer.aux, [0, 1, 0, 1])
+
+
+# ------------------------------------------------------------------ kImagePreprocess
+
+def preprocess(text, shape, batch=4, ctx=None):
+    return build_layer(layer_conf(f'name: "img" type: kImagePreprocess rgbimage_conf {{ {text} }}'),
+                       [shape], batch=batch, ctx=ctx)
+
+
+def test_random_crop_and_mirror_per_global_sample(tmp_path):
     x = np.arange(4 * 2 * 5 * 5, dtype=np.float32).reshape(4, 2, 5, 5)
-    whole = build_layer(conf(text), [(2, 5, 5)], batch=4, dtype=np.float32)
+    whole = preprocess("cropsize: 3 mirror: true scale: 0.5", (2, 5, 5))
     whole.ctx.step = 2
     y = whole.forward([x], True)
-    assert y.shape == (4, 2, 3, 3)
-    part = build_layer(conf(text), [(2, 5, 5)], batch=4,
-                       ctx=LayerContext(global_batch=4, seed=7, step=2, batch_slice=(2, 4)))
-    np.testing.assert_array_equal(part.forward([x[2:]], True), y[2:])
-    centre = whole.forward([x], False)
-    np.testing.assert_array_equal(centre, x[:, :, 1:4, 1:4] * 0.5)
+    assert y.shape == (4, 2, 3, 3) and y.dtype == np.float32
+    for i in range(4):  # each output is a 3x3 window of its own image, maybe mirrored, times 0.5
+        windows = [x[i, :, r:r + 3, c:c + 3] * 0.5 for r in range(3) for c in range(3)]
+        assert any(np.array_equal(y[i], w) or np.array_equal(y[i], w[:, :, ::-1]) for w in windows)
+    np.testing.assert_array_equal(whole.forward([x], True), y)  # same step: same crops
+    whole.ctx.step = 3
+    assert not np.array_equal(whole.forward([x], True), y)
+    part = preprocess("cropsize: 3 mirror: true scale: 0.5", (2, 5, 5),
+                      ctx=LayerContext(global_batch=4, seed=7, step=2, batch_slice=(1, 4)))
+    np.testing.assert_array_equal(part.forward([x[1:]], True), y[1:])
 
 
-def test_output_layers(tmp_path):
-    acc = build_layer(conf('name: "a" type: kAccuracy'), [(3,), ()], batch=3)
-    acc.forward([np.array([[0, 1, 0], [1, 0, 0], [0, 0, 1.0]]), np.array([1, 2, 2])], False)
-    assert acc.metrics() == {"accuracy": 2.0, "count": 3.0}
-    top = build_layer(conf('name: "t" type: kArgSort argsort_conf { topk: 2 }'), [(3,)], batch=1)
-    np.testing.assert_array_equal(top.forward([np.array([[0.1, 0.7, 0.2]])], False), [[1, 2]])
-    csv = build_layer(conf('name: "c" type: kCSVOutput store_conf { path: "out.csv" }'), [(2,)], batch=2,
-                      ctx=LayerContext(global_batch=2, workspace=str(tmp_path)))
-    csv.forward([np.array([[1.5, 2.0], [3.0, 4.0]])], False)
-    assert (tmp_path / "out.csv").read_text().splitlines() == ["1.5,2", "3,4"]
-    rec = build_layer(conf('name: "r" type: kRecordOutput store_conf { path: "out.bin" }'), [(2,)], batch=2,
-                      ctx=LayerContext(global_batch=2, workspace=str(tmp_path)))
-    rec.forward([np.array([[1.5, 2.0], [3.0, 4.0]])], False)
-    rec.handle.close()
-    np.testing.assert_allclose(read_kvfile(str(tmp_path / "out.bin")).data, [[1.5, 2.0], [3.0, 4.0]])
+def test_centre_crop_at_test_and_no_crop_keeps_shape():
+    x = np.random.default_rng(0).normal(size=(2, 3, 6, 4))  # float64 stays float64
+    layer = preprocess("cropsize: 2 mirror: true", (3, 6, 4), batch=2)
+    np.testing.assert_array_equal(layer.forward([x], False), x[:, :, 2:4, 1:3])
+    plain = preprocess("scale: 2", (3, 6, 4), batch=2)
+    assert plain.out_shape == (3, 6, 4)
+    out = plain.forward([x], True)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, 2 * x)
+    assert plain.backward(out, [True]) == [None]
+
+
+def test_preprocess_conf_errors():
+    with pytest.raises(LayerConfigError, match="rgbimage_conf.cropsize = 7"):
+        preprocess("cropsize: 7", (3, 6, 6))
+    with pytest.raises(LayerConfigError, match="rgbimage_conf.meanfile"):
+        preprocess('meanfile: "m.bin"', (3, 6, 6))
+    with pytest.raises(LayerConfigError, match="srclayers"):
+        preprocess("cropsize: 2", (36,))

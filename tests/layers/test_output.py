@@ -1,0 +1,73 @@
+"""Output layers: accuracy counts, top-k order, and CSV/kvfile writers read back."""
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from gradcheck import build_layer
+from singa_mpi.data.stores import KVFileStore, open_store
+from singa_mpi.layers.base import LayerConfigError, LayerContext
+from singa_mpi.proto import job_pb2
+
+
+def layer_conf(text):
+    return text_format.Parse(text, job_pb2.LayerProto())
+
+
+def test_accuracy_counts_correct_rows_and_resets():
+    acc = build_layer(layer_conf('name: "a" type: kAccuracy'), [(3,), ()], batch=4)
+    scores = np.array([[0, 1, 0], [1, 0, 0], [0, 0, 1.0], [0.2, 0.1, 0.7]])
+    out = acc.forward([scores, np.array([1, 2, 2, 0], np.int32)], False)
+    assert out is scores
+    acc.forward([scores[:2], np.array([1, 0])], False)
+    assert acc.metrics() == {"accuracy": 4.0, "count": 6.0}
+    assert acc.metrics() == {}
+    assert acc.backward(None, [True, False]) == [None, None]
+
+
+def test_argsort_gives_the_topk_indices_largest_first():
+    top = build_layer(layer_conf('name: "t" type: kArgSort argsort_conf { topk: 3 }'), [(4,)], batch=2)
+    assert top.out_shape == (3,)
+    out = top.forward([np.array([[0.1, 0.7, 0.2, 0.0], [5.0, 1.0, 5.0, 3.0]], np.float32)], False)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, [[1, 2, 0], [0, 2, 3]])  # ties: lower index first
+    with pytest.raises(LayerConfigError, match="argsort_conf.topk = 5"):
+        build_layer(layer_conf('name: "t" type: kArgSort argsort_conf { topk: 5 }'), [(4,)], batch=2)
+
+
+def writer_layer(kind, path, tmp_path, shape=(2,), ctx=None):
+    ctx = ctx or LayerContext(global_batch=2, workspace=str(tmp_path / "ws"))
+    return build_layer(layer_conf(f'name: "out" type: {kind} store_conf {{ path: "{path}" }}'), [shape],
+                       batch=2, ctx=ctx)
+
+
+def test_csv_output_appends_rows_under_the_workspace(tmp_path):
+    layer = writer_layer("kCSVOutput", "feat/out.csv", tmp_path)
+    path = tmp_path / "ws" / "feat" / "out.csv"
+    assert not path.exists()  # opened on the first batch, not in setup
+    rows = np.array([[1.5, 2.0], [3.0, 1 / 3]], np.float32)
+    assert layer.forward([rows], False) is rows
+    layer.forward([rows * 2], False)
+    assert path.read_text().splitlines()[0] == "1.5,2"
+    store = open_store("textfile", str(path), has_label=False)
+    np.testing.assert_array_equal(store.read(np.arange(4))[0], np.concatenate([rows, rows * 2]))  # exact float32
+    layer.close()
+
+
+def test_record_output_writes_a_kvfile_with_running_keys(tmp_path):
+    layer = writer_layer("kRecordOutput", str(tmp_path / "feat.bin"), tmp_path, shape=(1, 2))
+    first = np.array([[[1.5, 2.0]], [[3.0, 4.0]]], np.float32)
+    layer.forward([first], False)
+    layer.forward([first[:1] - 1], False)
+    layer.close()
+    store = KVFileStore(str(tmp_path / "feat.bin"))
+    assert store.keys == [b"0000000000", b"0000000001", b"0000000002"]
+    assert store.shape == (1, 2) and not store.has_labels
+    np.testing.assert_array_equal(store.read(np.arange(3))[0], np.concatenate([first, first[:1] - 1]))
+
+
+def test_writers_refuse_a_batch_slice(tmp_path):
+    ctx = LayerContext(global_batch=4, batch_slice=(0, 2), workspace=str(tmp_path))
+    with pytest.raises(LayerConfigError, match="partition_dim = 0: expected -1"):
+        writer_layer("kCSVOutput", "x.csv", tmp_path, ctx=ctx)
+    with pytest.raises(LayerConfigError, match="store_conf.path"):
+        build_layer(layer_conf('name: "out" type: kRecordOutput'), [(2,)], batch=2)
