@@ -101,6 +101,7 @@ def worker(args) -> int:
 def launch(net: str, scheme: str, ranks: int, steps: int) -> dict:
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.setdefault("UCX_TLS", "self,sm")  # one machine: shared memory only (see tests/test_mpi_suites.py)
     cmd = [mpiexec, "-n", str(ranks), sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
            "--steps", str(steps)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)

@@ -127,11 +127,19 @@ data = nets.make_data(f"{work}/data.h5", 256, (12,), 5)
 text = nets.mlp(data, 32, "data").replace("train_steps: 20", "train_steps: 30").replace("disp_freq: 1", "disp_freq: 10")
 open(f"{work}/good.conf", "w").write(text + "\ncluster { nworkers_per_group: 2 }\n")
 open(f"{work}/bad.conf", "w").write(text.replace("num_output: 16", "num_output: 0"))
-long = text.replace("train_steps: 30", "train_steps: 4000").replace("disp_freq: 10", "disp_freq: 20")
+# wide enough that 2000 steps take several seconds: the signal must find the job running
+long = (text.replace("train_steps: 30", "train_steps: 2000").replace("disp_freq: 10", "disp_freq: 20")
+        .replace("num_output: 16", "num_output: 1024").replace("num_output: 10 ", "num_output: 512 "))
 open(f"{work}/long.conf", "w").write(long + "\ncluster { nworkers_per_group: 2 }\n")
 PYTHON
 
+wait_idle() {  # until the previous job's steps are gone: proctrack/linuxproc may otherwise
+  # take a new job's processes for the old step's and kill them during its cleanup
+  for _ in $(seq 1 100); do pgrep -x slurmstepd >/dev/null || return 0; sleep 0.2; done
+}
+
 submit() {  # name conf -> prints the job's exit status line; output stays in $WORK
+  wait_idle
   local name=$1 conf=$2
   (cd "$ROOT" && SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-$name timeout 150 \
      sbatch --wait --parsable --ntasks=2 --time=00:05:00 --job-name="selftest-$name" \
@@ -167,6 +175,7 @@ case "$error" in
   *) say "FAILED: the error output does not name the bad field"; exit 1 ;;
 esac
 say "preemption: submitting a long job, then signalling it with SIGUSR1"
+wait_idle
 JOBID=$(cd "$ROOT" && SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-long timeout 30 \
   sbatch --parsable --ntasks=2 --time=00:05:00 --job-name=selftest-long --output="$WORK/long-%j.out" \
          slurm/train.sbatch "$WORK/long.conf")
@@ -174,7 +183,11 @@ for _ in $(seq 1 300); do
   [ -f "$WORK/ws-long/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-long/metrics.jsonl")" -ge 5 ] && break
   sleep 0.1
 done
-timeout 10 scancel --signal=USR1 --batch "$JOBID"
+timeout 10 scancel --signal=USR1 --batch "$JOBID" || {
+  say "FAILED: could not signal job $JOBID (it ended before training got going?)"
+  cat "$WORK"/long-*.out "$WORK"/ws-long/slurm-*.log 2>/dev/null | tail -20
+  exit 1
+}
 state=""
 for _ in $(seq 1 600); do   # bounded: at most 60 s
   state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)

@@ -14,7 +14,7 @@ from singa_mpi import checkpoint, ckpt_tools
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
 from singa_mpi.runtime import RunOptions, run_training
-from test_mpi_suites import mpiexec_command
+from test_mpi_suites import mpi_env, mpiexec_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -153,7 +153,7 @@ def test_no_pickle_in_checkpoint_code():
 # ------------------------------------------------------------------ under MPI
 
 def mpi_train(n, conf, workspace, *args, timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = mpi_env()
     cmd = mpiexec_command(n) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(workspace),
                                 *args]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -193,7 +193,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_continues_the_curve(tmp_path, n
     reference = tmp_path / "reference"
     mpi_train(nranks, conf, reference)
     ws = tmp_path / "ws"
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = mpi_env()
     cmd = mpiexec_command(nranks) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(ws)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = ws / "metrics.jsonl"

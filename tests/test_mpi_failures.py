@@ -12,7 +12,7 @@ import time
 import pytest
 
 import nets
-from test_mpi_suites import mpiexec_command
+from test_mpi_suites import mpi_env, mpiexec_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +29,7 @@ def long_job(tmp_path, data_name="data.h5", steps=100000, extra=""):
 
 
 def env():
-    return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return mpi_env()
 
 
 def rank_pids(marker: str) -> dict[int, int]:

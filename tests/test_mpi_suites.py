@@ -14,6 +14,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
+def mpi_env(**extra: str) -> dict[str, str]:
+    """Environment for launching test ranks on this one machine.
+
+    One BLAS thread per rank; UCX (the MPICH wheel's transport layer) limited to
+    shared memory, which avoids its intermittent address-exchange failure at
+    MPI_Init on hosts with odd network interfaces (pmodels/mpich#7417).
+    """
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    env.setdefault("UCX_TLS", "self,sm")
+    return env
+
+
 def mpiexec_command(n: int) -> list[str]:
     exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if exe is None:
@@ -25,8 +37,7 @@ def mpiexec_command(n: int) -> list[str]:
 
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4])
 def test_mpi_suite(nranks, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               SINGA_MPI_TEST_TMP=str(tmp_path))
+    env = mpi_env(SINGA_MPI_TEST_TMP=str(tmp_path))
     cmd = mpiexec_command(nranks) + [sys.executable, "-m", "pytest", os.path.join(HERE, "mpi"), "-q", "-x",
                                      "-p", "no:cacheprovider", "--timeout=600"]
     try:
