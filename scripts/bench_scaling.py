@@ -91,9 +91,14 @@ def worker(args) -> int:
         volume = traffic(runtime.plans["train"])
         sent = sum(v[k] for v in volume.values() for k in v if k.endswith("_sent"))
         batch = trainer.batch
-        print(json.dumps({"net": args.net, "scheme": args.scheme, "ranks": world.size, "batch": batch,
-                          "step_ms": 1e3 * slowest, "samples_per_s": batch / slowest,
-                          "exposed_comm_share": max(shares) / slowest, "bytes_per_step": sent}))
+        line = json.dumps({"net": args.net, "scheme": args.scheme, "ranks": world.size, "batch": batch,
+                           "step_ms": 1e3 * slowest, "samples_per_s": batch / slowest,
+                           "exposed_comm_share": max(shares) / slowest, "bytes_per_step": sent,
+                           "cores": os.cpu_count()})
+        print(line)
+        if args.out:
+            pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            pathlib.Path(args.out).write_text(line + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     return 0
 
@@ -110,35 +115,45 @@ def launch(net: str, scheme: str, ranks: int, steps: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def print_table(rows: list[dict]) -> None:
+    base = {(r["net"], r["scheme"]): r["samples_per_s"] for r in rows if r["ranks"] == 1}
+    for r in sorted(rows, key=lambda r: (r["net"], r["scheme"], r["ranks"])):
+        reference = base.get((r["net"], r["scheme"]))
+        r["speedup"] = r["samples_per_s"] / reference if reference else float("nan")
+        r["oversubscribed"] = r["ranks"] > r.get("cores", os.cpu_count() or 1)
+        print(f"{r['net']:<16} {r['scheme']:<8} n={r['ranks']}{'*' if r['oversubscribed'] else ' '} "
+              f"{r['samples_per_s']:>9.1f} samples/s  x{r['speedup']:.2f}  "
+              f"exposed comm {100 * r['exposed_comm_share']:>4.1f}%  "
+              f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step", flush=True)
+    print("* oversubscribed: more ranks than cores; correctness only, not speed")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--nets", nargs="+", default=list(NETS))
     parser.add_argument("--json")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--net", help=argparse.SUPPRESS)
-    parser.add_argument("--scheme", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true",
+                        help="run one --net/--scheme in the current MPI world (under mpiexec/srun)")
+    parser.add_argument("--net", choices=list(NETS))
+    parser.add_argument("--scheme", choices=["data", "feature", "hybrid"])
+    parser.add_argument("--out", help="--worker: also write the JSON result here")
+    parser.add_argument("--collect", help="print the table of the JSON results in this folder")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    cores = os.cpu_count() or 1
+    if args.collect:
+        rows = [json.loads(p.read_text()) for p in sorted(pathlib.Path(args.collect).glob("*.json"))]
+        print_table(rows)
+        return 0
     rows = []
     for net in args.nets:
         for scheme in SCHEMES[net]:
-            base = None
             for ranks in args.ranks:
-                r = launch(net, scheme, ranks, args.steps if net == "mnist_mlp" else max(5, args.steps // 2))
-                if ranks == 1:
-                    base = r["samples_per_s"]
-                r["speedup"] = r["samples_per_s"] / base if base else float("nan")
-                r["oversubscribed"] = ranks > cores
-                rows.append(r)
-                print(f"{net:<16} {scheme:<8} n={ranks}{'*' if r['oversubscribed'] else ' '} "
-                      f"{r['samples_per_s']:>9.1f} samples/s  x{r['speedup']:.2f}  "
-                      f"exposed comm {100 * r['exposed_comm_share']:>4.1f}%  "
-                      f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step", flush=True)
-    print("* oversubscribed: more ranks than cores; correctness only, not speed")
+                rows.append(launch(net, scheme, ranks, args.steps if net == "mnist_mlp" else max(5, args.steps // 2)))
+                print(f"  measured {net} {scheme} n={ranks}", flush=True)
+    print_table(rows)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
