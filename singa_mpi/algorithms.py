@@ -47,3 +47,4 @@ class BackPropagation(Algorithm):
         net.zero_grads()
         net.forward(train=True)
         net.backward(on_layer_done)
+        net.finish_grads()

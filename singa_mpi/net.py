@@ -86,6 +86,11 @@ class Net:
         for p in self.params:
             p.zero_grad()
 
+    def finish_grads(self) -> None:
+        """After backward: params that got no gradient this step hold an explicit zero."""
+        for p in self.params:
+            p.finish_grad()
+
     def collect_metrics(self) -> dict[str, float]:
         """Sum of all loss/output layers' metrics since the last call."""
         total: dict[str, float] = {}

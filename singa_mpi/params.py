@@ -42,6 +42,7 @@ class Param:
         self.grad = np.zeros(shape, np.float32)
         self.lr_scale = conf.lr_scale
         self.wd_scale = conf.wd_scale
+        self.fresh = False  # True after zero_grad: the next contribution overwrites instead of adding
 
     @property
     def is_sharded(self) -> bool:
@@ -51,7 +52,33 @@ class Param:
         return tuple(slice(lo, hi) for lo, hi in self.shard)
 
     def zero_grad(self) -> None:
-        self.grad.fill(0.0)
+        """Start a new gradient.  Lazy: the first ``add_grad`` writes instead of adding,
+        which saves a pass over memory and a temporary per parameter each step."""
+        self.fresh = True
+
+    def add_grad(self, a: np.ndarray, b: np.ndarray | None = None) -> None:
+        """grad += a (or a @ b, computed straight into grad when it is the first contribution)."""
+        if self.fresh:
+            if b is None:
+                np.copyto(self.grad, a)
+            else:
+                np.matmul(a, b, out=self.grad)
+            self.fresh = False
+        elif b is None:
+            self.grad += a
+        else:
+            self.grad += a @ b
+
+    def grad_for_scatter(self) -> np.ndarray:
+        """The gradient array for in-place scatter-adds (zeroed first if nothing was added yet)."""
+        self.finish_grad()
+        return self.grad
+
+    def finish_grad(self) -> None:
+        """Make a gradient that received no contribution this step an explicit zero."""
+        if self.fresh:
+            self.grad.fill(0.0)
+            self.fresh = False
 
     def __repr__(self) -> str:
         return f"Param({self.name!r}, shape={self.data.shape}, logical={self.logical_shape})"

@@ -102,9 +102,9 @@ class Convolution(Layer):
         filters = grad.shape[1]
         g = np.ascontiguousarray(grad.transpose(1, 0, 2, 3)).reshape(filters, -1)  # (F, B·Ho·Wo)
         w = self.params[0]
-        w.grad += g @ self.cols.T
+        w.add_grad(g, self.cols.T)
         if self.bias:
-            self.params[1].grad += g.sum(axis=1)
+            self.params[1].add_grad(g.sum(axis=1))
         if not need[0]:
             return [None]
         batch, channels, h, wd = self.in_shape

@@ -57,11 +57,11 @@ class InnerProduct(Layer):
     def backward(self, grad: np.ndarray, need: list[bool]) -> list[np.ndarray | None]:
         w = self.params[0]
         if self.transpose:
-            w.grad += self.x.T @ grad  # (in, out)
+            w.add_grad(self.x.T, grad)  # (in, out)
         else:
-            w.grad += grad.T @ self.x  # (out, in)
+            w.add_grad(grad.T, self.x)  # (out, in)
         if self.bias:
-            self.params[1].grad += grad.sum(axis=0)
+            self.params[1].add_grad(grad.sum(axis=0))
         if not need[0]:
             return [None]
         dx = grad @ w.data.T if self.transpose else grad @ w.data  # (batch, in)
@@ -278,7 +278,7 @@ class Embedding(Layer):
     def backward(self, grad, need):
         table = self.params[0]
         # several rows may use one id: unbuffered add so every use accumulates
-        np.add.at(table.grad, self.ids.reshape(-1), grad.reshape(self.ids.size, -1))
+        np.add.at(table.grad_for_scatter(), self.ids.reshape(-1), grad.reshape(self.ids.size, -1))
         return [None]
 
 
