@@ -97,7 +97,7 @@ export SLURM_CONF=$SCRATCH/slurm.conf
 if ! (munge -n | unmunge) >/dev/null 2>&1; then
   mkdir -p /run/munge && chown munge:munge /run/munge && chmod 0755 /run/munge
   # setpriv execs munged itself, so $! is the daemon's own pid
-  setpriv --reuid=munge --regid=munge --init-groups /usr/sbin/munged --foreground &
+  setpriv --reuid=munge --regid=munge --init-groups /usr/sbin/munged --foreground >"$SCRATCH/munged.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 1 50); do (munge -n | unmunge) >/dev/null 2>&1 && break; sleep 0.1; done
 fi

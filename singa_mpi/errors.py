@@ -21,3 +21,14 @@ class DataError(SingaError):
     """A data store is missing, truncated or does not match the configured shape."""
 
     exit_code = 3
+
+
+class LayerFailure(SingaError):
+    """An error raised while a layer computed; names the layer and the pass, keeps the cause's exit code."""
+
+    def __init__(self, layer: str, direction: str, cause: BaseException):
+        detail = str(cause) if isinstance(cause, SingaError) else f"{type(cause).__name__}: {cause}"
+        prefix = "" if f"'{layer}'" in detail else f"layer '{layer}' ({direction}): "
+        super().__init__(prefix + detail)
+        self.layer, self.direction = layer, direction
+        self.exit_code = getattr(cause, "exit_code", 1)

@@ -10,7 +10,7 @@ import dataclasses
 from typing import Callable, Iterable
 
 from singa_mpi.config.load import JobConfig, layers_for_phase
-from singa_mpi.errors import ConfigError
+from singa_mpi.errors import ConfigError, LayerFailure
 from singa_mpi.graph import Node, topological_order
 from singa_mpi.layers.base import Layer, LayerConfigError, LayerContext, layer_class
 from singa_mpi.params import Param, make_param
@@ -64,7 +64,12 @@ class Net:
         for wire in self.wires:
             inputs = [s.aux if k == "aux" else s.data for s, k in zip(wire.srcs, wire.kinds)]
             wire.layer.grad = None
-            wire.layer.data = wire.layer.forward(inputs, train)
+            try:
+                wire.layer.data = wire.layer.forward(inputs, train)
+            except LayerFailure:
+                raise
+            except Exception as err:  # name the layer in the one-line report (the cause stays chained)
+                raise LayerFailure(wire.layer.name, "forward", err) from err
 
     def backward(self, on_layer_done: Callable[[Layer], None] | None = None) -> None:
         """Reverse pass; ``on_layer_done(layer)`` fires once a layer's param grads are final."""
@@ -72,7 +77,12 @@ class Net:
             if not wire.needs_grad:
                 continue
             layer = wire.layer
-            grads = layer.backward(layer.grad, self._need[id(layer)])
+            try:
+                grads = layer.backward(layer.grad, self._need[id(layer)])
+            except LayerFailure:
+                raise
+            except Exception as err:
+                raise LayerFailure(layer.name, "backward", err) from err
             for src, g in zip(wire.srcs, grads):
                 if g is None:
                     continue

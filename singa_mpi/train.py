@@ -86,6 +86,9 @@ class SerialRuntime:
     def any(self, flag: bool) -> bool:
         return flag
 
+    def report(self, steps: int) -> str | None:
+        return None
+
 
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
     """Sums over rows -> means: loss per row, accuracy as a fraction (loss first, then the rest)."""
@@ -179,6 +182,9 @@ class Trainer:
         self.save_checkpoint(self.train_steps)
         if self.test_net is not None:
             final = self.evaluate(self.test_net, job.test_steps, "test", self.train_steps)
+        table = self.runtime.report(self.train_steps - self.start_step)
+        if table:
+            self.log(table)
         return final
 
     def save_checkpoint(self, step: int) -> str | None:

@@ -60,6 +60,7 @@ class ExchangeLayer(Layer):
         self.sends = sorted((p for p in ex.pieces if p.src == self.rank), key=lambda p: p.dst)
         self.recvs = sorted((p for p in ex.pieces if p.dst == self.rank), key=lambda p: p.src)
         self._requests: list = []
+        self._buffers: dict[str, np.ndarray] = {}
 
     # ------------------------------------------------------------- helpers
     def _shape(self, region: Region) -> tuple[int, ...]:
@@ -70,16 +71,26 @@ class ExchangeLayer(Layer):
     def _size(self, region: Region) -> int:
         return math.prod(self._shape(region))
 
-    def _empty(self, region: Region | None) -> np.ndarray:
-        return np.empty(self._shape(region) if region else (0,), self.dtype)
+    def _buffer(self, key: str, shape, dtype=None) -> np.ndarray:
+        """A buffer allocated on first use and reused every step (its size never changes)."""
+        shape = tuple(shape) if not isinstance(shape, int) else (shape,)
+        dtype = dtype or self.dtype
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = self._buffers[key] = np.empty(shape, dtype)
+        return buf
 
-    def _pack(self, array: np.ndarray, held: Region, pieces, key) -> tuple[np.ndarray, list[int], list[int]]:
+    def _empty(self, region: Region | None, key: str = "out") -> np.ndarray:
+        return self._buffer(key, self._shape(region) if region else (0,))
+
+    def _pack(self, array: np.ndarray, held: Region, pieces, key, name: str = "send"
+              ) -> tuple[np.ndarray, list[int], list[int]]:
         """Pieces of ``array`` (holding ``held``) in one buffer; counts/displs per group member."""
         counts = [0] * len(self.members)
         for p in pieces:
             counts[self.members.index(key(p))] += self._size(p.region)
         displs = list(np.cumsum([0] + counts[:-1]))
-        buf = np.empty(sum(counts), self.dtype)
+        buf = self._buffer(name, sum(counts), array.dtype)
         offset = 0
         for p in pieces:
             n = self._size(p.region)
@@ -147,7 +158,7 @@ class ExchangeLayer(Layer):
             pieces = self._own_pieces() if op == "Allgatherv" else self.sends
             send, scounts, sdispls = self._pack(x, self.held, pieces, lambda p: p.dst)
         rcounts, rdispls = self._layout(self.recvs, lambda p: p.src)
-        recv = np.empty(sum(rcounts), self.dtype)
+        recv = self._buffer("recv", sum(rcounts))
         name, groot = self.name, (self.members.index(root) if root is not None else None)
         if op == "Scatterv":
             self.comm.Scatterv(send, scounts, sdispls, recv, groot, name)
@@ -178,7 +189,10 @@ class ExchangeLayer(Layer):
         self._wait_sends()
         if not self.ex.with_backward:
             return [None] * len(need)
-        gx = np.zeros(self._shape(self.held), np.float32) if self.held is not None else None
+        gx = None
+        if self.held is not None:
+            gx = self._buffer("grad_in", self._shape(self.held), np.float32)
+            gx.fill(0.0)
         g = grad if grad is not None else (np.zeros(self._shape(self.need), np.float32) if self.need else None)
         g = np.ascontiguousarray(g, np.float32) if g is not None else None
         op, root, name = self.ex.backward_op, self._root(), self.name
@@ -187,25 +201,25 @@ class ExchangeLayer(Layer):
         elif self.sub.role == "bridge_src":
             self.comm.Recv(gx, self.sends[0].dst, 2 * self.ex.id + 1, name)
         elif op == "Reduce":
-            result = np.empty_like(gx) if self.rank == root else None
+            result = self._buffer("reduced", gx.shape, np.float32) if self.rank == root else None
             self.comm.Reduce(g, result, self.members.index(root), name)
             if self.rank == root:
                 gx += result
         elif op == "Reduce_scatter":
             holders = sorted(self.ex.holders.items(), key=lambda kv: kv[0])
             blocks = [Piece(r, self.rank, region) for r, region in holders]
-            send, counts, _ = self._pack(g, self.need, blocks, lambda p: p.src)
-            recv = np.empty(counts[self.members.index(self.rank)], np.float32)
+            send, counts, _ = self._pack(g, self.need, blocks, lambda p: p.src, "grad_send")
+            recv = self._buffer("grad_recv", counts[self.members.index(self.rank)], np.float32)
             self.comm.Reduce_scatter(send, recv, counts, name)
             if gx is not None:
                 gx += recv.reshape(gx.shape)
         else:  # Gatherv, Scatterv, Alltoallv: the forward pieces travel back
             if g is not None:
-                send, scounts, sdispls = self._pack(g, self.need, self.recvs, lambda p: p.src)
+                send, scounts, sdispls = self._pack(g, self.need, self.recvs, lambda p: p.src, "grad_send")
             else:
                 send, scounts, sdispls = np.empty(0, np.float32), [0] * len(self.members), [0] * len(self.members)
             rcounts, rdispls = self._layout(self.sends, lambda p: p.dst)
-            recv = np.empty(sum(rcounts), np.float32)
+            recv = self._buffer("grad_recv", sum(rcounts), np.float32)
             groot = self.members.index(root) if root is not None else None
             if op == "Gatherv":
                 self.comm.Gatherv(send, recv, rcounts, rdispls, groot, name)

@@ -9,6 +9,9 @@ started during the backward pass as soon as a bucket's layers are done.
 """
 from __future__ import annotations
 
+import os
+import re
+
 import numpy as np
 
 from singa_mpi.config.load import JobConfig
@@ -20,10 +23,11 @@ from singa_mpi.parallel.shared_grads import SharedMemoryGradients
 from singa_mpi.params import Param, make_param
 from singa_mpi.planner import plan as make_plan
 from singa_mpi.planner.plan import ParamSync, Plan
-from singa_mpi.planner.schedule import schedule_hash, schedules
+from singa_mpi.planner.schedule import digest, schedule_lines
 from singa_mpi.proto import job_pb2
 
-BUCKET_BYTES = 8 << 20  # gradient fusion: big enough to amortise latency, small enough to overlap
+BUCKET_BYTES = 8 << 20
+  # gradient fusion: big enough to amortise latency, small enough to overlap
 
 
 class GradientBuckets:
@@ -152,7 +156,8 @@ class ParallelRuntime:
         params = {(p.name, p.shard): p for p in net.params}
         everyone = tuple(range(self.size))
         if self._one_node is None:
-            self._one_node = self.comm.on_one_node()
+            # SINGA_MPI_SHM=0 forces the message path (bucketed Iallreduce) even on one node
+            self._one_node = os.environ.get("SINGA_MPI_SHM", "1") != "0" and self.comm.on_one_node()
         syncs = the_plan.param_syncs
         if self._one_node:
             world_syncs = [s for s in syncs if s.ranks == everyone]
@@ -167,17 +172,21 @@ class ParallelRuntime:
         self.buckets[id(net)] = GradientBuckets(self.comm, syncs, params, uses, order)
 
     def check_agreement(self) -> None:
-        """All ranks must hold the same plan: compare schedule digests before step 1."""
-        digests = {}
-        for phase, the_plan in self.plans.items():
-            ops = [op for rank_ops in schedules(the_plan).values() for op in rank_ops]
-            digests[phase] = schedule_hash(ops)
-        everyone = self.comm.allgather_object(digests)
-        for rank, theirs in enumerate(everyone):
-            if theirs != digests:
-                raise ConfigError(f"rank {rank} planned a different communication schedule than rank "
-                                  f"{self.rank} ({theirs} vs {digests}): expected every rank to read the "
-                                  f"same job configuration")
+        """All ranks must hold the same plan: compare schedule digests before step 1,
+        and on a mismatch name the first differing entry."""
+        lines = [line for _, the_plan in sorted(self.plans.items()) for line in schedule_lines(the_plan)]
+        everyone = self.comm.allgather_object(digest(lines))
+        if len(set(everyone)) == 1:
+            return
+        schedules_of = self.comm.allgather_object(lines)  # small: one line per communication call
+        for rank, theirs in enumerate(schedules_of):
+            if theirs != lines:
+                first = next((i for i, (a, b) in enumerate(zip(lines, theirs)) if a != b), min(len(lines), len(theirs)))
+                mine = lines[first] if first < len(lines) else "(nothing)"
+                other = theirs[first] if first < len(theirs) else "(nothing)"
+                raise ConfigError(f"rank {rank} planned a different communication schedule than rank {self.rank}: "
+                                  f"entry {first} is '{other}' there and '{mine}' here: expected every rank to "
+                                  f"read the same job configuration")
 
     # -------------------------------------------------------------- steps
     def owned_params(self, net: Net) -> list[Param]:
@@ -208,6 +217,28 @@ class ParallelRuntime:
 
     def comm_seconds(self) -> float:
         return self.comm.comm_seconds()
+
+    def report(self, steps: int) -> str | None:
+        """Per connection layer and for parameter averaging: calls, bytes and ms per step on each rank
+        (the table printed at the end of a run; collective, returns the text on rank 0)."""
+        merged: dict[str, tuple[int, int, float]] = {}
+        for label, a in self.comm.accounts.items():  # one row per connection layer, not per sub-layer
+            key = re.sub(r"@\d+$", "", label)
+            calls, nbytes, seconds = merged.get(key, (0, 0, 0.0))
+            merged[key] = (calls + a.calls, nbytes + a.bytes, seconds + a.seconds)
+        rows = self.comm.gather_object(merged)
+        if rows is None or steps <= 0:
+            return None
+        labels = sorted({label for per_rank in rows for label in per_rank})
+        lines = [f"communication per step over {steps} steps (per rank: MiB sent+received / ms):",
+                 f"  {'layer':<38}" + "".join(f"{'rank ' + str(r):>18}" for r in range(len(rows)))]
+        for label in labels:
+            cells = []
+            for per_rank in rows:
+                calls, nbytes, seconds = per_rank.get(label, (0, 0, 0.0))
+                cells.append(f"{nbytes / steps / 2**20:>9.2f} /{1e3 * seconds / steps:>6.2f}" if calls else f"{'-':>16}")
+            lines.append(f"  {label:<38}" + "".join(f"{c:>18}" for c in cells))
+        return "\n".join(lines)
 
     def contributes(self, param: Param) -> bool:
         """Whether this rank is the one that reports ``param``'s shard (its lowest holder)."""

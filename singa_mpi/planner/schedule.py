@@ -93,10 +93,14 @@ def schedules(plan: Plan) -> dict[int, list[CommOp]]:
     return {rank: rank_schedule(plan, rank) for rank in range(plan.nranks)}
 
 
-def schedule_hash(ops: list[CommOp]) -> str:
-    """A digest of the whole schedule, identical on every rank of a consistent job."""
-    text = "\n".join(op.describe() + f" rank {op.rank} key {op.key}" for op in ops)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def schedule_lines(plan: Plan) -> list[str]:
+    """The whole job's schedule (every rank's calls), one line per call."""
+    return [f"{plan.phase}: rank {op.rank}: {op.describe()}" for ops in schedules(plan).values() for op in ops]
+
+
+def digest(lines: list[str]) -> str:
+    """A short digest of schedule lines, identical on every rank of a consistent job."""
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
 def verify(plan: Plan) -> None:
