@@ -91,7 +91,7 @@ def cmd_plan(args) -> int:
 
     cfg = load_job(args.job)
     validate(cfg)
-    the_plan = plan(cfg, args.n, phase=args.phase)
+    the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase)
     renderers = {"json": render.to_json, "dot": render.to_dot, "text": render.to_text}
     text = renderers[args.format](the_plan)
     if args.output and args.format == "dot" and not args.output.endswith(".dot"):
@@ -102,6 +102,19 @@ def cmd_plan(args) -> int:
     else:
         print(text)
     return 0
+
+
+def plan_workers(cfg, n: int | None) -> int:
+    """cluster.nworkers_per_group when the job sets it, else -n; both must agree."""
+    cluster = cfg.proto.cluster
+    if cluster.HasField("nworkers_per_group"):
+        if n is not None and n != cluster.nworkers_per_group:
+            raise ConfigError(f"{cfg.where('cluster', 'nworkers_per_group')}: cluster.nworkers_per_group = "
+                              f"{cluster.nworkers_per_group}: expected it to match -n {n} (or leave out -n)")
+        return cluster.nworkers_per_group
+    if n is None:
+        raise ConfigError(f"{cfg.path}: no worker count: expected -n N (the job sets no cluster.nworkers_per_group)")
+    return n
 
 
 def _render_dot(text: str, output: str) -> int:
@@ -205,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="show how a job is partitioned over N workers (no MPI needed)")
     p.add_argument("job")
-    p.add_argument("-n", type=int, required=True, help="number of workers (MPI ranks)")
+    p.add_argument("-n", type=int, help="number of workers (MPI ranks); default: cluster.nworkers_per_group")
     p.add_argument("--phase", default="train", choices=["train", "test", "val"])
     p.add_argument("--format", default="text", choices=["text", "json", "dot"])
     p.add_argument("-o", "--output", help="write to FILE (dot: .png/.svg/.pdf are rendered with Graphviz)")

@@ -79,6 +79,11 @@ def mlp(path: str, batch: int, scheme: str, nranks: int = 2) -> str:
                   _act("act1", "fc1", "kSTanh", none, loc(1)), _ip("fc2", "act1", 10, none, loc=loc(1)),
                   _act("act2", "fc2", pdim=none, loc=loc(2)), _ip("fc3", "act2", 5, none, loc=loc(3)),
                   _loss("fc3", none, loc(3))]
+    elif scheme == "hybrid":  # the first layer on the batch, the rest on features
+        one = "partition_dim: 1"
+        layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 16), _act("act1", "fc1", "kSTanh"),
+                  _ip("fc2", "act1", 10, one), _act("act2", "fc2", pdim=one), _ip("fc3", "act2", 5, one),
+                  _loss("fc3")]
     elif scheme == "shared":
         layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 12), _act("act1", "fc1", "kSTanh"),
                   _ip("fc2", "act1", 12, w="w_fc2", share="w_fc1"), _act("act2", "fc2"), _ip("fc3", "act2", 5),

@@ -162,15 +162,16 @@ def mpi_train(n, conf, workspace, *args, timeout=300):
 
 
 def test_resume_across_rank_counts_and_partitionings(tmp_path):
-    """6 steps on 1 rank (batch split), then 2 ranks (features split), then 3 ranks (pipeline)."""
-    confs = {s: job_file(tmp_path, s, steps=18, name=s) for s in ("data", "feature", "pipeline")}
+    """6 steps on 1 rank (batch split), 2 ranks (features split), 3 ranks (hybrid), 3 ranks (pipeline)."""
+    confs = {s: job_file(tmp_path, s, steps=24, name=s) for s in ("data", "feature", "hybrid", "pipeline")}
     assert train(confs["data"], tmp_path / "serial") == 0
     ws = tmp_path / "moving"
     mpi_train(1, confs["data"], ws, "--steps", "6")
     out = mpi_train(2, confs["feature"], ws, "--steps", "12", "--resume")
     assert "different partitioning" in out.stdout and "workers: 1 -> 2" in out.stdout
+    mpi_train(3, confs["hybrid"], ws, "--steps", "18", "--resume")
     mpi_train(3, confs["pipeline"], ws, "--resume")
-    reference, moved = final(tmp_path / "serial", 18), final(ws, 18)
+    reference, moved = final(tmp_path / "serial", 24), final(ws, 24)
     for name, value in reference.params.items():
         scale = max(float(np.abs(value).max()), 1e-6)
         assert float(np.abs(moved.params[name] - value).max()) / scale < 1e-5, name

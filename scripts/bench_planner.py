@@ -1,0 +1,61 @@
+"""How fast the partition planner is: a 100-layer net planned for 8 workers (target: under a second).
+
+    python scripts/bench_planner.py [--layers 100] [--ranks 8] [--repeat 5]
+
+The net alternates inner-product and ReLU layers with partition_dim cycling 0, 1, -1 (at varying
+locations), so the plan has Allgatherv, Alltoallv, Gatherv, Scatterv and bridge connections and
+param syncs; the time covers planning, the schedule's safety proof and nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from singa_mpi.config.load import parse_job  # noqa: E402
+from singa_mpi.planner import plan  # noqa: E402
+
+
+def net_text(layers: int, ranks: int) -> str:
+    lines = ['layer { name: "data" type: kRecordInput store_conf { backend: "hdf5" path: "x.h5" '
+             'batchsize: 256 shape: 64 } }']
+    src = "data"
+    pdims = ["partition_dim: 0", "partition_dim: 1", "partition_dim: -1 location: {loc}"]
+    for i in range((layers - 2) // 2):
+        pdim = pdims[i % 3].format(loc=i % ranks)
+        lines.append(f'layer {{ name: "fc{i}" type: kInnerProduct srclayers: "{src}" {pdim} '
+                     f'innerproduct_conf {{ num_output: 64 }} param {{ name: "w{i}" init {{ type: kGaussian }} }} '
+                     f'param {{ name: "b{i}" init {{ type: kConstant value: 0 }} }} }}')
+        lines.append(f'layer {{ name: "relu{i}" type: kReLU srclayers: "fc{i}" {pdim} }}')
+        src = f"relu{i}"
+    lines.append(f'layer {{ name: "loss" type: kSoftmaxLoss srclayers: "{src}" srclayers: "data" }}')
+    return ('name: "deep" train_steps: 1 train_one_batch { alg: kBP } '
+            'updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }\n'
+            'neuralnet {\n' + "\n".join(lines) + "\n}\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=100)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    cfg = parse_job(net_text(args.layers, args.ranks), "<bench>")
+    times = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        the_plan = plan(cfg, args.ranks)
+        times.append(time.perf_counter() - start)
+    print(f"planned {len(cfg.proto.neuralnet.layer)} layers on {args.ranks} workers: "
+          f"{len(the_plan.sublayers)} sub-layers, {len(the_plan.exchanges)} exchanges, "
+          f"{len(the_plan.param_syncs)} param syncs; median {1e3 * statistics.median(times):.0f} ms "
+          f"(best {1e3 * min(times):.0f} ms) per plan")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
