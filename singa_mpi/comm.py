@@ -206,33 +206,48 @@ class MPIComm:
         self._leave(start, label, 0)
 
     # ------------------------------------------------------------- objects (setup only)
-    def allgather_object(self, value):
-        return self.comm.allgather(value)
+    def allgather_object(self, value, label: str = "allgather(objects)"):
+        start = self._enter("allgather", label, "group")
+        result = self.comm.allgather(value)
+        self._leave(start, label, 0)
+        return result
 
-    def gather_object(self, value, root: int = 0):
+    def gather_object(self, value, root: int = 0, label: str = "gather(objects)"):
         """Python objects to ``root`` (setup and checkpoints only: never on the step's hot path)."""
-        return self.comm.gather(value, root=root)
+        start = self._enter("gather", label, f"root {root}")
+        result = self.comm.gather(value, root=root)
+        self._leave(start, label, 0)
+        return result
 
     def any(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any rank (e.g. a stop signal arrived)."""
         value = np.array([1 if flag else 0], np.int32)
+        start = self._enter("Allreduce", "stop-signal vote", "group")
         self.comm.Allreduce(MPI.IN_PLACE, [value, MPI.INT], op=MPI.MAX)
+        self._leave(start, "stop-signal vote", value.nbytes)
         return bool(value[0])
 
     def allreduce_dict(self, values: dict[str, float]) -> dict[str, float]:
         """Sum per key over the group (metrics); keys may differ between ranks."""
-        keys = sorted(set().union(*self.comm.allgather(sorted(values))))
+        keys = sorted(set().union(*self.allgather_object(sorted(values), "metrics")))
         array = np.array([values.get(k, 0.0) for k in keys], np.float64)
+        start = self._enter("Allreduce", "metrics", "group")
         self.comm.Allreduce(MPI.IN_PLACE, [array, MPI.DOUBLE], op=MPI.SUM)
+        self._leave(start, "metrics", array.nbytes)
         return dict(zip(keys, array.tolist()))
 
-    def barrier(self) -> None:
+    def barrier(self, label: str = "barrier") -> None:
+        start = self._enter("Barrier", label, "group")
         self.comm.Barrier()
+        self._leave(start, label, 0)
 
     def abort(self, code: int = 1) -> None:
-        """End every rank of the job now (after flushing this rank's output)."""
+        """End every rank of the job now (after this rank's output is out)."""
         sys.stdout.flush()
         sys.stderr.flush()
+        # give the launcher a moment to forward what this rank just wrote: MPI_Abort kills
+        # the processes at once, and a message still in the pipe would be lost
+        time.sleep(0.5)
         MPI.COMM_WORLD.Abort(code)
 
 
