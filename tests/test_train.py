@@ -1,0 +1,43 @@
+"""The training loop: SINGA's schedule predicates, metrics.jsonl, and the default job's accuracy."""
+import json
+
+import pytest
+
+import nets
+from singa_mpi import cli
+from singa_mpi.proto import job_pb2
+from singa_mpi import train as training
+
+
+def test_schedule_predicates_follow_singa():
+    job = job_pb2.JobProto(disp_freq=10, disp_after=5, test_freq=20, test_steps=3, test_after=0,
+                           validate_freq=7, validate_steps=0, checkpoint_freq=4, checkpoint_after=8)
+    assert [s for s in range(40) if training.display_now(job, s)] == [5, 15, 25, 35]
+    assert [s for s in range(40) if training.test_now(job, s)] == [0, 20]
+    assert not any(training.validate_now(job, s) for s in range(40))  # validate_steps 0 turns validation off
+    assert [s for s in range(20) if training.checkpoint_now(job, s)] == [8, 12, 16]
+
+
+def test_metrics_jsonl_and_test_before_the_batch(tmp_path):
+    data = nets.make_data(str(tmp_path / "d.h5"), 40, (12,), 5)
+    text = nets.mlp(data, 8, "data").replace("train_steps: 20", "train_steps: 6").replace("disp_freq: 1", "disp_freq: 2")
+    text = text.replace('neuralnet {', 'test_steps: 2 test_freq: 3\nneuralnet {')
+    conf = tmp_path / "job.conf"
+    conf.write_text(text)
+    assert cli.main(["train", str(conf), "--workspace", str(tmp_path / "ws")]) == 0
+    lines = [json.loads(line) for line in (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["phase"]) for m in lines] == [
+        (0, "test"), (0, "train"), (2, "train"), (3, "test"), (4, "train"), (6, "test")]
+    for m in lines:
+        assert {"step", "phase", "loss", "accuracy", "elapsed"} <= set(m)
+    assert all("samples_per_s" in m for m in lines if m["phase"] == "train")
+
+
+def test_default_job_reaches_95_percent_on_digits(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the digits data and the workspace go below the current folder
+    assert cli.main(["train"]) == 0
+    final = [json.loads(line) for line in (tmp_path / "workspace" / "digits_mlp" / "metrics.jsonl")
+             .read_text().splitlines()][-1]
+    assert final["phase"] == "test" and final["step"] == 600
+    assert final["accuracy"] >= 0.95
+    assert "preparing scikit-learn's digits" in capsys.readouterr().out
