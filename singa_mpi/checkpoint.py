@@ -182,12 +182,6 @@ def listed(workspace: str) -> list[tuple[int, str]]:
     return sorted(found, reverse=True)
 
 
-def newest(workspace: str) -> str | None:
-    """The newest checkpoint file (unverified), or None."""
-    found = listed(workspace)
-    return found[0][1] if found else None
-
-
 def newest_good(workspace: str) -> Checkpoint | None:
     """The newest checkpoint that reads and verifies; damaged newer ones are skipped with a warning."""
     for _, path in listed(workspace):

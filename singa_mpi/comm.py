@@ -99,9 +99,6 @@ class MPIComm:
             self._subs[ranks] = MPIComm(self.comm.Create_group(group), world=self.world)
         return self._subs[ranks]
 
-    def group_rank(self, world_rank: int, ranks: tuple[int, ...]) -> int:
-        return list(ranks).index(world_rank)
-
     # ------------------------------------------------------------- point to point
     def Isend(self, array: np.ndarray, dest: int, tag: int, layer: str):
         start = self._enter("Isend", layer, f"to rank {dest}", tag)

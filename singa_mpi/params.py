@@ -44,10 +44,6 @@ class Param:
         self.wd_scale = conf.wd_scale
         self.fresh = False  # True after zero_grad: the next contribution overwrites instead of adding
 
-    @property
-    def is_sharded(self) -> bool:
-        return self.data.shape != self.logical_shape
-
     def shard_index(self) -> tuple[slice, ...]:
         return tuple(slice(lo, hi) for lo, hi in self.shard)
 

@@ -19,9 +19,3 @@ def chunk(n: int, parts: int, part: int) -> tuple[int, int]:
 def chunks(n: int, parts: int) -> list[tuple[int, int]]:
     return [chunk(n, parts, p) for p in range(parts)]
 
-
-def counts_displs(bounds: list[tuple[int, int]], unit: int = 1) -> tuple[list[int], list[int]]:
-    """MPI v-collective counts and displacements for consecutive ``[lo, hi)`` parts."""
-    counts = [(hi - lo) * unit for lo, hi in bounds]
-    displs = [lo * unit for lo, _ in bounds]
-    return counts, displs
