@@ -30,6 +30,10 @@ class Param:
     logical_shape: the unpartitioned shape.
     shard:         ((lo, hi), ...) per axis: which part of the logical array this is.
     data, grad:    float32 arrays of the shard's shape; ``grad`` accumulates.
+    factors:       None, or where a runtime collects this shard's gradient as factors
+                   (``record(a, b)`` for grad = a @ b, ``clear()`` for a zero gradient)
+                   instead of computing it here; ``grad`` is then None (see
+                   :mod:`singa_mpi.parallel.shared_grads`).
     """
 
     def __init__(self, conf: job_pb2.ParamProto, logical_shape: Shape, shard: tuple[tuple[int, int], ...]):
@@ -43,6 +47,7 @@ class Param:
         self.lr_scale = conf.lr_scale
         self.wd_scale = conf.wd_scale
         self.fresh = False  # True after zero_grad: the next contribution overwrites instead of adding
+        self.factors = None
 
     def shard_index(self) -> tuple[slice, ...]:
         return tuple(slice(lo, hi) for lo, hi in self.shard)
@@ -54,7 +59,13 @@ class Param:
 
     def add_grad(self, a: np.ndarray, b: np.ndarray | None = None) -> None:
         """grad += a (or a @ b, computed straight into grad when it is the first contribution)."""
-        if self.fresh:
+        if self.factors is not None:
+            if not self.fresh or b is None:
+                raise RuntimeError(f"param {self.name!r} collects its gradient as factors: expected one "
+                                   f"add_grad(a, b) per step, got {'a second one' if not self.fresh else 'a dense one'}")
+            self.factors.record(a, b)
+            self.fresh = False
+        elif self.fresh:
             if b is None:
                 np.copyto(self.grad, a)
             else:
@@ -73,7 +84,10 @@ class Param:
     def finish_grad(self) -> None:
         """Make a gradient that received no contribution this step an explicit zero."""
         if self.fresh:
-            self.grad.fill(0.0)
+            if self.factors is not None:
+                self.factors.clear()
+            else:
+                self.grad.fill(0.0)
             self.fresh = False
 
     def __repr__(self) -> str:

@@ -119,6 +119,11 @@ class ParamSpec:
     logical_shape: Shape
     shard: tuple[tuple[int, int], ...]
     role: str  # "weight", "bias", ... (for messages)
+    # The layer's backward adds this param's gradient as one product a @ b whose inner
+    # dimension is its local batch rows (a: (shape[0], rows), b: (rows, shape[1])).  A runtime
+    # may then gather those factors from the ranks that replicate the param and compute
+    # slices of the summed gradient from them, instead of summing whole gradients.
+    batch_factored: bool = False
 
     @property
     def shard_shape(self) -> Shape:
@@ -154,14 +159,18 @@ class Layer:
         """Check the conf against the logical source shapes; return the logical output shape."""
         raise NotImplementedError
 
-    def declare_param(self, index: int, role: str, logical_shape: Shape, shard_axis: int | None) -> None:
-        """Declare ``conf.param[index]``; sharded on ``shard_axis`` by the feature slice."""
+    def declare_param(self, index: int, role: str, logical_shape: Shape, shard_axis: int | None,
+                      batch_factored: bool = False) -> None:
+        """Declare ``conf.param[index]``; sharded on ``shard_axis`` by the feature slice.
+
+        ``batch_factored``: see :attr:`ParamSpec.batch_factored`."""
         if index >= len(self.conf.param):
             raise LayerConfigError(f"param[{index}]", "missing", f"a param {{ name: ... }} for the {role}")
         shard = [(0, n) for n in logical_shape]
         if shard_axis is not None and self.ctx.feature_slice is not None:
             shard[shard_axis] = self.ctx.feature_slice
-        self.param_specs.append(ParamSpec(self.conf.param[index], tuple(logical_shape), tuple(shard), role))
+        self.param_specs.append(ParamSpec(self.conf.param[index], tuple(logical_shape), tuple(shard), role,
+                                          batch_factored))
 
     def local_out_shape(self) -> Shape:
         """This sub-layer's output shape per sample (feature slice applied to axis 1)."""

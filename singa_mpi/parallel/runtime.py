@@ -159,17 +159,38 @@ class ParallelRuntime:
             # SINGA_MPI_SHM=0 forces the message path (bucketed Iallreduce) even on one node
             self._one_node = os.environ.get("SINGA_MPI_SHM", "1") != "0" and self.comm.on_one_node()
         syncs = the_plan.param_syncs
-        if self._one_node:
-            world_syncs = [s for s in syncs if s.ranks == everyone]
-            if world_syncs:
-                self.shm = SharedMemoryGradients(self.comm, [params[(s.name, s.offsets)] for s in world_syncs])
-            syncs = [s for s in syncs if s.ranks != everyone]
         uses: dict[int, int] = {}
         for layer in net.layers:
             for p in layer.params:
                 uses[id(p)] = uses.get(id(p), 0) + 1
+        if self._one_node:
+            world_params = [params[(s.name, s.offsets)] for s in syncs if s.ranks == everyone]
+            if world_params:
+                self.shm = SharedMemoryGradients(self.comm, world_params,
+                                                 self._batch_rows(net, world_params, uses))
+            syncs = [s for s in syncs if s.ranks != everyone]
         order = list(dict.fromkeys(shard.name for sub in the_plan.sublayers for shard in sub.params))
         self.buckets[id(net)] = GradientBuckets(self.comm, syncs, params, uses, order)
+
+    def _batch_rows(self, net: Net, world_params: list[Param], uses: dict[int, int]) -> dict[int, list[int]]:
+        """Which replicated params can be summed from their gradient factors, and each rank's rows.
+
+        A param qualifies when, on every rank, exactly one local layer uses it and declares its
+        gradient batch-factored (see ``ParamSpec.batch_factored``).  Collective (setup only).
+        """
+        rows_here: dict[tuple, int] = {}
+        for layer in net.layers:
+            for spec, param in zip(layer.param_specs, layer.params):
+                if spec.batch_factored and uses[id(param)] == 1 and param.data.ndim == 2:
+                    lo, hi = layer.ctx.rows()
+                    rows_here[(param.name, param.shard)] = hi - lo
+        everyone = self.comm.allgather_object(rows_here, "setup(factored params)")
+        batch_rows = {}
+        for param in world_params:
+            key = (param.name, param.shard)
+            if all(key in theirs for theirs in everyone):
+                batch_rows[id(param)] = [theirs[key] for theirs in everyone]
+        return batch_rows
 
     def check_agreement(self) -> None:
         """All ranks must hold the same plan: compare schedule digests before step 1,
