@@ -59,8 +59,13 @@ class ExchangeLayer(Layer):
         self.dtype = np.int32 if self.labels else np.float32
         self.sends = sorted((p for p in ex.pieces if p.src == self.rank), key=lambda p: p.dst)
         self.recvs = sorted((p for p in ex.pieces if p.dst == self.rank), key=lambda p: p.src)
+        # Allgatherv: a holder sends its whole held region once, to everybody
+        self.own = [Piece(self.rank, self.rank, self.held)] if self.held is not None else []
+        # Reduce_scatter: the gradient blocks of every holder, in rank order
+        self.held_blocks = [Piece(r, self.rank, region) for r, region in sorted(ex.holders.items())]
         self._requests: list = []
         self._buffers: dict[str, np.ndarray] = {}
+        self._layouts: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
 
     # ------------------------------------------------------------- helpers
     def _shape(self, region: Region) -> tuple[int, ...]:
@@ -83,13 +88,14 @@ class ExchangeLayer(Layer):
     def _empty(self, region: Region | None, key: str = "out") -> np.ndarray:
         return self._buffer(key, self._shape(region) if region else (0,))
 
-    def _pack(self, array: np.ndarray, held: Region, pieces, key, name: str = "send"
+    def _pack(self, array: np.ndarray, held: Region, pieces: list[Piece], by: str, name: str = "send"
               ) -> tuple[np.ndarray, list[int], list[int]]:
-        """Pieces of ``array`` (holding ``held``) in one buffer; counts/displs per group member."""
-        counts = [0] * len(self.members)
-        for p in pieces:
-            counts[self.members.index(key(p))] += self._size(p.region)
-        displs = list(np.cumsum([0] + counts[:-1]))
+        """Pieces of ``array`` (holding ``held``) in one buffer; counts/displs per group member.
+
+        A single piece that is the whole (contiguous) array is sent as it is, without a copy."""
+        counts, displs = self._layout(pieces, by)
+        if len(pieces) == 1 and pieces[0].region == held and array.flags.c_contiguous:
+            return array.reshape(-1), counts, displs
         buf = self._buffer(name, sum(counts), array.dtype)
         offset = 0
         for p in pieces:
@@ -98,11 +104,16 @@ class ExchangeLayer(Layer):
             offset += n
         return buf, counts, displs
 
-    def _layout(self, pieces, key) -> tuple[list[int], list[int]]:
-        counts = [0] * len(self.members)
-        for p in pieces:
-            counts[self.members.index(key(p))] += self._size(p.region)
-        return counts, list(np.cumsum([0] + counts[:-1]))
+    def _layout(self, pieces: list[Piece], by: str) -> tuple[list[int], list[int]]:
+        """Counts and displacements per group member of ``pieces`` grouped by their ``by``
+        ("src" or "dst") rank; fixed for the run, so computed once per piece list."""
+        key = (id(pieces), by)
+        if key not in self._layouts:
+            counts = [0] * len(self.members)
+            for p in pieces:
+                counts[self.members.index(getattr(p, by))] += self._size(p.region)
+            self._layouts[key] = (counts, [int(d) for d in np.cumsum([0] + counts[:-1])])
+        return self._layouts[key]
 
     def _unpack(self, buf: np.ndarray, pieces, into: np.ndarray, region: Region, add: bool) -> None:
         offset = 0
@@ -155,9 +166,9 @@ class ExchangeLayer(Layer):
         if x is None:
             send, scounts, sdispls = np.empty(0, self.dtype), [0] * len(self.members), [0] * len(self.members)
         else:
-            pieces = self._own_pieces() if op == "Allgatherv" else self.sends
-            send, scounts, sdispls = self._pack(x, self.held, pieces, lambda p: p.dst)
-        rcounts, rdispls = self._layout(self.recvs, lambda p: p.src)
+            pieces = self.own if op == "Allgatherv" else self.sends
+            send, scounts, sdispls = self._pack(x, self.held, pieces, "dst")
+        rcounts, rdispls = self._layout(self.recvs, "src")
         recv = self._buffer("recv", sum(rcounts))
         name, groot = self.name, (self.members.index(root) if root is not None else None)
         if op == "Scatterv":
@@ -170,10 +181,6 @@ class ExchangeLayer(Layer):
             self.comm.Alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, name)
         if self.need is not None:
             self._unpack(recv, self.recvs, out, self.need, add=False)
-
-    def _own_pieces(self) -> list[Piece]:
-        """Allgatherv: a holder sends its whole held region once, to everybody."""
-        return [Piece(self.rank, self.rank, self.held)]
 
     def _root(self) -> int | None:
         op = self.ex.forward_op
@@ -189,10 +196,8 @@ class ExchangeLayer(Layer):
         self._wait_sends()
         if not self.ex.with_backward:
             return [None] * len(need)
-        gx = None
-        if self.held is not None:
-            gx = self._buffer("grad_in", self._shape(self.held), np.float32)
-            gx.fill(0.0)
+        # the gradient of what this rank held: written by the one receive that fills it, or summed
+        gx = self._buffer("grad_in", self._shape(self.held), np.float32) if self.held is not None else None
         g = grad if grad is not None else (np.zeros(self._shape(self.need), np.float32) if self.need else None)
         g = np.ascontiguousarray(g, np.float32) if g is not None else None
         op, root, name = self.ex.backward_op, self._root(), self.name
@@ -201,24 +206,19 @@ class ExchangeLayer(Layer):
         elif self.sub.role == "bridge_src":
             self.comm.Recv(gx, self.sends[0].dst, 2 * self.ex.id + 1, name)
         elif op == "Reduce":
-            result = self._buffer("reduced", gx.shape, np.float32) if self.rank == root else None
-            self.comm.Reduce(g, result, self.members.index(root), name)
-            if self.rank == root:
-                gx += result
+            self.comm.Reduce(g, gx if self.rank == root else None, self.members.index(root), name)
         elif op == "Reduce_scatter":
-            holders = sorted(self.ex.holders.items(), key=lambda kv: kv[0])
-            blocks = [Piece(r, self.rank, region) for r, region in holders]
-            send, counts, _ = self._pack(g, self.need, blocks, lambda p: p.src, "grad_send")
-            recv = self._buffer("grad_recv", counts[self.members.index(self.rank)], np.float32)
+            send, counts, _ = self._pack(g, self.need, self.held_blocks, "src", "grad_send")
+            recv = gx.reshape(-1) if gx is not None else np.empty(0, np.float32)
             self.comm.Reduce_scatter(send, recv, counts, name)
+        else:  # Gatherv, Scatterv, Alltoallv: the forward pieces travel back, and add up
             if gx is not None:
-                gx += recv.reshape(gx.shape)
-        else:  # Gatherv, Scatterv, Alltoallv: the forward pieces travel back
+                gx.fill(0.0)
             if g is not None:
-                send, scounts, sdispls = self._pack(g, self.need, self.recvs, lambda p: p.src, "grad_send")
+                send, scounts, sdispls = self._pack(g, self.need, self.recvs, "src", "grad_send")
             else:
                 send, scounts, sdispls = np.empty(0, np.float32), [0] * len(self.members), [0] * len(self.members)
-            rcounts, rdispls = self._layout(self.sends, lambda p: p.dst)
+            rcounts, rdispls = self._layout(self.sends, "dst")
             recv = self._buffer("grad_recv", sum(rcounts), np.float32)
             groot = self.members.index(root) if root is not None else None
             if op == "Gatherv":

@@ -100,6 +100,7 @@ class SharedMemoryGradients:
         self.dense_chunks: list[tuple[int, int, int]] = []  # (offset in the dense segments, lo, hi)
         self.factored: list[tuple[np.ndarray, np.ndarray, int, int, np.ndarray]] = []  # left, right, r0, r1, out
         self.views: list[ChunkView] = []
+        self.bytes_read = 0  # per step, from the other ranks' writes (for the communication table)
         value_offset = dense_offset = factor_offset = 0
         for p, size in zip(params, sizes):
             shape = p.data.shape
@@ -116,6 +117,8 @@ class SharedMemoryGradients:
                 k1 = k0 + rows_per_rank[rank]
                 p.factors, p.grad = FactorSlot(p.name, left[k0:k1], right[k0:k1]), None
                 r0, r1 = chunk(height, n, rank)  # whole rows: each chunk is one GEMM
+                others = total_rows - rows_per_rank[rank]
+                self.bytes_read += 4 * others * ((r1 - r0) + width)
                 if r1 > r0:
                     out = np.zeros((r1 - r0) * width, np.float32)
                     self.factored.append((left, right, r0, r1, out.reshape(r1 - r0, width)))
@@ -123,6 +126,7 @@ class SharedMemoryGradients:
             else:
                 p.grad = self.dense_segments[rank][dense_offset:dense_offset + size].reshape(shape)
                 lo, hi = chunk(size, n, rank)
+                self.bytes_read += 4 * (n - 1) * (hi - lo)
                 if hi > lo:
                     self.dense_chunks.append((dense_offset, lo, hi))
                     self.views.append(ChunkView(p, lo, hi, p.grad.reshape(-1)[lo:hi]))
@@ -138,7 +142,7 @@ class SharedMemoryGradients:
             for r, segment in enumerate(self.dense_segments):
                 if r != self.comm.rank:
                     np.add(target, segment[offset + lo:offset + hi], out=target)
-        self.comm._leave(start, "shm(gradients)", 0)
+        self.comm._leave(start, "shm(gradients)", self.bytes_read)
         for left, right, r0, r1, out in self.factored:  # computation, not communication
             np.matmul(left[:, r0:r1].T, right, out=out)
 

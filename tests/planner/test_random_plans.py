@@ -108,6 +108,11 @@ def check_plan(the_plan):
             assert src.out_shape[0] == sub.region.nrows, (src.name, src.out_shape, sub.name, sub.region)
             if kind == "data" and sub.pdim == 1 and sub.layer.connection != "OneToAll":
                 assert src.out_shape[1] == sub.region.nfeatures, (src.name, sub.name)
+    # a bridge moves whole arrays: its receivers write the whole buffer (forward and backward)
+    for ex in the_plan.exchanges:
+        if ex.forward_op == "Send":
+            (held,), (need,), (piece,) = ex.holders.values(), ex.needs.values(), ex.pieces
+            assert held == need == piece.region, (ex.src, ex.dst, held, need)
     # the schedule pairs up
     sched = schedules(the_plan)
     sends = sorted((o.rank, o.peer, o.tag, math.prod(o.shape)) for ops in sched.values() for o in ops if o.op == "Send")
