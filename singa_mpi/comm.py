@@ -172,6 +172,41 @@ class MPIComm:
         self._leave(start, layer, array.nbytes)
         return request
 
+    # ------------------------------------------------------------- non-blocking (backward exchanges)
+    # Started, then computation runs, then ``Wait``: what the slower rank would make the faster
+    # one wait for is spent on queued weight-gradient GEMMs instead (see params.GradientQueue).
+    def _start(self, op: str, layer: str, peer: str, nbytes: int, call):
+        start = self._enter(op, layer, peer)
+        request = call()
+        self._leave(start, layer, nbytes)
+        return request
+
+    def Irecv(self, array: np.ndarray, source: int, tag: int, layer: str):
+        return self._start("Irecv", layer, f"from rank {source}", array.nbytes,
+                           lambda: self.comm.Irecv(self._buf(array), source=source, tag=tag))
+
+    def Ireduce(self, send: np.ndarray, recv: np.ndarray | None, root: int, layer: str):
+        return self._start("Ireduce", layer, f"root {root}", send.nbytes, lambda: self.comm.Ireduce(
+            self._buf(send), self._buf(recv) if recv is not None else None, op=MPI.SUM, root=root))
+
+    def Iscatterv(self, send: np.ndarray | None, counts, displs, recv: np.ndarray, root: int, layer: str):
+        sendbuf = self._vbuf(send, counts, displs) if self.rank == root else None
+        return self._start("Iscatterv", layer, f"root {root}", recv.nbytes,
+                           lambda: self.comm.Iscatterv(sendbuf, self._buf(recv), root=root))
+
+    def Igatherv(self, send: np.ndarray, recv: np.ndarray | None, counts, displs, root: int, layer: str):
+        recvbuf = self._vbuf(recv, counts, displs) if self.rank == root else None
+        return self._start("Igatherv", layer, f"root {root}", send.nbytes,
+                           lambda: self.comm.Igatherv(self._buf(send), recvbuf, root=root))
+
+    def Ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str):
+        return self._start("Ireduce_scatter", layer, "group", send.nbytes, lambda: self.comm.Ireduce_scatter(
+            self._buf(send), self._buf(recv), recvcounts=list(counts), op=MPI.SUM))
+
+    def Ialltoallv(self, send: np.ndarray, scounts, sdispls, recv: np.ndarray, rcounts, rdispls, layer: str):
+        return self._start("Ialltoallv", layer, "group", send.nbytes + recv.nbytes, lambda: self.comm.Ialltoallv(
+            self._vbuf(send, scounts, sdispls), self._vbuf(recv, rcounts, rdispls)))
+
     # ------------------------------------------------------------- shared memory (one node)
     def on_one_node(self) -> bool:
         """Whether every rank of this communicator shares one node's memory."""

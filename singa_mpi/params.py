@@ -34,6 +34,8 @@ class Param:
                    (``record(a, b)`` for grad = a @ b, ``clear()`` for a zero gradient)
                    instead of computing it here; ``grad`` is then None (see
                    :mod:`singa_mpi.parallel.shared_grads`).
+    queue:         None, or a :class:`GradientQueue` that holds this param's products
+                   ``a @ b`` until a runtime has communication to hide them behind.
     """
 
     def __init__(self, conf: job_pb2.ParamProto, logical_shape: Shape, shard: tuple[tuple[int, int], ...]):
@@ -48,6 +50,7 @@ class Param:
         self.wd_scale = conf.wd_scale
         self.fresh = False  # True after zero_grad: the next contribution overwrites instead of adding
         self.factors = None
+        self.queue: GradientQueue | None = None
 
     def shard_index(self) -> tuple[slice, ...]:
         return tuple(slice(lo, hi) for lo, hi in self.shard)
@@ -65,7 +68,14 @@ class Param:
                                    f"add_grad(a, b) per step, got {'a second one' if not self.fresh else 'a dense one'}")
             self.factors.record(a, b)
             self.fresh = False
-        elif self.fresh:
+        elif b is not None and self.queue is not None:
+            self.queue.push(self, a, b)
+        else:
+            self.accumulate(a, b)
+
+    def accumulate(self, a: np.ndarray, b: np.ndarray | None = None) -> None:
+        """grad += a (or a @ b) now."""
+        if self.fresh:
             if b is None:
                 np.copyto(self.grad, a)
             else:
@@ -82,7 +92,10 @@ class Param:
         return self.grad
 
     def finish_grad(self) -> None:
-        """Make a gradient that received no contribution this step an explicit zero."""
+        """Complete this step's gradient: queued products computed, and a gradient
+        that received no contribution an explicit zero."""
+        if self.queue is not None:
+            self.queue.run()
         if self.fresh:
             if self.factors is not None:
                 self.factors.clear()
@@ -92,6 +105,29 @@ class Param:
 
     def __repr__(self) -> str:
         return f"Param({self.name!r}, shape={self.data.shape}, logical={self.logical_shape})"
+
+
+class GradientQueue:
+    """Weight-gradient products ``a @ b`` waiting to be computed.
+
+    During backward, a layer's ``add_grad(a, b)`` on a param with a queue only
+    records the product; the runtime computes the queued products while one of
+    its non-blocking exchanges is in flight (and ``Param.finish_grad`` computes
+    whatever is left), so that time another rank would have spent waiting for
+    this one, or this one for the data, goes into GEMMs.  ``a`` and ``b`` are the
+    layer's cached arrays, untouched until the next step's forward and backward.
+    """
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Param, np.ndarray, np.ndarray]] = []
+
+    def push(self, param: Param, a: np.ndarray, b: np.ndarray) -> None:
+        self.items.append((param, a, b))
+
+    def run(self) -> None:
+        items, self.items = self.items, []
+        for param, a, b in items:
+            param.accumulate(a, b)
 
 
 # ---------------------------------------------------------------- init methods

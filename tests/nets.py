@@ -39,11 +39,12 @@ def _data_layer(path: str, batch: int, shape: tuple[int, ...], pdim: str = "") -
 
 
 def _ip(name: str, src: str, out: int, pdim: str = "", w: str | None = None, share: str | None = None,
-        loc: str = "") -> str:
+        loc: str = "", transpose: bool = False) -> str:
     wparam = (f'param {{ name: "{w or "w_" + name}" share_from: "{share}" }}' if share
               else _param(w or f"w_{name}"))
+    conf = f"num_output: {out}" + (" transpose: true" if transpose else "")
     return (f'layer {{ name: "{name}" type: kInnerProduct srclayers: "{src}" {pdim} {loc} '
-            f'innerproduct_conf {{ num_output: {out} }} {wparam} {_param("b_" + name, "kConstant value: 0.01")} }}')
+            f'innerproduct_conf {{ {conf} }} {wparam} {_param("b_" + name, "kConstant value: 0.01")} }}')
 
 
 def _act(name: str, src: str, kind: str = "kReLU", pdim: str = "", loc: str = "") -> str:
@@ -88,6 +89,11 @@ def mlp(path: str, batch: int, scheme: str, nranks: int = 2) -> str:
         layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 12), _act("act1", "fc1", "kSTanh"),
                   _ip("fc2", "act1", 12, w="w_fc2", share="w_fc1"), _act("act2", "fc2"), _ip("fc3", "act2", 5),
                   _loss("fc3")]
+    elif scheme == "transposed":  # weights stored (in, out): on the batch, on features, on the batch
+        one = "partition_dim: 1"
+        layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 16, transpose=True),
+                  _act("act1", "fc1", "kSTanh"), _ip("fc2", "act1", 10, one, transpose=True),
+                  _act("act2", "fc2", pdim=one), _ip("fc3", "act2", 5, transpose=True), _loss("fc3")]
     else:
         raise ValueError(scheme)
     return job_text(layers)

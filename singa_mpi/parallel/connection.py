@@ -13,6 +13,10 @@ kConcate           Allgatherv                  Reduce_scatter (sum)
 kConcate           Alltoallv                   Alltoallv
 =================  ==========================  =================================
 
+Backward exchanges are started non-blocking; while they are in flight the
+rank computes the weight gradients queued by the layers above (see
+:class:`~singa_mpi.params.GradientQueue`), then waits.
+
 Every exchange is a list of pieces (rows x features of the source layer's
 logical output) that rank ``src`` sends to rank ``dst``; the MPI operation only
 decides how the packed pieces travel.  Gradients coming back are *added* into
@@ -27,6 +31,7 @@ import math
 import numpy as np
 
 from singa_mpi.layers.base import Layer
+from singa_mpi.params import GradientQueue
 from singa_mpi.planner.plan import SubLayer
 from singa_mpi.planner.regions import Piece, Region
 
@@ -45,8 +50,9 @@ class ExchangeLayer(Layer):
 
     num_srcs = (0, 1)
 
-    def __init__(self, sub: SubLayer, comm, conf):
+    def __init__(self, sub: SubLayer, comm, conf, queue: GradientQueue | None = None):
         super().__init__(conf)
+        self.queue = queue  # weight-gradient GEMMs to run while a backward exchange is in flight
         ex = sub.exchange
         self.sub, self.ex, self.name = sub, ex, sub.name
         self.rank = sub.rank
@@ -201,16 +207,17 @@ class ExchangeLayer(Layer):
         g = grad if grad is not None else (np.zeros(self._shape(self.need), np.float32) if self.need else None)
         g = np.ascontiguousarray(g, np.float32) if g is not None else None
         op, root, name = self.ex.backward_op, self._root(), self.name
+        request, unpack = None, None
         if self.sub.role == "bridge_dst":
             self._requests.append(self.comm.Isend(g, self.recvs[0].src, 2 * self.ex.id + 1, name))
         elif self.sub.role == "bridge_src":
-            self.comm.Recv(gx, self.sends[0].dst, 2 * self.ex.id + 1, name)
+            request = self.comm.Irecv(gx, self.sends[0].dst, 2 * self.ex.id + 1, name)
         elif op == "Reduce":
-            self.comm.Reduce(g, gx if self.rank == root else None, self.members.index(root), name)
+            request = self.comm.Ireduce(g, gx if self.rank == root else None, self.members.index(root), name)
         elif op == "Reduce_scatter":
             send, counts, _ = self._pack(g, self.need, self.held_blocks, "src", "grad_send")
             recv = gx.reshape(-1) if gx is not None else np.empty(0, np.float32)
-            self.comm.Reduce_scatter(send, recv, counts, name)
+            request = self.comm.Ireduce_scatter(send, recv, counts, name)
         else:  # Gatherv, Scatterv, Alltoallv: the forward pieces travel back, and add up
             if gx is not None:
                 gx.fill(0.0)
@@ -222,11 +229,17 @@ class ExchangeLayer(Layer):
             recv = self._buffer("grad_recv", sum(rcounts), np.float32)
             groot = self.members.index(root) if root is not None else None
             if op == "Gatherv":
-                self.comm.Gatherv(send, recv, rcounts, rdispls, groot, name)
+                request = self.comm.Igatherv(send, recv, rcounts, rdispls, groot, name)
             elif op == "Scatterv":
-                self.comm.Scatterv(send, scounts, sdispls, recv, groot, name)
+                request = self.comm.Iscatterv(send, scounts, sdispls, recv, groot, name)
             else:
-                self.comm.Alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, name)
+                request = self.comm.Ialltoallv(send, scounts, sdispls, recv, rcounts, rdispls, name)
             if gx is not None:
-                self._unpack(recv, self.sends, gx, self.held, add=True)
+                unpack = lambda: self._unpack(recv, self.sends, gx, self.held, add=True)  # noqa: E731
+        if request is not None:
+            if self.queue is not None:
+                self.queue.run()  # weight gradients of the layers above, while the exchange is in flight
+            self.comm.Wait(request, name, f"Wait(I{op if self.sub.role != 'bridge_src' else 'recv'})")
+        if unpack is not None:
+            unpack()
         return [gx] if need else []

@@ -20,7 +20,7 @@ from singa_mpi.layers.base import Layer
 from singa_mpi.net import Net, Wire
 from singa_mpi.parallel.connection import ExchangeLayer
 from singa_mpi.parallel.shared_grads import SharedMemoryGradients
-from singa_mpi.params import Param, make_param
+from singa_mpi.params import GradientQueue, Param, make_param
 from singa_mpi.planner import plan as make_plan
 from singa_mpi.planner.plan import ParamSync, Plan
 from singa_mpi.planner.schedule import digest, schedule_lines
@@ -142,7 +142,21 @@ class ParallelRuntime:
         net = Net(wires)
         if phase == "train":
             self._setup_buckets(net, the_plan)
+            self._setup_queue(net, the_plan)
         return net
+
+    def _setup_queue(self, net: Net, the_plan: Plan) -> None:
+        """Weight gradients of params that no other rank sums with (feature shards, params of
+        unpartitioned layers) wait in a queue for the next backward exchange to hide behind.
+        Replicated params are left alone: their sums start as soon as their gradients are final."""
+        synced = {(s.name, s.offsets) for s in the_plan.param_syncs}
+        queue = GradientQueue()
+        for param in net.params:
+            if (param.name, param.shard) not in synced and param.factors is None:
+                param.queue = queue
+        for layer in net.layers:
+            if isinstance(layer, ExchangeLayer):
+                layer.queue = queue
 
     def _param(self, spec, owner_confs) -> Param:
         name = spec.conf.share_from or spec.conf.name

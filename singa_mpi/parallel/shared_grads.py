@@ -39,7 +39,7 @@ class ChunkView(Param):
         self.data = param.data.reshape(-1)[lo:hi]
         self.grad = grad
         self.lo, self.hi = lo, hi
-        self.factors = None
+        self.factors = self.queue = None
 
 
 class FactorSlot:

@@ -17,7 +17,7 @@ from singa_mpi.snapshot import collect
 from singa_mpi.train import SerialRuntime, Trainer
 
 RTOL = 1e-5
-SCHEMES = ["data", "feature", "pipeline", "shared", "hybrid"]
+SCHEMES = ["data", "feature", "pipeline", "shared", "hybrid", "transposed"]
 
 
 def _batches(n: int) -> list[int]:
