@@ -155,7 +155,9 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--steps", type=int, default=30, help="timed steps per run (the convnet: half)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration (medians are reported)")
-    parser.add_argument("--nets", nargs="+", default=list(NETS))
+    parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
+    parser.add_argument("--schemes", nargs="+", default=["data", "feature", "hybrid"],
+                        choices=["data", "feature", "hybrid"])
     parser.add_argument("--json")
     parser.add_argument("--worker", action="store_true",
                         help="run one --net/--scheme in the current MPI world (under mpiexec/srun)")
@@ -172,7 +174,7 @@ def main() -> int:
         return 0
     runs = []
     for net in args.nets:
-        for scheme in SCHEMES[net]:
+        for scheme in (s for s in SCHEMES[net] if s in args.schemes):
             for repeat in range(args.repeat):
                 for ranks in args.ranks:
                     runs.append(launch(net, scheme, ranks, args.steps if net == "mnist_mlp" else max(5, args.steps // 2)))

@@ -386,3 +386,23 @@ def test_textbook_adam_first_step_is_lr_times_sign_of_the_gradient():
     start = param.data.copy()
     run(make_updater(conf), param, [np.array([0.5, -2.0, 1e-3, -7.0], np.float32)])
     np.testing.assert_allclose(start - param.data, 0.1 * np.array([1, -1, 1, -1]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["contiguous 2-D float32", "strided float32", "float64", "chunk of a flat array"])
+def test_axpy_adds_in_place_whatever_the_layout(layout):
+    from singa_mpi.updaters import axpy
+
+    rng = np.random.default_rng(7)
+    if layout == "contiguous 2-D float32":
+        y, x = rng.normal(size=(30, 20)).astype(np.float32), rng.normal(size=(30, 20)).astype(np.float32)
+    elif layout == "strided float32":
+        y, x = rng.normal(size=(30, 40)).astype(np.float32)[:, ::2], rng.normal(size=(30, 20)).astype(np.float32)
+    elif layout == "float64":
+        y, x = rng.normal(size=600), rng.normal(size=600)
+    else:  # what node-shared chunks look like: a slice of one long buffer
+        y, x = rng.normal(size=1000).astype(np.float32)[100:700], rng.normal(size=600).astype(np.float32)
+    expected = y.astype(np.float64) - 0.3 * x.astype(np.float64)
+    target = y  # the same object must hold the result
+    axpy(-0.3, x, y)
+    assert target is y
+    np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
