@@ -50,9 +50,10 @@ class ExchangeLayer(Layer):
 
     num_srcs = (0, 1)
 
-    def __init__(self, sub: SubLayer, comm, conf, queue: GradientQueue | None = None):
+    def __init__(self, sub: SubLayer, comm, conf):
         super().__init__(conf)
-        self.queue = queue  # weight-gradient GEMMs to run while a backward exchange is in flight
+        # weight-gradient GEMMs to run while a backward exchange is in flight (set by the runtime)
+        self.queue: GradientQueue | None = None
         ex = sub.exchange
         self.sub, self.ex, self.name = sub, ex, sub.name
         self.rank = sub.rank
