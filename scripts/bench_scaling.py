@@ -67,20 +67,25 @@ def partitioned(cfg, scheme: str):
     return cfg
 
 
-def worker(args) -> int:
-    """Runs under mpiexec: time the training step of one net and scheme, print JSON on rank 0."""
+def trainer_on_world(net: str, scheme: str, prefix: str):
+    """(world, scratch folder, runtime, trainer) of an example net on synthetic data, partitioned
+    by ``scheme`` over the MPI world (call under mpiexec)."""
     from bench_serial import job_on_synthetic_data
     from singa_mpi import comm as comm_module
     from singa_mpi.parallel.runtime import ParallelRuntime
     from singa_mpi.train import Trainer
 
     world = comm_module.world()
-    conf, shape, _ = NETS[args.net]
-    folder = tempfile.mkdtemp(prefix=f"bench_scaling_r{world.rank}_")
-    cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 2048 if args.net == "mnist_mlp" else 1000),
-                      args.scheme)
+    conf, shape, _ = NETS[net]
+    folder = tempfile.mkdtemp(prefix=f"{prefix}_r{world.rank}_")
+    cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 2048 if net == "mnist_mlp" else 1000), scheme)
     runtime = ParallelRuntime(cfg, 1, folder, world)
-    trainer = Trainer(cfg, folder, runtime, log=lambda line: None)
+    return world, folder, runtime, Trainer(cfg, folder, runtime, log=lambda line: None)
+
+
+def worker(args) -> int:
+    """Runs under mpiexec: time the training step of one net and scheme, print JSON on rank 0."""
+    world, folder, runtime, trainer = trainer_on_world(args.net, args.scheme, "bench_scaling")
     for step in range(3):
         trainer.train_one_batch(step)
     world.barrier()

@@ -14,15 +14,14 @@ with ``-n 1`` to see which phase scales badly.  Set one BLAS thread per rank
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
-from bench_scaling import NETS, partitioned  # noqa: E402
-from bench_serial import job_on_synthetic_data  # noqa: E402
+from bench_scaling import NETS, trainer_on_world  # noqa: E402
 
 
 def timed_layers(net, table: dict) -> None:
@@ -48,17 +47,7 @@ def main() -> int:
     parser.add_argument("--layers", action="store_true", help="per-layer and per-connection times too")
     args = parser.parse_args()
 
-    from singa_mpi import comm as comm_module
-    from singa_mpi.parallel.runtime import ParallelRuntime
-    from singa_mpi.train import Trainer
-
-    world = comm_module.world()
-    conf, shape, _ = NETS[args.net]
-    folder = tempfile.mkdtemp(prefix=f"profile_r{world.rank}_")
-    cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 2048 if args.net == "mnist_mlp" else 1000),
-                      args.scheme)
-    runtime = ParallelRuntime(cfg, 1, folder, world)
-    trainer = Trainer(cfg, folder, runtime, log=lambda line: None)
+    world, folder, runtime, trainer = trainer_on_world(args.net, args.scheme, "profile")
     net, warmup = trainer.train_net, 3
     layer_times: dict = {}
     timed_layers(net, layer_times)
@@ -104,6 +93,7 @@ def main() -> int:
                 for label, ms in sorted(calls.items(), key=lambda kv: -kv[1]):
                     if ms >= 0.01:
                         print(f"  rank {rank}  {label:<36} {ms:7.2f}")
+    shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
