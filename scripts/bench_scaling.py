@@ -71,15 +71,15 @@ def trainer_on_world(net: str, scheme: str, prefix: str):
     """(world, scratch folder, runtime, trainer) of an example net on synthetic data, partitioned
     by ``scheme`` over the MPI world (call under mpiexec)."""
     from bench_serial import job_on_synthetic_data
-    from singa_mpi import comm as comm_module
-    from singa_mpi.parallel.runtime import ParallelRuntime
-    from singa_mpi.train import Trainer
+    from singa_mpi.communication import mpi as comm_module
+    from singa_mpi.runtimes.worker import WorkerRuntime
+    from singa_mpi.trainer import Trainer
 
     world = comm_module.world()
     conf, shape, _ = NETS[net]
     folder = tempfile.mkdtemp(prefix=f"{prefix}_r{world.rank}_")
     cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 2048 if net == "mnist_mlp" else 1000), scheme)
-    runtime = ParallelRuntime(cfg, 1, folder, world)
+    runtime = WorkerRuntime(cfg, 1, folder, world)
     return world, folder, runtime, Trainer(cfg, folder, runtime, log=lambda line: None)
 
 

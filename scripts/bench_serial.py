@@ -26,7 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from singa_mpi.config.load import parse_job  # noqa: E402
-from singa_mpi.train import SerialRuntime, Trainer  # noqa: E402
+from singa_mpi.runtimes.serial import SerialRuntime
+from singa_mpi.trainer import Trainer  # noqa: E402
 
 
 def synthetic_store(folder: str, name: str, shape: tuple[int, ...], count: int, classes: int = 10) -> str:

@@ -68,7 +68,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from singa_mpi.runtime import RunOptions, run_training
+    from singa_mpi.launcher import RunOptions, run_training
 
     job_path = args.job or default_job_path()
     if args.job is None:
@@ -79,7 +79,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_test(args) -> int:
-    from singa_mpi.runtime import run_test
+    from singa_mpi.launcher import run_test
 
     return run_test(args.job, lambda cfg: resolve_workspace(cfg, args.workspace), checkpoints=args.checkpoint)
 
@@ -136,7 +136,7 @@ def _render_dot(text: str, output: str) -> int:
 
 
 def cmd_ckpt(args) -> int:
-    from singa_mpi import ckpt_tools
+    from singa_mpi.checkpoints import tools as ckpt_tools
 
     if args.action == "inspect":
         print(ckpt_tools.inspect(args.files[0]))

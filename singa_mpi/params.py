@@ -33,7 +33,7 @@ class Param:
     factors:       None, or where a runtime collects this shard's gradient as factors
                    (``record(a, b)`` for grad = a @ b, ``clear()`` for a zero gradient)
                    instead of computing it here; ``grad`` is then None (see
-                   :mod:`singa_mpi.parallel.shared_grads`).
+                   :mod:`singa_mpi.sync.shared_memory`).
     queue:         None, or a :class:`GradientQueue` that holds this param's products
                    ``a @ b`` until a runtime has communication to hide them behind.
     """

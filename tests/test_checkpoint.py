@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import nets
-from singa_mpi import checkpoint, ckpt_tools
+from singa_mpi.checkpoints import hdf5 as checkpoint, tools as ckpt_tools
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
-from singa_mpi.runtime import RunOptions, run_training
+from singa_mpi.launcher import RunOptions, run_training
 from test_mpi_suites import mpi_env, mpiexec_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ def test_inspect_and_convert_singa_checkpoints(tmp_path):
 
 
 def test_no_pickle_in_checkpoint_code():
-    for module in ("checkpoint.py", "ckpt_tools.py", "snapshot.py"):
+    for module in ("checkpoints/hdf5.py", "checkpoints/tools.py", "checkpoints/snapshot.py"):
         source = (ROOT / "singa_mpi" / module).read_text()
         assert "pickle" not in source.replace("never unpickles", ""), module
 

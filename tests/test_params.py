@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from singa_mpi.params import GradientQueue, Param
-from singa_mpi.parallel.shared_grads import FactorSlot
+from singa_mpi.sync.shared_memory import FactorSlot
 from singa_mpi.proto import job_pb2
 
 

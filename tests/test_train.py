@@ -6,7 +6,7 @@ import pytest
 import nets
 from singa_mpi import cli
 from singa_mpi.proto import job_pb2
-from singa_mpi import train as training
+from singa_mpi import trainer as training
 
 
 def test_schedule_predicates_follow_singa():

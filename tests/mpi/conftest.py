@@ -6,7 +6,7 @@ that all ranks fail (or pass) together: a failure never leaves a rank waiting.
 """
 import pytest
 
-from singa_mpi import comm as comm_module
+from singa_mpi.communication import mpi as comm_module
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,10 @@ import pytest
 
 import nets
 from conftest import agree
-from singa_mpi.parallel.runtime import ParallelRuntime
-from singa_mpi.snapshot import collect
-from singa_mpi.train import SerialRuntime, Trainer
+from singa_mpi.runtimes.worker import WorkerRuntime
+from singa_mpi.checkpoints.snapshot import collect
+from singa_mpi.runtimes.serial import SerialRuntime
+from singa_mpi.trainer import Trainer
 
 RTOL = 1e-5
 SCHEMES = ["data", "feature", "pipeline", "shared", "hybrid", "transposed"]
@@ -44,7 +45,7 @@ def test_partitioned_training_matches_serial(world, scheme, which_batch):
     workspace = os.path.join(tmp, f"ws_{scheme}_{batch}_r{world.rank}")
 
     cfg = nets.job(text)
-    parallel_losses, parallel_params = _train(cfg, ParallelRuntime(cfg, cfg.proto.seed, workspace, world), workspace)
+    parallel_losses, parallel_params = _train(cfg, WorkerRuntime(cfg, cfg.proto.seed, workspace, world), workspace)
     serial_cfg = nets.job(text)
     serial_losses, serial_params = _train(serial_cfg, SerialRuntime(serial_cfg, serial_cfg.proto.seed, workspace),
                                           workspace + "_serial")

@@ -12,9 +12,9 @@ import numpy as np
 
 import nets
 from conftest import agree
-from singa_mpi.parallel.connection import ExchangeLayer
-from singa_mpi.parallel.runtime import ParallelRuntime
-from singa_mpi.train import Trainer
+from singa_mpi.layers.connection import ExchangeLayer
+from singa_mpi.runtimes.worker import WorkerRuntime
+from singa_mpi.trainer import Trainer
 
 WEIGHTS = {"w_fc1": (16, 12), "w_fc2": (10, 16), "w_fc3": (5, 10)}
 
@@ -24,7 +24,7 @@ def _runtime(world, scheme: str, batch: int = 9):
     data = nets.make_data(os.path.join(tmp, f"paths_{scheme}_r{world.rank}.h5"), 32, (12,), 5)
     cfg = nets.job(nets.mlp(data, batch, scheme, world.size))
     workspace = os.path.join(tmp, f"ws_paths_{scheme}_r{world.rank}")
-    runtime = ParallelRuntime(cfg, cfg.proto.seed, workspace, world)
+    runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, world)
     trainer = Trainer(cfg, workspace, runtime, log=lambda line: None)
     trainer.train_one_batch(0)  # the paths run once without error
     return runtime, trainer

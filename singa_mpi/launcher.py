@@ -1,7 +1,7 @@
 """Entry points that run a job: in one process, or one worker per MPI rank.
 
 ``run_training`` runs the serial runtime in a single process (or an MPI world
-of size 1) and the partitioned runtime of :mod:`singa_mpi.parallel` when
+of size 1) and the worker runtime of :mod:`singa_mpi.runtimes.worker` when
 launched on several ranks.  Under MPI a job fails in one of two ways, and
 neither hangs:
 
@@ -24,11 +24,12 @@ import traceback
 import warnings
 from typing import Callable
 
-from singa_mpi import checkpoint
+from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import JobConfig, load_job
 from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError, DataError, SingaError
-from singa_mpi.train import SerialRuntime, Trainer
+from singa_mpi.runtimes.serial import SerialRuntime
+from singa_mpi.trainer import Trainer
 
 EXIT_ABORT = 1
 
@@ -48,7 +49,7 @@ class RunOptions:
 def mpi_world():
     """The MPI world communicator if this process was launched on several ranks, else None."""
     try:
-        from singa_mpi import comm
+        from singa_mpi.communication import mpi as comm
     except ImportError:
         return None
     if comm.world_size() <= 1:
@@ -132,8 +133,8 @@ def _catch_stop_signals(trainer: Trainer) -> dict:
 
 
 def _run_parallel(world, job, workspace_of, options: RunOptions) -> int:
-    from singa_mpi.comm import Watchdog
-    from singa_mpi.parallel.runtime import ParallelRuntime
+    from singa_mpi.communication.mpi import Watchdog
+    from singa_mpi.runtimes.worker import WorkerRuntime
 
     # -- phase 1: every rank reads, validates and plans alone; then one vote
     runtime, error = None, None
@@ -141,7 +142,7 @@ def _run_parallel(world, job, workspace_of, options: RunOptions) -> int:
         cfg = _prepare(job, options.seed)
         _check_cluster(cfg, world.size)
         workspace = workspace_of(cfg)
-        runtime = ParallelRuntime(cfg, cfg.proto.seed, workspace, world)
+        runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, world)
         runtime.plan_all(["train"] + (["test"] if cfg.proto.test_steps > 0 else [])
                          + (["val"] if cfg.proto.validate_steps > 0 else []))
     except SingaError as err:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from singa_mpi import checkpoint
+from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import effective_partition_dim
 from singa_mpi.errors import DataError
-from singa_mpi.parallel.shared_grads import ChunkView
+from singa_mpi.sync.shared_memory import ChunkView
 
 
 def _region(owner) -> tuple:

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from singa_mpi import checkpoint
+from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
 

@@ -5,8 +5,8 @@ test if due, train one batch, display if due.  Test and validation happen at
 step 0 too, before the first batch, as in SINGA; singa_mpi also tests once more
 after the last step so that the final model is always measured.
 
-Where the loop runs on several ranks, a :class:`Runtime` supplies the nets of
-this rank and the reductions; the serial runtime is the one-process case.
+A runtime (:mod:`singa_mpi.runtimes`) supplies this process's nets and the
+reductions across workers; the serial runtime is the one-process case.
 """
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ import os
 import time
 from typing import Callable
 
-from singa_mpi import checkpoint
+from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import make_algorithm
 from singa_mpi.config.load import JobConfig
-from singa_mpi.net import Net, build_serial_net
-from singa_mpi.params import Param
+from singa_mpi.net import Net
 from singa_mpi.proto import job_pb2
 from singa_mpi.updaters import make_updater
 
@@ -42,52 +41,6 @@ def checkpoint_now(job: job_pb2.JobProto, step: int) -> bool:
 def validate_now(job: job_pb2.JobProto, step: int) -> bool:
     return (job.validate_freq > 0 and job.validate_steps > 0 and step >= job.validate_after
             and (step - job.validate_after) % job.validate_freq == 0)
-
-
-class SerialRuntime:
-    """One process: the whole net, nothing to reduce."""
-
-    rank, size, is_root = 0, 1, True
-
-    def __init__(self, cfg: JobConfig, seed: int, workspace: str):
-        self.cfg, self.seed, self.workspace = cfg, seed, workspace
-        self.shared_params: dict[str, Param] = {}
-
-    def build_net(self, phase: str) -> Net:
-        return build_serial_net(self.cfg, phase, self.seed, self.workspace, self.shared_params)
-
-    def owned_params(self, net: Net) -> list[Param]:
-        return net.params
-
-    def gradient_hook(self, net: Net) -> Callable | None:
-        return None
-
-    def begin_step(self, step: int) -> None:
-        pass
-
-    def finish_update(self) -> None:
-        pass
-
-    def reduce_gradients(self, net: Net) -> None:
-        pass
-
-    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        return metrics
-
-    def comm_seconds(self) -> float:
-        return 0.0
-
-    def contributes(self, param: Param) -> bool:
-        return True
-
-    def gather_object(self, value):
-        return [value]
-
-    def any(self, flag: bool) -> bool:
-        return flag
-
-    def report(self, steps: int) -> str | None:
-        return None
 
 
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
@@ -189,7 +142,7 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> str | None:
         """Gather the job's state to the root and write it atomically (collective)."""
-        from singa_mpi.snapshot import collect
+        from singa_mpi.checkpoints.snapshot import collect
 
         ckpt = collect(self, step)
         if ckpt is None:
@@ -202,7 +155,7 @@ class Trainer:
 
     def restore(self, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool = False) -> None:
         """Load a checkpoint: everything to resume (``full``), or only params to initialise."""
-        from singa_mpi.snapshot import plan_summary, restore
+        from singa_mpi.checkpoints.snapshot import plan_summary, restore
 
         if self.runtime.is_root:
             for line in checkpoint.plan_diff(ckpt.plan, plan_summary(self.cfg, self.runtime.size)):

@@ -1,1 +1,0 @@
-"""Running a partition plan with one worker per MPI rank."""
