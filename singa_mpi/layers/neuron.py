@@ -125,12 +125,13 @@ class Sigmoid(_Elementwise):
         return grad * self.y * (1 - self.y)
 
 
-STANH_A, STANH_B = 1.7159, 2.0 / 3.0
+# SINGA 0.3's hard-coded constants (mshadow/cxxnet_op.h ``stanh``, ``stanh_grad``)
+STANH_A, STANH_B = 1.7159047, 0.66666667
 
 
 @register("kSTanh")
 class STanh(_Elementwise):
-    """Scaled tanh of LeCun: 1.7159·tanh(2x/3)."""
+    """Scaled tanh of LeCun as SINGA computes it: 1.7159047·tanh(0.66666667·x)."""
 
     def forward(self, inputs, train):
         x = inputs[0]

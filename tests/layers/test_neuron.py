@@ -66,7 +66,18 @@ def test_relu_negative_slope_and_stanh_values():
     np.testing.assert_allclose(relu.forward([np.array([[-2.0, 0.5, 3.0]])], True), [[-0.2, 0.5, 3.0]])
     check_layer_gradients(relu, [np.array([[-2.0, 0.5, 3.0]])])
     stanh = build_layer(conf('name: "s" type: kSTanh'), [(1,)], batch=1)
-    np.testing.assert_allclose(stanh.forward([np.array([[1.5]])], True), [[1.7159 * np.tanh(1.0)]])
+    np.testing.assert_allclose(stanh.forward([np.array([[1.5]])], True), [[1.7159047 * np.tanh(0.66666667 * 1.5)]])
+
+
+def test_stanh_uses_singa_constants():
+    """SINGA 0.3 (mshadow cxxnet_op.h): stanh = 1.7159047·tanh(0.66666667·x), grad A·B·(1 - tanh²)."""
+    x = np.array([[-3.0, -0.7, 0.2, 1.5, 4.0]])
+    stanh = build_layer(conf('name: "s" type: kSTanh'), [(5,)], batch=1)
+    t = np.tanh(0.66666667 * x)
+    np.testing.assert_allclose(stanh.forward([x], True), 1.7159047 * t, rtol=1e-7, atol=0)
+    np.testing.assert_allclose(stanh.backward(np.ones_like(x), [True])[0],
+                               0.66666667 * 1.7159047 - 0.66666667 / 1.7159047 * (1.7159047 * t) ** 2,
+                               rtol=1e-7, atol=0)
 
 
 @pytest.mark.parametrize("kind", ["RELU", "SIGMOID", "TANH", "STANH"])
