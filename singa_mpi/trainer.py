@@ -167,9 +167,11 @@ class Trainer:
             self.start_step = ckpt.step
 
     def record(self, step: int, phase: str, metrics: dict[str, float], samples_per_s: float | None = None) -> None:
-        """Append one JSON line to metrics.jsonl and print the progress line (root only)."""
+        """Append one JSON line to metrics.jsonl and print the progress line (root only).
+
+        Metrics are stored at full float precision; only the printed line rounds them."""
         elapsed = time.perf_counter() - self.start_time
-        entry = {"step": step, "phase": phase, **{k: round(v, 6) for k, v in metrics.items()},
+        entry = {"step": step, "phase": phase, **{k: float(v) for k, v in metrics.items()},
                  "elapsed": round(elapsed, 3)}
         if samples_per_s is not None:
             entry["samples_per_s"] = round(samples_per_s, 1)
