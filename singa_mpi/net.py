@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 from singa_mpi.config.load import JobConfig, layers_for_phase
 from singa_mpi.errors import ConfigError, LayerFailure
 from singa_mpi.graph import Node, topological_order
-from singa_mpi.layers.base import Layer, LayerConfigError, LayerContext, layer_class
+from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, LayerContext, layer_class
 from singa_mpi.params import Param, make_param
 
 
@@ -114,10 +114,7 @@ class Net:
 
 def supported_layer_types() -> list[str]:
     """Every implemented layer type name, sorted (for messages that list the valid ones)."""
-    from singa_mpi.layers.base import LAYERS, _load_families
-
-    _load_families()
-    return sorted(LAYERS)
+    return LAYERS.names()
 
 
 def describe(cfg: JobConfig, node: Node) -> str:

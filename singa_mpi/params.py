@@ -12,8 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from singa_mpi.errors import ConfigError
 from singa_mpi.proto import job_pb2
+from singa_mpi.registry import Registry
 
 Shape = tuple[int, ...]
 
@@ -133,15 +133,7 @@ class GradientQueue:
 # ---------------------------------------------------------------- init methods
 
 InitFn = Callable[[job_pb2.ParamGenProto, Shape, np.random.Generator], np.ndarray]
-INITS: dict[str, InitFn] = {}
-
-
-def _init(name: str) -> Callable[[InitFn], InitFn]:
-    def add(fn: InitFn) -> InitFn:
-        INITS[name] = fn
-        return fn
-
-    return add
+INITS: Registry[InitFn] = Registry("init method", "init.type")
 
 
 def _scaled(gen: job_pb2.ParamGenProto, values: np.ndarray) -> np.ndarray:
@@ -154,32 +146,32 @@ def _fan_in(shape: Shape) -> int:
     return shape[1] if len(shape) > 1 else shape[0]
 
 
-@_init("kConstant")
+@INITS.register("kConstant")
 def _constant(gen, shape, rng):
     return np.full(shape, gen.value, np.float64)
 
 
-@_init("kGaussian")
+@INITS.register("kGaussian")
 def _gaussian(gen, shape, rng):
     return _scaled(gen, rng.normal(gen.mean, gen.std, shape))
 
 
-@_init("kUniform")
+@INITS.register("kUniform")
 def _uniform(gen, shape, rng):
     return _scaled(gen, rng.uniform(gen.low, gen.high, shape))
 
 
-@_init("kGaussianSqrtFanIn")
+@INITS.register("kGaussianSqrtFanIn")
 def _gaussian_sqrt_fan_in(gen, shape, rng):
     return _scaled(gen, rng.normal(gen.mean, gen.std, shape)) / np.sqrt(_fan_in(shape))
 
 
-@_init("kUniformSqrtFanIn")
+@INITS.register("kUniformSqrtFanIn")
 def _uniform_sqrt_fan_in(gen, shape, rng):
     return _scaled(gen, rng.uniform(gen.low, gen.high, shape)) / np.sqrt(_fan_in(shape) / 3.0)
 
 
-@_init("kUniformSqrtFanInOut")
+@INITS.register("kUniformSqrtFanInOut")
 def _uniform_sqrt_fan_in_out(gen, shape, rng):
     fan_out = shape[0]
     return _scaled(gen, rng.uniform(gen.low, gen.high, shape)) / np.sqrt(_fan_in(shape) + fan_out)
@@ -189,18 +181,11 @@ def init_method_name(conf: job_pb2.ParamProto) -> str:
     return job_pb2.InitMethod.Name(conf.init.type)
 
 
-def check_init(conf: job_pb2.ParamProto) -> None:
-    """ConfigError unless the param's init method is supported."""
-    name = init_method_name(conf)
-    if name not in INITS:
-        raise ConfigError(f"init.type = {name}: expected one of {', '.join(sorted(INITS))}")
-
-
 def logical_init(conf: job_pb2.ParamProto, shape: Shape, seed: int) -> np.ndarray:
-    """The whole (unsharded) initial value of a param, as float32."""
-    check_init(conf)
+    """The whole (unsharded) initial value of a param, as float32; ConfigError for an unknown init method."""
+    init = INITS.get(init_method_name(conf))
     rng = keyed_rng(seed, conf.name)
-    return np.asarray(INITS[init_method_name(conf)](conf.init, tuple(shape), rng), np.float32)
+    return np.asarray(init(conf.init, tuple(shape), rng), np.float32)
 
 
 def make_param(conf: job_pb2.ParamProto, logical_shape: Shape, shard, seed: int) -> Param:

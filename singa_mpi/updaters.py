@@ -47,6 +47,7 @@ import numpy as np
 from singa_mpi.errors import ConfigError
 from singa_mpi.params import Param
 from singa_mpi.proto import job_pb2
+from singa_mpi.registry import Registry
 
 
 def _show(value: object) -> str:
@@ -72,15 +73,7 @@ class LRSchedule:
         raise NotImplementedError
 
 
-LR_SCHEDULES: dict[str, type[LRSchedule]] = {}
-
-
-def _schedule(name: str):
-    def add(cls: type[LRSchedule]) -> type[LRSchedule]:
-        LR_SCHEDULES[name] = cls
-        return cls
-
-    return add
+LR_SCHEDULES: Registry[type[LRSchedule]] = Registry("learning rate schedule", "updater.learning_rate.type")
 
 
 def _positive_freq(sub_conf, field: str) -> int:
@@ -89,7 +82,7 @@ def _positive_freq(sub_conf, field: str) -> int:
     return freq
 
 
-@_schedule("kFixed")
+@LR_SCHEDULES.register("kFixed")
 class FixedLR(LRSchedule):
     """lr = base_lr."""
 
@@ -97,7 +90,7 @@ class FixedLR(LRSchedule):
         return self.base_lr
 
 
-@_schedule("kStep")
+@LR_SCHEDULES.register("kStep")
 class StepLR(LRSchedule):
     """lr = base_lr·gamma^(step // change_freq): a staircase (integer division)."""
 
@@ -110,7 +103,7 @@ class StepLR(LRSchedule):
         return self.base_lr * self.gamma ** (step // self.freq)
 
 
-@_schedule("kFixedStep")
+@LR_SCHEDULES.register("kFixedStep")
 class FixedStepLR(LRSchedule):
     """lr = step_lr[i] for the largest i with step >= step[i] (step_lr[0] before step[0]).
 
@@ -135,7 +128,7 @@ class FixedStepLR(LRSchedule):
         return self.rates[max(index, 0)]
 
 
-@_schedule("kLinear")
+@LR_SCHEDULES.register("kLinear")
 class LinearLR(LRSchedule):
     """r = step / change_freq; lr = (1-r)·base_lr + r·final_lr; not clamped for r > 1 (SINGA)."""
 
@@ -149,7 +142,7 @@ class LinearLR(LRSchedule):
         return (1 - r) * self.base_lr + r * self.final_lr
 
 
-@_schedule("kExponential")
+@LR_SCHEDULES.register("kExponential")
 class ExponentialLR(LRSchedule):
     """lr = base_lr / 2^(step / change_freq), with a real (not integer) exponent."""
 
@@ -161,7 +154,7 @@ class ExponentialLR(LRSchedule):
         return self.base_lr / 2.0 ** (step / self.freq)
 
 
-@_schedule("kInverse")
+@LR_SCHEDULES.register("kInverse")
 class InverseLR(LRSchedule):
     """lr = base_lr·(1 + gamma·step)^(-pow)."""
 
@@ -174,7 +167,7 @@ class InverseLR(LRSchedule):
         return self.base_lr * (1 + self.gamma * step) ** (-self.pow)
 
 
-@_schedule("kInverseT")
+@LR_SCHEDULES.register("kInverseT")
 class InverseTLR(LRSchedule):
     """lr = base_lr / (1 + step / final_lr): SINGA uses final_lr as a time constant."""
 
@@ -190,22 +183,12 @@ class InverseTLR(LRSchedule):
 
 def make_schedule(conf: job_pb2.LRGenProto) -> LRSchedule:
     """The schedule of ``conf``; ConfigError listing the valid types otherwise."""
-    name = job_pb2.ChangeMethod.Name(conf.type)
-    _require(name in LR_SCHEDULES, "learning_rate.type", name, f"one of {', '.join(sorted(LR_SCHEDULES))}")
-    return LR_SCHEDULES[name](conf)
+    return LR_SCHEDULES.get(job_pb2.ChangeMethod.Name(conf.type))(conf)
 
 
 # ------------------------------------------------------------------ updaters
 
-UPDATERS: dict[str, type["Updater"]] = {}
-
-
-def _updater(name: str):
-    def add(cls: type[Updater]) -> type[Updater]:
-        UPDATERS[name] = cls
-        return cls
-
-    return add
+UPDATERS: Registry[type[Updater]] = Registry("updater", "updater.type")
 
 
 def _fraction(value: float, field: str) -> float:
@@ -335,7 +318,7 @@ def _decay_into(average, decay: float, value) -> None:
     average += value
 
 
-@_updater("kSGD")
+@UPDATERS.register("kSGD")
 class SGD(Updater):
     """Momentum SGD: h = m·h - lr·g; data += h (data -= lr·g without momentum)."""
 
@@ -351,7 +334,7 @@ class SGD(Updater):
             axpy(-lr, grad, data)
 
 
-@_updater("kNesterov")
+@UPDATERS.register("kNesterov")
 class Nesterov(Updater):
     """h' = m·h + lr·g; data -= (1+m)·h' - m·h."""
 
@@ -369,7 +352,7 @@ class Nesterov(Updater):
         data -= grad
 
 
-@_updater("kAdaGrad")
+@UPDATERS.register("kAdaGrad")
 class AdaGrad(Updater):
     """h += g²; data -= lr·g / sqrt(h + delta)."""
 
@@ -383,7 +366,7 @@ class AdaGrad(Updater):
         _descend_by_rms(data, grad, history, self.delta, lr, scratch)
 
 
-@_updater("kRMSProp")
+@UPDATERS.register("kRMSProp")
 class RMSProp(Updater):
     """h = rho·h + (1-rho)·g²; data -= lr·g / sqrt(h + delta)."""
 
@@ -401,7 +384,7 @@ class RMSProp(Updater):
         _descend_by_rms(data, grad, history, self.delta, lr, scratch)
 
 
-@_updater("kAdaDelta")
+@UPDATERS.register("kAdaDelta")
 class AdaDelta(Updater):
     """h = rho·h + (1-rho)·g²; t = g·sqrt(u+delta)/sqrt(h+delta); u = rho·u + (1-rho)·t²; data -= lr·t."""
 
@@ -427,7 +410,7 @@ class AdaDelta(Updater):
         data -= grad
 
 
-@_updater("kAdam")
+@UPDATERS.register("kAdam")
 class Adam(Updater):
     """h = b1·h + (1-b1)·g; u = b2·u + (1-b2)·g²; data -= lr·h / sqrt(u + delta) (see module doc)."""
 
@@ -461,7 +444,7 @@ class Adam(Updater):
         return counters["steps"]
 
 
-@_updater("kAdamMax")
+@UPDATERS.register("kAdamMax")
 class AdamMax(Updater):
     """h = b1·h + (1-b1)·g; u = max(b2·u, |g|) + delta; data -= lr·h / u."""
 
@@ -486,6 +469,4 @@ class AdamMax(Updater):
 
 def make_updater(conf: job_pb2.UpdaterProto) -> Updater:
     """The updater of ``conf``; ConfigError naming the field and the valid types otherwise."""
-    name = job_pb2.UpdaterType.Name(conf.type)
-    _require(name in UPDATERS, "type", name, f"one of {', '.join(sorted(UPDATERS))}")
-    return UPDATERS[name](conf)
+    return UPDATERS.get(job_pb2.UpdaterType.Name(conf.type))(conf)

@@ -8,26 +8,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from singa_mpi.errors import ConfigError
 from singa_mpi.layers.base import Layer
 from singa_mpi.net import Net
+from singa_mpi.registry import Registry
 
-ALGORITHMS: dict[str, type["Algorithm"]] = {}
-
-
-def register(name: str):
-    def add(cls):
-        ALGORITHMS[name] = cls
-        return cls
-
-    return add
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", "train_one_batch.alg")
 
 
-def make_algorithm(name: str) -> "Algorithm":
-    try:
-        return ALGORITHMS[name]()
-    except KeyError:
-        raise ConfigError(f"train_one_batch.alg = {name}: expected one of {', '.join(sorted(ALGORITHMS))}") from None
+def make_algorithm(name: str) -> Algorithm:
+    """A new instance of the algorithm registered as ``name``; ConfigError listing the valid names otherwise."""
+    return ALGORITHMS.get(name)()
 
 
 class Algorithm:
@@ -39,7 +29,7 @@ class Algorithm:
         net.forward(train=False)
 
 
-@register("kBP")
+@ALGORITHMS.register("kBP")
 class BackPropagation(Algorithm):
     """Forward in topological order, backward in reverse; param grads start from zero."""
 

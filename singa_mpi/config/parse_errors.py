@@ -116,8 +116,8 @@ def _field_name(path: tuple, base: tuple) -> str:
 def _enum_choices(enum_name: str) -> list[str]:
     """Values worth suggesting: implemented layer types; otherwise the enum minus kUser* placeholders."""
     if enum_name == "singa.LayerType":
-        from singa_mpi.net import supported_layer_types  # deferred: net imports this module
+        from singa_mpi.layers.base import LAYERS  # deferred: reading a job file needs no layers (nor numpy)
 
-        return supported_layer_types()
+        return LAYERS.names()
     enum = job_pb2.DESCRIPTOR.pool.FindEnumTypeByName(enum_name)
     return [value.name for value in enum.values if not value.name.startswith("kUser")]

@@ -10,16 +10,14 @@ import dataclasses
 import math
 import os
 
+from singa_mpi.algorithms import ALGORITHMS
 from singa_mpi.config.load import JobConfig, effective_partition_dim
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import CycleError, Node
-from singa_mpi.layers.base import Layer, LayerContext, layer_class
-from singa_mpi.net import (describe, global_batch_size, instantiate, layer_error, phase_nodes,
-                           supported_layer_types)
+from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class
+from singa_mpi.net import describe, global_batch_size, instantiate, layer_error, phase_nodes
 from singa_mpi.params import INITS, init_method_name
 from singa_mpi.proto import job_pb2
-
-ALGORITHMS_SUPPORTED = ("kBP",)
 
 
 @dataclasses.dataclass
@@ -89,9 +87,10 @@ def _check_job_fields(cfg: JobConfig) -> None:
     if not job.HasField("neuralnet") or not job.neuralnet.layer:
         raise _fail(cfg, ("neuralnet",), "neuralnet: expected at least one layer { ... }")
     alg = job_pb2.AlgType.Name(job.train_one_batch.alg)
-    if alg not in ALGORITHMS_SUPPORTED:
-        raise _fail(cfg, ("train_one_batch", "alg"),
-                    f"train_one_batch.alg = {alg}: expected one of {', '.join(ALGORITHMS_SUPPORTED)}")
+    try:
+        ALGORITHMS.get(alg)
+    except ConfigError as err:  # "train_one_batch.alg = kCD: expected one of kBP"
+        raise _fail(cfg, ("train_one_batch", "alg"), str(err)) from None
     if job.train_steps <= 0 and not job.HasField("train_steps"):
         raise _fail(cfg, (), "train_steps = missing: expected a positive number of training steps")
     for field in ("train_steps", "disp_freq", "test_freq", "test_steps", "validate_freq",
@@ -190,7 +189,7 @@ def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
         raise layer_error(cfg, node, "type", "missing", "a layer type such as kInnerProduct")
     if conf.type == job_pb2.kUserLayer:
         raise layer_error(cfg, node, "type", "kUserLayer",
-                          f"a built-in type (user layers are not supported): one of {', '.join(sorted(_types()))}")
+                          f"a built-in type (user layers are not supported): one of {', '.join(LAYERS.names())}")
     try:
         cls = layer_class(node.type_name)
     except ConfigError as err:
@@ -205,10 +204,6 @@ def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
     if count < low or (high is not None and count > high):
         want = f"{low}" if low == high else f"{low}..{high if high is not None else 'n'}"
         raise layer_error(cfg, node, "srclayers", list(conf.srclayers), f"{want} source layer(s) for {node.type_name}")
-
-
-def _types() -> list[str]:
-    return supported_layer_types()  # loads every layer family: LAYERS alone may still be empty
 
 
 def _check_sources(cfg: JobConfig, node: Node, layer: Layer, kinds: list[str], by_name) -> None:
@@ -238,10 +233,11 @@ def _check_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> Non
         names.add(conf.name)
         if conf.share_from:
             continue
-        if init_method_name(conf) not in INITS:
-            raise ConfigError(
-                f"{cfg.layer_where(node.index, 'param', k, 'init', 'type')}: {describe(cfg, node)}: "
-                f"{field}.init.type = {init_method_name(conf)}: expected one of {', '.join(sorted(INITS))}")
+        try:
+            INITS.get(init_method_name(conf))
+        except ConfigError as err:  # "init.type = kUserInit: expected one of ..."
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'init', 'type')}: "
+                              f"{describe(cfg, node)}: {field}.{err}") from None
         known = params.get(conf.name)
         if known is not None and known[1] != node.name:
             raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'name')}: {describe(cfg, node)}: "

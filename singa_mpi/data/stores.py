@@ -29,8 +29,9 @@ from typing import Callable, Sequence
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from singa_mpi.errors import ConfigError, DataError
+from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
+from singa_mpi.registry import Registry
 
 MEMORY_LIMIT = 1 << 30  # bytes of float32 data below which a store is decoded once and cached
 _LEN = struct.Struct("<Q")
@@ -397,23 +398,18 @@ class Backend:
     writer: Callable[[str, StoreOptions], StoreWriter]
 
 
-BACKENDS: dict[str, Backend] = {
-    "hdf5": Backend(reader=lambda path, o: HDF5Store(path, o.cache_limit),
-                    writer=lambda path, o: HDF5Writer(path)),
-    "kvfile": Backend(reader=lambda path, o: KVFileStore(path, o.cache_limit),
-                      writer=lambda path, o: KVFileWriter(path, o.key_format)),
-    "textfile": Backend(reader=lambda path, o: read_textfile(path, o.has_label, o.separator),
-                        writer=lambda path, o: TextFileWriter(path, o.separator)),
-}
+BACKENDS: Registry[Backend] = Registry("store backend", "backend")
+BACKENDS.register("hdf5", obj=Backend(reader=lambda path, o: HDF5Store(path, o.cache_limit),
+                                      writer=lambda path, o: HDF5Writer(path)))
+BACKENDS.register("kvfile", obj=Backend(reader=lambda path, o: KVFileStore(path, o.cache_limit),
+                                        writer=lambda path, o: KVFileWriter(path, o.key_format)))
+BACKENDS.register("textfile", obj=Backend(reader=lambda path, o: read_textfile(path, o.has_label, o.separator),
+                                          writer=lambda path, o: TextFileWriter(path, o.separator)))
 
 
 def check_backend(backend: str) -> Backend:
     """The registered backend; ConfigError listing the valid names otherwise."""
-    try:
-        return BACKENDS[backend]
-    except KeyError:
-        raise ConfigError(f"unknown store backend {backend!r}: expected one of {', '.join(sorted(BACKENDS))}"
-                          ) from None
+    return BACKENDS.get(backend)
 
 
 def open_store(backend: str, path: str, mode: str = "r", *, layer: str | None = None,

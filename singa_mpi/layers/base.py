@@ -21,13 +21,13 @@ and, for a feature-partitioned OneToOne layer, the local feature slice on axis 1
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
-from singa_mpi.errors import ConfigError
 from singa_mpi.params import keyed_rng
 from singa_mpi.proto import job_pb2
+from singa_mpi.registry import Registry
 
 Shape = tuple[int, ...]
 
@@ -36,38 +36,48 @@ Shape = tuple[int, ...]
 ONE_TO_ONE = "OneToOne"
 ONE_TO_ALL = "OneToAll"
 
-LAYERS: dict[str, type["Layer"]] = {}
+LAYERS: Registry[type[Layer]] = Registry("layer type")
 
 
-def register(*type_names: str) -> Callable[[type["Layer"]], type["Layer"]]:
-    """Class decorator: make the layer class available under SINGA type names."""
-
-    def add(cls: type[Layer]) -> type[Layer]:
-        for name in type_names:
-            if name in LAYERS:
-                raise RuntimeError(f"layer type {name} registered twice")
-            job_pb2.LayerType.Value(name)  # a typo here is a programming error
-            LAYERS[name] = cls
-        cls.type_names = tuple(type_names)
-        return cls
-
-    return add
-
-
-def layer_class(type_name: str) -> type["Layer"]:
+def layer_class(type_name: str) -> type[Layer]:
     """The class registered for ``type_name``; ConfigError listing valid names otherwise."""
-    _load_families()
-    try:
-        return LAYERS[type_name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown layer type {type_name}: expected one of {', '.join(sorted(LAYERS))}"
-        ) from None
+    return LAYERS.get(type_name)
 
 
-def _load_families() -> None:
-    """Import every layer family so its decorators have filled LAYERS."""
-    from singa_mpi.layers import conv, input, loss, neuron, output  # noqa: F401
+# The built-in layers, by family module.  Each class registers itself with its decorator when its
+# family is imported; these strings let a lookup import the family on demand, so that this module
+# never imports a family (the families import it).  tests/test_registry.py keeps the two in step.
+_BUILT_IN: dict[str, tuple[str, ...]] = {  # "family:Class": SINGA type names
+    "input:RecordInput": ("kRecordInput", "kCSVInput"),
+    "input:ImagePreprocess": ("kImagePreprocess",),
+    "neuron:InnerProduct": ("kInnerProduct",),
+    "neuron:ReLU": ("kReLU",),
+    "neuron:Sigmoid": ("kSigmoid",),
+    "neuron:STanh": ("kSTanh",),
+    "neuron:Activation": ("kActivation", "kCudnnActivation"),
+    "neuron:Dropout": ("kDropout",),
+    "neuron:Softmax": ("kSoftmax", "kCudnnSoftmax"),
+    "neuron:Embedding": ("kEmbedding",),
+    "neuron:OneHot": ("kOneHot",),
+    "conv:Convolution": ("kConvolution", "kCConvolution", "kCudnnConv"),
+    "conv:Pooling": ("kPooling", "kCPooling", "kCudnnPool"),
+    "conv:LRN": ("kLRN", "kCudnnLRN"),
+    "loss:SoftmaxLoss": ("kSoftmaxLoss", "kCudnnSoftmaxLoss"),
+    "loss:EuclideanLoss": ("kEuclideanLoss",),
+    "output:Accuracy": ("kAccuracy",),
+    "output:ArgSort": ("kArgSort",),
+    "output:CSVOutput": ("kCSVOutput",),
+    "output:RecordOutput": ("kRecordOutput",),
+}
+
+
+def _register_built_ins() -> None:
+    for where, names in _BUILT_IN.items():
+        for name in names:
+            LAYERS.register_lazy(name, f"singa_mpi.layers.{where}")
+
+
+_register_built_ins()
 
 
 class LayerConfigError(Exception):
@@ -133,7 +143,6 @@ class ParamSpec:
 class Layer:
     """Base class; subclasses implement setup/forward/backward."""
 
-    type_names: ClassVar[tuple[str, ...]] = ()
     connection: ClassVar[str] = ONE_TO_ONE
     # How each source is consumed: "data" (its output) or "aux" (its labels).
     input_kinds: ClassVar[tuple[str, ...]] = ()

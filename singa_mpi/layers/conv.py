@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, Shape, register
+from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape
 
 
 def _pair(conf, name: str, default: int) -> tuple[int, int]:
@@ -54,7 +54,7 @@ def _offset_slices(i: int, j: int, stride, out_hw) -> tuple[slice, slice]:
             slice(j, j + stride[1] * (out_hw[1] - 1) + 1, stride[1]))
 
 
-@register("kConvolution", "kCConvolution", "kCudnnConv")
+@LAYERS.register("kConvolution", "kCConvolution", "kCudnnConv")
 class Convolution(Layer):
     """2-D convolution; weight (F, C·kh·kw) as in SINGA, bias (F,).
 
@@ -119,7 +119,7 @@ class Convolution(Layer):
         return [np.ascontiguousarray(dxt.transpose(1, 0, 2, 3))]
 
 
-@register("kPooling", "kCPooling", "kCudnnPool")
+@LAYERS.register("kPooling", "kCPooling", "kCudnnPool")
 class Pooling(Layer):
     """MAX or AVG pooling per channel (so a channel slice pools unchanged).
 
@@ -174,7 +174,7 @@ class Pooling(Layer):
         return [dxp[:, :, self.pad[0]:self.pad[0] + h, self.pad[1]:self.pad[1] + w]]
 
 
-@register("kLRN", "kCudnnLRN")
+@LAYERS.register("kLRN", "kCudnnLRN")
 class LRN(Layer):
     """Local response normalisation across channels (SINGA 0.3):
 

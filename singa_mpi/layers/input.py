@@ -28,7 +28,7 @@ import numpy as np
 
 from singa_mpi.data.stores import BACKENDS, RecordStore, open_store, read_first_record
 from singa_mpi.errors import DataError
-from singa_mpi.layers.base import Layer, LayerConfigError, register
+from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError
 from singa_mpi.proto import job_pb2
 
 # keys of the layer's random streams (after seed and layer name)
@@ -43,7 +43,7 @@ def resolve_path(path: str, workspace: str | None) -> str | None:
     return next((p for p in candidates if os.path.exists(p)), None)
 
 
-@register("kRecordInput", "kCSVInput")
+@LAYERS.register("kRecordInput", "kCSVInput")
 class RecordInput(Layer):
     """Mini-batches from ``store_conf`` (kvfile, textfile or hdf5), shape ``store_conf.shape`` per sample.
 
@@ -166,7 +166,7 @@ class RecordInput(Layer):
         return data
 
 
-@register("kImagePreprocess")
+@LAYERS.register("kImagePreprocess")
 class ImagePreprocess(Layer):
     """Crop (C, H, W) images to ``cropsize`` (random in training, centred at test), mirror, scale.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from singa_mpi.errors import DataError
-from singa_mpi.layers.base import Layer, LayerConfigError, register
+from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError
 
 
 class _Loss(Layer):
@@ -69,7 +69,7 @@ def _ranks_of_labels(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return before.sum(axis=1)
 
 
-@register("kSoftmaxLoss", "kCudnnSoftmaxLoss")
+@LAYERS.register("kSoftmaxLoss", "kCudnnSoftmaxLoss")
 class SoftmaxLoss(_Loss):
     """Cross-entropy of softmax(scores) against integer labels.
 
@@ -118,7 +118,7 @@ class SoftmaxLoss(_Loss):
         return [d.reshape((len(d),) + self.out_shape), None]
 
 
-@register("kEuclideanLoss")
+@LAYERS.register("kEuclideanLoss")
 class EuclideanLoss(_Loss):
     """Squared error: loss = Σ_rows ½·||prediction - target||² / global_batch.
 

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from singa_mpi.errors import DataError
-from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, Shape, register
+from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape
 from singa_mpi.proto import job_pb2
 
 
@@ -20,7 +20,7 @@ def _flat(shape: Shape) -> int:
     return int(math.prod(shape))
 
 
-@register("kInnerProduct")
+@LAYERS.register("kInnerProduct")
 class InnerProduct(Layer):
     """y = x·Wᵀ + b with W of shape (F, D) (SINGA's (out, in) layout); ``transpose``: W (D, F), y = x·W.
 
@@ -93,7 +93,7 @@ class _Elementwise(Layer):
         raise NotImplementedError
 
 
-@register("kReLU")
+@LAYERS.register("kReLU")
 class ReLU(_Elementwise):
     """max(x, 0) + negative_slope·min(x, 0)."""
 
@@ -114,7 +114,7 @@ class ReLU(_Elementwise):
         return grad * self.mask
 
 
-@register("kSigmoid")
+@LAYERS.register("kSigmoid")
 class Sigmoid(_Elementwise):
     def forward(self, inputs, train):
         x = inputs[0]
@@ -129,7 +129,7 @@ class Sigmoid(_Elementwise):
 STANH_A, STANH_B = 1.7159047, 0.66666667
 
 
-@register("kSTanh")
+@LAYERS.register("kSTanh")
 class STanh(_Elementwise):
     """Scaled tanh of LeCun as SINGA computes it: 1.7159047·tanh(0.66666667·x)."""
 
@@ -157,7 +157,7 @@ class _Tanh(_Elementwise):
 _ACTIVATIONS = {"RELU": ReLU, "SIGMOID": Sigmoid, "TANH": _Tanh, "STANH": STanh}
 
 
-@register("kActivation", "kCudnnActivation")
+@LAYERS.register("kActivation", "kCudnnActivation")
 class Activation(_Elementwise):
     """One of RELU, SIGMOID, TANH, STANH chosen by ``activation_conf.type``."""
 
@@ -174,7 +174,7 @@ class Activation(_Elementwise):
         return self.impl.input_grad(grad)
 
 
-@register("kDropout")
+@LAYERS.register("kDropout")
 class Dropout(_Elementwise):
     """Inverted dropout: keep with probability 1-p and scale by 1/(1-p) in training.
 
@@ -212,7 +212,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e
 
 
-@register("kSoftmax", "kCudnnSoftmax")
+@LAYERS.register("kSoftmax", "kCudnnSoftmax")
 class Softmax(Layer):
     """Softmax over the flattened features (``num_softmax_per_instance`` groups per row)."""
 
@@ -258,7 +258,7 @@ def _id_shape(shape: Shape, max_dims: int) -> Shape:
     return ids
 
 
-@register("kEmbedding")
+@LAYERS.register("kEmbedding")
 class Embedding(Layer):
     """Rows of a (vocab_size, feature_dim) table looked up by integer ids.
 
@@ -294,7 +294,7 @@ class Embedding(Layer):
         return [None]
 
 
-@register("kOneHot")
+@LAYERS.register("kOneHot")
 class OneHot(Layer):
     """Integer ids (batch,) -> one-hot rows (batch, vocab_size); no gradient flows back to ids.
 

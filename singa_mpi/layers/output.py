@@ -13,10 +13,10 @@ import numpy as np
 
 from singa_mpi.data.stores import StoreWriter, open_store
 from singa_mpi.errors import DataError
-from singa_mpi.layers.base import Layer, LayerConfigError, register
+from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError
 
 
-@register("kAccuracy")
+@LAYERS.register("kAccuracy")
 class Accuracy(Layer):
     """Top-1 accuracy of predictions (rows, classes...) against the labels of srclayers[1].
 
@@ -53,7 +53,7 @@ class Accuracy(Layer):
         return sums if sums["count"] else {}
 
 
-@register("kArgSort")
+@LAYERS.register("kArgSort")
 class ArgSort(Layer):
     """Indices of the ``topk`` largest scores of each row, largest first, as floats.  # (rows, topk)
 
@@ -118,14 +118,14 @@ class _StoreOutput(Layer):
             self.writer.close()
 
 
-@register("kCSVOutput")
+@LAYERS.register("kCSVOutput")
 class CSVOutput(_StoreOutput):
     """Each input row as one line of ``store_conf.separator``-separated values (no label column)."""
 
     backend = "textfile"
 
 
-@register("kRecordOutput")
+@LAYERS.register("kRecordOutput")
 class RecordOutput(_StoreOutput):
     """Each input row as a RecordProto (float data, shape) in a kvfile, keys "%010d" of a running count."""
 
