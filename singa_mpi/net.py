@@ -102,7 +102,9 @@ class Net:
             p.finish_grad()
 
     def collect_metrics(self) -> dict[str, float]:
-        """Sum of all loss/output layers' metrics since the last call."""
+        """Per-key sums of all loss/output layers' metrics since the last call.
+
+        Each metric ``k`` comes with its row count ``k/count``; see ``trainer.summarize``."""
         total: dict[str, float] = {}
         for layer in self.layers:
             for key, value in layer.metrics().items():

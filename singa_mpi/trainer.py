@@ -44,10 +44,18 @@ def validate_now(job: job_pb2.JobProto, step: int) -> bool:
 
 
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
-    """Sums over rows -> means: loss per row, accuracy as a fraction (loss first, then the rest)."""
-    count = metrics.get("count", 0.0)
-    keys = sorted((k for k in metrics if k != "count"), key=lambda k: (k != "loss", k))
-    return {key: metrics[key] / count if count else float("nan") for key in keys}
+    """Sums over rows -> means: each metric ``k`` divided by its own row count ``k/count``.
+
+    Layers report a count per metric, so a loss and a kAccuracy layer are each
+    averaged over the rows that produced them.  Loss first, then the rest by name;
+    a metric without a count is kept as its total.
+    """
+    keys = sorted((k for k in metrics if not k.endswith("/count")), key=lambda k: (k != "loss", k))
+    means = {}
+    for key in keys:
+        count = metrics.get(f"{key}/count")
+        means[key] = metrics[key] if count is None else metrics[key] / count if count else float("nan")
+    return means
 
 
 class Trainer:

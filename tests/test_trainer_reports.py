@@ -1,6 +1,9 @@
 """What the training loop reports and writes: metrics.jsonl values, means, rates, checkpoints, stop messages."""
 import json
 
+import numpy as np
+import pytest
+
 import nets
 from singa_mpi.launcher import RunOptions, run_training
 
@@ -31,3 +34,59 @@ def test_metrics_jsonl_keeps_full_precision_and_progress_lines_stay_rounded(tmp_
     assert any(v != round(v, 6) for v in losses)  # more than 6 decimals survive
     progress = [line for line in lines if " train " in line]
     assert progress and all(f"loss {v:.4f}" in line for v, line in zip(losses, progress))
+
+
+ACCURACY = 'layer { name: "acc" type: kAccuracy srclayers: "fc3" srclayers: "data" }'
+
+
+def with_accuracy(conf_path):
+    text = open(conf_path).read()
+    path = conf_path.replace(".conf", "_acc.conf")
+    with open(path, "w") as f:
+        f.write(text.replace("\n}\n", f"\n{ACCURACY}\n}}\n"))
+    return path
+
+
+def test_each_metric_is_the_mean_over_the_rows_that_produced_it(tmp_path):
+    from singa_mpi.algorithms import make_algorithm
+    from singa_mpi.config.load import load_job
+    from singa_mpi.config.validate import validate
+    from singa_mpi.net import build_serial_net
+    from singa_mpi.trainer import summarize
+
+    plain = job_file(tmp_path)
+    for conf in (plain, with_accuracy(plain)):
+        cfg = load_job(conf)
+        validate(cfg)
+        net = build_serial_net(cfg, "train", 5, str(tmp_path), {})
+        make_algorithm("kBP").evaluate(net)  # one forward pass
+        layers = {layer.name: layer for layer in net.layers}
+        assert ("acc" in layers) == (conf != plain)
+        scores = layers["fc3"].data.astype(np.float64)  # (8, 5)
+        labels = layers["data"].aux.astype(np.int64)
+        log_p = scores - scores.max(axis=1, keepdims=True)
+        log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
+        got = summarize(net.collect_metrics())
+        assert list(got) == ["loss", "accuracy"]
+        assert got["loss"] == pytest.approx(-log_p[np.arange(8), labels].mean(), rel=1e-6)
+        assert got["accuracy"] == (scores.argmax(axis=1) == labels).mean()
+
+
+def test_an_accuracy_layer_leaves_the_reported_loss_unchanged(tmp_path):
+    plain = job_file(tmp_path, extra="test_steps: 2 test_freq: 3\n")
+    assert train(plain, tmp_path / "plain") == 0
+    assert train(with_accuracy(plain), tmp_path / "acc") == 0
+    a, b = metrics(tmp_path / "plain"), metrics(tmp_path / "acc")
+    assert [(m["step"], m["phase"]) for m in a] == [(m["step"], m["phase"]) for m in b]
+    for x, y in zip(a, b):
+        assert x["loss"] == y["loss"] and x["accuracy"] == y["accuracy"]
+
+
+def test_summarize_divides_each_metric_by_its_own_count():
+    from singa_mpi.trainer import summarize
+
+    got = summarize({"accuracy": 6.0, "accuracy/count": 16.0, "loss": 10.0, "loss/count": 8.0,
+                     "other": 3.0, "empty": 0.0, "empty/count": 0.0})
+    assert list(got) == ["loss", "accuracy", "empty", "other"]
+    assert got["loss"] == 1.25 and got["accuracy"] == 0.375 and got["other"] == 3.0
+    assert got["empty"] != got["empty"]  # nan: no rows

@@ -6,9 +6,11 @@ serial gradient, for any split, even or not.  (SINGA 0.x divided by the local
 batch and the server averaged the replicas' gradients, which equals this only
 when every replica has the same number of rows.)
 
-``metrics()`` returns sums over the rows seen since the last call and resets
-them; the trainer adds the sums of all sub-layers (and ranks) and divides by
-``count``, giving SINGA's per-row averages.
+``metrics()`` returns, for each metric ``k``, its sum over the rows seen since
+the last call and the number of those rows as ``k/count``, and resets them; the
+trainer adds both over all sub-layers (and ranks) and divides each sum by its
+own count, giving SINGA's per-row averages (as SINGA's ``Metric`` keeps a
+(sum, count) pair per name).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ class _Loss(Layer):
     is_loss = True
     feature_partitionable = False
     num_srcs = (2, 2)
-    metric_names: tuple[str, ...] = ("loss", "count")
+    metric_names: tuple[str, ...] = ("loss",)
 
     def __init__(self, conf, ctx=None):
         super().__init__(conf, ctx)
@@ -32,11 +34,15 @@ class _Loss(Layer):
 
     def _reset_sums(self) -> None:
         self.sums = {key: 0.0 for key in self.metric_names}
+        self.rows = 0
 
     def metrics(self) -> dict[str, float]:
-        sums = self.sums
+        """{k: sum over rows, "k/count": rows} for each metric since the last call; resets."""
+        out = {}
+        for key, total in self.sums.items():
+            out[key], out[f"{key}/count"] = total, float(self.rows)
         self._reset_sums()
-        return sums
+        return out
 
 
 def _check_labels(layer: str, labels: np.ndarray, rows: int, classes: int) -> np.ndarray:
@@ -76,7 +82,7 @@ class SoftmaxLoss(_Loss):
     srclayers: [scores (rows, ...) flattened to classes, label source (its int labels)].
     Output: the probabilities, in the scores' shape.  Metrics (sums over rows):
     loss = Σ -log p[label]·scale, accuracy = rows whose label is among the
-    ``topk`` highest scores, count = rows.  Gradient to the scores:
+    ``topk`` highest scores, each with its count of rows.  Gradient to the scores:
     (p - onehot(label))·scale / global_batch.
 
     -log p[label] is computed from the log-softmax, so it stays exact where p
@@ -84,7 +90,7 @@ class SoftmaxLoss(_Loss):
     """
 
     input_kinds = ("data", "aux")
-    metric_names = ("loss", "accuracy", "count")
+    metric_names = ("loss", "accuracy")
 
     def setup(self, src_shapes):
         conf = self.conf.softmaxloss_conf
@@ -106,7 +112,7 @@ class SoftmaxLoss(_Loss):
         neg_log_p = np.log(total[:, 0]) - shifted[rows, labels]
         self.sums["loss"] += float(neg_log_p.sum()) * self.scale
         self.sums["accuracy"] += float((_ranks_of_labels(scores, labels) < self.topk).sum())
-        self.sums["count"] += len(labels)
+        self.rows += len(labels)
         return self.p.reshape(inputs[0].shape)
 
     def backward(self, grad, need):
@@ -124,7 +130,7 @@ class EuclideanLoss(_Loss):
 
     srclayers: [prediction, target], both data, of the same size per row.
     Output: the prediction.  Metrics (sums over rows): loss = Σ ½·||d||²,
-    count = rows.  Gradient: d / global_batch to the prediction, -d / global_batch
+    with its count of rows.  Gradient: d / global_batch to the prediction, -d / global_batch
     to the target (only when it needs one), with d = prediction - target.
 
     SINGA 0.2/0.3 used the same gradient, d / batch, but displayed
@@ -143,7 +149,7 @@ class EuclideanLoss(_Loss):
         prediction, target = inputs
         self.d = prediction.reshape(len(prediction), -1) - target.reshape(len(target), -1)  # (rows, dim)
         self.sums["loss"] += 0.5 * float(np.einsum("ij,ij->", self.d, self.d))
-        self.sums["count"] += len(prediction)
+        self.rows += len(prediction)
         return prediction
 
     def backward(self, grad, need):

@@ -21,7 +21,7 @@ class Accuracy(Layer):
     """Top-1 accuracy of predictions (rows, classes...) against the labels of srclayers[1].
 
     Metrics (sums since the last call): accuracy = rows whose argmax is the
-    label, count = rows.  Output: the predictions, unchanged.
+    label, accuracy/count = rows.  Output: the predictions, unchanged.
     """
 
     input_kinds = ("data", "aux")
@@ -33,7 +33,7 @@ class Accuracy(Layer):
         return tuple(src_shapes[0])
 
     def _reset(self) -> None:
-        self.sums = {"accuracy": 0.0, "count": 0.0}
+        self.sums = {"accuracy": 0.0, "accuracy/count": 0.0}
 
     def forward(self, inputs, train):
         scores = inputs[0].reshape(len(inputs[0]), -1)  # (rows, classes)
@@ -41,7 +41,7 @@ class Accuracy(Layer):
         if len(labels) != len(scores):
             raise DataError(f"layer '{self.name}': {len(labels)} labels for {len(scores)} rows of predictions")
         self.sums["accuracy"] += float(np.count_nonzero(scores.argmax(axis=1) == labels))
-        self.sums["count"] += len(labels)
+        self.sums["accuracy/count"] += len(labels)
         return inputs[0]
 
     def backward(self, grad, need):
@@ -50,7 +50,7 @@ class Accuracy(Layer):
     def metrics(self):
         sums = self.sums
         self._reset()
-        return sums if sums["count"] else {}
+        return sums if sums["accuracy/count"] else {}
 
 
 @LAYERS.register("kArgSort")

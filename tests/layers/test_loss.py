@@ -81,7 +81,7 @@ def test_softmax_loss_values_by_hand():
     metrics = layer.metrics()
     assert metrics["loss"] == pytest.approx(math.log(4) + math.log(3))
     # row 0's label 1 is not the argmax (2); row 1 ties: the lowest index (0) wins, label 2 misses
-    assert metrics == {"loss": metrics["loss"], "accuracy": 0.0, "count": 2.0}
+    assert metrics == {"loss": metrics["loss"], "loss/count": 2.0, "accuracy": 0.0, "accuracy/count": 2.0}
 
 
 @pytest.mark.parametrize("extra", ["", "softmaxloss_conf { scale: 2.5 }", "softmaxloss_conf { topk: 3 }"])
@@ -159,9 +159,9 @@ def test_metrics_are_sums_since_the_last_call_and_reset():
     layer.forward([scores, labels], True)
     layer.forward([scores, labels], True)
     twice = layer.metrics()
-    assert twice["count"] == 4 and twice["loss"] == pytest.approx(2 * once["loss"])
+    assert twice["loss/count"] == twice["accuracy/count"] == 4 and twice["loss"] == pytest.approx(2 * once["loss"])
     assert twice["accuracy"] == 2 * once["accuracy"]
-    assert layer.metrics() == {"loss": 0.0, "accuracy": 0.0, "count": 0.0}
+    assert layer.metrics() == {"loss": 0.0, "loss/count": 0.0, "accuracy": 0.0, "accuracy/count": 0.0}
 
 
 @pytest.mark.parametrize("labels, message", [
@@ -180,7 +180,7 @@ def test_bad_labels_are_data_errors_naming_the_layer(labels, message):
 def test_integral_float_labels_are_accepted():
     layer = softmax_loss(batch=2)
     layer.forward([normal(2, 4), np.array([3.0, 0.0], np.float32)], True)
-    assert layer.metrics()["count"] == 2
+    assert layer.metrics()["loss/count"] == 2
 
 
 @pytest.mark.parametrize("topk", [0, 5])
@@ -199,7 +199,7 @@ def test_euclidean_loss_values_by_hand():
     grads = layer.backward(None, [True, True])
     np.testing.assert_allclose(grads[0], [[0.5, 1.0], [0.0, 0.5]])  # (pred - target) / 2
     np.testing.assert_allclose(grads[1], -grads[0])
-    assert layer.metrics() == {"loss": pytest.approx(0.5 * 5 + 0.5 * 1), "count": 2.0}
+    assert layer.metrics() == {"loss": pytest.approx(0.5 * 5 + 0.5 * 1), "loss/count": 2.0}
 
 
 def test_euclidean_loss_gradients_match_central_differences():
@@ -272,7 +272,7 @@ def test_row_partitions_give_the_rows_of_the_whole_gradient_and_metrics_that_add
     np.testing.assert_array_equal(np.concatenate([grad for grad, _ in parts]), whole_grad)
     totals = {key: sum(metrics[key] for _, metrics in parts) for key in whole_metrics}
     assert totals == pytest.approx(whole_metrics, rel=1e-12)
-    assert totals["count"] == batch
+    assert totals["loss/count"] == batch
 
 
 def test_dividing_by_the_local_batch_would_not_add_up_for_uneven_splits():

@@ -19,7 +19,7 @@ def test_accuracy_counts_correct_rows_and_resets():
     out = acc.forward([scores, np.array([1, 2, 2, 0], np.int32)], False)
     assert out is scores
     acc.forward([scores[:2], np.array([1, 0])], False)
-    assert acc.metrics() == {"accuracy": 4.0, "count": 6.0}
+    assert acc.metrics() == {"accuracy": 4.0, "accuracy/count": 6.0}
     assert acc.metrics() == {}
     assert acc.backward(None, [True, False]) == [None, None]
 
