@@ -89,14 +89,14 @@ def worker(args) -> int:
     for step in range(3):
         trainer.train_one_batch(step)
     world.barrier()
-    world.accounts.clear()
+    world.tracer.reset()
     times = []
     for step in range(args.steps):
         world.barrier()
         start = time.perf_counter()
         trainer.train_one_batch(3 + step)
         times.append(time.perf_counter() - start)
-    timed = {label: a for label, a in world.accounts.items() if label != "barrier"}  # not the timing barrier
+    timed = {label: a for label, a in world.tracer.by_name("comm").items() if label != "barrier"}  # not the timing barrier
     comm_s = sum(a.seconds for a in timed.values()) / args.steps
     moved = sum(a.bytes for a in timed.values()) / args.steps
     slowest = max(world.allgather_object(statistics.median(times)))
@@ -111,6 +111,7 @@ def worker(args) -> int:
         if args.out:
             pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             pathlib.Path(args.out).write_text(line + "\n")
+    runtime.close()
     shutil.rmtree(folder, ignore_errors=True)
     return 0
 

@@ -29,6 +29,7 @@ from singa_mpi.config.load import JobConfig, load_job
 from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError, DataError, SingaError
 from singa_mpi.runtimes.serial import SerialRuntime
+from singa_mpi.topology import check_supported, topology
 from singa_mpi.trainer import Trainer
 
 EXIT_ABORT = 1
@@ -71,14 +72,25 @@ def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
     0 when done, ``checkpoint.EXIT_CHECKPOINTED`` (75) when stopped by SIGTERM/SIGUSR1 after
     writing a checkpoint."""
     options = options or RunOptions()
+
+    def train(trainer: Trainer) -> int:
+        return _train(trainer, options)
+
+    return _launch(job, workspace_of, options.seed, options.stall_timeout, train, steps=options.steps)
+
+
+def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
+            body: Callable[[Trainer], int], steps: int | None = None, check: Callable | None = None) -> int:
+    """Serial in one process, else the two-phase MPI protocol; ``body(trainer)`` does the work."""
     world = mpi_world()
     if world is None:
-        cfg = _prepare(job, options.seed)
+        cfg = _prepare(job, seed)
+        if check is not None:
+            check(cfg)
         workspace = workspace_of(cfg)
         os.makedirs(workspace, exist_ok=True)
-        trainer = Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=options.steps)
-        return _train(trainer, options)
-    return _run_parallel(world, job, workspace_of, options)
+        return body(Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=steps))
+    return _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check)
 
 
 def _train(trainer: Trainer, options: RunOptions) -> int:
@@ -132,19 +144,19 @@ def _catch_stop_signals(trainer: Trainer) -> dict:
     return {signum: signal.signal(signum, request_stop) for signum in (signal.SIGTERM, signal.SIGUSR1)}
 
 
-def _run_parallel(world, job, workspace_of, options: RunOptions) -> int:
+def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check) -> int:
     from singa_mpi.communication.mpi import Watchdog
     from singa_mpi.runtimes.worker import WorkerRuntime
 
     # -- phase 1: every rank reads, validates and plans alone; then one vote
-    runtime, error = None, None
+    error, plans = None, None
     try:
-        cfg = _prepare(job, options.seed)
-        _check_cluster(cfg, world.size)
+        cfg = _prepare(job, seed)
+        if check is not None:
+            check(cfg)
+        role = _role(cfg, world.size, world.rank)
         workspace = workspace_of(cfg)
-        runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, world)
-        runtime.plan_all(["train"] + (["test"] if cfg.proto.test_steps > 0 else [])
-                         + (["val"] if cfg.proto.validate_steps > 0 else []))
+        plans = WorkerRuntime.plan_phases(cfg, world.size, _phases(cfg))
     except SingaError as err:
         error = (str(err), err.exit_code)
     verdicts = world.allgather_object(error)
@@ -161,14 +173,17 @@ def _run_parallel(world, job, workspace_of, options: RunOptions) -> int:
         if world.rank == 0:
             os.makedirs(workspace, exist_ok=True)
         world.barrier()
-        trainer = Trainer(cfg, workspace, runtime, train_steps=options.steps)
+        group = world.split(role.group, role.index)  # the worker runtime never sees the world
+        runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans)
+        trainer = Trainer(cfg, workspace, runtime, train_steps=steps)
         runtime.check_agreement()
-        if options.stall_timeout:
-            watchdog = Watchdog(world, options.stall_timeout)
+        if stall_timeout:
+            watchdog = Watchdog(world, stall_timeout)
             watchdog.start()
-        code = _train(trainer, options)
+        code = body(trainer)
         if watchdog is not None:
             watchdog.stop()
+        runtime.close()
         world.barrier()
         return code
     except SingaError as err:
@@ -179,40 +194,58 @@ def _run_parallel(world, job, workspace_of, options: RunOptions) -> int:
     return EXIT_ABORT
 
 
-def _abort(world, message: str, code: int) -> None:
-    step = world.step
-    os.write(2, f"singa-mpi: rank {world.rank}: error at step {step}: {message}\n".encode())
-    world.abort(code)
+def _phases(cfg: JobConfig) -> list[str]:
+    return (["train"] + (["test"] if cfg.proto.test_steps > 0 else [])
+            + (["val"] if cfg.proto.validate_steps > 0 else []))
 
 
-def _check_cluster(cfg: JobConfig, size: int) -> None:
+def _role(cfg: JobConfig, size: int, rank: int):
+    """This rank's role from the job's cluster (pure; ConfigError for shapes not built yet)."""
     cluster = cfg.proto.cluster
-    if cluster.HasField("nworkers_per_group") and cluster.nworkers_per_group != size:
+    if cluster.HasField("nworkers_per_group") and cluster.nworkers_per_group != size and \
+            cluster.nworker_groups <= 1 and not cluster.server_worker_separate:
         raise ConfigError(
             f"{cfg.where('cluster', 'nworkers_per_group')}: cluster.nworkers_per_group = "
             f"{cluster.nworkers_per_group}: expected the number of MPI ranks ({size}); "
             f"launch with mpirun -n {cluster.nworkers_per_group} or change the job")
-    if cluster.nworker_groups > 1 or cluster.nserver_groups > 1 or cluster.server_worker_separate:
-        raise ConfigError(
-            f"{cfg.where('cluster')}: cluster: several worker/server groups are not supported yet: "
-            f"expected nworker_groups: 1, nserver_groups: 1, server_worker_separate: false")
+    topo = topology(size, cluster, nworkers=None if cluster.HasField("nworkers_per_group") else size)
+    check_supported(topo, cfg.where("cluster"))
+    return topo.role(rank)
+
+
+def _abort(world, message: str, code: int) -> None:
+    step = world.tracer.step
+    os.write(2, f"singa-mpi: rank {world.rank}: error at step {step}: {message}\n".encode())
+    world.abort(code)
 
 
 def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: list[str] | None = None) -> int:
-    """Load parameters from checkpoints (default: the newest good one in the workspace) and test."""
-    cfg = _prepare(job, None)
-    if cfg.proto.test_steps <= 0:
-        raise ConfigError(f"{cfg.path}: test_steps = {cfg.proto.test_steps}: expected test_steps > 0 for `test`")
-    workspace = workspace_of(cfg)
+    """Load parameters from checkpoints (default: the newest good one in the workspace) and run the
+    test phase once, partitioned like training when launched on several ranks."""
+
+    def needs_test_steps(cfg: JobConfig) -> None:
+        if cfg.proto.test_steps <= 0:
+            raise ConfigError(f"{cfg.path}: test_steps = {cfg.proto.test_steps}: expected test_steps > 0 for `test`")
+
+    def test(trainer: Trainer) -> int:
+        ckpt = _read_for_test(trainer.workspace, checkpoints, trainer.runtime.is_root)
+        trainer.restore(ckpt, full=False)
+        trainer.evaluate(trainer.test_net, trainer.job.test_steps, "test", ckpt.step)
+        return 0
+
+    return _launch(job, workspace_of, None, None, test, check=needs_test_steps)
+
+
+def _read_for_test(workspace: str, checkpoints: list[str] | None, is_root: bool) -> checkpoint.Checkpoint:
     if checkpoints:
         ckpt = checkpoint.read(checkpoints[0])
         for path in checkpoints[1:]:  # later files override earlier ones (SINGA)
             ckpt.params.update(checkpoint.read(path).params)
-    else:
+        return ckpt
+    with warnings.catch_warnings():
+        if not is_root:
+            warnings.simplefilter("ignore")  # one report of a damaged file is enough
         ckpt = checkpoint.newest_good(workspace)
-        if ckpt is None:
-            raise DataError(f"{workspace}: no checkpoint found: expected `--checkpoint FILE` or a trained workspace")
-    trainer = Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace))
-    trainer.restore(ckpt, full=False)
-    trainer.evaluate(trainer.test_net, cfg.proto.test_steps, "test", ckpt.step)
-    return 0
+    if ckpt is None:
+        raise DataError(f"{workspace}: no checkpoint found: expected `--checkpoint FILE` or a trained workspace")
+    return ckpt

@@ -14,6 +14,7 @@ from singa_mpi.errors import ConfigError, LayerFailure
 from singa_mpi.graph import Node, topological_order
 from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, LayerContext, layer_class
 from singa_mpi.params import Param, make_param
+from singa_mpi.tracing import NullTracer, Tracer
 
 
 @dataclasses.dataclass
@@ -28,10 +29,12 @@ class Wire:
 
 
 class Net:
-    """Layers in execution order; forward in order, backward in reverse (seed 003)."""
+    """Layers in execution order, wired to their sources.  An algorithm
+    (:mod:`singa_mpi.algorithms`) decides the passes over them."""
 
-    def __init__(self, wires: list[Wire]):
+    def __init__(self, wires: list[Wire], tracer: Tracer | None = None):
         self.wires = wires
+        self.tracer = tracer if tracer is not None else NullTracer()
         self.layers = [w.layer for w in wires]
         self._wire_by_layer = {id(w.layer): w for w in wires}
         self._mark_needs_grad()
@@ -60,37 +63,47 @@ class Net:
                 seen.setdefault(id(p), p)
         return list(seen.values())
 
-    def forward(self, train: bool) -> None:
-        for wire in self.wires:
-            inputs = [s.aux if k == "aux" else s.data for s, k in zip(wire.srcs, wire.kinds)]
-            wire.layer.grad = None
-            try:
-                wire.layer.data = wire.layer.forward(inputs, train)
-            except LayerFailure:
-                raise
-            except Exception as err:  # name the layer in the one-line report (the cause stays chained)
-                raise LayerFailure(wire.layer.name, "forward", err) from err
+    # ---------------------------------------------------------------- one layer at a time
+    # Algorithms drive the traversal (which layers, in which order, in which pass);
+    # the net runs one layer's pass: gathers its inputs, traces it, names it on failure.
+    def run_pass(self, wire: Wire, phase: str, train: bool) -> None:
+        """Compute ``wire``'s output for the algorithm's pass ``phase`` ("forward" for BP)."""
+        layer = wire.layer
+        inputs = [s.aux if k == "aux" else s.data for s, k in zip(wire.srcs, wire.kinds)]
+        layer.grad = None
+        span = self.tracer.begin(layer.name, phase)
+        try:
+            layer.data = layer.compute(phase, inputs, train)
+        except LayerFailure:
+            raise
+        except Exception as err:  # name the layer in the one-line report (the cause stays chained)
+            raise LayerFailure(layer.name, phase, err) from err
+        finally:
+            self.tracer.end(span)
 
-    def backward(self, on_layer_done: Callable[[Layer], None] | None = None) -> None:
-        """Reverse pass; ``on_layer_done(layer)`` fires once a layer's param grads are final."""
-        for wire in reversed(self.wires):
-            if not wire.needs_grad:
+    def run_backward(self, wire: Wire) -> None:
+        """Back-propagate through ``wire``: its input gradients are added to its sources' ``grad``."""
+        layer = wire.layer
+        span = self.tracer.begin(layer.name, "backward")
+        try:
+            grads = layer.backward(layer.grad, self._need[id(layer)])
+        except LayerFailure:
+            raise
+        except Exception as err:
+            raise LayerFailure(layer.name, "backward", err) from err
+        finally:
+            self.tracer.end(span)
+        for src, g in zip(wire.srcs, grads):
+            if g is None:
                 continue
-            layer = wire.layer
-            try:
-                grads = layer.backward(layer.grad, self._need[id(layer)])
-            except LayerFailure:
-                raise
-            except Exception as err:
-                raise LayerFailure(layer.name, "backward", err) from err
-            for src, g in zip(wire.srcs, grads):
-                if g is None:
-                    continue
-                # the first gradient is taken as is; later ones make a new sum so
-                # that no layer's cached array is modified behind its back
-                src.grad = g if src.grad is None else src.grad + g
-            if on_layer_done is not None and layer.params:
-                on_layer_done(layer)
+            # the first gradient is taken as is; later ones make a new sum so
+            # that no layer's cached array is modified behind its back
+            src.grad = g if src.grad is None else src.grad + g
+
+    def set_step(self, step: int) -> None:
+        """Tell every layer the training step (random masks and readers key on it)."""
+        for layer in self.layers:
+            layer.ctx.step = step
 
     def zero_grads(self) -> None:
         for p in self.params:
@@ -182,7 +195,7 @@ def allocate_params(layers: list[Layer], seed: int, shared: dict[str, Param]) ->
 
 
 def build_serial_net(cfg: JobConfig, phase: str, seed: int, workspace: str,
-                     shared: dict[str, Param]) -> Net:
+                     shared: dict[str, Param], tracer: Tracer | None = None) -> Net:
     """The whole net of ``phase`` in one process (no partitioning)."""
     nodes = phase_nodes(cfg, phase)
     batch = global_batch_size(cfg, nodes)
@@ -195,5 +208,5 @@ def build_serial_net(cfg: JobConfig, phase: str, seed: int, workspace: str,
     allocate_params([layer for _, layer, _ in built], seed, shared)
     wires = [Wire(layer, [by_name[s] for s in node.conf.srclayers], kinds, node)
              for node, layer, kinds in built]
-    return Net(wires)
+    return Net(wires, tracer)
 

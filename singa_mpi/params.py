@@ -52,6 +52,10 @@ class Param:
         self.factors = None
         self.queue: GradientQueue | None = None
 
+    def region(self) -> tuple:
+        """Where this array sits in the logical param: ("nd", shard) (checkpoints)."""
+        return ("nd", self.shard)
+
     def shard_index(self) -> tuple[slice, ...]:
         return tuple(slice(lo, hi) for lo, hi in self.shard)
 

@@ -92,22 +92,24 @@ class Trainer:
 
     # ---------------------------------------------------------------- steps
     def train_one_batch(self, step: int) -> None:
+        """One step: the algorithm's passes, then the sync strategy sums, updates and publishes."""
         self.runtime.begin_step(step)
-        for layer in self.train_net.layers:
-            layer.ctx.step = step
-        hook = self.runtime.gradient_hook(self.train_net)
-        self.algorithm.train_one_batch(self.train_net, hook)
-        self.runtime.reduce_gradients(self.train_net)
-        for param in self.runtime.owned_params(self.train_net):
-            self.updater.update(step, param)
-        self.runtime.finish_update()
+        self.train_net.set_step(step)
+        sync, tracer = self.runtime.sync(), self.runtime.tracer
+        with tracer.span("train_one_batch", "step"):
+            self.algorithm.train_one_batch(self.train_net, sync.layer_done)
+        with tracer.span("sync", "step"):
+            sync.gradients_complete()
+        with tracer.span("update", "step"):
+            sync.update(step, self.updater)
+            sync.publish()
 
     def evaluate(self, net: Net, steps: int, phase: str, step: int) -> dict[str, float]:
         net.collect_metrics()  # drop anything left from an earlier pass
-        for _ in range(steps):
-            for layer in net.layers:
-                layer.ctx.step = step
-            self.algorithm.evaluate(net)
+        with self.runtime.tracer.span(phase, "step"):
+            for _ in range(steps):
+                net.set_step(step)
+                self.algorithm.evaluate(net)
         result = summarize(self.runtime.reduce_metrics(net.collect_metrics()))
         self.record(step, phase, result)
         return result

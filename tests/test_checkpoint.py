@@ -48,7 +48,7 @@ def test_exact_resume_is_bitwise(tmp_path):
         np.testing.assert_array_equal(a.params[name], b.params[name])
         for slot in a.updater[name]:
             np.testing.assert_array_equal(a.updater[name][slot], b.updater[name][slot])
-    assert a.readers == b.readers == {"train": {"data": 20}}
+    assert a.readers == b.readers == {"train": {"data": {"batches": 20}}}
 
 
 def test_interrupted_write_leaves_the_previous_checkpoint(tmp_path):

@@ -161,7 +161,8 @@ def test_built_in_layers_are_all_there_and_match_their_decorators():
 
 
 def test_other_built_ins_are_all_there():
-    from singa_mpi.algorithms import ALGORITHMS, BackPropagation
+    from singa_mpi.algorithms import ALGORITHMS
+    from singa_mpi.algorithms.bp import BackPropagation
     from singa_mpi.data.stores import BACKENDS
     from singa_mpi.params import INITS
     from singa_mpi.updaters import LR_SCHEDULES, UPDATERS

@@ -9,7 +9,8 @@ plain h5py or h5dump::
     /params/<name>          float32, the full logical (unsharded) array
     /updater/<name>/<slot>  float32 updater state (momentum "history", "update"), logical shape;
                             attrs: counters (e.g. Adam's step count "t")
-    /readers/<phase>/<layer> attrs: batches (how many global batches the input layer has read)
+    /readers/<phase>/<layer> attrs: the layer's carried state (``Layer.state()``), e.g. an input
+                             layer's ``batches`` (how many global batches it has read)
 
 Every dataset carries a ``crc32`` attribute; ``complete`` is set last.  A file
 is written under a temporary name in the same folder, flushed, fsynced and
@@ -45,7 +46,8 @@ class Checkpoint:
     params: dict[str, np.ndarray]
     updater: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
     counters: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
-    readers: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # phase -> layer -> batches
+    # phase -> layer -> the layer's state (``Layer.state()``: names to numbers)
+    readers: dict[str, dict[str, dict]] = dataclasses.field(default_factory=dict)
     job_name: str = ""
     job_config: str = ""
     plan: dict = dataclasses.field(default_factory=dict)
@@ -102,8 +104,8 @@ def write(path: str, ckpt: Checkpoint, fault_after: int | None = None) -> str:
             readers = f.create_group("readers")
             for phase, layers in sorted(ckpt.readers.items()):
                 group = readers.create_group(phase)
-                for layer, batches in sorted(layers.items()):
-                    group.create_group(layer).attrs["batches"] = int(batches)
+                for layer, state in sorted(layers.items()):
+                    group.create_group(layer).attrs.update(state)
             f.attrs["complete"] = 1
             f.flush()
         with open(tmp, "rb") as handle:
@@ -114,6 +116,11 @@ def write(path: str, ckpt: Checkpoint, fault_after: int | None = None) -> str:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def _scalar(value):
+    """An HDF5 attribute as a Python number (numpy scalars do not survive JSON or comparisons well)."""
+    return value.item() if hasattr(value, "item") and getattr(value, "ndim", 0) == 0 else value
 
 
 def _fsync_dir(folder: str) -> None:
@@ -164,7 +171,7 @@ def read(path: str) -> Checkpoint:
                 if group.attrs:
                     ckpt.counters[name] = {k: int(v) for k, v in group.attrs.items()}
             for phase, group in f.get("readers", {}).items():
-                ckpt.readers[phase] = {layer: int(g.attrs["batches"]) for layer, g in group.items()}
+                ckpt.readers[phase] = {layer: {k: _scalar(v) for k, v in g.attrs.items()} for layer, g in group.items()}
     except DataError:
         raise
     except (OSError, KeyError, ValueError) as err:

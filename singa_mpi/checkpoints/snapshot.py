@@ -13,13 +13,6 @@ import numpy as np
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import effective_partition_dim
 from singa_mpi.errors import DataError
-from singa_mpi.sync.shared_memory import ChunkView
-
-
-def _region(owner) -> tuple:
-    if isinstance(owner, ChunkView):
-        return ("flat", owner.lo, owner.hi)
-    return ("nd", owner.shard)
 
 
 def _index(array_shape: tuple, region: tuple):
@@ -59,11 +52,12 @@ def local_pieces(trainer) -> dict:
     params = [(p.name, p.logical_shape, ("nd", p.shard), np.array(p.data))
               for p in trainer.train_net.params if runtime.contributes(p)]
     states = []
-    for owner in runtime.owned_params(trainer.train_net):
-        if isinstance(owner, ChunkView) or runtime.contributes(owner):
+    for owner in runtime.owned_params():
+        region = owner.region()
+        if region[0] == "flat" or runtime.contributes(owner):  # a flat chunk has one owner
             for slot, value in updater.state(owner.name).items():
-                states.append((owner.name, slot, owner.logical_shape, _region(owner), np.array(value)))
-    readers = {phase: {layer.name: layer.batches for layer in net.layers if getattr(layer, "is_input", False)}
+                states.append((owner.name, slot, owner.logical_shape, region, np.array(value)))
+    readers = {phase: {layer.name: layer.state() for layer in net.layers if layer.state()}
                for phase, net in trainer.nets().items()}
     return {"params": params, "states": states, "readers": readers, "counters": updater.counters()}
 
@@ -112,15 +106,15 @@ def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: boo
         param.data[...] = _take(value, ("nd", param.shard))
     if not full:
         return skipped
-    for owner in trainer.runtime.owned_params(trainer.train_net):
+    for owner in trainer.runtime.owned_params():
         slots = ckpt.updater.get(owner.name, {})
-        state = {slot: _take(value, _region(owner)).reshape(owner.data.shape) for slot, value in slots.items()
+        state = {slot: _take(value, owner.region()).reshape(owner.data.shape) for slot, value in slots.items()
                  if value.shape == owner.logical_shape}
         if state:
             trainer.updater.load_state(owner.name, state)
     trainer.updater.load_counters(ckpt.counters)
     for phase, net in trainer.nets().items():
         for layer in net.layers:
-            if getattr(layer, "is_input", False) and layer.name in ckpt.readers.get(phase, {}):
-                layer.batches = ckpt.readers[phase][layer.name]
+            if layer.name in ckpt.readers.get(phase, {}):
+                layer.load_state(ckpt.readers[phase][layer.name])
     return skipped

@@ -27,8 +27,9 @@ def inspect(path: str) -> str:
         slots = ", ".join(sorted(ckpt.updater.get(name, {})))
         lines.append(f"  {name:<16} {str(list(value.shape)):<16} updater state: {slots or '-'}")
     for phase, readers in sorted(ckpt.readers.items()):
-        for layer, batches in sorted(readers.items()):
-            lines.append(f"reader {phase}/{layer}: {batches} batches read")
+        for layer, state in sorted(readers.items()):
+            text = ", ".join(f"{key} {value}" for key, value in sorted(state.items()))
+            lines.append(f"state {phase}/{layer}: {text}")
     layers = ckpt.plan.get("layers", {})
     if layers:
         lines.append("partitioning: " + "; ".join(f"{k}: {v}" for k, v in sorted(layers.items())))

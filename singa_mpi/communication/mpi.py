@@ -3,82 +3,51 @@
 :class:`MPIComm` wraps an ``mpi4py`` communicator with buffer-based methods
 named after the MPI calls the planner schedules (Send/Recv, Bcast, Reduce,
 Scatterv, Gatherv, Allgatherv, Reduce_scatter, Alltoallv, Allreduce).  Every
-call is accounted (bytes, seconds, per layer label) and announced to the
-watchdog (what is pending, where, since when), so a stalled step can be named.
+call is a tracer span (bytes, seconds, per layer label); the watchdog reads the
+open span (what is pending, where, since when), so a stalled step can be named.
 
 Layers, algorithms and the planner never import this module; they receive a
 communicator object.  Nothing on the `check`/`plan` path imports it.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import threading
 import time
 
 import numpy as np
+from mpi4py import MPI  # the only mpi4py import in the package
 
-from mpi4py import MPI  # noqa: E402  (the only mpi4py import in the package)
+from singa_mpi.communication.base import others, ring_bytes
+from singa_mpi.tracing import Tracer
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.int32): MPI.INT, np.dtype(np.float64): MPI.DOUBLE}
 
 
-@dataclasses.dataclass
-class Pending:
-    """The operation a rank is inside, for the watchdog's report."""
-
-    op: str
-    layer: str
-    peer: str
-    tag: int | None
-    step: int
-    direction: str
-    since: float
-
-    def describe(self) -> str:
-        tag = f" tag {self.tag}" if self.tag is not None else ""
-        return (f"step {self.step} {self.direction} {self.op} {self.peer}{tag} in layer {self.layer} "
-                f"for {time.monotonic() - self.since:.1f}s")
-
-
-@dataclasses.dataclass
-class Account:
-    calls: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-
-
 class MPIComm:
-    """A worker group's communicator; ``sub(ranks)`` gives communicators of subgroups."""
+    """A worker group's communicator; ``sub(ranks)`` gives communicators of subgroups.
 
-    def __init__(self, comm: MPI.Comm | None = None, world: "MPIComm | None" = None):
+    Every call is a span of the shared :class:`~singa_mpi.tracing.Tracer`
+    (category ``"comm"``, named by the caller's label) with the bytes it moved
+    (see :mod:`singa_mpi.communication.base` for how they are counted).
+    """
+
+    def __init__(self, comm: MPI.Comm | None = None, tracer: Tracer | None = None, owned: bool = False):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.world = world or self
-        self.accounts: dict[str, Account] = {}
-        self.pending: Pending | None = None
-        self.step = 0
-        self.direction = "forward"
+        self.tracer = tracer if tracer is not None else Tracer(self.rank)
+        self._owned = owned  # created here (a split or a group): freed by ``free``
         self._subs: dict[tuple[int, ...], MPIComm] = {}
+        self._windows: list = []
 
     # ------------------------------------------------------------- bookkeeping
-    def _enter(self, op: str, layer: str, peer: str, tag: int | None = None) -> float:
-        world = self.world
-        world.pending = Pending(op, layer, peer, tag, world.step, world.direction, time.monotonic())
-        return time.perf_counter()
+    def _enter(self, op: str, layer: str, peer: str, tag: int | None = None):
+        return self.tracer.begin(layer, "comm", {"op": op, "peer": peer, "tag": tag})
 
-    def _leave(self, start: float, label: str, nbytes: int) -> None:
-        world = self.world
-        world.pending = None
-        account = world.accounts.setdefault(label, Account())
-        account.calls += 1
-        account.bytes += int(nbytes)
-        account.seconds += time.perf_counter() - start
-
-    def comm_seconds(self) -> float:
-        return sum(a.seconds for a in self.world.accounts.values())
+    def _leave(self, span, label: str, nbytes: int) -> None:
+        self.tracer.end(span, int(nbytes))
 
     @staticmethod
     def _buf(array: np.ndarray):
@@ -95,9 +64,39 @@ class MPIComm:
         if ranks == tuple(range(self.size)):
             return self
         if ranks not in self._subs:
-            group = self.comm.Get_group().Incl(list(ranks))
-            self._subs[ranks] = MPIComm(self.comm.Create_group(group), world=self.world)
+            whole = self.comm.Get_group()
+            group = whole.Incl(list(ranks))
+            self._subs[ranks] = MPIComm(self.comm.Create_group(group), self.tracer, owned=True)
+            group.Free()
+            whole.Free()
         return self._subs[ranks]
+
+    def split(self, color: int, key: int) -> "MPIComm":
+        """MPI_Comm_split: the communicator of the ranks that passed the same ``color`` (collective)."""
+        return MPIComm(self.comm.Split(color, key), self.tracer, owned=True)
+
+    def free(self) -> None:
+        """Release the sub-communicators and shared windows made here, and this one if made here
+        (before MPI_Finalize: MPICH reports communicators still referenced at exit)."""
+        for sub in self._subs.values():
+            sub.free()
+        self._subs.clear()
+        for win in self._windows:
+            win.Unlock_all()
+            win.Free()
+        self._windows.clear()
+        if self._owned and self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
+    def _rooted_bytes(self, counts, root: int, itemsize: int) -> int:
+        """Scatterv/Gatherv: the root moves every other member's block, a member its own."""
+        if self.rank == root:
+            return itemsize * others(counts, root)
+        return itemsize * int(counts[self.rank])
+
+    def _scatter_sum_bytes(self, counts, itemsize: int) -> int:
+        """Reduce_scatter: send every other member's block, receive mine from each of them."""
+        return itemsize * (others(counts, self.rank) + int(counts[self.rank]) * (self.size - 1))
 
     # ------------------------------------------------------------- point to point
     def Isend(self, array: np.ndarray, dest: int, tag: int, layer: str):
@@ -125,51 +124,51 @@ class MPIComm:
     def Bcast(self, array: np.ndarray, root: int, layer: str) -> None:
         start = self._enter("Bcast", layer, f"root {root}")
         self.comm.Bcast(self._buf(array), root=root)
-        self._leave(start, layer, array.nbytes)
+        self._leave(start, layer, array.nbytes * (self.size - 1 if self.rank == root else 1))
 
     def Reduce(self, send: np.ndarray, recv: np.ndarray | None, root: int, layer: str) -> None:
         start = self._enter("Reduce", layer, f"root {root}")
         self.comm.Reduce(self._buf(send), self._buf(recv) if recv is not None else None, op=MPI.SUM, root=root)
-        self._leave(start, layer, send.nbytes)
+        self._leave(start, layer, send.nbytes * (self.size - 1 if self.rank == root else 1))
 
     def Scatterv(self, send: np.ndarray | None, counts, displs, recv: np.ndarray, root: int, layer: str) -> None:
         start = self._enter("Scatterv", layer, f"root {root}")
         sendbuf = self._vbuf(send, counts, displs) if self.rank == root else None
         self.comm.Scatterv(sendbuf, self._buf(recv), root=root)
-        self._leave(start, layer, recv.nbytes)
+        self._leave(start, layer, self._rooted_bytes(counts, root, recv.itemsize))
 
     def Gatherv(self, send: np.ndarray, recv: np.ndarray | None, counts, displs, root: int, layer: str) -> None:
         start = self._enter("Gatherv", layer, f"root {root}")
         recvbuf = self._vbuf(recv, counts, displs) if self.rank == root else None
         self.comm.Gatherv(self._buf(send), recvbuf, root=root)
-        self._leave(start, layer, send.nbytes)
+        self._leave(start, layer, self._rooted_bytes(counts, root, send.itemsize))
 
     def Allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs, layer: str) -> None:
         start = self._enter("Allgatherv", layer, "group")
         self.comm.Allgatherv(self._buf(send), self._vbuf(recv, counts, displs))
-        self._leave(start, layer, recv.nbytes)
+        self._leave(start, layer, recv.itemsize * (counts[self.rank] * (self.size - 1) + others(counts, self.rank)))
 
     def Reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str) -> None:
         start = self._enter("Reduce_scatter", layer, "group")
         self.comm.Reduce_scatter(self._buf(send), self._buf(recv), recvcounts=list(counts), op=MPI.SUM)
-        self._leave(start, layer, send.nbytes)
+        self._leave(start, layer, self._scatter_sum_bytes(counts, send.itemsize))
 
     def Alltoallv(self, send: np.ndarray, scounts, sdispls, recv: np.ndarray, rcounts, rdispls, layer: str) -> None:
         start = self._enter("Alltoallv", layer, "group")
         self.comm.Alltoallv(self._vbuf(send, scounts, sdispls), self._vbuf(recv, rcounts, rdispls))
-        self._leave(start, layer, send.nbytes + recv.nbytes)
+        self._leave(start, layer, recv.itemsize * (others(scounts, self.rank) + others(rcounts, self.rank)))
 
     def Allreduce(self, array: np.ndarray, layer: str) -> None:
         """In-place sum over the group."""
         start = self._enter("Allreduce", layer, "group")
         self.comm.Allreduce(MPI.IN_PLACE, self._buf(array), op=MPI.SUM)
-        self._leave(start, layer, array.nbytes)
+        self._leave(start, layer, 2 * ring_bytes(array.nbytes, self.size))
 
     def Iallreduce(self, array: np.ndarray, layer: str):
         """Start an in-place sum over the group; ``Wait`` on the returned request."""
         start = self._enter("Iallreduce", layer, "group")
         request = self.comm.Iallreduce(MPI.IN_PLACE, self._buf(array), op=MPI.SUM)
-        self._leave(start, layer, array.nbytes)
+        self._leave(start, layer, 2 * ring_bytes(array.nbytes, self.size))
         return request
 
     # ------------------------------------------------------------- non-blocking (backward exchanges)
@@ -186,25 +185,28 @@ class MPIComm:
                            lambda: self.comm.Irecv(self._buf(array), source=source, tag=tag))
 
     def Ireduce(self, send: np.ndarray, recv: np.ndarray | None, root: int, layer: str):
-        return self._start("Ireduce", layer, f"root {root}", send.nbytes, lambda: self.comm.Ireduce(
+        nbytes = send.nbytes * (self.size - 1 if self.rank == root else 1)
+        return self._start("Ireduce", layer, f"root {root}", nbytes, lambda: self.comm.Ireduce(
             self._buf(send), self._buf(recv) if recv is not None else None, op=MPI.SUM, root=root))
 
     def Iscatterv(self, send: np.ndarray | None, counts, displs, recv: np.ndarray, root: int, layer: str):
         sendbuf = self._vbuf(send, counts, displs) if self.rank == root else None
-        return self._start("Iscatterv", layer, f"root {root}", recv.nbytes,
+        return self._start("Iscatterv", layer, f"root {root}", self._rooted_bytes(counts, root, recv.itemsize),
                            lambda: self.comm.Iscatterv(sendbuf, self._buf(recv), root=root))
 
     def Igatherv(self, send: np.ndarray, recv: np.ndarray | None, counts, displs, root: int, layer: str):
         recvbuf = self._vbuf(recv, counts, displs) if self.rank == root else None
-        return self._start("Igatherv", layer, f"root {root}", send.nbytes,
+        return self._start("Igatherv", layer, f"root {root}", self._rooted_bytes(counts, root, send.itemsize),
                            lambda: self.comm.Igatherv(self._buf(send), recvbuf, root=root))
 
     def Ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str):
-        return self._start("Ireduce_scatter", layer, "group", send.nbytes, lambda: self.comm.Ireduce_scatter(
+        nbytes = self._scatter_sum_bytes(counts, send.itemsize)
+        return self._start("Ireduce_scatter", layer, "group", nbytes, lambda: self.comm.Ireduce_scatter(
             self._buf(send), self._buf(recv), recvcounts=list(counts), op=MPI.SUM))
 
     def Ialltoallv(self, send: np.ndarray, scounts, sdispls, recv: np.ndarray, rcounts, rdispls, layer: str):
-        return self._start("Ialltoallv", layer, "group", send.nbytes + recv.nbytes, lambda: self.comm.Ialltoallv(
+        nbytes = recv.itemsize * (others(scounts, self.rank) + others(rcounts, self.rank))
+        return self._start("Ialltoallv", layer, "group", nbytes, lambda: self.comm.Ialltoallv(
             self._vbuf(send, scounts, sdispls), self._vbuf(recv, rcounts, rdispls)))
 
     # ------------------------------------------------------------- shared memory (one node)
@@ -227,6 +229,7 @@ class MPIComm:
             buf, _ = win.Shared_query(r)
             segments.append(np.ndarray((n,), np.float32, buffer=buf) if n else np.zeros(0, np.float32))
         win.Lock_all()
+        self._windows.append(win)
         return win, segments
 
     def memory_fence(self, win, label: str) -> None:
@@ -283,8 +286,8 @@ class MPIComm:
         MPI.COMM_WORLD.Abort(code)
 
 
-def world() -> MPIComm:
-    return MPIComm(MPI.COMM_WORLD)
+def world(tracer: Tracer | None = None) -> MPIComm:
+    return MPIComm(MPI.COMM_WORLD, tracer)
 
 
 def world_size() -> int:
@@ -306,8 +309,8 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         while not self._stop.wait(self.poll):
-            pending = self.comm.pending
-            if pending is not None and time.monotonic() - pending.since > self.timeout:
+            pending = self.comm.tracer.pending("comm")
+            if pending is not None and time.perf_counter() - pending.started > self.timeout:
                 os.write(2, (f"singa-mpi: rank {self.comm.rank}: stalled: {pending.describe()} "
                              f"(--stall-timeout {self.timeout:g}s); aborting the job\n").encode())
                 self.comm.abort(4)

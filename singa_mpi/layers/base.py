@@ -196,6 +196,24 @@ class Layer:
         """Gradients w.r.t. the inputs (None where ``need`` is False); param grads accumulate."""
         return [None] * len(need)
 
+    def compute(self, phase: str, inputs: list[np.ndarray], train: bool) -> np.ndarray:
+        """The output for one of an algorithm's named passes over the net.
+
+        BP has one pass, ``"forward"``.  Other algorithms name theirs (CD: a positive
+        and a negative pass); most layers compute the same thing in every pass, so
+        only layers whose maths differs per pass (an RBM's) override this."""
+        return self.forward(inputs, train)
+
+    # -- carried state (checkpoints) -------------------------------------------
+    def state(self) -> dict[str, int | float]:
+        """What this layer carries from step to step besides params (a reader's position,
+        later a recurrent state); checkpoints store it and ``load_state`` puts it back."""
+        return {}
+
+    def load_state(self, state: dict[str, int | float]) -> None:
+        if state:
+            raise ValueError(f"layer {self.name!r} carries no state, got {sorted(state)}")
+
     def metrics(self) -> dict[str, float]:
         """Sums over this sub-layer's rows since the last call (loss/output layers)."""
         return {}

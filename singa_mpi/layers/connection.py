@@ -144,7 +144,6 @@ class ExchangeLayer(Layer):
         return self._shape(self.need)[1:] if self.need else ()
 
     def forward(self, inputs: list[np.ndarray], train: bool) -> np.ndarray:
-        self.comm.world.direction = "forward"
         self._wait_sends()
         x = np.ascontiguousarray(inputs[0], self.dtype) if inputs else None
         out = self._exchange_forward(x)
@@ -199,7 +198,6 @@ class ExchangeLayer(Layer):
 
     # ------------------------------------------------------------- backward
     def backward(self, grad: np.ndarray | None, need: list[bool]) -> list[np.ndarray | None]:
-        self.comm.world.direction = "backward"
         self._wait_sends()
         if not self.ex.with_backward:
             return [None] * len(need)

@@ -154,6 +154,12 @@ class RecordInput(Layer):
         return indices
 
     # -------------------------------------------------------------- compute
+    def state(self) -> dict[str, int]:
+        return {"batches": self.batches}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.batches = int(state.get("batches", 0))
+
     def forward(self, inputs, train):
         if self.store is None:
             self._open()

@@ -1,5 +1,21 @@
-"""Partition planning: pure functions from a job and a worker count to a Plan (no MPI)."""
-from singa_mpi.planner.chunk import chunk, chunks
-from singa_mpi.planner.plan import Exchange, ParamShard, ParamSync, Plan, SubLayer, plan
+"""Partition planning: pure functions from a job and a worker count to a Plan (no MPI).
 
-__all__ = ["chunk", "chunks", "plan", "Plan", "SubLayer", "Exchange", "ParamShard", "ParamSync"]
+:func:`plan` partitions the net (:mod:`.plan`) and proves the resulting
+communication schedule safe (:mod:`.schedule`) for the sync method the
+runtime will use (:mod:`.syncs`).
+"""
+from singa_mpi.planner.chunk import chunk, chunks
+from singa_mpi.planner.plan import Exchange, ParamShard, ParamSync, Plan, SubLayer, partition
+from singa_mpi.planner.schedule import verify
+from singa_mpi.planner.syncs import ALLREDUCE, METHODS, SHARED_MEMORY
+
+
+def plan(cfg, nworkers: int, phase: str = "train", method: str = SHARED_MEMORY) -> Plan:
+    """Partition the ``phase`` net of ``cfg`` over ``nworkers``; ConfigError if impossible or unsafe."""
+    the_plan = partition(cfg, nworkers, phase)
+    verify(the_plan, method)
+    return the_plan
+
+
+__all__ = ["chunk", "chunks", "plan", "partition", "verify", "Plan", "SubLayer", "Exchange", "ParamShard",
+           "ParamSync", "SHARED_MEMORY", "ALLREDUCE", "METHODS"]

@@ -45,6 +45,8 @@ class ParamShard:
     name: str  # the owner param's name (share_from resolved)
     logical_shape: tuple[int, ...]
     offsets: tuple[tuple[int, int], ...]  # (lo, hi) per axis
+    # the layer adds its gradient as one product over its batch rows (ParamSpec.batch_factored)
+    batch_factored: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -102,8 +104,10 @@ class SubLayer:
     exchange: Exchange | None = None
     role: str = ""  # for inserted layers: "bridge_src", "bridge_dst" or "collective"
     needs_grad: bool = False  # decided globally, identical on every rank
-    # the set-up layer instance of an original layer (shapes, param specs; no values)
-    layer: Layer | None = dataclasses.field(default=None, repr=False, compare=False)
+    # for original layers, what the runtime needs to instantiate this part of it:
+    batch_slice: tuple[int, int] | None = None  # rows of the global batch (partition_dim 0)
+    feature_slice: tuple[int, int] | None = None  # output features (partition_dim 1)
+    src_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # logical, for setup
 
 
 @dataclasses.dataclass
@@ -118,6 +122,10 @@ class ParamSync:
 
 @dataclasses.dataclass
 class Plan:
+    """A partitioned net: data only (specs, ranks, slices, exchanges, syncs), no layer objects.
+
+    The runtime instantiates the sub-layers of its rank from these specs."""
+
     phase: str
     nranks: int
     batch: int
@@ -125,6 +133,7 @@ class Plan:
     exchanges: list[Exchange]
     param_syncs: list[ParamSync]
     origins: dict[str, Node]  # original layer name -> node
+    shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # logical per-sample outputs
 
     def on_rank(self, rank: int) -> list[SubLayer]:
         return [s for s in self.sublayers if s.rank == rank]
@@ -147,12 +156,11 @@ class _Placed:
     needs_grad: bool = False
 
 
-def plan(cfg: JobConfig, nranks: int, phase: str = "train", seed: int | None = None,
-         workspace: str | None = None) -> Plan:
+def partition(cfg: JobConfig, nranks: int, phase: str = "train") -> Plan:
     """Partition the ``phase`` net of ``cfg`` over ``nranks`` workers; ConfigError if impossible.
 
-    ``seed``/``workspace`` only reach the layer contexts of the sub-layers (the
-    runtime builds from them); they do not change the plan.
+    Layers are set up here (throw-away instances) to learn shapes and parameter
+    specs; the plan keeps only the resulting data.
     """
     if nranks < 1:
         raise ConfigError(f"number of workers = {nranks}: expected at least 1")
@@ -161,18 +169,14 @@ def plan(cfg: JobConfig, nranks: int, phase: str = "train", seed: int | None = N
     built = instantiate(cfg, nodes, lambda n: LayerContext(global_batch=batch, phase=phase))
     order = [node for node, _, _ in built]
     placed: dict[str, _Placed] = {}
-    base_ctx = LayerContext(global_batch=batch, phase=phase, seed=cfg.proto.seed if seed is None else seed,
-                            workspace=workspace or cfg.proto.cluster.workspace or ".")
+    base_ctx = LayerContext(global_batch=batch, phase=phase)
     for node, logical, _ in built:
         placed[node.name] = _place(cfg, node, logical, nranks, base_ctx, placed)
     _mark_needs_grad(order, placed)
     sublayers, exchanges = _connect(cfg, order, placed, nranks, batch)
     _check_every_rank_busy(sublayers, nranks, order)
     plan_ = Plan(phase, nranks, batch, sublayers, exchanges, _param_syncs(cfg, placed, sublayers),
-                 {n.name: n for n in order})
-    from singa_mpi.planner.schedule import verify  # local import: schedule uses Plan
-
-    verify(plan_)
+                 {n.name: n for n in order}, {n.name: placed[n.name].out_shape for n in order})
     return plan_
 
 
@@ -315,12 +319,13 @@ def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nran
                 name=_sub_name(node, rank, dst.pdim), type=node.type_name, rank=rank, origin=node.name,
                 srcs=inputs[rank], kinds=kinds[:len(inputs[rank])], region=region, out_shape=local,
                 pdim=dst.pdim, params=[_shard(spec) for spec in layer.param_specs],
-                needs_grad=dst.needs_grad, layer=layer))
+                needs_grad=dst.needs_grad, batch_slice=layer.ctx.batch_slice,
+                feature_slice=layer.ctx.feature_slice, src_shapes=_src_shapes(node, placed, cls)))
     return sublayers, exchanges
 
 
 def _shard(spec) -> ParamShard:
-    return ParamShard(spec.conf.share_from or spec.conf.name, spec.logical_shape, spec.shard)
+    return ParamShard(spec.conf.share_from or spec.conf.name, spec.logical_shape, spec.shard, spec.batch_factored)
 
 
 def _make_exchange(eid: int, src: _Placed, dst: _Placed, kind: str, holders: dict[int, Region],

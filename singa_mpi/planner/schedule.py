@@ -2,7 +2,10 @@
 
 The schedule lists, per rank and in execution order, every communication
 operation of a step: the forward pass, the backward pass (reverse order) and
-the parameter-gradient reductions.  :func:`verify` checks that
+the parameter synchronisation that the runtime really runs (gradient buckets
+and/or node-shared memory, see :mod:`.syncs`).  Its bytes follow the
+communicator's convention (:mod:`singa_mpi.communication.base`), so the
+prediction can be checked against a run's measured table.  :func:`verify` checks that
 
 * every Send has exactly one Recv with the same peer pair, tag, shape and dtype;
 * every collective has the same operation and members on all of them, and
@@ -17,9 +20,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner.plan import Plan, SubLayer
+from singa_mpi.planner.syncs import SHARED_MEMORY, buckets, shared_memory_bytes, shared_memory_syncs
 
 FORWARD, BACKWARD, PARAMS = "forward", "backward", "params"
 
@@ -75,27 +80,69 @@ def _exchange_ops(sub: SubLayer, direction: str) -> CommOp:
                   f"{direction}:{ex.id}", sent, received)
 
 
-def rank_schedule(plan: Plan, rank: int) -> list[CommOp]:
-    """The communication calls of ``rank`` in one training step, in order."""
-    subs = [s for s in plan.on_rank(rank) if s.exchange is not None]
-    ops = [_exchange_ops(s, FORWARD) for s in subs]
-    ops += [_exchange_ops(s, BACKWARD) for s in reversed(subs) if s.exchange.with_backward]
-    for sync in plan.param_syncs:
-        if rank in sync.ranks:
-            nbytes = 4 * sync.size
-            ops.append(CommOp(rank, "Allreduce", None, sync.ranks, None, None,
-                              tuple(hi - lo for lo, hi in sync.offsets), "float32", sync.name, PARAMS,
-                              f"params:{sync.name}:{sync.offsets}", nbytes, nbytes))
+def _ring(nbytes: int, size: int) -> int:
+    """What a ring Allreduce sends (and receives) per rank (communication.base.ring_bytes)."""
+    return (2 * nbytes * (size - 1)) // size if size > 1 else 0
+
+
+def _sync_ops(plan: Plan, rank: int, method: str) -> list[CommOp]:
+    """The parameter synchronisation calls of ``rank`` (after backward, in the runtime's order)."""
+    if plan.phase != "train":
+        return []
+    ops = []
+    for bucket in buckets(plan, method):
+        if rank in bucket.ranks:
+            moved = _ring(4 * bucket.size, len(bucket.ranks))
+            ops.append(CommOp(rank, "Iallreduce", None, bucket.ranks, None, None, (bucket.size,), "float32",
+                              bucket.label, PARAMS, f"params:{bucket.label}", moved, moved))
+    if shared_memory_syncs(plan, method):
+        everyone = tuple(range(plan.nranks))
+        size = sum(s.size for s in shared_memory_syncs(plan, method))
+        fence = dict(peer=None, group=everyone, root=None, tag=None, shape=(size,), dtype="float32",
+                     direction=PARAMS, send_bytes=0, recv_bytes=0)
+        ops.append(CommOp(rank, "Barrier(shm)", layer="shm(gradients)", key="params:shm-gradients", **fence))
+        ops.append(CommOp(rank, "sum(shm)", None, (rank,), None, None, (size,), "float32", "shm(gradients)",
+                          PARAMS, f"params:shm-sum@{rank}", 0, shared_memory_bytes(plan, rank)))
+        ops.append(CommOp(rank, "Barrier(shm)", layer="shm(values)", key="params:shm-values", **fence))
     return ops
 
 
-def schedules(plan: Plan) -> dict[int, list[CommOp]]:
-    return {rank: rank_schedule(plan, rank) for rank in range(plan.nranks)}
+def rank_schedule(plan: Plan, rank: int, method: str = SHARED_MEMORY) -> list[CommOp]:
+    """The communication calls of ``rank`` in one step of ``plan``'s phase, in order.
+
+    ``method``: how world-replicated params are synchronised (see :mod:`.syncs`)."""
+    subs = [s for s in plan.on_rank(rank) if s.exchange is not None]
+    ops = [_exchange_ops(s, FORWARD) for s in subs]
+    if plan.phase == "train":
+        ops += [_exchange_ops(s, BACKWARD) for s in reversed(subs) if s.exchange.with_backward]
+    return ops + _sync_ops(plan, rank, method)
 
 
-def schedule_lines(plan: Plan) -> list[str]:
+def schedules(plan: Plan, method: str = SHARED_MEMORY) -> dict[int, list[CommOp]]:
+    return {rank: rank_schedule(plan, rank, method) for rank in range(plan.nranks)}
+
+
+def schedule_lines(plan: Plan, method: str = SHARED_MEMORY) -> list[str]:
     """The whole job's schedule (every rank's calls), one line per call."""
-    return [f"{plan.phase}: rank {op.rank}: {op.describe()}" for ops in schedules(plan).values() for op in ops]
+    return [f"{plan.phase}: rank {op.rank}: {op.describe()}" for ops in schedules(plan, method).values()
+            for op in ops]
+
+
+def table_label(name: str) -> str:
+    """The row of the communication table a call is counted in: one per connection layer or sync
+    (a collective's sub-layers ``x@0``, ``x@1`` share the row ``x``)."""
+    return re.sub(r"@\d+$", "", name)
+
+
+def predicted_bytes(plan: Plan, method: str = SHARED_MEMORY) -> dict[int, dict[str, int]]:
+    """Bytes per step each rank moves (sent + received), per row of the communication table."""
+    result: dict[int, dict[str, int]] = {}
+    for rank, ops in schedules(plan, method).items():
+        row = result.setdefault(rank, {})
+        for op in ops:
+            label = table_label(op.layer)
+            row[label] = row.get(label, 0) + op.send_bytes + op.recv_bytes
+    return result
 
 
 def digest(lines: list[str]) -> str:
@@ -103,9 +150,9 @@ def digest(lines: list[str]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
-def verify(plan: Plan) -> None:
+def verify(plan: Plan, method: str = SHARED_MEMORY) -> None:
     """ConfigError if the schedule is unpaired, inconsistent or could deadlock."""
-    sched = schedules(plan)
+    sched = schedules(plan, method)
     _check_pairs(sched)
     _check_collectives(sched)
     _simulate(sched)

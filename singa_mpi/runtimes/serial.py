@@ -1,48 +1,44 @@
 """The serial runtime: the whole net in one process, nothing to reduce."""
 from __future__ import annotations
 
-from typing import Callable
-
 from singa_mpi.config.load import JobConfig
 from singa_mpi.net import Net, build_serial_net
 from singa_mpi.params import Param
+from singa_mpi.sync.base import LocalSync, Synchronizer
+from singa_mpi.tracing import Tracer
 
 
 class SerialRuntime:
-    """One process: the whole net, nothing to reduce."""
+    """One process: the whole net, every param updated here."""
 
     rank, size, is_root = 0, 1, True
 
-    def __init__(self, cfg: JobConfig, seed: int, workspace: str):
+    def __init__(self, cfg: JobConfig, seed: int, workspace: str, tracer: Tracer | None = None):
         self.cfg, self.seed, self.workspace = cfg, seed, workspace
+        self.tracer = tracer if tracer is not None else Tracer(0)
         self.shared_params: dict[str, Param] = {}
+        self._sync: Synchronizer | None = None
 
     def build_net(self, phase: str) -> Net:
-        return build_serial_net(self.cfg, phase, self.seed, self.workspace, self.shared_params)
+        net = build_serial_net(self.cfg, phase, self.seed, self.workspace, self.shared_params, self.tracer)
+        if phase == "train":
+            self._sync = Synchronizer([LocalSync(net.params)], self.tracer)
+        return net
 
-    def owned_params(self, net: Net) -> list[Param]:
-        return net.params
+    def sync(self) -> Synchronizer:
+        return self._sync
 
-    def gradient_hook(self, net: Net) -> Callable | None:
-        return None
-
-    def begin_step(self, step: int) -> None:
-        pass
-
-    def finish_update(self) -> None:
-        pass
-
-    def reduce_gradients(self, net: Net) -> None:
-        pass
-
-    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        return metrics
-
-    def comm_seconds(self) -> float:
-        return 0.0
+    def owned_params(self) -> list[Param]:
+        return self._sync.owned() if self._sync is not None else []
 
     def contributes(self, param: Param) -> bool:
         return True
+
+    def begin_step(self, step: int) -> None:
+        self.tracer.step = step
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return metrics
 
     def gather_object(self, value):
         return [value]
@@ -50,5 +46,11 @@ class SerialRuntime:
     def any(self, flag: bool) -> bool:
         return flag
 
+    def comm_seconds(self) -> float:
+        return 0.0
+
     def report(self, steps: int) -> str | None:
         return None
+
+    def close(self) -> None:
+        pass

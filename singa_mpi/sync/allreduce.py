@@ -1,8 +1,10 @@
 """Replicated parameters summed by bucketed, non-blocking Allreduce (any number of nodes).
 
-Gradients of params held by the same ranks are fused into buckets of up to
-``BUCKET_BYTES``; a bucket's Iallreduce starts as soon as backward has finished
-every local use of its params, so the sum travels while lower layers compute.
+Gradients of params held by the same ranks are fused into the buckets that
+:func:`singa_mpi.planner.syncs.buckets` lays out; a bucket's Iallreduce starts
+as soon as backward has finished every local use of its params, so the sum
+travels while lower layers compute.  Every holder then applies the updater to
+its replica (the same sum in, the same values out).
 """
 from __future__ import annotations
 
@@ -10,76 +12,73 @@ import numpy as np
 
 from singa_mpi.layers.base import Layer
 from singa_mpi.params import Param
-from singa_mpi.planner.plan import ParamSync
-
-BUCKET_BYTES = 8 << 20
-  # gradient fusion: big enough to amortise latency, small enough to overlap
+from singa_mpi.planner.syncs import Bucket
 
 
-class GradientBuckets:
-    """Fused gradient buffers of replicated params, summed across their ranks.
+class AllreduceSync:
+    """Gradient buckets of this rank; each param's ``grad`` becomes a view into its bucket,
+    so the sum is in place with no copies."""
 
-    Each param's ``grad`` becomes a view into its bucket, so the reduction is
-    in place with no copies.  A bucket starts its Iallreduce once every local
-    use of its params has finished backward; ``finish`` waits for all.
-    """
-
-    def __init__(self, comm, syncs: list[ParamSync], params: dict[tuple, Param], uses: dict[int, int],
-                 order: list[str]):
+    def __init__(self, comm, buckets: list[Bucket], params: dict[tuple, Param], uses: dict[int, int]):
         self.comm = comm
-        self.buckets: list[dict] = []
-        position = {name: i for i, name in enumerate(order)}
-        mine = [s for s in syncs if comm.rank in s.ranks]
-        # reverse of first use in the global order: the order in which backward finishes them
-        mine.sort(key=lambda s: (s.ranks, -position.get(s.name, 0), s.name))
-        current: dict | None = None
-        for sync in mine:
-            param = params[(sync.name, sync.offsets)]
-            full = current is not None and (current["ranks"] != sync.ranks or
-                                            current["size"] + param.grad.size > BUCKET_BYTES // 4)
-            if current is None or full:
-                current = {"ranks": sync.ranks, "size": 0, "params": []}
-                self.buckets.append(current)
-            current["params"].append(param)
-            current["size"] += param.grad.size
-        self.bucket_of: dict[int, dict] = {}
+        self.buckets = [b for b in buckets if comm.rank in b.ranks]
+        self.params: list[Param] = []
+        self.members: list[list[Param]] = []
+        self.buffers: list[np.ndarray] = []
+        self.comms = []
+        self.bucket_of: dict[int, int] = {}
         for index, bucket in enumerate(self.buckets):
-            buffer = np.zeros(bucket["size"], np.float32)
-            offset = 0
-            for param in bucket["params"]:
+            buffer = np.zeros(bucket.size, np.float32)
+            offset, members = 0, []
+            for key in bucket.shards:
+                param = params[key]
                 n = param.grad.size
                 param.grad = buffer[offset:offset + n].reshape(param.grad.shape)
                 offset += n
-                self.bucket_of[id(param)] = bucket
-            bucket.update(buffer=buffer, comm=comm.sub(bucket["ranks"]), label=f"allreduce(bucket{index})")
-        self.uses = uses
+                members.append(param)
+                self.bucket_of[id(param)] = index
+            self.params += members
+            self.members.append(members)
+            self.buffers.append(buffer)
+            # every member creates the sub-communicators in the same (global bucket) order
+            self.comms.append(comm.sub(bucket.ranks))
+        self.uses = [sum(uses[id(p)] for p in members) for members in self.members]
         self._reset()
 
     def _reset(self) -> None:
-        self.remaining = {id(b["buffer"]): sum(self.uses[id(p)] for p in b["params"]) for b in self.buckets}
-        self.requests: list[tuple] = []
-        self.started: set[int] = set()
+        self.remaining = list(self.uses)
+        self.requests: list = [None] * len(self.buckets)
 
     def layer_done(self, layer: Layer) -> None:
         for param in layer.params:
-            bucket = self.bucket_of.get(id(param))
-            if bucket is None:
+            index = self.bucket_of.get(id(param))
+            if index is None:
                 continue
-            key = id(bucket["buffer"])
-            self.remaining[key] -= 1
-            if self.remaining[key] == 0:
-                self._start(bucket)
+            self.remaining[index] -= 1
+            if self.remaining[index] == 0:
+                self._start(index)
 
-    def _start(self, bucket: dict) -> None:
-        key = id(bucket["buffer"])
-        if key not in self.started:
-            self.started.add(key)
-            self.requests.append((bucket, bucket["comm"].Iallreduce(bucket["buffer"], bucket["label"])))
+    def _start(self, index: int) -> None:
+        if self.requests[index] is None:
+            self.requests[index] = self.comms[index].Iallreduce(self.buffers[index], self.buckets[index].label)
 
-    def finish(self) -> None:
+    def gradients_complete(self) -> None:
         """Start what backward did not (params unused this step) and wait for every sum."""
-        for bucket in self.buckets:
-            self._start(bucket)
-        for bucket, request in self.requests:
-            bucket["comm"].Wait(request, bucket["label"], "Wait(Iallreduce)")
+        for index in range(len(self.buckets)):
+            self._start(index)
+        for index, request in enumerate(self.requests):
+            self.comms[index].Wait(request, self.buckets[index].label, "Wait(Iallreduce)")
         self._reset()
+
+    def update(self, step: int, updater) -> None:
+        for param in self.params:
+            updater.update(step, param)
+
+    def publish(self) -> None:
+        pass
+
+    def owned(self) -> list[Param]:
+        return self.params
+
+    def close(self) -> None:
+        pass

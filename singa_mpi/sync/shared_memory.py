@@ -1,4 +1,4 @@
-"""Gradient sums and updates through node-shared memory (all ranks of the group on one node).
+"""Gradient sums and updates through node-shared memory (all workers of the group on one node).
 
 A replicated parameter's values live once per node in an MPI-3 shared window
 that every rank reads during forward/backward.  After backward, rank ``r``
@@ -31,6 +31,9 @@ from singa_mpi.planner.chunk import chunk
 
 class ChunkView(Param):
     """The flat chunk [lo, hi) of a param that this rank sums and updates."""
+
+    def region(self) -> tuple:
+        return ("flat", self.lo, self.hi)
 
     def __init__(self, param: Param, lo: int, hi: int, grad: np.ndarray):  # noqa: super() would allocate
         self.conf, self.name = param.conf, param.name
@@ -66,7 +69,7 @@ class FactorSlot:
         self.right.fill(0.0)
 
 
-class SharedMemoryGradients:
+class SharedMemorySync:
     """Replicated params of ``comm``'s ranks (all of one node) placed in shared memory.
 
     ``batch_rows`` maps id(param) of the batch-factored params to the number of
@@ -118,8 +121,8 @@ class SharedMemoryGradients:
                 p.factors, p.grad = FactorSlot(p.name, left[k0:k1], right[k0:k1]), None
                 r0, r1 = chunk(height, n, rank)  # whole rows: each chunk is one GEMM
                 others = total_rows - rows_per_rank[rank]
-                self.bytes_read += 4 * others * ((r1 - r0) + width)
                 if r1 > r0:
+                    self.bytes_read += 4 * others * ((r1 - r0) + width)
                     out = np.zeros((r1 - r0) * width, np.float32)
                     self.factored.append((left, right, r0, r1, out.reshape(r1 - r0, width)))
                     self.views.append(ChunkView(p, r0 * width, r1 * width, out))
@@ -132,20 +135,35 @@ class SharedMemoryGradients:
                     self.views.append(ChunkView(p, lo, hi, p.grad.reshape(-1)[lo:hi]))
                 dense_offset += size
 
-    def reduce(self) -> None:
+    # ------------------------------------------------------------- the step
+    def layer_done(self, layer) -> None:
+        pass  # sums start after the fence that ends every rank's backward
+
+    def gradients_complete(self) -> None:
         """Form the summed gradient of my chunks (after a fence: every backward is done)."""
         self.comm.memory_fence(self.grad_win, "shm(gradients)")
         mine = self.dense_segments[self.comm.rank]
-        start = self.comm._enter("sum(shm)", "shm(gradients)", "node")
+        tracer = self.comm.tracer
+        span = tracer.begin("shm(gradients)", "comm", {"op": "sum(shm)", "peer": "node"})
         for offset, lo, hi in self.dense_chunks:
             target = mine[offset + lo:offset + hi]
             for r, segment in enumerate(self.dense_segments):
                 if r != self.comm.rank:
                     np.add(target, segment[offset + lo:offset + hi], out=target)
-        self.comm._leave(start, "shm(gradients)", self.bytes_read)
+        tracer.end(span, self.bytes_read)
         for left, right, r0, r1, out in self.factored:  # computation, not communication
             np.matmul(left[:, r0:r1].T, right, out=out)
+
+    def update(self, step: int, updater) -> None:
+        for view in self.views:
+            updater.update(step, view)
 
     def publish(self) -> None:
         """After my chunks are updated: make the new values visible before the next forward."""
         self.comm.memory_fence(self.value_win, "shm(values)")
+
+    def owned(self) -> list[Param]:
+        return list(self.views)
+
+    def close(self) -> None:
+        pass  # the windows belong to the communicator, which frees them

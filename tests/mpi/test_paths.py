@@ -14,6 +14,7 @@ import nets
 from conftest import agree
 from singa_mpi.layers.connection import ExchangeLayer
 from singa_mpi.runtimes.worker import WorkerRuntime
+from singa_mpi.sync.shared_memory import SharedMemorySync
 from singa_mpi.trainer import Trainer
 
 WEIGHTS = {"w_fc1": (16, 12), "w_fc2": (10, 16), "w_fc3": (5, 10)}
@@ -33,19 +34,20 @@ def _runtime(world, scheme: str, batch: int = 9):
 def test_data_parallel_weights_are_summed_from_their_factors_in_row_chunks(world):
     runtime, _ = _runtime(world, "data")
     problems = []
-    if runtime.shm is None:
+    shm = next((s for s in runtime.sync().strategies if isinstance(s, SharedMemorySync)), None)
+    if shm is None:
         shm_expected = world.size > 1 and os.environ.get("SINGA_MPI_SHM", "1") != "0"
         if shm_expected:
             problems.append("no node-shared gradients on one node")
     else:
-        factored = {p.name for p in runtime.shm.params if p.factors is not None}
+        factored = {p.name for p in shm.params if p.factors is not None}
         if factored != set(WEIGHTS):
             problems.append(f"factored params {sorted(factored)}, expected {sorted(WEIGHTS)}")
-        for view in runtime.shm.views:
+        for view in shm.views:
             width = WEIGHTS.get(view.name, (0, 1))[1]
             if view.name in WEIGHTS and (view.lo % width or view.hi % width):
                 problems.append(f"{view.name}: chunk [{view.lo}, {view.hi}) is not whole rows of {width}")
-        chunks = world.allgather_object([(v.name, v.lo, v.hi) for v in runtime.shm.views])
+        chunks = world.allgather_object([(v.name, v.lo, v.hi) for v in shm.views])
         for name, (rows, cols) in WEIGHTS.items():
             covered = np.zeros(rows * cols, int)
             for lo, hi in ((lo, hi) for mine in chunks for n, lo, hi in mine if n == name):

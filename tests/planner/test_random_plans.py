@@ -15,6 +15,7 @@ import pytest
 
 import nets
 from singa_mpi.errors import ConfigError
+from singa_mpi.layers.base import layer_class
 from singa_mpi.planner import plan
 from singa_mpi.planner.schedule import schedules
 
@@ -88,8 +89,8 @@ def check_plan(the_plan):
         if sub.origin is not None:
             origins.setdefault(sub.origin, []).append(sub)
     for origin, subs in origins.items():
-        layer = subs[0].layer
-        nfeat = layer.out_shape[0] if layer.out_shape else 1
+        shape = the_plan.shapes[origin]
+        nfeat = shape[0] if shape else 1
         assert covered_exactly_once([s.region for s in subs], the_plan.batch, nfeat), origin
         for s in subs:
             assert s.out_shape[0] == s.region.nrows
@@ -106,7 +107,7 @@ def check_plan(the_plan):
             src = by_name[src_name]
             assert src.rank == sub.rank, (src.name, sub.name)
             assert src.out_shape[0] == sub.region.nrows, (src.name, src.out_shape, sub.name, sub.region)
-            if kind == "data" and sub.pdim == 1 and sub.layer.connection != "OneToAll":
+            if kind == "data" and sub.pdim == 1 and layer_class(sub.type).connection != "OneToAll":
                 assert src.out_shape[1] == sub.region.nfeatures, (src.name, sub.name)
     # a bridge moves whole arrays: its receivers write the whole buffer (forward and backward)
     for ex in the_plan.exchanges:

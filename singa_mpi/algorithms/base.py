@@ -1,0 +1,44 @@
+"""What every TrainOneBatch algorithm provides (seed 003).
+
+An algorithm drives the passes over a :class:`~singa_mpi.net.Net`: which layers
+compute, in which order, under which pass name, and when a layer's parameter
+gradients are final (``on_layer_done``, where gradient sums may start).  It
+never updates parameters: the trainer hands the gradients to the sync strategy
+and the updater, so the same algorithm runs serially and on every partitioning.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from singa_mpi.layers.base import Layer
+from singa_mpi.net import Net
+
+LayerDone = Callable[[Layer], None]
+
+
+class Algorithm:
+    def train_one_batch(self, net: Net, on_layer_done: LayerDone | None = None) -> None:
+        raise NotImplementedError
+
+    def evaluate(self, net: Net) -> None:
+        """One pass in test mode (test and validation phases)."""
+        forward_pass(net, "forward", train=False)
+
+
+def forward_pass(net: Net, phase: str, train: bool) -> None:
+    """Every layer in topological order, computing ``phase``."""
+    net.tracer.direction = phase
+    for wire in net.wires:
+        net.run_pass(wire, phase, train)
+
+
+def backward_pass(net: Net, on_layer_done: LayerDone | None = None) -> None:
+    """Every layer that needs a gradient, in reverse topological order; ``on_layer_done(layer)``
+    once a layer with params has added its last gradient contribution."""
+    net.tracer.direction = "backward"
+    for wire in reversed(net.wires):
+        if not wire.needs_grad:
+            continue
+        net.run_backward(wire)
+        if on_layer_done is not None and wire.layer.params:
+            on_layer_done(wire.layer)

@@ -1,0 +1,121 @@
+"""How replicated parameter shards will be synchronised: pure functions of a plan.
+
+The worker runtime chooses one of two methods for the shards held by every
+worker of the group (``ParamSync.ranks`` = all):
+
+* ``shared_memory`` (all workers on one node): values live once in node-shared
+  memory; rank ``r`` sums and updates chunk ``chunk(size, n, r)`` of each
+  param, reading the other ranks' gradient copies of that chunk, or -- for a
+  batch-factored weight used once per rank -- its row chunk of the product
+  ``a @ b`` over the stacked factors of every rank's batch rows;
+* ``allreduce``: gradients fused into buckets of up to ``BUCKET_BYTES`` and
+  summed with non-blocking Allreduce.
+
+Shards replicated on a subset of the workers always take the bucket path.
+The runtime lays out its buffers from these functions, and the schedule
+predicts the step's traffic from them, so both describe the same calls.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from singa_mpi.planner.chunk import chunk
+from singa_mpi.planner.plan import ParamSync, Plan
+
+SHARED_MEMORY = "shared_memory"
+ALLREDUCE = "allreduce"
+METHODS = (SHARED_MEMORY, ALLREDUCE)
+
+# gradient fusion: big enough to amortise latency, small enough to overlap with backward
+BUCKET_BYTES = 8 << 20
+
+ShardKey = tuple[str, tuple[tuple[int, int], ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """Gradients summed by one Iallreduce: shards with the same holders, in backward order."""
+
+    index: int
+    ranks: tuple[int, ...]
+    shards: tuple[ShardKey, ...]
+    size: int  # float32 items
+
+    @property
+    def label(self) -> str:
+        return f"allreduce(bucket{self.index})"
+
+
+def _use_order(plan: Plan) -> dict[str, int]:
+    """Param name -> position of its first use in the global order."""
+    order = dict.fromkeys(shard.name for sub in plan.sublayers for shard in sub.params)
+    return {name: i for i, name in enumerate(order)}
+
+
+def shared_memory_syncs(plan: Plan, method: str) -> list[ParamSync]:
+    """The syncs that go through node-shared memory under ``method``."""
+    if method != SHARED_MEMORY:
+        return []
+    everyone = tuple(range(plan.nranks))
+    return [s for s in plan.param_syncs if s.ranks == everyone]
+
+
+def buckets(plan: Plan, method: str) -> list[Bucket]:
+    """Every bucket of the step, for all ranks, in the order each member starts them."""
+    shm = {(s.name, s.offsets) for s in shared_memory_syncs(plan, method)}
+    syncs = [s for s in plan.param_syncs if (s.name, s.offsets) not in shm]
+    position = _use_order(plan)
+    # reverse of first use: the order in which backward finishes them
+    syncs.sort(key=lambda s: (s.ranks, -position.get(s.name, 0), s.name))
+    result: list[Bucket] = []
+    shards: list[ShardKey] = []
+    ranks, size = None, 0
+    for sync in syncs:
+        if shards and (ranks != sync.ranks or size + sync.size > BUCKET_BYTES // 4):
+            result.append(Bucket(len(result), ranks, tuple(shards), size))
+            shards, size = [], 0
+        ranks = sync.ranks
+        shards.append((sync.name, sync.offsets))
+        size += sync.size
+    if shards:
+        result.append(Bucket(len(result), ranks, tuple(shards), size))
+    return result
+
+
+def factored_rows(plan: Plan) -> dict[ShardKey, list[int]]:
+    """World-replicated 2-D shards summed from gradient factors, with each rank's batch rows.
+
+    A shard qualifies when, on every rank, exactly one sub-layer holds it and that
+    sub-layer adds its gradient as one product over its batch rows."""
+    per_rank: dict[ShardKey, dict[int, list]] = {}
+    for sub in plan.sublayers:
+        for shard in sub.params:
+            key = (shard.name, shard.offsets)
+            per_rank.setdefault(key, {}).setdefault(sub.rank, []).append((sub, shard))
+    result = {}
+    for key, holders in per_rank.items():
+        if len(holders) != plan.nranks or len(key[1]) != 2:
+            continue
+        uses = [holders[r] for r in range(plan.nranks)]
+        if all(len(u) == 1 and u[0][1].batch_factored for u in uses):
+            result[key] = [u[0][0].region.nrows for u in uses]
+    return result
+
+
+def shared_memory_bytes(plan: Plan, rank: int) -> int:
+    """Bytes ``rank`` reads per step from the other ranks' gradient memory (shared-memory method)."""
+    n = plan.nranks
+    factored = factored_rows(plan)
+    total = 0
+    for sync in shared_memory_syncs(plan, SHARED_MEMORY):
+        key = (sync.name, sync.offsets)
+        if key in factored:
+            rows = factored[key]
+            height, width = (hi - lo for lo, hi in sync.offsets)
+            r0, r1 = chunk(height, n, rank)
+            if r1 > r0:
+                total += 4 * (sum(rows) - rows[rank]) * ((r1 - r0) + width)
+        else:
+            lo, hi = chunk(sync.size, n, rank)
+            total += 4 * (n - 1) * (hi - lo)
+    return total

@@ -1,0 +1,86 @@
+"""What the trainer asks of parameter synchronisation, one step at a time.
+
+A step is: backward (``layer_done`` after each layer whose param gradients are
+final), ``gradients_complete`` (every sum this rank needs has arrived),
+``update`` (the updater runs on what this rank owns), ``publish`` (new values
+visible to every rank that reads them before the next forward).  A strategy
+owns a set of params; :class:`Synchronizer` puts several side by side (e.g.
+node-shared memory for params every worker holds, gradient buckets for params
+a subset holds, local updates for the rest).
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from singa_mpi.layers.base import Layer
+from singa_mpi.params import Param
+
+
+class SyncStrategy(Protocol):
+    def layer_done(self, layer: Layer) -> None: ...
+    def gradients_complete(self) -> None: ...
+    def update(self, step: int, updater) -> None: ...
+    def publish(self) -> None: ...
+    def owned(self) -> list[Param]: ...
+    def close(self) -> None: ...
+
+
+class LocalSync:
+    """Params no other worker holds: nothing to sum, this rank updates them all."""
+
+    def __init__(self, params: Sequence[Param]):
+        self.params = list(params)
+
+    def layer_done(self, layer: Layer) -> None:
+        pass
+
+    def gradients_complete(self) -> None:
+        pass
+
+    def update(self, step: int, updater) -> None:
+        for param in self.params:
+            updater.update(step, param)
+
+    def publish(self) -> None:
+        pass
+
+    def owned(self) -> list[Param]:
+        return self.params
+
+    def close(self) -> None:
+        pass
+
+
+class Synchronizer:
+    """Several strategies, each over its own params, driven as one (in the given order)."""
+
+    def __init__(self, strategies: Sequence[SyncStrategy], tracer=None):
+        self.strategies = list(strategies)
+        self.tracer = tracer
+        # layer_done is on the backward hot path: call only strategies that listen
+        self._listeners = [s for s in self.strategies if not isinstance(s, LocalSync)]
+
+    def layer_done(self, layer: Layer) -> None:
+        for strategy in self._listeners:
+            strategy.layer_done(layer)
+
+    def gradients_complete(self) -> None:
+        if self.tracer is not None:
+            self.tracer.direction = "params"
+        for strategy in self.strategies:
+            strategy.gradients_complete()
+
+    def update(self, step: int, updater) -> None:
+        for strategy in self.strategies:
+            strategy.update(step, updater)
+
+    def publish(self) -> None:
+        for strategy in self.strategies:
+            strategy.publish()
+
+    def owned(self) -> list[Param]:
+        return [param for strategy in self.strategies for param in strategy.owned()]
+
+    def close(self) -> None:
+        for strategy in self.strategies:
+            strategy.close()
