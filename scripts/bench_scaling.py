@@ -19,7 +19,8 @@ N = 4 oversubscribes the cores: those rows are marked and say nothing about spee
 Schemes: data = every layer partition_dim 0; feature = inner-product/convolution layers and the
 element-wise layers after them partition_dim 1 (LRN, loss and input stay on the batch); hybrid =
 convolution part on the batch, inner products on features (for the MLP: the first three layers on
-the batch, the last three on features).
+the batch, the last three on features); pipeline (not run by default: it cannot scale, one worker
+waits while the other computes) = whole layers, the first half on worker 0 and the rest on worker 1.
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def partitioned(cfg, scheme: str):
         type_name = job_pb2.LayerType.Name(layer.type)
         if scheme == "data":
             layer.partition_dim = 0
+        elif scheme == "pipeline":  # whole layers: the first half on worker 0, the rest on worker 1
+            layer.partition_dim = -1
+            layer.location = 0 if layers.index(layer) < len(layers) // 2 else 1
         elif scheme == "feature":
             layer.partition_dim = 1 if type_name in FEATURE_TYPES else 0
         else:  # hybrid

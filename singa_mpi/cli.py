@@ -91,9 +91,9 @@ def cmd_plan(args) -> int:
 
     cfg = load_job(args.job)
     validate(cfg)
-    the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase)
+    the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase, method=args.sync)
     renderers = {"json": render.to_json, "dot": render.to_dot, "text": render.to_text}
-    text = renderers[args.format](the_plan)
+    text = renderers[args.format](the_plan, args.sync)
     if args.output and args.format == "dot" and not args.output.endswith(".dot"):
         return _render_dot(text, args.output)
     if args.output:
@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, help="number of workers (MPI ranks); default: cluster.nworkers_per_group")
     p.add_argument("--phase", default="train", choices=["train", "test", "val"])
     p.add_argument("--format", default="text", choices=["text", "json", "dot"])
+    p.add_argument("--sync", default="shared_memory", choices=["shared_memory", "allreduce"],
+                   help="how params every worker holds are synchronised: node-shared memory (all workers on "
+                        "one node, the default there) or bucketed Allreduce (several nodes, or SINGA_MPI_SHM=0)")
     p.add_argument("-o", "--output", help="write to FILE (dot: .png/.svg/.pdf are rendered with Graphviz)")
     p.set_defaults(func=cmd_plan)
 

@@ -18,7 +18,7 @@ from typing import Callable
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import make_algorithm
 from singa_mpi.config.load import JobConfig
-from singa_mpi.net import Net
+from singa_mpi.net import Net, global_batch_size, phase_nodes
 from singa_mpi.proto import job_pb2
 from singa_mpi.updaters import make_updater
 
@@ -88,7 +88,11 @@ class Trainer:
         return {phase: net for phase, net in nets.items() if net is not None}
 
     def train_net_batch(self) -> int:
-        return self.train_net.layers[0].ctx.global_batch
+        """Rows per training step over all workers: the train phase's input batch size.
+
+        Read from the job, not from a layer: a worker's first layer may be a
+        connection layer, which has no batch size of its own."""
+        return global_batch_size(self.cfg, phase_nodes(self.cfg, "train"))
 
     # ---------------------------------------------------------------- steps
     def train_one_batch(self, step: int) -> None:

@@ -1,11 +1,17 @@
 """What the training loop reports and writes: metrics.jsonl values, means, rates, checkpoints, stop messages."""
 import json
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import nets
 from singa_mpi.launcher import RunOptions, run_training
+from test_mpi_suites import mpi_env, mpiexec_command
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def job_file(tmp_path, steps=6, batch=8, scheme="data", nranks=2, extra="", name="job"):
@@ -90,3 +96,28 @@ def test_summarize_divides_each_metric_by_its_own_count():
     assert list(got) == ["loss", "accuracy", "empty", "other"]
     assert got["loss"] == 1.25 and got["accuracy"] == 0.375 and got["other"] == 3.0
     assert got["empty"] != got["empty"]  # nan: no rows
+
+
+def mpi_train(n, conf, workspace, *args, timeout=300):
+    cmd = mpiexec_command(n) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(workspace),
+                                *args]
+    result = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_samples_per_second_count_the_global_batch_when_rank_0_starts_with_a_bridge(tmp_path):
+    """The input layer on worker 1: worker 0's first layer receives from it (no batchsize of its own)."""
+    conf = job_file(tmp_path, steps=60, scheme="pipeline", extra="")
+    text = open(conf).read().replace("disp_freq: 1", "disp_freq: 20")
+    text = text.replace("location: 0", "location: X").replace("location: 1", "location: 0").replace("location: X",
+                                                                                                   "location: 1")
+    assert 'name: "data" type: kRecordInput partition_dim: -1 location: 1' in text
+    open(conf, "w").write(text)
+    mpi_train(2, conf, tmp_path / "ws")
+    train_lines = [m for m in metrics(tmp_path / "ws") if m["phase"] == "train"]
+    assert [m["step"] for m in train_lines] == [0, 20, 40]
+    for before, after in zip(train_lines[1:], train_lines[2:]):
+        # 20 steps of 8 rows between the two lines: rate x time = rows (the time also holds one line's logging)
+        rows = after["samples_per_s"] * (after["elapsed"] - before["elapsed"])
+        assert 0.5 < rows / (20 * 8) < 2, rows

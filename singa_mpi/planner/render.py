@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 
 from singa_mpi.planner.plan import Plan
-from singa_mpi.planner.schedule import BACKWARD, FORWARD, PARAMS, schedules
+from singa_mpi.planner.schedule import BACKWARD, FORWARD, PARAMS, predicted_bytes, schedules
+from singa_mpi.planner.syncs import SHARED_MEMORY
 
 # one colour per rank (ColorBrewer Set3-like, readable on white)
 COLOURS = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#d9d9d9",
@@ -19,10 +20,10 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def traffic(plan: Plan) -> dict[int, dict[str, int]]:
+def traffic(plan: Plan, method: str = SHARED_MEMORY) -> dict[int, dict[str, int]]:
     """Bytes each rank sends and receives per step, by direction (forward/backward/params)."""
     out = {}
-    for rank, ops in schedules(plan).items():
+    for rank, ops in schedules(plan, method).items():
         row = {f"{d}_{k}": 0 for d in (FORWARD, BACKWARD, PARAMS) for k in ("sent", "received")}
         for op in ops:
             row[f"{op.direction}_sent"] += op.send_bytes
@@ -31,9 +32,9 @@ def traffic(plan: Plan) -> dict[int, dict[str, int]]:
     return out
 
 
-def to_text(plan: Plan) -> str:
-    lines = [f"plan: phase {plan.phase}, {plan.nranks} worker(s), batch {plan.batch}"]
-    volume = traffic(plan)
+def to_text(plan: Plan, method: str = SHARED_MEMORY) -> str:
+    lines = [f"plan: phase {plan.phase}, {plan.nranks} worker(s), batch {plan.batch}, param sync {method}"]
+    volume = traffic(plan, method)
     for rank in range(plan.nranks):
         lines.append(f"\nrank {rank}:")
         for sub in plan.on_rank(rank):
@@ -50,18 +51,19 @@ def to_text(plan: Plan) -> str:
         v = volume[rank]
         lines.append(f"  traffic/step: forward sent {_fmt_bytes(v['forward_sent'])}, received "
                      f"{_fmt_bytes(v['forward_received'])}; backward sent {_fmt_bytes(v['backward_sent'])}, "
-                     f"received {_fmt_bytes(v['backward_received'])}; param averaging "
-                     f"{_fmt_bytes(v['params_sent'])}")
+                     f"received {_fmt_bytes(v['backward_received'])}; param sync sent "
+                     f"{_fmt_bytes(v['params_sent'])}, received {_fmt_bytes(v['params_received'])}")
     total = {k: sum(v[k] for v in volume.values()) for k in next(iter(volume.values()))}
     inserted = sum(1 for s in plan.sublayers if s.origin is None)
     lines.append(f"\ntotal: {len(plan.sublayers)} sub-layers ({inserted} inserted), "
                  f"{len(plan.exchanges)} exchanges, {len(plan.param_syncs)} replicated param shards; "
                  f"per step sent forward {_fmt_bytes(total['forward_sent'])}, backward "
-                 f"{_fmt_bytes(total['backward_sent'])}, param averaging {_fmt_bytes(total['params_sent'])}")
+                 f"{_fmt_bytes(total['backward_sent'])}, param sync {_fmt_bytes(total['params_sent'])} "
+                 f"(+ {_fmt_bytes(total['params_received'])} read or received)")
     return "\n".join(lines)
 
 
-def to_json(plan: Plan) -> str:
+def to_json(plan: Plan, method: str = SHARED_MEMORY) -> str:
     subs = [{
         "name": s.name, "type": s.type, "rank": s.rank, "origin": s.origin, "srcs": s.srcs,
         "partition_dim": s.pdim if s.origin else None,
@@ -78,15 +80,18 @@ def to_json(plan: Plan) -> str:
     } for e in plan.exchanges]
     sched = {str(rank): [{"op": o.op, "peer": o.peer, "group": list(o.group), "root": o.root, "tag": o.tag,
                           "shape": list(o.shape), "dtype": o.dtype, "layer": o.layer, "direction": o.direction}
-                         for o in ops] for rank, ops in schedules(plan).items()}
+                         for o in ops] for rank, ops in schedules(plan, method).items()}
     params = [{"name": p.name, "offsets": [list(o) for o in p.offsets], "ranks": list(p.ranks), "size": p.size}
               for p in plan.param_syncs]
     return json.dumps({"phase": plan.phase, "nranks": plan.nranks, "batch": plan.batch, "sublayers": subs,
                        "exchanges": exchanges, "schedule": sched, "param_syncs": params,
-                       "traffic": {str(k): v for k, v in traffic(plan).items()}}, indent=1)
+                       "sync_method": method,
+                       "traffic": {str(k): v for k, v in traffic(plan, method).items()},
+                       # bytes per step (sent + received) of each row of the end-of-run communication table
+                       "predicted_bytes": {str(k): v for k, v in predicted_bytes(plan, method).items()}}, indent=1)
 
 
-def to_dot(plan: Plan) -> str:
+def to_dot(plan: Plan, method: str = SHARED_MEMORY) -> str:
     lines = ["digraph plan {", "  rankdir=BT;", '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
     for rank in range(plan.nranks):
         lines.append(f'  subgraph cluster_rank{rank} {{ label="worker {rank}"; style=dashed;')
