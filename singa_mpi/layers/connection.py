@@ -139,6 +139,10 @@ class ExchangeLayer(Layer):
             self.comm.Wait(request, self.name, "Wait(Isend)")
         self._requests = []
 
+    def close(self) -> None:
+        """Complete the sends of the last pass (their requests would outlive MPI_Finalize)."""
+        self._wait_sends()
+
     # ------------------------------------------------------------- forward
     def setup(self, src_shapes):
         return self._shape(self.need)[1:] if self.need else ()

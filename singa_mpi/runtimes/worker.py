@@ -42,6 +42,7 @@ class WorkerRuntime:
         self.plans: dict[str, Plan] = dict(plans or {})
         self.method: str | None = None  # how world-replicated params sync; chosen in build_net("train")
         self._sync: Synchronizer | None = None
+        self.nets: list[Net] = []
 
     # -------------------------------------------------------------- planning
     @staticmethod
@@ -100,6 +101,7 @@ class WorkerRuntime:
             by_name[sub.name] = layer
             wires.append(Wire(layer, [by_name[s] for s in sub.srcs], list(sub.kinds), needs_grad=sub.needs_grad))
         net = Net(wires, self.tracer)
+        self.nets.append(net)
         if phase == "train":
             self.method = self._choose_method()
             self._sync = self._make_sync(net, the_plan)
@@ -231,6 +233,12 @@ class WorkerRuntime:
         os.replace(tmp, path)
 
     def close(self) -> None:
+        """Finish outstanding sends, then free every communicator and window made for this run
+        (MPICH reports requests and communicators still referenced at MPI_Finalize).  Collective."""
+        for net in self.nets:
+            for layer in net.layers:
+                if isinstance(layer, ExchangeLayer):
+                    layer.close()
         if self._sync is not None:
             self._sync.close()
         self.comm.free()
