@@ -1,7 +1,8 @@
 """The training loop: SINGA 0.3's Worker::Run order, metrics, progress lines.
 
-Per step ``s`` (from ``job.step`` while ``s < train_steps``): validate if due,
-test if due, train one batch, display if due.  Test and validation happen at
+Per step ``s`` (from ``job.step`` while ``s < train_steps``): checkpoint if due
+(``steps.h5``: the state after ``s`` batches), validate if due, test if due,
+train one batch, display if due.  Test and validation happen at
 step 0 too, before the first batch, as in SINGA; singa_mpi also tests once more
 after the last step so that the final model is always measured.
 
@@ -126,8 +127,10 @@ class Trainer:
             open(self.metrics_path, "w").close()
         last_time, steps_since = time.perf_counter(), 0
         final: dict[str, float] = {}
+        resumed = self.start_step != job.step  # restore() moved the start to its checkpoint's step
         for step in range(self.start_step, self.train_steps):
-            if checkpoint_now(job, step) and step > self.start_step:
+            # as SINGA, step 0 too when checkpoint_after is 0; not the checkpoint a resume started from
+            if checkpoint_now(job, step) and not (resumed and step == self.start_step):
                 self.save_checkpoint(step)
             if self.val_net is not None and validate_now(job, step):
                 self.evaluate(self.val_net, job.validate_steps, "val", step)

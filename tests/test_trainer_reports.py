@@ -1,5 +1,6 @@
 """What the training loop reports and writes: metrics.jsonl values, means, rates, checkpoints, stop messages."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -121,3 +122,25 @@ def test_samples_per_second_count_the_global_batch_when_rank_0_starts_with_a_bri
         # 20 steps of 8 rows between the two lines: rate x time = rows (the time also holds one line's logging)
         rows = after["samples_per_s"] * (after["elapsed"] - before["elapsed"])
         assert 0.5 < rows / (20 * 8) < 2, rows
+
+
+def test_checkpoint_after_0_writes_step_0_and_a_resume_does_not_rewrite_its_start(tmp_path, capsys):
+    from singa_mpi.checkpoints import hdf5 as checkpoint
+
+    conf = job_file(tmp_path, steps=6, extra="checkpoint_freq: 3\n")
+    assert train(conf, tmp_path / "init", steps=0) == 0  # the final checkpoint of 0 steps: the initial state
+    assert train(conf, tmp_path / "ws", steps=3) == 0
+    listed = lambda: sorted(step for step, _ in checkpoint.listed(str(tmp_path / "ws")))  # noqa: E731
+    assert listed() == [0, 3]
+    initial = checkpoint.read(checkpoint.checkpoint_path(str(tmp_path / "init"), 0))
+    step0 = checkpoint.read(checkpoint.checkpoint_path(str(tmp_path / "ws"), 0))
+    for name, value in initial.params.items():
+        np.testing.assert_array_equal(step0.params[name], value)
+    step3 = checkpoint.checkpoint_path(str(tmp_path / "ws"), 3)
+    before = os.stat(step3).st_mtime_ns
+    capsys.readouterr()
+    assert train(conf, tmp_path / "ws", resume=True) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "step3.h5" not in out.replace(f"resuming from {step3}", "")
+    assert os.stat(step3).st_mtime_ns == before
+    assert listed() == [0, 3, 6]

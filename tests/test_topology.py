@@ -1,0 +1,80 @@
+"""Roles from the cluster config (pure): SINGA's four frameworks, rank assignment, clear mismatches."""
+import pytest
+
+from singa_mpi.errors import ConfigError
+from singa_mpi.proto import job_pb2
+from singa_mpi.topology import SERVER, WORKER, check_supported, topology
+
+
+def cluster(**fields) -> job_pb2.ClusterProto:
+    return job_pb2.ClusterProto(**fields)
+
+
+# the cluster confs of SINGA's frameworks.md, verbatim
+SANDBLASTER = dict(nworker_groups=1, nserver_groups=1, nworkers_per_group=3, nservers_per_group=2,
+                   server_worker_separate=True)
+ALLREDUCE = dict(nworker_groups=1, nserver_groups=1, nworkers_per_group=3, nservers_per_group=3,
+                 server_worker_separate=False)
+DOWNPOUR = dict(nworker_groups=2, nserver_groups=1, nworkers_per_group=2, nservers_per_group=2,
+                server_worker_separate=True)
+HOGWILD = dict(nworker_groups=3, nserver_groups=3, nworkers_per_group=1, nservers_per_group=1,
+               server_worker_separate=False)
+
+
+def test_sandblaster_workers_first_then_separate_servers():
+    topo = topology(5, cluster(**SANDBLASTER))
+    assert topo.framework == "Sandblaster"
+    assert topo.worker_groups == ((0, 1, 2),) and topo.server_groups == ((3, 4),)
+    assert [(r.kind, r.group, r.index) for r in topo.roles] == [
+        (WORKER, 0, 0), (WORKER, 0, 1), (WORKER, 0, 2), (SERVER, 0, 0), (SERVER, 0, 1)]
+    with pytest.raises(ConfigError, match="Sandblaster framework .* not supported yet"):
+        check_supported(topo)
+
+
+def test_allreduce_servers_live_in_the_workers_processes():
+    topo = topology(3, cluster(**ALLREDUCE))
+    assert topo.framework == "AllReduce"
+    assert topo.worker_groups == ((0, 1, 2),) and topo.server_groups == ((0, 1, 2),)
+    assert all(r.kind == WORKER and r.index == r.rank for r in topo.roles)
+    check_supported(topo)  # today's runtime
+
+
+def test_downpour_two_worker_groups_one_server_group():
+    topo = topology(6, cluster(**DOWNPOUR))
+    assert topo.framework == "Downpour"
+    assert topo.worker_groups == ((0, 1), (2, 3)) and topo.server_groups == ((4, 5),)
+    assert [(r.group, r.index) for r in topo.roles[:4]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    with pytest.raises(ConfigError, match="Downpour"):
+        check_supported(topo)
+
+
+def test_hogwild_a_server_group_in_every_worker_group():
+    topo = topology(3, cluster(**HOGWILD))
+    assert topo.framework == "Hogwild"
+    assert topo.worker_groups == ((0,), (1,), (2,)) and topo.server_groups == ((0,), (1,), (2,))
+    with pytest.raises(ConfigError, match="Hogwild"):
+        check_supported(topo)
+
+
+def test_location_id_is_the_rank_inside_the_group():
+    topo = topology(6, cluster(**DOWNPOUR))
+    for group, ranks in enumerate(topo.worker_groups):
+        for location, rank in enumerate(ranks):
+            assert topo.role(rank).group == group and topo.role(rank).index == location
+
+
+def test_workers_per_group_follow_the_world_when_the_job_leaves_it_open():
+    topo = topology(4, cluster(), nworkers=4)
+    assert topo.worker_groups == ((0, 1, 2, 3),) and topo.framework == "AllReduce"
+
+
+@pytest.mark.parametrize("fields,world,needed", [(SANDBLASTER, 4, 5), (DOWNPOUR, 5, 6), (HOGWILD, 2, 3),
+                                                 (ALLREDUCE, 4, 3)])
+def test_a_world_that_does_not_fit_says_how_many_ranks_to_launch(fields, world, needed):
+    with pytest.raises(ConfigError, match=f"expected mpirun -n {needed}$"):
+        topology(world, cluster(**fields))
+
+
+def test_describe_names_groups_and_ranks():
+    text = topology(5, cluster(**SANDBLASTER)).describe()
+    assert "worker group 0: ranks 0..2" in text and "server group 0: ranks 3..4" in text
