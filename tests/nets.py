@@ -55,12 +55,30 @@ def _loss(src: str, pdim: str = "", loc: str = "") -> str:
     return f'layer {{ name: "loss" type: kSoftmaxLoss srclayers: "{src}" srclayers: "data" {pdim} {loc} }}'
 
 
-def job_text(layers: list[str], steps: int = 20, net_pdim: int = 0, name: str = "t") -> str:
-    return (f'name: "{name}" seed: 5 train_steps: {steps} disp_freq: 1\n{UPDATER}\n'
+# The updater matrix: adaptive rules whose state lives on node-shared chunks or on feature shards.
+# delta inside the square root keeps a gradient that is float32 noise (a mathematical zero) from
+# being normalised into a full-size step.
+UPDATER_RULES = {
+    "adam": "type: kAdam adam_conf { beta1: 0.9 beta2: 0.99 }",
+    "adam-bias-corrected": "type: kAdam adam_conf { beta1: 0.9 beta2: 0.99 bias_correction: true }",
+    "adagrad": "type: kAdaGrad clip_low: -0.5 clip_high: 0.5",  # clipped after the sum, as serially
+    "rmsprop": "type: kRMSProp rmsprop_conf { rho: 0.9 }",
+    "adadelta": "type: kAdaDelta adadelta_conf { rho: 0.9 }",
+}
+
+
+def updater(rule: str, lr: float = 0.01) -> str:
+    """The job's train_one_batch and updater blocks for one of ``UPDATER_RULES`` (weight decay on)."""
+    return (f"train_one_batch {{ alg: kBP }}\nupdater {{ {UPDATER_RULES[rule]} weight_decay: 0.001 delta: 1e-6 "
+            f"learning_rate {{ type: kFixed base_lr: {lr} }} }}")
+
+
+def job_text(layers: list[str], steps: int = 20, net_pdim: int = 0, name: str = "t", updater: str = UPDATER) -> str:
+    return (f'name: "{name}" seed: 5 train_steps: {steps} disp_freq: 1\n{updater}\n'
             f'neuralnet {{ partition_dim: {net_pdim}\n' + "\n".join(layers) + "\n}\n")
 
 
-def mlp(path: str, batch: int, scheme: str, nranks: int = 2) -> str:
+def mlp(path: str, batch: int, scheme: str, nranks: int = 2, steps: int = 20, updater: str = UPDATER) -> str:
     """A 12-16-10-5 MLP under one of the partitioning schemes of the equivalence matrix."""
     if scheme == "data":
         layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 16), _act("act1", "fc1", "kSTanh"),
@@ -96,25 +114,86 @@ def mlp(path: str, batch: int, scheme: str, nranks: int = 2) -> str:
                   _act("act2", "fc2", pdim=one), _ip("fc3", "act2", 5, transpose=True), _loss("fc3")]
     else:
         raise ValueError(scheme)
-    return job_text(layers)
+    return job_text(layers, steps, updater=updater)
 
 
-def convnet(path: str, batch: int, scheme: str = "hybrid") -> str:
-    """conv(6@3x3) - relu - maxpool - conv(4@3x3) - avgpool - ip(5) - loss; hybrid: ip on features."""
+def mlp_dropout(path: str, batch: int, scheme: str, ratio: float = 0.3, steps: int = 10) -> str:
+    """12-16-10-5 MLP with dropout after each hidden layer; scheme data, feature, or hybrid (fc1 on the
+    batch, fc2 and its dropout on features): the masks must drop the units the serial run drops."""
+    first = "partition_dim: 1" if scheme == "feature" else ""
+    second = "partition_dim: 1" if scheme in ("feature", "hybrid") else ""
+    if scheme not in ("data", "feature", "hybrid"):
+        raise ValueError(scheme)
+
+    def drop(name: str, src: str, pdim: str) -> str:
+        return (f'layer {{ name: "{name}" type: kDropout srclayers: "{src}" {pdim} '
+                f'dropout_conf {{ dropout_ratio: {ratio} }} }}')
+
+    layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 16, first), _act("act1", "fc1", "kSTanh", first),
+              drop("drop1", "act1", first), _ip("fc2", "drop1", 10, second), _act("act2", "fc2", "kSTanh", second),
+              drop("drop2", "act2", second), _ip("fc3", "drop2", 5), _loss("fc3")]
+    return job_text(layers, steps)
+
+
+def convnet(path: str, batch: int, scheme: str = "hybrid", steps: int = 20, lrn: bool = False,
+            pool: str = "MAX", act: str = "kReLU", updater: str = UPDATER) -> str:
+    """conv(6@3x3) - relu - maxpool - [lrn] - conv(4@3x3) - avgpool - ip(5) - loss on (2, 8, 8) samples.
+
+    hybrid: ip on features, the rest on the batch; data: all on the batch; filters: both convolutions,
+    the activation and both poolings split on filters (channels), LRN (which cannot be) and ip on the
+    batch.  ``pool: "AVG"`` and ``act: "kSTanh"`` make the net smooth (no decision near a tie).
+    """
+    if scheme not in ("hybrid", "data", "filters"):
+        raise ValueError(scheme)
     ip_pdim = "partition_dim: 1" if scheme == "hybrid" else ""
+    split = "partition_dim: 1" if scheme == "filters" else ""
+    lrn_layer = ['layer { name: "norm1" type: kLRN srclayers: "pool1" '
+                 'lrn_conf { local_size: 3 alpha: 0.1 beta: 0.75 knorm: 1 } }'] if lrn else []
     layers = [
         _data_layer(path, batch, (2, 8, 8)),
-        'layer { name: "conv1" type: kCConvolution srclayers: "data" convolution_conf { num_filters: 6 kernel: 3 '
-        f'pad: 1 }} {_param("w_conv1")} {_param("b_conv1", "kConstant value: 0")} }}',
-        _act("relu1", "conv1"),
-        'layer { name: "pool1" type: kCPooling srclayers: "relu1" pooling_conf { pool: MAX kernel: 2 stride: 2 } }',
-        'layer { name: "conv2" type: kCConvolution srclayers: "pool1" convolution_conf { num_filters: 4 kernel: 3 '
-        f'pad: 1 }} {_param("w_conv2")} {_param("b_conv2", "kConstant value: 0")} }}',
-        'layer { name: "pool2" type: kCPooling srclayers: "conv2" pooling_conf { pool: AVG kernel: 2 stride: 2 } }',
+        f'layer {{ name: "conv1" type: kCConvolution srclayers: "data" {split} convolution_conf {{ num_filters: 6 '
+        f'kernel: 3 pad: 1 }} {_param("w_conv1")} {_param("b_conv1", "kConstant value: 0")} }}',
+        _act("relu1", "conv1", act, split),
+        f'layer {{ name: "pool1" type: kCPooling srclayers: "relu1" {split} pooling_conf {{ pool: {pool} kernel: 2 '
+        'stride: 2 } }',
+        *lrn_layer,
+        f'layer {{ name: "conv2" type: kCConvolution srclayers: "{"norm1" if lrn else "pool1"}" {split} '
+        f'convolution_conf {{ num_filters: 4 kernel: 3 pad: 1 }} {_param("w_conv2")} '
+        f'{_param("b_conv2", "kConstant value: 0")} }}',
+        f'layer {{ name: "pool2" type: kCPooling srclayers: "conv2" {split} pooling_conf {{ pool: AVG kernel: 2 '
+        'stride: 2 } }',
         _ip("ip1", "pool2", 5, ip_pdim),
         _loss("ip1"),
     ]
-    return job_text(layers)
+    return job_text(layers, steps, updater=updater)
+
+
+def cifar_convnet(path: str, batch: int, scheme: str = "hybrid", steps: int = 100) -> str:
+    """conf/cifar10_hybrid.conf at a quarter of the width on (3, 16, 16) samples: conv - maxpool - relu -
+    lrn - conv - relu - avgpool - lrn - conv - relu - avgpool - ip(10), momentum SGD at lr 0.001.
+    hybrid: ip on features, the rest on the batch; data: all on the batch."""
+    ip_pdim = "partition_dim: 1" if scheme == "hybrid" else ""
+
+    def conv(name: str, src: str, filters: int, std: str) -> str:
+        return (f'layer {{ name: "{name}" type: kCConvolution srclayers: "{src}" convolution_conf {{ '
+                f'num_filters: {filters} kernel: 5 stride: 1 pad: 2 }} {_param("w_" + name, "kGaussian std: " + std)} '
+                f'{_param("b_" + name, "kConstant value: 0", "lr_scale: 2.0 wd_scale: 0")} }}')
+
+    def pool(name: str, src: str, kind: str) -> str:
+        return (f'layer {{ name: "{name}" type: kCPooling srclayers: "{src}" '
+                f'pooling_conf {{ pool: {kind} kernel: 3 stride: 2 }} }}')
+
+    def lrn(name: str, src: str) -> str:
+        return (f'layer {{ name: "{name}" type: kLRN srclayers: "{src}" '
+                'lrn_conf { local_size: 3 alpha: 5e-05 beta: 0.75 } }')
+
+    layers = [_data_layer(path, batch, (3, 16, 16)), conv("conv1", "data", 8, "0.0001"), pool("pool1", "conv1", "MAX"),
+              _act("relu1", "pool1"), lrn("norm1", "relu1"), conv("conv2", "norm1", 8, "0.01"), _act("relu2", "conv2"),
+              pool("pool2", "relu2", "AVG"), lrn("norm2", "pool2"), conv("conv3", "norm2", 16, "0.01"),
+              _act("relu3", "conv3"), pool("pool3", "relu3", "AVG"), _ip("ip1", "pool3", 10, ip_pdim), _loss("ip1")]
+    sgd = ("train_one_batch { alg: kBP }\nupdater { type: kSGD momentum: 0.9 weight_decay: 0.004 "
+           "learning_rate { type: kFixed base_lr: 0.001 } }")
+    return job_text(layers, steps, updater=sgd)
 
 
 def job(text: str, path: str = "<test>"):
