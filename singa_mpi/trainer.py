@@ -145,8 +145,9 @@ class Trainer:
                 self.record(step, "train", final, samples_per_s=rate)
                 last_time, steps_since = now, 0
             if self.runtime.any(self.stop_requested):  # every rank stops after the same step
-                self.save_checkpoint(step + 1)
-                self.log(f"stopped on a signal after step {step}: resume with --resume")
+                done = step + 1  # batches trained: stepN.h5 is the state after N of them
+                path = self.save_checkpoint(done)
+                self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")
                 self.stopped = True
                 return final
         self.save_checkpoint(self.train_steps)

@@ -144,3 +144,30 @@ def test_checkpoint_after_0_writes_step_0_and_a_resume_does_not_rewrite_its_star
     assert "resuming from" in out and "step3.h5" not in out.replace(f"resuming from {step3}", "")
     assert os.stat(step3).st_mtime_ns == before
     assert listed() == [0, 3, 6]
+
+
+def test_a_stop_signal_names_one_step_in_the_log_the_checkpoint_and_the_resume(tmp_path):
+    """stepN.h5 holds the state after N batches (steps 0..N-1); the log and --resume say N too."""
+    import signal
+    import time
+
+    from singa_mpi.checkpoints import hdf5 as checkpoint
+
+    conf = job_file(tmp_path, steps=3000)
+    ws = tmp_path / "ws"
+    cmd = [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(ws)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not (ws / "metrics.jsonl").exists()
+                                           or (ws / "metrics.jsonl").read_text().count("\n") < 20):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == checkpoint.EXIT_CHECKPOINTED, err[-2000:]
+    stopped, path = checkpoint.listed(str(ws))[0]
+    assert 0 < stopped < 3000 and path.endswith(f"step{stopped}.h5")
+    assert f"stopped on a signal after {stopped} steps (checkpoint {path})" in out
+    assert metrics(ws)[-1]["step"] == stopped - 1  # the last batch trained: steps 0..N-1
+    resumed = mpi_train(1, conf, ws, "--resume", "--steps", str(stopped + 2))
+    assert f"resuming from {path} (step {stopped})" in resumed.stdout
+    assert [m["step"] for m in metrics(ws)[-3:]] == [stopped - 1, stopped, stopped + 1]
