@@ -154,11 +154,18 @@ class LocalComm:
     def _leave(self, span, nbytes: int) -> None:
         self.tracer.end(span, int(nbytes))
 
-    def _traced(self, op: str, layer: str, peer: str, nbytes: int, request: Callable[[], _Request],
-                wait: bool) -> Any:
+    def _start(self, op: str, layer: str, peer: str, starter, *args) -> _Request:
+        """A span around ``starter(op, *args) -> (request, bytes)``; the request is returned."""
         span = self._enter(op, layer, peer)
-        started = request()
-        result = started.Wait() if wait else started
+        request, nbytes = starter(op, *args)
+        self._leave(span, nbytes)
+        return request
+
+    def _call(self, op: str, layer: str, peer: str, starter, *args) -> Any:
+        """The blocking call: a span around starting and waiting; what the request produced."""
+        span = self._enter(op, layer, peer)
+        request, nbytes = starter(op, *args)
+        result = request.Wait()
         self._leave(span, nbytes)
         return result
 
@@ -321,22 +328,19 @@ class LocalComm:
         self._leave(span, 0)
 
     # ------------------------------------------------------------- collectives
-    def _bcast(self, array: np.ndarray, root: int) -> _Request:
-        flat = _flat(array, f"rank {self.rank}: Bcast")
-        mine = flat.copy() if self.rank == root else None
+    # Each ``_start_*`` deposits this member's part and returns (request, bytes as MPIComm counts
+    # them); the public methods are the blocking call and its non-blocking I-twin around it.
+    def _start_bcast(self, op: str, array: np.ndarray, root: int):
+        flat = _flat(array, f"rank {self.rank}: {op}")
 
         def finish(parts, slot):
             if self.rank != root:
-                _put(flat, parts[root], f"rank {self.rank}: Bcast from root {root}")
+                _put(flat, parts[root], f"rank {self.rank}: {op} from root {root}")
 
-        return self._collective("Bcast", root, mine, finish)
+        request = self._collective(op, root, flat.copy() if self.rank == root else None, finish)
+        return request, array.nbytes * (self.size - 1 if self.rank == root else 1)
 
-    def Bcast(self, array: np.ndarray, root: int, layer: str) -> None:
-        nbytes = array.nbytes * (self.size - 1 if self.rank == root else 1)
-        self._traced("Bcast", layer, f"root {root}", nbytes, lambda: self._bcast(array, root), True)
-
-    def _reduce(self, op: str, send: np.ndarray, recv: np.ndarray | None, root: int) -> _Request:
-        mine = _flat(send, f"rank {self.rank}: {op}").copy()
+    def _start_reduce(self, op: str, send: np.ndarray, recv: np.ndarray | None, root: int):
         if self.rank == root and recv is None:
             raise ValueError(f"rank {self.rank}: {op} root without a receive buffer")
 
@@ -344,18 +348,10 @@ class LocalComm:
             if self.rank == root:
                 _put(_flat(recv, op), _sum([parts[r] for r in range(self.size)]), f"rank {root}: {op}")
 
-        return self._collective(op, root, mine, finish)
+        request = self._collective(op, root, _flat(send, f"rank {self.rank}: {op}").copy(), finish)
+        return request, send.nbytes * (self.size - 1 if self.rank == root else 1)
 
-    def Reduce(self, send: np.ndarray, recv: np.ndarray | None, root: int, layer: str) -> None:
-        nbytes = send.nbytes * (self.size - 1 if self.rank == root else 1)
-        self._traced("Reduce", layer, f"root {root}", nbytes, lambda: self._reduce("Reduce", send, recv, root), True)
-
-    def Ireduce(self, send: np.ndarray, recv: np.ndarray | None, root: int, layer: str) -> _Request:
-        nbytes = send.nbytes * (self.size - 1 if self.rank == root else 1)
-        return self._traced("Ireduce", layer, f"root {root}", nbytes,
-                            lambda: self._reduce("Ireduce", send, recv, root), False)
-
-    def _scatterv(self, op: str, send, counts, displs, recv: np.ndarray, root: int) -> _Request:
+    def _start_scatterv(self, op: str, send, counts, displs, recv: np.ndarray, root: int):
         blocks = None
         if self.rank == root:
             flat = _flat(send, f"rank {root}: {op}")
@@ -365,19 +361,10 @@ class LocalComm:
         def finish(parts, slot):
             _put(into, parts[root][self.rank], f"rank {self.rank}: {op} from root {root}")
 
-        return self._collective(op, root, blocks, finish)
+        return self._collective(op, root, blocks, finish), self._rooted_bytes(counts, root, recv.itemsize)
 
-    def Scatterv(self, send, counts, displs, recv: np.ndarray, root: int, layer: str) -> None:
-        self._traced("Scatterv", layer, f"root {root}", self._rooted_bytes(counts, root, recv.itemsize),
-                     lambda: self._scatterv("Scatterv", send, counts, displs, recv, root), True)
-
-    def Iscatterv(self, send, counts, displs, recv: np.ndarray, root: int, layer: str) -> _Request:
-        return self._traced("Iscatterv", layer, f"root {root}", self._rooted_bytes(counts, root, recv.itemsize),
-                            lambda: self._scatterv("Iscatterv", send, counts, displs, recv, root), False)
-
-    def _gatherv(self, op: str, send: np.ndarray, recv, counts, displs, root: int | None) -> _Request:
-        """Gatherv to ``root``, or to everyone when ``root`` is None (Allgatherv)."""
-        mine = _flat(send, f"rank {self.rank}: {op}").copy()
+    def _start_gatherv(self, op: str, send: np.ndarray, recv, counts, displs, root: int | None):
+        """Gatherv to ``root``, or to every member when ``root`` is None (Allgatherv)."""
 
         def finish(parts, slot):
             if root is None or self.rank == root:
@@ -385,22 +372,12 @@ class LocalComm:
                 for r, (c, d) in enumerate(zip(counts, displs)):
                     _put(into[d:d + c], parts[r], f"rank {self.rank}: {op}: the block of rank {r}")
 
-        return self._collective(op, root, mine, finish)
+        request = self._collective(op, root, _flat(send, f"rank {self.rank}: {op}").copy(), finish)
+        if root is None:
+            return request, send.itemsize * (counts[self.rank] * (self.size - 1) + others(counts, self.rank))
+        return request, self._rooted_bytes(counts, root, send.itemsize)
 
-    def Gatherv(self, send: np.ndarray, recv, counts, displs, root: int, layer: str) -> None:
-        self._traced("Gatherv", layer, f"root {root}", self._rooted_bytes(counts, root, send.itemsize),
-                     lambda: self._gatherv("Gatherv", send, recv, counts, displs, root), True)
-
-    def Igatherv(self, send: np.ndarray, recv, counts, displs, root: int, layer: str) -> _Request:
-        return self._traced("Igatherv", layer, f"root {root}", self._rooted_bytes(counts, root, send.itemsize),
-                            lambda: self._gatherv("Igatherv", send, recv, counts, displs, root), False)
-
-    def Allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs, layer: str) -> None:
-        nbytes = recv.itemsize * (counts[self.rank] * (self.size - 1) + others(counts, self.rank))
-        self._traced("Allgatherv", layer, "group", nbytes,
-                     lambda: self._gatherv("Allgatherv", send, recv, counts, displs, None), True)
-
-    def _reduce_scatter(self, op: str, send: np.ndarray, recv: np.ndarray, counts) -> _Request:
+    def _start_reduce_scatter(self, op: str, send: np.ndarray, recv: np.ndarray, counts):
         mine = _flat(send, f"rank {self.rank}: {op}").copy()
         if mine.size != sum(counts):
             raise ValueError(f"rank {self.rank}: {op} of {mine.size} items with counts {list(counts)}: "
@@ -411,57 +388,80 @@ class LocalComm:
         def finish(parts, slot):
             _put(_flat(recv, op), _sum([parts[r][lo:hi] for r in range(self.size)]), f"rank {self.rank}: {op}")
 
-        return self._collective(op, None, mine, finish)
+        return self._collective(op, None, mine, finish), self._scatter_sum_bytes(counts, send.itemsize)
 
-    def Reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str) -> None:
-        self._traced("Reduce_scatter", layer, "group", self._scatter_sum_bytes(counts, send.itemsize),
-                     lambda: self._reduce_scatter("Reduce_scatter", send, recv, counts), True)
-
-    def Ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str) -> _Request:
-        return self._traced("Ireduce_scatter", layer, "group", self._scatter_sum_bytes(counts, send.itemsize),
-                            lambda: self._reduce_scatter("Ireduce_scatter", send, recv, counts), False)
-
-    def _alltoallv(self, op: str, send, scounts, sdispls, recv, rcounts, rdispls) -> _Request:
+    def _start_alltoallv(self, op: str, send, scounts, sdispls, recv, rcounts, rdispls):
         flat = _flat(send, f"rank {self.rank}: {op}")
-        blocks = [flat[d:d + c].copy() for c, d in zip(scounts, sdispls)]
         into = _flat(recv, f"rank {self.rank}: {op}")
 
         def finish(parts, slot):
             for r, (c, d) in enumerate(zip(rcounts, rdispls)):
                 _put(into[d:d + c], parts[r][self.rank], f"rank {self.rank}: {op}: the block from rank {r}")
 
-        return self._collective(op, None, blocks, finish)
+        request = self._collective(op, None, [flat[d:d + c].copy() for c, d in zip(scounts, sdispls)], finish)
+        return request, recv.itemsize * (others(scounts, self.rank) + others(rcounts, self.rank))
 
-    def Alltoallv(self, send, scounts, sdispls, recv, rcounts, rdispls, layer: str) -> None:
-        nbytes = recv.itemsize * (others(scounts, self.rank) + others(rcounts, self.rank))
-        self._traced("Alltoallv", layer, "group", nbytes,
-                     lambda: self._alltoallv("Alltoallv", send, scounts, sdispls, recv, rcounts, rdispls), True)
-
-    def Ialltoallv(self, send, scounts, sdispls, recv, rcounts, rdispls, layer: str) -> _Request:
-        nbytes = recv.itemsize * (others(scounts, self.rank) + others(rcounts, self.rank))
-        return self._traced("Ialltoallv", layer, "group", nbytes, lambda: self._alltoallv(
-            "Ialltoallv", send, scounts, sdispls, recv, rcounts, rdispls), False)
-
-    def _allreduce(self, op: str, array: np.ndarray, combine=_sum) -> _Request:
+    def _start_allreduce(self, op: str, array: np.ndarray, combine=_sum, nbytes: int | None = None):
+        """In-place ``combine`` (a sum unless told) over the group; bytes of a ring unless told."""
         flat = _flat(array, f"rank {self.rank}: {op}")
 
         def finish(parts, slot):
             _put(flat, combine([parts[r] for r in range(self.size)]), f"rank {self.rank}: {op}")
 
-        return self._collective(op, None, flat.copy(), finish)
+        # a MAX must not match a SUM at the same position: the operation is part of the match
+        request = self._collective(op if combine is _sum else f"{op}({combine.__name__})", None, flat.copy(), finish)
+        return request, 2 * ring_bytes(array.nbytes, self.size) if nbytes is None else nbytes
+
+    def Bcast(self, array: np.ndarray, root: int, layer: str) -> None:
+        self._call("Bcast", layer, f"root {root}", self._start_bcast, array, root)
+
+    def Reduce(self, send: np.ndarray, recv: np.ndarray | None, root: int, layer: str) -> None:
+        self._call("Reduce", layer, f"root {root}", self._start_reduce, send, recv, root)
+
+    def Ireduce(self, send: np.ndarray, recv: np.ndarray | None, root: int, layer: str) -> _Request:
+        return self._start("Ireduce", layer, f"root {root}", self._start_reduce, send, recv, root)
+
+    def Scatterv(self, send, counts, displs, recv: np.ndarray, root: int, layer: str) -> None:
+        self._call("Scatterv", layer, f"root {root}", self._start_scatterv, send, counts, displs, recv, root)
+
+    def Iscatterv(self, send, counts, displs, recv: np.ndarray, root: int, layer: str) -> _Request:
+        return self._start("Iscatterv", layer, f"root {root}", self._start_scatterv, send, counts, displs, recv, root)
+
+    def Gatherv(self, send: np.ndarray, recv, counts, displs, root: int, layer: str) -> None:
+        self._call("Gatherv", layer, f"root {root}", self._start_gatherv, send, recv, counts, displs, root)
+
+    def Igatherv(self, send: np.ndarray, recv, counts, displs, root: int, layer: str) -> _Request:
+        return self._start("Igatherv", layer, f"root {root}", self._start_gatherv, send, recv, counts, displs, root)
+
+    def Allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs, layer: str) -> None:
+        self._call("Allgatherv", layer, "group", self._start_gatherv, send, recv, counts, displs, None)
+
+    def Reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str) -> None:
+        self._call("Reduce_scatter", layer, "group", self._start_reduce_scatter, send, recv, counts)
+
+    def Ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str) -> _Request:
+        return self._start("Ireduce_scatter", layer, "group", self._start_reduce_scatter, send, recv, counts)
+
+    def Alltoallv(self, send, scounts, sdispls, recv, rcounts, rdispls, layer: str) -> None:
+        self._call("Alltoallv", layer, "group", self._start_alltoallv, send, scounts, sdispls, recv, rcounts, rdispls)
+
+    def Ialltoallv(self, send, scounts, sdispls, recv, rcounts, rdispls, layer: str) -> _Request:
+        return self._start("Ialltoallv", layer, "group", self._start_alltoallv,
+                           send, scounts, sdispls, recv, rcounts, rdispls)
 
     def Allreduce(self, array: np.ndarray, layer: str) -> None:
         """In-place sum over the group."""
-        self._traced("Allreduce", layer, "group", 2 * ring_bytes(array.nbytes, self.size),
-                     lambda: self._allreduce("Allreduce", array), True)
+        self._call("Allreduce", layer, "group", self._start_allreduce, array)
 
     def Iallreduce(self, array: np.ndarray, layer: str) -> _Request:
         """Start an in-place sum over the group; ``Wait`` on the returned request."""
-        return self._traced("Iallreduce", layer, "group", 2 * ring_bytes(array.nbytes, self.size),
-                            lambda: self._allreduce("Iallreduce", array), False)
+        return self._start("Iallreduce", layer, "group", self._start_allreduce, array)
 
     def barrier(self, label: str = "barrier") -> None:
-        self._traced("Barrier", label, "group", 0, lambda: self._collective("Barrier", None, None, _nothing), True)
+        self._call("Barrier", label, "group", self._start_barrier)
+
+    def _start_barrier(self, op: str) -> tuple[_Request, int]:
+        return self._collective(op, None, None, _nothing), 0
 
     # ------------------------------------------------------------- shared memory (threads share it all)
     def on_one_node(self) -> bool:
@@ -485,36 +485,36 @@ class LocalComm:
 
     def memory_fence(self, win, label: str) -> None:
         """A barrier: after it, every rank's writes are visible to every other (the lock orders them)."""
-        self._traced("Barrier(shm)", label, "group", 0,
-                     lambda: self._collective("Barrier(shm)", None, None, _nothing), True)
+        self._call("Barrier(shm)", label, "group", self._start_barrier)
 
     # ------------------------------------------------------------- objects (setup only)
-    def _objects(self, op: str, value, root: int | None) -> _Request:
+    def _start_objects(self, op: str, value, root: int | None):
+        """Pickled, as mpi4py sends them: every receiver gets its own copy; no bytes counted."""
+
         def finish(parts, slot):
             if root is None or self.rank == root:
                 return [pickle.loads(parts[r]) for r in range(self.size)]
             return None
 
-        return self._collective(op, root, pickle.dumps(value), finish)
+        return self._collective(op, root, pickle.dumps(value), finish), 0
 
     def allgather_object(self, value, label: str = "allgather(objects)") -> list:
-        return self._traced("allgather", label, "group", 0, lambda: self._objects("allgather", value, None), True)
+        return self._call("allgather", label, "group", self._start_objects, value, None)
 
     def gather_object(self, value, root: int = 0, label: str = "gather(objects)") -> list | None:
-        return self._traced("gather", label, f"root {root}", 0, lambda: self._objects("gather", value, root), True)
+        return self._call("gather", label, f"root {root}", self._start_objects, value, root)
 
     def any(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any rank."""
         value = np.array([1 if flag else 0], np.int32)
-        self._traced("Allreduce", "stop-signal vote", "group", value.nbytes,
-                     lambda: self._allreduce("Allreduce(MAX)", value, lambda parts: np.max(parts, axis=0)), True)
+        self._call("Allreduce", "stop-signal vote", "group", self._start_allreduce, value, _max, value.nbytes)
         return bool(value[0])
 
     def allreduce_dict(self, values: dict[str, float]) -> dict[str, float]:
         """Sum per key over the group (metrics); keys may differ between ranks."""
         keys = sorted(set().union(*self.allgather_object(sorted(values), "metrics")))
         array = np.array([values.get(k, 0.0) for k in keys], np.float64)
-        self._traced("Allreduce", "metrics", "group", array.nbytes, lambda: self._allreduce("Allreduce", array), True)
+        self._call("Allreduce", "metrics", "group", self._start_allreduce, array, _sum, array.nbytes)
         return dict(zip(keys, array.tolist()))
 
     def abort(self, code: int = 1) -> None:
@@ -527,6 +527,10 @@ class LocalComm:
 
 def _nothing(parts, slot) -> None:
     return None
+
+
+def _max(blocks: list[np.ndarray]) -> np.ndarray:
+    return np.max(blocks, axis=0)
 
 
 # ------------------------------------------------------------------ running ranks as threads
