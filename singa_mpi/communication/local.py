@@ -174,10 +174,12 @@ class LocalComm:
             raise RuntimeError(f"rank {self.rank}: communicator used after free()")
         self.group.check()
 
-    def _rooted_bytes(self, counts, root: int, itemsize: int) -> int:
+    def _rooted_bytes(self, counts, root: int, mine: np.ndarray) -> int:
+        """Scatterv/Gatherv: the root moves every other member's block, a member its own buffer
+        (``counts`` is significant at the root only: MPI ignores it elsewhere, and so do we)."""
         if self.rank == root:
-            return itemsize * others(counts, root)
-        return itemsize * int(counts[self.rank])
+            return mine.itemsize * others(counts, root)
+        return mine.nbytes
 
     def _scatter_sum_bytes(self, counts, itemsize: int) -> int:
         return itemsize * (others(counts, self.rank) + int(counts[self.rank]) * (self.size - 1))
@@ -361,7 +363,7 @@ class LocalComm:
         def finish(parts, slot):
             _put(into, parts[root][self.rank], f"rank {self.rank}: {op} from root {root}")
 
-        return self._collective(op, root, blocks, finish), self._rooted_bytes(counts, root, recv.itemsize)
+        return self._collective(op, root, blocks, finish), self._rooted_bytes(counts, root, recv)
 
     def _start_gatherv(self, op: str, send: np.ndarray, recv, counts, displs, root: int | None):
         """Gatherv to ``root``, or to every member when ``root`` is None (Allgatherv)."""
@@ -375,7 +377,7 @@ class LocalComm:
         request = self._collective(op, root, _flat(send, f"rank {self.rank}: {op}").copy(), finish)
         if root is None:
             return request, send.itemsize * (counts[self.rank] * (self.size - 1) + others(counts, self.rank))
-        return request, self._rooted_bytes(counts, root, send.itemsize)
+        return request, self._rooted_bytes(counts, root, send)
 
     def _start_reduce_scatter(self, op: str, send: np.ndarray, recv: np.ndarray, counts):
         mine = _flat(send, f"rank {self.rank}: {op}").copy()

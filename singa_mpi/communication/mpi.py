@@ -88,11 +88,12 @@ class MPIComm:
         if self._owned and self.comm != MPI.COMM_NULL:
             self.comm.Free()
 
-    def _rooted_bytes(self, counts, root: int, itemsize: int) -> int:
-        """Scatterv/Gatherv: the root moves every other member's block, a member its own."""
+    def _rooted_bytes(self, counts, root: int, mine: np.ndarray) -> int:
+        """Scatterv/Gatherv: the root moves every other member's block, a member its own buffer
+        (``counts`` is significant at the root only: MPI ignores it elsewhere, and so do we)."""
         if self.rank == root:
-            return itemsize * others(counts, root)
-        return itemsize * int(counts[self.rank])
+            return mine.itemsize * others(counts, root)
+        return mine.nbytes
 
     def _scatter_sum_bytes(self, counts, itemsize: int) -> int:
         """Reduce_scatter: send every other member's block, receive mine from each of them."""
@@ -135,13 +136,13 @@ class MPIComm:
         start = self._enter("Scatterv", layer, f"root {root}")
         sendbuf = self._vbuf(send, counts, displs) if self.rank == root else None
         self.comm.Scatterv(sendbuf, self._buf(recv), root=root)
-        self._leave(start, layer, self._rooted_bytes(counts, root, recv.itemsize))
+        self._leave(start, layer, self._rooted_bytes(counts, root, recv))
 
     def Gatherv(self, send: np.ndarray, recv: np.ndarray | None, counts, displs, root: int, layer: str) -> None:
         start = self._enter("Gatherv", layer, f"root {root}")
         recvbuf = self._vbuf(recv, counts, displs) if self.rank == root else None
         self.comm.Gatherv(self._buf(send), recvbuf, root=root)
-        self._leave(start, layer, self._rooted_bytes(counts, root, send.itemsize))
+        self._leave(start, layer, self._rooted_bytes(counts, root, send))
 
     def Allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs, layer: str) -> None:
         start = self._enter("Allgatherv", layer, "group")
@@ -191,12 +192,12 @@ class MPIComm:
 
     def Iscatterv(self, send: np.ndarray | None, counts, displs, recv: np.ndarray, root: int, layer: str):
         sendbuf = self._vbuf(send, counts, displs) if self.rank == root else None
-        return self._start("Iscatterv", layer, f"root {root}", self._rooted_bytes(counts, root, recv.itemsize),
+        return self._start("Iscatterv", layer, f"root {root}", self._rooted_bytes(counts, root, recv),
                            lambda: self.comm.Iscatterv(sendbuf, self._buf(recv), root=root))
 
     def Igatherv(self, send: np.ndarray, recv: np.ndarray | None, counts, displs, root: int, layer: str):
         recvbuf = self._vbuf(recv, counts, displs) if self.rank == root else None
-        return self._start("Igatherv", layer, f"root {root}", self._rooted_bytes(counts, root, send.itemsize),
+        return self._start("Igatherv", layer, f"root {root}", self._rooted_bytes(counts, root, send),
                            lambda: self.comm.Igatherv(self._buf(send), recvbuf, root=root))
 
     def Ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str):

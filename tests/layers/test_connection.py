@@ -129,12 +129,6 @@ def byte_mismatches(plan, ex, results) -> list[tuple[int, str, int, int]]:
             if measured.get(label, 0) != predicted[r].get(label, 0)]
 
 
-def rooted_non_root(ex, rank: int) -> bool:
-    """A member other than the root of a Scatterv/Gatherv exchange (see the xfail below)."""
-    root = next(iter(ex.holders if ex.forward_op == "Scatterv" else ex.needs))
-    return ex.forward_op in ("Scatterv", "Gatherv") and rank != root
-
-
 def exchanges_run(paths, case: str, n: int):
     """Every exchange of the case's plan run once: (plan, exchange, values, grads, results)."""
     plan = make_plan(paths, case, n)
@@ -157,13 +151,10 @@ def test_every_exchange_delivers_regions_sums_gradients_and_counts_predicted_byt
                 np.testing.assert_array_equal(received, part(values, ex.needs[r]), err_msg=what)
             if r in expected:
                 np.testing.assert_allclose(gradient, expected[r], rtol=1e-5, atol=1e-6, err_msg=what)
-        wrong = [m for m in byte_mismatches(plan, ex, results) if not rooted_non_root(ex, m[0])]
+        wrong = byte_mismatches(plan, ex, results)
         assert not wrong, f"{what}: (rank, row, measured, predicted) {wrong}"
 
 
-@pytest.mark.xfail(strict=True, reason="MPIComm (and LocalComm, which mirrors it) counts a non-root member's "
-                   "Scatterv/Gatherv bytes from `counts`, which MPI reads at the root only; ExchangeLayer "
-                   "passes zeros there, so those members record 0 bytes where the plan predicts their piece")
 @pytest.mark.parametrize("case, n", [("slice_then_allgather", 3), ("concat_to_one", 3), ("split_then_gather", 3)])
 def test_non_root_members_of_scatterv_and_gatherv_count_their_piece(paths, case, n):
     wrong = [(ex.forward_op, *m) for plan, ex, _, _, results in exchanges_run(paths, case, n)
