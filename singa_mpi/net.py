@@ -114,6 +114,14 @@ class Net:
         for p in self.params:
             p.finish_grad()
 
+    def close_files(self) -> None:
+        """Close the files layers write (output layers).  Local, no communication:
+        safe on any exit path, an error on one rank included."""
+        for layer in self.layers:
+            close = getattr(layer, "close_files", None)
+            if close is not None:
+                close()
+
     def collect_metrics(self) -> dict[str, float]:
         """Per-key sums of all loss/output layers' metrics since the last call.
 

@@ -121,6 +121,16 @@ class Trainer:
 
     # ---------------------------------------------------------------- loop
     def run(self) -> dict[str, float]:
+        """Train from ``start_step`` to ``train_steps`` (or a stop signal); returns the last metrics.
+
+        Output layers' files are closed however the run ends."""
+        try:
+            return self._run_steps()
+        finally:
+            for net in self.nets().values():
+                net.close_files()
+
+    def _run_steps(self) -> dict[str, float]:
         job = self.job
         os.makedirs(self.workspace, exist_ok=True)
         if self.runtime.is_root and self.start_step == 0:

@@ -171,3 +171,71 @@ def test_a_stop_signal_names_one_step_in_the_log_the_checkpoint_and_the_resume(t
     resumed = mpi_train(1, conf, ws, "--resume", "--steps", str(stopped + 2))
     assert f"resuming from {path} (step {stopped})" in resumed.stdout
     assert [m["step"] for m in metrics(ws)[-3:]] == [stopped - 1, stopped, stopped + 1]
+
+
+OUTPUT = 'layer {{ name: "out" type: {kind} srclayers: "fc3" partition_dim: -1 store_conf {{ path: "{path}" }} }}'
+
+
+def with_output(conf_path, kind="kCSVOutput", path="feat/out.csv"):
+    text = open(conf_path).read()
+    new = conf_path.replace(".conf", "_out.conf")
+    with open(new, "w") as f:
+        f.write(text.replace("\n}\n", "\n" + OUTPUT.format(kind=kind, path=path) + "\n}\n"))
+    return new
+
+
+def train_recording_resource_warnings(conf, workspace, **options):
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        try:
+            code = train(conf, workspace, **options)
+        except KeyboardInterrupt:
+            code = None
+        gc.collect()
+    return code, [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+@pytest.mark.parametrize("kind, path", [("kCSVOutput", "feat/out.csv"), ("kRecordOutput", "feat/out.bin")])
+def test_output_layers_need_no_batchsize_and_close_their_files(tmp_path, kind, path):
+    from singa_mpi.data.stores import open_store
+
+    conf = with_output(job_file(tmp_path, steps=6), kind, path)
+    code, leaked = train_recording_resource_warnings(conf, tmp_path / "ws")
+    assert code == 0 and not leaked, [str(w.message) for w in leaked]
+    backend = "textfile" if kind == "kCSVOutput" else "kvfile"
+    options = {"has_label": False} if kind == "kCSVOutput" else {}
+    with open_store(backend, str(tmp_path / "ws" / path), **options) as store:
+        assert len(store) == 6 * 8 and store.shape == (5,)  # every row of every batch, fc3's 5 features
+
+
+def test_output_files_are_closed_when_training_fails(tmp_path, monkeypatch):
+    from singa_mpi import trainer as training
+
+    def fail_at_step_2(self, step, phase, metrics, samples_per_s=None):
+        if step == 2:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(training.Trainer, "record", fail_at_step_2)
+    conf = with_output(job_file(tmp_path, steps=6))
+    code, leaked = train_recording_resource_warnings(conf, tmp_path / "ws")
+    assert code is None and not leaked, [str(w.message) for w in leaked]
+    assert len((tmp_path / "ws" / "feat" / "out.csv").read_text().splitlines()) == 3 * 8
+
+
+def test_an_output_batchsize_must_agree_with_the_input_batch(tmp_path):
+    from singa_mpi.config.load import load_job
+    from singa_mpi.config.validate import validate
+    from singa_mpi.errors import ConfigError
+
+    conf = with_output(job_file(tmp_path))
+    for size, ok in ((8, True), (3, False)):
+        text = open(conf).read().replace('path: "feat/out.csv"', f'path: "feat/out.csv" batchsize: {size}')
+        path = tmp_path / f"b{size}.conf"
+        path.write_text(text)
+        if ok:
+            validate(load_job(str(path)))
+        else:
+            with pytest.raises(ConfigError, match="layer 'out'.*batchsize = 3: expected 8, the batch size of input"):
+                validate(load_job(str(path)))

@@ -262,9 +262,13 @@ def _check_shared_params(cfg: JobConfig, node: Node, layer: Layer, params: dict)
 
 
 def _check_batches(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
+    """Input layers need a batch size, all the same; an output layer writes its source's
+    rows and needs none (one it gives must agree)."""
     first = None
     for node, layer in built:
         if not node.conf.HasField("store_conf"):
+            continue
+        if not layer.is_input and not node.conf.store_conf.batchsize:
             continue
         for k, size in enumerate(node.conf.store_conf.batchsize):
             if size <= 0:

@@ -8,6 +8,7 @@ rejects a proper batch slice, and no output layer splits features.
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 
@@ -79,7 +80,12 @@ class ArgSort(Layer):
 
 
 class _StoreOutput(Layer):
-    """Appends each forward's input rows to ``store_conf.path`` (under the workspace if relative)."""
+    """Appends each forward's input rows to ``store_conf.path`` (under the workspace if relative).
+
+    Writes whatever rows its source gives (no ``store_conf.batchsize``).  The file is
+    closed by ``close_files()`` (the trainer calls it on every exit path), else when the
+    layer is garbage-collected or the interpreter exits.
+    """
 
     feature_partitionable = False
     backend = ""
@@ -104,6 +110,7 @@ class _StoreOutput(Layer):
             os.makedirs(os.path.dirname(self.path()) or ".", exist_ok=True)
             self.writer = open_store(self.backend, self.path(), "w", separator=self.conf.store_conf.separator,
                                      key_format=self.key_format)
+            self._finalizer = weakref.finalize(self, self.writer.close)
         rows = np.asarray(inputs[0]).reshape((len(inputs[0]),) + self.out_shape)
         self.writer.write_batch(rows)
         self.writer.flush()  # readable while the job runs
@@ -113,9 +120,10 @@ class _StoreOutput(Layer):
     def backward(self, grad, need):
         return [None]
 
-    def close(self) -> None:
+    def close_files(self) -> None:
+        """Close the output file (idempotent)."""
         if self.writer is not None:
-            self.writer.close()
+            self._finalizer()
 
 
 @LAYERS.register("kCSVOutput")

@@ -50,7 +50,7 @@ def test_csv_output_appends_rows_under_the_workspace(tmp_path):
     assert path.read_text().splitlines()[0] == "1.5,2"
     store = open_store("textfile", str(path), has_label=False)
     np.testing.assert_array_equal(store.read(np.arange(4))[0], np.concatenate([rows, rows * 2]))  # exact float32
-    layer.close()
+    layer.close_files()
 
 
 def test_record_output_writes_a_kvfile_with_running_keys(tmp_path):
@@ -58,7 +58,7 @@ def test_record_output_writes_a_kvfile_with_running_keys(tmp_path):
     first = np.array([[[1.5, 2.0]], [[3.0, 4.0]]], np.float32)
     layer.forward([first], False)
     layer.forward([first[:1] - 1], False)
-    layer.close()
+    layer.close_files()
     store = KVFileStore(str(tmp_path / "feat.bin"))
     assert store.keys == [b"0000000000", b"0000000001", b"0000000002"]
     assert store.shape == (1, 2) and not store.has_labels
@@ -71,3 +71,17 @@ def test_writers_refuse_a_batch_slice(tmp_path):
         writer_layer("kCSVOutput", "x.csv", tmp_path, ctx=ctx)
     with pytest.raises(LayerConfigError, match="store_conf.path"):
         build_layer(layer_conf('name: "out" type: kRecordOutput'), [(2,)], batch=2)
+
+
+def test_a_writer_dropped_without_close_files_is_closed_without_a_resource_warning(tmp_path):
+    import gc
+    import warnings
+
+    layer = writer_layer("kCSVOutput", "out.csv", tmp_path)
+    layer.forward([np.ones((2, 2), np.float32)], False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        del layer
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert (tmp_path / "ws" / "out.csv").read_text() == "1,1\n1,1\n"
