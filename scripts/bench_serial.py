@@ -85,7 +85,7 @@ class NumpyMLP:
         for k, (w, b) in enumerate(zip(self.w, self.b)):
             z = acts[-1] @ w.T + b
             pre.append(z)
-            acts.append(z if k == len(self.w) - 1 else np.float32(1.7159) * np.tanh(np.float32(2 / 3) * z))
+            acts.append(z if k == len(self.w) - 1 else np.float32(1.7159047) * np.tanh(np.float32(0.66666667) * z))
         logits = acts[-1]
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
@@ -94,8 +94,8 @@ class NumpyMLP:
         g /= len(self.y)
         for k in reversed(range(len(self.w))):
             if k < len(self.w) - 1:
-                t = np.tanh(np.float32(2 / 3) * pre[k])
-                g = g * (np.float32(1.7159 * 2 / 3) * (1 - t * t))
+                t = np.tanh(np.float32(0.66666667) * pre[k])
+                g = g * (np.float32(1.7159047 * 0.66666667) * (1 - t * t))
             dw = g.T @ acts[k]
             db = g.sum(axis=0)
             if k > 0:
