@@ -7,7 +7,6 @@ at the end of a run); every row the plan predicts must match within 5%, and no
 row the plan does not know about may move data during the steps.
 """
 import json
-import os
 import pathlib
 import subprocess
 import sys

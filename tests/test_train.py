@@ -1,7 +1,6 @@
 """The training loop: SINGA's schedule predicates, metrics.jsonl, and the default job's accuracy."""
 import json
 
-import pytest
 
 import nets
 from singa_mpi import cli

@@ -80,3 +80,16 @@ def ring_bytes(nbytes: int, size: int) -> int:
 def others(counts: Sequence[int], me: int) -> int:
     """Sum of every member's count but ``me``'s."""
     return int(sum(counts)) - int(counts[me])
+
+
+def rooted_bytes(rank: int, root: int, counts: Sequence[int], mine: np.ndarray) -> int:
+    """Scatterv/Gatherv: the root moves every other member's block, a member its own buffer
+    (``counts`` is significant at the root only: MPI ignores it elsewhere, and so do we)."""
+    if rank == root:
+        return mine.itemsize * others(counts, root)
+    return mine.nbytes
+
+
+def scatter_sum_bytes(rank: int, size: int, counts: Sequence[int], itemsize: int) -> int:
+    """Reduce_scatter: send every other member's block, receive mine from each of them."""
+    return itemsize * (others(counts, rank) + int(counts[rank]) * (size - 1))

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from singa_mpi.communication.base import others, ring_bytes
+from singa_mpi.communication.base import others, ring_bytes, rooted_bytes, scatter_sum_bytes
 from singa_mpi.tracing import Tracer
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float64))  # what MPIComm can send
@@ -173,16 +173,6 @@ class LocalComm:
         if self._freed:
             raise RuntimeError(f"rank {self.rank}: communicator used after free()")
         self.group.check()
-
-    def _rooted_bytes(self, counts, root: int, mine: np.ndarray) -> int:
-        """Scatterv/Gatherv: the root moves every other member's block, a member its own buffer
-        (``counts`` is significant at the root only: MPI ignores it elsewhere, and so do we)."""
-        if self.rank == root:
-            return mine.itemsize * others(counts, root)
-        return mine.nbytes
-
-    def _scatter_sum_bytes(self, counts, itemsize: int) -> int:
-        return itemsize * (others(counts, self.rank) + int(counts[self.rank]) * (self.size - 1))
 
     # ------------------------------------------------------------- subgroups
     def sub(self, ranks: Sequence[int]) -> "LocalComm":
@@ -363,7 +353,7 @@ class LocalComm:
         def finish(parts, slot):
             _put(into, parts[root][self.rank], f"rank {self.rank}: {op} from root {root}")
 
-        return self._collective(op, root, blocks, finish), self._rooted_bytes(counts, root, recv)
+        return self._collective(op, root, blocks, finish), rooted_bytes(self.rank, root, counts, recv)
 
     def _start_gatherv(self, op: str, send: np.ndarray, recv, counts, displs, root: int | None):
         """Gatherv to ``root``, or to every member when ``root`` is None (Allgatherv)."""
@@ -377,7 +367,7 @@ class LocalComm:
         request = self._collective(op, root, _flat(send, f"rank {self.rank}: {op}").copy(), finish)
         if root is None:
             return request, send.itemsize * (counts[self.rank] * (self.size - 1) + others(counts, self.rank))
-        return request, self._rooted_bytes(counts, root, send)
+        return request, rooted_bytes(self.rank, root, counts, send)
 
     def _start_reduce_scatter(self, op: str, send: np.ndarray, recv: np.ndarray, counts):
         mine = _flat(send, f"rank {self.rank}: {op}").copy()
@@ -390,7 +380,7 @@ class LocalComm:
         def finish(parts, slot):
             _put(_flat(recv, op), _sum([parts[r][lo:hi] for r in range(self.size)]), f"rank {self.rank}: {op}")
 
-        return self._collective(op, None, mine, finish), self._scatter_sum_bytes(counts, send.itemsize)
+        return self._collective(op, None, mine, finish), scatter_sum_bytes(self.rank, self.size, counts, send.itemsize)
 
     def _start_alltoallv(self, op: str, send, scounts, sdispls, recv, rcounts, rdispls):
         flat = _flat(send, f"rank {self.rank}: {op}")

@@ -19,7 +19,7 @@ import time
 import numpy as np
 from mpi4py import MPI  # the only mpi4py import in the package
 
-from singa_mpi.communication.base import others, ring_bytes
+from singa_mpi.communication.base import others, ring_bytes, rooted_bytes, scatter_sum_bytes
 from singa_mpi.tracing import Tracer
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.int32): MPI.INT, np.dtype(np.float64): MPI.DOUBLE}
@@ -88,17 +88,6 @@ class MPIComm:
         if self._owned and self.comm != MPI.COMM_NULL:
             self.comm.Free()
 
-    def _rooted_bytes(self, counts, root: int, mine: np.ndarray) -> int:
-        """Scatterv/Gatherv: the root moves every other member's block, a member its own buffer
-        (``counts`` is significant at the root only: MPI ignores it elsewhere, and so do we)."""
-        if self.rank == root:
-            return mine.itemsize * others(counts, root)
-        return mine.nbytes
-
-    def _scatter_sum_bytes(self, counts, itemsize: int) -> int:
-        """Reduce_scatter: send every other member's block, receive mine from each of them."""
-        return itemsize * (others(counts, self.rank) + int(counts[self.rank]) * (self.size - 1))
-
     # ------------------------------------------------------------- point to point
     def Isend(self, array: np.ndarray, dest: int, tag: int, layer: str):
         start = self._enter("Isend", layer, f"to rank {dest}", tag)
@@ -136,13 +125,13 @@ class MPIComm:
         start = self._enter("Scatterv", layer, f"root {root}")
         sendbuf = self._vbuf(send, counts, displs) if self.rank == root else None
         self.comm.Scatterv(sendbuf, self._buf(recv), root=root)
-        self._leave(start, layer, self._rooted_bytes(counts, root, recv))
+        self._leave(start, layer, rooted_bytes(self.rank, root, counts, recv))
 
     def Gatherv(self, send: np.ndarray, recv: np.ndarray | None, counts, displs, root: int, layer: str) -> None:
         start = self._enter("Gatherv", layer, f"root {root}")
         recvbuf = self._vbuf(recv, counts, displs) if self.rank == root else None
         self.comm.Gatherv(self._buf(send), recvbuf, root=root)
-        self._leave(start, layer, self._rooted_bytes(counts, root, send))
+        self._leave(start, layer, rooted_bytes(self.rank, root, counts, send))
 
     def Allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs, layer: str) -> None:
         start = self._enter("Allgatherv", layer, "group")
@@ -152,7 +141,7 @@ class MPIComm:
     def Reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str) -> None:
         start = self._enter("Reduce_scatter", layer, "group")
         self.comm.Reduce_scatter(self._buf(send), self._buf(recv), recvcounts=list(counts), op=MPI.SUM)
-        self._leave(start, layer, self._scatter_sum_bytes(counts, send.itemsize))
+        self._leave(start, layer, scatter_sum_bytes(self.rank, self.size, counts, send.itemsize))
 
     def Alltoallv(self, send: np.ndarray, scounts, sdispls, recv: np.ndarray, rcounts, rdispls, layer: str) -> None:
         start = self._enter("Alltoallv", layer, "group")
@@ -192,16 +181,16 @@ class MPIComm:
 
     def Iscatterv(self, send: np.ndarray | None, counts, displs, recv: np.ndarray, root: int, layer: str):
         sendbuf = self._vbuf(send, counts, displs) if self.rank == root else None
-        return self._start("Iscatterv", layer, f"root {root}", self._rooted_bytes(counts, root, recv),
+        return self._start("Iscatterv", layer, f"root {root}", rooted_bytes(self.rank, root, counts, recv),
                            lambda: self.comm.Iscatterv(sendbuf, self._buf(recv), root=root))
 
     def Igatherv(self, send: np.ndarray, recv: np.ndarray | None, counts, displs, root: int, layer: str):
         recvbuf = self._vbuf(recv, counts, displs) if self.rank == root else None
-        return self._start("Igatherv", layer, f"root {root}", self._rooted_bytes(counts, root, send),
+        return self._start("Igatherv", layer, f"root {root}", rooted_bytes(self.rank, root, counts, send),
                            lambda: self.comm.Igatherv(self._buf(send), recvbuf, root=root))
 
     def Ireduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str):
-        nbytes = self._scatter_sum_bytes(counts, send.itemsize)
+        nbytes = scatter_sum_bytes(self.rank, self.size, counts, send.itemsize)
         return self._start("Ireduce_scatter", layer, "group", nbytes, lambda: self.comm.Ireduce_scatter(
             self._buf(send), self._buf(recv), recvcounts=list(counts), op=MPI.SUM))
 

@@ -32,8 +32,8 @@ import math
 from singa_mpi.config.load import JobConfig, effective_partition_dim
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import Node
-from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, LayerContext, layer_class
-from singa_mpi.net import describe, global_batch_size, instantiate, layer_error, phase_nodes
+from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, LayerContext
+from singa_mpi.net import global_batch_size, instantiate, layer_error, phase_nodes
 from singa_mpi.planner.chunk import chunk
 from singa_mpi.planner.regions import Piece, Region, classify, pieces
 

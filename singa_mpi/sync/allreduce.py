@@ -13,13 +13,17 @@ import numpy as np
 from singa_mpi.layers.base import Layer
 from singa_mpi.params import Param
 from singa_mpi.planner.syncs import Bucket
+from singa_mpi.sync.base import LocalSync
 
 
-class AllreduceSync:
+class AllreduceSync(LocalSync):
     """Gradient buckets of this rank; each param's ``grad`` becomes a view into its bucket,
-    so the sum is in place with no copies."""
+    so the sum is in place with no copies.  Updates as LocalSync does, once the sums are in."""
+
+    listens = True
 
     def __init__(self, comm, buckets: list[Bucket], params: dict[tuple, Param], uses: dict[int, int]):
+        super().__init__([])
         self.comm = comm
         self.buckets = [b for b in buckets if comm.rank in b.ranks]
         self.params: list[Param] = []
@@ -70,15 +74,3 @@ class AllreduceSync:
             self.comms[index].Wait(request, self.buckets[index].label, "Wait(Iallreduce)")
         self._reset()
 
-    def update(self, step: int, updater) -> None:
-        for param in self.params:
-            updater.update(step, param)
-
-    def publish(self) -> None:
-        pass
-
-    def owned(self) -> list[Param]:
-        return self.params
-
-    def close(self) -> None:
-        pass

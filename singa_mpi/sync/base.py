@@ -26,7 +26,11 @@ class SyncStrategy(Protocol):
 
 
 class LocalSync:
-    """Params no other worker holds: nothing to sum, this rank updates them all."""
+    """Params no other worker holds: nothing to sum, this rank updates them all.
+
+    Also the base of strategies whose every holder updates its own replica (after a sum)."""
+
+    listens = False  # whether layer_done does anything (it is on backward's hot path)
 
     def __init__(self, params: Sequence[Param]):
         self.params = list(params)
@@ -58,7 +62,7 @@ class Synchronizer:
         self.strategies = list(strategies)
         self.tracer = tracer
         # layer_done is on the backward hot path: call only strategies that listen
-        self._listeners = [s for s in self.strategies if not isinstance(s, LocalSync)]
+        self._listeners = [s for s in self.strategies if getattr(s, "listens", True)]
 
     def layer_done(self, layer: Layer) -> None:
         for strategy in self._listeners:

@@ -35,7 +35,7 @@ class ChunkView(Param):
     def region(self) -> tuple:
         return ("flat", self.lo, self.hi)
 
-    def __init__(self, param: Param, lo: int, hi: int, grad: np.ndarray):  # noqa: super() would allocate
+    def __init__(self, param: Param, lo: int, hi: int, grad: np.ndarray):  # no super().__init__: it would allocate
         self.conf, self.name = param.conf, param.name
         self.logical_shape, self.shard = param.logical_shape, param.shard
         self.lr_scale, self.wd_scale = param.lr_scale, param.wd_scale
@@ -136,8 +136,10 @@ class SharedMemorySync:
                 dense_offset += size
 
     # ------------------------------------------------------------- the step
+    listens = False  # sums start after the fence that ends every rank's backward
+
     def layer_done(self, layer) -> None:
-        pass  # sums start after the fence that ends every rank's backward
+        pass
 
     def gradients_complete(self) -> None:
         """Form the summed gradient of my chunks (after a fence: every backward is done)."""
