@@ -12,7 +12,8 @@ Three reporters share one :class:`Tracer` per process (per worker):
 The tracer always keeps running totals per (category, name) -- calls, bytes,
 seconds -- which is what the end-of-run communication table and the profiling
 script print, and the stack of open spans, which is what the stall watchdog
-reports.  Keeping every event (for a timeline) is off unless ``record=True``.
+reports.  Keeping every event (for a timeline) is off unless ``record=True``;
+:mod:`singa_mpi.timeline` writes recorded events as a Chrome trace.
 Spans nest per thread of control, so a layer's span contains the
 communication spans it caused.
 """
@@ -135,6 +136,17 @@ class Tracer:
     def reset(self) -> None:
         """Forget totals and events (e.g. after warm-up steps)."""
         self.totals.clear()
+        self.events.clear()
+
+    def snapshot(self) -> dict[tuple[str, str], Total]:
+        """A copy of the totals (subtract two to get what happened in between)."""
+        return {key: dataclasses.replace(total) for key, total in self.totals.items()}
+
+    def restart_clock(self) -> None:
+        """Make now the time origin of recorded events and forget those recorded so far (totals
+        are kept).  Called on every rank right after a barrier, it puts all ranks' timelines on
+        one clock, to within the barrier's exit skew (microseconds on one node)."""
+        self.origin = time.perf_counter()
         self.events.clear()
 
 

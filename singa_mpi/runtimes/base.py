@@ -44,6 +44,9 @@ class Runtime(Protocol):
     def any(self, flag: bool) -> bool:
         """True everywhere if true on any worker (stop signals)."""
 
+    def barrier(self) -> None:
+        """Wait for every worker (aligns the timelines' clocks)."""
+
     def comm_seconds(self) -> float: ...
 
     def report(self, steps: int) -> str | None:

@@ -46,6 +46,9 @@ class SerialRuntime:
     def any(self, flag: bool) -> bool:
         return flag
 
+    def barrier(self) -> None:
+        pass
+
     def comm_seconds(self) -> float:
         return 0.0
 

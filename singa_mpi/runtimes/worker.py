@@ -193,6 +193,9 @@ class WorkerRuntime:
     def any(self, flag: bool) -> bool:
         return self.comm.any(flag)
 
+    def barrier(self) -> None:
+        self.comm.barrier()
+
     # -------------------------------------------------------------- the end of a run
     def measured(self) -> dict[str, tuple[int, int, float]]:
         """This worker's communication so far, one row per connection layer or sync

@@ -1,0 +1,150 @@
+"""``singa-mpi plot``: a run's curves from ``metrics.jsonl``, or its per-layer profile, into PNG.
+
+    singa-mpi plot runs/mlp                        # runs/mlp/metrics.png
+    singa-mpi plot runs/a runs/b -o compare.png    # several runs overlaid, labelled by workspace
+    singa-mpi plot --profile runs/mlp              # runs/mlp/profile.png from profile.json
+
+Curves: one row per metric (loss first, then accuracy and the rest), against the step (left)
+and the wall time ``elapsed`` (right); one colour per workspace, one line style per phase
+(train solid, val dashed, test dotted).  Profile: per worker, ms per training step of each
+layer's passes and of its communication calls, and KiB moved per step.
+
+matplotlib is an optional extra (``pip install 'singa_mpi[plot]'``); it is imported only here.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from singa_mpi import profiling
+from singa_mpi.errors import DataError, SingaError
+
+INSTALL = "pip install 'singa_mpi[plot]'"
+NOT_METRICS = {"step", "phase", "elapsed", "samples_per_s", "comm_share"}
+PHASE_STYLES = {"train": "-", "val": "--", "test": ":"}
+COMM_COLOUR = "0.4"  # grey: the passes take C0, C1, ...
+
+
+def figure_class():
+    """matplotlib's Figure (no pyplot, no display needed), or a one-line error saying how to get it."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise SingaError(f"singa-mpi plot needs matplotlib, which is not installed: {INSTALL} "
+                         f"(or pip install matplotlib)") from None
+    return Figure
+
+
+def read_metrics(workspace: str) -> list[dict]:
+    path = os.path.join(workspace, "metrics.jsonl")
+    try:
+        with open(path) as f:
+            lines = [line for line in f if line.strip()]
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file: expected the workspace of a `singa-mpi train` run") from None
+    entries = []
+    for number, line in enumerate(lines, 1):
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            raise DataError(f"{path}:{number}: not a JSON object: expected one metrics entry per line") from None
+    return entries
+
+
+def metric_names(runs: dict[str, list[dict]]) -> list[str]:
+    """Metrics present in any run: loss first, accuracy next, then the rest by name."""
+    names = {key for entries in runs.values() for entry in entries for key, value in entry.items()
+             if key not in NOT_METRICS and not key.endswith("/count") and isinstance(value, (int, float))}
+    return sorted(names, key=lambda k: (k != "loss", k != "accuracy", k))
+
+
+def plot_metrics(workspaces: list[str], output: str) -> str:
+    """Loss/accuracy/... against step and elapsed seconds, every workspace overlaid, into ``output``."""
+    figure_class()  # the install hint before anything is read
+    metrics_figure({workspace: read_metrics(workspace) for workspace in workspaces}).savefig(output)
+    return output
+
+
+def metrics_figure(runs: dict[str, list[dict]]):
+    """The figure of :func:`plot_metrics` from each workspace's metrics entries."""
+    figure = figure_class()
+    workspaces = list(runs)
+    names = metric_names(runs)
+    if not names:
+        raise DataError(f"{', '.join(workspaces)}: metrics.jsonl holds no metric values: expected a run that "
+                        f"displayed or tested at least once")
+    fig = figure(figsize=(10, 2.6 * len(names) + 0.6), dpi=80, layout="constrained")
+    axes = fig.subplots(len(names), 2, squeeze=False)
+    colours = [f"C{i % 10}" for i in range(len(workspaces))]
+    for row, name in enumerate(names):
+        for col, x_key in enumerate(("step", "elapsed")):
+            ax = axes[row][col]
+            for colour, (workspace, entries) in zip(colours, runs.items()):
+                for phase, style in PHASE_STYLES.items():
+                    points = sorted((e[x_key], e[name]) for e in entries
+                                    if e.get("phase") == phase and name in e and x_key in e)
+                    if points:
+                        xs, ys = zip(*points)
+                        ax.plot(xs, ys, style, color=colour, marker="." if len(xs) < 30 else None,
+                                label=f"{workspace} {phase}" if len(workspaces) > 1 else phase)
+            ax.set_xlabel("step" if x_key == "step" else "elapsed (s)")
+            ax.set_ylabel(name)
+            ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(", ".join(workspaces) if len(workspaces) > 1 else workspaces[0])
+    return fig
+
+
+def plot_profile(workspace: str, output: str) -> str:
+    """Bars per worker: ms per training step of each layer's passes and communication, KiB per step."""
+    figure_class()
+    path = os.path.join(workspace, profiling.FILE)
+    try:
+        with open(path) as f:
+            profile = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file: expected the workspace of a finished `singa-mpi train` run") from None
+    except ValueError:
+        raise DataError(f"{path}: not valid JSON: expected the profile a run writes at its end") from None
+    profile_figure(profile, workspace).savefig(output)
+    return output
+
+
+def profile_figure(profile: dict, title: str):
+    """The figure of :func:`plot_profile` from a profile.json's content."""
+    figure = figure_class()
+    ranks = profile["ranks"]
+    if not ranks:
+        raise DataError(f"{title}: the profile holds no worker: expected one row list per rank")
+    tables = [profiling.layer_rows(rows) for rows in ranks]
+    height = max(1, *(len(labels) for _, labels, _ in tables))
+    fig = figure(figsize=(11, (0.22 * height + 1.2) * len(ranks) + 0.4), dpi=80, layout="constrained")
+    axes = fig.subplots(len(ranks), 2, squeeze=False, gridspec_kw={"width_ratios": [3, 1]})
+    for rank, (passes, labels, cells) in enumerate(tables):
+        time_ax, bytes_ax = axes[rank]
+        ys = list(range(len(labels)))
+        left = [0.0] * len(labels)
+        for i, name in enumerate(passes):
+            widths = [1e3 * cells[label].get(name, 0.0) for label in labels]
+            time_ax.barh([y - 0.2 for y in ys], widths, height=0.4, left=left, color=f"C{i}", label=f"{name}")
+            left = [a + b for a, b in zip(left, widths)]
+        comm = [1e3 * cells[label].get("comm", 0.0) for label in labels]
+        time_ax.barh([y + 0.2 for y in ys], comm, height=0.4, color=COMM_COLOUR, label="in communication calls")
+        moved = [cells[label].get("bytes", 0.0) / 2**10 for label in labels]
+        bytes_ax.barh(ys, moved, color=COMM_COLOUR)
+        bytes_ax.set_xlim(left=0, right=None if any(moved) else 1)
+        for ax in (time_ax, bytes_ax):
+            ax.set_yticks(ys, labels if ax is time_ax else [""] * len(labels), fontsize="small")
+            ax.invert_yaxis()
+            ax.grid(True, axis="x", alpha=0.3)
+        time_ax.set_title(f"rank {rank}: ms per training step", fontsize="medium")
+        bytes_ax.set_title("KiB sent+received per step", fontsize="medium")
+        time_ax.legend(fontsize="small", loc="lower right")
+    fig.suptitle(f"{title}: {profile['steps']} training steps")
+    return fig
+
+
+def default_output(workspaces: list[str], profile: bool) -> str:
+    if profile:
+        return os.path.join(workspaces[0], "profile.png")
+    return os.path.join(workspaces[0], "metrics.png") if len(workspaces) == 1 else "metrics.png"

@@ -1,0 +1,129 @@
+"""Where a training step's time goes, per worker and layer: ``WORKSPACE/profile.json`` and the
+``singa-mpi train --profile`` table, both from the tracer's totals (:mod:`singa_mpi.tracing`).
+
+``profile.json`` (written by the root at the end of every run)::
+
+    {"steps": N,                     # training steps of this run
+     "ranks": [[{"cat": "forward", "name": "fc1", "calls": 1.0, "bytes": 0.0, "seconds": 0.0004}, ...],
+               ...],                 # worker r's totals per training step
+     "evaluation": [[...], ...]}     # worker r's test/validation passes, whole-run totals
+
+``ranks`` counts everything the run did outside test and validation passes (setup,
+checkpoints, metric reductions included), divided by the steps trained; ``cat`` is ``comm``
+(one row per connection layer or sync label: bytes sent+received), ``step`` (trainer phases),
+or a layer pass (``forward``, ``backward``, an algorithm's phase).  A layer's pass time
+includes the communication it waits in.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from singa_mpi.tracing import Total, Tracer
+
+FILE = "profile.json"
+STEP_ORDER = {"train_one_batch": 0, "sync": 1, "update": 2}  # the trainer's phases first, in step order
+
+
+def subtract(after: dict, before: dict) -> dict:
+    """Totals accumulated between two :meth:`Tracer.snapshot` calls."""
+    out = {}
+    for key, total in after.items():
+        old = before.get(key, Total())
+        if total.calls != old.calls:
+            out[key] = Total(total.calls - old.calls, total.bytes - old.bytes, total.seconds - old.seconds)
+    return out
+
+
+def add(into: dict, more: dict) -> dict:
+    for key, total in more.items():
+        mine = into.setdefault(key, Total())
+        mine.calls += total.calls
+        mine.bytes += total.bytes
+        mine.seconds += total.seconds
+    return into
+
+
+def _rows(totals: dict, steps: int) -> list[dict]:
+    per = max(steps, 1)
+    return [{"cat": cat, "name": name, "calls": total.calls / per, "bytes": total.bytes / per,
+             "seconds": total.seconds / per} for (cat, name), total in totals.items()]
+
+
+def worker_part(tracer: Tracer, evaluation: dict) -> dict:
+    """This worker's share of the profile: training totals (everything but ``evaluation``) and
+    the evaluation totals; the steps trained are the trainer's ``train_one_batch`` spans."""
+    training = subtract(tracer.snapshot(), evaluation)
+    steps = training.get(("step", "train_one_batch"), Total()).calls
+    return {"steps": steps, "train": _rows(training, steps), "evaluation": _rows(evaluation, 1)}
+
+
+def build(parts: list[dict]) -> dict:
+    """The profile from every worker's :func:`worker_part` (in rank order)."""
+    return {"steps": parts[0]["steps"] if parts else 0, "ranks": [p["train"] for p in parts],
+            "evaluation": [p["evaluation"] for p in parts]}
+
+
+def write(workspace: str, profile: dict) -> str:
+    path = os.path.join(workspace, FILE)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(profile, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def layer_rows(rows: list[dict]) -> tuple[list[str], list[str], dict[str, dict]]:
+    """(passes, labels, cells): the pass categories and labels in first-seen order; ``cells[label]``
+    maps each pass to seconds per step, and ``comm``/``bytes`` to communication per step."""
+    passes: list[str] = []
+    cells: dict[str, dict] = {}
+    for row in rows:
+        cat, name = row["cat"], row["name"]
+        if cat == "step":
+            continue
+        cell = cells.setdefault(name, {})
+        if cat == "comm":
+            cell["comm"] = cell.get("comm", 0.0) + row["seconds"]
+            cell["bytes"] = cell.get("bytes", 0.0) + row["bytes"]
+        else:
+            if cat not in passes:
+                passes.append(cat)
+            cell[cat] = cell.get(cat, 0.0) + row["seconds"]
+    layers = [n for n in cells if any(p in cells[n] for p in passes)]
+    labels = layers + [n for n in cells if n not in layers]
+    return passes, labels, cells
+
+
+def format_table(profile: dict) -> str:
+    """The ``--profile`` table: per worker and layer label, ms per step in each pass and in
+    communication calls, and KiB sent+received per step; then each worker's step phases."""
+    steps = profile["steps"]
+    lines = [(f"profile: per training step over {steps} steps (test/validation passes left out; "
+              f"a layer's time includes the communication it waits in):")]
+    passes = []
+    tables = []
+    for rows in profile["ranks"]:
+        mine, labels, cells = layer_rows(rows)
+        passes += [p for p in mine if p not in passes]
+        tables.append((labels, cells, rows))
+    width = max([len("layer")] + [len(label) for labels, _, _ in tables for label in labels])
+    lines.append(f"  {'rank':>4}  {'layer':<{width}}" + "".join(f"{p + ' ms':>13}" for p in passes)
+                 + f"{'comm ms':>10}{'comm KiB':>10}")
+    for rank, (labels, cells, rows) in enumerate(tables):
+        for label in labels:
+            cell = cells[label]
+            row = f"  {rank:>4}  {label:<{width}}"
+            row += "".join(f"{1e3 * cell[p]:>13.3f}" if p in cell else f"{'-':>13}" for p in passes)
+            if "comm" in cell:
+                row += f"{1e3 * cell['comm']:>10.3f}{cell['bytes'] / 2**10:>10.1f}"
+            else:
+                row += f"{'-':>10}{'-':>10}"
+            lines.append(row)
+    for rank, (_, _, rows) in enumerate(tables):
+        phases = {r["name"]: r["seconds"] for r in rows if r["cat"] == "step"}
+        phases = dict(sorted(phases.items(), key=lambda kv: STEP_ORDER.get(kv[0], len(STEP_ORDER))))
+        comm = sum(r["seconds"] for r in rows if r["cat"] == "comm")
+        parts = ", ".join(f"{name} {1e3 * seconds:.3f}" for name, seconds in phases.items())
+        lines.append(f"  rank {rank}: ms per step: {parts}; in communication calls {1e3 * comm:.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""Per-rank timelines as Chrome-trace / Perfetto JSON (``singa-mpi train --trace FILE``).
+
+Open the file in https://ui.perfetto.dev (or chrome://tracing).  Each rank is one process
+(``pid`` = its world rank, named "rank r") with these tracks (``tid``):
+
+* 1 ``layers``: each layer's forward and backward (or an algorithm's phase, e.g. ``positive``);
+* 2 ``communication``: each MPI call (args: op, peer, bytes, tag, layer), the waits on
+  non-blocking requests (``Wait(Iallreduce)``...) and node-shared-memory sums;
+* 3 ``trainer``: the phases of a step (``train_one_batch``, ``sync``, ``update``), ``test``/``val``
+  passes and ``checkpoint`` writes;
+* 10, 11, ... ``in flight``: a non-blocking call from its start to the end of its ``Wait``.
+  Requests in flight at the same time (bucketed Iallreduce) get one track each, so that the
+  spans of every track nest or are disjoint, as the viewers require.
+
+Every span is a complete event (``ph: "X"``, ``ts``/``dur`` in microseconds, ns resolution) with
+``args.step``.  Clock: each rank's ``time.perf_counter()`` minus its tracer's origin, which
+:func:`start` (called by the launcher as training begins) restarts on every rank right after a
+barrier (:meth:`Tracer.restart_clock`): ranks line up to within the barrier's exit skew
+(microseconds on one node) without trusting the nodes' wall clocks to agree, and the trace
+begins with training (setup is left out).  ``otherData.origin_unix`` is rank 0's origin in Unix
+time.  :func:`finish` gathers every rank's part to the root over the runtime (the job's one
+worker group is the whole world) and writes one file.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import time
+
+from singa_mpi.errors import DataError
+from singa_mpi.tracing import Span, Tracer
+
+LAYERS, COMM, TRAINER, IN_FLIGHT = 1, 2, 3, 10
+TRACK_NAMES = {LAYERS: "layers", COMM: "communication", TRAINER: "trainer"}
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def _complete(name: str, cat: str, start_ns: int, end_ns: int, pid: int, tid: int, args: dict) -> dict:
+    return {"name": name, "cat": cat, "ph": "X", "ts": start_ns / 1000, "dur": max(end_ns - start_ns, 0) / 1000,
+            "pid": pid, "tid": tid, "args": args}
+
+
+def span_events(events: list[Span], pid: int) -> list[dict]:
+    """One rank's recorded spans as complete events on the layers/communication/trainer tracks."""
+    out = []
+    for span in events:
+        args: dict = {"step": span.step}
+        if span.cat == "comm":
+            extra = span.args or {}
+            op = extra.get("op") or "?"
+            args.update(op=op, peer=extra.get("peer"), bytes=span.bytes, layer=span.name)
+            if extra.get("tag") is not None:
+                args["tag"] = extra["tag"]
+            name, tid = f"{op} {span.name}", COMM
+        elif span.cat == "step":
+            name, tid = span.name, TRAINER
+        else:
+            args["pass"] = span.cat
+            name, tid = f"{span.name} {span.cat}", LAYERS
+        out.append(_complete(name, span.cat, _ns(span.start), _ns(span.start + span.duration), pid, tid, args))
+    return out
+
+
+def in_flight_events(events: list[Span], pid: int) -> list[dict]:
+    """Non-blocking calls from their start to the end of their ``Wait``, one track per overlap.
+
+    A wait names what it completes (``Wait(Iallreduce)`` in the same layer or bucket as the
+    ``Iallreduce``); requests of one (layer, op) complete in the order they started.  A request
+    whose wait is not in the recording (completed after it ended) is left out."""
+    started: dict[tuple[str, str], collections.deque] = collections.defaultdict(collections.deque)
+    spans = []
+    for span in sorted((s for s in events if s.cat == "comm"), key=lambda s: s.start):
+        op = (span.args or {}).get("op") or ""
+        if op.startswith("Wait(") and op.endswith(")"):
+            queue = started.get((span.name, op[5:-1].lower()))
+            if queue:
+                first = queue.popleft()
+                spans.append((_ns(first.start), _ns(span.start + span.duration), first))
+        elif op.startswith("I"):
+            started[(span.name, op.lower())].append(span)
+    lanes: list[int] = []  # end of the last span on each in-flight track
+    out = []
+    for start, end, first in sorted(spans, key=lambda s: (s[0], -s[1])):
+        lane = next((i for i, last in enumerate(lanes) if last <= start), len(lanes))
+        if lane == len(lanes):
+            lanes.append(end)
+        lanes[lane] = end
+        extra = first.args or {}
+        args = {"step": first.step, "op": extra.get("op"), "peer": extra.get("peer"), "bytes": first.bytes,
+                "layer": first.name}
+        out.append(_complete(f"{extra.get('op')} {first.name} in flight", "in_flight", start, end, pid,
+                             IN_FLIGHT + lane, args))
+    return out
+
+
+def rank_trace(tracer: Tracer) -> dict:
+    """This rank's part of the trace: its events and the metadata naming its process and tracks."""
+    pid = tracer.rank
+    events = span_events(tracer.events, pid) + in_flight_events(tracer.events, pid)
+    tids = sorted({e["tid"] for e in events} | set(TRACK_NAMES))
+    meta = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}},
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
+    for tid in tids:
+        name = TRACK_NAMES.get(tid, f"in flight {tid - IN_FLIGHT + 1}")
+        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    events.sort(key=lambda e: (e["tid"], e["ts"], -e["dur"]))
+    origin_unix = time.time() - (time.perf_counter() - tracer.origin)
+    return {"rank": pid, "origin_unix": origin_unix, "events": meta + events}
+
+
+def chrome_trace(parts: list[dict]) -> dict:
+    """The whole trace from every rank's :func:`rank_trace`."""
+    parts = sorted(parts, key=lambda p: p["rank"])
+    return {"traceEvents": [event for part in parts for event in part["events"]],
+            "displayTimeUnit": "ms",
+            "otherData": {"producer": "singa-mpi train --trace", "ranks": len(parts),
+                          "clock": "perf_counter since each rank's origin, restarted after a barrier",
+                          "origin_unix": parts[0]["origin_unix"] if parts else None}}
+
+
+def write(path: str, parts: list[dict]) -> str:
+    """Write the trace atomically; returns one line saying what was written."""
+    trace = chrome_trace(parts)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(json.dumps(trace, separators=(",", ":")))  # one string: much faster than json.dump's chunks
+        os.replace(tmp, path)
+    except OSError as err:
+        raise DataError(f"--trace {path}: could not write the timeline: {err.strerror or err}") from None
+    spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
+    return (f"timeline {path}: {spans} spans from {len(parts)} rank(s); "
+            f"open it in https://ui.perfetto.dev or chrome://tracing")
+
+
+def start(runtime) -> None:
+    """Record from now on, with one time origin on every worker (collective over the runtime)."""
+    runtime.tracer.record = True
+    runtime.barrier()
+    runtime.tracer.restart_clock()
+
+
+def finish(runtime, path: str) -> str | None:
+    """Every worker's events to the root, which writes ``path`` (collective); returns the line
+    to print on the root, None elsewhere."""
+    parts = runtime.gather_object(rank_trace(runtime.tracer))
+    return write(path, parts) if parts is not None else None

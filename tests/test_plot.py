@@ -1,0 +1,107 @@
+"""`singa-mpi plot`: several runs' metrics.jsonl overlaid against step and wall time, a run's
+per-layer profile as bars, PNG files that open, and a one-line install hint without matplotlib."""
+import json
+import sys
+
+import matplotlib.image
+import pytest
+
+from singa_mpi import cli, plot
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_metrics(folder, losses, offset=0.0):
+    folder.mkdir()
+    entries = []
+    for i, loss in enumerate(losses):
+        step = 10 * i
+        entries.append({"step": step, "phase": "train", "loss": loss, "accuracy": 1 - loss / 3,
+                        "elapsed": offset + 0.5 * i, "samples_per_s": 100.0})
+        if i % 2 == 0:
+            entries.append({"step": step, "phase": "test", "loss": loss + 0.1, "accuracy": 0.5,
+                            "elapsed": offset + 0.5 * i + 0.1})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+    return str(folder)
+
+
+def lines_of(ax):
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+
+
+def test_two_runs_are_overlaid_against_step_and_elapsed(tmp_path, capsys):
+    a = write_metrics(tmp_path / "a", [2.0, 1.0, 0.5, 0.25])
+    b = write_metrics(tmp_path / "b", [2.5, 1.5, 1.0], offset=3.0)
+    fig = plot.metrics_figure({a: plot.read_metrics(a), b: plot.read_metrics(b)})
+    assert [(ax.get_ylabel(), ax.get_xlabel()) for ax in fig.axes] == [
+        ("loss", "step"), ("loss", "elapsed (s)"), ("accuracy", "step"), ("accuracy", "elapsed (s)")]
+    by_step, by_time = lines_of(fig.axes[0]), lines_of(fig.axes[1])
+    assert set(by_step) == {f"{a} train", f"{a} test", f"{b} train", f"{b} test"}
+    assert by_step[f"{a} train"] == ([0, 10, 20, 30], [2.0, 1.0, 0.5, 0.25])
+    assert by_step[f"{b} test"] == ([0, 20], [2.6, 1.1])
+    assert by_time[f"{b} train"] == ([3.0, 3.5, 4.0], [2.5, 1.5, 1.0])
+    assert {line.get_linestyle() for line in fig.axes[0].get_lines() if line.get_label().endswith("test")} == {":"}
+    assert lines_of(fig.axes[2])[f"{a} train"][1] == pytest.approx([1 - x / 3 for x in [2.0, 1.0, 0.5, 0.25]])
+
+    out = tmp_path / "compare.png"
+    assert cli.main(["plot", a, b, "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out}\n"
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    height, width, _ = matplotlib.image.imread(str(out)).shape
+    assert (width, height) == (800, round(80 * (2 * 2.6 + 0.6)))
+
+
+def test_one_run_goes_into_its_workspace(tmp_path):
+    a = write_metrics(tmp_path / "a", [2.0, 1.0])
+    assert cli.main(["plot", a]) == 0
+    assert (tmp_path / "a" / "metrics.png").read_bytes()[:8] == PNG_MAGIC
+
+
+PROFILE = {"steps": 10, "ranks": [
+    [{"cat": "forward", "name": "fc1", "calls": 1.0, "bytes": 0.0, "seconds": 0.002},
+     {"cat": "forward", "name": "concate@0", "calls": 1.0, "bytes": 0.0, "seconds": 0.001},
+     {"cat": "comm", "name": "concate@0", "calls": 1.0, "bytes": 4096.0, "seconds": 0.0005},
+     {"cat": "backward", "name": "fc1", "calls": 1.0, "bytes": 0.0, "seconds": 0.003},
+     {"cat": "comm", "name": "allreduce(bucket0)", "calls": 2.0, "bytes": 8192.0, "seconds": 0.0004},
+     {"cat": "step", "name": "train_one_batch", "calls": 1.0, "bytes": 0.0, "seconds": 0.007}],
+    [{"cat": "forward", "name": "fc1", "calls": 1.0, "bytes": 0.0, "seconds": 0.001},
+     {"cat": "step", "name": "train_one_batch", "calls": 1.0, "bytes": 0.0, "seconds": 0.002}]],
+    "evaluation": [[], []]}
+
+
+def test_profile_bars_per_rank_and_layer(tmp_path):
+    fig = plot.profile_figure(PROFILE, "ws")
+    time_ax, bytes_ax, time_ax1, _ = fig.axes
+    assert [t.get_text() for t in time_ax.get_yticklabels()] == ["fc1", "concate@0", "allreduce(bucket0)"]
+    assert [t.get_text() for t in time_ax1.get_yticklabels()] == ["fc1"]
+    widths = {c.get_label(): [round(p.get_width(), 6) for p in c.patches] for c in time_ax.containers}
+    assert widths == {"forward": [2.0, 1.0, 0.0], "backward": [3.0, 0.0, 0.0],
+                      "in communication calls": [0.0, 0.5, 0.4]}
+    assert [round(p.get_width(), 6) for p in bytes_ax.containers[0].patches] == [0.0, 4.0, 8.0]  # KiB per step
+
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "profile.json").write_text(json.dumps(PROFILE))
+    assert cli.main(["plot", "--profile", str(tmp_path / "ws")]) == 0
+    assert (tmp_path / "ws" / "profile.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    a = write_metrics(tmp_path / "a", [2.0, 1.0])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    assert cli.main(["plot", a]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "matplotlib" in err and "pip install 'singa_mpi[plot]'" in err, err
+    assert cli.main(["plot", "--profile", a]) == 1
+    assert "pip install 'singa_mpi[plot]'" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "metrics.png").exists()
+
+
+def test_missing_files_and_several_profiles_are_one_line_errors(tmp_path, capsys):
+    assert cli.main(["plot", str(tmp_path / "nothing")]) == 3
+    assert "metrics.jsonl: no such file" in capsys.readouterr().err
+    a = write_metrics(tmp_path / "a", [2.0])
+    assert cli.main(["plot", "--profile", a]) == 3
+    assert "profile.json: no such file" in capsys.readouterr().err
+    assert cli.main(["plot", "--profile", a, a]) == 2
+    assert "expected one" in capsys.readouterr().err
