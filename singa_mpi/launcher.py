@@ -20,11 +20,11 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 import warnings
 from typing import Callable
 
-from singa_mpi import timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import JobConfig, load_job
 from singa_mpi.config.validate import validate
@@ -34,6 +34,7 @@ from singa_mpi.topology import check_supported, topology
 from singa_mpi.trainer import Trainer
 
 EXIT_ABORT = 1
+TEST_RESULTS = "test_results.jsonl"  # one line per `singa-mpi test` run, in the workspace
 
 
 @dataclasses.dataclass
@@ -44,10 +45,9 @@ class RunOptions:
     steps: int | None = None
     stall_timeout: float | None = None
     resume: bool = False
+    overwrite: bool = False  # move another run's checkpoints and metrics aside (WORKSPACE/previous-<time>/)
     keep: int | None = None
     allow_partial: bool = False
-    trace: str | None = None  # FILE: every rank's timeline as Chrome-trace JSON (singa_mpi.timeline)
-    profile: bool = False  # print the per-layer compute/communication table at the end
 
 
 def mpi_world():
@@ -79,29 +79,71 @@ def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
     def train(trainer: Trainer) -> int:
         return _train(trainer, options)
 
-    return _launch(job, workspace_of, options.seed, options.stall_timeout, train, steps=options.steps)
+    def claim(workspace: str, is_root: bool) -> None:
+        claim_workspace(workspace, options, is_root)
+
+    return _launch(job, workspace_of, options.seed, options.stall_timeout, train, steps=options.steps, claim=claim)
+
+
+def claim_workspace(workspace: str, options: RunOptions, is_root: bool) -> None:
+    """Before any communication: refuse a workspace that holds another run's checkpoints unless the
+    run continues it (``--resume``) or moves it aside (``--overwrite``, done by the root)."""
+    if options.resume and options.overwrite:
+        raise ConfigError("--resume and --overwrite together: expected one of them (--resume continues the "
+                          "run in the workspace, --overwrite moves it aside)")
+    if options.resume:
+        return
+    found = checkpoint.listed(workspace)
+    if found and not options.overwrite:
+        raise ConfigError(f"{workspace} holds another run's checkpoints (newest {found[0][1]}): expected "
+                          f"--resume to continue that run, or --overwrite to move it to {workspace}/previous-<time>/")
+    if options.overwrite and is_root:
+        try:
+            moved, target = _archive_run(workspace)
+        except OSError as err:
+            raise DataError(f"--overwrite: could not move the previous run in {workspace} aside: {err}") from None
+        if moved:
+            print(f"--overwrite: moved the previous run ({', '.join(moved)}) to {target}", flush=True)
+
+
+def _archive_run(workspace: str) -> tuple[list[str], str]:
+    """Move a previous run's checkpoint folder, metrics.jsonl and communication.json to
+    ``WORKSPACE/previous-<time>/``; returns (what moved, where).  Other files (logs) stay."""
+    names = [name for name in (os.path.basename(checkpoint.checkpoint_dir(workspace)), "metrics.jsonl",
+                               "communication.json") if os.path.exists(os.path.join(workspace, name))]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = os.path.join(workspace, f"previous-{stamp}"), 1
+    while os.path.exists(target):
+        n += 1
+        target = os.path.join(workspace, f"previous-{stamp}-{n}")
+    if names:
+        os.makedirs(target)
+        for name in names:
+            os.replace(os.path.join(workspace, name), os.path.join(target, name))
+    return names, target
 
 
 def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
-            body: Callable[[Trainer], int], steps: int | None = None, check: Callable | None = None) -> int:
-    """Serial in one process, else the two-phase MPI protocol; ``body(trainer)`` does the work."""
+            body: Callable[[Trainer], int], steps: int | None = None, check: Callable | None = None,
+            claim: Callable[[str, bool], None] | None = None) -> int:
+    """Serial in one process, else the two-phase MPI protocol; ``body(trainer)`` does the work.
+    ``check(cfg)`` and ``claim(workspace, is_root)`` run in phase 1: their errors end every rank cleanly."""
     world = mpi_world()
     if world is None:
         cfg = _prepare(job, seed)
         if check is not None:
             check(cfg)
         workspace = workspace_of(cfg)
+        if claim is not None:
+            claim(workspace, True)
         os.makedirs(workspace, exist_ok=True)
         return body(Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=steps))
-    return _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check)
+    return _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim)
 
 
 def _train(trainer: Trainer, options: RunOptions) -> int:
     """Initialise or resume, catch stop signals, run; returns the exit code."""
     trainer.keep = options.keep
-    trainer.print_profile = options.profile
-    if options.trace:
-        timeline.start(trainer.runtime)  # record from here on, one clock on every rank
     _load_initial_state(trainer, options)
     if trainer.start_step > 0 and trainer.start_step >= trainer.train_steps:
         trainer.log(f"nothing to do: the checkpoint is at step {trainer.start_step}, "
@@ -113,8 +155,6 @@ def _train(trainer: Trainer, options: RunOptions) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if options.trace:
-        trainer.log(timeline.finish(trainer.runtime, options.trace))  # collective
     return checkpoint.EXIT_CHECKPOINTED if trainer.stopped else 0
 
 
@@ -152,7 +192,7 @@ def _catch_stop_signals(trainer: Trainer) -> dict:
     return {signum: signal.signal(signum, request_stop) for signum in (signal.SIGTERM, signal.SIGUSR1)}
 
 
-def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check) -> int:
+def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim) -> int:
     from singa_mpi.communication.mpi import Watchdog
     from singa_mpi.runtimes.worker import WorkerRuntime
 
@@ -165,6 +205,8 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         role = _role(cfg, world.size, world.rank)
         workspace = workspace_of(cfg)
         plans = WorkerRuntime.plan_phases(cfg, world.size, _phases(cfg))
+        if claim is not None:  # last: the root may move files (--overwrite)
+            claim(workspace, world.rank == 0)
     except SingaError as err:
         error = (str(err), err.exit_code)
     verdicts = world.allgather_object(error)
@@ -237,6 +279,11 @@ def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: li
 
     def test(trainer: Trainer) -> int:
         ckpt = _read_for_test(trainer.workspace, checkpoints, trainer.runtime.is_root)
+        used = ", ".join(checkpoints) if checkpoints else ckpt.path
+        trainer.log(f"testing {used} (step {ckpt.step})")
+        # metrics.jsonl is the training's record: a test run's result goes to its own file
+        trainer.metrics_path = os.path.join(trainer.workspace, TEST_RESULTS)
+        trainer.tags = {"checkpoint": used}
         trainer.restore(ckpt, full=False)
         trainer.evaluate(trainer.test_net, trainer.job.test_steps, "test", ckpt.step)
         return 0

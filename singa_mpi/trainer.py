@@ -16,7 +16,7 @@ import os
 import time
 from typing import Callable
 
-from singa_mpi import profiling
+from singa_mpi import progress
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import make_algorithm
 from singa_mpi.config.load import JobConfig
@@ -81,11 +81,15 @@ class Trainer:
         self.history: list[dict] = []
         self.start_time = time.perf_counter()
         self.start_step = self.job.step
+        self.elapsed_before = 0.0  # seconds since step 0 before this process (a resumed checkpoint's)
+        self.tags: dict = {}  # extra fields for every metrics entry (`singa-mpi test`: the checkpoint)
+        self.live_bar = True  # a tqdm bar on an interactive terminal (root only; progress.open_bar)
+        self._comm_at_start = runtime.comm_seconds()  # the runtime's setup communicated already
+        self._mark = (self.start_time, self._comm_at_start)  # the last progress line: time, comm seconds
+        self._steps_timed = [0.0, 0.0]  # this run's seconds in training steps, and in communication within them
         self.keep: int | None = None  # checkpoints to keep (None: all)
         self.stop_requested = False  # set by a signal handler: checkpoint and stop after this step
         self.stopped = False
-        self.print_profile = False  # --profile: print the per-layer table at the end of the run
-        self.evaluation_totals: dict = {}  # tracer totals of test/validation passes (kept out of profile.json)
 
     def nets(self) -> dict[str, Net]:
         nets = {"train": self.train_net, "test": self.test_net, "val": self.val_net}
@@ -114,13 +118,11 @@ class Trainer:
 
     def evaluate(self, net: Net, steps: int, phase: str, step: int) -> dict[str, float]:
         net.collect_metrics()  # drop anything left from an earlier pass
-        before = self.runtime.tracer.snapshot()
         with self.runtime.tracer.span(phase, "step"):
             for _ in range(steps):
                 net.set_step(step)
                 self.algorithm.evaluate(net)
         result = summarize(self.runtime.reduce_metrics(net.collect_metrics()))
-        profiling.add(self.evaluation_totals, profiling.subtract(self.runtime.tracer.snapshot(), before))
         self.record(step, phase, result)
         return result
 
@@ -130,29 +132,21 @@ class Trainer:
 
         Output layers' files are closed however the run ends."""
         try:
-            final = self._run_steps()
-            self.finish_profile()
-            return final
+            return self._run_steps()
         finally:
             for net in self.nets().values():
                 net.close_files()
 
-    def finish_profile(self) -> None:
-        """WORKSPACE/profile.json from every worker's tracer totals (collective); with
-        ``print_profile`` the root prints it as the per-layer table too."""
-        parts = self.runtime.gather_object(profiling.worker_part(self.runtime.tracer, self.evaluation_totals))
-        if parts is None:
-            return
-        profile = profiling.build(parts)
-        profiling.write(self.workspace, profile)
-        if self.print_profile:
-            self.log(profiling.format_table(profile))
-
     def _run_steps(self) -> dict[str, float]:
-        job = self.job
         os.makedirs(self.workspace, exist_ok=True)
         if self.runtime.is_root and self.start_step == 0:
             open(self.metrics_path, "w").close()
+        bar = progress.open_bar(self.train_steps, self.start_step) if self.live_bar and self.runtime.is_root else None
+        with progress.bar_around(self, bar):
+            return self._steps(bar)
+
+    def _steps(self, bar: progress.LiveBar | None) -> dict[str, float]:
+        job, tracer = self.job, self.runtime.tracer
         last_time, steps_since = time.perf_counter(), 0
         final: dict[str, float] = {}
         resumed = self.start_step != job.step  # restore() moved the start to its checkpoint's step
@@ -164,37 +158,70 @@ class Trainer:
                 self.evaluate(self.val_net, job.validate_steps, "val", step)
             if self.test_net is not None and test_now(job, step):
                 self.evaluate(self.test_net, job.test_steps, "test", step)
+            began, comm = time.perf_counter(), tracer.seconds("comm")
             self.train_one_batch(step)
+            self._steps_timed[0] += time.perf_counter() - began
+            self._steps_timed[1] += tracer.seconds("comm") - comm
             steps_since += 1
+            if bar is not None:
+                bar.advance()
             if display_now(job, step):
                 now = time.perf_counter()
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)
                 final = summarize(self.runtime.reduce_metrics(self.train_net.collect_metrics()))
                 self.record(step, "train", final, samples_per_s=rate)
+                if bar is not None and "loss" in final:
+                    bar.show(f"loss {final['loss']:.4f}")
                 last_time, steps_since = now, 0
             if self.runtime.any(self.stop_requested):  # every rank stops after the same step
                 done = step + 1  # batches trained: stepN.h5 is the state after N of them
                 path = self.save_checkpoint(done)
                 self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")
                 self.stopped = True
+                self.summarize_run(done, path)
                 return final
-        self.save_checkpoint(self.train_steps)
+        path = self.save_checkpoint(self.train_steps)
         if self.test_net is not None:
             final = self.evaluate(self.test_net, job.test_steps, "test", self.train_steps)
         table = self.runtime.report(self.train_steps - self.start_step)
         if table:
             self.log(table)
+        self.summarize_run(self.train_steps, path)
         return final
+
+    def summarize_run(self, end: int, checkpoint_path: str | None) -> None:
+        """Log the end-of-run block (:func:`progress.summary_lines`).  Collective: every rank's
+        communication and step times are gathered to the root."""
+        wall = time.perf_counter() - self.start_time
+        mine = {"rank": self.runtime.rank, "wall": wall, "comm": self.runtime.comm_seconds() - self._comm_at_start,
+                "steps": end - self.start_step, "step": self._steps_timed[0], "step_comm": self._steps_timed[1]}
+        ranks = self.runtime.gather_object(mine)
+        if ranks is None:
+            return
+        entries = self._run_entries()
+        run = {"start": self.start_step, "end": end, "total": self.train_steps, "wall": wall,
+               "elapsed": self.elapsed(), "samples": (end - self.start_step) * self.batch,
+               "test": [e for e in entries if e["phase"] == "test"], "val": [e for e in entries if e["phase"] == "val"],
+               "checkpoint": checkpoint_path, "stopped": self.stopped}
+        self.log("\n".join(progress.summary_lines(run, ranks)))
+
+    def _run_entries(self) -> list[dict]:
+        """metrics.jsonl's entries (all segments of a resumed run), else this process's."""
+        try:
+            with open(self.metrics_path) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            return list(self.history)
 
     def save_checkpoint(self, step: int) -> str | None:
         """Gather the job's state to the root and write it atomically (collective)."""
         from singa_mpi.checkpoints.snapshot import collect
 
-        with self.runtime.tracer.span("checkpoint", "step"):
-            ckpt = collect(self, step)
-            if ckpt is None:
-                return None
-            path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), ckpt)
+        ckpt = collect(self, step)
+        if ckpt is None:
+            return None
+        ckpt.elapsed = self.elapsed()
+        path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), ckpt)
         self.log(f"checkpoint {path}")
         if self.keep:
             checkpoint.prune(self.workspace, self.keep)
@@ -212,29 +239,51 @@ class Trainer:
             self.log(f"note: kept the initial value of {line}")
         if full:
             self.start_step = ckpt.step
+            self.elapsed_before = ckpt.elapsed  # metrics.jsonl's `elapsed` goes on from the checkpoint's
+
+    def elapsed(self) -> float:
+        """Seconds since step 0: this process's, plus those of the runs a resume continues."""
+        return self.elapsed_before + time.perf_counter() - self.start_time
 
     def record(self, step: int, phase: str, metrics: dict[str, float], samples_per_s: float | None = None) -> None:
         """Append one JSON line to metrics.jsonl and print the progress line (root only).
 
-        Metrics are stored at full float precision; only the printed line rounds them."""
-        elapsed = time.perf_counter() - self.start_time
+        Metrics are stored at full float precision; only the printed line rounds them.  ``comm_share``
+        (several workers): this rank's seconds inside communication calls since its previous progress
+        line, over the wall time since then (0..1)."""
+        now = time.perf_counter()
+        elapsed = self.elapsed_before + now - self.start_time
         entry = {"step": step, "phase": phase, **{k: float(v) for k, v in metrics.items()},
-                 "elapsed": round(elapsed, 3)}
+                 "elapsed": round(elapsed, 3), **self.tags}
         if samples_per_s is not None:
             entry["samples_per_s"] = round(samples_per_s, 1)
         comm = self.runtime.comm_seconds()
-        if comm:
-            entry["comm_share"] = round(comm / max(elapsed, 1e-9), 4)
+        since, comm_before = self._mark
+        self._mark = (now, comm)
+        if self.runtime.size > 1:
+            entry["comm_share"] = round((comm - comm_before) / max(now - since, 1e-9), 4)
         self.history.append(entry)
         if not self.runtime.is_root:
             return
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(entry) + "\n")
-        parts = [f"step {step:>6}", f"{phase:<5}"]
+        self.log(self.progress_line(entry, metrics, now))
+
+    def progress_line(self, entry: dict, metrics: dict[str, float], now: float) -> str:
+        """``step   20/100  train  loss 0.6931  accuracy 0.5000  1,234 samples/s  comm 12%  elapsed 3.2s  ETA 12.8s``.
+
+        ETA: the steps left at this run's mean pace so far (tests, validation and checkpoints included)."""
+        step, total = entry["step"], self.train_steps
+        where = f"step {step:>{len(str(total))}}/{total}" if step <= total else f"step {step}"  # `test` of a longer run
+        parts = [where, f"{entry['phase']:<5}"]
         parts += [f"{k} {v:.4f}" for k, v in metrics.items()]
-        if samples_per_s is not None:
-            parts.append(f"{samples_per_s:,.0f} samples/s")
+        if "samples_per_s" in entry:
+            parts.append(f"{entry['samples_per_s']:,.0f} samples/s")
         if "comm_share" in entry:
             parts.append(f"comm {100 * entry['comm_share']:.0f}%")
-        parts.append(f"elapsed {elapsed:.1f}s")
-        self.log("  ".join(parts))
+        parts.append(f"elapsed {progress.format_seconds(entry['elapsed'])}")
+        done = step + (entry["phase"] == "train")  # a train line comes after its step, test/val before
+        if self.start_step < done < total:
+            pace = (now - self.start_time) / (done - self.start_step)
+            parts.append(f"ETA {progress.format_seconds(pace * (total - done))}")
+        return "  ".join(parts)

@@ -19,8 +19,9 @@ def _cli(n, *args, timeout=300):
     return result
 
 
-def _test_entries(workspace):
-    lines = (workspace / "metrics.jsonl").read_text().splitlines()
+def _test_entries(workspace, name="metrics.jsonl"):
+    path = workspace / name
+    lines = path.read_text().splitlines() if path.exists() else []
     return [entry for entry in map(json.loads, lines) if entry["phase"] == "test"]
 
 
@@ -28,15 +29,20 @@ def test_test_command_under_mpiexec_runs_the_test_phase_once_partitioned(tmp_pat
     conf = job_file(tmp_path, "feature", steps=6, extra=TEST_PHASE)
     workspace = tmp_path / "ws"
     assert train(conf, workspace) == 0
-    before = len(_test_entries(workspace))
+    training_record = (workspace / "metrics.jsonl").read_text()
     serial = _cli(0, "test", conf, "--workspace", str(workspace))
     parallel = _cli(2, "test", conf, "--workspace", str(workspace))
     printed = [line for line in parallel.stdout.splitlines() if " test " in line]
     assert len(printed) == 1, parallel.stdout  # one test, printed by one rank
-    entries = _test_entries(workspace)
-    assert len(entries) == before + 2  # the serial test and the partitioned one, one line each
+    used = workspace / "checkpoint" / "step6.h5"
+    for result in (serial, parallel):  # which checkpoint was tested, said once
+        assert result.stdout.count(f"testing {used} (step 6)") == 1, result.stdout
+    assert (workspace / "metrics.jsonl").read_text() == training_record  # no duplicate of the final test
+    entries = _test_entries(workspace, "test_results.jsonl")
+    assert len(entries) == 2  # the serial test and the partitioned one, one line each
     serial_entry, parallel_entry = entries[-2], entries[-1]
     assert serial_entry["step"] == parallel_entry["step"] == 6
+    assert serial_entry["checkpoint"] == parallel_entry["checkpoint"] == str(used)
     assert np.isclose(serial_entry["loss"], parallel_entry["loss"], rtol=1e-5, atol=0)
     assert np.isclose(serial_entry["accuracy"], parallel_entry["accuracy"])
     assert " test " in serial.stdout

@@ -3,7 +3,7 @@
 One file per checkpoint, ``WORKSPACE/checkpoint/step<N>.h5``, readable with
 plain h5py or h5dump::
 
-    /                       attrs: format_version, step, job_name, seed, nranks, complete
+    /                       attrs: format_version, step, job_name, seed, nranks, elapsed, complete
     /job_config             the job's text (string dataset)
     /plan                   JSON summary of the partitioning it was written under
     /params/<name>          float32, the full logical (unsharded) array
@@ -53,6 +53,7 @@ class Checkpoint:
     plan: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
     nranks: int = 1
+    elapsed: float = 0.0  # seconds of training since step 0 when written (files without it: 0)
     path: str = ""
 
 
@@ -85,7 +86,7 @@ def write(path: str, ckpt: Checkpoint, fault_after: int | None = None) -> str:
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs.update(format_version=FORMAT_VERSION, step=ckpt.step, job_name=ckpt.job_name,
-                           seed=ckpt.seed, nranks=ckpt.nranks, complete=0)
+                           seed=ckpt.seed, nranks=ckpt.nranks, elapsed=float(ckpt.elapsed), complete=0)
             f.create_dataset("job_config", data=ckpt.job_config)
             f.create_dataset("plan", data=json.dumps(ckpt.plan, sort_keys=True))
             params = f.create_group("params")
@@ -160,7 +161,8 @@ def read(path: str) -> Checkpoint:
                 raise DataError(f"{path}: checkpoint format {version} is newer than this singa_mpi "
                                 f"({FORMAT_VERSION}): upgrade singa_mpi")
             ckpt = Checkpoint(step=int(f.attrs["step"]), params={}, job_name=str(f.attrs.get("job_name", "")),
-                              seed=int(f.attrs.get("seed", 0)), nranks=int(f.attrs.get("nranks", 1)), path=path)
+                              seed=int(f.attrs.get("seed", 0)), nranks=int(f.attrs.get("nranks", 1)),
+                              elapsed=float(f.attrs.get("elapsed", 0.0)), path=path)
             ckpt.job_config = _text(f["job_config"]) if "job_config" in f else ""
             ckpt.plan = json.loads(_text(f["plan"])) if "plan" in f else {}
             for name, ds in f["params"].items():

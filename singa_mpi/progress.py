@@ -1,0 +1,132 @@
+"""What rank 0 shows while a job trains and when it ends: the optional live bar and the summary block.
+
+The plain progress lines (:meth:`singa_mpi.trainer.Trainer.record`) are the log and are always
+printed.  On an interactive terminal, with tqdm installed (``pip install 'singa_mpi[progress]'``),
+rank 0 also draws a live bar below them; when stdout is a file or a pipe (Slurm logs, ``mpirun``'s
+forwarding of other ranks' output) there is no bar.  ``TQDM_DISABLE=1`` turns the bar off.
+
+The summary block is built from plain data, so it can be tested without a run::
+
+    summary_lines(run={"start": 0, "end": 100, "total": 100, "wall": 12.3, ...},
+                  ranks=[{"rank": 0, "wall": 12.3, "comm": 1.2, "steps": 100, "step": 9.1, "step_comm": 1.0}, ...])
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable
+
+
+def format_seconds(seconds: float) -> str:
+    """``3.2s``, ``4m05s``, ``2h07m``: short enough for a progress line."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+class LiveBar:
+    """A tqdm bar over the training steps; lines printed through :meth:`write` stay above it."""
+
+    def __init__(self, bar):
+        self.bar = bar
+
+    def write(self, log: Callable[[str], None], line: str) -> None:
+        with self.bar.external_write_mode(file=sys.stdout):
+            log(line)
+
+    def advance(self, steps: int = 1) -> None:
+        self.bar.update(steps)
+
+    def show(self, text: str) -> None:
+        self.bar.set_postfix_str(text, refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def open_bar(total: int, initial: int) -> LiveBar | None:
+    """A live bar when stdout is an interactive terminal and tqdm is installed, else None."""
+    isatty = getattr(sys.stdout, "isatty", None)
+    if isatty is None or not isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return LiveBar(tqdm(total=total, initial=initial, unit="step", file=sys.stdout, dynamic_ncols=True,
+                        leave=False))
+
+
+@contextlib.contextmanager
+def bar_around(log_owner, bar: LiveBar | None):
+    """Route ``log_owner.log`` through ``bar`` while it is open (so lines do not tear the bar)."""
+    if bar is None:
+        yield
+        return
+    plain = log_owner.log
+    log_owner.log = lambda line: bar.write(plain, line)
+    try:
+        yield
+    finally:
+        bar.close()
+        log_owner.log = plain
+
+
+def _best(entries: list[dict], key: str, best: Callable) -> dict | None:
+    scored = [e for e in entries if isinstance(e.get(key), float) and e[key] == e[key]]  # no NaN
+    return best(scored, key=lambda e: e[key]) if scored else None
+
+
+def evaluation_line(entries: list[dict]) -> str | None:
+    """``final loss 0.31 accuracy 0.91 (step 100); best accuracy 0.92 (step 80), best loss 0.30 (step 80)``."""
+    if not entries:
+        return None
+    final = entries[-1]
+    parts = [f"{k} {final[k]:.4f}" for k in ("loss", "accuracy") if k in final]
+    text = "final " + " ".join(parts) + f" (step {final['step']})"
+    best = []
+    for key, pick in (("accuracy", max), ("loss", min)):
+        entry = _best(entries, key, pick)
+        if entry is not None:
+            best.append(f"best {key} {entry[key]:.4f} (step {entry['step']})")
+    return text + ("; " + ", ".join(best) if best else "")
+
+
+def summary_lines(run: dict, ranks: list[dict]) -> list[str]:
+    """The end-of-run block.
+
+    ``run`` (rank 0's view): ``start``, ``end``, ``total`` (steps), ``wall`` (this process's seconds),
+    ``elapsed`` (seconds since step 0, across resumes), ``samples`` (rows trained here), ``test`` and
+    ``val`` (their metrics.jsonl entries), ``checkpoint`` (the last path written), ``stopped``.
+    ``ranks``: per rank ``rank``, ``wall``, ``comm`` (seconds inside communication calls),
+    ``steps``, ``step`` (seconds in training steps), ``step_comm`` (communication within them).
+    """
+    steps = run["end"] - run["start"]
+    wall = max(run["wall"], 1e-9)
+    how = "stopped on a signal" if run.get("stopped") else "done"
+    resumed = f", resumed from step {run['start']}" if run["start"] else ""
+    lines = ["run summary:",
+             f"  steps           {run['end']}/{run['total']} ({how}; {steps} in this run{resumed})"]
+    since = f" ({format_seconds(run['elapsed'])} since step 0)" if run["start"] else ""
+    lines.append(f"  wall time       {format_seconds(run['wall'])}{since}")
+    lines.append(f"  samples/s       {run['samples'] / wall:,.0f} (mean over this run's wall time)")
+    for phase in ("test", "val"):
+        text = evaluation_line(run.get(phase) or [])
+        if text:
+            lines.append(f"  {phase:<15} {text}")
+    if run.get("checkpoint"):
+        lines.append(f"  checkpoint      {run['checkpoint']}")
+    if len(ranks) > 1:
+        shares = [r["comm"] / max(r["wall"], 1e-9) for r in ranks]
+        lines.append(f"  communication   {100 * shares[0]:.0f}% of wall time on rank 0 "
+                     f"(ranks: {100 * min(shares):.0f}-{100 * max(shares):.0f}%)")
+        per_step = [((r["step"] - r["step_comm"]) / max(r["steps"], 1), r["step"] / max(r["steps"], 1), r["rank"])
+                    for r in ranks]
+        (busy, total, rank), (fast, _, fast_rank) = max(per_step), min(per_step)
+        lines.append(f"  slowest rank    {rank}: {1e3 * busy:.1f} ms/step outside communication, "
+                     f"{1e3 * total:.1f} ms/step in all (fastest: rank {fast_rank}, {1e3 * fast:.1f} ms)")
+    return lines

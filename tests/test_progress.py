@@ -1,0 +1,251 @@
+"""Operator experience: progress lines (step N/total, ETA, the interval's communication share), the live
+bar, the end-of-run summary, and safe workspaces (refusal, --overwrite, elapsed across resumes, a
+`test` that appends nothing to the training's record)."""
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+
+import h5py
+import pytest
+
+from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.errors import ConfigError
+from singa_mpi.progress import format_seconds, summary_lines
+from singa_mpi.trainer import Trainer
+from test_mpi_suites import mpi_env, mpiexec_command
+from test_trainer_reports import ROOT, job_file, metrics, train
+
+TEST_PHASE = "test_steps: 2 test_freq: 3\n"
+DURATION = r"(?:\d+\.\ds|\d+m\d\ds|\d+h\d\dm)"
+LINE = re.compile(rf"^step +(\d+)/(\d+)  (train|test )  ((?:\w+ -?\d+\.\d{{4}}  )+)(?:([\d,]+) samples/s  )?"
+                  rf"(?:comm (\d+)%  )?elapsed ({DURATION})(?:  ETA ({DURATION}))?$")
+
+
+def cli(args, nranks=0, expect=0, timeout=300):
+    prefix = mpiexec_command(nranks) if nranks else []
+    result = subprocess.run(prefix + [sys.executable, "-m", "singa_mpi", *args], cwd=ROOT, env=mpi_env(),
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+def progress_lines(out):
+    return [m for m in map(LINE.match, out.splitlines()) if m]
+
+
+def summary_block(out):
+    lines = out.splitlines()
+    start = lines.index("run summary:")
+    block = {}
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        key, value = re.match(r"^  (\S+(?: \S+)?)\s{2,}(.*)$", line).groups()
+        block[key] = value
+    return block
+
+
+# ------------------------------------------------------------------ progress lines
+
+def test_progress_lines_show_step_of_total_rate_elapsed_and_eta(tmp_path, capsys):
+    assert train(job_file(tmp_path, steps=6, extra=TEST_PHASE), tmp_path / "ws") == 0
+    out = capsys.readouterr().out
+    found = progress_lines(out)
+    entries = metrics(tmp_path / "ws")
+    assert len(found) == len(entries) == 6 + 3  # every train step, tests at 0 and 3 and after the last step
+    for line, entry in zip(found, entries):
+        step, total, phase, values, rate, comm, elapsed, eta = line.groups()
+        assert (int(step), int(total), phase.strip()) == (entry["step"], 6, entry["phase"])
+        assert f"loss {entry['loss']:.4f}" in values and f"accuracy {entry['accuracy']:.4f}" in values
+        assert (rate is not None) == (phase == "train") and comm is None  # one process: no communication
+        assert elapsed == format_seconds(entry["elapsed"])
+        done = int(step) + (phase == "train")  # a train line comes after its step
+        assert (eta is not None) == (0 < done < 6), line.group(0)
+
+
+def test_eta_is_the_steps_left_at_this_runs_pace():
+    fake = types.SimpleNamespace(train_steps=100, start_step=20, start_time=1000.0)
+    entry = {"step": 29, "phase": "train", "elapsed": 65.0, "samples_per_s": 1234.4}
+    line = Trainer.progress_line(fake, entry, {"loss": 0.5}, now=1020.0)  # 10 steps in 20 s, 70 to go
+    assert line == "step  29/100  train  loss 0.5000  1,234 samples/s  elapsed 1m05s  ETA 2m20s"
+    test = {"step": 130, "phase": "test", "elapsed": 3.0}  # `singa-mpi test` of a longer run: no N/total
+    assert Trainer.progress_line(fake, test, {}, now=1020.0) == "step 130  test   elapsed 3.0s"
+
+
+def test_format_seconds():
+    assert [format_seconds(s) for s in (0.04, 3.24, 59.9, 245, 7620)] == ["0.0s", "3.2s", "59.9s", "4m05s", "2h07m"]
+
+
+def test_comm_share_is_the_share_of_each_interval_at_3_ranks(tmp_path):
+    """Each line's share: seconds inside communication calls since the previous line over the wall time
+    since then (the first test line once read 146%, comm accumulated since MPI_Init over the trainer's clock)."""
+    conf = job_file(tmp_path, steps=30, batch=7, scheme="hybrid", nranks=3, extra=TEST_PHASE)
+    result = cli(["train", conf, "--workspace", str(tmp_path / "ws")], nranks=3)
+    entries = metrics(tmp_path / "ws")
+    assert len(entries) == 30 + 11 and all(0 <= e["comm_share"] <= 1 for e in entries), entries
+    found = progress_lines(result.stdout)
+    assert len(found) == len(entries)  # printed by rank 0 only
+    assert [int(m.group(6)) for m in found] == [round(100 * e["comm_share"]) for e in entries]
+    block = summary_block(result.stdout)
+    share, low, high = map(int, re.match(r"(\d+)% of wall time on rank 0 \(ranks: (\d+)-(\d+)%\)",
+                                         block["communication"]).groups())
+    assert 0 <= low <= share <= high <= 100
+    assert re.match(r"[012]: [\d.]+ ms/step outside communication, [\d.]+ ms/step in all "
+                    r"\(fastest: rank [012], [\d.]+ ms\)", block["slowest rank"]), block
+
+
+# ------------------------------------------------------------------ the live bar
+
+def test_a_live_bar_on_a_terminal_and_plain_lines_in_logs(tmp_path):
+    pytest.importorskip("tqdm")
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    conf = job_file(tmp_path, steps=6)
+    piped = cli(["train", conf, "--workspace", str(tmp_path / "piped")])
+    assert "step/s" not in piped.stdout and "\r" not in piped.stdout  # a log: lines only
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal's size
+    proc = subprocess.Popen([sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "tty")],
+                            cwd=ROOT, env=mpi_env(), stdout=follower, stderr=follower, stdin=subprocess.DEVNULL)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0
+    shown = b"".join(chunks).decode(errors="replace")
+    assert "step/s" in shown  # tqdm's bar, counting steps
+    plain = [line.rstrip("\r").split("\r")[-1] for line in shown.split("\n")]  # what stays on the screen
+    assert len(progress_lines("\n".join(plain))) == 6  # every progress line, whole, above the bar
+    assert "run summary:" in shown
+
+
+# ------------------------------------------------------------------ the summary
+
+def test_a_run_ends_with_a_summary_block(tmp_path, capsys):
+    assert train(job_file(tmp_path, steps=6, extra=TEST_PHASE), tmp_path / "ws") == 0
+    block = summary_block(capsys.readouterr().out)
+    tests = [e for e in metrics(tmp_path / "ws") if e["phase"] == "test"]
+    best = max(tests, key=lambda e: e["accuracy"])
+    assert block["steps"] == "6/6 (done; 6 in this run)"
+    assert re.fullmatch(DURATION, block["wall time"])
+    assert float(block["samples/s"].split()[0].replace(",", "")) > 0
+    assert block["test"].startswith(f"final loss {tests[-1]['loss']:.4f} accuracy {tests[-1]['accuracy']:.4f} (step 6)")
+    assert f"best accuracy {best['accuracy']:.4f} (step {best['step']})" in block["test"]
+    assert block["checkpoint"] == checkpoint.checkpoint_path(str(tmp_path / "ws"), 6)
+    assert "communication" not in block and "slowest rank" not in block  # one process
+
+
+def test_summary_lines_name_the_slowest_rank_outside_communication():
+    run = {"start": 10, "end": 30, "total": 40, "wall": 4.0, "elapsed": 65.0, "samples": 640, "stopped": True,
+           "test": [{"step": 10, "loss": 0.5, "accuracy": 0.7}, {"step": 20, "loss": 0.4, "accuracy": 0.6}],
+           "checkpoint": "ws/checkpoint/step30.h5"}
+    ranks = [{"rank": 0, "wall": 4.0, "comm": 1.0, "steps": 20, "step": 2.0, "step_comm": 0.8},   # 60 ms computing
+             {"rank": 1, "wall": 4.0, "comm": 0.4, "steps": 20, "step": 2.0, "step_comm": 0.2},   # 90 ms
+             {"rank": 2, "wall": 4.0, "comm": 2.0, "steps": 20, "step": 2.0, "step_comm": 1.9}]   # 5 ms
+    assert summary_lines(run, ranks) == [
+        "run summary:",
+        "  steps           30/40 (stopped on a signal; 20 in this run, resumed from step 10)",
+        "  wall time       4.0s (1m05s since step 0)",
+        "  samples/s       160 (mean over this run's wall time)",
+        "  test            final loss 0.4000 accuracy 0.6000 (step 20); best accuracy 0.7000 (step 10), "
+        "best loss 0.4000 (step 20)",
+        "  checkpoint      ws/checkpoint/step30.h5",
+        "  communication   25% of wall time on rank 0 (ranks: 10-50%)",
+        "  slowest rank    1: 90.0 ms/step outside communication, 100.0 ms/step in all (fastest: rank 2, 5.0 ms)"]
+
+
+# ------------------------------------------------------------------ safe workspaces
+
+def test_training_into_a_workspace_with_checkpoints_refuses(tmp_path):
+    conf = job_file(tmp_path, steps=4)
+    ws = tmp_path / "ws"
+    assert train(conf, ws) == 0
+    before = {p: p.stat().st_mtime_ns for p in ws.rglob("*")}
+    for nranks in (0, 2):  # serially, and under mpiexec in phase 1: one line, no abort
+        result = cli(["train", conf, "--workspace", str(ws)], nranks=nranks, expect=2)
+        assert result.stderr.splitlines() == [
+            f"singa-mpi: error: {ws} holds another run's checkpoints (newest {ws}/checkpoint/step4.h5): expected "
+            f"--resume to continue that run, or --overwrite to move it to {ws}/previous-<time>/"], result.stderr
+        assert result.stdout == ""
+    assert {p: p.stat().st_mtime_ns for p in ws.rglob("*")} == before  # nothing touched
+    with pytest.raises(ConfigError, match="--resume and --overwrite together"):
+        train(conf, ws, resume=True, overwrite=True)
+
+
+def test_overwrite_moves_the_previous_run_aside(tmp_path, capsys):
+    conf = job_file(tmp_path, steps=4)
+    ws = tmp_path / "ws"
+    assert train(conf, ws) == 0
+    old_metrics = (ws / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert train(conf, ws, overwrite=True, steps=2) == 0
+    out = capsys.readouterr().out
+    (previous,) = ws.glob("previous-*")
+    assert re.fullmatch(r"previous-\d{8}-\d{6}", previous.name)
+    assert out.splitlines()[0] == f"--overwrite: moved the previous run (checkpoint, metrics.jsonl) to {previous}"
+    assert (previous / "metrics.jsonl").read_text() == old_metrics
+    assert [step for step, _ in checkpoint.listed(str(previous))] == [4]
+    assert [step for step, _ in checkpoint.listed(str(ws))] == [2]
+    assert [m["step"] for m in metrics(ws) if m["phase"] == "train"] == [0, 1]
+
+
+def test_elapsed_goes_on_across_a_resume(tmp_path, capsys):
+    conf = job_file(tmp_path, steps=8)
+    ws = tmp_path / "ws"
+    assert train(conf, ws, steps=4) == 0
+    first = metrics(ws)
+    saved = checkpoint.read(checkpoint.checkpoint_path(str(ws), 4))
+    at_save = round(saved.elapsed, 3)  # metrics.jsonl rounds to ms; rounding keeps the order
+    assert at_save >= first[-1]["elapsed"] > 0
+    capsys.readouterr()
+    assert train(conf, ws, resume=True) == 0
+    block = summary_block(capsys.readouterr().out)
+    resumed = metrics(ws)[len(first):]
+    assert [m["step"] for m in resumed] == [4, 5, 6, 7]
+    assert all(m["elapsed"] >= at_save for m in resumed)
+    assert [m["elapsed"] for m in metrics(ws)] == sorted(m["elapsed"] for m in metrics(ws))
+    assert block["steps"] == "8/8 (done; 4 in this run, resumed from step 4)"
+    assert block["wall time"].endswith(" since step 0)")
+    final = checkpoint.read(checkpoint.checkpoint_path(str(ws), 8))
+    assert round(final.elapsed, 3) >= resumed[-1]["elapsed"]
+
+
+def test_a_checkpoint_without_elapsed_reads_as_zero(tmp_path):
+    conf = job_file(tmp_path, steps=2)
+    assert train(conf, tmp_path / "ws") == 0
+    path = checkpoint.checkpoint_path(str(tmp_path / "ws"), 2)
+    assert checkpoint.read(path).elapsed > 0
+    with h5py.File(path, "r+") as f:  # as written before the attribute existed
+        del f.attrs["elapsed"]
+    assert checkpoint.read(path).elapsed == 0.0
+
+
+def test_test_names_its_checkpoint_and_leaves_metrics_jsonl_alone(tmp_path, capsys):
+    from singa_mpi.launcher import run_test
+
+    conf = job_file(tmp_path, steps=4, extra=TEST_PHASE)
+    ws = tmp_path / "ws"
+    assert train(conf, ws) == 0
+    record = (ws / "metrics.jsonl").read_text()
+    chosen = checkpoint.checkpoint_path(str(ws), 4)
+    capsys.readouterr()
+    assert run_test(conf, lambda cfg: str(ws), checkpoints=[chosen]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"testing {chosen} (step 4)"
+    assert (ws / "metrics.jsonl").read_text() == record
+    (entry,) = [json.loads(line) for line in (ws / "test_results.jsonl").read_text().splitlines()]
+    assert entry["checkpoint"] == chosen and entry["step"] == 4 and entry["phase"] == "test"
+    assert {"loss", "accuracy"} <= set(entry)
