@@ -6,7 +6,9 @@ Launch examples::
     singa-mpi train conf/mnist_mlp.conf --workspace runs/mlp --seed 1
     singa-mpi check conf/cifar10_convnet.conf
     singa-mpi data digits --out data/digits
+    singa-mpi examples conf                           # copy the example jobs out for editing
     mpirun -n 2 python -m singa_mpi train conf/cifar10_hybrid.conf
+    mpirun -n 3 python -m singa_mpi train conf/cifar10_hybrid.conf --workers 3
 
 Errors reach the user as one line on stderr and a non-zero exit code
 (2 for a bad configuration, 3 for bad data); ``--traceback`` shows the stack.
@@ -21,18 +23,18 @@ import warnings
 
 from singa_mpi.errors import ConfigError, SingaError
 
-REPO_CONF = pathlib.Path(__file__).resolve().parent.parent / "conf"
+# the example jobs ship inside the package (in a checkout, singa_mpi/conf links to the top-level conf/)
+EXAMPLES = pathlib.Path(__file__).resolve().parent / "conf"
 DEFAULT_JOB = "digits_mlp.conf"
-DIGITS_DIR = pathlib.Path("data") / "digits"
 
 
 def default_job_path() -> pathlib.Path:
-    """conf/digits_mlp.conf of the checkout (or of the current directory)."""
-    for folder in (REPO_CONF, pathlib.Path("conf")):
-        if (folder / DEFAULT_JOB).exists():
-            return folder / DEFAULT_JOB
-    raise ConfigError(f"no job given and {DEFAULT_JOB} not found in {REPO_CONF} or ./conf: "
-                      f"expected `singa-mpi train JOB.conf`")
+    """The package's digits_mlp.conf (its data is prepared where the job asks for it)."""
+    path = EXAMPLES / DEFAULT_JOB
+    if not path.exists():
+        raise ConfigError(f"no job given and {path} not found (a broken installation?): "
+                          f"expected `singa-mpi train JOB.conf`")
+    return path
 
 
 def resolve_workspace(cfg, override: str | None) -> str:
@@ -71,18 +73,17 @@ def cmd_train(args) -> int:
     from singa_mpi.launcher import RunOptions, run_training
 
     job_path = args.job or default_job_path()
-    if args.job is None:
-        ensure_digits()
     options = RunOptions(seed=args.seed, steps=args.steps, stall_timeout=args.stall_timeout, resume=args.resume,
                          overwrite=args.overwrite, keep=args.keep, allow_partial=args.allow_partial)
-    options.trace, options.profile = args.trace, args.profile
+    options.workers = args.workers
     return run_training(str(job_path), lambda cfg: resolve_workspace(cfg, args.workspace), options)
 
 
 def cmd_test(args) -> int:
     from singa_mpi.launcher import run_test
 
-    return run_test(args.job, lambda cfg: resolve_workspace(cfg, args.workspace), checkpoints=args.checkpoint)
+    return run_test(args.job, lambda cfg: resolve_workspace(cfg, args.workspace), checkpoints=args.checkpoint,
+                    workers=args.workers)
 
 
 def cmd_plan(args) -> int:
@@ -106,16 +107,14 @@ def cmd_plan(args) -> int:
 
 
 def plan_workers(cfg, n: int | None) -> int:
-    """cluster.nworkers_per_group when the job sets it, else -n; both must agree."""
+    """-n N when given (it overrides cluster.nworkers_per_group, as `train --workers N` does), else
+    the job's cluster.nworkers_per_group."""
+    if n is not None:
+        return n
     cluster = cfg.proto.cluster
     if cluster.HasField("nworkers_per_group"):
-        if n is not None and n != cluster.nworkers_per_group:
-            raise ConfigError(f"{cfg.where('cluster', 'nworkers_per_group')}: cluster.nworkers_per_group = "
-                              f"{cluster.nworkers_per_group}: expected it to match -n {n} (or leave out -n)")
         return cluster.nworkers_per_group
-    if n is None:
-        raise ConfigError(f"{cfg.path}: no worker count: expected -n N (the job sets no cluster.nworkers_per_group)")
-    return n
+    raise ConfigError(f"{cfg.path}: no worker count: expected -n N (the job sets no cluster.nworkers_per_group)")
 
 
 def _render_dot(text: str, output: str) -> int:
@@ -148,14 +147,20 @@ def cmd_ckpt(args) -> int:
     return 0
 
 
-def ensure_digits() -> None:
-    """Prepare scikit-learn's digits for the default job on first use."""
-    if (DIGITS_DIR / "train.h5").exists() and (DIGITS_DIR / "test.h5").exists():
-        return
-    from singa_mpi.data.convert import convert_digits
+def cmd_examples(args) -> int:
+    """Copy the example jobs that ship with the package into DIR, for editing."""
+    import shutil
 
-    print(f"preparing scikit-learn's digits in {DIGITS_DIR}/ (first run)")
-    convert_digits(str(DIGITS_DIR), backend="hdf5")
+    out = pathlib.Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for conf in sorted(EXAMPLES.glob("*.conf")):
+        target = out / conf.name
+        if target.exists() and not args.overwrite:
+            print(f"kept {target} (it exists; --overwrite replaces it)")
+            continue
+        shutil.copyfile(conf, target)
+        print(f"wrote {target}")
+    return 0
 
 
 def cmd_data(args) -> int:
@@ -183,20 +188,6 @@ def cmd_data(args) -> int:
     return 0
 
 
-def cmd_plot(args) -> int:
-    from singa_mpi import plot
-
-    output = args.output or plot.default_output(args.workspaces, args.profile)
-    if args.profile:
-        if len(args.workspaces) != 1:
-            raise ConfigError(f"plot --profile: {len(args.workspaces)} workspaces: expected one")
-        plot.plot_profile(args.workspaces[0], output)
-    else:
-        plot.plot_metrics(args.workspaces, output)
-    print(f"wrote {output}")
-    return 0
-
-
 # ------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace", help="output folder (default: cluster.workspace)")
     p.add_argument("--seed", type=int, help="overrides the job's seed")
     p.add_argument("--steps", type=int, help="overrides train_steps")
+    p.add_argument("--workers", type=positive_int, metavar="N",
+                   help="overrides cluster.nworkers_per_group: partition the job over N workers "
+                        "(launch N MPI ranks)")
     p.add_argument("--stall-timeout", type=float, default=None,
                    help="MPI runs: abort when a step makes no progress for this many seconds")
     p.add_argument("--resume", action="store_true",
@@ -219,12 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, default=None, help="keep only the K newest checkpoints")
     p.add_argument("--allow-partial", action="store_true",
                    help="when loading a checkpoint, keep the initial values of params it lacks")
-    p.add_argument("--trace", metavar="FILE",
-                   help="write every rank's timeline (layers, communication, trainer phases) to FILE as "
-                        "Chrome-trace JSON: open it in https://ui.perfetto.dev or chrome://tracing")
-    p.add_argument("--profile", action="store_true",
-                   help="print per-layer compute and communication per step at the end "
-                        "(always written to WORKSPACE/profile.json)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("test", help="run the test phase on a trained model")
@@ -232,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace")
     p.add_argument("--checkpoint", action="append",
                    help="checkpoint file(s) to load (default: the newest in the workspace)")
+    p.add_argument("--workers", type=positive_int, metavar="N", help="overrides cluster.nworkers_per_group")
     p.set_defaults(func=cmd_test)
 
     p = sub.add_parser("check", help="validate a job configuration (no data, no MPI)")
@@ -242,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="show how a job is partitioned over N workers (no MPI needed)")
     p.add_argument("job")
-    p.add_argument("-n", type=int, help="number of workers (MPI ranks); default: cluster.nworkers_per_group")
+    p.add_argument("-n", "--workers", dest="n", type=positive_int,
+                   help="number of workers (MPI ranks); overrides cluster.nworkers_per_group, the default")
     p.add_argument("--phase", default="train", choices=["train", "test", "val"])
     p.add_argument("--format", default="text", choices=["text", "json", "dot"])
     p.add_argument("--sync", default="shared_memory", choices=["shared_memory", "allreduce"],
@@ -258,13 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, help="convert: the step to record (default: from the file name)")
     p.set_defaults(func=cmd_ckpt)
 
-    p = sub.add_parser("plot", help="draw runs' metrics.jsonl (or a run's profile) into a PNG (needs matplotlib)")
-    p.add_argument("workspaces", nargs="+", metavar="WORKSPACE", help="workspaces of training runs (overlaid)")
-    p.add_argument("-o", "--output", help="the PNG to write (default: WORKSPACE/metrics.png, "
-                                          "WORKSPACE/profile.png, or ./metrics.png for several runs)")
-    p.add_argument("--profile", action="store_true",
-                   help="per-layer time and communication per step from WORKSPACE/profile.json instead")
-    p.set_defaults(func=cmd_plot)
+    p = sub.add_parser("examples", help="copy the example jobs (digits, MNIST, CIFAR-10) into a folder")
+    p.add_argument("dir", nargs="?", default="conf", help="where to copy them (default: ./conf)")
+    p.add_argument("--overwrite", action="store_true", help="replace files that exist")
+    p.set_defaults(func=cmd_examples)
 
     p = sub.add_parser("data", help="convert data sets into stores")
     p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv", "synthetic"])
@@ -285,6 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="synthetic: replace existing files")
     p.set_defaults(func=cmd_data)
     return parser
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: expected a count of at least 1")
+    return value
 
 
 def _check_data_args(args) -> None:
@@ -330,6 +324,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"singa-mpi: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
-    except KeyboardInterrupt:
-        print("singa-mpi: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:  # before training starts, or a second Ctrl-C during it
+        print(f"singa-mpi: interrupted{f' ({err})' if str(err) else ''}", file=sys.stderr, flush=True)
         return 130

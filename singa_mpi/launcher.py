@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -25,9 +26,8 @@ import traceback
 import warnings
 from typing import Callable
 
-from singa_mpi import timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
-from singa_mpi.config.load import JobConfig, load_job
+from singa_mpi.config.load import JobConfig, layers_for_phase, load_job
 from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError, DataError, SingaError
 from singa_mpi.runtimes.serial import SerialRuntime
@@ -35,6 +35,8 @@ from singa_mpi.topology import check_supported, topology
 from singa_mpi.trainer import Trainer
 
 EXIT_ABORT = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TEST_RESULTS = "test_results.jsonl"  # one line per `singa-mpi test` run, in the workspace
 
 
@@ -46,11 +48,10 @@ class RunOptions:
     steps: int | None = None
     stall_timeout: float | None = None
     resume: bool = False
+    workers: int | None = None  # overrides cluster.nworkers_per_group (--workers N)
     overwrite: bool = False  # move another run's checkpoints and metrics aside (WORKSPACE/previous-<time>/)
     keep: int | None = None
     allow_partial: bool = False
-    trace: str | None = None  # FILE: every rank's timeline as Chrome-trace JSON (singa_mpi.timeline)
-    profile: bool = False  # print the per-layer compute/communication table at the end
 
 
 def mpi_world():
@@ -64,8 +65,8 @@ def mpi_world():
     return comm.world()
 
 
-def _prepare(job: str | JobConfig, seed: int | None) -> JobConfig:
-    cfg = job if isinstance(job, JobConfig) else load_job(job)
+def _prepare(job: str | JobConfig | Callable[[], JobConfig], seed: int | None) -> JobConfig:
+    cfg = job() if callable(job) else job if isinstance(job, JobConfig) else load_job(job)
     if seed is not None:
         cfg.proto.seed = seed
     validate(cfg)
@@ -75,9 +76,10 @@ def _prepare(job: str | JobConfig, seed: int | None) -> JobConfig:
 def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
                  options: RunOptions | None = None) -> int:
     """Train ``job``; ``workspace_of(cfg)`` names the output folder.  Returns the exit code:
-    0 when done, ``checkpoint.EXIT_CHECKPOINTED`` (75) when stopped by SIGTERM/SIGUSR1 after
+    0 when done, ``checkpoint.EXIT_CHECKPOINTED`` (75) when stopped by SIGINT/SIGTERM/SIGUSR1 after
     writing a checkpoint."""
     options = options or RunOptions()
+    job = with_workers(job, options.workers)
 
     def train(trainer: Trainer) -> int:
         return _train(trainer, options)
@@ -128,28 +130,27 @@ def _archive_run(workspace: str) -> tuple[list[str], str]:
 
 def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
             body: Callable[[Trainer], int], steps: int | None = None, check: Callable | None = None,
-            claim: Callable[[str, bool], None] | None = None) -> int:
+            claim: Callable[[str, bool], None] | None = None, phases: list[str] | None = None) -> int:
     """Serial in one process, else the two-phase MPI protocol; ``body(trainer)`` does the work.
-    ``check(cfg)`` and ``claim(workspace, is_root)`` run in phase 1: their errors end every rank cleanly."""
+    ``check(cfg)`` and ``claim(workspace, is_root)`` run in phase 1: their errors end every rank cleanly;
+    so does a missing input store of ``phases`` (default: those the job trains, tests and validates)."""
     world = mpi_world()
     if world is None:
         cfg = _prepare(job, seed)
         if check is not None:
             check(cfg)
         workspace = workspace_of(cfg)
+        check_inputs(cfg, workspace, phases or _phases(cfg), log=print)
         if claim is not None:
             claim(workspace, True)
         os.makedirs(workspace, exist_ok=True)
         return body(Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=steps))
-    return _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim)
+    return _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases)
 
 
 def _train(trainer: Trainer, options: RunOptions) -> int:
     """Initialise or resume, catch stop signals, run; returns the exit code."""
     trainer.keep = options.keep
-    trainer.print_profile = options.profile
-    if options.trace:
-        timeline.start(trainer.runtime)  # record from here on, one clock on every rank
     _load_initial_state(trainer, options)
     if trainer.start_step > 0 and trainer.start_step >= trainer.train_steps:
         trainer.log(f"nothing to do: the checkpoint is at step {trainer.start_step}, "
@@ -161,9 +162,22 @@ def _train(trainer: Trainer, options: RunOptions) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if options.trace:
-        trainer.log(timeline.finish(trainer.runtime, options.trace))  # collective
-    return checkpoint.EXIT_CHECKPOINTED if trainer.stopped else 0
+    if trainer.stopped:
+        trainer.log(f"resume with: {resume_command(trainer, options)}")
+        return checkpoint.EXIT_CHECKPOINTED
+    return 0
+
+
+def resume_command(trainer: Trainer, options: RunOptions) -> str:
+    """The command that continues this run from its newest checkpoint (it may run on any number of ranks)."""
+    size = trainer.runtime.size
+    words = ["mpiexec", "-n", str(size), "python", "-m", "singa_mpi"] if size > 1 else ["singa-mpi"]
+    words += ["train", trainer.cfg.path, "--workspace", trainer.workspace]
+    for flag, value in (("--steps", options.steps), ("--seed", options.seed), ("--keep", options.keep),
+                        ("--workers", options.workers)):
+        if value is not None:
+            words += [flag, str(value)]
+    return shlex.join(words + ["--resume"])
 
 
 def _load_initial_state(trainer: Trainer, options: RunOptions) -> None:
@@ -190,17 +204,28 @@ def _load_initial_state(trainer: Trainer, options: RunOptions) -> None:
 
 
 def _catch_stop_signals(trainer: Trainer) -> dict:
-    """SIGTERM/SIGUSR1 (Slurm's warning before the time limit): finish the step, checkpoint, stop."""
+    """SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (Slurm's warning before the time limit): finish the step,
+    checkpoint, stop (exit 75).  A second Ctrl-C aborts at once: KeyboardInterrupt, exit 130.
+
+    Under MPICH's mpiexec a Ctrl-C reaches every rank (hydra forwards SIGINT; its own second Ctrl-C
+    kills the job); a signal that reaches only some ranks still stops all of them after the same
+    step, as the trainer votes on ``stop_requested`` every step."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 
     def request_stop(signum, frame):
+        if signum == signal.SIGINT:
+            if trainer.stop_requested:
+                raise KeyboardInterrupt("second Ctrl-C: stopped without a checkpoint")
+            if trainer.runtime.is_root:  # raw write: a handler may interrupt a print
+                os.write(2, b"singa-mpi: Ctrl-C: stopping after this step and writing a checkpoint "
+                            b"(Ctrl-C again to abort without one)\n")
         trainer.stop_requested = True
 
-    return {signum: signal.signal(signum, request_stop) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+    return {signum: signal.signal(signum, request_stop) for signum in STOP_SIGNALS}
 
 
-def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim) -> int:
+def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases) -> int:
     from singa_mpi.communication.mpi import Watchdog
     from singa_mpi.runtimes.worker import WorkerRuntime
 
@@ -212,6 +237,7 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
             check(cfg)
         role = _role(cfg, world.size, world.rank)
         workspace = workspace_of(cfg)
+        check_inputs(cfg, workspace, phases or _phases(cfg), log=print if world.rank == 0 else None)
         plans = WorkerRuntime.plan_phases(cfg, world.size, _phases(cfg))
         if claim is not None:  # last: the root may move files (--overwrite)
             claim(workspace, world.rank == 0)
@@ -246,6 +272,8 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         return code
     except SingaError as err:
         _abort(world, f"{err}", err.exit_code)
+    except KeyboardInterrupt as err:  # a second Ctrl-C on this rank: one line, no traceback
+        _abort(world, f"interrupted ({err or 'Ctrl-C'})", EXIT_INTERRUPTED)
     except BaseException as err:  # a bug or a signal: show where, then end every rank
         detail = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         _abort(world, f"{type(err).__name__}: {err}\n{detail}", EXIT_ABORT)
@@ -257,15 +285,59 @@ def _phases(cfg: JobConfig) -> list[str]:
             + (["val"] if cfg.proto.validate_steps > 0 else []))
 
 
+def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callable[[str], None] | None) -> None:
+    """Every file the input layers of ``phases`` read exists (as written, else under the workspace);
+    scikit-learn's digits are prepared wherever a job asks for them (``log`` says so).  A missing
+    file is a DataError naming the command that makes it."""
+    from singa_mpi.data import prepare
+    from singa_mpi.layers.input import resolve_path
+
+    seen = set()
+    for phase in phases:
+        for index, layer in layers_for_phase(cfg.proto, phase):
+            for field, path in prepare.store_files(layer):
+                if path in seen or resolve_path(path, workspace) is not None:
+                    continue
+                seen.add(path)
+                if field == "path" and prepare.is_bundled_digits(path, layer.store_conf):
+                    if log is not None:
+                        log(f"preparing scikit-learn's digits in {os.path.dirname(path)}/ (first use)")
+                    prepare.prepare_digits(path, layer.store_conf)
+                    continue
+                where = "" if workspace in ("", ".") else f" or in the workspace {workspace}"
+                todo = prepare.how_to_make(path, field, layer.store_conf, cfg.path)
+                raise DataError(f"{cfg.layer_where(index, 'store_conf', field)}: layer '{layer.name}': "
+                                f"store_conf.{field} {path}: no such file (looked in the current folder "
+                                f"{os.getcwd()}{where}): {todo}")
+
+
+def with_workers(job: str | JobConfig, workers: int | None):
+    """``--workers N``: the job with cluster.nworkers_per_group = N, read when the launcher asks
+    (in phase 1, so that a bad file is reported once)."""
+    if workers is None:
+        return job
+
+    def load() -> JobConfig:
+        cfg = job if isinstance(job, JobConfig) else load_job(job)
+        cfg.proto.cluster.nworkers_per_group = workers
+        return cfg
+
+    return load
+
+
 def _role(cfg: JobConfig, size: int, rank: int):
     """This rank's role from the job's cluster (pure; ConfigError for shapes not built yet)."""
     cluster = cfg.proto.cluster
     if cluster.HasField("nworkers_per_group") and cluster.nworkers_per_group != size and \
             cluster.nworker_groups <= 1 and not cluster.server_worker_separate:
+        workers = cluster.nworkers_per_group
+        if cfg.source.value("cluster", "nworkers_per_group") != str(workers):  # set by --workers
+            raise ConfigError(f"--workers {workers}: expected the number of MPI ranks ({size}); "
+                              f"launch with mpirun -n {workers} or pass --workers {size}")
         raise ConfigError(
-            f"{cfg.where('cluster', 'nworkers_per_group')}: cluster.nworkers_per_group = "
-            f"{cluster.nworkers_per_group}: expected the number of MPI ranks ({size}); "
-            f"launch with mpirun -n {cluster.nworkers_per_group} or change the job")
+            f"{cfg.where('cluster', 'nworkers_per_group')}: cluster.nworkers_per_group = {workers}: expected "
+            f"the number of MPI ranks ({size}); launch with mpirun -n {workers}, or pass --workers {size} "
+            f"to partition the job over {size} workers")
     topo = topology(size, cluster, nworkers=None if cluster.HasField("nworkers_per_group") else size)
     check_supported(topo, cfg.where("cluster"))
     return topo.role(rank)
@@ -277,9 +349,11 @@ def _abort(world, message: str, code: int) -> None:
     world.abort(code)
 
 
-def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: list[str] | None = None) -> int:
+def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: list[str] | None = None,
+             workers: int | None = None) -> int:
     """Load parameters from checkpoints (default: the newest good one in the workspace) and run the
-    test phase once, partitioned like training when launched on several ranks."""
+    test phase once, partitioned like training when launched on several ranks (``workers``:
+    overrides cluster.nworkers_per_group)."""
 
     def needs_test_steps(cfg: JobConfig) -> None:
         if cfg.proto.test_steps <= 0:
@@ -296,7 +370,8 @@ def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: li
         trainer.evaluate(trainer.test_net, trainer.job.test_steps, "test", ckpt.step)
         return 0
 
-    return _launch(job, workspace_of, None, None, test, check=needs_test_steps)
+    return _launch(with_workers(job, workers), workspace_of, None, None, test, check=needs_test_steps,
+                   phases=["test"])
 
 
 def _read_for_test(workspace: str, checkpoints: list[str] | None, is_root: bool) -> checkpoint.Checkpoint:

@@ -40,10 +40,12 @@ def test_plan_json_and_dot(tmp_path):
     assert text.startswith("digraph plan") and "cluster_rank1" in text and "fillcolor" in text
 
 
-def test_plan_workers_must_match_the_cluster():
-    out = run("plan", "conf/cifar10_hybrid.conf", "-n", "3")
-    assert out.returncode == 2
-    assert "nworkers_per_group = 2: expected it to match -n 3" in out.stderr
+def test_plan_workers_override_the_cluster():
+    out = run("plan", "conf/cifar10_hybrid.conf", "-n", "3")  # the job pins 2 workers; -n overrides
+    assert out.returncode == 0, out.stderr
+    assert "rank 2:" in out.stdout and "rank 3:" not in out.stdout
+    out = run("plan", "conf/cifar10_hybrid.conf", "--workers", "0")
+    assert out.returncode == 2 and "0: expected a count of at least 1" in out.stderr
 
 
 def test_check_without_mpi():

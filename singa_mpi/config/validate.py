@@ -12,6 +12,7 @@ import os
 
 from singa_mpi.algorithms import ALGORITHMS
 from singa_mpi.config.load import JobConfig, effective_partition_dim
+from singa_mpi.data.prepare import how_to_make, is_bundled_digits
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import CycleError, Node
 from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class
@@ -291,5 +292,8 @@ def _warn_missing_data(cfg: JobConfig, node: Node, warnings: list[str]) -> None:
     workspace = cfg.proto.cluster.workspace
     candidates = [path] + ([os.path.join(workspace, path)] if workspace else [])
     if not any(os.path.exists(p) for p in candidates):
+        store = node.conf.store_conf
+        todo = ("training prepares it from scikit-learn's bundled digits" if is_bundled_digits(path, store)
+                else how_to_make(path, "path", store, cfg.path))
         warnings.append(f"{cfg.layer_where(node.index, 'store_conf', 'path')}: layer '{node.name}': "
-                        f"data file {path!r} not found (prepare it before training)")
+                        f"data file {path!r} not found: {todo}")

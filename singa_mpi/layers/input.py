@@ -26,6 +26,7 @@ import os
 
 import numpy as np
 
+from singa_mpi.data.prepare import how_to_make
 from singa_mpi.data.stores import BACKENDS, RecordStore, open_store, read_first_record
 from singa_mpi.errors import DataError
 from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError
@@ -103,7 +104,8 @@ class RecordInput(Layer):
         if found is None:
             where = f" or in the workspace {self.ctx.workspace}" if self.ctx.workspace not in ("", ".") else ""
             raise DataError(f"layer '{self.name}': store_conf.{field} {path}: no such file "
-                            f"(looked in the current folder{where})")
+                            f"(looked in the current folder{where}): "
+                            f"{how_to_make(path, field, self.conf.store_conf, None)}")
         return found
 
     def _open(self) -> None:

@@ -71,7 +71,9 @@ def test_singa03_conf_is_accepted(name):
     assert {layer: train[layer] for layer in shapes} == shapes
     assert summary.algorithm == "kBP"
     # the data files do not exist: one warning per input layer, pointing at its path
-    assert summary.warnings and all("not found (prepare it before training)" in w for w in summary.warnings)
+    assert summary.warnings and all("not found: make it with `singa-mpi data" in w and
+                                    f"`singa-mpi data synthetic --like {SINGA03 / name}`" in w
+                                    for w in summary.warnings)
     text = (SINGA03 / name).read_text().splitlines()
     for warning in summary.warnings:
         line = int(warning.split(":")[1])

@@ -1,0 +1,84 @@
+"""The stores a job reads: which are missing, the command that makes each, and the bundled digits.
+
+Store paths in a job file are used as written: a relative path is relative to
+the folder ``singa-mpi`` runs in (then, failing that, to the workspace), never
+to the job file.  A missing store of scikit-learn's bundled digits
+(``.../digits/train.h5`` or ``test.h5``, as ``singa-mpi data digits`` names
+them) is prepared wherever a job asks for it; for anything else the error
+names the converter of a known set (MNIST, CIFAR-10, digits) and
+``singa-mpi data synthetic --like JOB``, which writes random stores of the
+job's shapes.
+"""
+from __future__ import annotations
+
+import os
+
+from singa_mpi.data.convert import EXTENSIONS, convert_digits
+from singa_mpi.proto import job_pb2
+
+INPUT_TYPES = (job_pb2.kRecordInput, job_pb2.kCSVInput)
+STORE_FIELDS = ("path", "mean_file", "std_file")
+CIFAR_TRAIN = "cifar-10-batches-bin/data_batch_{1,2,3,4,5}.bin"
+CIFAR_TEST = "cifar-10-batches-bin/test_batch.bin"
+
+
+def store_files(layer: job_pb2.LayerProto) -> list[tuple[str, str]]:
+    """(field, path) of every file an input layer reads: the store, and its mean and std files."""
+    if layer.type not in INPUT_TYPES or not layer.HasField("store_conf"):
+        return []
+    store = layer.store_conf
+    return [(field, getattr(store, field)) for field in STORE_FIELDS if getattr(store, field)]
+
+
+def _backend(store: job_pb2.StoreProto) -> str:
+    return store.backend or "textfile"
+
+
+def _is_test(path: str) -> bool:
+    return "test" in os.path.basename(path).lower()
+
+
+def is_bundled_digits(path: str, store: job_pb2.StoreProto) -> bool:
+    """``path`` is one of the files ``singa-mpi data digits --out DIR`` writes for the store's backend."""
+    backend = _backend(store)
+    folder, name = os.path.split(os.path.normpath(path))
+    return (os.path.basename(folder) == "digits" and backend in EXTENSIONS
+            and name in (f"train{EXTENSIONS[backend]}", f"test{EXTENSIONS[backend]}"))
+
+
+def known_set_command(path: str, field: str, store: job_pb2.StoreProto) -> str | None:
+    """The converter command for a store of MNIST, CIFAR-10 or the digits (by its path), else None."""
+    words = path.lower().replace("\\", "/")
+    backend = _backend(store)
+    suffix = "" if backend == "hdf5" else f" --backend {backend}"
+    if is_bundled_digits(path, store):
+        return f"singa-mpi data digits --out {os.path.dirname(os.path.normpath(path))}{suffix}"
+    if "mnist" in words and field == "path":
+        prefix = "t10k" if _is_test(path) else "train"
+        return (f"singa-mpi data mnist --images {prefix}-images-idx3-ubyte.gz "
+                f"--labels {prefix}-labels-idx1-ubyte.gz --out {path}{suffix}")
+    if "cifar" in words:
+        if field == "mean_file":  # written next to the training store by --mean
+            train = store.path if not _is_test(store.path) else os.path.join(
+                os.path.dirname(store.path), f"train{EXTENSIONS.get(backend, '')}")
+            return f"singa-mpi data cifar10 --batches {CIFAR_TRAIN} --out {train}{suffix} --mean {path}"
+        if field == "path":
+            if _is_test(path):
+                return f"singa-mpi data cifar10 --batches {CIFAR_TEST} --out {path}{suffix}"
+            mean = f" --mean {store.mean_file}" if store.mean_file else ""
+            return f"singa-mpi data cifar10 --batches {CIFAR_TRAIN} --out {path}{suffix}{mean}"
+    return None
+
+
+def how_to_make(path: str, field: str, store: job_pb2.StoreProto, job_path: str | None) -> str:
+    """One clause saying which command writes the missing file ``path`` (store_conf.``field``)."""
+    synthetic = f"`singa-mpi data synthetic --like {job_path or 'JOB.conf'}`"
+    known = known_set_command(path, field, store)
+    if known is None:
+        return f"make it with {synthetic} (random data of the job's shapes) or convert your data (`singa-mpi data -h`)"
+    return f"make it with `{known}`, or random data of the job's shapes with {synthetic}"
+
+
+def prepare_digits(path: str, store: job_pb2.StoreProto) -> list[str]:
+    """Write scikit-learn's digits into the folder of ``path`` (train and test stores)."""
+    return convert_digits(os.path.dirname(os.path.normpath(path)) or ".", backend=_backend(store))
