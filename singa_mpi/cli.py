@@ -75,6 +75,7 @@ def cmd_train(args) -> int:
     job_path = args.job or default_job_path()
     options = RunOptions(seed=args.seed, steps=args.steps, stall_timeout=args.stall_timeout, resume=args.resume,
                          overwrite=args.overwrite, keep=args.keep, allow_partial=args.allow_partial)
+    options.trace, options.profile = args.trace, args.profile
     options.workers = args.workers
     return run_training(str(job_path), lambda cfg: resolve_workspace(cfg, args.workspace), options)
 
@@ -188,6 +189,20 @@ def cmd_data(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    from singa_mpi import plot
+
+    output = args.output or plot.default_output(args.workspaces, args.profile)
+    if args.profile:
+        if len(args.workspaces) != 1:
+            raise ConfigError(f"plot --profile: {len(args.workspaces)} workspaces: expected one")
+        plot.plot_profile(args.workspaces[0], output)
+    else:
+        plot.plot_metrics(args.workspaces, output)
+    print(f"wrote {output}")
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -213,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, default=None, help="keep only the K newest checkpoints")
     p.add_argument("--allow-partial", action="store_true",
                    help="when loading a checkpoint, keep the initial values of params it lacks")
+    p.add_argument("--trace", metavar="FILE",
+                   help="write every rank's timeline (layers, communication, trainer phases) to FILE as "
+                        "Chrome-trace JSON: open it in https://ui.perfetto.dev or chrome://tracing")
+    p.add_argument("--profile", action="store_true",
+                   help="print per-layer compute and communication per step at the end "
+                        "(always written to WORKSPACE/profile.json)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("test", help="run the test phase on a trained model")
@@ -247,6 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="convert: the HDF5 checkpoint to write")
     p.add_argument("--step", type=int, help="convert: the step to record (default: from the file name)")
     p.set_defaults(func=cmd_ckpt)
+
+    p = sub.add_parser("plot", help="draw runs' metrics.jsonl (or a run's profile) into a PNG (needs matplotlib)")
+    p.add_argument("workspaces", nargs="+", metavar="WORKSPACE", help="workspaces of training runs (overlaid)")
+    p.add_argument("-o", "--output", help="the PNG to write (default: WORKSPACE/metrics.png, "
+                                          "WORKSPACE/profile.png, or ./metrics.png for several runs)")
+    p.add_argument("--profile", action="store_true",
+                   help="per-layer time and communication per step from WORKSPACE/profile.json instead")
+    p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("examples", help="copy the example jobs (digits, MNIST, CIFAR-10) into a folder")
     p.add_argument("dir", nargs="?", default="conf", help="where to copy them (default: ./conf)")

@@ -26,6 +26,7 @@ import traceback
 import warnings
 from typing import Callable
 
+from singa_mpi import timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import JobConfig, layers_for_phase, load_job
 from singa_mpi.config.validate import validate
@@ -52,6 +53,8 @@ class RunOptions:
     overwrite: bool = False  # move another run's checkpoints and metrics aside (WORKSPACE/previous-<time>/)
     keep: int | None = None
     allow_partial: bool = False
+    trace: str | None = None  # FILE: every rank's timeline as Chrome-trace JSON (singa_mpi.timeline)
+    profile: bool = False  # print the per-layer compute/communication table at the end
 
 
 def mpi_world():
@@ -151,6 +154,9 @@ def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
 def _train(trainer: Trainer, options: RunOptions) -> int:
     """Initialise or resume, catch stop signals, run; returns the exit code."""
     trainer.keep = options.keep
+    trainer.print_profile = options.profile
+    if options.trace:
+        timeline.start(trainer.runtime)  # record from here on, one clock on every rank
     _load_initial_state(trainer, options)
     if trainer.start_step > 0 and trainer.start_step >= trainer.train_steps:
         trainer.log(f"nothing to do: the checkpoint is at step {trainer.start_step}, "
@@ -162,6 +168,8 @@ def _train(trainer: Trainer, options: RunOptions) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if options.trace:
+        trainer.log(timeline.finish(trainer.runtime, options.trace))  # collective
     if trainer.stopped:
         trainer.log(f"resume with: {resume_command(trainer, options)}")
         return checkpoint.EXIT_CHECKPOINTED

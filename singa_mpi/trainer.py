@@ -16,6 +16,7 @@ import os
 import time
 from typing import Callable
 
+from singa_mpi import profiling
 from singa_mpi import progress
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import make_algorithm
@@ -90,6 +91,8 @@ class Trainer:
         self.keep: int | None = None  # checkpoints to keep (None: all)
         self.stop_requested = False  # set by a signal handler: checkpoint and stop after this step
         self.stopped = False
+        self.print_profile = False  # --profile: print the per-layer table at the end of the run
+        self.evaluation_totals: dict = {}  # tracer totals of test/validation passes (kept out of profile.json)
 
     def nets(self) -> dict[str, Net]:
         nets = {"train": self.train_net, "test": self.test_net, "val": self.val_net}
@@ -118,11 +121,13 @@ class Trainer:
 
     def evaluate(self, net: Net, steps: int, phase: str, step: int) -> dict[str, float]:
         net.collect_metrics()  # drop anything left from an earlier pass
+        before = self.runtime.tracer.snapshot()
         with self.runtime.tracer.span(phase, "step"):
             for _ in range(steps):
                 net.set_step(step)
                 self.algorithm.evaluate(net)
         result = summarize(self.runtime.reduce_metrics(net.collect_metrics()))
+        profiling.add(self.evaluation_totals, profiling.subtract(self.runtime.tracer.snapshot(), before))
         self.record(step, phase, result)
         return result
 
@@ -132,10 +137,23 @@ class Trainer:
 
         Output layers' files are closed however the run ends."""
         try:
-            return self._run_steps()
+            final = self._run_steps()
+            self.finish_profile()
+            return final
         finally:
             for net in self.nets().values():
                 net.close_files()
+
+    def finish_profile(self) -> None:
+        """WORKSPACE/profile.json from every worker's tracer totals (collective); with
+        ``print_profile`` the root prints it as the per-layer table too."""
+        parts = self.runtime.gather_object(profiling.worker_part(self.runtime.tracer, self.evaluation_totals))
+        if parts is None:
+            return
+        profile = profiling.build(parts)
+        profiling.write(self.workspace, profile)
+        if self.print_profile:
+            self.log(profiling.format_table(profile))
 
     def _run_steps(self) -> dict[str, float]:
         os.makedirs(self.workspace, exist_ok=True)
@@ -217,11 +235,12 @@ class Trainer:
         """Gather the job's state to the root and write it atomically (collective)."""
         from singa_mpi.checkpoints.snapshot import collect
 
-        ckpt = collect(self, step)
-        if ckpt is None:
-            return None
-        ckpt.elapsed = self.elapsed()
-        path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), ckpt)
+        with self.runtime.tracer.span("checkpoint", "step"):
+            ckpt = collect(self, step)
+            if ckpt is None:
+                return None
+            ckpt.elapsed = self.elapsed()
+            path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), ckpt)
         self.log(f"checkpoint {path}")
         if self.keep:
             checkpoint.prune(self.workspace, self.keep)
