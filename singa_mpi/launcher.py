@@ -26,7 +26,7 @@ import traceback
 import warnings
 from typing import Callable
 
-from singa_mpi import timeline
+from singa_mpi import threads, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import JobConfig, layers_for_phase, load_job
 from singa_mpi.config.validate import validate
@@ -137,6 +137,7 @@ def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
     """Serial in one process, else the two-phase MPI protocol; ``body(trainer)`` does the work.
     ``check(cfg)`` and ``claim(workspace, is_root)`` run in phase 1: their errors end every rank cleanly;
     so does a missing input store of ``phases`` (default: those the job trains, tests and validates)."""
+    body = _in_blas_threads(body)
     world = mpi_world()
     if world is None:
         cfg = _prepare(job, seed)
@@ -149,6 +150,18 @@ def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
         os.makedirs(workspace, exist_ok=True)
         return body(Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=steps))
     return _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases)
+
+
+def _in_blas_threads(body: Callable[[Trainer], int]) -> Callable[[Trainer], int]:
+    """``body`` run with the BLAS threads chosen for this rank and the job's size (singa_mpi.threads)."""
+    def warn(line: str) -> None:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+
+    def run(trainer: Trainer) -> int:
+        work = threads.work_per_step(trainer.cfg, trainer.runtime.size)
+        with threads.blas_threads(warn=warn if trainer.runtime.is_root else None, work=work):
+            return body(trainer)
+    return run
 
 
 def _train(trainer: Trainer, options: RunOptions) -> int:

@@ -76,7 +76,8 @@ def test_truncated_checkpoint_is_detected_and_resume_falls_back(tmp_path):
         checkpoint.read(newest)
     with pytest.warns(UserWarning, match=r"skipping damaged checkpoint: .*step10\.h5"):
         assert checkpoint.newest_good(str(tmp_path / "ws")).step == 5
-    assert "DAMAGED" in ckpt_tools.inspect(newest)
+    with pytest.raises(DataError, match=r"step10\.h5: DAMAGED: "):
+        ckpt_tools.inspect(newest)
 
 
 def test_corrupted_dataset_fails_its_checksum(tmp_path):

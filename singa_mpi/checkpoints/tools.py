@@ -13,12 +13,16 @@ from singa_mpi.proto import job_pb2
 
 
 def inspect(path: str) -> str:
-    """A summary of a checkpoint: step, params and shapes, plan, checksum verdict."""
+    """A summary of a checkpoint: step, params and shapes, plan, checksum verdict.
+
+    DataError (exit code 3) when the file is missing or damaged."""
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such checkpoint file")
     try:
         ckpt = checkpoint.read(path)
         verdict = "all checksums OK"
     except DataError as err:
-        return f"{path}: DAMAGED: {err}"
+        raise DataError(f"{path}: DAMAGED: {str(err).removeprefix(path + ': ')}") from None
     lines = [f"{path}: step {ckpt.step}, job '{ckpt.job_name}', seed {ckpt.seed}, written by {ckpt.nranks} "
              f"worker(s), format {checkpoint.FORMAT_VERSION}; {verdict}"]
     total = sum(v.size for v in ckpt.params.values())

@@ -71,7 +71,10 @@ def _explain(message: str, source: SourceMap, block: tuple, line: int, col: int)
     name = _field_name(field, block[:4] if _in_layer(block) else ()) if field else "value"
     enum = _NO_ENUM_VALUE.search(message)
     if enum:
-        return f"{name} = {enum.group(2)}: expected one of {', '.join(_enum_choices(enum.group(1)))}"
+        choices = _enum_choices(enum.group(1))
+        close = _closest(enum.group(2), choices)
+        hint = f" (did you mean '{close}'?)" if close else ""
+        return f"{name} = {enum.group(2)}: expected one of {', '.join(choices)}{hint}"
     for pattern, expected in _VALUE_ERRORS:
         bad = pattern.search(message)
         if bad:
@@ -106,6 +109,13 @@ def _field_hint(message_type: str, bad_name: str, block: tuple) -> str:
     fields = job_pb2.DESCRIPTOR.pool.FindMessageTypeByName(message_type).fields_by_name
     close = difflib.get_close_matches(bad_name, list(fields), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _closest(bad: str, names: list[str]) -> str | None:
+    """The name ``bad`` most likely misspells (``kBp`` -> ``kBP``, ``kInnerProdct`` -> ``kInnerProduct``)."""
+    by_lower = {name.lower(): name for name in names}
+    close = difflib.get_close_matches(bad.lower(), list(by_lower), n=1)
+    return by_lower[close[0]] if close else None
 
 
 def _field_name(path: tuple, base: tuple) -> str:

@@ -42,9 +42,21 @@ def test_unknown_top_level_field():
 def test_bad_enum_value_lists_the_valid_names():
     message = parse_error('updater {\n  type: kSGDD\n}\n')
     assert message == ("job.conf:2:9: updater.type = kSGDD: expected one of "
-                       "kSGD, kAdaGrad, kRMSProp, kNesterov, kAdaDelta, kAdam, kAdamMax")
+                       "kSGD, kAdaGrad, kRMSProp, kNesterov, kAdaDelta, kAdam, kAdamMax (did you mean 'kSGD'?)")
     pool = parse_error('neuralnet { layer { name: "p" type: kPooling pooling_conf { pool: MIN } } }')
     assert pool.endswith("layer 'p' (#0, kPooling): pooling_conf.pool = MIN: expected one of MAX, AVG")
+
+
+def test_misspelled_enum_values_suggest_the_closest_name():
+    alg = parse_error("train_one_batch { alg: kBp }\n")
+    assert alg == "job.conf:1:24: train_one_batch.alg = kBp: expected one of kBP, kCD, kBPTT (did you mean 'kBP'?)"
+    layer = parse_error('neuralnet {\n  layer { name: "fc1" type: kInnerProdct }\n}\n')
+    assert layer.startswith("job.conf:2:29: layer 'fc1' (#0): type = kInnerProdct: expected one of kAccuracy, ")
+    assert layer.endswith(", kSoftmaxLoss (did you mean 'kInnerProduct'?)")
+    phase = parse_error('neuralnet { layer { name: "d" type: kReLU include: ktest } }')
+    assert "include = ktest: expected one of " in phase and phase.endswith(" (did you mean 'kTest'?)")
+    nothing_close = parse_error('neuralnet { layer { name: "p" type: kPooling pooling_conf { pool: MIN } } }')
+    assert "did you mean" not in nothing_close
 
 
 def test_unknown_layer_type_lists_the_implemented_types():

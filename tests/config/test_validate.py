@@ -251,7 +251,7 @@ def test_message_lists_are_complete():
     def listed(name: str) -> list[str]:
         with pytest.raises(ConfigError) as info:
             check(BROKEN / name)
-        return str(info.value).split("expected one of ")[1].split(", ")
+        return str(info.value).split(" (did you mean")[0].split("expected one of ")[1].split(", ")
 
     assert sorted(listed("unset_updater_type.conf")) == sorted(UPDATERS)
     assert sorted(listed("unknown_updater_type.conf")) == sorted(UPDATERS)

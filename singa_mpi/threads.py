@@ -1,0 +1,176 @@
+"""How many BLAS threads a rank uses: chosen from its cores and the ranks beside it, set with threadpoolctl.
+
+Rules, measured on a 2-core VM with ``scripts/bench_threads.py`` (it prints the table):
+
+* The user's ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` / ``MKL_NUM_THREADS`` win: nothing is
+  changed when one of them is set.
+* Otherwise numpy's BLAS (the GEMMs) gets ``cores // ranks`` threads, where ``cores`` is the CPU set
+  this process may run on (``os.sched_getaffinity``) and ``ranks`` the ranks the launcher started on
+  this node.  Serially that is a thread per core.
+* Except for small nets: below ``SMALL_WORK`` multiply-adds per forward pass and worker (the default
+  job: 3.2 million; mnist_mlp 770 million, the CIFAR-10 convnet 1.1 billion) a step spends little in
+  BLAS, so a second thread gains little (0.42 vs 0.45 ms a step, the fastest of 5 runs) and costs
+  much when other processes share the cores (0.75 vs 0.47 ms, the median): one thread.
+* A BLAS that scipy bundles besides numpy's (pip wheels: ``scipy.libs/libscipy_openblas``; the updaters
+  call its ``saxpy``) gets one thread.  Two OpenBLAS thread pools that take turns keep each other's
+  spinning threads off the cores: with both at two threads the default job ran 15-20x slower.
+
+The limits are set with threadpoolctl once the libraries are loaded (an environment variable set after
+``import numpy`` changes nothing): by the launcher around a `train` or `test` run, once it knows the job,
+and by the CLI around `data`; they are undone when the run returns.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import os
+from typing import Callable, Iterator, Mapping
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+LOCAL_RANK_COUNTS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+SMALL_WORK = 1e8  # multiply-adds per forward pass and worker below which one BLAS thread is used
+
+
+def _count(value: str | None) -> int | None:
+    """The leading positive integer of ``"4"``, ``"4,2"`` (OpenMP's nested form) or ``"2(x3)"`` (Slurm)."""
+    digits = ""
+    for char in (value or "").strip():
+        if not char.isdigit():
+            break
+        digits += char
+    return int(digits) if digits and int(digits) > 0 else None
+
+
+def user_threads(env: Mapping[str, str]) -> int | None:
+    """The thread count the user set in the environment, or None."""
+    for name in THREAD_VARIABLES:
+        count = _count(env.get(name))
+        if count is not None:
+            return count
+    return None
+
+
+def local_ranks(env: Mapping[str, str]) -> int:
+    """How many ranks the MPI launcher (MPICH/Intel MPI hydra, Open MPI, Slurm) started on this node."""
+    for name in LOCAL_RANK_COUNTS:
+        count = _count(env.get(name))
+        if count is not None:
+            return count
+    return 1
+
+
+def world_rank(env: Mapping[str, str]) -> int:
+    """This process's rank as the launcher numbered it (0 when not launched by one)."""
+    for name in RANK_VARIABLES:
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def cores_available() -> int:
+    """The CPUs this process may run on (its affinity mask: taskset, cgroups, the launcher's binding)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def choose_threads(cores: int, ranks: int, env: Mapping[str, str], work: float | None = None) -> int:
+    """BLAS threads per rank: the user's setting, else one for a small job (``work`` multiply-adds per
+    forward pass and worker below ``SMALL_WORK``), else an equal share of the cores (at least one)."""
+    if user_threads(env) is not None:
+        return user_threads(env)
+    if work is not None and work < SMALL_WORK:
+        return 1
+    return max(1, cores // max(1, ranks))
+
+
+def work_per_step(cfg, nworkers: int = 1) -> float | None:
+    """Multiply-adds of the train net's forward pass per worker: each weight's size times the output
+    positions it is applied at (1 for an inner product, height x width for a convolution), times the
+    batch, over ``nworkers`` (data or feature partitioning splits the work either way).  None when
+    the job has no train net."""
+    from singa_mpi.config.validate import validate
+
+    summary = validate(cfg)
+    train = next((phase for phase in summary.phases if phase.phase == "train"), None)
+    if train is None:
+        return None
+    outputs = {name: shape for name, _, shape in train.layers}
+    weights = {name: shape for name, shape in summary.params if len(shape) >= 2}
+    total = 0
+    for layer in cfg.proto.neuralnet.layer:
+        if layer.name in outputs:
+            for param in layer.param:
+                shape = weights.get(param.name) or weights.get(param.share_from)
+                total += math.prod(shape) * math.prod(outputs[layer.name][1:]) if shape else 0
+    return total * train.batch / max(1, nworkers)
+
+
+def oversubscription(cores: int, ranks: int, threads: int) -> str | None:
+    """The one-line warning when ``ranks * threads`` exceeds the cores, else None."""
+    if ranks * threads <= cores:
+        return None
+    share = max(1, cores // ranks)
+    advice = ([f"set OMP_NUM_THREADS={share}"] if threads > share else []) + \
+             ([f"launch at most {cores} rank(s) on this node"] if ranks > cores else [])
+    return (f"{ranks} rank(s) x {threads} BLAS thread(s) on {cores} core(s) oversubscribe this node "
+            f"and slow every step: {' or '.join(advice)}")
+
+
+def _scipy_only_blas(controller) -> list[str]:
+    """File paths of BLAS libraries that scipy bundles apart from numpy's."""
+    spec = importlib.util.find_spec("scipy")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    folder = os.path.realpath(list(spec.submodule_search_locations)[0])
+    prefixes = (folder + os.sep, folder + ".libs" + os.sep)
+    return [lib.filepath for lib in controller.lib_controllers
+            if lib.user_api == "blas" and os.path.realpath(lib.filepath).startswith(prefixes)]
+
+
+@contextlib.contextmanager
+def limit_blas(threads: int) -> Iterator[dict[str, int]]:
+    """Inside: numpy's BLAS and OpenMP use ``threads`` threads, a BLAS only scipy loads uses one.
+
+    Yields {library file: threads}; the previous limits come back on exit.
+    """
+    import numpy  # noqa: F401  (load the libraries before limiting them)
+    from threadpoolctl import ThreadpoolController
+
+    with contextlib.suppress(ImportError):
+        import scipy.linalg.blas  # noqa: F401  (the updaters' axpy)
+    controller = ThreadpoolController()
+    scipy_only = _scipy_only_blas(controller)
+    with contextlib.ExitStack() as stack:
+        others = [lib.filepath for lib in controller.lib_controllers if lib.filepath not in scipy_only]
+        if others:
+            stack.enter_context(controller.select(filepath=others).limit(limits=threads))
+        if scipy_only:
+            stack.enter_context(controller.select(filepath=scipy_only).limit(limits=1))
+        yield {lib.filepath: lib.num_threads for lib in ThreadpoolController().lib_controllers}
+
+
+@contextlib.contextmanager
+def blas_threads(env: Mapping[str, str] | None = None, cores: int | None = None,
+                 warn: Callable[[str], None] | None = None, work: float | None = None) -> Iterator[int]:
+    """Run the body with the chosen BLAS threads per rank (``work``: see ``choose_threads``); yields the count.
+
+    With the user's OMP_NUM_THREADS etc. set nothing is limited.  ``warn`` (rank 0 only) gets the
+    oversubscription line.
+    """
+    env = os.environ if env is None else env
+    cores = cores or cores_available()
+    ranks = local_ranks(env)
+    threads = choose_threads(cores, ranks, env, work)
+    message = oversubscription(cores, ranks, threads)
+    if message and warn is not None and world_rank(env) == 0:
+        warn(message)
+    if user_threads(env) is not None:
+        yield threads
+        return
+    with limit_blas(threads):
+        yield threads

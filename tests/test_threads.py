@@ -1,0 +1,173 @@
+"""BLAS threads per rank: the rule, the user's variables winning, the limit inside a run, the warning."""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from threadpoolctl import threadpool_info
+
+import nets
+from singa_mpi import cli, threads
+from singa_mpi.trainer import Trainer
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("cores, ranks, env, expected", [
+    (2, 1, {}, 2),  # serial: a thread per core
+    (2, 2, {}, 1),  # two ranks share two cores
+    (16, 4, {}, 4),
+    (2, 4, {}, 1),  # more ranks than cores: still one each
+    (1, 1, {}, 1),
+    (2, 2, {"OMP_NUM_THREADS": "3"}, 3),  # the user's count wins, even when it oversubscribes
+    (8, 1, {"OPENBLAS_NUM_THREADS": "1"}, 1),
+    (8, 1, {"MKL_NUM_THREADS": "2"}, 2),
+    (8, 1, {"OMP_NUM_THREADS": "4,2"}, 4),  # OpenMP's nested form: the outer level
+    (8, 2, {"OMP_NUM_THREADS": ""}, 4),  # empty or nonsense: not a setting
+    (8, 2, {"OMP_NUM_THREADS": "many"}, 4),
+    (8, 2, {"OMP_NUM_THREADS": "0"}, 4),
+])
+def test_the_rule(cores, ranks, env, expected):
+    assert threads.choose_threads(cores, ranks, env) == expected
+    assert threads.choose_threads(cores, ranks, env, work=threads.SMALL_WORK) == expected  # not small
+
+
+@pytest.mark.parametrize("cores, ranks, env, work, expected", [
+    (2, 1, {}, 3.2e6, 1),  # the default job: one thread
+    (2, 1, {}, 7.7e8, 2),  # mnist_mlp
+    (16, 2, {}, 1e6, 1),
+    (16, 2, {}, 1e9, 8),
+    (2, 1, {"OMP_NUM_THREADS": "2"}, 1e6, 2),  # the user still wins
+])
+def test_small_jobs_get_one_thread(cores, ranks, env, work, expected):
+    assert threads.choose_threads(cores, ranks, env, work) == expected
+
+
+@pytest.mark.parametrize("conf, small", [("digits_mlp.conf", True), ("mnist_mlp.conf", False),
+                                         ("cifar10_convnet.conf", False)])
+def test_work_per_step_of_the_examples(conf, small):
+    from singa_mpi.config.load import load_job
+
+    cfg = load_job(str(ROOT / "conf" / conf))
+    work = threads.work_per_step(cfg)
+    assert (work < threads.SMALL_WORK) == small
+    assert threads.work_per_step(cfg, 2) == work / 2
+    if conf == "digits_mlp.conf":
+        assert work == 64 * (64 * 256 + 256 * 128 + 128 * 10)  # batch x weights of the inner products
+    if conf == "cifar10_convnet.conf":  # convolutions count every output position
+        assert work > 100 * 32 * 75 * 32 * 32
+
+
+@pytest.mark.parametrize("env, ranks", [
+    ({}, 1),
+    ({"MPI_LOCALNRANKS": "3"}, 3),  # MPICH / Intel MPI (hydra)
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 2),  # Open MPI
+    ({"SLURM_NTASKS_PER_NODE": "4(x2)"}, 4),  # Slurm's compressed form
+])
+def test_ranks_on_this_node_come_from_the_launcher(env, ranks):
+    assert threads.local_ranks(env) == ranks
+
+
+def test_oversubscription_message():
+    assert threads.oversubscription(2, 2, 1) is None
+    assert threads.oversubscription(4, 1, 4) is None
+    assert threads.oversubscription(2, 2, 2) == (
+        "2 rank(s) x 2 BLAS thread(s) on 2 core(s) oversubscribe this node and slow every step: "
+        "set OMP_NUM_THREADS=1")
+    assert threads.oversubscription(2, 4, 1) == (
+        "4 rank(s) x 1 BLAS thread(s) on 2 core(s) oversubscribe this node and slow every step: "
+        "launch at most 2 rank(s) on this node")
+    assert threads.oversubscription(2, 3, 2).endswith(": set OMP_NUM_THREADS=1 or launch at most 2 rank(s) on this node")
+
+
+def blas_threads_now() -> dict[str, int]:
+    """{'numpy': n, 'scipy': n}: the threads of numpy's BLAS and of the one scipy bundles, if separate."""
+    import numpy
+    import scipy
+    import scipy.linalg.blas  # noqa: F401  (loaded, as in a run)
+
+    found = {}
+    for info in threadpool_info():
+        if info["user_api"] != "blas":
+            continue
+        owner = "scipy" if pathlib.Path(scipy.__file__).parent.name + ".libs" in info["filepath"] \
+            or f"{pathlib.Path(scipy.__file__).parent}/" in info["filepath"] else "numpy"
+        found.setdefault(owner, info["num_threads"])
+    assert "numpy" in found, (numpy.__file__, threadpool_info())
+    return found
+
+
+def test_limit_blas_sets_numpy_and_one_for_scipy_then_restores():
+    before = blas_threads_now()
+    with threads.limit_blas(3) as limits:
+        inside = blas_threads_now()
+    assert set(limits.values()) == set(inside.values())
+    assert inside["numpy"] == 3
+    assert inside.get("scipy", 1) == 1
+    assert blas_threads_now() == before
+
+
+@pytest.mark.parametrize("small_work, expected", [(0, 3), (threads.SMALL_WORK, 1)])
+def test_the_limit_is_in_effect_during_training(tmp_path, monkeypatch, small_work, expected):
+    """`singa-mpi train` with no thread variables: 6 cores, 2 ranks on the node -> 3 threads in the run,
+    or one for this small net."""
+    monkeypatch.setattr(threads, "SMALL_WORK", small_work)
+    for name in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MPI_LOCALNRANKS", "2")  # the launcher's count; the process itself is serial
+    monkeypatch.setattr(threads, "cores_available", lambda: 6)
+    seen = []
+    original = Trainer.train_one_batch
+
+    def recording(self, step):
+        seen.append(blas_threads_now())
+        return original(self, step)
+
+    monkeypatch.setattr(Trainer, "train_one_batch", recording)
+    nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    conf = tmp_path / "job.conf"
+    conf.write_text(nets.mlp(str(tmp_path / "data.h5"), 8, "data", 1, steps=3))
+    before = blas_threads_now()
+    assert cli.main(["train", str(conf), "--workspace", str(tmp_path / "ws")]) == 0
+    assert len(seen) == 3
+    assert all(s["numpy"] == expected and s.get("scipy", 1) == 1 for s in seen), seen
+    assert blas_threads_now() == before  # undone when the command returns
+
+
+def test_the_users_variable_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    monkeypatch.setattr(threads, "cores_available", lambda: 64)
+    before = blas_threads_now()
+    with threads.blas_threads() as count:
+        assert count == 5
+        assert blas_threads_now() == before  # nothing limited: the user's variable set it at load time
+
+
+def test_oversubscription_warns_once_on_rank_0(capsys):
+    env = {"OMP_NUM_THREADS": "2", "MPI_LOCALNRANKS": "2", "PMI_RANK": "0"}
+    lines = []
+    with threads.blas_threads(env=env, cores=2, warn=lines.append) as count:
+        assert count == 2
+    assert lines == [threads.oversubscription(2, 2, 2)]
+    lines.clear()
+    with threads.blas_threads(env=dict(env, PMI_RANK="1"), cores=2, warn=lines.append):
+        pass
+    assert lines == []  # the other ranks stay quiet
+    with threads.blas_threads(env={"MPI_LOCALNRANKS": "2"}, cores=2, warn=lines.append) as count:
+        assert count == 1
+    assert lines == []  # the chosen count never oversubscribes
+
+
+def test_the_warning_is_one_line_on_stderr_of_the_command(tmp_path):
+    nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    conf = tmp_path / "job.conf"
+    conf.write_text(nets.mlp(str(tmp_path / "data.h5"), 8, "data", 1, steps=2))
+    too_many = threads.cores_available() + 1
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": str(too_many), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "singa_mpi", "train", str(conf), "--workspace", str(tmp_path / "ws")],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if "oversubscribe" in line]
+    assert warnings == [f"warning: {threads.oversubscription(too_many - 1, 1, too_many)}"], out.stderr
