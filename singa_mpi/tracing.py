@@ -79,6 +79,7 @@ class Tracer:
         self.origin = time.perf_counter()
         self.events: list[Span] = []
         self.totals: dict[tuple[str, str], Total] = {}
+        self._cat_seconds: dict[str, float] = {}  # per category: read every step, so kept running
         self.stack: list[OpenSpan] = []
         self.step = 0
         self.phase = "train"
@@ -105,6 +106,7 @@ class Tracer:
         total.calls += 1
         total.bytes += nbytes
         total.seconds += seconds
+        self._cat_seconds[span.cat] = self._cat_seconds.get(span.cat, 0.0) + seconds
         if self.record:
             self.events.append(Span(span.name, span.cat, self.rank, span.started - self.origin, seconds,
                                     nbytes, span.step, span.args))
@@ -131,11 +133,13 @@ class Tracer:
         return {name: total for (c, name), total in self.totals.items() if c == cat}
 
     def seconds(self, cat: str) -> float:
-        return sum(total.seconds for (c, _), total in self.totals.items() if c == cat)
+        """All seconds spent in spans of ``cat`` since the last reset."""
+        return self._cat_seconds.get(cat, 0.0)
 
     def reset(self) -> None:
         """Forget totals and events (e.g. after warm-up steps)."""
         self.totals.clear()
+        self._cat_seconds.clear()
         self.events.clear()
 
     def snapshot(self) -> dict[tuple[str, str], Total]:
