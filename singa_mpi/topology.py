@@ -126,6 +126,16 @@ def topology(world_size: int, cluster, nworkers: int | None = None) -> Topology:
                     framework_name(ngroups, nserver_groups, separate))
 
 
+def check_cluster_supported(cluster, where: str = "cluster") -> None:
+    """The same check from the job alone (``check`` and serial runs, where no world size is known)."""
+    ngroups, nserver_groups = max(1, cluster.nworker_groups), max(1, cluster.nserver_groups)
+    if ngroups > 1 or nserver_groups > 1 or cluster.server_worker_separate:
+        framework = framework_name(ngroups, nserver_groups, bool(cluster.server_worker_separate))
+        raise ConfigError(
+            f"{where}: the {framework} framework (worker groups and server ranks) is not supported yet: "
+            f"expected nworker_groups: 1, nserver_groups: 1, server_worker_separate: false")
+
+
 def check_supported(topo: Topology, where: str = "cluster") -> None:
     """Today's runtimes: one worker group whose parameters sync among the workers (AllReduce)."""
     if len(topo.worker_groups) > 1 or topo.servers_separate or len(topo.server_groups) > 1:

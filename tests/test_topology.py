@@ -78,3 +78,15 @@ def test_a_world_that_does_not_fit_says_how_many_ranks_to_launch(fields, world, 
 def test_describe_names_groups_and_ranks():
     text = topology(5, cluster(**SANDBLASTER)).describe()
     assert "worker group 0: ranks 0..2" in text and "server group 0: ranks 3..4" in text
+
+
+def test_check_rejects_cluster_shapes_not_built_yet_with_file_and_line(tmp_path):
+    """`singa-mpi check` and serial runs refuse them too (no world size needed)."""
+    from singa_mpi.config.load import parse_job
+    from singa_mpi.config.validate import validate
+    import nets
+
+    data = nets.make_data(str(tmp_path / "d.h5"), 16, (12,), 5)
+    text = nets.mlp(data, 4, "data") + "cluster { nworker_groups: 2 }\n"
+    with pytest.raises(ConfigError, match=r"^job.conf:\d+:\d+: the Downpour framework .* not supported yet"):
+        validate(parse_job(text, "job.conf"))

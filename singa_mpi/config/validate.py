@@ -19,6 +19,7 @@ from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class
 from singa_mpi.net import describe, global_batch_size, instantiate, layer_error, phase_nodes
 from singa_mpi.params import INITS, init_method_name
 from singa_mpi.proto import job_pb2
+from singa_mpi.topology import check_cluster_supported
 
 
 @dataclasses.dataclass
@@ -50,6 +51,7 @@ def validate(cfg: JobConfig) -> Summary:
     job = cfg.proto
     _check_job_fields(cfg)
     _check_include_exclude(cfg)
+    check_cluster_supported(job.cluster, cfg.where("cluster"))
     phases = ["train"]
     if job.test_steps > 0:
         phases.append("test")
