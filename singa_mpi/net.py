@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 from singa_mpi.config.load import JobConfig, layers_for_phase
 from singa_mpi.errors import ConfigError, LayerFailure
-from singa_mpi.graph import Node, topological_order
+from singa_mpi.graph import Node, is_back_edge, topological_order
 from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, LayerContext, layer_class
 from singa_mpi.params import Param, make_param
 from singa_mpi.tracing import NullTracer, Tracer
@@ -70,15 +70,17 @@ class Net:
         """Compute ``wire``'s output for the algorithm's pass ``phase`` ("forward" for BP)."""
         layer = wire.layer
         inputs = [s.aux if k == "aux" else s.data for s, k in zip(wire.srcs, wire.kinds)]
-        layer.grad = None
         span = self.tracer.begin(layer.name, phase)
         try:
+            # a pass may read what came down to the layer (an RBM's top-down message); the
+            # gradient of the next backward pass starts afresh after it
             layer.data = layer.compute(phase, inputs, train)
         except LayerFailure:
             raise
         except Exception as err:  # name the layer in the one-line report (the cause stays chained)
             raise LayerFailure(layer.name, phase, err) from err
         finally:
+            layer.grad = None
             self.tracer.end(span)
 
     def run_backward(self, wire: Wire) -> None:
@@ -99,6 +101,19 @@ class Net:
             # the first gradient is taken as is; later ones make a new sum so
             # that no layer's cached array is modified behind its back
             src.grad = g if src.grad is None else src.grad + g
+
+    def run_param_gradients(self, wire: Wire) -> None:
+        """Let ``wire``'s layer add its param gradients from what its passes kept (CD)."""
+        layer = wire.layer
+        span = self.tracer.begin(layer.name, "gradients")
+        try:
+            layer.param_gradients()
+        except LayerFailure:
+            raise
+        except Exception as err:
+            raise LayerFailure(layer.name, "gradients", err) from err
+        finally:
+            self.tracer.end(span)
 
     def set_step(self, step: int) -> None:
         """Tell every layer the training step (random masks and readers key on it)."""
@@ -214,7 +229,10 @@ def build_serial_net(cfg: JobConfig, phase: str, seed: int, workspace: str,
     built = instantiate(cfg, nodes, make_ctx)
     by_name = {node.name: layer for node, layer, _ in built}
     allocate_params([layer for _, layer, _ in built], seed, shared)
-    wires = [Wire(layer, [by_name[s] for s in node.conf.srclayers], kinds, node)
+    nodes_by_name = {node.name: node for node, _, _ in built}
+    # a declared back edge (an RBM's hidden -> visible) is no input: the algorithm carries it
+    wires = [Wire(layer, [by_name[s] for s in node.conf.srclayers if not is_back_edge(nodes_by_name[s], node)],
+                  kinds, node)
              for node, layer, kinds in built]
     return Net(wires, tracer)
 

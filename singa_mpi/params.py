@@ -51,6 +51,7 @@ class Param:
         self.fresh = False  # True after zero_grad: the next contribution overwrites instead of adding
         self.factors = None
         self.queue: GradientQueue | None = None
+        self.from_checkpoint = False  # no init: its values must come from checkpoint_path
 
     def region(self) -> tuple:
         """Where this array sits in the logical param: ("nd", shard) (checkpoints)."""
@@ -193,7 +194,14 @@ def logical_init(conf: job_pb2.ParamProto, shape: Shape, seed: int) -> np.ndarra
 
 
 def make_param(conf: job_pb2.ParamProto, logical_shape: Shape, shard, seed: int) -> Param:
-    """Allocate a shard and fill it with its part of the logical initial value."""
+    """Allocate a shard and fill it with its part of the logical initial value.
+
+    A param without ``init`` (SINGA: values only from ``checkpoint_path``, as in a stacked
+    RBM's lower layers) starts at zero and is marked ``from_checkpoint``: loading the job's
+    checkpoints must fill it."""
     param = Param(conf, logical_shape, shard)
-    param.data[...] = logical_init(conf, logical_shape, seed)[param.shard_index()]
+    if conf.HasField("init"):
+        param.data[...] = logical_init(conf, logical_shape, seed)[param.shard_index()]
+    else:
+        param.from_checkpoint = True
     return param

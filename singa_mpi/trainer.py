@@ -72,7 +72,7 @@ class Trainer:
         self.runtime = runtime
         self.log = log if runtime.is_root else (lambda line: None)
         self.train_steps = train_steps if train_steps is not None else self.job.train_steps
-        self.algorithm = make_algorithm(job_pb2.AlgType.Name(self.job.train_one_batch.alg))
+        self.algorithm = make_algorithm(self.job.train_one_batch)
         self.updater = make_updater(self.job.updater)
         self.train_net = runtime.build_net("train")
         self.test_net = runtime.build_net("test") if self.job.test_steps > 0 else None

@@ -15,10 +15,12 @@ updater { type: kSGD momentum: 0.9 weight_decay: 0.001
 """
 
 
-def make_data(path: str, count: int, shape: tuple[int, ...], classes: int, seed: int = 3) -> str:
-    """A deterministic HDF5 store of ``count`` samples of ``shape`` with labels."""
+def make_data(path: str, count: int, shape: tuple[int, ...], classes: int, seed: int = 3,
+              unit: bool = False) -> str:
+    """A deterministic HDF5 store of ``count`` samples of ``shape`` with labels;
+    ``unit``: values in [0, 1] (an RBM's visible units) instead of N(0, 1)."""
     rng = np.random.default_rng(seed)
-    data = rng.normal(0, 1, (count, *shape)).astype(np.float32)
+    data = (rng.random((count, *shape)) if unit else rng.normal(0, 1, (count, *shape))).astype(np.float32)
     labels = rng.integers(0, classes, count).astype(np.int32)
     tmp = f"{path}.tmp{os.getpid()}"
     with h5py.File(tmp, "w") as f:
@@ -198,3 +200,43 @@ def cifar_convnet(path: str, batch: int, scheme: str = "hybrid", steps: int = 10
 
 def job(text: str, path: str = "<test>"):
     return parse_job(text, path)
+
+
+CD_UPDATER = """
+train_one_batch {{ alg: kCD cd_conf {{ cd_k: {cd_k} }} }}
+updater {{ type: kSGD momentum: 0.8 weight_decay: 0.0002
+          learning_rate {{ type: kFixed base_lr: 0.1 }} }}
+"""
+
+
+def rbm(path: str, batch: int, scheme: str = "data", cd_k: int = 1, nranks: int = 2, steps: int = 20,
+        hdim: int = 9, lower: bool = True, gaussian: bool = False, test: bool = False) -> str:
+    """An RBM (SINGA's rbm2 shape, small): data -> [ip -> sigmoid, frozen under CD] -> vis <-> hid.
+
+    scheme: "data" (every layer on the batch), "feature" (the RBM's hidden units split),
+    "location" (layer i whole on worker i mod nranks)."""
+    layers = [_data_layer(path, batch, (12,))]
+    pdims = {"data": ("", ""), "feature": ("", "partition_dim: 1")}.get(scheme, ("", ""))
+    names = ["data"]
+    if lower:
+        layers.append(_ip("ip", "data", 10, pdims[0]))
+        layers.append(_act("sig", "ip", "kSigmoid", pdims[0]))
+        names += ["ip", "sig"]
+    below = names[-1]
+    hid_conf = f"rbm_conf {{ hdim: {hdim} {'gaussian: true' if gaussian else ''} }}"
+    layers.append(f'layer {{ name: "vis" type: kRBMVis srclayers: "{below}" srclayers: "hid" {pdims[1]} '
+                  f'rbm_conf {{ hdim: {hdim} }} {_param("w_rbm", "kGaussian std: 0.1")} '
+                  f'{_param("b_vis", "kConstant value: 0", "wd_scale: 0")} }}')
+    layers.append(f'layer {{ name: "hid" type: kRBMHid srclayers: "vis" {pdims[1]} {hid_conf} '
+                  f'param {{ name: "w_rbm_" share_from: "w_rbm" }} '
+                  f'{_param("b_hid", "kConstant value: 0", "wd_scale: 0")} }}')
+    names += ["vis", "hid"]
+    if scheme == "location":
+        layers = [layer.replace(" srclayers:", f" location: {i % nranks} srclayers:", 1) if i else
+                  layer.replace("type: kRecordInput", "type: kRecordInput location: 0")
+                  for i, layer in enumerate(layers)]
+    text = job_text(layers, steps, net_pdim=-1 if scheme == "location" else 0, name="rbm",
+                    updater=CD_UPDATER.format(cd_k=cd_k))
+    if test:
+        text = text.replace("disp_freq: 1", "disp_freq: 1 test_steps: 2 test_freq: 5")
+    return text

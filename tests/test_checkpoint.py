@@ -110,7 +110,9 @@ def test_checkpoint_path_initialises_params_by_name(tmp_path):
         np.testing.assert_array_equal(post.params[name], pre.params[name])
 
 
-def test_missing_param_is_an_error_unless_allow_partial(tmp_path):
+def test_checkpoint_path_params_it_lacks_keep_their_init_a_misfit_is_an_error(tmp_path):
+    """SINGA's stacked-RBM use: a checkpoint initialises the params it holds, the job's own init
+    the rest (listed in a note); a param of another shape is an error unless --allow-partial."""
     conf = job_file(tmp_path, steps=1)
     train(conf, tmp_path / "pre")
     path = checkpoint.checkpoint_path(str(tmp_path / "pre"), 1)
@@ -118,13 +120,43 @@ def test_missing_param_is_an_error_unless_allow_partial(tmp_path):
     w_fc2 = ckpt.params.pop("w_fc2")
     checkpoint.write(path, ckpt)
     init = job_file(tmp_path, steps=1, name="init", extra=f'checkpoint_path: "{path}"\n')
-    with pytest.raises(DataError, match=r"no parameter 'w_fc2' \(shape \(10, 16\)\)"):
-        train(init, tmp_path / "post")
+    assert train(init, tmp_path / "fresh", steps=0) == 0
+    assert train(init, tmp_path / "post", steps=0) == 0
+    started = final(tmp_path / "post", 0)
+    np.testing.assert_array_equal(started.params["w_fc1"], ckpt.params["w_fc1"])
+    np.testing.assert_array_equal(started.params["w_fc2"], final(tmp_path / "fresh", 0).params["w_fc2"])
+    assert not np.array_equal(started.params["w_fc2"], w_fc2)
     ckpt.params["w_fc2"], ckpt.params["b_fc1"] = w_fc2, np.zeros(3, np.float32)
     checkpoint.write(path, ckpt)
     with pytest.raises(DataError, match=r"'b_fc1' has shape \(3,\), the net expects \(16,\)"):
-        train(init, tmp_path / "post")
-    assert train(init, tmp_path / "post", allow_partial=True) == 0
+        train(init, tmp_path / "post2")
+    assert train(init, tmp_path / "post3", allow_partial=True) == 0
+
+
+def test_param_without_init_must_come_from_checkpoint_path(tmp_path):
+    """SINGA's rbm2.conf names w1 without init: its values can only come from checkpoint_path."""
+    from singa_mpi.config.load import parse_job
+    from singa_mpi.config.validate import validate
+    from singa_mpi.errors import ConfigError
+
+    conf = job_file(tmp_path, steps=1)
+    train(conf, tmp_path / "pre")
+    path = checkpoint.checkpoint_path(str(tmp_path / "pre"), 1)
+    text = open(conf).read()
+    no_init = text.replace('name: "w_fc2"  init { type: kGaussian std: 0.3 }', 'name: "w_fc2"', 1)
+    assert no_init != text
+    with pytest.raises(ConfigError, match=r"param\[0\]\.init = missing: expected init \{ type: \.\.\. \}"):
+        validate(parse_job(no_init, "no_init.conf"))
+    loaded = tmp_path / "loaded.conf"
+    loaded.write_text(no_init + f'checkpoint_path: "{path}"\n')
+    assert train(str(loaded), tmp_path / "post", steps=0) == 0
+    np.testing.assert_array_equal(final(tmp_path / "post", 0).params["w_fc2"], final(tmp_path / "pre", 1).params["w_fc2"])
+    ckpt = checkpoint.read(path)
+    del ckpt.params["w_fc2"]
+    checkpoint.write(path, ckpt)
+    with pytest.raises(DataError, match=r"no parameter 'w_fc2' \(shape \(10, 16\)\): expected it there, as the "
+                                        r"job gives it no init"):
+        train(str(loaded), tmp_path / "post2", steps=0)
 
 
 def test_inspect_and_convert_singa_checkpoints(tmp_path):

@@ -146,12 +146,12 @@ LAYER_TYPES = {  # every name the layer registry had before it became a Registry
     "kConvolution", "kCudnnActivation", "kCudnnConv", "kCudnnLRN", "kCudnnPool", "kCudnnSoftmax",
     "kCudnnSoftmaxLoss", "kDropout", "kEmbedding", "kEuclideanLoss", "kImagePreprocess", "kInnerProduct",
     "kLRN", "kOneHot", "kPooling", "kReLU", "kRecordInput", "kRecordOutput", "kSTanh", "kSigmoid",
-    "kSoftmax", "kSoftmaxLoss",
+    "kSoftmax", "kSoftmaxLoss", "kRBMVis", "kRBMHid",
 }
 
 
 def test_built_in_layers_are_all_there_and_match_their_decorators():
-    from singa_mpi.layers import conv, input, loss, neuron, output  # noqa: F401  (every decorator has run)
+    from singa_mpi.layers import conv, input, loss, neuron, output, rbm  # noqa: F401  (every decorator has run)
     from singa_mpi.layers.base import LAYERS, Layer, layer_class
 
     assert set(LAYERS) == LAYER_TYPES  # a decorator name missing from base's lazy table would show here
@@ -163,11 +163,13 @@ def test_built_in_layers_are_all_there_and_match_their_decorators():
 def test_other_built_ins_are_all_there():
     from singa_mpi.algorithms import ALGORITHMS
     from singa_mpi.algorithms.bp import BackPropagation
+    from singa_mpi.algorithms.cd import ContrastiveDivergence
     from singa_mpi.data.stores import BACKENDS
     from singa_mpi.params import INITS
     from singa_mpi.updaters import LR_SCHEDULES, UPDATERS
 
-    assert ALGORITHMS.names() == ["kBP"] and ALGORITHMS.get("kBP") is BackPropagation
+    assert ALGORITHMS.names() == ["kBP", "kCD"] and ALGORITHMS.get("kBP") is BackPropagation
+    assert ALGORITHMS.get("kCD") is ContrastiveDivergence
     assert set(UPDATERS) == {"kSGD", "kNesterov", "kAdaGrad", "kRMSProp", "kAdaDelta", "kAdam", "kAdamMax"}
     assert set(LR_SCHEDULES) == {"kFixed", "kStep", "kFixedStep", "kLinear", "kExponential", "kInverse",
                                  "kInverseT"}

@@ -12,11 +12,22 @@ from typing import Callable
 
 from singa_mpi.layers.base import Layer
 from singa_mpi.net import Net
+from singa_mpi.proto import job_pb2
 
 LayerDone = Callable[[Layer], None]
 
 
 class Algorithm:
+    @classmethod
+    def from_conf(cls, conf: job_pb2.AlgProto) -> Algorithm:
+        """An instance configured from the job's ``train_one_batch`` block."""
+        return cls()
+
+    @staticmethod
+    def trains(layer_cls: type[Layer]) -> bool:
+        """Whether this algorithm trains the params of layers of ``layer_cls`` (BP: all)."""
+        return True
+
     def train_one_batch(self, net: Net, on_layer_done: LayerDone | None = None) -> None:
         raise NotImplementedError
 

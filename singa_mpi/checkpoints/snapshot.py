@@ -87,18 +87,28 @@ def collect(trainer, step: int) -> checkpoint.Checkpoint | None:
 def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool = False) -> list[str]:
     """Load ``ckpt`` into this rank's shards.  ``full``: also updater state and data positions.
 
-    Returns the names of params left as initialised (only with ``allow_partial``).
+    Returns the params left as initialised: when initialising (not ``full``, SINGA's
+    ``checkpoint_path``) those the checkpoint lacks; with ``allow_partial`` those that do not fit.
+    A param without an init must be in the checkpoint and fit (DataError otherwise).
     """
     skipped = []
     params = {p.name: p for net in trainer.nets().values() for p in net.params}
     for param in {id(p): p for p in params.values()}.values():
         value = ckpt.params.get(param.name)
         problem = None
+        if value is None and param.from_checkpoint:
+            raise DataError(f"{ckpt.path}: no parameter {param.name!r} (shape {param.logical_shape}): expected it "
+                            f"there, as the job gives it no init {{ ... }} to start from")
         if value is None:
+            if not full:  # SINGA's checkpoint_path: params it lacks start from their init
+                skipped.append(f"{param.name} (not in the checkpoint)")
+                continue
             problem = f"no parameter {param.name!r} (shape {param.logical_shape})"
         elif value.shape != param.logical_shape:
             problem = f"parameter {param.name!r} has shape {value.shape}, the net expects {param.logical_shape}"
         if problem:
+            if param.from_checkpoint:
+                raise DataError(f"{ckpt.path}: {problem}: expected it to fit, as the job gives it no init {{ ... }}")
             if not allow_partial:
                 raise DataError(f"{ckpt.path}: {problem} (use --allow-partial to keep the initial values)")
             skipped.append(f"{param.name} ({problem})")

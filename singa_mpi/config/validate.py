@@ -156,6 +156,7 @@ def _check_phase(cfg: JobConfig, phase: str, params: dict, warnings: list[str]) 
         _check_sources(cfg, node, layer, kinds, by_name)
         _check_params(cfg, node, layer, params)
         _warn_missing_data(cfg, node, warnings)
+    _check_energy_models(cfg, [(n, l) for n, l, _ in built])  # an RBM's hdim before its W's shape
     for node, layer, _ in built:  # after all owners of the phase are known
         _check_shared_params(cfg, node, layer, params)
     _check_batches(cfg, [(n, l) for n, l, _ in built])
@@ -236,8 +237,13 @@ def _check_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> Non
         names.add(conf.name)
         if conf.share_from:
             continue
+        if not conf.HasField("init") and not cfg.proto.checkpoint_path:
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', k)}: {describe(cfg, node)}: "
+                              f"{field}.init = missing: expected init {{ type: ... }}, or checkpoint_path in the "
+                              f"job to load {conf.name!r} from")
         try:
-            INITS.get(init_method_name(conf))
+            if conf.HasField("init"):  # without one, the values come from checkpoint_path
+                INITS.get(init_method_name(conf))
         except ConfigError as err:  # "init.type = kUserInit: expected one of ..."
             raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'init', 'type')}: "
                               f"{describe(cfg, node)}: {field}.{err}") from None
@@ -262,6 +268,55 @@ def _check_shared_params(cfg: JobConfig, node: Node, layer: Layer, params: dict)
         if params[owner][0] != spec.logical_shape:
             raise ConfigError(f"{where}: {describe(cfg, node)}: param[{k}].share_from = {owner!r}: "
                               f"expected a param of shape {spec.logical_shape}, {owner!r} has {params[owner][0]}")
+
+
+def _check_energy_models(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
+    """RBM pairs (seed 001): kRBMVis lists [input, its kRBMHid], kRBMHid lists [its kRBMVis]; one hdim,
+    one W (the hidden layer's param[0] shares the visible layer's), split together; trained by kCD."""
+    by_name = {node.name: (node, layer) for node, layer in built}
+    alg = job_pb2.AlgType.Name(cfg.proto.train_one_batch.alg)
+    pairs = 0
+    for node, layer in built:
+        role = layer.energy_role
+        if not role:
+            continue
+        if alg != "kCD":
+            raise layer_error(cfg, node, "type", node.type_name,
+                              f"a job with train_one_batch {{ alg: kCD }}: RBM layers are trained by contrastive "
+                              f"divergence, this job says alg: {alg}")
+        index, want_role, want_type = (1, "hidden", "kRBMHid") if role == "visible" else (0, "visible", "kRBMVis")
+        partner_name = node.conf.srclayers[index]
+        partner_node, partner = by_name[partner_name]
+        back = partner_node.conf.srclayers[1 - index] if len(partner_node.conf.srclayers) > 1 - index else None
+        if partner.energy_role != want_role or back != node.name:
+            raise ConfigError(f"{cfg.layer_where(node.index, 'srclayers', index)}: {describe(cfg, node)}: "
+                              f"srclayers[{index}] = {partner_name!r}: expected the {want_type} layer of this RBM, "
+                              f"which lists '{node.name}' as its srclayers[{1 - index}]")
+        if role == "visible":
+            continue
+        pairs += 1
+        vis_node = partner_node
+        if node.conf.rbm_conf.hdim != vis_node.conf.rbm_conf.hdim:
+            raise layer_error(cfg, node, "rbm_conf.hdim", node.conf.rbm_conf.hdim,
+                              f"{vis_node.conf.rbm_conf.hdim}, the hdim of its kRBMVis '{vis_node.name}' (one W)")
+        weight = vis_node.conf.param[0].name
+        share = node.conf.param[0].share_from
+        if share != weight:
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', 0)}: {describe(cfg, node)}: "
+                              f"param[0].share_from = {share or 'missing'!r}: expected {weight!r}, the weight of its "
+                              f"kRBMVis '{vis_node.name}' (the two layers of an RBM share one W)")
+        dims = [effective_partition_dim(cfg.proto, n.conf) for n in (vis_node, node)]
+        if (dims[0] == 1) != (dims[1] == 1):
+            raise layer_error(cfg, node, "partition_dim", dims[1],
+                              f"{'1' if dims[0] == 1 else '0 or -1'} like its kRBMVis '{vis_node.name}' "
+                              f"(partition_dim {dims[0]}): an RBM's hidden units are split on both layers or on none")
+    if alg == "kCD" and not pairs:
+        raise _fail(cfg, ("train_one_batch", "alg"), "train_one_batch.alg = kCD: expected a net with an RBM to "
+                                                     "train (a kRBMVis and kRBMHid pair)")
+    cd_k = cfg.proto.train_one_batch.cd_conf.cd_k
+    if alg == "kCD" and cd_k < 1:
+        raise _fail(cfg, ("train_one_batch", "cd_conf", "cd_k"),
+                    f"train_one_batch.cd_conf.cd_k = {cd_k}: expected at least 1 Gibbs round")
 
 
 def _check_batches(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:

@@ -68,6 +68,8 @@ _BUILT_IN: dict[str, tuple[str, ...]] = {  # "family:Class": SINGA type names
     "output:ArgSort": ("kArgSort",),
     "output:CSVOutput": ("kCSVOutput",),
     "output:RecordOutput": ("kRecordOutput",),
+    "rbm:RBMVis": ("kRBMVis",),
+    "rbm:RBMHid": ("kRBMHid",),
 }
 
 
@@ -152,6 +154,11 @@ class Layer:
     feature_partitionable: ClassVar[bool] = True
     # Minimum and maximum number of srclayers (None = unbounded).
     num_srcs: ClassVar[tuple[int, int | None]] = (1, 1)
+    # Under partition_dim 1 this layer's sub-layers split the batch rows instead of its own
+    # output features, and ``feature_units()`` units of a partner layer (an RBM's visible layer).
+    feature_split_rows: ClassVar[bool] = False
+    # "visible" or "hidden" for the two halves of an energy model (how CD finds the pairs).
+    energy_role: ClassVar[str] = ""
 
     def __init__(self, conf: job_pb2.LayerProto, ctx: LayerContext | None = None):
         self.conf = conf
@@ -181,6 +188,10 @@ class Layer:
         self.param_specs.append(ParamSpec(self.conf.param[index], tuple(logical_shape), tuple(shard), role,
                                           batch_factored))
 
+    def feature_units(self) -> int:
+        """How many units ``partition_dim: 1`` splits: the output features (axis 1) by default."""
+        return self.out_shape[0] if self.out_shape else 1
+
     def local_out_shape(self) -> Shape:
         """This sub-layer's output shape per sample (feature slice applied to axis 1)."""
         if not self.out_shape:
@@ -203,6 +214,15 @@ class Layer:
         and a negative pass); most layers compute the same thing in every pass, so
         only layers whose maths differs per pass (an RBM's) override this."""
         return self.forward(inputs, train)
+
+    def param_gradients(self) -> None:
+        """Add this layer's param gradients from what its passes kept (algorithms whose
+        gradients are not back-propagated, such as contrastive divergence, call it)."""
+        raise NotImplementedError(f"{type(self).__name__} computes its param gradients in backward")
+
+    def edge(self) -> tuple[str, str] | None:
+        """For a connection layer, the (source, destination) layers of the edge it serves."""
+        return None
 
     # -- carried state (checkpoints) -------------------------------------------
     def state(self) -> dict[str, int | float]:

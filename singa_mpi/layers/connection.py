@@ -134,6 +134,9 @@ class ExchangeLayer(Layer):
                 into[index] = block
             offset += n
 
+    def edge(self) -> tuple[str, str]:
+        return self.ex.src_layer, self.ex.dst_layer
+
     def _wait_sends(self) -> None:
         for request in self._requests:
             self.comm.Wait(request, self.name, "Wait(Isend)")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from singa_mpi.algorithms import frozen_params
 from singa_mpi.config.load import JobConfig, effective_partition_dim
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import Node
@@ -204,6 +205,13 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
             raise layer_error(cfg, node, "partition_dim", 0,
                               f"a batch of at least {nranks} rows to split over {nranks} workers (batch is {batch})")
         ranks = {r: (chunk(batch, nranks, r), None) for r in range(nranks)}
+    elif cls.feature_split_rows:  # e.g. an RBM's visible layer: the partner's units split, its rows here
+        units = logical.feature_units()
+        if units < nranks or batch < nranks:
+            raise layer_error(cfg, node, "partition_dim", 1,
+                              f"at least {nranks} hidden units and batch rows to split over {nranks} workers "
+                              f"(has {units} units, batch {batch})")
+        ranks = {r: (chunk(batch, nranks, r), chunk(units, nranks, r)) for r in range(nranks)}
     else:
         if nfeat < nranks:
             raise layer_error(cfg, node, "partition_dim", 1,
@@ -220,7 +228,8 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
         except LayerConfigError as err:
             raise layer_error(cfg, node, err.field, err.value, err.expected) from None
         layers[rank] = layer
-        regions[rank] = Region(rows or (0, batch), feats or (0, nfeat))
+        held = (0, nfeat) if cls.feature_split_rows else feats or (0, nfeat)
+        regions[rank] = Region(rows or (0, batch), held)
     return _Placed(node, pdim, layers, regions, out_shape)
 
 
@@ -268,7 +277,8 @@ def _needed_region(dst: _Placed, rank: int, src: _Placed, kind: str) -> Region:
     Rows: its own rows if dst is split on the batch, else all.  Features: its own
     slice if dst is a OneToOne layer split on features, else all (OneToAll).
     """
-    rows = dst.regions[rank].rows if dst.pdim == 0 else (0, _batch_of(src))
+    splits_rows = dst.pdim == 0 or (dst.pdim == 1 and type(dst.layers[rank]).feature_split_rows)
+    rows = dst.regions[rank].rows if splits_rows else (0, _batch_of(src))
     if kind == "aux":
         return Region(rows, (0, 1))
     if dst.pdim == 1 and type(dst.layers[rank]).connection != ONE_TO_ALL:
@@ -396,6 +406,7 @@ def _param_syncs(cfg: JobConfig, placed: dict[str, _Placed], sublayers: list[Sub
         for shard in sub.params:
             holders.setdefault((shard.name, shard.offsets), set()).add(sub.rank)
             shapes.setdefault(shard.name, {}).setdefault(shard.offsets, sub.name)
+    frozen = frozen_params(cfg.proto)  # never updated: nothing to sum
     for name, shards in shapes.items():
         offsets = list(shards)
         for a in offsets:
@@ -406,7 +417,7 @@ def _param_syncs(cfg: JobConfig, placed: dict[str, _Placed], sublayers: list[Sub
                         f"{shards[b]} ({_fmt(b)}): expected the layers sharing it to use the same partition_dim")
     syncs = []
     for (name, offsets), ranks in sorted(holders.items()):
-        if len(ranks) > 1:
+        if len(ranks) > 1 and name not in frozen:
             syncs.append(ParamSync(name, offsets, tuple(sorted(ranks)), math.prod(hi - lo for lo, hi in offsets)))
     return syncs
 

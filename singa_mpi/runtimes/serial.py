@@ -1,10 +1,11 @@
 """The serial runtime: the whole net in one process, nothing to reduce."""
 from __future__ import annotations
 
+from singa_mpi.algorithms import frozen_params
 from singa_mpi.config.load import JobConfig
 from singa_mpi.net import Net, build_serial_net
 from singa_mpi.params import Param
-from singa_mpi.sync.base import LocalSync, Synchronizer
+from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
 from singa_mpi.tracing import Tracer
 
 
@@ -22,7 +23,9 @@ class SerialRuntime:
     def build_net(self, phase: str) -> Net:
         net = build_serial_net(self.cfg, phase, self.seed, self.workspace, self.shared_params, self.tracer)
         if phase == "train":
-            self._sync = Synchronizer([LocalSync(net.params)], self.tracer)
+            frozen = frozen_params(self.cfg.proto)
+            self._sync = Synchronizer([LocalSync([p for p in net.params if p.name not in frozen]),
+                                       FrozenParams([p for p in net.params if p.name in frozen])], self.tracer)
         return net
 
     def sync(self) -> Synchronizer:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 
+from singa_mpi.algorithms import frozen_params
 from singa_mpi.config.load import JobConfig
 from singa_mpi.errors import ConfigError
 from singa_mpi.layers.base import Layer, LayerContext, layer_class
@@ -26,7 +27,7 @@ from singa_mpi.planner.schedule import digest, schedule_lines, table_label
 from singa_mpi.planner.syncs import buckets, factored_rows, shared_memory_syncs
 from singa_mpi.proto import job_pb2
 from singa_mpi.sync.allreduce import AllreduceSync
-from singa_mpi.sync.base import LocalSync, Synchronizer
+from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
 from singa_mpi.sync.shared_memory import SharedMemorySync
 
 
@@ -147,7 +148,10 @@ class WorkerRuntime:
         if bucketed.buckets:
             strategies.append(bucketed)
         synced = {id(p) for p in in_shm} | {id(p) for p in bucketed.params}
-        strategies.append(LocalSync([p for p in net.params if id(p) not in synced]))
+        frozen = frozen_params(self.cfg.proto)  # the plan syncs none of them
+        rest = [p for p in net.params if id(p) not in synced]
+        strategies.append(LocalSync([p for p in rest if p.name not in frozen]))
+        strategies.append(FrozenParams([p for p in rest if p.name in frozen]))
         return Synchronizer(strategies, self.tracer)
 
     def _setup_queue(self, net: Net, the_plan: Plan) -> None:

@@ -55,6 +55,14 @@ class LocalSync:
         pass
 
 
+class FrozenParams(LocalSync):
+    """Params the algorithm does not train (CD: the layers below an RBM): owned, so that
+    checkpoints keep them, and never updated."""
+
+    def update(self, step: int, updater) -> None:
+        pass
+
+
 class Synchronizer:
     """Several strategies, each over its own params, driven as one (in the given order)."""
 

@@ -181,8 +181,15 @@ CASES = {
     "unset_updater_type.conf": (None, ["updater.type = kUserUpdater", "kSGD", "kNesterov"], "updater"),
     "unset_lr_type.conf": (None, ["updater.learning_rate.type = kUserChange", "kFixed", "kStep"], "learning_rate"),
     "step_lr_without_change_freq.conf": (None, ["updater.learning_rate.step_conf.change_freq = 0"], "step_conf"),
-    "unsupported_alg.conf": (None, ["train_one_batch.alg = kCD"], "alg"),
-    "param_without_init.conf": ("fc1", ["param[0].init.type = kUserInit", "kGaussian", "kConstant"], "param"),
+    "unsupported_alg.conf": (None, ["train_one_batch.alg = kBPTT"], "alg"),
+    "param_without_init.conf": ("fc1", [], "param"),
+    "rbm_hdim_mismatch.conf": ("hid", ["(#2, kRBMHid)"], "hdim"),
+    "rbm_missing_share_from.conf": ("hid", ["two layers of an RBM share one W"], "param"),
+    "rbm_partner_missing.conf": ("vis", ["lists 'vis' as its srclayers[0]"], "srclayers"),
+    "rbm_partition_mismatch.conf": ("hid", ["split on both layers or on none"], "partition_dim"),
+    "rbm_under_bp.conf": ("vis", ["this job says alg: kBP"], "type"),
+    "cd_k_zero.conf": (None, [], "cd_k"),
+    "cd_without_rbm.conf": (None, ["kRBMVis and kRBMHid pair"], "alg"),
     "param_without_name.conf": ("fc1", ["param[1].name = missing"], "param"),
     "param_name_reused.conf": ("fc2", ["param[1].name = 'b1'", "layer 'fc1' declares it"], "name"),
     "ip_missing_bias_param.conf": ("fc1", ["param[1] = missing"], "layer"),
@@ -256,6 +263,6 @@ def test_message_lists_are_complete():
     assert sorted(listed("unset_updater_type.conf")) == sorted(UPDATERS)
     assert sorted(listed("unknown_updater_type.conf")) == sorted(UPDATERS)
     assert sorted(listed("unset_lr_type.conf")) == sorted(LR_SCHEDULES)
-    assert sorted(listed("param_without_init.conf")) == sorted(INITS)
+    assert sorted(listed("unsupported_alg.conf")) == ["kBP", "kCD"]
     layer_types = listed("unknown_layer_type.conf")
     assert layer_types == sorted(layer_types) and len(layer_types) >= 20
