@@ -204,6 +204,19 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_draw(args) -> int:
+    from singa_mpi import pictures
+
+    if args.what == "filters":
+        output = pictures.draw_filters(args.checkpoint, args.output, args.param, args.shape, args.max)
+    else:
+        output = pictures.draw_reconstructions(args.job, args.checkpoint,
+                                               lambda cfg: resolve_workspace(cfg, args.workspace), args.output,
+                                               args.n, args.phase, args.shape)
+    print(f"wrote {output}")
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,6 +291,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="per-layer time and communication per step from WORKSPACE/profile.json instead")
     p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("draw", help="draw an RBM's or autoencoder's filters or reconstructions from a checkpoint "
+                                    "into a PNG (needs matplotlib)")
+    draw = p.add_subparsers(dest="what", required=True)
+    d = draw.add_parser("filters", help="one tile per hidden unit: the rows of a 2-D weight as images")
+    d.add_argument("checkpoint", metavar="CKPT", help="an HDF5 checkpoint (WORKSPACE/checkpoint/step<N>.h5)")
+    d.add_argument("--param", help="the weight to draw (default: the checkpoint's first 2-D param)")
+    d.add_argument("--max", type=positive_int, default=100, metavar="N", help="draw at most N filters (default 100)")
+    d.add_argument("--shape", metavar="HxW", help="image height x width (default: square)")
+    d.add_argument("-o", "--output", help="the PNG to write (default: CKPT_STEM_PARAM_filters.png beside CKPT)")
+    d.set_defaults(func=cmd_draw)
+    d = draw.add_parser("reconstructions", help="N inputs of one batch over the model's reconstructions")
+    d.add_argument("job", metavar="JOB", help="the job that wrote CKPT (kCD with an RBM, or kBP with kEuclideanLoss)")
+    d.add_argument("checkpoint", metavar="CKPT", help="an HDF5 checkpoint of that job")
+    d.add_argument("-n", type=positive_int, default=10, help="how many inputs (default 10)")
+    d.add_argument("--phase", default="test", choices=["train", "test", "val"], help="whose batch (default test)")
+    d.add_argument("--shape", metavar="HxW", help="image height x width (default: square)")
+    d.add_argument("--workspace", help="also look for data files there (default: cluster.workspace)")
+    d.add_argument("-o", "--output", help="the PNG to write (default: CKPT_STEM_reconstructions.png beside CKPT)")
+    d.set_defaults(func=cmd_draw)
 
     p = sub.add_parser("examples", help="copy the example jobs (digits, MNIST, CIFAR-10) into a folder")
     p.add_argument("dir", nargs="?", default="conf", help="where to copy them (default: ./conf)")

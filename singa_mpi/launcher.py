@@ -28,6 +28,7 @@ from typing import Callable
 
 from singa_mpi import threads, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.config.load import JobConfig, layers_for_phase, load_job
 from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError, DataError, SingaError
@@ -209,16 +210,16 @@ def _load_initial_state(trainer: Trainer, options: RunOptions) -> None:
             if not trainer.runtime.is_root:
                 warnings.simplefilter("ignore")  # one report of a damaged file is enough
             ckpt = checkpoint.newest_good(trainer.workspace)
-        if ckpt is None:
-            trainer.log(f"note: no checkpoint in {checkpoint.checkpoint_dir(trainer.workspace)}: starting at step 0")
+        if ckpt is not None:
+            trainer.log(f"resuming from {ckpt.path} (step {ckpt.step})")
+            trainer.restore(ckpt, full=True, allow_partial=options.allow_partial)
             return
-        trainer.log(f"resuming from {ckpt.path} (step {ckpt.step})")
-        trainer.restore(ckpt, full=True, allow_partial=options.allow_partial)
-    elif job.checkpoint_path:
+        trainer.log(f"note: no checkpoint in {checkpoint.checkpoint_dir(trainer.workspace)}: starting at step 0")
+    if job.checkpoint_path:  # a fresh start (a first --resume of a requeued job included)
         # SINGA: params matched by name; later files override earlier ones
-        merged = checkpoint.read(job.checkpoint_path[0])
+        merged = read_initial(job.checkpoint_path[0])
         for path in job.checkpoint_path[1:]:
-            merged.params.update(checkpoint.read(path).params)
+            merged.params.update(read_initial(path).params)
             merged.path = path
         trainer.log(f"initialising parameters from {', '.join(job.checkpoint_path)}")
         trainer.restore(merged, full=False, allow_partial=options.allow_partial)

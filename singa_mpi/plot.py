@@ -55,7 +55,7 @@ def metric_names(runs: dict[str, list[dict]]) -> list[str]:
     """Metrics present in any run: loss first, accuracy next, then the rest by name."""
     names = {key for entries in runs.values() for entry in entries for key, value in entry.items()
              if key not in NOT_METRICS and not key.endswith("/count") and isinstance(value, (int, float))}
-    return sorted(names, key=lambda k: (k != "loss", k != "accuracy", k))
+    return sorted(names, key=lambda k: (k != "loss", k != "squared_error", k != "accuracy", k))
 
 
 def plot_metrics(workspaces: list[str], output: str) -> str:

@@ -86,10 +86,11 @@ def evaluation_line(entries: list[dict]) -> str | None:
     if not entries:
         return None
     final = entries[-1]
-    parts = [f"{k} {final[k]:.4f}" for k in ("loss", "accuracy") if k in final]
+    parts = [f"{k} {final[k]:.4f}" for k in ("loss", "squared_error", "accuracy") if k in final]
     text = "final " + " ".join(parts) + f" (step {final['step']})"
     best = []
-    for key, pick in (("accuracy", max), ("loss", min)):
+    # lower is better for a loss and for an RBM's reconstruction error (squared_error)
+    for key, pick in (("accuracy", max), ("loss", min), ("squared_error", min)):
         entry = _best(entries, key, pick)
         if entry is not None:
             best.append(f"best {key} {entry[key]:.4f} (step {entry['step']})")

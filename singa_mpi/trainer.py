@@ -188,8 +188,9 @@ class Trainer:
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)
                 final = summarize(self.runtime.reduce_metrics(self.train_net.collect_metrics()))
                 self.record(step, "train", final, samples_per_s=rate)
-                if bar is not None and "loss" in final:
-                    bar.show(f"loss {final['loss']:.4f}")
+                headline = next((k for k in ("loss", "squared_error") if k in final), None)
+                if bar is not None and headline is not None:
+                    bar.show(f"{headline} {final[headline]:.4f}")
                 last_time, steps_since = now, 0
             if self.runtime.any(self.stop_requested):  # every rank stops after the same step
                 done = step + 1  # batches trained: stepN.h5 is the state after N of them

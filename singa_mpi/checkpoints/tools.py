@@ -1,10 +1,11 @@
-"""``singa-mpi ckpt inspect`` and ``singa-mpi ckpt convert`` (SINGA 0.x BlobProtos -> HDF5)."""
+"""``singa-mpi ckpt inspect`` and ``ckpt convert`` (SINGA 0.x BlobProtos -> HDF5); ``checkpoint_path`` files."""
 from __future__ import annotations
 
 import math
 import os
 import re
 
+import h5py
 import numpy as np
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
@@ -77,6 +78,18 @@ def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
     for path in sorted(paths, key=_worker_index):
         for name, _, value in read_blobprotos(path):
             pieces.setdefault(name, []).append((path, value))
+    params = _join(pieces)
+    if step is None:
+        m = re.search(r"step(\d+)", os.path.basename(paths[0]))
+        step = int(m.group(1)) if m else 0
+    ckpt = checkpoint.Checkpoint(step=step, params=params, job_name="converted from SINGA 0.x",
+                                 plan={"source": [os.path.basename(p) for p in paths]})
+    checkpoint.write(out, ckpt)
+    return f"wrote {out}: {len(params)} params from {len(paths)} SINGA file(s), step {step}"
+
+
+def _join(pieces: dict[str, list[tuple[str, np.ndarray]]]) -> dict[str, np.ndarray]:
+    """Per param, its values from several worker files: one replica, or parts joined on axis 0."""
     params = {}
     for name, parts in pieces.items():
         shapes = {v.shape for _, v in parts}
@@ -88,15 +101,55 @@ def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
         else:
             detail = ", ".join(f"{os.path.basename(p)}: {list(v.shape)}" for p, v in parts)
             raise DataError(f"param {name!r} has shapes that cannot be joined ({detail})")
-    if step is None:
-        m = re.search(r"step(\d+)", os.path.basename(paths[0]))
-        step = int(m.group(1)) if m else 0
-    ckpt = checkpoint.Checkpoint(step=step, params=params, job_name="converted from SINGA 0.x",
-                                 plan={"source": [os.path.basename(p) for p in paths]})
-    checkpoint.write(out, ckpt)
-    return f"wrote {out}: {len(params)} params from {len(paths)} SINGA file(s), step {step}"
+    return params
 
 
 def _worker_index(path: str) -> int:
     m = re.search(r"worker(\d+)", os.path.basename(path))
     return int(m.group(1)) if m else 0
+
+
+def read_initial(path: str) -> checkpoint.Checkpoint:
+    """A ``checkpoint_path`` entry as a checkpoint of params (SINGA's stacked-RBM jobs name these).
+
+    * a singa_mpi HDF5 checkpoint: read as it is;
+    * a folder: the newest good checkpoint of that workspace (or of that checkpoint folder), so a
+      job names the run before it in a chain, whatever its step count;
+    * a SINGA 0.x BlobProtos file (``step6000-worker0``): read with every ``-worker<W>`` file of
+      the same step beside it, joined as ``ckpt convert`` joins them;
+    * a SINGA name that does not exist, ``DIR/step<N>-worker<W>``: this tool's checkpoint of that
+      step in the same folder, ``DIR/step<N>.h5`` (where running SINGA's previous job here put it).
+    """
+    if os.path.isdir(path):
+        workspace = os.path.dirname(os.path.normpath(path)) if os.path.basename(os.path.normpath(path)) == \
+            "checkpoint" and not os.path.isdir(checkpoint.checkpoint_dir(path)) else path
+        found = checkpoint.newest_good(workspace)
+        if found is None:
+            raise DataError(f"{path}: no good checkpoint in {checkpoint.checkpoint_dir(workspace)}: expected "
+                            f"the job that trains into {workspace} to have run")
+        return found
+    if os.path.exists(path) and not h5py.is_hdf5(path):
+        return _read_singa(path)
+    m = re.fullmatch(r"step(\d+)-worker\d+", os.path.basename(path))
+    if not os.path.exists(path) and m:
+        ours = os.path.join(os.path.dirname(path), f"step{m.group(1)}.h5")
+        if os.path.exists(ours):
+            return checkpoint.read(ours)
+        raise DataError(f"{path}: no such checkpoint, nor {ours} (this tool's name for it): expected the "
+                        f"job that writes it to have run (its workspace and train_steps decide the name)")
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such checkpoint")
+    return checkpoint.read(path)
+
+
+def _read_singa(path: str) -> checkpoint.Checkpoint:
+    m = re.fullmatch(r"(step\d+)-worker\d+", os.path.basename(path))
+    folder = os.path.dirname(path) or "."
+    siblings = sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                      if m and re.fullmatch(rf"{m.group(1)}-worker\d+", f)) or [path]
+    pieces: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for file in sorted(siblings, key=_worker_index):
+        for name, _, value in read_blobprotos(file):
+            pieces.setdefault(name, []).append((file, value))
+    step = re.search(r"step(\d+)", os.path.basename(path))
+    return checkpoint.Checkpoint(step=int(step.group(1)) if step else 0, params=_join(pieces), path=path)
