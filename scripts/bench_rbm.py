@@ -1,6 +1,6 @@
 """CD-1 RBM on scikit-learn's digits: singa_mpi (1 and 2 ranks) against sklearn's BernoulliRBM.
 
-    python scripts/bench_rbm.py [--hidden 100] [--batch 10] [--lr 0.05] [--epochs 20] [--ranks 1 2] [--seed 0]
+    python scripts/bench_rbm.py [--hidden 256] [--batch 100] [--lr 0.05] [--epochs 50] [--ranks 1 2] [--seed 0]
                                 [--repeat 3] [--keep DIR]
 
 Both models see the same rows: the train/test split of ``singa-mpi data digits`` (a permutation seeded
@@ -212,10 +212,11 @@ def print_report(rows: list[tuple[str, int, dict]], args, n_train: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--hidden", type=int, default=100)
-    parser.add_argument("--batch", type=int, default=10)
+    # scikit-learn's default hidden size, SINGA's RBM batch size (examples/rbm)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3, help="rounds of every run; samples/s: their median")

@@ -23,7 +23,7 @@ from singa_mpi.algorithms import make_algorithm
 from singa_mpi.config.load import JobConfig
 from singa_mpi.net import Net, global_batch_size, phase_nodes
 from singa_mpi.proto import job_pb2
-from singa_mpi.updaters import make_updater
+from singa_mpi.updaters import load_blas, make_updater
 
 
 # SINGA 0.3 include/singa/worker.h, verbatim semantics
@@ -74,6 +74,7 @@ class Trainer:
         self.train_steps = train_steps if train_steps is not None else self.job.train_steps
         self.algorithm = make_algorithm(self.job.train_one_batch)
         self.updater = make_updater(self.job.updater)
+        load_blas()  # before the clock starts
         self.train_net = runtime.build_net("train")
         self.test_net = runtime.build_net("test") if self.job.test_steps > 0 else None
         self.val_net = runtime.build_net("val") if self.job.validate_steps > 0 else None

@@ -133,7 +133,7 @@ class RecordInput(Layer):
         return values.reshape(self.out_shape)
 
     # -------------------------------------------------------------- order
-    def _orders_for(self, epochs: np.ndarray, count: int) -> dict[int, np.ndarray]:
+    def _orders_for(self, epochs, count: int) -> dict[int, np.ndarray]:
         """The permutation of each epoch in ``epochs``, keeping only these in the cache."""
         cache = {}
         for epoch in map(int, epochs):
@@ -148,6 +148,9 @@ class RecordInput(Layer):
         positions = self.skip + batch * self.batch_size + np.arange(*self._rows(), dtype=np.int64)
         if not self.conf.store_conf.shuffle:
             return positions % count
+        first, last = int(positions[0]) // count, int(positions[-1]) // count
+        if first == last:  # the usual case: every row of this batch in one epoch (positions ascend)
+            return self._orders_for([first], count)[first][positions - first * count]
         epochs, within = np.divmod(positions, count)
         indices = np.empty_like(positions)
         for epoch, order in self._orders_for(np.unique(epochs), count).items():  # one or two epochs

@@ -34,10 +34,10 @@ workers.  Hence the partitions the planner offers:
   summed by the connection layer's backward (Reduce_scatter);
 * ``location``: each layer whole on some worker (bridges in between).
 
-Random numbers are drawn for the whole (global batch x hdim) matrix from a
-stream keyed by (seed, layer, phase, step, draw) and sliced to this
-sub-layer's rows and units, so every partitioning samples what one process
-samples.
+Random numbers are entries of a (global batch x hdim) matrix per draw, from a
+stream keyed by (seed, layer) and (phase, step, draw): a sub-layer draws only
+its rows' block (:mod:`singa_mpi.streams`), so every partitioning samples what
+one process samples.
 """
 from __future__ import annotations
 
@@ -47,13 +47,19 @@ from typing import Sequence
 import numpy as np
 
 from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape
+from singa_mpi.streams import KeyedStream, rows_block
 
 _PHASE_CODES = {"train": 0, "test": 1, "val": 2}
 
 
-def _logistic(x: np.ndarray) -> np.ndarray:
-    """Stable σ(x) that keeps the dtype."""
-    return 0.5 * (np.tanh(0.5 * x) + 1)
+def _logistic(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Stable σ(x) = (tanh(x/2) + 1)/2 that keeps the dtype; ``out=x`` computes it in place."""
+    half = x.dtype.type(0.5)
+    y = np.multiply(x, half, out=out)
+    np.tanh(y, out=y)
+    y += 1
+    y *= half
+    return y
 
 
 def _hdim(layer: Layer) -> int:
@@ -126,10 +132,10 @@ class RBMVis(_RBMLayer):
         if message is None:
             raise RuntimeError("no top-down message from the hidden layer: expected the hidden layer's "
                                "top-down pass before the negative pass")
-        pre = message.reshape(self.v_pos.shape)
+        pre = message.reshape(self.v_pos.shape).astype(self.v_pos.dtype)  # a copy: the message may be a buffer
         if self.bias:
-            pre = pre + self.params[1].data
-        self.v_neg = _logistic(pre).astype(self.v_pos.dtype, copy=False)
+            pre += self.params[1].data
+        self.v_neg = _logistic(pre, out=pre)
         self.reconstructions += 1
         if self.reconstructions == 1:  # the first reconstruction is the one SINGA reports
             diff = self.v_pos - self.v_neg
@@ -174,6 +180,7 @@ class RBMHid(_RBMLayer):
         if self.bias:
             self.declare_param(1, "hidden bias", (hdim,), 0)
         self._draw_key = (-1, 0)  # (step, draws at that step)
+        self._stream: KeyedStream | None = None
         return (hdim,)
 
     # -- passes ---------------------------------------------------------------
@@ -182,7 +189,7 @@ class RBMHid(_RBMLayer):
         pre = v @ w.T
         if self.bias:
             pre += self.params[1].data
-        return pre if self.gaussian else _logistic(pre)
+        return pre if self.gaussian else _logistic(pre, out=pre)
 
     def _keep(self, which: int, v: np.ndarray, h: np.ndarray) -> np.ndarray:
         """Copy v and h into this layer's own arrays (inputs may be reused buffers):
@@ -205,16 +212,17 @@ class RBMHid(_RBMLayer):
         return self._keep(1, v, self._activate(v))
 
     def sample(self) -> np.ndarray:
-        """ĥ for this sub-layer's rows and units, from the latest hidden values."""
+        """ĥ for this sub-layer's rows and units, from the latest hidden values: entries of the
+        (global batch x hdim) random matrix of this draw, the same whatever the partitioning."""
         h = self._h[self.current]
-        rng = self.rng(*self._next_draw())
-        shape = (self.ctx.global_batch, self.out_shape[0])
-        (r0, r1), (u0, u1) = self.ctx.rows(), self.ctx.features(self.out_shape[0])
+        if self._stream is None:
+            self._stream = KeyedStream(self.ctx.seed, self.conf.name)
+        draw = self._stream.normal if self.gaussian else self._stream.uniform
+        hdim = self.out_shape[0]
+        numbers = rows_block(draw, self._next_draw(), self.ctx.rows(), hdim, self.ctx.features(hdim))
         if self.gaussian:
-            noise = rng.standard_normal(shape, dtype=np.float32)[r0:r1, u0:u1]
-            return h + noise.astype(h.dtype, copy=False)
-        uniform = rng.random(shape, dtype=np.float32)[r0:r1, u0:u1]
-        return (uniform.astype(h.dtype, copy=False) <= h).astype(h.dtype)
+            return h + numbers.astype(h.dtype, copy=False)
+        return (numbers.astype(h.dtype, copy=False) <= h).astype(h.dtype)
 
     def _next_draw(self) -> tuple[int, int, int]:
         """(phase, step, draw): draws count from 0 at each step, so a resumed run draws the same."""

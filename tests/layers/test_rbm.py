@@ -5,7 +5,7 @@ from google.protobuf import text_format
 
 from gradcheck import build_layer
 from singa_mpi.layers.base import LayerContext
-from singa_mpi.params import keyed_rng
+from singa_mpi.streams import KeyedStream
 from singa_mpi.proto import job_pb2
 
 B, V, H, SEED, STEP = 6, 5, 4, 7, 3
@@ -53,17 +53,17 @@ def reference(v, w, bv, bh, k: int, gaussian: bool):
     act = (lambda x: x) if gaussian else sigma
     h_pos = act(v @ w.T + bh)
     h, v_neg, h_neg = h_pos, None, None
+    stream = KeyedStream(SEED, "hid")
+    first = None
     for draw in range(k):
-        rng = keyed_rng(SEED, "hid", 0, STEP, draw)
         if gaussian:
-            sample = h + rng.standard_normal((B, H), dtype=np.float32)
+            sample = h + stream.normal((0, STEP, draw), 0, B * H).reshape(B, H)
         else:
-            sample = (rng.random((B, H), dtype=np.float32) <= h).astype(np.float64)
+            sample = (stream.uniform((0, STEP, draw), 0, B * H).reshape(B, H) <= h).astype(np.float64)
         v_neg = sigma(sample @ w + bv)
+        first = v_neg if first is None else first
         h_neg = h = act(v_neg @ w.T + bh)
     grads = {"w": (h_neg.T @ v_neg - h_pos.T @ v) / B, "bv": (v_neg - v).sum(0) / B, "bh": (h_neg - h_pos).sum(0) / B}
-    first = sigma(((keyed_rng(SEED, "hid", 0, STEP, 0).random((B, H), dtype=np.float32) <= h_pos) if not gaussian
-                   else h_pos + keyed_rng(SEED, "hid", 0, STEP, 0).standard_normal((B, H), dtype=np.float32)) @ w + bv)
     return grads, ((v - first) ** 2).sum()
 
 
@@ -119,3 +119,16 @@ def test_hidden_layer_has_no_bias_without_bias_term():
     vis = build_layer(conf(f'name: "vis" type: kRBMVis srclayers: "d" srclayers: "hid" rbm_conf {{ hdim: {H} '
                            'bias_term: false } param { name: "w" init { type: kGaussian } }'), [(V,)], B)
     assert [s.role for s in vis.param_specs] == ["weight"]
+
+
+@pytest.mark.parametrize("start", [0, 1, 2, 7, 40])
+def test_a_stream_block_is_that_part_of_the_whole_draw(start):
+    stream = KeyedStream(SEED, "hid")
+    for draw in (stream.uniform, stream.normal):
+        whole = draw((1, 9, 2), 0, 64)
+        np.testing.assert_array_equal(draw((1, 9, 2), start, 64 - start), whole[start:])
+        assert not np.array_equal(draw((1, 9, 3), 0, 64), whole)  # another draw, other numbers
+    normal = stream.normal((0, 0, 0), 0, 20000)
+    assert abs(normal.mean()) < 0.03 and abs(normal.std() - 1) < 0.03
+    uniform = stream.uniform((0, 0, 0), 0, 20000)
+    assert 0 <= uniform.min() and uniform.max() < 1 and abs(uniform.mean() - 0.5) < 0.01
