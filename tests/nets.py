@@ -138,8 +138,8 @@ def mlp_dropout(path: str, batch: int, scheme: str, ratio: float = 0.3, steps: i
 
 
 def convnet(path: str, batch: int, scheme: str = "hybrid", steps: int = 20, lrn: bool = False,
-            pool: str = "MAX", act: str = "kReLU", updater: str = UPDATER) -> str:
-    """conv(6@3x3) - relu - maxpool - [lrn] - conv(4@3x3) - avgpool - ip(5) - loss on (2, 8, 8) samples.
+            pool: str = "MAX", act: str = "kReLU", updater: str = UPDATER, bn: bool = False) -> str:
+    """conv(6@3x3) - [bn] - relu - maxpool - [lrn] - conv(4@3x3) - avgpool - ip(5) - loss on (2, 8, 8) samples.
 
     hybrid: ip on features, the rest on the batch; data: all on the batch; filters: both convolutions,
     the activation and both poolings split on filters (channels), LRN (which cannot be) and ip on the
@@ -153,9 +153,14 @@ def convnet(path: str, batch: int, scheme: str = "hybrid", steps: int = 20, lrn:
                  'lrn_conf { local_size: 3 alpha: 0.1 beta: 0.75 knorm: 1 } }'] if lrn else []
     layers = [
         _data_layer(path, batch, (2, 8, 8)),
+        # before batch norm a bias has nothing to learn (the normalisation removes it): none there
         f'layer {{ name: "conv1" type: kCConvolution srclayers: "data" {split} convolution_conf {{ num_filters: 6 '
-        f'kernel: 3 pad: 1 }} {_param("w_conv1")} {_param("b_conv1", "kConstant value: 0")} }}',
-        _act("relu1", "conv1", act, split),
+        f'kernel: 3 pad: 1 {"bias_term: false" if bn else ""} }} {_param("w_conv1")} '
+        f'{"" if bn else _param("b_conv1", "kConstant value: 0")} }}',
+        *([f'layer {{ name: "bn1" type: kCudnnBM srclayers: "conv1" {split} {_param("bn_scale", "kGaussian mean: 1 std: 0.1")} '
+           f'{_param("bn_bias", "kConstant value: 0.1")} {_param("bn_mean", "kConstant value: 0")} '
+           f'{_param("bn_var", "kConstant value: 1")} }}'] if bn else []),
+        _act("relu1", "bn1" if bn else "conv1", act, split),
         f'layer {{ name: "pool1" type: kCPooling srclayers: "relu1" {split} pooling_conf {{ pool: {pool} kernel: 2 '
         'stride: 2 } }',
         *lrn_layer,

@@ -146,12 +146,12 @@ LAYER_TYPES = {  # every name the layer registry had before it became a Registry
     "kConvolution", "kCudnnActivation", "kCudnnConv", "kCudnnLRN", "kCudnnPool", "kCudnnSoftmax",
     "kCudnnSoftmaxLoss", "kDropout", "kEmbedding", "kEuclideanLoss", "kImagePreprocess", "kInnerProduct",
     "kLRN", "kOneHot", "kPooling", "kReLU", "kRecordInput", "kRecordOutput", "kSTanh", "kSigmoid",
-    "kSoftmax", "kSoftmaxLoss", "kRBMVis", "kRBMHid",
+    "kSoftmax", "kSoftmaxLoss", "kRBMVis", "kRBMHid", "kBM", "kCudnnBM",
 }
 
 
 def test_built_in_layers_are_all_there_and_match_their_decorators():
-    from singa_mpi.layers import conv, input, loss, neuron, output, rbm  # noqa: F401  (every decorator has run)
+    from singa_mpi.layers import batchnorm, conv, input, loss, neuron, output, rbm  # noqa: F401  (every decorator has run)
     from singa_mpi.layers.base import LAYERS, Layer, layer_class
 
     assert set(LAYERS) == LAYER_TYPES  # a decorator name missing from base's lazy table would show here

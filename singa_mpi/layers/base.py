@@ -21,7 +21,7 @@ and, for a feature-partitioned OneToOne layer, the local feature slice on axis 1
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -70,6 +70,7 @@ _BUILT_IN: dict[str, tuple[str, ...]] = {  # "family:Class": SINGA type names
     "output:RecordOutput": ("kRecordOutput",),
     "rbm:RBMVis": ("kRBMVis",),
     "rbm:RBMHid": ("kRBMHid",),
+    "batchnorm:BatchNorm": ("kBM", "kCudnnBM"),
 }
 
 
@@ -101,6 +102,9 @@ class LayerContext:
     seed:          the job seed; random streams are keyed by (seed, step, layer, index).
     step:          the current training step, set by the trainer before each batch.
     workspace:     folder for output layers' files and relative store paths.
+    allreduce:     for a layer with batch statistics split on the batch: sums an array over
+                   the workers holding the batch's other rows (set by the runtime; None when
+                   this sub-layer holds every row).  A function, not a rank.
     """
 
     global_batch: int = 1
@@ -110,6 +114,7 @@ class LayerContext:
     step: int = 0
     workspace: str = "."
     phase: str = "train"
+    allreduce: Callable[[np.ndarray], np.ndarray] | None = None
 
     def rows(self) -> tuple[int, int]:
         return self.batch_slice if self.batch_slice is not None else (0, self.global_batch)
@@ -136,6 +141,9 @@ class ParamSpec:
     # may then gather those factors from the ranks that replicate the param and compute
     # slices of the summed gradient from them, instead of summing whole gradients.
     batch_factored: bool = False
+    # False for state the layer itself writes (batch norm's running statistics): never updated
+    # nor synchronised by the framework, kept in checkpoints
+    trained: bool = True
 
     @property
     def shard_shape(self) -> Shape:
@@ -159,6 +167,9 @@ class Layer:
     feature_split_rows: ClassVar[bool] = False
     # "visible" or "hidden" for the two halves of an energy model (how CD finds the pairs).
     energy_role: ClassVar[str] = ""
+    # Computes statistics over the whole batch: split on the batch, its sub-layers sum them over
+    # the workers through ``ctx.allreduce`` (the planner schedules those sums).
+    batch_statistics: ClassVar[bool] = False
 
     def __init__(self, conf: job_pb2.LayerProto, ctx: LayerContext | None = None):
         self.conf = conf
@@ -176,17 +187,17 @@ class Layer:
         raise NotImplementedError
 
     def declare_param(self, index: int, role: str, logical_shape: Shape, shard_axis: int | None,
-                      batch_factored: bool = False) -> None:
+                      batch_factored: bool = False, trained: bool = True) -> None:
         """Declare ``conf.param[index]``; sharded on ``shard_axis`` by the feature slice.
 
-        ``batch_factored``: see :attr:`ParamSpec.batch_factored`."""
+        ``batch_factored``, ``trained``: see :class:`ParamSpec`."""
         if index >= len(self.conf.param):
             raise LayerConfigError(f"param[{index}]", "missing", f"a param {{ name: ... }} for the {role}")
         shard = [(0, n) for n in logical_shape]
         if shard_axis is not None and self.ctx.feature_slice is not None:
             shard[shard_axis] = self.ctx.feature_slice
         self.param_specs.append(ParamSpec(self.conf.param[index], tuple(logical_shape), tuple(shard), role,
-                                          batch_factored))
+                                          batch_factored, trained))
 
     def feature_units(self) -> int:
         """How many units ``partition_dim: 1`` splits: the output features (axis 1) by default."""

@@ -48,6 +48,7 @@ class ParamShard:
     offsets: tuple[tuple[int, int], ...]  # (lo, hi) per axis
     # the layer adds its gradient as one product over its batch rows (ParamSpec.batch_factored)
     batch_factored: bool = False
+    trained: bool = True  # False: state the layer writes (ParamSpec.trained): never synchronised
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -109,6 +110,9 @@ class SubLayer:
     batch_slice: tuple[int, int] | None = None  # rows of the global batch (partition_dim 0)
     feature_slice: tuple[int, int] | None = None  # output features (partition_dim 1)
     src_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # logical, for setup
+    # a layer with batch statistics split on the batch: the workers whose rows it sums over
+    # (forward and backward of a training step), ascending; empty otherwise
+    row_group: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass
@@ -330,12 +334,21 @@ def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nran
                 srcs=inputs[rank], kinds=kinds[:len(inputs[rank])], region=region, out_shape=local,
                 pdim=dst.pdim, params=[_shard(spec) for spec in layer.param_specs],
                 needs_grad=dst.needs_grad, batch_slice=layer.ctx.batch_slice,
-                feature_slice=layer.ctx.feature_slice, src_shapes=_src_shapes(node, placed, cls)))
+                feature_slice=layer.ctx.feature_slice, src_shapes=_src_shapes(node, placed, cls),
+                row_group=_row_group(dst, cls)))
     return sublayers, exchanges
 
 
+def _row_group(placed: _Placed, cls: type[Layer]) -> tuple[int, ...]:
+    """The workers that split a batch-statistics layer's rows (empty: one sub-layer holds them all)."""
+    if not cls.batch_statistics or len(placed.layers) < 2 or placed.pdim != 0:
+        return ()
+    return tuple(sorted(placed.layers))
+
+
 def _shard(spec) -> ParamShard:
-    return ParamShard(spec.conf.share_from or spec.conf.name, spec.logical_shape, spec.shard, spec.batch_factored)
+    return ParamShard(spec.conf.share_from or spec.conf.name, spec.logical_shape, spec.shard, spec.batch_factored,
+                      spec.trained)
 
 
 def _make_exchange(eid: int, src: _Placed, dst: _Placed, kind: str, holders: dict[int, Region],
@@ -406,7 +419,7 @@ def _param_syncs(cfg: JobConfig, placed: dict[str, _Placed], sublayers: list[Sub
         for shard in sub.params:
             holders.setdefault((shard.name, shard.offsets), set()).add(sub.rank)
             shapes.setdefault(shard.name, {}).setdefault(shard.offsets, sub.name)
-    frozen = frozen_params(cfg.proto)  # never updated: nothing to sum
+    frozen = frozen_params(cfg.proto) | untrained_params(sublayers)  # never updated: nothing to sum
     for name, shards in shapes.items():
         offsets = list(shards)
         for a in offsets:
@@ -420,6 +433,11 @@ def _param_syncs(cfg: JobConfig, placed: dict[str, _Placed], sublayers: list[Sub
         if len(ranks) > 1 and name not in frozen:
             syncs.append(ParamSync(name, offsets, tuple(sorted(ranks)), math.prod(hi - lo for lo, hi in offsets)))
     return syncs
+
+
+def untrained_params(sublayers: list[SubLayer]) -> set[str]:
+    """Names of params the layers write themselves (batch norm's running statistics)."""
+    return {shard.name for sub in sublayers for shard in sub.params if not shard.trained}
 
 
 def _fmt(offsets) -> str:

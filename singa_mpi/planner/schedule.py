@@ -111,11 +111,26 @@ def rank_schedule(plan: Plan, rank: int, method: str = SHARED_MEMORY) -> list[Co
     """The communication calls of ``rank`` in one step of ``plan``'s phase, in order.
 
     ``method``: how world-replicated params are synchronised (see :mod:`.syncs`)."""
-    subs = [s for s in plan.on_rank(rank) if s.exchange is not None]
-    ops = [_exchange_ops(s, FORWARD) for s in subs]
+    subs = [s for s in plan.on_rank(rank) if s.exchange is not None or (s.row_group and plan.phase == "train")]
+    ops = [_layer_op(s, FORWARD) for s in subs]
     if plan.phase == "train":
-        ops += [_exchange_ops(s, BACKWARD) for s in reversed(subs) if s.exchange.with_backward]
+        ops += [_layer_op(s, BACKWARD) for s in reversed(subs)
+                if (s.exchange.with_backward if s.exchange is not None else s.needs_grad)]
     return ops + _sync_ops(plan, rank, method)
+
+
+def _layer_op(sub: SubLayer, direction: str) -> CommOp:
+    return _exchange_ops(sub, direction) if sub.exchange is not None else _statistics_op(sub, direction)
+
+
+def _statistics_op(sub: SubLayer, direction: str) -> CommOp:
+    """A batch-statistics layer's sum over the workers holding the batch's other rows: two float64
+    values per channel (Σx, Σx² forward; Σdy, Σdy·x̂ backward), only in training (tests use the
+    running statistics)."""
+    channels = sub.out_shape[1] if len(sub.out_shape) > 1 else 1
+    moved = _ring(2 * channels * 8, len(sub.row_group))
+    return CommOp(sub.rank, "Allreduce", None, sub.row_group, None, None, (2, channels), "float64",
+                  f"{sub.origin}(statistics)", direction, f"{direction}:statistics:{sub.origin}", moved, moved)
 
 
 def schedules(plan: Plan, method: str = SHARED_MEMORY) -> dict[int, list[CommOp]]:

@@ -23,7 +23,9 @@ class SerialRuntime:
     def build_net(self, phase: str) -> Net:
         net = build_serial_net(self.cfg, phase, self.seed, self.workspace, self.shared_params, self.tracer)
         if phase == "train":
-            frozen = frozen_params(self.cfg.proto)
+            frozen = frozen_params(self.cfg.proto) | {p.name for layer in net.layers
+                                                      for p, spec in zip(layer.params, layer.param_specs)
+                                                      if not spec.trained}
             self._sync = Synchronizer([LocalSync([p for p in net.params if p.name not in frozen]),
                                        FrozenParams([p for p in net.params if p.name in frozen])], self.tracer)
         return net

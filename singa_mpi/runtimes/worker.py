@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
 from singa_mpi.algorithms import frozen_params
 from singa_mpi.config.load import JobConfig
 from singa_mpi.errors import ConfigError
@@ -22,7 +24,7 @@ from singa_mpi.layers.connection import ExchangeLayer
 from singa_mpi.net import Net, Wire
 from singa_mpi.params import GradientQueue, Param, make_param
 from singa_mpi.planner import ALLREDUCE, METHODS, SHARED_MEMORY, partition, verify
-from singa_mpi.planner.plan import Plan, SubLayer
+from singa_mpi.planner.plan import Plan, SubLayer, untrained_params
 from singa_mpi.planner.schedule import digest, schedule_lines, table_label
 from singa_mpi.planner.syncs import buckets, factored_rows, shared_memory_syncs
 from singa_mpi.proto import job_pb2
@@ -115,10 +117,22 @@ class WorkerRuntime:
         ctx = LayerContext(global_batch=the_plan.batch, batch_slice=sub.batch_slice,
                            feature_slice=sub.feature_slice, seed=self.seed, workspace=self.workspace,
                            phase=the_plan.phase)
+        if sub.row_group:  # batch statistics summed over the workers holding the batch's rows
+            ctx.allreduce = self._row_sum(sub)
         layer = layer_class(node.type_name)(node.conf, ctx)
         layer.out_shape = tuple(layer.setup(sub.src_shapes))
         layer.params = [self._param(the_plan, spec) for spec in layer.param_specs]
         return layer
+
+    def _row_sum(self, sub: SubLayer):
+        """sum(array) over ``sub.row_group`` (the communicator is made now, in the plan's order)."""
+        comm, label = self.comm.sub(sub.row_group), f"{sub.origin}(statistics)"
+
+        def allreduce(array: np.ndarray) -> np.ndarray:
+            total = np.ascontiguousarray(array, np.float64)
+            comm.Allreduce(total, label)
+            return total
+        return allreduce
 
     def _param(self, the_plan: Plan, spec) -> Param:
         """This worker's shard of a param, shared by every layer and phase that uses it."""
@@ -148,7 +162,7 @@ class WorkerRuntime:
         if bucketed.buckets:
             strategies.append(bucketed)
         synced = {id(p) for p in in_shm} | {id(p) for p in bucketed.params}
-        frozen = frozen_params(self.cfg.proto)  # the plan syncs none of them
+        frozen = frozen_params(self.cfg.proto) | untrained_params(the_plan.sublayers)  # the plan syncs none
         rest = [p for p in net.params if id(p) not in synced]
         strategies.append(LocalSync([p for p in rest if p.name not in frozen]))
         strategies.append(FrozenParams([p for p in rest if p.name in frozen]))

@@ -67,6 +67,10 @@ LAYER_CASES = {
     "conv-filters-lrn": lambda path, batch: nets.convnet(path, batch, "filters", STEPS, lrn=True, **SMOOTH),
     "lrn-data": lambda path, batch: nets.convnet(path, batch, "data", STEPS, lrn=True, **SMOOTH),
     "lrn-hybrid": lambda path, batch: nets.convnet(path, batch, "hybrid", STEPS, lrn=True, **SMOOTH),
+    # batch norm: statistics over the whole batch (summed over the workers' rows), or per own channels
+    "bn-data": lambda path, batch: nets.convnet(path, batch, "data", STEPS, bn=True, **SMOOTH),
+    "bn-filters": lambda path, batch: nets.convnet(path, batch, "filters", STEPS, bn=True, **SMOOTH),
+    "bn-hybrid": lambda path, batch: nets.convnet(path, batch, "hybrid", STEPS, bn=True, **SMOOTH),
     # dropout masks are drawn for the global batch: every layout drops the serial run's units
     "dropout-data": lambda path, batch: nets.mlp_dropout(path, batch, "data", steps=STEPS),
     "dropout-feature": lambda path, batch: nets.mlp_dropout(path, batch, "feature", steps=STEPS),
