@@ -67,6 +67,12 @@ def cmd_check(args) -> int:
             for name, type_name, shape in phase.layers:
                 print(f"    {name:<20} {type_name:<18} {shape}")
     print(f"  params: {len(summary.params)}  ({summary.num_weights:,} weights)")
+    if args.n is not None:
+        from singa_mpi.runtimes.worker import WorkerRuntime
+
+        phases = [phase.phase for phase in summary.phases]
+        WorkerRuntime.plan_phases(cfg, args.n, phases)  # partition + verify, as a launch on N ranks does
+        print(f"  plans on {args.n} worker(s): {', '.join(phases)} OK")
     return 0
 
 
@@ -263,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("-v", "--verbose", action="store_true", help="list layers with output shapes")
     p.add_argument("--print-workspace", action="store_true", help="only print the job's workspace folder")
+    p.add_argument("-n", "--workers", dest="n", type=positive_int,
+                   help="also partition every phase over N workers and prove its schedule safe (no MPI)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("plan", help="show how a job is partitioned over N workers (no MPI needed)")

@@ -29,7 +29,7 @@ from typing import Callable
 from singa_mpi import threads, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
-from singa_mpi.config.load import JobConfig, layers_for_phase, load_job
+from singa_mpi.config.load import JobConfig, effective_partition_dim, layers_for_phase, load_job
 from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError, DataError, SingaError
 from singa_mpi.runtimes.serial import SerialRuntime
@@ -257,7 +257,7 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         cfg = _prepare(job, seed)
         if check is not None:
             check(cfg)
-        role = _role(cfg, world.size, world.rank)
+        role = _role(cfg, world.size, world.rank, log=print if world.rank == 0 else None)
         workspace = workspace_of(cfg)
         check_inputs(cfg, workspace, phases or _phases(cfg), log=print if world.rank == 0 else None)
         plans = WorkerRuntime.plan_phases(cfg, world.size, _phases(cfg))
@@ -341,28 +341,45 @@ def with_workers(job: str | JobConfig, workers: int | None):
 
     def load() -> JobConfig:
         cfg = job if isinstance(job, JobConfig) else load_job(job)
-        cfg.proto.cluster.nworkers_per_group = workers
+        cfg.proto.cluster.nworkers_per_group = cfg.workers = workers
         return cfg
 
     return load
 
 
-def _role(cfg: JobConfig, size: int, rank: int):
-    """This rank's role from the job's cluster (pure; ConfigError for shapes not built yet)."""
+def _role(cfg: JobConfig, size: int, rank: int, log: Callable[[str], None] | None = None):
+    """This rank's role from the job's cluster (pure but for the note ``log`` gets; ConfigError for
+    shapes not built yet)."""
     cluster = cfg.proto.cluster
     if cluster.HasField("nworkers_per_group") and cluster.nworkers_per_group != size and \
             cluster.nworker_groups <= 1 and not cluster.server_worker_separate:
         workers = cluster.nworkers_per_group
-        if cfg.source.value("cluster", "nworkers_per_group") != str(workers):  # set by --workers
+        if cfg.workers is not None:  # asked for with --workers
             raise ConfigError(f"--workers {workers}: expected the number of MPI ranks ({size}); "
                               f"launch with mpirun -n {workers} or pass --workers {size}")
-        raise ConfigError(
-            f"{cfg.where('cluster', 'nworkers_per_group')}: cluster.nworkers_per_group = {workers}: expected "
-            f"the number of MPI ranks ({size}); launch with mpirun -n {workers}, or pass --workers {size} "
-            f"to partition the job over {size} workers")
+        note = follow_launched_count(cfg, size)
+        if log is not None:
+            log(note)
     topo = topology(size, cluster, nworkers=None if cluster.HasField("nworkers_per_group") else size)
     check_supported(topo, cfg.where("cluster"))
     return topo.role(rank)
+
+
+def follow_launched_count(cfg: JobConfig, size: int) -> str:
+    """A job file's ``nworkers_per_group`` is SINGA's process count, not part of the net: run on the
+    ``size`` launched ranks instead when every layer can (``partition_dim`` splits over any count;
+    a ``location`` must name one of them: ConfigError naming the layer otherwise).  Returns the note."""
+    workers = cfg.proto.cluster.nworkers_per_group
+    where = cfg.where("cluster", "nworkers_per_group")
+    for index, layer in enumerate(cfg.proto.neuralnet.layer):
+        if effective_partition_dim(cfg.proto, layer) == -1 and layer.location >= size:
+            raise ConfigError(f"{cfg.layer_where(index, 'location')}: layer '{layer.name}': location = "
+                              f"{layer.location}: expected a worker below {size}, the number of MPI ranks "
+                              f"(the job places layers on workers up to {layer.location}; its "
+                              f"cluster.nworkers_per_group is {workers}): launch with mpirun -n {workers}")
+    cfg.proto.cluster.nworkers_per_group = size
+    return (f"note: {where}: cluster.nworkers_per_group = {workers} in the job; running on the {size} "
+            f"launched rank(s)")
 
 
 def _abort(world, message: str, code: int) -> None:

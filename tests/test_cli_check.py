@@ -84,3 +84,14 @@ def test_relative_path_is_reported_as_given(tmp_path):
                                        'neuralnet {\n  layer { name: "a" type: kReLUU }\n}\n')
     message = single_error_line(run_check("job.conf", cwd=tmp_path))
     assert message.startswith("job.conf:4:27: layer 'a' (#0): type = kReLUU: expected one of ")
+
+
+def test_workers_option_plans_every_phase_on_that_many_workers():
+    """`check -n N` says how many workers are meant: the plans a launch on N ranks would make, checked."""
+    conf = REPO / "conf" / "cifar10_hybrid.conf"  # pinned to 2 workers; runs on others
+    result = run_check(str(conf), "-n", "3")
+    assert result.returncode == 0, result.stderr
+    assert "  plans on 3 worker(s): train, test OK" in result.stdout.splitlines()
+    result = run_check(str(REPO / "conf" / "digits_mlp.conf"), "--workers", "100")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "partition_dim = 0: expected a batch of at least 100 rows to split over 100 workers" in result.stderr

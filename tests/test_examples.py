@@ -69,19 +69,31 @@ def test_the_hybrid_example_plans_on_1_to_4_workers(n, capsys):
         assert f"rank {n - 1}:" in out and f"rank {n}:" not in out
 
 
-def test_a_pinned_worker_count_is_overridden_by_workers():
+def test_a_pinned_worker_count_follows_the_launched_ranks():
+    """cluster.nworkers_per_group is SINGA's process count: another launched count runs, with a note;
+    --workers N states the count explicitly and must match the ranks."""
     conf = str(ROOT / "conf" / "cifar10_hybrid.conf")  # cluster { nworkers_per_group: 2 }
-    with pytest.raises(ConfigError, match=r"cluster.nworkers_per_group = 2: expected the number of MPI ranks "
-                                          r"\(3\); launch with mpirun -n 2, or pass --workers 3"):
-        launcher._role(launcher._prepare(conf, None), 3, 0)
-    cfg = launcher._prepare(launcher.with_workers(conf, 3), None)
-    assert [launcher._role(cfg, 3, rank).index for rank in range(3)] == [0, 1, 2]
+    notes = []
+    cfg = launcher._prepare(conf, None)
+    assert [launcher._role(cfg, 3, rank, log=notes.append).index for rank in range(3)] == [0, 1, 2]
+    assert notes[0].startswith(f"note: {conf}:") and notes[0].endswith(
+        "cluster.nworkers_per_group = 2 in the job; running on the 3 launched rank(s)")
     cfg = launcher._prepare(launcher.with_workers(conf, 4), None)
     with pytest.raises(ConfigError, match=r"--workers 4: expected the number of MPI ranks \(3\)"):
         launcher._role(cfg, 3, 0)
 
 
-def test_workers_runs_a_pinned_job_on_3_ranks(tmp_path):
+def test_a_location_beyond_the_launched_ranks_names_the_layer(tmp_path):
+    data = nets.make_data(str(tmp_path / "data.h5"), 64, (12,), 5)
+    conf = tmp_path / "placed.conf"
+    conf.write_text(nets.mlp(data, 7, "pipeline", 3, steps=4) + "\ncluster { nworkers_per_group: 3 }\n")
+    cfg = launcher._prepare(str(conf), None)
+    with pytest.raises(ConfigError, match=r"placed.conf:\d+:\d+: layer '\w+': location = 2: expected a worker "
+                                          r"below 2, the number of MPI ranks .* launch with mpirun -n 3"):
+        launcher._role(cfg, 2, 0)
+
+
+def test_a_pinned_job_runs_on_3_ranks(tmp_path):
     data = nets.make_data(str(tmp_path / "data.h5"), 64, (12,), 5)
     conf = tmp_path / "pinned.conf"
     conf.write_text(nets.mlp(data, 7, "hybrid", 2, steps=4) + "\ncluster { nworkers_per_group: 2 }\n")
@@ -91,12 +103,12 @@ def test_workers_runs_a_pinned_job_on_3_ranks(tmp_path):
                                     str(tmp_path / "ws"), *extra]
         return subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=300)
 
-    refused = train()
-    assert refused.returncode == 2 and "pass --workers 3" in refused.stderr, refused.stderr[-2000:]
-    assert refused.stderr.count("error") == 1  # reported once, by rank 0
-    done = train("--workers", "3")
+    done = train()
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("running on the 3 launched rank(s)") == 1  # said once, by rank 0
     assert (tmp_path / "ws" / "checkpoint" / "step4.h5").exists()
+    refused = train("--workers", "2", "--overwrite")  # asked for explicitly: must match the ranks
+    assert refused.returncode == 2 and "--workers 2: expected the number of MPI ranks (3)" in refused.stderr
 
 
 def test_missing_data_names_the_converter_and_the_synthetic_command(tmp_path, monkeypatch, capfd):

@@ -29,6 +29,7 @@ class JobConfig:
     path: str
     text: str
     source: SourceMap
+    workers: int | None = None  # --workers N: the worker count the user asked for (else the file's)
 
     def where(self, *fields) -> str:
         return self.source.where(*fields)
