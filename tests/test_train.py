@@ -40,3 +40,19 @@ def test_default_job_reaches_95_percent_on_digits(tmp_path, monkeypatch, capsys)
     assert final["phase"] == "test" and final["step"] == 600
     assert final["accuracy"] >= 0.95
     assert "preparing scikit-learn's digits" in capsys.readouterr().out
+
+
+def test_a_layer_nobody_consumes_is_left_out_of_backward(tmp_path):
+    """SINGA's cifar10/cudnn_bm.conf leaves a pooling layer dangling: it computes forward, gets no
+    gradient, passes none on, and the run trains as without it."""
+    data = nets.make_data(str(tmp_path / "d.h5"), 40, (12,), 5)
+    text = nets.mlp(data, 8, "data").replace("train_steps: 20", "train_steps: 4")
+    dangling = text.replace('neuralnet {', 'neuralnet {\nlayer { name: "dangle" type: kSigmoid srclayers: "fc1" }', 1)
+    losses = []
+    for name, job in (("plain", text), ("dangling", dangling)):
+        conf = tmp_path / f"{name}.conf"
+        conf.write_text(job)
+        assert cli.main(["train", str(conf), "--workspace", str(tmp_path / name)]) == 0
+        lines = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        losses.append([m["loss"] for m in lines if m["phase"] == "train"])
+    assert losses[0] == losses[1] and len(losses[0]) == 4

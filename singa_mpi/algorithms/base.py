@@ -50,6 +50,11 @@ def backward_pass(net: Net, on_layer_done: LayerDone | None = None) -> None:
     for wire in reversed(net.wires):
         if not wire.needs_grad:
             continue
+        layer = wire.layer
+        if layer.grad is None and not layer.is_loss and layer.edge() is None:
+            # nothing consumed its output (SINGA's cudnn_bm.conf leaves pool2 dangling): no gradient
+            # to pass on.  Connection layers still run: their collectives need every member
+            continue
         net.run_backward(wire)
         if on_layer_done is not None and wire.layer.params:
             on_layer_done(wire.layer)
