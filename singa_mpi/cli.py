@@ -328,11 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="convert data sets into stores")
     p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv", "synthetic"])
     p.add_argument("--out", help="output store (folder for digits)")
-    p.add_argument("--backend", default="hdf5", choices=["hdf5", "kvfile", "textfile"])
+    p.add_argument("--backend", default="hdf5", choices=["hdf5", "kvfile", "textfile", "shard"],
+                   help="store format (shard: SINGA 0.1's DataShard folder, for kShardData)")
     p.add_argument("--images", help="mnist: IDX image file (.gz ok)")
     p.add_argument("--labels", help="mnist: IDX label file (.gz ok)")
     p.add_argument("--batches", nargs="+", help="cifar10: binary batch files")
-    p.add_argument("--mean", help="cifar10: also write the per-pixel mean to this kvfile")
+    p.add_argument("--mean", help="cifar10: also write the per-pixel mean to this kvfile "
+                                  "(with --backend shard: SINGA 0.1's image_mean.bin)")
     p.add_argument("--csv", help="csv: input file with label,v1,v2,... lines")
     p.add_argument("--no-label", action="store_true", help="csv: lines carry no label column")
     p.add_argument("--separator", default=",")

@@ -198,6 +198,8 @@ def global_batch_size(cfg: JobConfig, nodes: Iterable[Node]) -> int:
         store = node.conf.store_conf
         if node.conf.HasField("store_conf") and store.batchsize:
             return int(sum(store.batchsize)) if len(store.batchsize) > 1 else int(store.batchsize[0])
+        if node.conf.HasField("sharddata_conf") and node.conf.sharddata_conf.batchsize > 0:  # SINGA 0.1
+            return int(node.conf.sharddata_conf.batchsize)
     return 1
 
 

@@ -147,11 +147,12 @@ LAYER_TYPES = {  # every name the layer registry had before it became a Registry
     "kCudnnSoftmaxLoss", "kDropout", "kEmbedding", "kEuclideanLoss", "kImagePreprocess", "kInnerProduct",
     "kLRN", "kOneHot", "kPooling", "kReLU", "kRecordInput", "kRecordOutput", "kSTanh", "kSigmoid",
     "kSoftmax", "kSoftmaxLoss", "kRBMVis", "kRBMHid", "kBM", "kCudnnBM",
+    "kShardData", "kMnist", "kRGBImage", "kLabel",
 }
 
 
 def test_built_in_layers_are_all_there_and_match_their_decorators():
-    from singa_mpi.layers import batchnorm, conv, input, loss, neuron, output, rbm  # noqa: F401  (every decorator has run)
+    from singa_mpi.layers import batchnorm, conv, input, loss, neuron, output, parser, rbm  # noqa: F401  (decorators ran)
     from singa_mpi.layers.base import LAYERS, Layer, layer_class
 
     assert set(LAYERS) == LAYER_TYPES  # a decorator name missing from base's lazy table would show here
@@ -175,7 +176,7 @@ def test_other_built_ins_are_all_there():
                                  "kInverseT"}
     assert set(INITS) == {"kConstant", "kGaussian", "kUniform", "kGaussianSqrtFanIn", "kUniformSqrtFanIn",
                           "kUniformSqrtFanInOut"}
-    assert BACKENDS.names() == ["hdf5", "kvfile", "textfile"]
+    assert BACKENDS.names() == ["hdf5", "kvfile", "shard", "textfile"]
 
 
 def test_a_plugin_layer_with_its_own_name(monkeypatch):

@@ -13,6 +13,7 @@ import re
 
 from google.protobuf import text_format
 
+from singa_mpi.config.retired import RETIRED_LAYER_TYPES
 from singa_mpi.config.source import SourceMap
 from singa_mpi.errors import ConfigError
 from singa_mpi.proto import job_pb2
@@ -70,6 +71,8 @@ def _explain(message: str, source: SourceMap, block: tuple, line: int, col: int)
     field = source.field_before(line, col)
     name = _field_name(field, block[:4] if _in_layer(block) else ()) if field else "value"
     enum = _NO_ENUM_VALUE.search(message)
+    if enum and enum.group(1) == "singa.LayerType" and enum.group(2) in RETIRED_LAYER_TYPES:
+        return f"{name} = {enum.group(2)}: expected {RETIRED_LAYER_TYPES[enum.group(2)]}"
     if enum:
         choices = _enum_choices(enum.group(1))
         close = _closest(enum.group(2), choices)

@@ -12,6 +12,7 @@ import os
 
 from singa_mpi.algorithms import ALGORITHMS
 from singa_mpi.config.load import JobConfig, effective_partition_dim
+from singa_mpi.config.retired import RETIRED_LAYER_TYPES
 from singa_mpi.data.prepare import how_to_make, is_bundled_digits
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import CycleError, Node
@@ -194,6 +195,8 @@ def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
     if conf.type == job_pb2.kUserLayer:
         raise layer_error(cfg, node, "type", "kUserLayer",
                           f"a built-in type (user layers are not supported): one of {', '.join(LAYERS.names())}")
+    if node.type_name in RETIRED_LAYER_TYPES:
+        raise layer_error(cfg, node, "type", node.type_name, RETIRED_LAYER_TYPES[node.type_name])
     try:
         cls = layer_class(node.type_name)
     except ConfigError as err:
@@ -211,11 +214,20 @@ def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
 
 
 def _check_sources(cfg: JobConfig, node: Node, layer: Layer, kinds: list[str], by_name) -> None:
+    # SINGA 0.1's parser layers name the one data layer type whose records they parse
+    wanted = getattr(layer, "source_types", ())
     for k, (src_name, kind) in enumerate(zip(node.conf.srclayers, kinds)):
         src_node, src_layer = by_name[src_name]
+        if wanted and src_node.type_name not in wanted:
+            raise ConfigError(
+                f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "
+                f"srclayers[{k}] = {src_name!r} ({src_node.type_name}): expected a {' or '.join(wanted)} layer, "
+                f"whose records {node.type_name} parses")
         if kind == "aux":
-            has_label = src_layer.is_input and (not src_node.conf.HasField("store_conf")
-                                                or src_node.conf.store_conf.has_label)
+            # an input layer with labels, or a layer that passes them on (SINGA 0.1's kLabel)
+            has_label = (src_layer.is_input and (not src_node.conf.HasField("store_conf")
+                                                 or src_node.conf.store_conf.has_label)
+                         or getattr(src_layer, "provides_labels", False))
             if not has_label:
                 raise ConfigError(
                     f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "
@@ -324,33 +336,46 @@ def _check_batches(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
     rows and needs none (one it gives must agree)."""
     first = None
     for node, layer in built:
-        if not node.conf.HasField("store_conf"):
+        found = _batch_of(cfg, node, layer)
+        if found is None:
             continue
-        if not layer.is_input and not node.conf.store_conf.batchsize:
-            continue
-        for k, size in enumerate(node.conf.store_conf.batchsize):
-            if size <= 0:
-                raise ConfigError(f"{cfg.layer_where(node.index, 'store_conf', 'batchsize', k)}: "
-                                  f"{describe(cfg, node)}: store_conf.batchsize = {size}: expected a positive integer")
-        if not node.conf.store_conf.batchsize:
-            raise layer_error(cfg, node, "store_conf.batchsize", "missing", "a positive batch size")
-        batch = sum(node.conf.store_conf.batchsize)
+        field, batch = found
         if first is None:
             first = (node, batch)
         elif batch != first[1]:
-            raise layer_error(cfg, node, "store_conf.batchsize", batch,
+            raise layer_error(cfg, node, field, batch,
                               f"{first[1]}, the batch size of input layer '{first[0].name}' of the same phase")
 
 
+def _batch_of(cfg: JobConfig, node: Node, layer: Layer) -> tuple[str, int] | None:
+    """(field, global batch size) of a layer that reads or writes batches, else None."""
+    if node.conf.HasField("sharddata_conf") and layer.is_input:  # SINGA 0.1's kShardData (setup checked it)
+        return "sharddata_conf.batchsize", node.conf.sharddata_conf.batchsize
+    if not node.conf.HasField("store_conf"):
+        return None
+    if not layer.is_input and not node.conf.store_conf.batchsize:
+        return None
+    for k, size in enumerate(node.conf.store_conf.batchsize):
+        if size <= 0:
+            raise ConfigError(f"{cfg.layer_where(node.index, 'store_conf', 'batchsize', k)}: "
+                              f"{describe(cfg, node)}: store_conf.batchsize = {size}: expected a positive integer")
+    if not node.conf.store_conf.batchsize:
+        raise layer_error(cfg, node, "store_conf.batchsize", "missing", "a positive batch size")
+    return "store_conf.batchsize", sum(node.conf.store_conf.batchsize)
+
+
 def _warn_missing_data(cfg: JobConfig, node: Node, warnings: list[str]) -> None:
-    if not node.conf.HasField("store_conf") or not node.conf.store_conf.path:
+    if node.conf.HasField("sharddata_conf") and node.conf.sharddata_conf.path:  # SINGA 0.1's DataShard folder
+        conf, store = "sharddata_conf", job_pb2.StoreProto(backend="shard", path=node.conf.sharddata_conf.path)
+    elif node.conf.HasField("store_conf") and node.conf.store_conf.path:
+        conf, store = "store_conf", node.conf.store_conf
+    else:
         return
-    path = node.conf.store_conf.path
+    path = store.path
     workspace = cfg.proto.cluster.workspace
     candidates = [path] + ([os.path.join(workspace, path)] if workspace else [])
     if not any(os.path.exists(p) for p in candidates):
-        store = node.conf.store_conf
         todo = ("training prepares it from scikit-learn's bundled digits" if is_bundled_digits(path, store)
                 else how_to_make(path, "path", store, cfg.path))
-        warnings.append(f"{cfg.layer_where(node.index, 'store_conf', 'path')}: layer '{node.name}': "
+        warnings.append(f"{cfg.layer_where(node.index, conf, 'path')}: layer '{node.name}': "
                         f"data file {path!r} not found: {todo}")

@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
+import shutil
 import struct
 from typing import Iterable, Iterator
 
 import numpy as np
 
+from singa_mpi.data.shard import mean_record_bytes
 from singa_mpi.data.stores import KVFileWriter, check_backend, open_store
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.proto import job_pb2
@@ -24,19 +26,24 @@ IDX_IMAGES, IDX_LABELS = 2051, 2049  # MNIST: unsigned bytes, 3 and 1 dimensions
 CIFAR_SHAPE = (3, 32, 32)
 CIFAR_RECORD = 1 + 3 * 32 * 32  # one label byte, then the red, green and blue planes
 CIFAR_CLASSES = 10
-EXTENSIONS = {"hdf5": ".h5", "kvfile": ".bin", "textfile": ".csv"}
+EXTENSIONS = {"hdf5": ".h5", "kvfile": ".bin", "textfile": ".csv", "shard": "_shard"}  # a shard is a folder
 
 
 @contextlib.contextmanager
 def atomic_path(out_path: str) -> Iterator[str]:
-    """A temporary path to write; renamed to ``out_path`` on success, removed on failure."""
+    """A temporary path to write (a file or a DataShard folder); renamed to ``out_path`` on
+    success (replacing what was there), removed on failure."""
     os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
     tmp = f"{out_path}.tmp{os.getpid()}"
     try:
         yield tmp
+        if os.path.isdir(tmp) and os.path.isdir(out_path):
+            shutil.rmtree(out_path)  # a folder is not replaced by a rename
         os.replace(tmp, out_path)
     finally:
-        if os.path.exists(tmp):
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
+        elif os.path.exists(tmp):
             os.remove(tmp)
 
 
@@ -120,13 +127,18 @@ def read_cifar10(batch_files: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(images), np.concatenate(labels)
 
 
-def write_mean_file(path: str, mean: np.ndarray) -> str:
-    """SINGA's image_mean.bin: a kvfile with one record "mean" whose float data is the mean."""
+def write_mean_file(path: str, mean: np.ndarray, backend: str = "kvfile") -> str:
+    """SINGA's image_mean.bin: a kvfile with one record "mean" whose float data is the mean (v0.2+),
+    or for DataShard users (``backend`` "shard") v0.1's one serialized record."""
     with atomic_path(path) as tmp:
-        with KVFileWriter(tmp) as writer:
-            record = job_pb2.RecordProto(shape=list(mean.shape))
-            record.data.extend(np.asarray(mean, np.float32).reshape(-1).tolist())
-            writer.write("mean", record)
+        if backend == "shard":
+            with open(tmp, "wb") as f:
+                f.write(mean_record_bytes(mean))
+        else:
+            with KVFileWriter(tmp) as writer:
+                record = job_pb2.RecordProto(shape=list(mean.shape))
+                record.data.extend(np.asarray(mean, np.float32).reshape(-1).tolist())
+                writer.write("mean", record)
     return path
 
 
@@ -137,7 +149,7 @@ def convert_cifar10(batch_files: list[str], out_path: str, backend: str = "hdf5"
     images, labels = read_cifar10(batch_files)
     written = [write_store(out_path, backend, images, labels)]
     if mean_out:
-        written.append(write_mean_file(mean_out, images.mean(axis=0, dtype=np.float64)))
+        written.append(write_mean_file(mean_out, images.mean(axis=0, dtype=np.float64), backend))
     return written
 
 

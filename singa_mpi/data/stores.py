@@ -16,6 +16,8 @@ kvfile layout (SINGA 0.2+ ``io::KVFile``, also v0.1's ``<folder>/shard.dat``):
 a concatenation of ``[key_len][key][value_len][value]`` tuples, lengths as
 8-byte little-endian unsigned integers (``size_t`` on x86-64), values
 serialized ``RecordProto``s holding ``pixel`` bytes (uint8) or float ``data``.
+Backend "shard" (:mod:`singa_mpi.data.shard`) reads v0.1's DataShard folders,
+the same tuples with each record wrapped in a ``Record``.
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ from singa_mpi.registry import Registry
 
 MEMORY_LIMIT = 1 << 30  # bytes of float32 data below which a store is decoded once and cached
 _LEN = struct.Struct("<Q")
+MAX_KEY_BYTES = 1 << 16  # keys name records (SINGA's converters: 5 to 8 digits)
+MAX_VALUE_BYTES = (1 << 31) - 1  # SINGA reads a value length into an int
 
 Arrays = tuple[np.ndarray, "np.ndarray | None"]
 
@@ -115,26 +119,44 @@ def kvfile_path(path: str) -> str:
     return os.path.join(path, "shard.dat") if os.path.isdir(path) else path
 
 
+def _check_length(path: str, at: int, what: str, length: int, limit: int, why: str) -> None:
+    """DataError naming the byte offset of a length no writer could have written."""
+    if length > limit:
+        raise DataError(f"{path}: byte {at}: {what} length {length} is corrupt (expected at most {limit} "
+                        f"bytes: {why}): the file is damaged, not just cut short")
+
+
 def scan_kvfile(buffer, path: str) -> tuple[list[bytes], np.ndarray, np.ndarray]:
     """Keys, value offsets and value lengths of every whole tuple in ``buffer``.
 
-    A torn last tuple (an interrupted write) is ignored with a warning, as
-    SINGA's KVFile does on open.  Reading the headers is one small step per
-    record; the values themselves are not touched here.
+    A torn last tuple (an interrupted write: the file ends inside it) is ignored
+    with a warning, as SINGA's KVFile and DataShard do on open.  A corrupt length
+    is a DataError naming its byte offset: one beyond what SINGA can hold (keys
+    name records; values are read into an ``int``), or one that runs past the end
+    of the file while being far longer than every record before it (a torn tuple
+    declares a length like its neighbours').  Reading the headers is one small
+    step per record; the values themselves are not touched here.
     """
     keys, offsets, lengths = [], [], []
-    position, end = 0, len(buffer)
+    position, end, longest = 0, len(buffer), 0
     while position + 8 <= end:
         (key_len,) = _LEN.unpack_from(buffer, position)
+        _check_length(path, position, "key", key_len, MAX_KEY_BYTES, "keys name records")
         value_at = position + 16 + key_len
         if value_at > end:
             break
         (value_len,) = _LEN.unpack_from(buffer, position + 8 + key_len)
+        _check_length(path, position + 8 + key_len, "value", value_len, MAX_VALUE_BYTES,
+                      "SINGA reads a value length into an int")
         if value_at + value_len > end:
+            if keys:  # slack for values of variable size
+                _check_length(path, position + 8 + key_len, "value", value_len, 2 * longest + 4096,
+                              "it runs past the end of the file, and a torn record is as long as those before")
             break
         keys.append(bytes(buffer[position + 8:position + 8 + key_len]))
         offsets.append(value_at)
         lengths.append(value_len)
+        longest = max(longest, value_len)
         position = value_at + value_len
     if position < end:
         warnings.warn(f"{path}: ignoring a torn record at byte {position} of {end} (an interrupted write)",
@@ -405,6 +427,7 @@ BACKENDS.register("kvfile", obj=Backend(reader=lambda path, o: KVFileStore(path,
                                         writer=lambda path, o: KVFileWriter(path, o.key_format)))
 BACKENDS.register("textfile", obj=Backend(reader=lambda path, o: read_textfile(path, o.has_label, o.separator),
                                           writer=lambda path, o: TextFileWriter(path, o.separator)))
+BACKENDS.register_lazy("shard", "singa_mpi.data.shard:BACKEND")  # SINGA 0.1's DataShard folders
 
 
 def check_backend(backend: str) -> Backend:

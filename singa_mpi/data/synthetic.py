@@ -3,7 +3,10 @@
 ``singa-mpi data synthetic --like JOB.conf`` writes, for every input layer of
 the job, a store at its ``store_conf.path`` in its backend with its per-sample
 shape (uniform pixel values 0..255, labels 0..classes-1), plus the mean file
-if the layer names one.  Existing files are left alone unless ``overwrite``.
+if the layer names one.  SINGA 0.1's kShardData layers get a DataShard folder of
+the shape of the data set their path names (MNIST, CIFAR-10), else of what their
+parsers read (3x32x32 images for kRGBImage, 28x28 otherwise), and a kRGBImage's
+``meanfile`` in v0.1's format.  Existing files are left alone unless ``overwrite``.
 """
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import os
 import numpy as np
 
 from singa_mpi.config.load import load_job
-from singa_mpi.data.convert import write_store
+from singa_mpi.data.convert import write_mean_file, write_store
+from singa_mpi.data.shard import known_shape
 from singa_mpi.data.stores import KVFileWriter
 from singa_mpi.proto import job_pb2
 
@@ -22,7 +26,10 @@ def write_synthetic(job_path: str, count: int = 1000, classes: int = 10, seed: i
     cfg = load_job(job_path)
     rng = np.random.default_rng(seed)
     written = []
-    for layer in cfg.proto.neuralnet.layer:
+    layers = cfg.proto.neuralnet.layer
+    for layer in layers:
+        if layer.type == job_pb2.kShardData and layer.HasField("sharddata_conf"):
+            written += _write_shard(layer, layers, rng, count, classes, overwrite)
         if not layer.HasField("store_conf") or layer.type not in (job_pb2.kRecordInput, job_pb2.kCSVInput):
             continue
         store = layer.store_conf
@@ -38,4 +45,22 @@ def write_synthetic(job_path: str, count: int = 1000, classes: int = 10, seed: i
                 writer.write("mean", job_pb2.RecordProto(shape=list(shape),
                                                          data=[127.5] * int(np.prod(shape))))
             written.append(store.mean_file)
+    return list(dict.fromkeys(written))  # a mean file read by the train and test parsers: once
+
+
+def _write_shard(layer: job_pb2.LayerProto, layers, rng: np.random.Generator, count: int, classes: int,
+                 overwrite: bool) -> list[str]:
+    """A DataShard for a kShardData layer, and the mean files of the kRGBImage layers reading it."""
+    parsers = [other for other in layers if layer.name in other.srclayers]
+    images = any(other.type == job_pb2.kRGBImage for other in parsers)
+    shape = known_shape(layer.sharddata_conf.path) or ((3, 32, 32) if images else (28, 28))
+    written = []
+    path = layer.sharddata_conf.path
+    if path and (overwrite or not os.path.exists(path)):
+        data = rng.integers(0, 256, (count, *shape)).astype(np.uint8)
+        written.append(write_store(path, "shard", data, rng.integers(0, classes, count).astype(np.int32)))
+    for parser in parsers:
+        mean = parser.rgbimage_conf.meanfile if parser.type == job_pb2.kRGBImage else ""
+        if mean and (overwrite or not os.path.exists(mean)):
+            written.append(write_mean_file(mean, np.full(shape, 127.5), backend="shard"))
     return written

@@ -50,6 +50,10 @@ def layer_class(type_name: str) -> type[Layer]:
 _BUILT_IN: dict[str, tuple[str, ...]] = {  # "family:Class": SINGA type names
     "input:RecordInput": ("kRecordInput", "kCSVInput"),
     "input:ImagePreprocess": ("kImagePreprocess",),
+    "parser:ShardData": ("kShardData",),
+    "parser:Mnist": ("kMnist",),
+    "parser:RGBImage": ("kRGBImage",),
+    "parser:Label": ("kLabel",),
     "neuron:InnerProduct": ("kInnerProduct",),
     "neuron:ReLU": ("kReLU",),
     "neuron:Sigmoid": ("kSigmoid",),

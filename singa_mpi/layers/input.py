@@ -23,6 +23,7 @@ The store is opened on the first forward, never in setup, so ``check`` and
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -42,6 +43,15 @@ def resolve_path(path: str, workspace: str | None) -> str | None:
     if workspace and not os.path.isabs(path):
         candidates.append(os.path.join(workspace, path))
     return next((p for p in candidates if os.path.exists(p)), None)
+
+
+def find_file(path: str, workspace: str, what: str, todo: Callable[[], str]) -> str:
+    """``path`` resolved by :func:`resolve_path`; else DataError ``what path: no such file ...: todo()``."""
+    found = resolve_path(path, workspace)
+    if found is None:
+        where = f" or in the workspace {workspace}" if workspace not in ("", ".") else ""
+        raise DataError(f"{what} {path}: no such file (looked in the current folder{where}): {todo()}")
+    return found
 
 
 @LAYERS.register("kRecordInput", "kCSVInput")
@@ -84,15 +94,19 @@ class RecordInput(Layer):
         if self.backend not in BACKENDS:
             raise LayerConfigError("store_conf.backend", repr(conf.backend),
                                    f"one of {', '.join(sorted(BACKENDS))}")
-        self.batch_size = int(sum(conf.batchsize))
+        self._start_reading(int(sum(conf.batchsize)), "store_conf.batchsize", conf.random_skip, conf.shuffle)
+        return tuple(conf.shape)
+
+    def _start_reading(self, batch_size: int, field: str, random_skip: int, shuffle: bool) -> None:
+        """Set the global batch size and data order; nothing read yet."""
+        self.batch_size, self.random_skip, self.shuffle = batch_size, random_skip, shuffle
         lo, hi = self._rows()
         if not 0 <= lo < hi <= self.batch_size:
-            raise LayerConfigError("store_conf.batchsize", self.batch_size,
+            raise LayerConfigError(field, self.batch_size,
                                    f"a global batch holding rows {lo}..{hi - 1} (this sub-layer's batch slice)")
         self.store: RecordStore | None = None
         self.batches = 0  # global batches read so far; the next forward reads batch number `batches`
         self._orders: dict[int, np.ndarray] = {}
-        return tuple(conf.shape)
 
     def _rows(self) -> tuple[int, int]:
         """This sub-layer's rows [lo, hi) of the global batch (all of it when unpartitioned)."""
@@ -100,13 +114,8 @@ class RecordInput(Layer):
 
     # -------------------------------------------------------------- opening
     def _find(self, path: str, field: str) -> str:
-        found = resolve_path(path, self.ctx.workspace)
-        if found is None:
-            where = f" or in the workspace {self.ctx.workspace}" if self.ctx.workspace not in ("", ".") else ""
-            raise DataError(f"layer '{self.name}': store_conf.{field} {path}: no such file "
-                            f"(looked in the current folder{where}): "
-                            f"{how_to_make(path, field, self.conf.store_conf, None)}")
-        return found
+        return find_file(path, self.ctx.workspace, f"layer '{self.name}': store_conf.{field}",
+                         lambda: how_to_make(path, field, self.conf.store_conf, None))
 
     def _open(self) -> None:
         conf = self.conf.store_conf
@@ -118,7 +127,11 @@ class RecordInput(Layer):
         self.mean = self._per_pixel("mean_file") if conf.mean_file else np.float32(conf.mean_value)
         self.std = (self._per_pixel("std_file") if conf.std_file
                     else np.float32(conf.std_value if conf.HasField("std_value") else 1))
-        self.skip = int(self.rng(_SKIP_STREAM).integers(0, conf.random_skip + 1))
+        self.skip = self._draw_skip()
+
+    def _draw_skip(self) -> int:
+        """Records skipped before the first batch: uniform in [0, random_skip], keyed by (seed, layer)."""
+        return int(self.rng(_SKIP_STREAM).integers(0, self.random_skip + 1))
 
     def _per_pixel(self, field: str) -> np.ndarray:
         """SINGA's mean/std file: the first record of a kvfile, one value per input value."""
@@ -146,7 +159,7 @@ class RecordInput(Layer):
         """Record indices of this sub-layer's rows of global batch number ``batch``.  # (B_local,)"""
         count = len(self.store)
         positions = self.skip + batch * self.batch_size + np.arange(*self._rows(), dtype=np.int64)
-        if not self.conf.store_conf.shuffle:
+        if not self.shuffle:
             return positions % count
         first, last = int(positions[0]) // count, int(positions[-1]) // count
         if first == last:  # the usual case: every row of this batch in one epoch (positions ascend)
@@ -194,17 +207,23 @@ class ImagePreprocess(Layer):
     num_srcs = (1, 1)
 
     def setup(self, src_shapes):
-        shape = tuple(src_shapes[0])
-        if len(shape) != 3:
-            raise LayerConfigError("srclayers", f"a source of shape {shape}", "a (channels, height, width) source")
         conf = self.conf.rgbimage_conf
         if conf.meanfile:
             raise LayerConfigError("rgbimage_conf.meanfile", repr(conf.meanfile),
                                    "unset: put the mean file in the input layer's store_conf.mean_file")
+        return self._setup_crop(src_shapes[0], conf.scale)
+
+    def _setup_crop(self, src_shape, scale: float) -> tuple[int, int, int]:
+        """Check the (C, H, W) source against ``cropsize``; the output shape."""
+        shape = tuple(src_shape)
+        if len(shape) != 3:
+            raise LayerConfigError("srclayers", f"a source of shape {shape}", "a (channels, height, width) source")
+        cropsize = self.conf.rgbimage_conf.cropsize
         channels, height, width = shape
-        if not 0 <= conf.cropsize <= min(height, width):
-            raise LayerConfigError("rgbimage_conf.cropsize", conf.cropsize, f"0 (no crop) .. {min(height, width)}")
-        self.crop = (conf.cropsize or height, conf.cropsize or width)
+        if not 0 <= cropsize <= min(height, width):
+            raise LayerConfigError("rgbimage_conf.cropsize", cropsize, f"0 (no crop) .. {min(height, width)}")
+        self.crop = (cropsize or height, cropsize or width)
+        self.scale = scale
         return (channels, *self.crop)
 
     def _placement(self, height: int, width: int, train: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -230,8 +249,7 @@ class ImagePreprocess(Layer):
         cols = np.where(flips[:, None], cols[:, ::-1], cols)
         out = x[np.arange(rows_local)[:, None, None, None], np.arange(channels)[None, :, None, None],
                 rows[:, None, :, None], cols[:, None, None, :]]  # (B_local, C, crop_h, crop_w)
-        scale = self.conf.rgbimage_conf.scale
-        return out if scale == 1 else out * x.dtype.type(scale)
+        return out if self.scale == 1 else out * x.dtype.type(self.scale)
 
     def backward(self, grad, need):
         return [None]  # preprocessing sits below every parameter: nothing needs this gradient

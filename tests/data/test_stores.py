@@ -9,7 +9,7 @@ from singa_mpi.data.stores import KVFileWriter, open_store, read_first_record
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.proto import job_pb2
 
-BACKENDS = ["hdf5", "kvfile", "textfile"]
+BACKENDS = ["hdf5", "kvfile", "textfile", "shard"]
 
 
 def pixel_records(path, count=6, shape=(2, 3)):
@@ -151,7 +151,7 @@ def test_hdf5_without_labels_and_without_data(tmp_path):
 def test_errors_name_layer_path_and_shapes(tmp_path):
     with pytest.raises(DataError, match=r"layer 'data': .*missing.h5: no such file"):
         open_store("hdf5", str(tmp_path / "missing.h5"), layer="data")
-    with pytest.raises(ConfigError, match="expected one of hdf5, kvfile, textfile"):
+    with pytest.raises(ConfigError, match="expected one of hdf5, kvfile, shard, textfile"):
         open_store("lmdb", str(tmp_path))
     pixel_records(tmp_path / "p.bin")
     with pytest.raises(DataError, match=r"records of shape \(2, 3\), but store_conf.shape is \(5,\)"):
