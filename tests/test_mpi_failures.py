@@ -127,11 +127,15 @@ def test_data_missing_on_one_rank_gives_its_error_and_no_hang(tmp_path):
 
 
 def test_cluster_size_mismatch_is_one_line_on_rank_0(tmp_path):
+    """A job whose layers are placed on 3 workers, launched on 2: one line, from rank 0, naming the layer."""
     conf = long_job(tmp_path, steps=5, extra="cluster { nworkers_per_group: 3 }\n")
+    conf.write_text(conf.read_text().replace('name: "loss" type: kSoftmaxLoss',
+                                             'name: "loss" type: kSoftmaxLoss partition_dim: -1 location: 2'))
     proc = subprocess.run(mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf),
                                                 "--workspace", str(tmp_path / "ws")],
                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1, proc.stderr
-    assert "nworkers_per_group = 3" in errors[0] and "number of MPI ranks (2)" in errors[0]
+    assert "layer 'loss': location = 2: expected a worker below 2, the number of MPI ranks" in errors[0]
+    assert "nworkers_per_group is 3" in errors[0] and "launch with mpirun -n 3" in errors[0]
