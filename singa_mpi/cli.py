@@ -102,7 +102,8 @@ def cmd_plan(args) -> int:
     cfg = load_job(args.job)
     validate(cfg)
     the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase, method=args.sync)
-    renderers = {"json": render.to_json, "dot": render.to_dot, "text": render.to_text}
+    renderers = {"json": render.to_json, "dot": render.to_dot,
+                 "text": lambda p, sync: render.to_text(p, sync, full=args.full)}
     text = renderers[args.format](the_plan, args.sync)
     if args.output and args.format == "dot" and not args.output.endswith(".dot"):
         return _render_dot(text, args.output)
@@ -188,11 +189,26 @@ def cmd_data(args) -> int:
         paths = convert.convert_mnist(args.images, args.labels, args.out, args.backend)
     elif args.source == "cifar10":
         paths = convert.convert_cifar10(args.batches, args.out, args.backend, mean_out=args.mean)
+    elif args.source == "text":
+        return _data_text(args)
     else:
         paths = convert.convert_csv(args.csv, args.out, args.backend, has_label=not args.no_label,
                                     separator=args.separator)
     for path in paths if isinstance(paths, (list, tuple)) else [paths]:
         print(f"wrote {path}")
+    return 0
+
+
+def _data_text(args) -> int:
+    """char-rnn's input.txt and vocab.txt (the standard library's source without FILES)."""
+    from singa_mpi.data.text import write_text_corpus
+
+    text_path, vocab_path = write_text_corpus(args.out, args.files, args.max_bytes)
+    for path in (text_path, vocab_path):
+        print(f"wrote {path}")
+    symbols = os.path.getsize(vocab_path)
+    print(f"{os.path.getsize(text_path)} bytes of text, {symbols} symbols: onehot_conf.vocab_size and the "
+          f"output layer's num_output must be at least {symbols}")
     return 0
 
 
@@ -220,6 +236,24 @@ def cmd_draw(args) -> int:
                                                lambda cfg: resolve_workspace(cfg, args.workspace), args.output,
                                                args.n, args.phase, args.shape)
     print(f"wrote {output}")
+    return 0
+
+
+def cmd_sample(args) -> int:
+    """The seed text and the sampled characters on stdout (bytes as they are, then a newline); notes on stderr."""
+    from singa_mpi.sampling import sample_job
+
+    with threads.blas_threads(work=0):  # one row per step: a second BLAS thread only waits
+        text = sample_job(args.job, lambda cfg: resolve_workspace(cfg, args.workspace), args.checkpoint,
+                          args.seed_text, args.n, args.temperature, args.seed,
+                          log=lambda line: print(line, file=sys.stderr, flush=True))
+    sys.stdout.flush()
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:  # a text-only stream (some embedders): the bytes as latin-1, one character each
+        sys.stdout.write(text.decode("latin-1") + "\n")
+    else:
+        out.write(text + b"\n")
+        out.flush()
     return 0
 
 
@@ -279,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of workers (MPI ranks); overrides cluster.nworkers_per_group, the default")
     p.add_argument("--phase", default="train", choices=["train", "test", "val"])
     p.add_argument("--format", default="text", choices=["text", "json", "dot"])
+    p.add_argument("--full", action="store_true", help="an unrolled net: list every time step's copies "
+                                                        "(default: time step 0's, with their count)")
     p.add_argument("--sync", default="shared_memory", choices=["shared_memory", "allreduce"],
                    help="how params every worker holds are synchronised: node-shared memory (all workers on "
                         "one node, the default there) or bucketed Allreduce (several nodes, or SINGA_MPI_SHM=0)")
@@ -320,13 +356,30 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-o", "--output", help="the PNG to write (default: CKPT_STEM_reconstructions.png beside CKPT)")
     d.set_defaults(func=cmd_draw)
 
+    p = sub.add_parser("sample", help="generate text from a trained char-rnn job (kCharRNN, kOneHot, kGRU)")
+    p.add_argument("job", metavar="JOB", help="the char-rnn job that was trained (e.g. conf/char_rnn.conf)")
+    p.add_argument("--checkpoint", metavar="CKPT", help="the checkpoint to load (default: the newest good one "
+                                                        "in the job's workspace)")
+    p.add_argument("--seed-text", metavar="TEXT", help="fed in first, then printed before the sample "
+                                                       "(default: a newline)")
+    p.add_argument("-n", type=int, default=500, help="how many characters to sample (default 500)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="divides the logits: below 1 likelier characters, above 1 more varied (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="the sampling's random seed (default 0: the same text "
+                                                       "each time)")
+    p.add_argument("--workspace", help="where the job's checkpoints are (default: cluster.workspace)")
+    p.set_defaults(func=cmd_sample)
+
     p = sub.add_parser("examples", help="copy the example jobs (digits, MNIST, CIFAR-10) into a folder")
     p.add_argument("dir", nargs="?", default="conf", help="where to copy them (default: ./conf)")
     p.add_argument("--overwrite", action="store_true", help="replace files that exist")
     p.set_defaults(func=cmd_examples)
 
     p = sub.add_parser("data", help="convert data sets into stores")
-    p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv", "synthetic"])
+    p.__class__ = _IntermixedParser  # add_parser builds the parent's class; FILES may follow the options
+    p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv", "synthetic", "text"])
+    p.add_argument("files", nargs="*", metavar="FILES",
+                   help="text: files to concatenate (default: the Python standard library's own source)")
     p.add_argument("--out", help="output store (folder for digits)")
     p.add_argument("--backend", default="hdf5", choices=["hdf5", "kvfile", "textfile", "shard"],
                    help="store format (shard: SINGA 0.1's DataShard folder, for kShardData)")
@@ -344,8 +397,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=1000, help="synthetic: records per store")
     p.add_argument("--classes", type=int, default=10, help="synthetic: label range")
     p.add_argument("--overwrite", action="store_true", help="synthetic: replace existing files")
+    p.add_argument("--max-bytes", type=positive_int, default=2_000_000,
+                   help="text: keep the first N bytes (default 2,000,000)")
     p.set_defaults(func=cmd_data)
     return parser
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """A subcommand that takes its positionals after options too (``data text --out DIR a.txt``):
+    argparse's plain parse matches every positional in one run, leaving FILES empty at ``text``."""
+
+    _inside = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._inside:  # the stdlib's intermixed parse calls back here for each of its two passes
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
 
 
 def positive_int(text: str) -> int:
@@ -357,10 +428,13 @@ def positive_int(text: str) -> int:
 
 def _check_data_args(args) -> None:
     required = {"mnist": ("images", "labels", "out"), "cifar10": ("batches", "out"), "csv": ("csv", "out"),
-                "digits": ("out",), "synthetic": ("like",)}
+                "digits": ("out",), "synthetic": ("like",), "text": ("out",)}
     for name in required.get(getattr(args, "source", ""), ()):
         if not getattr(args, name):
             raise ConfigError(f"data {args.source}: --{name} is required")
+    if getattr(args, "files", None) and args.source != "text":
+        raise ConfigError(f"data {args.source}: unexpected arguments {' '.join(args.files)}: expected options only "
+                          f"(file arguments are for `data text`)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -200,6 +200,8 @@ def global_batch_size(cfg: JobConfig, nodes: Iterable[Node]) -> int:
             return int(sum(store.batchsize)) if len(store.batchsize) > 1 else int(store.batchsize[0])
         if node.conf.HasField("sharddata_conf") and node.conf.sharddata_conf.batchsize > 0:  # SINGA 0.1
             return int(node.conf.sharddata_conf.batchsize)
+        if node.type_name == "kCharRNN":  # char-rnn's reader (kCharRNNOutput's char_rnn_conf has no batch)
+            return int(node.conf.char_rnn_conf.batchsize)
     return 1
 
 

@@ -73,6 +73,7 @@ class Trainer:
         self.log = log if runtime.is_root else (lambda line: None)
         self.train_steps = train_steps if train_steps is not None else self.job.train_steps
         self.algorithm = make_algorithm(self.job.train_one_batch)
+        self.algorithm.bind(self.job)
         self.updater = make_updater(self.job.updater)
         load_blas()  # before the clock starts
         self.train_net = runtime.build_net("train")

@@ -245,3 +245,73 @@ def rbm(path: str, batch: int, scheme: str = "data", cd_k: int = 1, nranks: int 
     if test:
         text = text.replace("disp_freq: 1", "disp_freq: 1 test_steps: 2 test_freq: 5")
     return text
+
+
+def text_data(folder: str, size: int = 6000, seed: int = 3) -> tuple[str, str]:
+    """A small text corpus (input.txt) and its vocabulary (vocab.txt): words of a few letters."""
+    rng = np.random.default_rng(seed)
+    words = ["def ", "return ", "self", ".x", " = ", "(a, b)", ":\n", "    ", "if ", "for ", "in ", "\n"]
+    text = "".join(rng.choice(words, size // 3))[:size].encode()
+    os.makedirs(folder, exist_ok=True)
+    paths = os.path.join(folder, "input.txt"), os.path.join(folder, "vocab.txt")
+    with open(paths[0], "wb") as f:
+        f.write(text)
+    with open(paths[1], "wb") as f:
+        f.write(bytes(sorted(set(text))))
+    return paths
+
+
+def char_rnn(text: str, vocab: str, batch: int, scheme: str = "data", nranks: int = 2, steps: int = 20,
+             unroll: int = 5, hidden: int = 8, test: bool = False) -> str:
+    """SINGA's char-rnn (examples/char-rnn/job.conf), small: data -> onehot, label; gru1 -> ip1 -> loss.
+
+    scheme: "data" (every layer on the batch), "location" (data and onehot on worker 0, the GRU on worker
+    1 mod n, the label on worker 2 (or 0), ip1 and the loss on the last worker: a pipeline), "feature" (ip1
+    split on its outputs,
+    the rest on the batch; the GRU's units cannot be split while its state is carried)."""
+    with open(vocab, "rb") as f:
+        size = len(f.read())
+    gru_params = " ".join(_param(f"{g}_{k}", "kUniform low: -0.3 high: 0.3")
+                          for k in ("hx", "hh", "b") for g in ("z", "r", "c"))
+    loc = {"input": "", "label": "", "gru": "", "out": ""}
+    if scheme == "location":  # on 4 workers: data and onehot, gru1, label, ip1 and loss
+        loc = {"input": "partition_dim: -1 location: 0", "gru": f"partition_dim: -1 location: {1 % nranks}",
+               "label": f"partition_dim: -1 location: {2 % nranks if nranks > 2 else 0}",
+               "out": f"partition_dim: -1 location: {nranks - 1}"}
+    ip_pdim = "partition_dim: 1" if scheme == "feature" else loc["out"]
+    layers = [
+        f'layer {{ name: "data" type: kCharRNN unroll_len: 1 {loc["input"]} char_rnn_conf {{ path: "{text}" '
+        f'vocab_path: "{vocab}" batchsize: {batch} unroll_len: {unroll} }} }}',
+        f'layer {{ name: "onehot" type: kOneHot srclayers: "data" unroll_conn_type: kUnrollOneToAll {loc["input"]} '
+        f'onehot_conf {{ vocab_size: {size} }} }}',
+        f'layer {{ name: "label" type: kRNNLabel srclayers: "data" unroll_conn_type: kUnrollOneToAll {loc["label"]} }}',
+        f'layer {{ name: "gru1" type: kGRU srclayers: "onehot" {loc["gru"]} gru_conf {{ dim_hidden: {hidden} }} '
+        f'{gru_params} }}',
+        _ip("ip1", "gru1", size, ip_pdim),
+        f'layer {{ name: "loss" type: kSoftmaxLoss srclayers: "ip1" srclayers: "label" {loc["out"]} }}',
+    ]
+    updater = ("train_one_batch { alg: kBPTT }\nupdater { type: kRMSProp rmsprop_conf { rho: 0.95 } "
+               "learning_rate { type: kFixed base_lr: 0.01 } clip_low: -5 clip_high: 5 }")
+    text_job = job_text(layers, steps, net_pdim=0, name="charrnn", updater=updater)
+    text_job = text_job.replace("neuralnet { partition_dim: 0", f"neuralnet {{ partition_dim: 0 unroll_len: {unroll}")
+    if test:
+        text_job = text_job.replace("disp_freq: 1", "disp_freq: 1 test_steps: 1 test_freq: 5")
+    return text_job
+
+
+def gru_on_records(path: str, batch: int, split_gru: bool = True, steps: int = 20, unroll: int = 3) -> str:
+    """A GRU unrolled over ``unroll`` steps on (12,) records (every step reads the same record; no text
+    streams, so no state is carried): the GRU split on its hidden units (``split_gru``), a loss per step."""
+    gru_params = " ".join(_param(f"{g}_{k}", "kUniform low: -0.3 high: 0.3")
+                          for k in ("hx", "hh", "b") for g in ("z", "r", "c"))
+    pdim = "partition_dim: 1" if split_gru else ""
+    layers = [
+        _data_layer(path, batch, (12,)).replace('type: kRecordInput', 'type: kRecordInput unroll_len: 1'),
+        f'layer {{ name: "gru1" type: kGRU srclayers: "data" {pdim} gru_conf {{ dim_hidden: 7 }} {gru_params} }}',
+        _ip("ip1", "gru1", 5),
+        f'layer {{ name: "loss" type: kSoftmaxLoss srclayers: "ip1" srclayers: "data" }}',
+    ]
+    updater = ("train_one_batch { alg: kBPTT }\nupdater { type: kSGD momentum: 0.9 "
+               "learning_rate { type: kFixed base_lr: 0.05 } }")
+    text = job_text(layers, steps, name="gru", updater=updater)
+    return text.replace("neuralnet { partition_dim: 0", f"neuralnet {{ partition_dim: 0 unroll_len: {unroll}")

@@ -148,6 +148,8 @@ LAYER_TYPES = {  # every name the layer registry had before it became a Registry
     "kLRN", "kOneHot", "kPooling", "kReLU", "kRecordInput", "kRecordOutput", "kSTanh", "kSigmoid",
     "kSoftmax", "kSoftmaxLoss", "kRBMVis", "kRBMHid", "kBM", "kCudnnBM",
     "kShardData", "kMnist", "kRGBImage", "kLabel",
+    "kCharRNN", "kRNNLabel", "kCharRNNOutput", "kRNNDummy",
+    "kGRU",
 }
 
 
@@ -169,7 +171,7 @@ def test_other_built_ins_are_all_there():
     from singa_mpi.params import INITS
     from singa_mpi.updaters import LR_SCHEDULES, UPDATERS
 
-    assert ALGORITHMS.names() == ["kBP", "kCD"] and ALGORITHMS.get("kBP") is BackPropagation
+    assert ALGORITHMS.names() == ["kBP", "kBPTT", "kCD"] and ALGORITHMS.get("kBP") is BackPropagation
     assert ALGORITHMS.get("kCD") is ContrastiveDivergence
     assert set(UPDATERS) == {"kSGD", "kNesterov", "kAdaGrad", "kRMSProp", "kAdaDelta", "kAdam", "kAdamMax"}
     assert set(LR_SCHEDULES) == {"kFixed", "kStep", "kFixedStep", "kLinear", "kExponential", "kInverse",

@@ -3,7 +3,8 @@
 An algorithm drives the passes over a :class:`~singa_mpi.net.Net` (:mod:`.base`);
 it never updates parameters itself (the trainer hands gradients to the sync
 strategy and the updater), so the same algorithm runs serially and under MPI.
-Built-ins: back-propagation (:mod:`.bp`), contrastive divergence (:mod:`.cd`).
+Built-ins: back-propagation (:mod:`.bp`), contrastive divergence (:mod:`.cd`), back-propagation
+through time (:mod:`.bptt`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from singa_mpi.registry import Registry
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", "train_one_batch.alg")
 ALGORITHMS.register_lazy("kBP", "singa_mpi.algorithms.bp:BackPropagation")
 ALGORITHMS.register_lazy("kCD", "singa_mpi.algorithms.cd:ContrastiveDivergence")
+ALGORITHMS.register_lazy("kBPTT", "singa_mpi.algorithms.bptt:BackPropagationThroughTime")
 
 
 def make_algorithm(conf: job_pb2.AlgProto | str) -> Algorithm:

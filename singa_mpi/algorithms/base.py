@@ -23,6 +23,9 @@ class Algorithm:
         """An instance configured from the job's ``train_one_batch`` block."""
         return cls()
 
+    def bind(self, job: job_pb2.JobProto) -> None:
+        """Learn what the algorithm needs of the whole job (the trainer calls it once)."""
+
     @staticmethod
     def trains(layer_cls: type[Layer]) -> bool:
         """Whether this algorithm trains the params of layers of ``layer_cls`` (BP: all)."""

@@ -11,6 +11,8 @@ plain h5py or h5dump::
                             attrs: counters (e.g. Adam's step count "t")
     /readers/<phase>/<layer> attrs: the layer's carried state (``Layer.state()``), e.g. an input
                              layer's ``batches`` (how many global batches it has read)
+    /carried/<phase>/<layer>/<name>  float32 arrays a layer carries from batch to batch, one row
+                             per row of the global batch (``Layer.carried()``: an RNN's hidden state)
 
 Every dataset carries a ``crc32`` attribute; ``complete`` is set last.  A file
 is written under a temporary name in the same folder, flushed, fsynced and
@@ -48,6 +50,8 @@ class Checkpoint:
     counters: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     # phase -> layer -> the layer's state (``Layer.state()``: names to numbers)
     readers: dict[str, dict[str, dict]] = dataclasses.field(default_factory=dict)
+    # phase -> layer -> name -> (global batch, ...) array (``Layer.carried()``)
+    carried: dict[str, dict[str, dict[str, np.ndarray]]] = dataclasses.field(default_factory=dict)
     job_name: str = ""
     job_config: str = ""
     plan: dict = dataclasses.field(default_factory=dict)
@@ -107,6 +111,11 @@ def write(path: str, ckpt: Checkpoint, fault_after: int | None = None) -> str:
                 group = readers.create_group(phase)
                 for layer, state in sorted(layers.items()):
                     group.create_group(layer).attrs.update(state)
+            for phase, layers in sorted(ckpt.carried.items()):
+                for layer, arrays in sorted(layers.items()):
+                    group = f.require_group(f"carried/{phase}/{layer}")
+                    for name, value in sorted(arrays.items()):
+                        _dataset(group, name, value)
             f.attrs["complete"] = 1
             f.flush()
         with open(tmp, "rb") as handle:
@@ -174,6 +183,9 @@ def read(path: str) -> Checkpoint:
                     ckpt.counters[name] = {k: int(v) for k, v in group.attrs.items()}
             for phase, group in f.get("readers", {}).items():
                 ckpt.readers[phase] = {layer: {k: _scalar(v) for k, v in g.attrs.items()} for layer, g in group.items()}
+            for phase, group in f.get("carried", {}).items():
+                ckpt.carried[phase] = {layer: {name: _read_array(ds, path, f"carried/{phase}/{layer}/{name}")
+                                               for name, ds in g.items()} for layer, g in group.items()}
     except DataError:
         raise
     except (OSError, KeyError, ValueError) as err:

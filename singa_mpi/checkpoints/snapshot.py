@@ -59,7 +59,11 @@ def local_pieces(trainer) -> dict:
                 states.append((owner.name, slot, owner.logical_shape, region, np.array(value)))
     readers = {phase: {layer.name: layer.state() for layer in net.layers if layer.state()}
                for phase, net in trainer.nets().items()}
-    return {"params": params, "states": states, "readers": readers, "counters": updater.counters()}
+    carried = [(phase, layer.name, name, layer.ctx.rows(), layer.ctx.global_batch, np.array(value))
+               for phase, net in trainer.nets().items() for layer in net.layers
+               for name, value in layer.carried().items()]
+    return {"params": params, "states": states, "readers": readers, "counters": updater.counters(),
+            "carried": carried}
 
 
 def collect(trainer, step: int) -> checkpoint.Checkpoint | None:
@@ -81,6 +85,10 @@ def collect(trainer, step: int) -> checkpoint.Checkpoint | None:
             ckpt.readers.setdefault(phase, {}).update(layers)
         for name, counters in pieces["counters"].items():
             ckpt.counters.setdefault(name, {}).update(counters)
+        for phase, layer, name, (lo, hi), batch, value in pieces["carried"]:
+            arrays = ckpt.carried.setdefault(phase, {}).setdefault(layer, {})
+            target = arrays.setdefault(name, np.zeros((batch,) + value.shape[1:], np.float32))
+            target[lo:hi] = value  # this worker's rows of the global batch
     return ckpt
 
 
@@ -127,4 +135,7 @@ def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: boo
         for layer in net.layers:
             if layer.name in ckpt.readers.get(phase, {}):
                 layer.load_state(ckpt.readers[phase][layer.name])
+            lo, hi = layer.ctx.rows()
+            for name, value in ckpt.carried.get(phase, {}).get(layer.name, {}).items():
+                layer.load_carried(name, value[lo:hi])
     return skipped

@@ -15,6 +15,7 @@ from google.protobuf import text_format
 
 from singa_mpi.config.parse_errors import explain_parse_error
 from singa_mpi.config.source import SourceMap
+from singa_mpi.config.unroll import unroll
 from singa_mpi.errors import ConfigError
 from singa_mpi.proto import job_pb2
 
@@ -67,7 +68,8 @@ def _warn_ignored(job: job_pb2.JobProto, path: str) -> None:
 
 
 def layers_for_phase(job: job_pb2.JobProto, phase: str) -> list[tuple[int, job_pb2.LayerProto]]:
-    """(file index, layer) of the layers kept for ``phase`` (SINGA's include/exclude rules).
+    """(file index, layer) of the layers kept for ``phase`` (SINGA's include/exclude rules), unrolled
+    (:mod:`singa_mpi.config.unroll`): a copy's file index is its layer's.
 
     A layer is dropped if ``exclude`` lists the phase; if ``include`` is non-empty it is
     kept only when ``include`` lists the phase.
@@ -80,7 +82,7 @@ def layers_for_phase(job: job_pb2.JobProto, phase: str) -> list[tuple[int, job_p
         if layer.include and code not in layer.include:
             continue
         kept.append((index, layer))
-    return kept
+    return unroll(job, kept)  # recurrent layers as their copies over time (a no-op for other nets)
 
 
 def effective_partition_dim(job: job_pb2.JobProto, layer: job_pb2.LayerProto) -> int:

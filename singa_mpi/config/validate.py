@@ -11,6 +11,7 @@ import math
 import os
 
 from singa_mpi.algorithms import ALGORITHMS
+from singa_mpi.config import unroll
 from singa_mpi.config.load import JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
 from singa_mpi.data.prepare import how_to_make, is_bundled_digits
@@ -52,6 +53,7 @@ def validate(cfg: JobConfig) -> Summary:
     job = cfg.proto
     _check_job_fields(cfg)
     _check_include_exclude(cfg)
+    unroll.check(cfg)  # before anything looks at the copies
     check_cluster_supported(job.cluster, cfg.where("cluster"))
     phases = ["train"]
     if job.test_steps > 0:
@@ -158,6 +160,7 @@ def _check_phase(cfg: JobConfig, phase: str, params: dict, warnings: list[str]) 
         _check_params(cfg, node, layer, params)
         _warn_missing_data(cfg, node, warnings)
     _check_energy_models(cfg, [(n, l) for n, l, _ in built])  # an RBM's hdim before its W's shape
+    _check_carried_state(cfg, [(n, l) for n, l, _ in built])
     for node, layer, _ in built:  # after all owners of the phase are known
         _check_shared_params(cfg, node, layer, params)
     _check_batches(cfg, [(n, l) for n, l, _ in built])
@@ -169,8 +172,9 @@ def _check_names_and_sources(cfg: JobConfig, nodes: list[Node], phase: str) -> N
     for node in nodes:
         if not node.name:
             raise layer_error(cfg, node, "name", '""', "a non-empty layer name")
-        if "@" in node.name or "#" in node.name:
-            raise layer_error(cfg, node, "name", repr(node.name),
+        written = cfg.proto.neuralnet.layer[node.index].name  # a copy's name adds "<t>#" to it
+        if "@" in written or "#" in written:
+            raise layer_error(cfg, node, "name", repr(written),
                               "a name without '@' or '#' (reserved for partition and unroll suffixes)")
         if node.name in seen:
             raise layer_error(cfg, node, "name", repr(node.name),
@@ -214,17 +218,18 @@ def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
 
 
 def _check_sources(cfg: JobConfig, node: Node, layer: Layer, kinds: list[str], by_name) -> None:
-    # SINGA 0.1's parser layers name the one data layer type whose records they parse
+    # SINGA 0.1's parser layers name the one data layer type whose records they parse (kRNNLabel: kCharRNN)
     wanted = getattr(layer, "source_types", ())
+    reason = getattr(layer, "source_reason", f"whose records {node.type_name} parses")
     for k, (src_name, kind) in enumerate(zip(node.conf.srclayers, kinds)):
         src_node, src_layer = by_name[src_name]
         if wanted and src_node.type_name not in wanted:
             raise ConfigError(
                 f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "
                 f"srclayers[{k}] = {src_name!r} ({src_node.type_name}): expected a {' or '.join(wanted)} layer, "
-                f"whose records {node.type_name} parses")
+                f"{reason}")
         if kind == "aux":
-            # an input layer with labels, or a layer that passes them on (SINGA 0.1's kLabel)
+            # an input layer with labels, or a layer that passes them on (kLabel, kRNNLabel)
             has_label = (src_layer.is_input and (not src_node.conf.HasField("store_conf")
                                                  or src_node.conf.store_conf.has_label)
                          or getattr(src_layer, "provides_labels", False))
@@ -233,6 +238,30 @@ def _check_sources(cfg: JobConfig, node: Node, layer: Layer, kinds: list[str], b
                     f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "
                     f"srclayers[{k}] = {src_name!r}: expected a label source (an input layer with labels) "
                     f"for {node.type_name}")
+    _check_dynamic_source(cfg, node, by_name)
+    if node.type_name == "kCharRNN":
+        _check_reader_unroll(cfg, node, by_name)
+
+
+def _check_reader_unroll(cfg: JobConfig, node: Node, by_name) -> None:
+    """kCharRNN gives each row unroll_len + 1 characters per batch: one per time step of its readers'
+    copies and the last step's label.  Fewer copies would skip text and carry a wrong hidden state."""
+    wanted = node.conf.char_rnn_conf.unroll_len
+    steps = {user.conf.unroll_index for user, _ in by_name.values() if node.name in user.conf.srclayers}
+    if steps and max(steps) + 1 != wanted:
+        raise layer_error(cfg, node, "char_rnn_conf.unroll_len", wanted,
+                          f"{max(steps) + 1}, the time steps of the layers reading it (the net's unroll_len, as "
+                          f"in SINGA)")
+
+
+def _check_dynamic_source(cfg: JobConfig, node: Node, by_name) -> None:
+    """kRNNDummy's ``dynamic_srclayer``: a layer of the phase (or its unrolled copies) whose output a
+    sampling driver feeds back; no edge of the graph, so the source checks above miss it."""
+    name = node.conf.rnn_dummy_conf.dynamic_srclayer if node.conf.HasField("rnn_dummy_conf") else ""
+    if name and name not in by_name and not any(known.endswith(f"#{name}") for known in by_name):
+        raise ConfigError(f"{cfg.layer_where(node.index, 'rnn_dummy_conf', 'dynamic_srclayer')}: "
+                          f"{describe(cfg, node)}: rnn_dummy_conf.dynamic_srclayer = {name!r}: expected the name of "
+                          f"a layer of the same phase (known: {', '.join(sorted({n.split('#', 1)[-1] for n in by_name}))})")
 
 
 def _check_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> None:
@@ -331,6 +360,22 @@ def _check_energy_models(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> Non
                     f"train_one_batch.cd_conf.cd_k = {cd_k}: expected at least 1 Gibbs round")
 
 
+def _check_carried_state(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
+    """kBPTT over text streams carries each recurrent layer's hidden state from batch to batch
+    (algorithms/bptt.py): its first copy needs all the units its last copy computed, so a recurrent
+    layer split on its hidden units cannot carry it (that would need an exchange between batches)."""
+    from singa_mpi.algorithms.bptt import SEQUENTIAL_READERS
+
+    job = cfg.proto
+    if job.train_one_batch.alg != job_pb2.kBPTT or not any(l.type in SEQUENTIAL_READERS for l in job.neuralnet.layer):
+        return
+    for node, layer in built:
+        if layer.recurrent and effective_partition_dim(job, node.conf) == 1:
+            raise layer_error(cfg, node, "partition_dim", 1,
+                              "0 or -1: its hidden state is carried from batch to batch over the text "
+                              "streams, and a split of its hidden units cannot carry it; split the batch")
+
+
 def _check_batches(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
     """Input layers need a batch size, all the same; an output layer writes its source's
     rows and needs none (one it gives must agree)."""
@@ -351,6 +396,8 @@ def _batch_of(cfg: JobConfig, node: Node, layer: Layer) -> tuple[str, int] | Non
     """(field, global batch size) of a layer that reads or writes batches, else None."""
     if node.conf.HasField("sharddata_conf") and layer.is_input:  # SINGA 0.1's kShardData (setup checked it)
         return "sharddata_conf.batchsize", node.conf.sharddata_conf.batchsize
+    if node.conf.HasField("char_rnn_conf") and layer.is_input:  # kCharRNN (kCharRNNOutput has one too)
+        return "char_rnn_conf.batchsize", node.conf.char_rnn_conf.batchsize
     if not node.conf.HasField("store_conf"):
         return None
     if not layer.is_input and not node.conf.store_conf.batchsize:

@@ -6,7 +6,10 @@ shape (uniform pixel values 0..255, labels 0..classes-1), plus the mean file
 if the layer names one.  SINGA 0.1's kShardData layers get a DataShard folder of
 the shape of the data set their path names (MNIST, CIFAR-10), else of what their
 parsers read (3x32x32 images for kRGBImage, 28x28 otherwise), and a kRGBImage's
-``meanfile`` in v0.1's format.  Existing files are left alone unless ``overwrite``.
+``meanfile`` in v0.1's format.  A kCharRNN layer (char-rnn) gets a random text and its vocabulary:
+symbols of :data:`TEXT_SYMBOLS`, as many as the kOneHot layers it feeds encode (an existing vocabulary
+is kept and the text drawn from it), and enough bytes for a few windows per row.  Existing files are
+left alone unless ``overwrite``.
 """
 from __future__ import annotations
 
@@ -15,10 +18,14 @@ import os
 import numpy as np
 
 from singa_mpi.config.load import load_job
-from singa_mpi.data.convert import write_mean_file, write_store
+from singa_mpi.data.convert import atomic_path, write_mean_file, write_store
 from singa_mpi.data.shard import known_shape
 from singa_mpi.data.stores import KVFileWriter
+from singa_mpi.data.text import read_bytes, read_vocab
 from singa_mpi.proto import job_pb2
+
+TEXT_SYMBOLS = b"\n abcdefghijklmnopqrstuvwxyz.,:()=_"  # a random text's alphabet, in this order
+TEXT_WINDOWS = 4  # windows per row of a kCharRNN batch that a random text holds at least
 
 
 def write_synthetic(job_path: str, count: int = 1000, classes: int = 10, seed: int = 0,
@@ -30,6 +37,8 @@ def write_synthetic(job_path: str, count: int = 1000, classes: int = 10, seed: i
     for layer in layers:
         if layer.type == job_pb2.kShardData and layer.HasField("sharddata_conf"):
             written += _write_shard(layer, layers, rng, count, classes, overwrite)
+        if layer.type == job_pb2.kCharRNN and layer.HasField("char_rnn_conf"):
+            written += _write_text(layer, layers, rng, count, overwrite)
         if not layer.HasField("store_conf") or layer.type not in (job_pb2.kRecordInput, job_pb2.kCSVInput):
             continue
         store = layer.store_conf
@@ -64,3 +73,37 @@ def _write_shard(layer: job_pb2.LayerProto, layers, rng: np.random.Generator, co
         if mean and (overwrite or not os.path.exists(mean)):
             written.append(write_mean_file(mean, np.full(shape, 127.5), backend="shard"))
     return written
+
+
+def _write_text(layer: job_pb2.LayerProto, layers, rng: np.random.Generator, count: int,
+                overwrite: bool) -> list[str]:
+    """A random text (at least ``count`` bytes) and its vocabulary for a kCharRNN layer."""
+    conf = layer.char_rnn_conf
+    if not conf.path or not conf.vocab_path:
+        return []
+    keep_text = os.path.exists(conf.path) and not overwrite
+    keep_vocab = os.path.exists(conf.vocab_path) and not overwrite
+    if keep_text and keep_vocab:
+        return []
+    written = []
+    if keep_vocab:
+        vocab = read_vocab(conf.vocab_path, f"layer '{layer.name}': char_rnn_conf.vocab_path")
+    elif keep_text:
+        vocab = bytes(sorted(set(read_bytes(conf.path, f"layer '{layer.name}': char_rnn_conf.path"))))
+    else:
+        sizes = [other.onehot_conf.vocab_size for other in layers
+                 if other.type == job_pb2.kOneHot and layer.name in other.srclayers and other.onehot_conf.vocab_size]
+        vocab = bytes(sorted(TEXT_SYMBOLS[:min(sizes or [len(TEXT_SYMBOLS)])]))
+    if not keep_vocab:
+        written.append(_write_bytes(conf.vocab_path, vocab))
+    if not keep_text:
+        size = max(count, max(conf.batchsize, 1) * (TEXT_WINDOWS * max(conf.unroll_len, 1) + 1))
+        symbols = np.frombuffer(vocab, np.uint8)
+        written.append(_write_bytes(conf.path, symbols[rng.integers(0, len(symbols), size)].tobytes()))
+    return written
+
+
+def _write_bytes(path: str, blob: bytes) -> str:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(blob)
+    return path

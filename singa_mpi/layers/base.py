@@ -74,7 +74,12 @@ _BUILT_IN: dict[str, tuple[str, ...]] = {  # "family:Class": SINGA type names
     "output:RecordOutput": ("kRecordOutput",),
     "rbm:RBMVis": ("kRBMVis",),
     "rbm:RBMHid": ("kRBMHid",),
+    "rnn:GRU": ("kGRU",),
     "batchnorm:BatchNorm": ("kBM", "kCudnnBM"),
+    "text:CharRNN": ("kCharRNN",),
+    "text:RNNLabel": ("kRNNLabel",),
+    "text:CharRNNOutput": ("kCharRNNOutput",),
+    "text:RNNDummy": ("kRNNDummy",),
 }
 
 
@@ -171,6 +176,9 @@ class Layer:
     feature_split_rows: ClassVar[bool] = False
     # "visible" or "hidden" for the two halves of an energy model (how CD finds the pairs).
     energy_role: ClassVar[str] = ""
+    # A recurrent layer (kGRU): its first copy over time can start from a carried hidden state
+    # (``initial_state``; algorithms/bptt.py carries it from batch to batch)
+    recurrent: ClassVar[bool] = False
     # Computes statistics over the whole batch: split on the batch, its sub-layers sum them over
     # the workers through ``ctx.allreduce`` (the planner schedules those sums).
     batch_statistics: ClassVar[bool] = False
@@ -248,6 +256,15 @@ class Layer:
     def load_state(self, state: dict[str, int | float]) -> None:
         if state:
             raise ValueError(f"layer {self.name!r} carries no state, got {sorted(state)}")
+
+    def carried(self) -> dict[str, np.ndarray]:
+        """Arrays this layer carries from batch to batch, one row per row it computes (an RNN's
+        hidden state); checkpoints assemble them over the global batch and ``load_carried`` puts
+        this sub-layer's rows back."""
+        return {}
+
+    def load_carried(self, name: str, value: np.ndarray) -> None:
+        raise ValueError(f"layer {self.name!r} carries no array {name!r}")
 
     def metrics(self) -> dict[str, float]:
         """Sums over this sub-layer's rows since the last call (loss/output layers)."""

@@ -298,6 +298,8 @@ class Embedding(Layer):
 class OneHot(Layer):
     """Integer ids (batch,) -> one-hot rows (batch, vocab_size); no gradient flows back to ids.
 
+    Ids (batch, T), a window of T ids per row (kCharRNN's): column ``unroll_index`` of them, so
+    that copy t of an unrolled net encodes step t (SINGA's ``src.data(unroll_index)``).
     Split on features, a sub-layer writes columns ``ctx.feature_slice`` of the rows.
     """
 
@@ -307,12 +309,18 @@ class OneHot(Layer):
         self.vocab = self.conf.onehot_conf.vocab_size
         if self.vocab <= 0:
             raise LayerConfigError("onehot_conf.vocab_size", self.vocab, "a positive vocabulary size")
-        _id_shape(src_shapes[0], max_dims=0)
+        id_shape = _id_shape(src_shapes[0], max_dims=1)
+        self.column = self.conf.unroll_index if id_shape else None  # None: one id per row
+        if id_shape and not 0 <= self.column < id_shape[0]:
+            raise LayerConfigError("unroll_index", self.column,
+                                   f"0..{id_shape[0] - 1}: the column of its source's (batch, {id_shape[0]}) ids "
+                                   f"(a kCharRNN source gives char_rnn_conf.unroll_len + 1)")
         return (self.vocab,)
 
     def forward(self, inputs, train):
         x = inputs[0]
-        ids = _token_ids(self, x.reshape(len(x)), self.vocab)
+        x = x.reshape(len(x)) if self.column is None else x.reshape(len(x), -1)[:, self.column]
+        ids = _token_ids(self, x, self.vocab)
         lo, hi = self.ctx.features(self.vocab)
         # float ids keep their dtype (float64 in checks); integer ids give float32 rows
         dtype = x.dtype if np.issubdtype(x.dtype, np.floating) else np.float32

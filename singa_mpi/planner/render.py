@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from singa_mpi.planner.plan import Plan
 from singa_mpi.planner.schedule import BACKWARD, FORWARD, PARAMS, predicted_bytes, schedules
@@ -32,18 +33,41 @@ def traffic(plan: Plan, method: str = SHARED_MEMORY) -> dict[int, dict[str, int]
     return out
 
 
-def to_text(plan: Plan, method: str = SHARED_MEMORY) -> str:
+_COPY = re.compile(r"(?:^|\()(\d+)#([^@()>-]+)")  # "3#gru@0", "bridge_src(3#gru@0->...)": copy 3 of gru
+
+
+def _time_copies(plan: Plan) -> dict[str, int]:
+    """Per unrolled layer (SINGA's "<t>#<name>" copies): how many copies the plan has."""
+    counts: dict[str, int] = {}
+    for sub in plan.sublayers:
+        m = _COPY.match(sub.origin or "")
+        if m:
+            counts[m.group(2)] = max(counts.get(m.group(2), 0), int(m.group(1)) + 1)
+    return counts
+
+
+def to_text(plan: Plan, method: str = SHARED_MEMORY, full: bool = False) -> str:
+    """Per rank, its sub-layers with shapes, shards and exchanges; an unrolled net shows only the first
+    time step's copies (marked with their count) unless ``full``."""
     lines = [f"plan: phase {plan.phase}, {plan.nranks} worker(s), batch {plan.batch}, param sync {method}"]
     volume = traffic(plan, method)
+    copies = {} if full else _time_copies(plan)
     for rank in range(plan.nranks):
         lines.append(f"\nrank {rank}:")
         for sub in plan.on_rank(rank):
+            m = _COPY.search(sub.name)
+            if copies and m and int(m.group(1)) > 0:
+                continue  # a later time step's copy: like copy 0
+            if copies and m:
+                times = f" (x{copies.get(m.group(2), 1)} time steps)"
+            else:
+                times = ""
             mark = "  " if sub.origin else "+ "  # "+" marks an inserted connection layer
             detail = ""
             if sub.exchange is not None:
                 ex = sub.exchange
                 detail = f"  [{ex.forward_op}/{ex.backward_op or '-'} group {list(ex.group)}]"
-            lines.append(f"  {mark}{sub.name:<34} {sub.type:<15} out {list(sub.out_shape)}{detail}")
+            lines.append(f"  {mark}{sub.name:<34} {sub.type:<15} out {list(sub.out_shape)}{detail}{times}")
             for shard in sub.params:
                 offsets = ", ".join(f"{lo}:{hi}" for lo, hi in shard.offsets)
                 lines.append(f"      param {shard.name:<12} {list(shard.shape)} of {list(shard.logical_shape)} "
@@ -53,6 +77,9 @@ def to_text(plan: Plan, method: str = SHARED_MEMORY) -> str:
                      f"{_fmt_bytes(v['forward_received'])}; backward sent {_fmt_bytes(v['backward_sent'])}, "
                      f"received {_fmt_bytes(v['backward_received'])}; param sync sent "
                      f"{_fmt_bytes(v['params_sent'])}, received {_fmt_bytes(v['params_received'])}")
+    if copies:
+        lines.append(f"\n(unrolled: only time step 0's copies are listed, each with its number of time steps; "
+                     f"plan --full lists every copy)")
     total = {k: sum(v[k] for v in volume.values()) for k in next(iter(volume.values()))}
     inserted = sum(1 for s in plan.sublayers if s.origin is None)
     lines.append(f"\ntotal: {len(plan.sublayers)} sub-layers ({inserted} inserted), "

@@ -181,7 +181,7 @@ CASES = {
     "unset_updater_type.conf": (None, ["updater.type = kUserUpdater", "kSGD", "kNesterov"], "updater"),
     "unset_lr_type.conf": (None, ["updater.learning_rate.type = kUserChange", "kFixed", "kStep"], "learning_rate"),
     "step_lr_without_change_freq.conf": (None, ["updater.learning_rate.step_conf.change_freq = 0"], "step_conf"),
-    "unsupported_alg.conf": (None, ["train_one_batch.alg = kBPTT"], "alg"),
+    "unsupported_alg.conf": (None, ["train_one_batch.alg = kUserAlg"], "alg"),
     "param_without_init.conf": ("fc1", [], "param"),
     "rbm_hdim_mismatch.conf": ("hid", ["(#2, kRBMHid)"], "hdim"),
     "rbm_missing_share_from.conf": ("hid", ["two layers of an RBM share one W"], "param"),
@@ -263,6 +263,6 @@ def test_message_lists_are_complete():
     assert sorted(listed("unset_updater_type.conf")) == sorted(UPDATERS)
     assert sorted(listed("unknown_updater_type.conf")) == sorted(UPDATERS)
     assert sorted(listed("unset_lr_type.conf")) == sorted(LR_SCHEDULES)
-    assert sorted(listed("unsupported_alg.conf")) == ["kBP", "kCD"]
+    assert sorted(listed("unsupported_alg.conf")) == ["kBP", "kBPTT", "kCD"]
     layer_types = listed("unknown_layer_type.conf")
     assert layer_types == sorted(layer_types) and len(layer_types) >= 20

@@ -344,8 +344,8 @@ def test_onehot_feature_slice_dtype_and_errors():
     assert part.backward(np.ones((3, 3), np.float32), [True]) == [None]
     with pytest.raises(DataError, match="id -1"):
         part.forward([np.array([-1.0, 0, 0])], True)
-    with pytest.raises(LayerConfigError, match="srclayers"):
-        build_layer(conf(text), [(3,)], batch=1)
+    with pytest.raises(LayerConfigError, match="srclayers"):  # (batch, T) ids are windows: tests/layers/test_text.py
+        build_layer(conf(text), [(2, 3)], batch=1)
     with pytest.raises(LayerConfigError, match="onehot_conf.vocab_size"):
         build_layer(conf('name: "o" type: kOneHot'), [()], batch=1)
 

@@ -1,0 +1,61 @@
+"""Back-propagation through time (``alg: kBPTT``): BP over the unrolled net (seed 003).
+
+The net's recurrent layers are already unrolled into copies over time
+(:mod:`singa_mpi.config.unroll`), the copies of a layer sharing one set of params:
+the forward pass runs the copies in time order, the backward pass in reverse, and
+each shared param's gradient is the sum over the time steps (SINGA's kAggGrad);
+then one update per batch, as BP does.
+
+The hidden state is carried from one batch to the next when the job reads text as
+contiguous streams (a ``kCharRNN`` input: row i of batch n+1 continues row i of
+batch n): the first copy of each recurrent layer starts from the last copy's
+output of the previous batch (truncated BPTT: no gradient flows into it), where
+SINGA started every batch from zeros (its ``full_state`` was hard-coded false,
+bug B7).  When the streams start again (the reader wraps around the text), the
+state starts from zeros again; every worker knows when from the text's size
+(:func:`~singa_mpi.layers.text.windows_per_pass`), not from the reader, which may
+live on another worker.  A run starts from zeros; checkpoints keep the state,
+so a resumed run continues exactly.  Test and validation batches start from zeros.
+"""
+from __future__ import annotations
+
+from singa_mpi.algorithms.base import LayerDone
+from singa_mpi.algorithms.bp import BackPropagation
+from singa_mpi.net import Net
+from singa_mpi.proto import job_pb2
+
+SEQUENTIAL_READERS = {job_pb2.kCharRNN}  # inputs whose batches continue each other row by row
+
+
+class BackPropagationThroughTime(BackPropagation):
+    readers: list = []  # the job's sequential readers (their confs), in training
+    period: int | None = None  # batches per pass over the text: the state restarts at multiples of it
+
+    def bind(self, job: job_pb2.JobProto) -> None:
+        self.readers = [layer for layer in job.neuralnet.layer if layer.type in SEQUENTIAL_READERS
+                        and (not layer.include or job_pb2.kTrain in layer.include)
+                        and job_pb2.kTrain not in layer.exclude]
+
+    def train_one_batch(self, net: Net, on_layer_done: LayerDone | None = None) -> None:
+        super().train_one_batch(net, on_layer_done)
+        if self.readers and net.layers:
+            ctx = net.layers[0].ctx
+            if self.period is None:
+                from singa_mpi.layers.text import reader_period
+
+                self.period = reader_period(self.readers[0], ctx.workspace)
+            carry_state(net, afresh=(ctx.step + 1) % self.period == 0)
+
+
+def carry_state(net: Net, afresh: bool = False) -> None:
+    """Each recurrent layer's first copy on this worker starts the next batch from its last copy's
+    output (the same rows: the copies of a layer are partitioned alike), or from zeros (``afresh``)."""
+    copies: dict[str, list] = {}
+    for layer in net.layers:
+        if layer.recurrent:
+            base = layer.conf.name.split("#", 1)[-1]
+            copies.setdefault(base, []).append(layer)
+    for family in copies.values():
+        first = min(family, key=lambda layer: layer.conf.unroll_index)
+        last = max(family, key=lambda layer: layer.conf.unroll_index)
+        first.initial_state = None if afresh else last.data.copy()
