@@ -59,8 +59,8 @@ def cmd_check(args) -> int:
     summary = validate(cfg)
     for warning in summary.warnings:
         print(f"warning: {warning}")
-    print(f"{cfg.path}: OK  job '{summary.name}'  {summary.algorithm}  {summary.updater}  "
-          f"{summary.train_steps} steps")
+    steps = f"{summary.train_steps} steps" if summary.train_steps else "test only (no train_steps)"
+    print(f"{cfg.path}: OK  job '{summary.name}'  {summary.algorithm}  {summary.updater}  {steps}")
     for phase in summary.phases:
         print(f"  {phase.phase}: {len(phase.layers)} layers, batch {phase.batch}")
         if args.verbose:

@@ -30,7 +30,7 @@ from singa_mpi import threads, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.config.load import JobConfig, effective_partition_dim, layers_for_phase, load_job
-from singa_mpi.config.validate import validate
+from singa_mpi.config.validate import is_test_only, validate
 from singa_mpi.errors import ConfigError, DataError, SingaError
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.topology import check_supported, topology
@@ -91,7 +91,13 @@ def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
     def claim(workspace: str, is_root: bool) -> None:
         claim_workspace(workspace, options, is_root)
 
-    return _launch(job, workspace_of, options.seed, options.stall_timeout, train, steps=options.steps, claim=claim)
+    def trains(cfg: JobConfig) -> None:
+        if is_test_only(cfg.proto):  # SINGA ran these with -test
+            raise ConfigError(f"{cfg.path}: a test-only job (no train_steps, test_steps {cfg.proto.test_steps}): "
+                              f"expected train_steps to train it; run it with singa-mpi test")
+
+    return _launch(job, workspace_of, options.seed, options.stall_timeout, train, steps=options.steps, check=trains,
+                   claim=claim)
 
 
 def claim_workspace(workspace: str, options: RunOptions, is_root: bool) -> None:

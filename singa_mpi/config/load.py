@@ -49,7 +49,24 @@ def parse_job(text: str, path: str = "<string>") -> JobConfig:
     except text_format.ParseError as err:
         raise explain_parse_error(err, text, path) from None
     _warn_ignored(job, path)
+    _infer_onehot_vocabulary(job, path)
     return JobConfig(job, path, text, SourceMap(path, text))
+
+
+def _infer_onehot_vocabulary(job: job_pb2.JobProto, path: str) -> None:
+    """SINGA's char-rnn sample.conf gives its kOneHot no vocab_size (SINGA built a one-hot of width 0,
+    so the file never sampled): take it from the kRNNDummy that feeds it, whose integers lie in
+    [low, high), and say so."""
+    by_name = {layer.name: layer for layer in job.neuralnet.layer}
+    for layer in job.neuralnet.layer:
+        if layer.type != job_pb2.kOneHot or layer.HasField("onehot_conf") or len(layer.srclayers) != 1:
+            continue
+        src = by_name.get(layer.srclayers[0])
+        dummy = src.rnn_dummy_conf if src is not None and src.type == job_pb2.kRNNDummy else None
+        if dummy is not None and dummy.integer and dummy.high > max(dummy.low, 0):
+            layer.onehot_conf.vocab_size = int(dummy.high)
+            warnings.warn(f"{path}: layer '{layer.name}': onehot_conf.vocab_size missing: taken as "
+                          f"{int(dummy.high)} from layer '{src.name}' (rnn_dummy_conf.high)", stacklevel=3)
 
 
 def load_job(path: str | pathlib.Path) -> JobConfig:

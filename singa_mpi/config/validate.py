@@ -66,7 +66,8 @@ def validate(cfg: JobConfig) -> Summary:
     from singa_mpi.updaters import make_updater  # deferred: keeps `check` light
 
     try:
-        make_updater(job.updater)
+        if not is_test_only(job):
+            make_updater(job.updater)
     except ConfigError as err:
         # messages start with the dotted field ("updater.learning_rate.type = ..."): point at it
         # or at its nearest written ancestor
@@ -97,24 +98,30 @@ def _check_job_fields(cfg: JobConfig) -> None:
         ALGORITHMS.get(alg)
     except ConfigError as err:  # "train_one_batch.alg = kCD: expected one of kBP"
         raise _fail(cfg, ("train_one_batch", "alg"), str(err)) from None
-    if job.train_steps <= 0 and not job.HasField("train_steps"):
+    if job.train_steps <= 0 and not job.HasField("train_steps") and not is_test_only(job):
         raise _fail(cfg, (), "train_steps = missing: expected a positive number of training steps")
     for field in ("train_steps", "disp_freq", "test_freq", "test_steps", "validate_freq",
                   "validate_steps", "checkpoint_freq", "disp_after", "test_after", "validate_after",
                   "checkpoint_after"):
         value = getattr(job, field)
-        if value < 0 or (field == "train_steps" and value == 0):
+        if value < 0 or (field == "train_steps" and value == 0 and not is_test_only(job)):
             expected = "a positive integer" if field == "train_steps" else "an integer >= 0"
             raise _fail(cfg, (field,), f"{field} = {value}: expected {expected}")
     for prefix in ("test", "validate"):
         steps, freq = getattr(job, f"{prefix}_steps"), getattr(job, f"{prefix}_freq")
-        if steps > 0 and freq <= 0:
+        if steps > 0 and freq <= 0 and not is_test_only(job):
             written = f"{prefix}_freq" if job.HasField(f"{prefix}_freq") else f"{prefix}_steps"
             raise _fail(cfg, (written,), f"{prefix}_freq = {freq}: expected a positive {prefix}_freq "
                                          f"when {prefix}_steps = {steps}")
     if not (-1 <= job.neuralnet.partition_dim <= 1):
         raise _fail(cfg, ("neuralnet", "partition_dim"),
                     f"neuralnet.partition_dim = {job.neuralnet.partition_dim}: expected -1, 0 or 1")
+
+
+def is_test_only(job: job_pb2.JobProto) -> bool:
+    """A job that only tests, run by SINGA with ``-test`` (char-rnn's sample.conf): no train_steps,
+    test_steps > 0; no updater or test_freq needed.  ``singa-mpi test`` runs it, ``train`` refuses it."""
+    return not job.HasField("train_steps") and job.test_steps > 0
 
 
 def _check_include_exclude(cfg: JobConfig) -> None:
