@@ -128,7 +128,7 @@ class Trainer:
             for _ in range(steps):
                 net.set_step(step)
                 self.algorithm.evaluate(net)
-        result = summarize(self.runtime.reduce_metrics(net.collect_metrics()))
+        result = self.algorithm.report(summarize(self.runtime.reduce_metrics(net.collect_metrics())))
         profiling.add(self.evaluation_totals, profiling.subtract(self.runtime.tracer.snapshot(), before))
         self.record(step, phase, result)
         return result
@@ -188,7 +188,7 @@ class Trainer:
             if display_now(job, step):
                 now = time.perf_counter()
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)
-                final = summarize(self.runtime.reduce_metrics(self.train_net.collect_metrics()))
+                final = self.algorithm.report(summarize(self.runtime.reduce_metrics(self.train_net.collect_metrics())))
                 self.record(step, "train", final, samples_per_s=rate)
                 headline = next((k for k in ("loss", "squared_error") if k in final), None)
                 if bar is not None and headline is not None:

@@ -85,3 +85,11 @@ def test_loss_falls_and_metrics_are_per_character(tmp_path):
     losses = [json.loads(line)["loss"] for line in (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()
               if '"train"' in line]
     assert losses[0] > 2.0 and np.mean(losses[-5:]) < 0.7 * losses[0]  # ln(vocab) at first, then falls
+
+
+def test_test_phase_reports_loss_and_perplexity(tmp_path):
+    conf = job_file(tmp_path, steps=10)
+    assert train(conf, tmp_path / "ws") == 0
+    entries = [json.loads(line) for line in (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()]
+    tests = [e for e in entries if e["phase"] == "test"]
+    assert tests and all(e["perplexity"] == pytest.approx(np.exp(e["loss"]), rel=1e-12) for e in tests)

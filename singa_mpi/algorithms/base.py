@@ -26,6 +26,10 @@ class Algorithm:
     def bind(self, job: job_pb2.JobProto) -> None:
         """Learn what the algorithm needs of the whole job (the trainer calls it once)."""
 
+    def report(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The metrics a progress line and metrics.jsonl show, from the layers' means."""
+        return metrics
+
     @staticmethod
     def trains(layer_cls: type[Layer]) -> bool:
         """Whether this algorithm trains the params of layers of ``layer_cls`` (BP: all)."""

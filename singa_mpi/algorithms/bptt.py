@@ -19,6 +19,8 @@ so a resumed run continues exactly.  Test and validation batches start from zero
 """
 from __future__ import annotations
 
+import math
+
 from singa_mpi.algorithms.base import LayerDone
 from singa_mpi.algorithms.bp import BackPropagation
 from singa_mpi.net import Net
@@ -35,6 +37,12 @@ class BackPropagationThroughTime(BackPropagation):
         self.readers = [layer for layer in job.neuralnet.layer if layer.type in SEQUENTIAL_READERS
                         and (not layer.include or job_pb2.kTrain in layer.include)
                         and job_pb2.kTrain not in layer.exclude]
+
+    def report(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Adds perplexity, exp(loss): the loss is the mean cross-entropy per time step (character)."""
+        if "loss" in metrics:
+            return {**metrics, "perplexity": math.exp(min(metrics["loss"], 700.0))}
+        return metrics
 
     def train_one_batch(self, net: Net, on_layer_done: LayerDone | None = None) -> None:
         super().train_one_batch(net, on_layer_done)
