@@ -59,7 +59,7 @@ def _copy(conf: job_pb2.LayerProto, t: int, length: int, lengths: dict[str, int]
     copy = job_pb2.LayerProto()
     copy.CopyFrom(conf)
     copy.name = copy_name(conf.name, t, length)
-    copy.unroll_index = t
+    copy.unroll_index, copy.unroll_len = t, length  # written out: a copy knows it is one of ``length``
     for field in ("srclayers", "unroll_conn_type", "shift"):
         copy.ClearField(field)
     copy.srclayers.extend(_sources(conf, t, lengths))

@@ -262,7 +262,9 @@ def _id_shape(shape: Shape, max_dims: int) -> Shape:
 class Embedding(Layer):
     """Rows of a (vocab_size, feature_dim) table looked up by integer ids.
 
-    ids (batch,) -> (batch, feature_dim); ids (batch, T) -> (batch, T, feature_dim).
+    ids (batch,) -> (batch, feature_dim); ids (batch, T) -> (batch, T, feature_dim), except in a copy
+    of an unrolled net (``unroll_len`` > 1), which embeds column ``unroll_index`` of a (batch, T)
+    window (as kOneHot does: copy t encodes step t).
     Split on features, a sub-layer holds columns ``ctx.feature_slice`` of the table;
     that needs (batch,) ids, since with (batch, T) ids axis 1 of the output is T.
     """
@@ -276,6 +278,13 @@ class Embedding(Layer):
         if conf.feature_dim <= 0:
             raise LayerConfigError("embedding_conf.feature_dim", conf.feature_dim, "a positive feature dimension")
         self.id_shape = _id_shape(src_shapes[0], max_dims=1)
+        self.column = None
+        if self.id_shape and self.conf.unroll_len > 1:  # a copy over time: its step's column
+            self.column = self.conf.unroll_index
+            if self.column >= self.id_shape[0]:
+                raise LayerConfigError("unroll_index", self.column, f"0..{self.id_shape[0] - 1}: the source gives "
+                                       f"{self.id_shape[0]} ids per row")
+            self.id_shape = ()
         if self.id_shape and self.ctx.feature_slice is not None:
             raise LayerConfigError("partition_dim", 1, "0 or -1: with (batch, T) ids axis 1 of the output is T, "
                                    "not the embedding features")
@@ -284,6 +293,8 @@ class Embedding(Layer):
 
     def forward(self, inputs, train):
         x = inputs[0]
+        if self.column is not None:
+            x = x.reshape(len(x), -1)[:, self.column]
         self.ids = _token_ids(self, x.reshape((len(x),) + self.id_shape), self.conf.embedding_conf.vocab_size)
         return self.params[0].data[self.ids]  # (batch, [T,] local_dim)
 

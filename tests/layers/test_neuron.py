@@ -390,3 +390,14 @@ def test_no_input_gradient_when_not_needed(text, shape):
     layer = build_layer(conf(text), [shape], batch=2)
     y = layer.forward([rand(2, *shape)], True)
     assert layer.backward(np.ones_like(y), [False]) == [None]
+
+
+def test_an_unrolled_embedding_copy_embeds_its_time_steps_column():
+    """Copy t of an unrolled net (unroll_len > 1) reads column t of a kCharRNN window, as kOneHot does."""
+    text = ('name: "emb" type: kEmbedding unroll_len: 4 unroll_index: 2 embedding_conf { vocab_size: 6 '
+            'feature_dim: 3 } param { name: "t" init { type: kGaussian } }')
+    layer = build_layer(conf(text), [(4,)], batch=2)
+    ids = np.array([[0, 1, 5, 2], [3, 3, 4, 0]], np.float32)
+    np.testing.assert_array_equal(layer.forward([ids], True), layer.params[0].data[[5, 4]])
+    with pytest.raises(LayerConfigError, match="0..3"):
+        build_layer(conf(text.replace("unroll_index: 2", "unroll_index: 4")), [(4,)], batch=2)
