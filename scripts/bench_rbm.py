@@ -28,18 +28,22 @@ Measured:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/benchkit.py, however run
+from benchkit import (
+    train_subprocess,
+    verdict,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -98,25 +102,11 @@ def write_job(args, folder: pathlib.Path, store: pathlib.Path, n_train: int, n_t
     return path
 
 
-def mpi_env() -> dict[str, str]:
-    """One BLAS thread per rank; UCX on shared memory only (as tests/test_mpi_suites.py)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.setdefault("UCX_TLS", "self,sm")
-    return env
-
-
 def run_singa(conf: pathlib.Path, workspace: pathlib.Path, ranks: int) -> dict:
     """Train in a subprocess on ``ranks`` ranks; samples/s, final params and the reported test error."""
     from singa_mpi.checkpoints import hdf5 as checkpoint
 
-    cmd = [sys.executable, "-m", "singa_mpi", "train", str(conf), "--workspace", str(workspace)]
-    if ranks > 1:
-        mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-        cmd = [mpiexec, "-n", str(ranks)] + cmd
-    out = subprocess.run(cmd, check=False, env=mpi_env(), capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        raise RuntimeError(f"singa_mpi on {ranks} rank(s) failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-    entries = [json.loads(line) for line in (workspace / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    entries = train_subprocess(conf, workspace, ranks)
     train = sorted((e for e in entries if e["phase"] == "train"), key=lambda e: e["step"])
     test = [e for e in entries if e["phase"] == "test"]
     steps = max(e["step"] for e in train) + 1
@@ -177,10 +167,6 @@ def reconstruction_error(v: np.ndarray, params: dict) -> float:
     h = sigma(v @ w.T + params["b_hid"])
     diff = v - sigma(h @ w + params["b_vis"])
     return float(np.mean(np.sum(diff * diff, axis=1)))
-
-
-def verdict(ok: bool) -> str:
-    return "goal met" if ok else "goal missed"
 
 
 def print_report(rows: list[tuple[str, int, dict]], args, n_train: int) -> None:

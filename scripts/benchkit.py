@@ -1,0 +1,44 @@
+"""What the benchmark scripts share: launching singa_mpi in a subprocess, serially or on N ranks.
+
+    from benchkit import train_subprocess, verdict      (the scripts run with scripts/ on sys.path)
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+
+def bench_env() -> dict[str, str]:
+    """One BLAS thread per process; UCX on shared memory only (as tests/test_mpi_suites.py)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.setdefault("UCX_TLS", "self,sm")
+    return env
+
+
+def mpiexec_command(n: int) -> list[str]:
+    """The launcher next to this Python (the mpich wheel's) or on PATH; Open MPI's flags for a shared box."""
+    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if exe is None:
+        raise RuntimeError("mpiexec not found: install MPI (pip install mpich) or run with --ranks 1")
+    version = subprocess.run([exe, "--version"], check=False, capture_output=True, text=True, timeout=60).stdout
+    extra = ["--oversubscribe", "--allow-run-as-root"] if "Open MPI" in version or "OpenRTE" in version else []
+    return [exe, *extra, "-n", str(n)]
+
+
+def train_subprocess(conf: pathlib.Path, workspace: pathlib.Path, ranks: int) -> list[dict]:
+    """`singa-mpi train CONF` on ``ranks`` ranks with one BLAS thread each; its metrics.jsonl entries."""
+    cmd = [sys.executable, "-m", "singa_mpi", "train", str(conf), "--workspace", str(workspace)]
+    if ranks > 1:
+        cmd = mpiexec_command(ranks) + cmd
+    out = subprocess.run(cmd, check=False, env=bench_env(), capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"singa_mpi on {ranks} rank(s) failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    return [json.loads(line) for line in (workspace / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def verdict(ok: bool) -> str:
+    return "goal met" if ok else "goal missed"
