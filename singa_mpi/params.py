@@ -29,7 +29,10 @@ class Param:
     name:          the param's name (unique in the job).
     logical_shape: the unpartitioned shape.
     shard:         ((lo, hi), ...) per axis: which part of the logical array this is.
-    data, grad:    float32 arrays of the shard's shape; ``grad`` accumulates.
+    data, grad:    float32 arrays of the shard's shape; ``grad`` accumulates.  Products ``a @ b``
+                   added by several users (the copies of an unrolled layer, tied weights) wait
+                   until ``grad`` is read and are then summed as one GEMM over all of them
+                   ([a1 a2 ...] @ [b1; b2; ...]): one large product instead of many small ones.
     factors:       None, or where a runtime collects this shard's gradient as factors
                    (``record(a, b)`` for grad = a @ b, ``clear()`` for a zero gradient)
                    instead of computing it here; ``grad`` is then None (see
@@ -45,7 +48,8 @@ class Param:
         self.shard = tuple(shard)
         shape = tuple(hi - lo for lo, hi in self.shard)
         self.data = np.zeros(shape, np.float32)
-        self.grad = np.zeros(shape, np.float32)
+        self._grad = np.zeros(shape, np.float32)
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []  # products a @ b not yet in grad
         self.lr_scale = conf.lr_scale
         self.wd_scale = conf.wd_scale
         self.fresh = False  # True after zero_grad: the next contribution overwrites instead of adding
@@ -60,9 +64,32 @@ class Param:
     def shard_index(self) -> tuple[slice, ...]:
         return tuple(slice(lo, hi) for lo, hi in self.shard)
 
+    @property
+    def grad(self) -> np.ndarray | None:
+        if self.pending:
+            self._flush()
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: np.ndarray | None) -> None:
+        self.pending = []
+        self._grad = value
+
+    def _flush(self) -> None:
+        """The pending products as one GEMM (a single one as it is: the result is then bitwise what
+        adding it at once gives)."""
+        items, self.pending = self.pending, []
+        if len(items) == 1:
+            self.accumulate(*items[0])
+            return
+        a = np.concatenate([a for a, _ in items], axis=1)  # (rows of grad, sum of the inner dims)
+        b = np.concatenate([b for _, b in items], axis=0)
+        self.accumulate(a, b)
+
     def zero_grad(self) -> None:
         """Start a new gradient.  Lazy: the first ``add_grad`` writes instead of adding,
         which saves a pass over memory and a temporary per parameter each step."""
+        self.pending = []
         self.fresh = True
 
     def add_grad(self, a: np.ndarray, b: np.ndarray | None = None) -> None:
@@ -75,21 +102,25 @@ class Param:
             self.fresh = False
         elif b is not None and self.queue is not None:
             self.queue.push(self, a, b)
+        elif b is not None:
+            self.pending.append((a, b))  # a, b: the layer's arrays, untouched until the next step
         else:
-            self.accumulate(a, b)
+            self.accumulate(a)
 
     def accumulate(self, a: np.ndarray, b: np.ndarray | None = None) -> None:
-        """grad += a (or a @ b) now."""
+        """grad += a (or a @ b) now (after the pending products)."""
+        if self.pending:
+            self._flush()
         if self.fresh:
             if b is None:
-                np.copyto(self.grad, a)
+                np.copyto(self._grad, a)
             else:
-                np.matmul(a, b, out=self.grad)
+                np.matmul(a, b, out=self._grad)
             self.fresh = False
         elif b is None:
-            self.grad += a
+            self._grad += a
         else:
-            self.grad += a @ b
+            self._grad += a @ b
 
     def grad_for_scatter(self) -> np.ndarray:
         """The gradient array for in-place scatter-adds (zeroed first if nothing was added yet)."""
@@ -101,6 +132,8 @@ class Param:
         that received no contribution an explicit zero."""
         if self.queue is not None:
             self.queue.run()
+        if self.pending:
+            self._flush()
         if self.fresh:
             if self.factors is not None:
                 self.factors.clear()

@@ -107,3 +107,27 @@ def test_factors_of_the_wrong_shape_name_the_param_and_the_expected_shapes():
     with pytest.raises(RuntimeError, match=r"param 'w': gradient factors of shapes \(3, 6\) and \(6, 4\), "
                                            r"expected \(3, 5\) and \(5, 4\)"):
         param.add_grad(a, b)
+
+
+def test_products_from_several_users_are_summed_as_one_gemm_when_read():
+    """The copies of an unrolled layer each add a @ b: the sum is formed once, when the gradient is read."""
+    rng = np.random.default_rng(0)
+    param = Param(job_pb2.ParamProto(name="w"), (4, 3), ((0, 4), (0, 3)))
+    pairs = [(rng.standard_normal((4, 5)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32))
+             for _ in range(3)]
+    param.zero_grad()
+    for a, b in pairs:
+        param.add_grad(a, b)
+    assert len(param.pending) == 3
+    dense = rng.standard_normal((4, 3)).astype(np.float32)
+    param.add_grad(dense)  # a dense contribution keeps what is pending
+    np.testing.assert_allclose(param.grad, sum(a @ b for a, b in pairs) + dense, rtol=1e-5)
+    assert not param.pending
+    param.zero_grad()
+    a, b = pairs[0]
+    param.add_grad(a, b)
+    param.finish_grad()
+    np.testing.assert_array_equal(param.grad, a @ b)  # one product: exactly what adding it at once gives
+    param.zero_grad()
+    param.finish_grad()
+    assert not param.grad.any()  # nothing added this step: an explicit zero

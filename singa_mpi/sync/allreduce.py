@@ -64,6 +64,8 @@ class AllreduceSync(LocalSync):
 
     def _start(self, index: int) -> None:
         if self.requests[index] is None:
+            for param in self.members[index]:  # products still pending (Param.pending) go into the buffer
+                param.finish_grad()
             self.requests[index] = self.comms[index].Iallreduce(self.buffers[index], self.buckets[index].label)
 
     def gradients_complete(self) -> None:
