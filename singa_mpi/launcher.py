@@ -337,6 +337,12 @@ def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callabl
                 raise DataError(f"{cfg.layer_where(index, 'store_conf', field)}: layer '{layer.name}': "
                                 f"store_conf.{field} {path}: no such file (looked in the current folder "
                                 f"{os.getcwd()}{where}): {todo}")
+            for conf, field, path, todo in prepare.reader_files(layer, cfg.path):  # DataShards, char-rnn text
+                if path in seen or resolve_path(path, workspace) is not None:
+                    continue
+                where = "" if workspace in ("", ".") else f" or in the workspace {workspace}"
+                raise DataError(f"{cfg.layer_where(index, conf, field)}: layer '{layer.name}': {conf}.{field} "
+                                f"{path}: no such file (looked in the current folder {os.getcwd()}{where}): {todo}")
 
 
 def with_workers(job: str | JobConfig, workers: int | None):

@@ -93,3 +93,15 @@ def test_test_phase_reports_loss_and_perplexity(tmp_path):
     entries = [json.loads(line) for line in (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()]
     tests = [e for e in entries if e["phase"] == "test"]
     assert tests and all(e["perplexity"] == pytest.approx(np.exp(e["loss"]), rel=1e-12) for e in tests)
+
+
+def test_missing_text_is_one_line_before_training(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "rnn.conf"
+    conf.write_text(nets.char_rnn("gone/input.txt", "gone/vocab.txt", 3, steps=2))
+    assert cli.main(["train", str(conf), "--workspace", str(tmp_path / "ws")]) == 3
+    err = capfd.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "layer 'data': char_rnn_conf.path gone/input.txt: no such file" in err
+    assert "singa-mpi data text --out DIR" in err
+    assert not (tmp_path / "ws" / "metrics.jsonl").exists()

@@ -30,6 +30,23 @@ def store_files(layer: job_pb2.LayerProto) -> list[tuple[str, str]]:
     return [(field, getattr(store, field)) for field in STORE_FIELDS if getattr(store, field)]
 
 
+TEXT_TODO = "make it and its vocabulary with `singa-mpi data text --out DIR` (DIR/input.txt, DIR/vocab.txt)"
+
+
+def reader_files(layer: job_pb2.LayerProto, job_path: str | None) -> list[tuple[str, str, str, str]]:
+    """(conf, field, path, how to make it) of what the readers beside the store input layers read:
+    SINGA 0.1's DataShard folder (kShardData), char-rnn's text and vocabulary (kCharRNN)."""
+    if layer.type == job_pb2.kShardData and layer.sharddata_conf.path:
+        path = layer.sharddata_conf.path
+        return [("sharddata_conf", "path", path,
+                 how_to_make(path, "path", job_pb2.StoreProto(backend="shard", path=path), job_path))]
+    if layer.type == job_pb2.kCharRNN:
+        conf = layer.char_rnn_conf
+        return [("char_rnn_conf", field, getattr(conf, field), TEXT_TODO)
+                for field in ("path", "vocab_path") if getattr(conf, field)]
+    return []
+
+
 def _backend(store: job_pb2.StoreProto) -> str:
     return store.backend or "textfile"
 
