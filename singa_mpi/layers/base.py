@@ -167,8 +167,10 @@ class Layer:
     input_kinds: ClassVar[tuple[str, ...]] = ()
     is_input: ClassVar[bool] = False
     is_loss: ClassVar[bool] = False
-    # Whether partition_dim 1 is meaningful; the planner rejects it otherwise.
+    # Whether partition_dim 1 is meaningful; the planner rejects it otherwise, saying why
+    # (``feature_split_refusal``, else a reason from the layer's kind).
     feature_partitionable: ClassVar[bool] = True
+    feature_split_refusal: ClassVar[str] = ""
     # Minimum and maximum number of srclayers (None = unbounded).
     num_srcs: ClassVar[tuple[int, int | None]] = (1, 1)
     # Under partition_dim 1 this layer's sub-layers split the batch rows instead of its own

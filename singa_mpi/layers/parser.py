@@ -101,6 +101,7 @@ class _Parser(Layer):
 
     input_kinds = ("data",)
     feature_partitionable = False
+    feature_split_refusal = "a parser turns whole records into features and labels"
     num_srcs = (1, 1)
     source_types = ("kShardData",)  # what the validator accepts in srclayers
 

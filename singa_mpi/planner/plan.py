@@ -238,6 +238,8 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
 
 
 def _why_not_feature(cls: type[Layer]) -> str:
+    if cls.feature_split_refusal:
+        return cls.feature_split_refusal
     if cls.is_input:
         return "input layers read whole records"
     if cls.is_loss:

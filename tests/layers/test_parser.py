@@ -214,3 +214,18 @@ def test_lmdb_and_prefetch_are_refused_with_what_to_write_instead(kind, conf, ad
     with pytest.raises(ConfigError) as err:
         validate(parse_job(JOB.replace("DATA", f"{kind} {conf}"), "job.conf"))
     assert str(err.value).startswith("job.conf:6:") and f"type = {kind}: expected {advice}" in str(err.value)
+
+
+def test_a_parser_split_on_features_is_refused_saying_why():
+    from singa_mpi.config.load import parse_job
+    from singa_mpi.errors import ConfigError
+    from singa_mpi.planner import partition
+
+    text = ('name: "p" train_steps: 1 train_one_batch { alg: kBP } neuralnet {\n'
+            'layer { name: "data" type: kShardData partition_dim: 0 sharddata_conf { path: "mnist_train_shard" '
+            'batchsize: 4 } }\n'
+            'layer { name: "mnist" type: kMnist srclayers: "data" partition_dim: 1 }\n'
+            'layer { name: "label" type: kLabel srclayers: "data" partition_dim: 0 }\n}')
+    with pytest.raises(ConfigError, match=r"layer 'mnist' \(#1, kMnist\): partition_dim = 1: expected 0 or -1: "
+                                          r"kMnist cannot be split on features \(a parser turns whole records"):
+        partition(parse_job(text, "p.conf"), 2)
