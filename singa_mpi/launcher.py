@@ -332,17 +332,19 @@ def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callabl
                         log(f"preparing scikit-learn's digits in {os.path.dirname(path)}/ (first use)")
                     prepare.prepare_digits(path, layer.store_conf)
                     continue
-                where = "" if workspace in ("", ".") else f" or in the workspace {workspace}"
                 todo = prepare.how_to_make(path, field, layer.store_conf, cfg.path)
-                raise DataError(f"{cfg.layer_where(index, 'store_conf', field)}: layer '{layer.name}': "
-                                f"store_conf.{field} {path}: no such file (looked in the current folder "
-                                f"{os.getcwd()}{where}): {todo}")
+                raise _missing(cfg, index, layer, "store_conf", field, path, workspace, todo)
             for conf, field, path, todo in prepare.reader_files(layer, cfg.path):  # DataShards, char-rnn text
-                if path in seen or resolve_path(path, workspace) is not None:
-                    continue
-                where = "" if workspace in ("", ".") else f" or in the workspace {workspace}"
-                raise DataError(f"{cfg.layer_where(index, conf, field)}: layer '{layer.name}': {conf}.{field} "
-                                f"{path}: no such file (looked in the current folder {os.getcwd()}{where}): {todo}")
+                if path not in seen and resolve_path(path, workspace) is None:
+                    raise _missing(cfg, index, layer, conf, field, path, workspace, todo)
+
+
+def _missing(cfg: JobConfig, index: int, layer, conf: str, field: str, path: str, workspace: str,
+             todo: str) -> DataError:
+    """One line: where the job names the file, which layer, where it was looked for, how to make it."""
+    where = "" if workspace in ("", ".") else f" or in the workspace {workspace}"
+    return DataError(f"{cfg.layer_where(index, conf, field)}: layer '{layer.name}': {conf}.{field} {path}: "
+                     f"no such file (looked in the current folder {os.getcwd()}{where}): {todo}")
 
 
 def with_workers(job: str | JobConfig, workers: int | None):

@@ -23,6 +23,7 @@ import math
 
 from singa_mpi.algorithms.base import LayerDone
 from singa_mpi.algorithms.bp import BackPropagation
+from singa_mpi.config.load import layers_for_phase
 from singa_mpi.net import Net
 from singa_mpi.proto import job_pb2
 
@@ -34,9 +35,7 @@ class BackPropagationThroughTime(BackPropagation):
     period: int | None = None  # batches per pass over the text: the state restarts at multiples of it
 
     def bind(self, job: job_pb2.JobProto) -> None:
-        self.readers = [layer for layer in job.neuralnet.layer if layer.type in SEQUENTIAL_READERS
-                        and (not layer.include or job_pb2.kTrain in layer.include)
-                        and job_pb2.kTrain not in layer.exclude]
+        self.readers = sequential_readers(job)
 
     def report(self, metrics: dict[str, float]) -> dict[str, float]:
         """Adds perplexity, exp(loss): the loss is the mean cross-entropy per time step (character)."""
@@ -53,6 +52,12 @@ class BackPropagationThroughTime(BackPropagation):
 
                 self.period = reader_period(self.readers[0], ctx.workspace)
             carry_state(net, afresh=(ctx.step + 1) % self.period == 0)
+
+
+def sequential_readers(job: job_pb2.JobProto) -> list[job_pb2.LayerProto]:
+    """The training net's readers whose batches continue each other row by row: with one, a kBPTT
+    job carries its hidden state from batch to batch."""
+    return [conf for _, conf in layers_for_phase(job, "train") if conf.type in SEQUENTIAL_READERS]
 
 
 def carry_state(net: Net, afresh: bool = False) -> None:

@@ -121,8 +121,7 @@ def read_initial(path: str) -> checkpoint.Checkpoint:
       step in the same folder, ``DIR/step<N>.h5`` (where running SINGA's previous job here put it).
     """
     if os.path.isdir(path):
-        workspace = os.path.dirname(os.path.normpath(path)) if os.path.basename(os.path.normpath(path)) == \
-            "checkpoint" and not os.path.isdir(checkpoint.checkpoint_dir(path)) else path
+        workspace = _workspace_of(path)
         found = checkpoint.newest_good(workspace)
         if found is None:
             raise DataError(f"{path}: no good checkpoint in {checkpoint.checkpoint_dir(workspace)}: expected "
@@ -140,6 +139,14 @@ def read_initial(path: str) -> checkpoint.Checkpoint:
     if not os.path.exists(path):
         raise DataError(f"{path}: no such checkpoint")
     return checkpoint.read(path)
+
+
+def _workspace_of(folder: str) -> str:
+    """A workspace, or the workspace of a checkpoint folder named in its place."""
+    folder = os.path.normpath(folder)
+    if os.path.basename(folder) == "checkpoint" and not os.path.isdir(checkpoint.checkpoint_dir(folder)):
+        return os.path.dirname(folder)
+    return folder
 
 
 def _read_singa(path: str) -> checkpoint.Checkpoint:

@@ -371,10 +371,10 @@ def _check_carried_state(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> Non
     """kBPTT over text streams carries each recurrent layer's hidden state from batch to batch
     (algorithms/bptt.py): its first copy needs all the units its last copy computed, so a recurrent
     layer split on its hidden units cannot carry it (that would need an exchange between batches)."""
-    from singa_mpi.algorithms.bptt import SEQUENTIAL_READERS
+    from singa_mpi.algorithms.bptt import sequential_readers
 
     job = cfg.proto
-    if job.train_one_batch.alg != job_pb2.kBPTT or not any(l.type in SEQUENTIAL_READERS for l in job.neuralnet.layer):
+    if job.train_one_batch.alg != job_pb2.kBPTT or not sequential_readers(job):
         return
     for node, layer in built:
         if layer.recurrent and effective_partition_dim(job, node.conf) == 1:
