@@ -67,6 +67,10 @@ def cmd_check(args) -> int:
             for name, type_name, shape in phase.layers:
                 print(f"    {name:<20} {type_name:<18} {shape}")
     print(f"  params: {len(summary.params)}  ({summary.num_weights:,} weights)")
+    from singa_mpi import plugins
+
+    for plugin in plugins.loaded():
+        print(f"  {plugin.summary()}")
     if args.n is not None:
         from singa_mpi.runtimes.worker import WorkerRuntime
 
@@ -157,12 +161,12 @@ def cmd_ckpt(args) -> int:
 
 
 def cmd_examples(args) -> int:
-    """Copy the example jobs that ship with the package into DIR, for editing."""
+    """Copy the example jobs that ship with the package (and the plugins beside them) into DIR, for editing."""
     import shutil
 
     out = pathlib.Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
-    for conf in sorted(EXAMPLES.glob("*.conf")):
+    for conf in sorted(EXAMPLES.glob("*.conf")) + sorted(EXAMPLES.glob("*.py")):
         target = out / conf.name
         if target.exists() and not args.overwrite:
             print(f"kept {target} (it exists; --overwrite replaces it)")
@@ -289,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="print per-layer compute and communication per step at the end "
                         "(always written to WORKSPACE/profile.json)")
+    _plugin_option(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("test", help="run the test phase on a trained model")
@@ -297,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", action="append",
                    help="checkpoint file(s) to load (default: the newest in the workspace)")
     p.add_argument("--workers", type=positive_int, metavar="N", help="overrides cluster.nworkers_per_group")
+    _plugin_option(p)
     p.set_defaults(func=cmd_test)
 
     p = sub.add_parser("check", help="validate a job configuration (no data, no MPI)")
@@ -305,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-workspace", action="store_true", help="only print the job's workspace folder")
     p.add_argument("-n", "--workers", dest="n", type=positive_int,
                    help="also partition every phase over N workers and prove its schedule safe (no MPI)")
+    _plugin_option(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("plan", help="show how a job is partitioned over N workers (no MPI needed)")
@@ -319,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how params every worker holds are synchronised: node-shared memory (all workers on "
                         "one node, the default there) or bucketed Allreduce (several nodes, or SINGA_MPI_SHM=0)")
     p.add_argument("-o", "--output", help="write to FILE (dot: .png/.svg/.pdf are rendered with Graphviz)")
+    _plugin_option(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("ckpt", help="inspect or convert checkpoints")
@@ -354,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--shape", metavar="HxW", help="image height x width (default: square)")
     d.add_argument("--workspace", help="also look for data files there (default: cluster.workspace)")
     d.add_argument("-o", "--output", help="the PNG to write (default: CKPT_STEM_reconstructions.png beside CKPT)")
+    _plugin_option(d)
     d.set_defaults(func=cmd_draw)
 
     p = sub.add_parser("sample", help="generate text from a trained char-rnn job (kCharRNN, kOneHot, kGRU)")
@@ -368,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="the sampling's random seed (default 0: the same text "
                                                        "each time)")
     p.add_argument("--workspace", help="where the job's checkpoints are (default: cluster.workspace)")
+    _plugin_option(p)
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("examples", help="copy the example jobs (digits, MNIST, CIFAR-10) into a folder")
@@ -401,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text: keep the first N bytes (default 2,000,000)")
     p.set_defaults(func=cmd_data)
     return parser
+
+
+def _plugin_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugin", action="append", metavar="MODULE_OR_FILE",
+                        help="import a plugin (a module name, or a .py file or package folder) that registers "
+                             "user layers, algorithms, updaters, ... before the job is read; repeatable")
 
 
 class _IntermixedParser(argparse.ArgumentParser):
@@ -441,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.simplefilter("default")
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
+    if getattr(args, "plugin", None):
+        from singa_mpi import plugins
+
+        plugins.use(args.plugin)  # imported with the job, on every rank, before validation
     try:
         if args.command != "data":  # train and test choose BLAS threads once they know the job (launcher)
             return args.func(args)

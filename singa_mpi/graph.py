@@ -10,6 +10,7 @@ import dataclasses
 import heapq
 
 from singa_mpi.proto import job_pb2
+from singa_mpi.registry import selected_name
 
 # Undirected connections that SINGA writes as two directed edges (energy models):
 # the edge from the second type back into the first is not an execution dependency.
@@ -29,7 +30,7 @@ class Node:
 
     @property
     def type_name(self) -> str:
-        return job_pb2.LayerType.Name(self.conf.type)
+        return selected_name(self.conf)
 
 
 class CycleError(Exception):

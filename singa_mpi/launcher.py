@@ -26,7 +26,7 @@ import traceback
 import warnings
 from typing import Callable
 
-from singa_mpi import threads, timeline
+from singa_mpi import plugins, threads, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.config.load import JobConfig, effective_partition_dim, layers_for_phase, load_job
@@ -205,6 +205,8 @@ def resume_command(trainer: Trainer, options: RunOptions) -> str:
                         ("--workers", options.workers)):
         if value is not None:
             words += [flag, str(value)]
+    for spec in plugins.requested():  # the job cannot be read without them
+        words += ["--plugin", spec]
     return shlex.join(words + ["--resume"])
 
 

@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 from singa_mpi.config.load import JobConfig, layers_for_phase
 from singa_mpi.errors import ConfigError, LayerFailure
 from singa_mpi.graph import Node, is_back_edge, topological_order
-from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, LayerContext, layer_class
+from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, LayerContext, layer_class_of
 from singa_mpi.params import Param, make_param
 from singa_mpi.tracing import NullTracer, Tracer
 
@@ -178,7 +178,7 @@ def instantiate(cfg: JobConfig, nodes: list[Node], make_ctx: Callable[[Node], La
     done: dict[str, Layer] = {}
     built = []
     for node in topological_order(nodes):
-        cls = layer_class(node.type_name)
+        cls = layer_class_of(node.conf)
         layer = cls(node.conf, make_ctx(node))
         srcs = [done[s] for s in node.conf.srclayers if s in done]
         kinds = list(cls.input_kinds) or ["data"] * len(srcs)
@@ -202,6 +202,10 @@ def global_batch_size(cfg: JobConfig, nodes: Iterable[Node]) -> int:
             return int(node.conf.sharddata_conf.batchsize)
         if node.type_name == "kCharRNN":  # char-rnn's reader (kCharRNNOutput's char_rnn_conf has no batch)
             return int(node.conf.char_rnn_conf.batchsize)
+        # a plugin's input layer (an unknown type is the validator's to report, with its line)
+        declared = layer_class_of(node.conf).batch_field(node.conf) if node.type_name in LAYERS else None
+        if declared is not None:
+            return int(declared[1])
     return 1
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from singa_mpi.proto import job_pb2
-from singa_mpi.registry import Registry
+from singa_mpi.registry import Registry, selected_name
 
 Shape = tuple[int, ...]
 
@@ -216,12 +216,17 @@ def _uniform_sqrt_fan_in_out(gen, shape, rng):
 
 
 def init_method_name(conf: job_pb2.ParamProto) -> str:
-    return job_pb2.InitMethod.Name(conf.init.type)
+    return selected_name(conf.init)
+
+
+def init_method(conf: job_pb2.ParamProto) -> InitFn:
+    """The init method ``conf.init`` selects; ConfigError (``init.type`` / ``init.user_type = ...``) otherwise."""
+    return INITS.select(conf.init, where="init.")
 
 
 def logical_init(conf: job_pb2.ParamProto, shape: Shape, seed: int) -> np.ndarray:
     """The whole (unsharded) initial value of a param, as float32; ConfigError for an unknown init method."""
-    init = INITS.get(init_method_name(conf))
+    init = init_method(conf)
     rng = keyed_rng(seed, conf.name)
     return np.asarray(init(conf.init, tuple(shape), rng), np.float32)
 

@@ -22,7 +22,7 @@ from singa_mpi.config.load import JobConfig, layers_for_phase, load_job, parse_j
 from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError, DataError, SingaError
 from singa_mpi.launcher import check_inputs
-from singa_mpi.layers.base import layer_class
+from singa_mpi.layers.base import layer_class_of, layer_type_name
 from singa_mpi.net import build_serial_net
 from singa_mpi.plot import INSTALL
 from singa_mpi.proto import job_pb2
@@ -140,8 +140,9 @@ def load_net(cfg: JobConfig, ckpt: checkpoint.Checkpoint, workspace: str, phase:
 
 def job_kind(cfg: JobConfig, phase: str) -> str:
     """"rbm" (a layer with energy_role visible) or "autoencoder" (kBP with a kEuclideanLoss layer)."""
-    types = [job_pb2.LayerType.Name(layer.type) for _, layer in layers_for_phase(cfg.proto, phase)]
-    if any(layer_class(name).energy_role == "visible" for name in types):
+    layers = [layer for _, layer in layers_for_phase(cfg.proto, phase)]
+    types = [layer_type_name(layer) for layer in layers]
+    if any(layer_class_of(layer).energy_role == "visible" for layer in layers):
         return "rbm"
     if "kEuclideanLoss" in types and cfg.proto.train_one_batch.alg == job_pb2.kBP:
         return "autoencoder"

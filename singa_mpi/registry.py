@@ -7,12 +7,16 @@ string imported on its first lookup, so that a registry can list and find built-
 importing their modules up front (which would cost time or make an import cycle).  When that
 module is imported, its decorator fulfils the lazy entry with the same object.
 
-Names are free strings: the built-ins use SINGA's enum names, a plugin may use its own.
+Names are free strings: the built-ins use SINGA's enum names, a plugin may use its own.  A job
+selects an entry as SINGA 0.3 did (:func:`selected_name`): by its ``user_type`` / ``user_alg``
+string when one is written, else by the name of its enum value.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
+import weakref
 from typing import Callable, Generic, Iterator, TypeVar, overload
 
 from singa_mpi.errors import ConfigError
@@ -35,6 +39,39 @@ def _origin(entry: object) -> str:
     return f"{module}:{name}" if module and name else repr(entry)
 
 
+_ALL: "weakref.WeakSet[Registry]" = weakref.WeakSet()  # every registry alive (plugins.py snapshots them)
+
+
+def all_registries() -> list["Registry"]:
+    return list(_ALL)
+
+
+def _registering_module() -> str:
+    """The module whose code called into this one (a built-in family, or a user's plugin)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "?") if frame is not None else "?"
+
+
+class DuplicateName(ValueError):
+    """A name registered twice (``first``: the ``module:qualname`` that holds it)."""
+
+    def __init__(self, kind: str, name: str, first: str, second: str):
+        super().__init__(f"{kind} {name} registered twice: {first} and {second}")
+        self.kind, self.name, self.first, self.second = kind, name, first, second
+
+
+def selected_name(conf, field: str = "type", user_field: str = "user_type") -> str:
+    """The registry name a config message selects: its ``user_field`` string when written (SINGA 0.3
+    looks a user type up first: layer.cc:57, updater.cc:43/91, param.cc:45, worker.cc:47), else the
+    name of its ``field`` enum value (``kUserLayer`` and friends when neither is written)."""
+    if conf.HasField(user_field):
+        return getattr(conf, user_field)
+    enum = conf.DESCRIPTOR.fields_by_name[field].enum_type
+    return enum.values_by_number[getattr(conf, field)].name
+
+
 class Registry(Generic[T]):
     """Names to objects of one kind; unknown names are one-line ConfigErrors listing the valid ones.
 
@@ -42,12 +79,20 @@ class Registry(Generic[T]):
     field: what a lookup error calls the name, e.g. the config field it came from
            ("updater.type" gives ``updater.type = kFoo: expected one of kAdaGrad, ...``);
            ``kind`` when not given.
+
+    Two name spaces, as SINGA 0.3's factories kept built-ins by enum value and user code by
+    ``user_type`` string: entries registered by singa_mpi's own modules, and entries registered by
+    any other module (a plugin).  A plugin may reuse a built-in's name (SINGA's rnnlm registers
+    ``user_type: "kEmbedding"`` beside the built-in ``type: kEmbedding``); a config's ``user_type``
+    looks only among the plugins' names, its enum ``type`` only among the built-ins.
     """
 
     def __init__(self, kind: str, field: str | None = None) -> None:
         self.kind = kind
         self.field = field or kind
-        self._entries: dict[str, T | _Lazy] = {}
+        self._entries: dict[str, T | _Lazy] = {}  # the built-ins
+        self._user: dict[str, T | _Lazy] = {}  # registered from outside singa_mpi
+        _ALL.add(self)
 
     @overload
     def register(self, *names: str) -> Callable[[T], T]: ...
@@ -59,12 +104,13 @@ class Registry(Generic[T]):
         """Register ``obj`` under every one of ``names`` (aliases); without ``obj``, a decorator that does."""
         if not names:
             raise ValueError(f"{self.kind} registry: register() needs at least one name")
+        space = self._space_of_caller()
 
         def add(entry: T) -> T:
             for name in names:  # check all before adding any: a refused call changes nothing
-                self._check_free(name, entry)
+                self._check_free(space, name, entry)
             for name in names:
-                self._put(name, entry)
+                self._put(space, name, entry)
             return entry
 
         return add if obj is None else add(obj)
@@ -74,56 +120,88 @@ class Registry(Generic[T]):
         module, colon, attr = target.partition(":")
         if not (module and colon and attr):
             raise ValueError(f"{self.kind} {name}: lazy target {target!r}: expected 'package.module:Attr'")
-        self._check_free(name, _Lazy(target))
-        self._put(name, _Lazy(target))
+        space = self._space_of_caller()
+        self._check_free(space, name, _Lazy(target))
+        self._put(space, name, _Lazy(target))
 
-    def get(self, name: str) -> T:
-        """The object registered as ``name`` (imported now if lazy); ConfigError listing the names otherwise."""
-        try:
-            entry = self._entries[name]
-        except (KeyError, TypeError):  # TypeError: an unhashable name is no name either
-            valid = ", ".join(self.names()) or "(none registered)"
-            raise ConfigError(f"{self.field} = {name}: expected one of {valid}") from None
-        return self._resolve(name, entry) if isinstance(entry, _Lazy) else entry
+    def get(self, name: str, field: str | None = None, user: bool = False) -> T:
+        """The object registered as ``name`` (imported now if lazy): a built-in, else a plugin's (only
+        a plugin's with ``user``); ConfigError listing the names otherwise (``field`` names where the
+        name came from when not ``self.field``, e.g. ``user_type``)."""
+        spaces = (self._user,) if user else (self._entries, self._user)
+        for space in spaces:
+            try:
+                entry = space[name]
+            except (KeyError, TypeError):  # TypeError: an unhashable name is no name either
+                continue
+            return self._resolve(space, name, entry) if isinstance(entry, _Lazy) else entry
+        if user:  # a user_type names what a plugin registered, never a built-in (SINGA's factories kept them apart)
+            mine = ", ".join(self.user_names())
+            expected = (f"one of {mine} (what the loaded plugins register)" if mine else
+                        f"the name of a plugin's {self.kind} (no loaded plugin registers one: --plugin MODULE_OR_FILE)")
+        else:
+            expected = f"one of {', '.join(self.names()) or '(none registered)'}"
+        raise ConfigError(f"{field or self.field} = {name}: expected {expected}") from None
+
+    def select(self, conf, field: str = "type", user_field: str = "user_type", where: str = "") -> T:
+        """The entry ``conf`` selects (:func:`selected_name`): by its ``user_field`` among the plugins'
+        names, else by its enum among the built-ins.  An unknown user name is reported as
+        ``<where><user_field> = name`` (``where``: the dotted path of ``conf``, e.g. ``"updater."``)."""
+        name = selected_name(conf, field, user_field)
+        if conf.HasField(user_field):
+            return self.get(name, f"{where}{user_field}", user=True)
+        return self.get(name)
+
+    def unregister(self, name: str) -> None:
+        """Forget a plugin's ``name`` (a plugin whose import failed half way takes back what it registered)."""
+        self._user.pop(name, None)
 
     def names(self) -> list[str]:
-        """Every registered name, lazy ones included (nothing is imported), sorted."""
-        return sorted(self._entries)
+        """Every registered name, built-in or a plugin's, lazy ones included (nothing is imported), sorted."""
+        return sorted(set(self._entries) | set(self._user))
+
+    def user_names(self) -> list[str]:
+        """The names plugins registered, sorted."""
+        return sorted(self._user)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self._entries
+        return isinstance(name, str) and (name in self._entries or name in self._user)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.names())
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {len(self)} names)"
 
     # ------------------------------------------------------------ internals
-    def _check_free(self, name: str, entry: T | _Lazy) -> None:
+    def _space_of_caller(self) -> dict[str, T | _Lazy]:
+        module = _registering_module()
+        return self._entries if module == "singa_mpi" or module.startswith("singa_mpi.") else self._user
+
+    def _check_free(self, space: dict, name: str, entry: T | _Lazy) -> None:
         """ValueError unless ``name`` is free or ``entry`` fulfils (or repeats as a string) its lazy promise."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} registry: name {name!r}: expected a non-empty string")
-        old = self._entries.get(name)
+        old = space.get(name)
         if old is None:
             return
         one_lazy = isinstance(old, _Lazy) != isinstance(entry, _Lazy)
         if not (one_lazy and _origin(old) == _origin(entry)):
-            raise ValueError(f"{self.kind} {name} registered twice: {_origin(old)} and {_origin(entry)}")
+            raise DuplicateName(self.kind, name, _origin(old), _origin(entry))
 
-    def _put(self, name: str, entry: T | _Lazy) -> None:
-        if not isinstance(entry, _Lazy) or name not in self._entries:  # a string never hides an object
-            self._entries[name] = entry
+    def _put(self, space: dict, name: str, entry: T | _Lazy) -> None:
+        if not isinstance(entry, _Lazy) or name not in space:  # a string never hides an object
+            space[name] = entry
 
-    def _resolve(self, name: str, lazy: _Lazy) -> T:
+    def _resolve(self, space: dict, name: str, lazy: _Lazy) -> T:
         module, _, attr = lazy.target.partition(":")
         try:
             obj = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:
             raise ImportError(f"{self.kind} {name}: cannot load {lazy.target} "
                               f"({type(err).__name__}: {err})") from err
-        self._entries[name] = obj  # the module's decorator, if any, has put this very object here
+        space[name] = obj  # the module's decorator, if any, has put this very object here
         return obj

@@ -23,7 +23,7 @@ from singa_mpi.config.load import JobConfig, layers_for_phase, load_job
 from singa_mpi.config.validate import validate
 from singa_mpi.data.text import read_vocab, show_byte
 from singa_mpi.errors import ConfigError, DataError
-from singa_mpi.layers.base import layer_class
+from singa_mpi.layers.base import layer_class_of
 from singa_mpi.layers.input import find_file
 from singa_mpi.net import Net, build_serial_net
 from singa_mpi.proto import job_pb2
@@ -51,7 +51,7 @@ def _pieces(cfg: JobConfig) -> tuple[str, str]:
     by_name = {conf.name: conf for conf in layers}
     reader = next((c.name for c in layers if c.type == job_pb2.kCharRNN), None)
     onehot = next((c.name for c in layers if c.type == job_pb2.kOneHot and c.srclayers[:1] == [reader]), None)
-    loss = next((c for c in layers if layer_class(job_pb2.LayerType.Name(c.type)).is_loss), None)
+    loss = next((c for c in layers if layer_class_of(c).is_loss), None)
     problem = ("no kCharRNN input layer" if reader is None else f"no kOneHot layer reads the kCharRNN layer "
                f"'{reader}'" if onehot is None else "no loss layer" if loss is None else None)
     if problem is None:

@@ -21,6 +21,7 @@ from singa_mpi import progress
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import make_algorithm
 from singa_mpi.config.load import JobConfig
+from singa_mpi.layers.base import layer_class_of
 from singa_mpi.net import Net, global_batch_size, phase_nodes
 from singa_mpi.proto import job_pb2
 from singa_mpi.updaters import load_blas, make_updater
@@ -93,6 +94,7 @@ class Trainer:
         self.keep: int | None = None  # checkpoints to keep (None: all)
         self.stop_requested = False  # set by a signal handler: checkpoint and stop after this step
         self.stopped = False
+        self._layer_types: dict[str, list] = {}  # phase -> its layer classes (their `report`)
         self.print_profile = False  # --profile: print the per-layer table at the end of the run
         self.evaluation_totals: dict = {}  # tracer totals of test/validation passes (kept out of profile.json)
 
@@ -121,6 +123,15 @@ class Trainer:
             sync.update(step, self.updater)
             sync.publish()
 
+    def report(self, phase: str, sums: dict[str, float]) -> dict[str, float]:
+        """Means over the workers, with what the algorithm and the phase's layer types derive from them."""
+        metrics = self.algorithm.report(summarize(sums))
+        if phase not in self._layer_types:
+            self._layer_types[phase] = list(dict.fromkeys(layer_class_of(n.conf) for n in phase_nodes(self.cfg, phase)))
+        for cls in self._layer_types[phase]:
+            metrics = cls.report(metrics)
+        return metrics
+
     def evaluate(self, net: Net, steps: int, phase: str, step: int) -> dict[str, float]:
         net.collect_metrics()  # drop anything left from an earlier pass
         before = self.runtime.tracer.snapshot()
@@ -128,7 +139,7 @@ class Trainer:
             for _ in range(steps):
                 net.set_step(step)
                 self.algorithm.evaluate(net)
-        result = self.algorithm.report(summarize(self.runtime.reduce_metrics(net.collect_metrics())))
+        result = self.report(phase, self.runtime.reduce_metrics(net.collect_metrics()))
         profiling.add(self.evaluation_totals, profiling.subtract(self.runtime.tracer.snapshot(), before))
         self.record(step, phase, result)
         return result
@@ -188,7 +199,7 @@ class Trainer:
             if display_now(job, step):
                 now = time.perf_counter()
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)
-                final = self.algorithm.report(summarize(self.runtime.reduce_metrics(self.train_net.collect_metrics())))
+                final = self.report("train", self.runtime.reduce_metrics(self.train_net.collect_metrics()))
                 self.record(step, "train", final, samples_per_s=rate)
                 headline = next((k for k in ("loss", "squared_error") if k in final), None)
                 if bar is not None and headline is not None:

@@ -183,7 +183,7 @@ class InverseTLR(LRSchedule):
 
 def make_schedule(conf: job_pb2.LRGenProto) -> LRSchedule:
     """The schedule of ``conf``; ConfigError listing the valid types otherwise."""
-    return LR_SCHEDULES.get(job_pb2.ChangeMethod.Name(conf.type))(conf)
+    return LR_SCHEDULES.select(conf, where="updater.learning_rate.")(conf)
 
 
 # ------------------------------------------------------------------ updaters
@@ -246,7 +246,7 @@ class Updater:
         raise NotImplementedError
 
     # -------------------------------------------------------------- state
-    def _slot(self, name: str, key: str, shape: tuple[int, ...]) -> np.ndarray:
+    def slot(self, name: str, key: str, shape: tuple[int, ...]) -> np.ndarray:
         slots = self._slots.setdefault(name, {})
         if key not in slots:
             slots[key] = np.zeros(shape, np.float32)
@@ -332,7 +332,7 @@ class SGD(Updater):
 
     def apply(self, name, data, grad, lr):
         if self.momentum > 0:
-            history = self._slot(name, "history", data.shape)
+            history = self.slot(name, "history", data.shape)
             history *= self.momentum
             axpy(-lr, grad, history)
             data += history
@@ -347,7 +347,7 @@ class Nesterov(Updater):
     clips = True
 
     def apply(self, name, data, grad, lr):
-        history = self._slot(name, "history", data.shape)
+        history = self.slot(name, "history", data.shape)
         previous = self._scratch_like(data)
         np.multiply(history, self.momentum, out=previous)  # m·h, before h changes
         grad *= lr
@@ -365,7 +365,7 @@ class AdaGrad(Updater):
     clips = True
 
     def apply(self, name, data, grad, lr):
-        history = self._slot(name, "history", data.shape)
+        history = self.slot(name, "history", data.shape)
         scratch = self._scratch_like(data)
         np.multiply(grad, grad, out=scratch)
         history += scratch
@@ -383,7 +383,7 @@ class RMSProp(Updater):
         self.rho = _fraction(conf.rmsprop_conf.rho, "rmsprop_conf.rho")
 
     def apply(self, name, data, grad, lr):
-        history = self._slot(name, "history", data.shape)
+        history = self.slot(name, "history", data.shape)
         scratch = self._scratch_like(data)
         np.multiply(grad, grad, out=scratch)
         _decay_into(history, self.rho, scratch)
@@ -399,8 +399,8 @@ class AdaDelta(Updater):
         self.rho = _fraction(conf.adadelta_conf.rho, "adadelta_conf.rho")
 
     def apply(self, name, data, grad, lr):
-        history = self._slot(name, "history", data.shape)
-        update = self._slot(name, "update", data.shape)
+        history = self.slot(name, "history", data.shape)
+        update = self.slot(name, "update", data.shape)
         scratch = self._scratch_like(data)
         np.multiply(grad, grad, out=scratch)
         _decay_into(history, self.rho, scratch)
@@ -429,8 +429,8 @@ class Adam(Updater):
                  f"beta1 {self.beta1}, beta2 {self.beta2}", "betas below 1 with bias_correction")
 
     def apply(self, name, data, grad, lr):
-        history = self._slot(name, "history", data.shape)
-        update = self._slot(name, "update", data.shape)
+        history = self.slot(name, "history", data.shape)
+        update = self.slot(name, "update", data.shape)
         scratch = self._scratch_like(data)
         np.multiply(grad, grad, out=scratch)
         _decay_into(update, self.beta2, scratch)
@@ -460,8 +460,8 @@ class AdamMax(Updater):
         self.beta2 = _fraction(conf.adammax_conf.beta2, "adammax_conf.beta2")
 
     def apply(self, name, data, grad, lr):
-        history = self._slot(name, "history", data.shape)
-        update = self._slot(name, "update", data.shape)
+        history = self.slot(name, "history", data.shape)
+        update = self.slot(name, "update", data.shape)
         scratch = self._scratch_like(data)
         np.abs(grad, out=scratch)
         update *= self.beta2
@@ -475,4 +475,4 @@ class AdamMax(Updater):
 
 def make_updater(conf: job_pb2.UpdaterProto) -> Updater:
     """The updater of ``conf``; ConfigError naming the field and the valid types otherwise."""
-    return UPDATERS.get(job_pb2.UpdaterType.Name(conf.type))(conf)
+    return UPDATERS.select(conf, where="updater.")(conf)

@@ -28,7 +28,9 @@ def test_wheel_in_a_fresh_venv_trains_the_default_job_from_an_empty_folder(tmp_p
     wheels = tmp_path / "wheels"
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, src], tmp_path)
     wheel, = wheels.glob("singa_mpi-*.whl")
-    examples = sorted(p.name for p in (ROOT / "conf").glob("*.conf"))
+    examples = sorted(p.name for p in (ROOT / "conf").glob("*.conf")) + sorted(  # and the plugins beside them
+        p.name for p in (ROOT / "conf").glob("*.py"))
+    examples.sort()
     assert sorted(n.split("/")[-1] for n in zipfile.ZipFile(wheel).namelist()
                   if n.startswith("singa_mpi/conf/")) == examples
 

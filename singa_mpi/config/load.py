@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 import warnings
 
 from google.protobuf import text_format
 
+from singa_mpi import plugins
 from singa_mpi.config.parse_errors import explain_parse_error
 from singa_mpi.config.source import SourceMap
 from singa_mpi.config.unroll import unroll
@@ -40,17 +42,32 @@ class JobConfig:
         return self.source.where("neuralnet", "layer", index, *fields)
 
 
+# `[name] {` or `[name]:` -- an extension field (a list such as `shape: [1, 2]` never matches)
+_EXTENSION = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\]\s*[:{<]")
+
+
 def parse_job(text: str, path: str = "<string>") -> JobConfig:
-    """Parse text-format JobProto; ConfigError ``path:line:col: ...`` on syntax errors."""
-    job = job_pb2.JobProto()
-    try:
-        # SINGA user extensions ([data_conf] { ... }) parse; validation rejects user layers.
-        text_format.Parse(text, job, allow_unknown_extension=True)
-    except text_format.ParseError as err:
-        raise explain_parse_error(err, text, path) from None
+    """Parse text-format JobProto; ConfigError ``path:line:col: ...`` on syntax errors.
+
+    The plugins the job needs are loaded first (:func:`singa_mpi.plugins.load_for_job`), so that a
+    second parse knows their ``[extensions]``; one nobody declares is an error naming it."""
+    job = _parse(text, path, allow_unknown_extension=True)  # the job's own `plugin` fields first
+    source = SourceMap(path, text)
+    plugins.load_for_job(job, path, where=lambda k: source.where("plugin", k))
+    if _EXTENSION.search(text):
+        job = _parse(text, path, allow_unknown_extension=False)
     _warn_ignored(job, path)
     _infer_onehot_vocabulary(job, path)
-    return JobConfig(job, path, text, SourceMap(path, text))
+    return JobConfig(job, path, text, source)
+
+
+def _parse(text: str, path: str, allow_unknown_extension: bool) -> job_pb2.JobProto:
+    job = job_pb2.JobProto()
+    try:
+        text_format.Parse(text, job, allow_unknown_extension=allow_unknown_extension)
+    except text_format.ParseError as err:
+        raise explain_parse_error(err, text, path) from None
+    return job
 
 
 def _infer_onehot_vocabulary(job: job_pb2.JobProto, path: str) -> None:

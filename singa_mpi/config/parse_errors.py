@@ -20,6 +20,7 @@ from singa_mpi.proto import job_pb2
 
 _NO_ENUM_VALUE = re.compile(r'Enum type "([\w.]+)" has no value (?:named|with number) (.+?)\.$')
 _NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "([^"]+)"\.$')
+_NO_EXTENSION = re.compile(r'Extension "([\w.]+)" not registered')
 _TWICE = re.compile(r'Message type "([\w.]+)" should not have multiple "([^"]+)" fields\.$')
 _STRAY_BRACE = re.compile(r"Expected identifier or number, got [}>]\.$")
 _VALUE_ERRORS = [  # (protobuf's complaint about a scalar value, what the field expects)
@@ -91,6 +92,14 @@ def _explain(message: str, source: SourceMap, block: tuple, line: int, col: int)
         return f'{name}: expected ":" between the field name and its value'
     if _STRAY_BRACE.search(message):
         return 'unexpected "}": no block is open here (one closing brace too many?)'
+    extension = _NO_EXTENSION.search(message)
+    if extension:
+        from singa_mpi import plugins
+
+        names = [p.spec for p in plugins.loaded()]
+        known = f"loaded: {', '.join(names)}" if names else "none loaded"
+        return (f"[{extension.group(1)}]: no loaded plugin declares this extension: expected a plugin that does "
+                f"(--plugin MODULE_OR_FILE, or plugin: \"...\" in the job; {known})")
     unknown = _NO_FIELD.search(message)
     if unknown:
         message_type, bad_name = unknown.groups()

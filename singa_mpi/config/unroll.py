@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from singa_mpi.errors import ConfigError
 from singa_mpi.proto import job_pb2
+from singa_mpi.registry import selected_name
 
 RECURRENT = {"kGRU"}  # copy t takes copy t - 1 of itself as its last source
 ONE_TO_ONE, ONE_TO_ALL, FIRST_TO_LAST = (job_pb2.kUnrollOneToOne, job_pb2.kUnrollOneToAll,
@@ -63,7 +64,7 @@ def _copy(conf: job_pb2.LayerProto, t: int, length: int, lengths: dict[str, int]
     for field in ("srclayers", "unroll_conn_type", "shift"):
         copy.ClearField(field)
     copy.srclayers.extend(_sources(conf, t, lengths))
-    if job_pb2.LayerType.Name(conf.type) in RECURRENT and t > 0:
+    if selected_name(conf) in RECURRENT and t > 0:
         copy.srclayers.append(copy_name(conf.name, t - 1, length))
     if t > 0 and length > 1:
         for param in copy.param:
@@ -103,7 +104,7 @@ def check(cfg) -> None:
         by_name.setdefault(layer.name, []).append(layer)
     for index, layer in enumerate(layers):
         where = lambda *f: cfg.layer_where(index, *f)  # noqa: E731
-        who = f"layer '{layer.name}' (#{index}, {job_pb2.LayerType.Name(layer.type)})"
+        who = f"layer '{layer.name}' (#{index}, {selected_name(layer)})"
         length = unroll_len(job, layer)
         if length < 1:
             raise ConfigError(f"{where('unroll_len')}: {who}: unroll_len = {length}: expected at least 1")

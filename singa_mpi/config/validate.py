@@ -10,17 +10,18 @@ import dataclasses
 import math
 import os
 
-from singa_mpi.algorithms import ALGORITHMS
+from singa_mpi.algorithms import algorithm_class, algorithm_name
 from singa_mpi.config import unroll
 from singa_mpi.config.load import JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
 from singa_mpi.data.prepare import how_to_make, is_bundled_digits
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import CycleError, Node
-from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class
+from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class_of
 from singa_mpi.net import describe, global_batch_size, instantiate, layer_error, phase_nodes
-from singa_mpi.params import INITS, init_method_name
+from singa_mpi.params import init_method
 from singa_mpi.proto import job_pb2
+from singa_mpi.registry import selected_name
 from singa_mpi.topology import check_cluster_supported
 
 
@@ -76,8 +77,8 @@ def validate(cfg: JobConfig) -> Summary:
         raise ConfigError(f"{cfg.where(*fields)}: {err}") from None
     return Summary(
         name=job.name or "(unnamed)",
-        algorithm=job_pb2.AlgType.Name(job.train_one_batch.alg),
-        updater=job_pb2.UpdaterType.Name(job.updater.type),
+        algorithm=algorithm_name(job.train_one_batch),
+        updater=selected_name(job.updater),
         train_steps=job.train_steps,
         phases=summaries,
         params=sorted((name, shape) for name, (shape, _) in params.items()),
@@ -93,11 +94,11 @@ def _check_job_fields(cfg: JobConfig) -> None:
     job = cfg.proto
     if not job.HasField("neuralnet") or not job.neuralnet.layer:
         raise _fail(cfg, ("neuralnet",), "neuralnet: expected at least one layer { ... }")
-    alg = job_pb2.AlgType.Name(job.train_one_batch.alg)
     try:
-        ALGORITHMS.get(alg)
-    except ConfigError as err:  # "train_one_batch.alg = kCD: expected one of kBP"
-        raise _fail(cfg, ("train_one_batch", "alg"), str(err)) from None
+        algorithm_class(job.train_one_batch)
+    except ConfigError as err:  # "train_one_batch.alg = kUserAlg: expected one of kBP, ..."
+        written = "user_alg" if job.train_one_batch.HasField("user_alg") else "alg"
+        raise _fail(cfg, ("train_one_batch", written), str(err)) from None
     if job.train_steps <= 0 and not job.HasField("train_steps") and not is_test_only(job):
         raise _fail(cfg, (), "train_steps = missing: expected a positive number of training steps")
     for field in ("train_steps", "disp_freq", "test_freq", "test_steps", "validate_freq",
@@ -201,17 +202,20 @@ def _check_names_and_sources(cfg: JobConfig, nodes: list[Node], phase: str) -> N
 
 def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
     conf = node.conf
-    if not conf.HasField("type"):
-        raise layer_error(cfg, node, "type", "missing", "a layer type such as kInnerProduct")
-    if conf.type == job_pb2.kUserLayer:
-        raise layer_error(cfg, node, "type", "kUserLayer",
-                          f"a built-in type (user layers are not supported): one of {', '.join(LAYERS.names())}")
-    if node.type_name in RETIRED_LAYER_TYPES:
-        raise layer_error(cfg, node, "type", node.type_name, RETIRED_LAYER_TYPES[node.type_name])
+    if not conf.HasField("type") and not conf.HasField("user_type"):
+        raise layer_error(cfg, node, "type", "missing", "a layer type such as kInnerProduct (or user_type naming "
+                                                        "a plugin's layer)")
+    field = "user_type" if conf.HasField("user_type") else "type"
+    if node.type_name == "kUserLayer":
+        raise layer_error(cfg, node, "user_type", "missing",
+                          f"with type kUserLayer, user_type naming {_registered_layers()}")
+    if field == "type" and node.type_name in RETIRED_LAYER_TYPES:
+        raise layer_error(cfg, node, field, node.type_name, RETIRED_LAYER_TYPES[node.type_name])
     try:
-        cls = layer_class(node.type_name)
+        cls = layer_class_of(conf)
     except ConfigError as err:
-        raise layer_error(cfg, node, "type", node.type_name, str(err).split("expected ", 1)[1]) from None
+        expected = str(err).split("expected ", 1)[1] if field == "type" else _registered_layers()
+        raise layer_error(cfg, node, field, node.type_name, expected) from None
     pdim = effective_partition_dim(cfg.proto, conf)
     if not -1 <= pdim <= 1:
         raise layer_error(cfg, node, "partition_dim", pdim, "-1 (none), 0 (batch) or 1 (feature)")
@@ -222,6 +226,15 @@ def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
     if count < low or (high is not None and count > high):
         want = f"{low}" if low == high else f"{low}..{high if high is not None else 'n'}"
         raise layer_error(cfg, node, "srclayers", list(conf.srclayers), f"{want} source layer(s) for {node.type_name}")
+
+
+def _registered_layers() -> str:
+    """What a user_type may name: a layer a plugin registered, never a built-in."""
+    mine = LAYERS.user_names()
+    if mine:
+        return f"one of the plugins' layers {', '.join(mine)} (a built-in layer is selected by type, not user_type)"
+    return ("a layer a plugin registers (no loaded plugin registers one: --plugin MODULE_OR_FILE; a built-in layer "
+            "is selected by type, not user_type)")
 
 
 def _check_sources(cfg: JobConfig, node: Node, layer: Layer, kinds: list[str], by_name) -> None:
@@ -291,9 +304,10 @@ def _check_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> Non
                               f"job to load {conf.name!r} from")
         try:
             if conf.HasField("init"):  # without one, the values come from checkpoint_path
-                INITS.get(init_method_name(conf))
+                init_method(conf)
         except ConfigError as err:  # "init.type = kUserInit: expected one of ..."
-            raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'init', 'type')}: "
+            written = "user_type" if conf.init.HasField("user_type") else "type"
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'init', written)}: "
                               f"{describe(cfg, node)}: {field}.{err}") from None
         known = params.get(conf.name)
         if known is not None and known[1] != node.name:
@@ -322,7 +336,7 @@ def _check_energy_models(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> Non
     """RBM pairs (seed 001): kRBMVis lists [input, its kRBMHid], kRBMHid lists [its kRBMVis]; one hdim,
     one W (the hidden layer's param[0] shares the visible layer's), split together; trained by kCD."""
     by_name = {node.name: (node, layer) for node, layer in built}
-    alg = job_pb2.AlgType.Name(cfg.proto.train_one_batch.alg)
+    alg = algorithm_name(cfg.proto.train_one_batch)
     pairs = 0
     for node, layer in built:
         role = layer.energy_role
@@ -406,7 +420,10 @@ def _batch_of(cfg: JobConfig, node: Node, layer: Layer) -> tuple[str, int] | Non
     if node.conf.HasField("char_rnn_conf") and layer.is_input:  # kCharRNN (kCharRNNOutput has one too)
         return "char_rnn_conf.batchsize", node.conf.char_rnn_conf.batchsize
     if not node.conf.HasField("store_conf"):
-        return None
+        declared = layer.batch_field(node.conf)  # a plugin's input layer
+        if declared is not None and declared[1] <= 0:
+            raise layer_error(cfg, node, declared[0], declared[1], "a positive batch size")
+        return declared
     if not layer.is_input and not node.conf.store_conf.batchsize:
         return None
     for k, size in enumerate(node.conf.store_conf.batchsize):

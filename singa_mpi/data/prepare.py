@@ -44,7 +44,9 @@ def reader_files(layer: job_pb2.LayerProto, job_path: str | None) -> list[tuple[
         conf = layer.char_rnn_conf
         return [("char_rnn_conf", field, getattr(conf, field), TEXT_TODO)
                 for field in ("path", "vocab_path") if getattr(conf, field)]
-    return []
+    from singa_mpi.layers.base import LAYERS, layer_class_of, layer_type_name  # a plugin's reader says what it reads
+
+    return layer_class_of(layer).input_files(layer) if layer_type_name(layer) in LAYERS else []
 
 
 def _backend(store: job_pb2.StoreProto) -> str:

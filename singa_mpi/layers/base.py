@@ -27,7 +27,7 @@ import numpy as np
 
 from singa_mpi.params import keyed_rng
 from singa_mpi.proto import job_pb2
-from singa_mpi.registry import Registry
+from singa_mpi.registry import Registry, selected_name
 
 Shape = tuple[int, ...]
 
@@ -42,6 +42,17 @@ LAYERS: Registry[type[Layer]] = Registry("layer type")
 def layer_class(type_name: str) -> type[Layer]:
     """The class registered for ``type_name``; ConfigError listing valid names otherwise."""
     return LAYERS.get(type_name)
+
+
+def layer_type_name(conf: job_pb2.LayerProto) -> str:
+    """The registry name a layer selects: its ``user_type`` when written (a plugin's layer, as in
+    SINGA 0.3), else the name of its ``type``."""
+    return selected_name(conf)
+
+
+def layer_class_of(conf: job_pb2.LayerProto) -> type[Layer]:
+    """The class a layer selects; ConfigError (``type = ...`` / ``user_type = ...``) listing valid names."""
+    return LAYERS.select(conf)
 
 
 # The built-in layers, by family module.  Each class registers itself with its decorator when its
@@ -171,6 +182,9 @@ class Layer:
     # (``feature_split_refusal``, else a reason from the layer's kind).
     feature_partitionable: ClassVar[bool] = True
     feature_split_refusal: ClassVar[str] = ""
+    # Why this layer's rows cannot be split over workers (its rows are the steps of one sequence, not
+    # independent samples); set, an inherited partition_dim 0 runs it whole on its location instead.
+    batch_split_refusal: ClassVar[str] = ""
     # Minimum and maximum number of srclayers (None = unbounded).
     num_srcs: ClassVar[tuple[int, int | None]] = (1, 1)
     # Under partition_dim 1 this layer's sub-layers split the batch rows instead of its own
@@ -196,6 +210,20 @@ class Layer:
         self.aux: np.ndarray | None = None
 
     # -- configuration -------------------------------------------------------
+    @classmethod
+    def batch_field(cls, conf: job_pb2.LayerProto) -> tuple[str, int] | None:
+        """For an input layer whose batch size its own config gives: (the field, for messages, and the
+        global batch size).  The built-in readers' store_conf / sharddata_conf / char_rnn_conf are
+        known to the framework; a plugin's input layer overrides this."""
+        return None
+
+    @classmethod
+    def input_files(cls, conf: job_pb2.LayerProto) -> list[tuple[str, str, str, str]]:
+        """(config block, field, path, how to make it) of each file this layer reads, so that a missing
+        one is reported before any communication.  The built-in readers' are known to the framework;
+        a plugin's reader overrides this (the block may be an extension: ``"[data_conf]"``)."""
+        return []
+
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         """Check the conf against the logical source shapes; return the logical output shape."""
         raise NotImplementedError
@@ -271,6 +299,12 @@ class Layer:
     def metrics(self) -> dict[str, float]:
         """Sums over this sub-layer's rows since the last call (loss/output layers)."""
         return {}
+
+    @classmethod
+    def report(cls, metrics: dict[str, float]) -> dict[str, float]:
+        """The metrics a progress line shows, from the means over all workers (after the algorithm's
+        own ``report``): a layer may add one derived from them (a perplexity from the loss)."""
+        return metrics
 
     def rng(self, *key: int) -> np.random.Generator:
         """A random stream keyed by (seed, layer name, *key), independent of rank and order."""

@@ -197,6 +197,11 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
         raise layer_error(cfg, node, "partition_dim", f"1{inherited}",
                           f"0 or -1: {node.type_name} cannot be split on features "
                           f"({_why_not_feature(cls)}); set partition_dim on this layer")
+    if pdim == 0 and cls.batch_split_refusal and nranks > 1:
+        if node.conf.HasField("partition_dim"):
+            raise layer_error(cfg, node, "partition_dim", 0, f"-1 or 1: {node.type_name} cannot be split on the batch "
+                                                             f"({cls.batch_split_refusal})")
+        pdim = -1  # inherited from the net: this layer runs whole on its location, its neighbours split
     if nranks == 1:
         pdim = -1 if pdim == -1 else 0  # one worker: every layer is whole on rank 0
     if pdim == -1:

@@ -16,10 +16,11 @@ import os
 
 import numpy as np
 
+from singa_mpi import plugins
 from singa_mpi.algorithms import frozen_params
 from singa_mpi.config.load import JobConfig
 from singa_mpi.errors import ConfigError
-from singa_mpi.layers.base import Layer, LayerContext, layer_class
+from singa_mpi.layers.base import Layer, LayerContext, layer_class_of
 from singa_mpi.layers.connection import ExchangeLayer
 from singa_mpi.net import Net, Wire
 from singa_mpi.params import GradientQueue, Param, make_param
@@ -67,12 +68,18 @@ class WorkerRuntime:
         return SHARED_MEMORY if self.comm.on_one_node() else ALLREDUCE
 
     def check_agreement(self) -> None:
-        """All workers must hold the same plan: compare schedule digests before step 1,
-        and on a mismatch name the first differing entry."""
+        """All workers must hold the same plan, computed by the same plugins: compare the plugins'
+        fingerprints and the schedule digests before step 1, and on a mismatch name what differs."""
         method = self.method or SHARED_MEMORY
         lines = [line for _, the_plan in sorted(self.plans.items()) for line in schedule_lines(the_plan, method)]
-        everyone = self.comm.allgather_object(digest(lines))
-        if len(set(everyone)) == 1:
+        mine = (plugins.fingerprints(), digest(lines))
+        everyone = self.comm.allgather_object(mine)
+        for rank, (loaded, _) in enumerate(everyone):
+            if loaded != mine[0]:
+                raise ConfigError(f"worker {rank} loaded plugins [{', '.join(loaded)}] and worker {self.rank} "
+                                  f"[{', '.join(mine[0])}] (module and file digest): expected every worker to load "
+                                  f"the same plugin code")
+        if len({plan_digest for _, plan_digest in everyone}) == 1:
             return
         schedules_of = self.comm.allgather_object(lines)  # small: one line per communication call
         for rank, theirs in enumerate(schedules_of):
@@ -119,7 +126,7 @@ class WorkerRuntime:
                            phase=the_plan.phase)
         if sub.row_group:  # batch statistics summed over the workers holding the batch's rows
             ctx.allreduce = self._row_sum(sub)
-        layer = layer_class(node.type_name)(node.conf, ctx)
+        layer = layer_class_of(node.conf)(node.conf, ctx)
         layer.out_shape = tuple(layer.setup(sub.src_shapes))
         layer.params = [self._param(the_plan, spec) for spec in layer.param_specs]
         return layer

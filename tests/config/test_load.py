@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 
+from singa_mpi import plugins
 from singa_mpi.config.load import effective_partition_dim, layers_for_phase, load_job, parse_job
 from singa_mpi.errors import ConfigError
 from singa_mpi.proto import job_pb2
@@ -99,9 +100,17 @@ def test_protobuf_echo_of_the_line_is_dropped_also_with_crlf():
     assert "'  layer" not in message
 
 
-def test_user_extensions_parse():
-    cfg = parse_job('neuralnet { layer { name: "d" type: kUserLayer [data_conf] { path: "x" } } }')
-    assert cfg.proto.neuralnet.layer[0].type == job_pb2.kUserLayer
+def test_an_extension_no_plugin_declares_is_an_error_naming_it():
+    with pytest.raises(ConfigError, match=r"^<string>:1:49: layer 'd' \(#0, kUserLayer\): \[nobody_conf\]: no loaded "
+                                          r"plugin declares this extension"):
+        parse_job('neuralnet { layer { name: "d" type: kUserLayer [nobody_conf] { path: "x" } } }')
+
+
+def test_an_extension_declared_in_python_parses():
+    conf = plugins.extension("load_test_conf", path=str, window=10)
+    cfg = parse_job('neuralnet { layer { name: "d" user_type: "kD" [load_test_conf] { path: "x" } } }')
+    layer = cfg.proto.neuralnet.layer[0]
+    assert (layer.Extensions[conf].path, layer.Extensions[conf].window) == ("x", 10)
 
 
 def test_load_job_of_a_missing_file_is_a_config_error(tmp_path):

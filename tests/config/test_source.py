@@ -6,6 +6,7 @@ import pathlib
 import pytest
 from google.protobuf import text_format
 
+from singa_mpi.config.load import parse_job
 from singa_mpi.config.source import SourceMap
 from singa_mpi.proto import job_pb2
 
@@ -161,7 +162,8 @@ def _written_paths(message, prefix=()):
     for field, value in message.ListFields():
         values = value if field.is_repeated else [value]
         for index, item in enumerate(values):
-            path = prefix + (field.name, index)
+            name = f"[{field.full_name}]" if field.is_extension else field.name  # as written: [swish_conf]
+            path = prefix + (name, index)
             yield path
             if field.message_type is not None:
                 yield from _written_paths(item, path)
@@ -173,7 +175,7 @@ CONFS = sorted((HERE / "singa03").glob("*.conf")) + sorted((REPO / "conf").glob(
 @pytest.mark.parametrize("conf", CONFS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_field_protobuf_parsed_has_a_position(conf):
     text = conf.read_text()
-    job = text_format.Parse(text, job_pb2.JobProto())
+    job = parse_job(text, str(conf)).proto  # with its plugins: their [extensions] are fields too
     source = SourceMap(str(conf), text)
     paths = list(_written_paths(job))
     assert paths

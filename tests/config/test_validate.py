@@ -176,7 +176,7 @@ CASES = {
     "loss_one_src.conf": ("loss", ["srclayers = ['fc1']"], "srclayers"),
     "unknown_layer_type.conf": ("foo", ["type = kFooBar", "kInnerProduct", "kSoftmaxLoss", "kCConvolution"],
                                 "kFooBar"),
-    "user_layer.conf": ("mine", ["type = kUserLayer", "kInnerProduct", "kSoftmaxLoss"], "type"),
+    "user_layer.conf": ("mine", ["user_type = kMyLayer", "no loaded plugin registers one", "--plugin"], "user_type"),
     "unknown_updater_type.conf": (None, ["updater.type = kSGDD", "kSGD", "kAdaGrad", "kAdam"], "kSGDD"),
     "unset_updater_type.conf": (None, ["updater.type = kUserUpdater", "kSGD", "kNesterov"], "updater"),
     "unset_lr_type.conf": (None, ["updater.learning_rate.type = kUserChange", "kFixed", "kStep"], "learning_rate"),

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from gradcheck import build_layer, check_layer_gradients
+from singa_mpi.testing import build_layer, check_layer_gradients
 from singa_mpi.communication.local import run_ranks
 from singa_mpi.layers.base import LayerConfigError, LayerContext
 from singa_mpi.planner.chunk import chunk

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from gradcheck import build_layer, check_layer_gradients
+from singa_mpi.testing import build_layer, check_layer_gradients
 from singa_mpi.layers.base import LayerConfigError, LayerContext
 from test_neuron import conf, rand
 

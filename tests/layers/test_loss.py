@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from gradcheck import build_layer
+from singa_mpi.testing import build_layer
 from singa_mpi.errors import DataError
 from singa_mpi.layers.base import LayerConfigError, LayerContext, layer_class
 from singa_mpi.layers.loss import EuclideanLoss, SoftmaxLoss

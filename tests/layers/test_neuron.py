@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from gradcheck import build_layer, check_layer_gradients
+from singa_mpi.testing import build_layer, check_layer_gradients
 from singa_mpi.errors import DataError
 from singa_mpi.layers.base import LayerConfigError, LayerContext, layer_class
 from singa_mpi.proto import job_pb2

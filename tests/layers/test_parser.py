@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from gradcheck import build_layer
+from singa_mpi.testing import build_layer
 from singa_mpi.config.load import parse_job
 from singa_mpi.config.validate import validate
 from singa_mpi.data import convert

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from gradcheck import build_layer
+from singa_mpi.testing import build_layer
 from singa_mpi.layers.base import LayerContext
 from singa_mpi.streams import KeyedStream
 from singa_mpi.proto import job_pb2
