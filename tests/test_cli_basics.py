@@ -91,7 +91,9 @@ def test_mpi_tests_create_their_scratch_folder(tmp_path):
 @pytest.mark.skipif(not (ROOT / ".git").exists() or not shutil.which("git"), reason="not a git checkout")
 def test_gitignore_covers_what_the_readme_writes():
     written = ["runs/mlp/metrics.jsonl", "data/digits/train.h5", "plan.png", "plan.dot", "compare.png",
-               "workspace/digits_mlp/metrics.png", "trace.json"]
+               "workspace/digits_mlp/metrics.png", "trace.json", "examples/rnnlm/train_data.bin",
+               "examples/rnnlm/vocab.txt", "examples/rnnlm/checkpoint/step81350.h5", "examples/rnnlm/metrics.jsonl",
+               "examples/rnnlm/profile.json"]
     out = subprocess.run(["git", "check-ignore", "--no-index", *written], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.split() == written
     kept = subprocess.run(["git", "check-ignore", "--no-index", "docs/metrics.png"], capture_output=True, cwd=ROOT)

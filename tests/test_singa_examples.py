@@ -4,6 +4,9 @@ v0.3.0-rc3: 45 files, 28 distinct, kept unchanged in tests/config/singa_examples
 Each file either
 * passes ``singa-mpi check``, plans on 1-4 workers, and trains 3 steps serially and on 2 workers with
   equal losses, on synthetic data of its input layers' shapes (:data:`RUNS`); or
+* passes ``check`` and plans on 1-4 workers with the example plugin that ports its user layers
+  (:data:`PLUGINS`: SINGA 0.3's rnnlm, examples/rnnlm; tests/test_rnnlm_example.py trains it on its
+  own data); or
 * is of a family not supported yet, and ``check`` says so in one line (:data:`NOT_YET`); or
 * is stale in SINGA itself (``mnist/rbm_job.conf`` wraps the job in a ``model`` field that SINGA's
   job.proto of the time rejects), and ``check`` rejects it naming the field (:data:`REJECTED`).
@@ -17,12 +20,14 @@ import json
 import os
 import pathlib
 import re
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from singa_mpi import cli
+from singa_mpi import cli, plugins
 from singa_mpi.communication.local import run_ranks
 from singa_mpi.config.load import JobConfig, load_job
 from singa_mpi.config.validate import validate
@@ -32,15 +37,24 @@ from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.runtimes.worker import WorkerRuntime
 from singa_mpi.trainer import Trainer, summarize
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = pathlib.Path(__file__).parent / "config" / "singa_examples"
 MANIFEST: dict[str, str] = json.loads((EXAMPLES / "MANIFEST.json").read_text())  # each tag's path -> stored copy
 FILES = sorted(set(MANIFEST.values()))
 
 RNNLM = r"layer 'data' \(#0\): \[data_conf\]: no loaded plugin declares this extension: expected a plugin that does .*"
+# file -> the plugin (relative to the repository) that ports its user layers: `check --plugin` passes.
+# v0.2.0's rnnlm is v0.3.0-rc3's too (one stored copy), and examples/rnnlm/job.conf byte for byte
+PLUGINS = {"v0.2.0/examples/rnnlm/job.conf": "examples/rnnlm/rnnlm.py"}
 NOT_YET = {  # file -> (why, the one-line error `check` gives: a regex of what follows "FILE:LINE:COL: ")
-    "v0.1.0/examples/rnnlm/job.conf": ("rnnlm (user layers): issue 19", RNNLM),
-    "v0.2.0/examples/rnnlm/job.conf": ("rnnlm (user layers): issue 19", RNNLM),
+    # without a plugin, as every user layer job; with examples/rnnlm's: RNNLM_01_WITH_0_3_PLUGIN
+    "v0.1.0/examples/rnnlm/job.conf": (("SINGA 0.1's rnnlm is another program (its own kLabel user layer over "
+                                        "DataShards): not ported; examples/rnnlm ports 0.3's"), RNNLM),
 }
+# 0.3's plugin on 0.1's job: 0.1's user_type "kLabel" is a user layer 0.3's plugin does not have (a user_type
+# never selects a built-in: singa_mpi's own kLabel is `type: kLabel`)
+RNNLM_01_WITH_0_3_PLUGIN = (r"layer 'label' \(#2, kLabel\): user_type = kLabel: expected one of the plugins' layers "
+                            r"kData, kEmbedding, kHidden, kLoss \(a built-in layer is selected by type, not user_type\)")
 REJECTED = {  # SINGA's own job.proto of the time has no `model` field either
     "v0.1.0/examples/mnist/rbm_job.conf": "model: unknown field of JobProto",
     "v0.2.0/examples/mnist/rbm_job.conf": "model: unknown field of JobProto",
@@ -48,11 +62,13 @@ REJECTED = {  # SINGA's own job.proto of the time has no `model` field either
 # SINGA's test-only sampling job (run with -test): passes check and plans; `train` refuses it.  It samples
 # from a 2-layer GRU that job.conf never trains (B8): `singa-mpi sample` samples from the trained job
 TEST_ONLY = {"v0.2.0/examples/char-rnn/sample.conf"}
-RUNS = [name for name in FILES if name not in NOT_YET and name not in REJECTED and name not in TEST_ONLY]
+RUNS = [name for name in FILES
+        if name not in NOT_YET and name not in REJECTED and name not in TEST_ONLY and name not in PLUGINS]
 PATHS, DISTINCT = 45, 28
-# the distinct files by what `check` does: "runs" = passes
-COUNTS = {"runs": 23, "test only": 1, "not yet": 2, "rejected": 2}
-COUNTS_BY_PATH = {"runs": 37, "test only": 2, "not yet": 3, "rejected": 3}  # the same over the 45 paths of the three tags
+# the distinct files by what `check` does: "runs" = passes; "runs with a plugin" = passes with its PLUGINS entry
+COUNTS = {"runs": 23, "runs with a plugin": 1, "test only": 1, "not yet": 1, "rejected": 2}
+COUNTS_BY_PATH = {"runs": 37, "runs with a plugin": 2, "test only": 2, "not yet": 1,
+                  "rejected": 3}  # the same over the 45 paths of the three tags
 
 STEPS = 3
 TRAIN_BATCH, TEST_BATCH = 5, 3  # odd: the 2-worker runs split them unevenly
@@ -65,6 +81,31 @@ INPUT_CONFS = ("store_conf", "sharddata_conf", "lmdbdata_conf", "char_rnn_conf")
 
 def path_of(name: str) -> str:
     return str(EXAMPLES / name)
+
+
+def plugin_args(name: str) -> list[str]:
+    """``--plugin FILE`` for a file of :data:`PLUGINS`, else nothing."""
+    return ["--plugin", str(ROOT / PLUGINS[name])] if name in PLUGINS else []
+
+
+def check_fresh(name: str, *args: str) -> tuple[int, str]:
+    """`singa-mpi check` in a process of its own: (exit code, stderr).  For the user layer jobs without
+    their plugin: protobuf keeps an extension's declaration for the life of a process (plugins.isolated()
+    cannot take it back), so once a test of this session loaded the rnnlm plugin, ``[data_conf]`` parses
+    here and `check` stops at the next thing: kData's user_type, which no loaded plugin registers."""
+    done = subprocess.run([sys.executable, "-m", "singa_mpi", "check", path_of(name), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    return done.returncode, done.stderr
+
+
+def check_of(name: str, capsys) -> tuple[int, str]:
+    """`singa-mpi check` of a stored file as a user meets it (with its plugin if it has one): in this
+    process, but for the files without plugin whose error names an extension (:func:`check_fresh`)."""
+    if name in NOT_YET and NOT_YET[name][1] == RNNLM:
+        return check_fresh(name)
+    with plugins.isolated():  # a plugin loaded for one file is not there for the next
+        code = cli.main(["check", path_of(name), *plugin_args(name)])
+    return code, capsys.readouterr().err
 
 
 def checked(name: str, capsys) -> None:
@@ -88,8 +129,8 @@ def test_the_stored_copies_are_every_example_of_the_three_tags():
 @pytest.mark.parametrize("name", sorted(NOT_YET) + sorted(REJECTED))
 def test_unsupported_and_stale_files_fail_check_in_one_line(name, capfd):
     path = path_of(name)
-    assert cli.main(["check", path]) == 2
-    err = capfd.readouterr().err
+    code, err = check_of(name, capfd)
+    assert code == 2, err
     lines = err.splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     expected = NOT_YET[name][1] if name in NOT_YET else re.escape(REJECTED[name])
@@ -97,13 +138,46 @@ def test_unsupported_and_stale_files_fail_check_in_one_line(name, capfd):
     assert re.fullmatch(rf"singa-mpi: error: {re.escape(path)}(:\d+:\d+)?: {expected}", lines[0]), lines[0]
 
 
+@pytest.mark.parametrize("name", sorted(PLUGINS))
+def test_a_ported_user_layer_job_needs_its_plugin(name, capfd):
+    """Without the plugin the job's first extension is one line (as for any user layer job); with it
+    the job checks and plans on 1-4 workers, and its kHidden (one sequence) stays whole."""
+    path = path_of(name)
+    code, err = check_fresh(name)
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert re.fullmatch(rf"singa-mpi: error: {re.escape(path)}:\d+:\d+: {RNNLM}", lines[0]), lines[0]
+    with plugins.isolated():
+        assert cli.main(["check", path, *plugin_args(name)]) == 0, capfd.readouterr().err
+        out = capfd.readouterr().out
+        assert "plugin " in out and "kData, kEmbedding, kHidden, kLoss" in out, out
+        for n in (1, 2, 3, 4):
+            assert cli.main(["plan", path, "-n", str(n), *plugin_args(name)]) == 0
+            out = capfd.readouterr().out
+            assert f"rank {n - 1}:" in out and f"rank {n}:" not in out, out
+            assert len(re.findall(r"^    hidden\b", out, re.MULTILINE)) == 1, out  # whole, on one rank
+            assert cli.main(["check", path, "-n", str(n), *plugin_args(name)]) == 0, capfd.readouterr().err
+
+
+def test_singa_0_1_rnnlm_fails_check_in_one_line_with_0_3s_plugin_too(capfd):
+    name = "v0.1.0/examples/rnnlm/job.conf"
+    path = path_of(name)
+    with plugins.isolated():
+        assert cli.main(["check", path, "--plugin", str(ROOT / PLUGINS["v0.2.0/examples/rnnlm/job.conf"])]) == 2
+    err = capfd.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert re.fullmatch(rf"singa-mpi: error: {re.escape(path)}:\d+:\d+: {RNNLM_01_WITH_0_3_PLUGIN}", lines[0]), lines[0]
+
+
 def category(name: str, capsys) -> str:
-    """What `check` does with the file: passes ("runs"), or fails as its list says it should."""
-    code = cli.main(["check", path_of(name)])
-    err = capsys.readouterr().err.strip()
+    """What `check` does with the file: passes ("runs", or "runs with a plugin" given its PLUGINS entry),
+    or fails as its list says it should."""
+    code, err = check_of(name, capsys)
+    err = err.strip()
     message = err.split(": ", 3)[-1]  # after "singa-mpi: error: FILE:LINE:COL"
     if code == 0:
-        return "test only" if name in TEST_ONLY else "runs"
+        return "test only" if name in TEST_ONLY else "runs with a plugin" if name in PLUGINS else "runs"
     if name in NOT_YET and re.fullmatch(NOT_YET[name][1], message):
         return "not yet"
     if name in REJECTED and message == REJECTED[name]:
