@@ -11,11 +11,14 @@ Launch examples::
     mpirun -n 3 python -m singa_mpi train conf/cifar10_hybrid.conf --workers 3
 
 Errors reach the user as one line on stderr and a non-zero exit code
-(2 for a bad configuration, 3 for bad data); ``--traceback`` shows the stack.
+(2 for a bad configuration, 3 for bad data, 5 for a NaN or infinity in training:
+see ``train --no-check-finite``); ``--debug`` (alias ``--traceback``) shows the stack.
+Bad option values are refused before anything runs, on one line.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pathlib
 import sys
@@ -73,8 +76,10 @@ def cmd_check(args) -> int:
         print(f"  {plugin.summary()}")
     if args.n is not None:
         from singa_mpi.runtimes.worker import WorkerRuntime
+        from singa_mpi.topology import check_launch
 
         phases = [phase.phase for phase in summary.phases]
+        check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # the cluster refusals of a launch on N
         WorkerRuntime.plan_phases(cfg, args.n, phases)  # partition + verify, as a launch on N ranks does
         print(f"  plans on {args.n} worker(s): {', '.join(phases)} OK")
     return 0
@@ -87,6 +92,8 @@ def cmd_train(args) -> int:
     options = RunOptions(seed=args.seed, steps=args.steps, stall_timeout=args.stall_timeout, resume=args.resume,
                          overwrite=args.overwrite, keep=args.keep, allow_partial=args.allow_partial)
     options.trace, options.profile = args.trace, args.profile
+    options.allow_other_job = args.allow_other_job
+    options.check_finite = args.check_finite
     options.workers = args.workers
     return run_training(str(job_path), lambda cfg: resolve_workspace(cfg, args.workspace), options)
 
@@ -264,35 +271,45 @@ def cmd_sample(args) -> int:
 # ------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="singa-mpi", description=__doc__.split("\n")[0].replace("``", ""))
+    parser = _Parser(prog="singa-mpi", description=__doc__.split("\n")[0].replace("``", ""))
     parser.add_argument("--version", action="version", version=f"singa-mpi {__version__}")
-    parser.add_argument("--traceback", action="store_true", help="show the Python traceback on errors")
+    parser.add_argument("--debug", "--traceback", dest="debug", action="store_true",
+                        help="show the Python traceback on errors (--traceback is the older name)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a job (default: conf/digits_mlp.conf)")
     p.add_argument("job", nargs="?", help="job configuration (text-format JobProto)")
     p.add_argument("--workspace", help="output folder (default: cluster.workspace)")
-    p.add_argument("--seed", type=int, help="overrides the job's seed")
-    p.add_argument("--steps", type=int, help="overrides train_steps")
+    p.add_argument("--seed", type=job_seed, help="overrides the job's seed (a 64-bit integer)")
+    p.add_argument("--steps", type=non_negative_int,
+                   help="overrides train_steps (0: write the initial params as step 0 and stop)")
     p.add_argument("--workers", type=positive_int, metavar="N",
                    help="overrides cluster.nworkers_per_group: partition the job over N workers "
                         "(launch N MPI ranks)")
-    p.add_argument("--stall-timeout", type=float, default=None,
+    p.add_argument("--stall-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                    help="MPI runs: abort when a step makes no progress for this many seconds")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest complete checkpoint in the workspace (any rank count)")
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh in a workspace that holds another run: its checkpoints and metrics.jsonl "
                         "move to WORKSPACE/previous-<time>/")
-    p.add_argument("--keep", type=int, default=None, help="keep only the K newest checkpoints")
+    p.add_argument("--keep", type=positive_int, default=None, metavar="K", help="keep only the K newest checkpoints")
     p.add_argument("--allow-partial", action="store_true",
                    help="when loading a checkpoint, keep the initial values of params it lacks")
-    p.add_argument("--trace", metavar="FILE",
+    p.add_argument("--allow-other-job", action="store_true",
+                   help="--resume from a checkpoint another job wrote (its job identity differs: other params "
+                        "or layers); params are taken by name")
+    p.add_argument("--trace", metavar="FILE", type=writable_file,
                    help="write every rank's timeline (layers, communication, trainer phases) to FILE as "
                         "Chrome-trace JSON: open it in https://ui.perfetto.dev or chrome://tracing")
     p.add_argument("--profile", action="store_true",
                    help="print per-layer compute and communication per step at the end "
                         "(always written to WORKSPACE/profile.json)")
+    p.add_argument("--no-check-finite", dest="check_finite", action="store_false",
+                   help="do not stop at the first NaN or infinity (by default every step checks the input "
+                        "batches, the loss and other metrics, and the gradients before the update; the first "
+                        "non-finite value ends the run with exit code 5, naming step, phase and layer, "
+                        "and no checkpoint of it is written)")
     _plugin_option(p)
     p.set_defaults(func=cmd_train)
 
@@ -325,20 +342,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync", default="shared_memory", choices=["shared_memory", "allreduce"],
                    help="how params every worker holds are synchronised: node-shared memory (all workers on "
                         "one node, the default there) or bucketed Allreduce (several nodes, or SINGA_MPI_SHM=0)")
-    p.add_argument("-o", "--output", help="write to FILE (dot: .png/.svg/.pdf are rendered with Graphviz)")
+    p.add_argument("-o", "--output", type=writable_file,
+                   help="write to FILE (dot: .png/.svg/.pdf are rendered with Graphviz)")
     _plugin_option(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("ckpt", help="inspect or convert checkpoints")
     p.add_argument("action", choices=["inspect", "convert"])
     p.add_argument("files", nargs="+", help="inspect: a checkpoint; convert: SINGA 0.x BlobProtos files")
-    p.add_argument("--out", help="convert: the HDF5 checkpoint to write")
-    p.add_argument("--step", type=int, help="convert: the step to record (default: from the file name)")
+    p.add_argument("--out", type=writable_file, help="convert: the HDF5 checkpoint to write")
+    p.add_argument("--step", type=non_negative_int, help="convert: the step to record (default: from the file name)")
     p.set_defaults(func=cmd_ckpt)
 
     p = sub.add_parser("plot", help="draw runs' metrics.jsonl (or a run's profile) into a PNG (needs matplotlib)")
     p.add_argument("workspaces", nargs="+", metavar="WORKSPACE", help="workspaces of training runs (overlaid)")
-    p.add_argument("-o", "--output", help="the PNG to write (default: WORKSPACE/metrics.png, "
+    p.add_argument("-o", "--output", type=writable_file, help="the PNG to write (default: WORKSPACE/metrics.png, "
                                           "WORKSPACE/profile.png, or ./metrics.png for several runs)")
     p.add_argument("--profile", action="store_true",
                    help="per-layer time and communication per step from WORKSPACE/profile.json instead")
@@ -352,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--param", help="the weight to draw (default: the checkpoint's first 2-D param)")
     d.add_argument("--max", type=positive_int, default=100, metavar="N", help="draw at most N filters (default 100)")
     d.add_argument("--shape", metavar="HxW", help="image height x width (default: square)")
-    d.add_argument("-o", "--output", help="the PNG to write (default: CKPT_STEM_PARAM_filters.png beside CKPT)")
+    d.add_argument("-o", "--output", type=writable_file,
+                   help="the PNG to write (default: CKPT_STEM_PARAM_filters.png beside CKPT)")
     d.set_defaults(func=cmd_draw)
     d = draw.add_parser("reconstructions", help="N inputs of one batch over the model's reconstructions")
     d.add_argument("job", metavar="JOB", help="the job that wrote CKPT (kCD with an RBM, or kBP with kEuclideanLoss)")
@@ -361,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--phase", default="test", choices=["train", "test", "val"], help="whose batch (default test)")
     d.add_argument("--shape", metavar="HxW", help="image height x width (default: square)")
     d.add_argument("--workspace", help="also look for data files there (default: cluster.workspace)")
-    d.add_argument("-o", "--output", help="the PNG to write (default: CKPT_STEM_reconstructions.png beside CKPT)")
+    d.add_argument("-o", "--output", type=writable_file,
+                   help="the PNG to write (default: CKPT_STEM_reconstructions.png beside CKPT)")
     _plugin_option(d)
     d.set_defaults(func=cmd_draw)
 
@@ -371,17 +391,17 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "in the job's workspace)")
     p.add_argument("--seed-text", metavar="TEXT", help="fed in first, then printed before the sample "
                                                        "(default: a newline)")
-    p.add_argument("-n", type=int, default=500, help="how many characters to sample (default 500)")
-    p.add_argument("--temperature", type=float, default=1.0,
+    p.add_argument("-n", type=non_negative_int, default=500, help="how many characters to sample (default 500)")
+    p.add_argument("--temperature", type=positive_number, default=1.0,
                    help="divides the logits: below 1 likelier characters, above 1 more varied (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="the sampling's random seed (default 0: the same text "
+    p.add_argument("--seed", type=data_seed, default=0, help="the sampling's random seed (default 0: the same text "
                                                        "each time)")
     p.add_argument("--workspace", help="where the job's checkpoints are (default: cluster.workspace)")
     _plugin_option(p)
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("examples", help="copy the example jobs (digits, MNIST, CIFAR-10) into a folder")
-    p.add_argument("dir", nargs="?", default="conf", help="where to copy them (default: ./conf)")
+    p.add_argument("dir", nargs="?", default="conf", type=writable_path, help="where to copy them (default: ./conf)")
     p.add_argument("--overwrite", action="store_true", help="replace files that exist")
     p.set_defaults(func=cmd_examples)
 
@@ -390,22 +410,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv", "synthetic", "text"])
     p.add_argument("files", nargs="*", metavar="FILES",
                    help="text: files to concatenate (default: the Python standard library's own source)")
-    p.add_argument("--out", help="output store (folder for digits)")
+    p.add_argument("--out", type=writable_path, help="output store (folder for digits)")
     p.add_argument("--backend", default="hdf5", choices=["hdf5", "kvfile", "textfile", "shard"],
                    help="store format (shard: SINGA 0.1's DataShard folder, for kShardData)")
     p.add_argument("--images", help="mnist: IDX image file (.gz ok)")
     p.add_argument("--labels", help="mnist: IDX label file (.gz ok)")
     p.add_argument("--batches", nargs="+", help="cifar10: binary batch files")
-    p.add_argument("--mean", help="cifar10: also write the per-pixel mean to this kvfile "
+    p.add_argument("--mean", type=writable_file, help="cifar10: also write the per-pixel mean to this kvfile "
                                   "(with --backend shard: SINGA 0.1's image_mean.bin)")
     p.add_argument("--csv", help="csv: input file with label,v1,v2,... lines")
     p.add_argument("--no-label", action="store_true", help="csv: lines carry no label column")
     p.add_argument("--separator", default=",")
     p.add_argument("--test-fraction", type=float, default=0.2, help="digits: held-out share")
-    p.add_argument("--seed", type=int, default=0, help="digits: split seed; synthetic: data seed")
+    p.add_argument("--seed", type=data_seed, default=0, help="digits: split seed; synthetic: data seed")
     p.add_argument("--like", help="synthetic: write random stores at the paths of this job's input layers")
-    p.add_argument("--count", type=int, default=1000, help="synthetic: records per store")
-    p.add_argument("--classes", type=int, default=10, help="synthetic: label range")
+    p.add_argument("--count", type=positive_int, default=1000, help="synthetic: records per store")
+    p.add_argument("--classes", type=positive_int, default=10, help="synthetic: label range")
     p.add_argument("--overwrite", action="store_true", help="synthetic: replace existing files")
     p.add_argument("--max-bytes", type=positive_int, default=2_000_000,
                    help="text: keep the first N bytes (default 2,000,000)")
@@ -419,7 +439,15 @@ def _plugin_option(parser: argparse.ArgumentParser) -> None:
                              "user layers, algorithms, updaters, ... before the job is read; repeatable")
 
 
-class _IntermixedParser(argparse.ArgumentParser):
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line, like every other error of singa-mpi (``-h`` shows the usage);
+    subcommands' parsers are of this class too (argparse builds them as their parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
+class _IntermixedParser(_Parser):
     """A subcommand that takes its positionals after options too (``data text --out DIR a.txt``):
     argparse's plain parse matches every positional in one run, leaving FILES empty at ``text``."""
 
@@ -435,11 +463,92 @@ class _IntermixedParser(argparse.ArgumentParser):
             self._inside = False
 
 
+# ------------------------------------------------------------------ option values
+# argparse `type=` functions: a bad value is refused on one line before anything runs
+# (argparse adds "argument --steps: " in front of the message).
+
+INT64 = (-2 ** 63, 2 ** 63 - 1)  # JobProto.seed is an int64
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+
+
 def positive_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value}: expected a count of at least 1")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: expected an integer >= 0")
+    return value
+
+
+def job_seed(text: str) -> int:
+    """A job's seed, stored in the job's int64 ``seed`` field."""
+    value = _integer(text)
+    if not INT64[0] <= value <= INT64[1]:
+        raise argparse.ArgumentTypeError(f"{value}: expected a seed between {INT64[0]} and {INT64[1]} (64 bits)")
+    return value
+
+
+def data_seed(text: str) -> int:
+    """A seed for numpy's generator of data or samples, which takes no negative seed."""
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: expected a seed >= 0")
+    return value
+
+
+def positive_number(text: str, what: str = "a finite number") -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {what} > 0") from None
+    if not (math.isfinite(value) and value > 0):  # nan compares false: refused here too
+        raise argparse.ArgumentTypeError(f"{text}: expected {what} > 0")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    return positive_number(text, "a finite number of seconds")
+
+
+def writable_file(text: str) -> str:
+    """A file the command will write (see :func:`writable_path`); an existing folder is refused too."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text}: is a folder: expected a file name")
+    return writable_path(text)
+
+
+def writable_path(text: str) -> str:
+    """A file or folder the command will write: refused now if its nearest existing folder cannot take it
+    (a path below a regular file, a folder without write permission, a read-only file system)."""
+    path = pathlib.Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("'': expected a file or folder name")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise argparse.ArgumentTypeError(f"{text}: cannot be written (permission denied or a read-only "
+                                             f"file system): expected a path you can write")
+        return text
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {ancestor} is a file, not a folder: expected a path below "
+                                         f"a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot create it in {ancestor} (permission denied or a "
+                                         f"read-only file system): expected a path you can write")
+    return text
 
 
 def _check_data_args(args) -> None:
@@ -468,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         with threads.blas_threads(warn=lambda line: print(f"warning: {line}", file=sys.stderr, flush=True)):
             return args.func(args)
     except SingaError as err:
-        if args.traceback:
+        if args.debug:
             raise
         print(f"singa-mpi: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code

@@ -23,6 +23,16 @@ class DataError(SingaError):
     exit_code = 3
 
 
+class NonFiniteError(SingaError):
+    """A NaN or an infinity in an input batch, a reported metric or a gradient (exit code 5).
+
+    Raised on every rank at the same step (the verdict is voted), before the bad values reach a
+    checkpoint: the newest checkpoint of the workspace stays the last good one.
+    """
+
+    exit_code = 5
+
+
 class LayerFailure(SingaError):
     """An error raised while a layer computed; names the layer and the pass, keeps the cause's exit code."""
 

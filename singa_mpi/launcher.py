@@ -11,7 +11,14 @@ neither hangs:
 * after that (a data file missing on one rank, a bug, a signal): the failing
   rank prints what failed where (rank, layer, step) and calls MPI_Abort, which
   ends every rank promptly.  A rank that stops responding is caught by the
-  ``--stall-timeout`` watchdog.
+  ``--stall-timeout`` watchdog, from MPI_Init on, which names it.
+
+The vote also compares what every rank must share (seed, steps, workers, run
+options, the job, the plugins, the schedule), so ranks started differently stop
+with one line instead of deadlocking.  A rank that vanishes (SIGKILL, the OOM
+killer) is named by its guardian (:mod:`singa_mpi.communication.liveness`).
+Stop signals are caught from the start (:class:`StopSignals`): during setup the
+run stops before training (exit 75, nothing written).
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.config.load import JobConfig, effective_partition_dim, layers_for_phase, load_job
 from singa_mpi.config.validate import is_test_only, validate
-from singa_mpi.errors import ConfigError, DataError, SingaError
+from singa_mpi.errors import ConfigError, DataError, NonFiniteError, SingaError
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.topology import check_supported, topology
 from singa_mpi.trainer import Trainer
@@ -54,19 +61,47 @@ class RunOptions:
     overwrite: bool = False  # move another run's checkpoints and metrics aside (WORKSPACE/previous-<time>/)
     keep: int | None = None
     allow_partial: bool = False
+    allow_other_job: bool = False  # --resume from a checkpoint another job wrote (its identity differs)
     trace: str | None = None  # FILE: every rank's timeline as Chrome-trace JSON (singa_mpi.timeline)
     profile: bool = False  # print the per-layer compute/communication table at the end
+    check_finite: bool = True  # stop at the first NaN/inf in inputs, metrics or gradients (exit 5)
 
 
-def mpi_world():
-    """The MPI world communicator if this process was launched on several ranks, else None."""
+def mpi_world(tracer=None, life=None):
+    """The MPI world communicator if this process was launched on several ranks, else None.
+    ``life`` (:class:`~singa_mpi.communication.liveness.RankLife`): its watchdog covers MPI_Init, which
+    waits for every rank, and the world keeps its status record."""
+    if life is not None:
+        life.waiting_in("MPI_Init (start-up: it waits for every rank to start)")
     try:
         from singa_mpi.communication import mpi as comm
     except ImportError:
         return None
+    finally:
+        if life is not None:
+            life.waiting_in(None)
     if comm.world_size() <= 1:
         return None
-    return comm.world()
+    return comm.world(tracer, status=life.record if life is not None else None)
+
+
+def _rank_life(stall_timeout: float | None, rank: int | None = None, size: int | None = None, tracer=None):
+    """This rank's status record, guardian and watchdog (singa_mpi.communication.liveness), started
+    before MPI_Init when the launcher announced the rank in the environment; (life, tracer), or
+    (None, None) in a single process or where the node's shared memory cannot be written."""
+    from singa_mpi.communication import liveness
+    from singa_mpi.tracing import Tracer
+
+    if rank is None:
+        launched = liveness.launched_rank()
+        if launched is None or launched[1] <= 1:
+            return None, None
+        rank, size = launched
+    tracer = tracer or Tracer(rank)
+    try:
+        return liveness.RankLife(rank, size, tracer, stall_timeout), tracer
+    except OSError:
+        return None, tracer
 
 
 def _prepare(job: str | JobConfig | Callable[[], JobConfig], seed: int | None) -> JobConfig:
@@ -97,28 +132,86 @@ def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
                               f"expected train_steps to train it; run it with singa-mpi test")
 
     return _launch(job, workspace_of, options.seed, options.stall_timeout, train, steps=options.steps, check=trains,
-                   claim=claim)
+                   claim=claim, agree=_options_to_agree(options))
+
+
+# options that may differ between ranks: each rank's own watchdog, the root's pruning and printing
+PER_RANK_OPTIONS = {"seed", "steps", "workers", "stall_timeout", "keep", "profile", "trace", "debug"}
+
+
+def _options_to_agree(options: RunOptions) -> list[tuple[str, str]]:
+    """The run options every rank must share (seed, steps and workers are compared from the job as
+    each rank reads it); --trace's file is the root's, but recording is collective."""
+    pairs = [(f"--{name.replace('_', '-')}", str(value)) for name, value in dataclasses.asdict(options).items()
+             if name not in PER_RANK_OPTIONS]
+    return pairs + [("--trace", "on" if options.trace else "off")]
 
 
 def claim_workspace(workspace: str, options: RunOptions, is_root: bool) -> None:
     """Before any communication: refuse a workspace that holds another run's checkpoints unless the
-    run continues it (``--resume``) or moves it aside (``--overwrite``, done by the root)."""
+    run continues it (``--resume``) or moves it aside (``--overwrite``, done by the root).  The root
+    also makes sure it can write there (:func:`make_workspace`) and removes the temporary files of
+    checkpoint writers that were killed (a one-line note says which)."""
     if options.resume and options.overwrite:
         raise ConfigError("--resume and --overwrite together: expected one of them (--resume continues the "
                           "run in the workspace, --overwrite moves it aside)")
-    if options.resume:
-        return
-    found = checkpoint.listed(workspace)
+    found = [] if options.resume else checkpoint.listed(workspace)
     if found and not options.overwrite:
         raise ConfigError(f"{workspace} holds another run's checkpoints (newest {found[0][1]}): expected "
                           f"--resume to continue that run, or --overwrite to move it to {workspace}/previous-<time>/")
-    if options.overwrite and is_root:
+    if not is_root:
+        return
+    make_workspace(workspace)
+    removed = checkpoint.remove_stale_temporaries(workspace)
+    if removed:
+        print(f"note: removed {len(removed)} temporary file(s) of an interrupted checkpoint write: "
+              f"{', '.join(removed)}", flush=True)
+    if options.overwrite:
         try:
             moved, target = _archive_run(workspace)
         except OSError as err:
-            raise DataError(f"--overwrite: could not move the previous run in {workspace} aside: {err}") from None
+            raise DataError(f"--overwrite: could not move the previous run in {workspace} aside: "
+                            f"{checkpoint.disk_problem(err)}") from None
         if moved:
             print(f"--overwrite: moved the previous run ({', '.join(moved)}) to {target}", flush=True)
+
+
+def make_workspace(workspace: str) -> None:
+    """Create the workspace and prove it writable, and its checkpoint folder if there is one: a
+    DataError naming the path and what to do otherwise (a file in the way, a read-only or full disk,
+    a name too long), before any work is done."""
+    folder = workspace
+    try:
+        os.makedirs(workspace, exist_ok=True)
+        _probe_write(workspace)
+        folder = checkpoint.checkpoint_dir(workspace)
+        if os.path.lexists(folder):  # else the first checkpoint creates it
+            _probe_write(folder)
+    except OSError as err:
+        blocker = _file_in_the_way(folder)
+        if blocker:
+            raise DataError(f"{folder}: cannot create this workspace folder: {blocker} is a file, not a folder: "
+                            f"move that file or choose another --workspace") from None
+        raise DataError(f"{folder}: cannot write into this workspace folder: {checkpoint.disk_problem(err)}") from None
+
+
+def _probe_write(folder: str) -> None:
+    probe = os.path.join(folder, f".singa-mpi-write-test-{os.getpid()}")
+    with open(probe, "wb"):
+        pass
+    os.remove(probe)
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The nearest of ``path`` and its parents that exists and is not a folder, if any."""
+    path = os.path.abspath(path)
+    while True:
+        if os.path.lexists(path):
+            return None if os.path.isdir(path) else path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
 
 
 def _archive_run(workspace: str) -> tuple[list[str], str]:
@@ -140,23 +233,53 @@ def _archive_run(workspace: str) -> tuple[list[str], str]:
 
 def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
             body: Callable[[Trainer], int], steps: int | None = None, check: Callable | None = None,
-            claim: Callable[[str, bool], None] | None = None, phases: list[str] | None = None) -> int:
+            claim: Callable[[str, bool], None] | None = None, phases: list[str] | None = None,
+            agree: list[tuple[str, str]] | None = None, catch_signals: bool = True) -> int:
     """Serial in one process, else the two-phase MPI protocol; ``body(trainer)`` does the work.
     ``check(cfg)`` and ``claim(workspace, is_root)`` run in phase 1: their errors end every rank cleanly;
-    so does a missing input store of ``phases`` (default: those the job trains, tests and validates)."""
+    so does a missing input store of ``phases`` (default: those the job trains, tests and validates).
+    ``agree``: (option, value) pairs every rank must share; ``catch_signals``: stop on SIGINT, SIGTERM
+    and SIGUSR1 from now on (:class:`StopSignals`), else leave them alone."""
     body = _in_blas_threads(body)
-    world = mpi_world()
-    if world is None:
-        cfg = _prepare(job, seed)
-        if check is not None:
-            check(cfg)
-        workspace = workspace_of(cfg)
-        check_inputs(cfg, workspace, phases or _phases(cfg), log=print)
-        if claim is not None:
-            claim(workspace, True)
-        os.makedirs(workspace, exist_ok=True)
-        return body(Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=steps))
-    return _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases)
+    stops = StopSignals()
+    life, tracer = _rank_life(stall_timeout)  # before MPI_Init: its watchdog covers the wait in it
+    stops.is_root = tracer is None or tracer.rank == 0
+    world = None
+    try:
+        if catch_signals:
+            stops.install()
+        world = mpi_world(tracer, life)
+        if world is None:
+            if life is not None:
+                life.close()
+                life = None
+            return _run_serial(job, workspace_of, seed, body, steps, check, claim, phases, stops)
+        if life is None:  # a launcher that does not announce ranks in the environment: from now on
+            life, _ = _rank_life(stall_timeout, world.rank, world.size, world.tracer)
+            world.status = life.record if life is not None else None
+        return _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases,
+                             agree=agree or [], stops=stops, life=life)
+    finally:
+        stops.restore(keep_ignoring=world is not None and stops.received is not None)
+        if life is not None:
+            life.close()
+
+
+def _run_serial(job, workspace_of, seed, body, steps, check, claim, phases, stops: StopSignals) -> int:
+    cfg = _prepare(job, seed)
+    if check is not None:
+        check(cfg)
+    workspace = workspace_of(cfg)
+    check_inputs(cfg, workspace, phases or _phases(cfg), log=print)
+    if claim is not None:
+        claim(workspace, True)
+    make_workspace(workspace)  # `test` has no claim: a bad workspace is one line here too
+    trainer = Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=steps)
+    stops.attach(trainer)
+    try:
+        return body(trainer)
+    finally:
+        stops.finished = True
 
 
 def _in_blas_threads(body: Callable[[Trainer], int]) -> Callable[[Trainer], int]:
@@ -172,9 +295,11 @@ def _in_blas_threads(body: Callable[[Trainer], int]) -> Callable[[Trainer], int]
 
 
 def _train(trainer: Trainer, options: RunOptions) -> int:
-    """Initialise or resume, catch stop signals, run; returns the exit code."""
+    """Initialise or resume, run (stopping on the signals :class:`StopSignals` caught); returns the exit code."""
     trainer.keep = options.keep
     trainer.print_profile = options.profile
+    if not options.check_finite:
+        trainer.finite.switch_off(list(trainer.nets().values()))
     if options.trace:
         timeline.start(trainer.runtime)  # record from here on, one clock on every rank
     _load_initial_state(trainer, options)
@@ -182,18 +307,29 @@ def _train(trainer: Trainer, options: RunOptions) -> int:
         trainer.log(f"nothing to do: the checkpoint is at step {trainer.start_step}, "
                     f"train_steps is {trainer.train_steps}")
         return 0
-    previous = _catch_stop_signals(trainer)
+    if trainer.runtime.any(trainer.stop_requested):  # a signal during setup (StopSignals): stop before step 1
+        trainer.log(STOPPED_BEFORE_TRAINING)
+        return checkpoint.EXIT_CHECKPOINTED
     try:
         trainer.run()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    except NonFiniteError as err:
+        return _stopped_on_nonfinite(trainer, err)
     if options.trace:
         trainer.log(timeline.finish(trainer.runtime, options.trace))  # collective
     if trainer.stopped:
         trainer.log(f"resume with: {resume_command(trainer, options)}")
         return checkpoint.EXIT_CHECKPOINTED
     return 0
+
+
+def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
+    """Every rank raised ``err`` at the same step (the verdict is voted): under MPI the root prints
+    the one line and all ranks exit with its code, with no abort; serially the CLI reports it."""
+    if trainer.runtime.size == 1:
+        raise err
+    if trainer.runtime.is_root:
+        print(f"singa-mpi: error: {err}", file=sys.stderr, flush=True)
+    return err.exit_code
 
 
 def resume_command(trainer: Trainer, options: RunOptions) -> str:
@@ -207,6 +343,8 @@ def resume_command(trainer: Trainer, options: RunOptions) -> str:
             words += [flag, str(value)]
     for spec in plugins.requested():  # the job cannot be read without them
         words += ["--plugin", spec]
+    if not options.check_finite:
+        words.append("--no-check-finite")
     return shlex.join(words + ["--resume"])
 
 
@@ -219,6 +357,7 @@ def _load_initial_state(trainer: Trainer, options: RunOptions) -> None:
                 warnings.simplefilter("ignore")  # one report of a damaged file is enough
             ckpt = checkpoint.newest_good(trainer.workspace)
         if ckpt is not None:
+            _check_job_identity(trainer, ckpt, options.allow_other_job)
             trainer.log(f"resuming from {ckpt.path} (step {ckpt.step})")
             trainer.restore(ckpt, full=True, allow_partial=options.allow_partial)
             return
@@ -233,34 +372,90 @@ def _load_initial_state(trainer: Trainer, options: RunOptions) -> None:
         trainer.restore(merged, full=False, allow_partial=options.allow_partial)
 
 
-def _catch_stop_signals(trainer: Trainer) -> dict:
-    """SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (Slurm's warning before the time limit): finish the step,
-    checkpoint, stop (exit 75).  A second Ctrl-C aborts at once: KeyboardInterrupt, exit 130.
+def _check_job_identity(trainer: Trainer, ckpt: checkpoint.Checkpoint, allow_other_job: bool) -> None:
+    """--resume: refuse another job's checkpoint (ConfigError) unless --allow-other-job.  The root alone
+    decides, as its error ends every rank and the others would print the same line."""
+    from singa_mpi.checkpoints.snapshot import other_job
+
+    if not trainer.runtime.is_root:
+        return
+    if not ckpt.job_identity:
+        trainer.log(f"note: {ckpt.path} has no job identity (format {ckpt.format_version}, or converted): "
+                    f"not checked that this job wrote it")
+        return
+    mismatch = other_job(trainer.cfg, ckpt)
+    if mismatch and not allow_other_job:
+        raise ConfigError(f"{mismatch}: expected this job's checkpoint: resume from it anyway with "
+                          f"--allow-other-job (params taken by name), or start afresh with --overwrite")
+    if mismatch:
+        trainer.log(f"note: --allow-other-job: {mismatch}")
+
+
+STOPPED_BEFORE_TRAINING = ("stopped on a signal before training started: no checkpoint written; run the same "
+                           "command again to start")
+
+
+class StopSignals:
+    """SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (Slurm's warning before the time limit) from the start of a
+    run to its end: finish the step, checkpoint, stop (exit 75); before training starts, stop there
+    (exit 75, nothing written, STOPPED_BEFORE_TRAINING).  A second SIGTERM or SIGUSR1 changes nothing
+    (the checkpoint under way is finished); a second Ctrl-C aborts at once: KeyboardInterrupt, exit 130.
+    Once the run is over, signals are ignored; under MPI they stay ignored after a stop, until the
+    process exits, so that a late signal cannot turn exit 75 into a death by signal.
 
     Under MPICH's mpiexec a Ctrl-C reaches every rank (hydra forwards SIGINT; its own second Ctrl-C
     kills the job); a signal that reaches only some ranks still stops all of them after the same
-    step, as the trainer votes on ``stop_requested`` every step."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
+    step (or before the first), as the ranks vote on it."""
 
-    def request_stop(signum, frame):
+    def __init__(self, is_root: bool = True):
+        self.is_root = is_root
+        self.received: int | None = None  # the first stop signal, if any
+        self.trainer: Trainer | None = None
+        self.finished = False  # the run is over: ignore whatever comes
+        self._previous: dict = {}
+
+    def install(self) -> None:
+        from singa_mpi.communication.liveness import early_stop_signal, python_default
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: python_default(signum, signal.signal(signum, self._request_stop))
+                              for signum in STOP_SIGNALS}
+            self.received = early_stop_signal()  # one that came while the package loaded (the CLI's)
+
+    def attach(self, trainer: Trainer) -> None:
+        """From now on a signal asks ``trainer`` to stop after its step (one received already: at once)."""
+        self.trainer = trainer
+        if self.received is not None:
+            trainer.stop_requested = True
+
+    def restore(self, keep_ignoring: bool) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, signal.SIG_IGN if keep_ignoring else handler)
+        self._previous = {}
+
+    def _request_stop(self, signum, frame) -> None:
+        if self.finished:
+            return
         if signum == signal.SIGINT:
-            if trainer.stop_requested:
+            if self.received is not None or (self.trainer is not None and self.trainer.stop_requested):
                 raise KeyboardInterrupt("second Ctrl-C: stopped without a checkpoint")
-            if trainer.runtime.is_root:  # raw write: a handler may interrupt a print
+            if self.is_root:  # raw write: a handler may interrupt a print
                 os.write(2, b"singa-mpi: Ctrl-C: stopping after this step and writing a checkpoint "
                             b"(Ctrl-C again to abort without one)\n")
-        trainer.stop_requested = True
+        if self.received is None:
+            self.received = signum
+        if self.trainer is not None:
+            self.trainer.stop_requested = True
 
-    return {signum: signal.signal(signum, request_stop) for signum in STOP_SIGNALS}
 
-
-def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases) -> int:
-    from singa_mpi.communication.mpi import Watchdog
+def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases, agree,
+                  stops: StopSignals, life) -> int:
     from singa_mpi.runtimes.worker import WorkerRuntime
 
-    # -- phase 1: every rank reads, validates and plans alone; then one vote
-    error, plans = None, None
+    # -- phase 1: every rank reads, validates and plans alone; then one vote (errors, stop signals, and
+    # what every rank must share: a rank with another job or other options would deadlock in phase 2)
+    error, plans, facts = None, None, None
+    _note(life, "setup: reading and planning the job")
     try:
         cfg = _prepare(job, seed)
         if check is not None:
@@ -269,45 +464,89 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         workspace = workspace_of(cfg)
         check_inputs(cfg, workspace, phases or _phases(cfg), log=print if world.rank == 0 else None)
         plans = WorkerRuntime.plan_phases(cfg, world.size, _phases(cfg))
+        facts = WorkerRuntime.agreement(cfg, plans, _run_facts(cfg, steps) + agree)
         if claim is not None:  # last: the root may move files (--overwrite)
             claim(workspace, world.rank == 0)
     except SingaError as err:
         error = (str(err), err.exit_code)
-    verdicts = world.allgather_object(error)
-    failed = [(rank, v) for rank, v in enumerate(verdicts) if v is not None]
+    except KeyboardInterrupt as err:  # a second Ctrl-C during setup
+        error = (f"interrupted ({err or 'Ctrl-C'})", EXIT_INTERRUPTED)
+    verdicts = world.allgather_object((error, stops.received is not None, facts))
+    code = _phase_one_verdict(world, cfg if facts is not None else None, verdicts)
+    if code is not None:
+        return code
+    # -- phase 2: communication has started; any failure aborts the whole job
+    try:
+        _note(life, "setup: building the nets")
+        if world.rank == 0:
+            make_workspace(workspace)
+        world.barrier()
+        group = world.split(role.group, role.index)  # the worker runtime never sees the world
+        runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans)
+        trainer = Trainer(cfg, workspace, runtime, train_steps=steps)
+        stops.attach(trainer)
+        _note(life, "")
+        try:
+            code = body(trainer)
+        finally:
+            stops.finished = True
+        runtime.close()
+        world.barrier()
+        return code
+    except SingaError as err:
+        _abort(world, f"{err}", err.exit_code, life)
+    except KeyboardInterrupt as err:  # a second Ctrl-C on this rank: one line, no traceback
+        _abort(world, f"interrupted ({err or 'Ctrl-C'})", EXIT_INTERRUPTED, life)
+    except BaseException as err:  # a bug or a signal: show where, then end every rank
+        detail = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        _abort(world, f"{type(err).__name__}: {err}\n{detail}", EXIT_ABORT, life)
+    return EXIT_ABORT
+
+
+def _note(life, note: str) -> None:
+    if life is not None:
+        life.set_note(note)
+
+
+def _run_facts(cfg: JobConfig, steps: int | None) -> list[tuple[str, str]]:
+    """The values of the options every rank must share, as this rank's job has them."""
+    return [("the seed (--seed, else the job's seed)", str(cfg.proto.seed)),
+            ("the steps to train (--steps, else the job's train_steps)",
+             str(steps if steps is not None else cfg.proto.train_steps)),
+            ("the workers per group (--workers, else the job's cluster.nworkers_per_group)",
+             str(cfg.proto.cluster.nworkers_per_group) if cfg.proto.cluster.HasField("nworkers_per_group")
+             else "(not set)")]
+
+
+def _phase_one_verdict(world, cfg: JobConfig | None, verdicts: list) -> int | None:
+    """The exit code every rank returns after the phase-1 vote (rank 0 prints why), or None to go on:
+    the first error; else a stop signal (75); else the first thing a rank does not share with rank 0."""
+    from singa_mpi.runtimes.worker import WorkerRuntime, first_disagreement
+
+    failed = [(rank, error) for rank, (error, _, _) in enumerate(verdicts) if error is not None]
     if failed:
         rank, (message, code) = failed[0]
         if world.rank == 0:
             where = "" if len(failed) == world.size else f" (on rank {rank})"
             print(f"singa-mpi: error{where}: {message}", file=sys.stderr, flush=True)
         return code
-    # -- phase 2: communication has started; any failure aborts the whole job
-    watchdog = None
-    try:
+    if any(stopped for _, stopped, _ in verdicts):
         if world.rank == 0:
-            os.makedirs(workspace, exist_ok=True)
-        world.barrier()
-        group = world.split(role.group, role.index)  # the worker runtime never sees the world
-        runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans)
-        trainer = Trainer(cfg, workspace, runtime, train_steps=steps)
-        runtime.check_agreement()
-        if stall_timeout:
-            watchdog = Watchdog(world, stall_timeout)
-            watchdog.start()
-        code = body(trainer)
-        if watchdog is not None:
-            watchdog.stop()
-        runtime.close()
-        world.barrier()
-        return code
-    except SingaError as err:
-        _abort(world, f"{err}", err.exit_code)
-    except KeyboardInterrupt as err:  # a second Ctrl-C on this rank: one line, no traceback
-        _abort(world, f"interrupted ({err or 'Ctrl-C'})", EXIT_INTERRUPTED)
-    except BaseException as err:  # a bug or a signal: show where, then end every rank
-        detail = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        _abort(world, f"{type(err).__name__}: {err}\n{detail}", EXIT_ABORT)
-    return EXIT_ABORT
+            print(STOPPED_BEFORE_TRAINING, flush=True)
+        return checkpoint.EXIT_CHECKPOINTED
+    mismatch = first_disagreement([facts for _, _, facts in verdicts])
+    if mismatch is None:
+        return None
+    rank, what, theirs, ours = mismatch
+    files = world.allgather_object(cfg.path)
+    if what == "the job":  # say where the jobs differ (one more exchange, only on this path)
+        rank, what, theirs, ours = first_disagreement(world.allgather_object(WorkerRuntime.job_details(cfg))) \
+            or mismatch
+    if world.rank == 0:
+        print(f"singa-mpi: error: ranks disagree: {what} is {theirs} on rank {rank} and {ours} on rank 0 "
+              f"(job files: {files[0]} on rank 0, {files[rank]} on rank {rank}): expected every rank to run "
+              f"the same job file with the same options", file=sys.stderr, flush=True)
+    return ConfigError.exit_code
 
 
 def _phases(cfg: JobConfig) -> list[str]:
@@ -398,9 +637,11 @@ def follow_launched_count(cfg: JobConfig, size: int) -> str:
             f"launched rank(s)")
 
 
-def _abort(world, message: str, code: int) -> None:
+def _abort(world, message: str, code: int, life=None) -> None:
     step = world.tracer.step
     os.write(2, f"singa-mpi: rank {world.rank}: error at step {step}: {message}\n".encode())
+    if life is not None:
+        life.explained()  # the guardians need not name this rank: it said why it ends the job
     world.abort(code)
 
 
@@ -426,7 +667,7 @@ def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: li
         return 0
 
     return _launch(with_workers(job, workers), workspace_of, None, None, test, check=needs_test_steps,
-                   phases=["test"])
+                   phases=["test"], catch_signals=False)
 
 
 def _read_for_test(workspace: str, checkpoints: list[str] | None, is_root: bool) -> checkpoint.Checkpoint:

@@ -24,6 +24,7 @@ of the net works inside every group.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from singa_mpi.errors import ConfigError
 
@@ -72,39 +73,24 @@ def _span(ranks: tuple[int, ...]) -> str:
 
 
 def framework_name(ngroups: int, nserver_groups: int, separate: bool) -> str:
-    if ngroups == 1:
+    """SINGA's name for a cluster shape (frameworks.md), or a description of a shape it did not name."""
+    if ngroups == 1 and nserver_groups == 1:
         return "Sandblaster" if separate else "AllReduce"
-    if nserver_groups == 1:
+    if ngroups > 1 and nserver_groups == 1:
         return "Downpour"
-    return "Hogwild" if not separate else "Downpour-like (several server groups)"
+    if ngroups > 1 and not separate:
+        return "Hogwild"
+    return f"{ngroups} worker group(s) and {nserver_groups} server group(s)"  # a shape SINGA gave no name
 
 
-def topology(world_size: int, cluster, nworkers: int | None = None) -> Topology:
+def topology(world_size: int, cluster, nworkers: int | None = None, where: str = "cluster") -> Topology:
     """Roles of every rank for ``cluster`` (a ClusterProto).
 
     ``nworkers``: workers per group when the job leaves ``nworkers_per_group``
-    unset (the launcher passes what the world size implies).  ConfigError,
-    saying how many ranks to launch, if the world does not fit the cluster.
+    unset (the launcher passes what the world size implies).  ConfigError (``where``: the cluster's
+    FILE:LINE:COL), saying how many ranks to launch, if the world does not fit the cluster.
     """
-    ngroups = max(1, cluster.nworker_groups)
-    per_group = cluster.nworkers_per_group if cluster.HasField("nworkers_per_group") else None
-    nserver_groups = max(1, cluster.nserver_groups)
-    separate = bool(cluster.server_worker_separate)
-    per_server_group = max(1, cluster.nservers_per_group)
-    server_ranks = nserver_groups * per_server_group
-    if per_group is None:
-        per_group = nworkers if nworkers is not None else (world_size - (server_ranks if separate else 0)) // ngroups
-    if per_group < 1:
-        raise ConfigError(f"cluster: {world_size} rank(s) leave no worker per group: expected at least "
-                          f"{ngroups + (server_ranks if separate else 0)} ranks")
-    # SINGA's process count (cluster.cc): separate servers add processes, co-located ones share them
-    needed = ngroups * per_group + server_ranks if separate else max(ngroups * per_group, server_ranks)
-    if needed != world_size:
-        parts = [f"{ngroups} worker group(s) x {per_group} worker(s)"]
-        if separate:
-            parts.append(f"{nserver_groups} server group(s) x {per_server_group} server(s)")
-        raise ConfigError(f"cluster: {' + '.join(parts)} need {needed} ranks, launched with {world_size}: "
-                          f"expected mpirun -n {needed}")
+    ngroups, per_group, nserver_groups, per_server_group, separate = _fit(world_size, cluster, nworkers, where)
     roles: list[Role] = []
     worker_groups = []
     for g in range(ngroups):
@@ -126,19 +112,82 @@ def topology(world_size: int, cluster, nworkers: int | None = None) -> Topology:
                     framework_name(ngroups, nserver_groups, separate))
 
 
-def check_cluster_supported(cluster, where: str = "cluster") -> None:
-    """The same check from the job alone (``check`` and serial runs, where no world size is known)."""
-    ngroups, nserver_groups = max(1, cluster.nworker_groups), max(1, cluster.nserver_groups)
-    if ngroups > 1 or nserver_groups > 1 or cluster.server_worker_separate:
-        framework = framework_name(ngroups, nserver_groups, bool(cluster.server_worker_separate))
-        raise ConfigError(
-            f"{where}: the {framework} framework (worker groups and server ranks) is not supported yet: "
-            f"expected nworker_groups: 1, nserver_groups: 1, server_worker_separate: false")
+def _fit(world_size: int, cluster, nworkers: int | None, where: str) -> tuple[int, int, int, int, bool]:
+    """(worker groups, workers per group, server groups, servers per group, servers separate) of
+    ``cluster`` on ``world_size`` ranks; ConfigError saying how many ranks to launch if they do not fit."""
+    ngroups = max(1, cluster.nworker_groups)
+    per_group = cluster.nworkers_per_group if cluster.HasField("nworkers_per_group") else None
+    nserver_groups = max(1, cluster.nserver_groups)
+    separate = bool(cluster.server_worker_separate)
+    per_server_group = max(1, cluster.nservers_per_group)
+    server_ranks = nserver_groups * per_server_group
+    if per_group is None:
+        per_group = nworkers if nworkers is not None else (world_size - (server_ranks if separate else 0)) // ngroups
+    if per_group < 1:
+        raise ConfigError(f"{where}: {world_size} rank(s) leave no worker per group: expected at least "
+                          f"{ngroups + (server_ranks if separate else 0)} ranks")
+    # SINGA's process count (cluster.cc): separate servers add processes, co-located ones share them
+    needed = ngroups * per_group + server_ranks if separate else max(ngroups * per_group, server_ranks)
+    if needed != world_size:
+        parts = [f"{ngroups} worker group(s) x {per_group} worker(s)"]
+        if separate:
+            parts.append(f"{nserver_groups} server group(s) x {per_server_group} server(s)")
+        elif server_ranks > ngroups * per_group:  # the servers, not the workers, set the count
+            parts[0] += f" with {server_ranks} co-located server(s) (cluster.nservers_per_group)"
+        raise ConfigError(f"{where}: {' + '.join(parts)} need {needed} ranks, launched with {world_size}: "
+                          f"expected mpirun -n {needed}")
+    return ngroups, per_group, nserver_groups, per_server_group, separate
+
+
+COUNT_FIELDS = ("nworker_groups", "nserver_groups", "nworkers_per_group", "nservers_per_group")
+
+
+def check_cluster_supported(cluster, where: str = "cluster", field_where: Callable[[str], str] | None = None) -> None:
+    """``check`` (and every rank before a launch, in validation): the job's cluster alone, no world size
+    known.  Counts below 1 are errors; the shape is judged by the same rule as :func:`check_supported`,
+    the check ``train`` makes on the launched topology, so both refuse the same shapes, in the same words.
+    ``field_where(name)``: where ``cluster.<name>`` is written (default: ``where``)."""
+    for field in COUNT_FIELDS:
+        value = getattr(cluster, field)
+        if cluster.HasField(field) and value < 1:
+            raise ConfigError(f"{field_where(field) if field_where else where}: cluster.{field} = {value}: "
+                              f"expected at least 1")
+    _refuse_unsupported(cluster.nworker_groups, cluster.nserver_groups, bool(cluster.server_worker_separate),
+                        where)
+
+
+def check_launch(cluster, nranks: int, where: str = "cluster") -> None:
+    """``check -n N``: the refusals of a launch of ``cluster`` on N ranks, as ``train`` makes them (one
+    worker group follows the launched count, as ``--workers`` does); no roles are built."""
+    check_cluster_supported(cluster, where)
+    if cluster.nworker_groups == 1 and not cluster.server_worker_separate:
+        copy = type(cluster)()
+        copy.CopyFrom(cluster)
+        copy.nworkers_per_group = nranks
+        cluster = copy
+    _fit(nranks, cluster, nranks, where)
 
 
 def check_supported(topo: Topology, where: str = "cluster") -> None:
     """Today's runtimes: one worker group whose parameters sync among the workers (AllReduce)."""
-    if len(topo.worker_groups) > 1 or topo.servers_separate or len(topo.server_groups) > 1:
+    _refuse_unsupported(len(topo.worker_groups), len(topo.server_groups), topo.servers_separate, where)
+
+
+def _refuse_unsupported(ngroups: int, nserver_groups: int, separate: bool, where: str) -> None:
+    """One ConfigError naming each part of the cluster that asks for more than the AllReduce runtime:
+    ``check`` (from the job) and ``train`` (from the launched topology) both end here."""
+    reasons = []
+    if ngroups > 1:
+        reasons.append(f"nworker_groups: {ngroups} (several worker groups)")
+    if nserver_groups > 1:
+        reasons.append(f"nserver_groups: {nserver_groups} (several server groups)")
+    if separate:
+        reasons.append("server_worker_separate: true (server ranks apart from the workers)")
+    if reasons:
+        framework = framework_name(ngroups, nserver_groups, separate)
+        named = framework in ("Sandblaster", "AllReduce", "Downpour", "Hogwild")
+        shape = f"the {framework} framework" if named else f"a cluster of {framework}"
         raise ConfigError(
-            f"{where}: the {topo.framework} framework (worker groups and server ranks) is not supported yet: "
-            f"expected nworker_groups: 1, nserver_groups: 1, server_worker_separate: false")
+            f"{where}: {shape} is not supported yet: {', '.join(reasons)}: expected nworker_groups: 1, "
+            f"nserver_groups: 1, server_worker_separate: false (SINGA's AllReduce: one group of workers that "
+            f"keep the params in sync)")

@@ -2,7 +2,8 @@
 
 Per step ``s`` (from ``job.step`` while ``s < train_steps``): checkpoint if due
 (``steps.h5``: the state after ``s`` batches), validate if due, test if due,
-train one batch, display if due.  Test and validation happen at
+train one batch, vote (stop signals and non-finite values, see
+:mod:`singa_mpi.nonfinite`), display if due.  Test and validation happen at
 step 0 too, before the first batch, as in SINGA; singa_mpi also tests once more
 after the last step so that the final model is always measured.
 
@@ -23,6 +24,7 @@ from singa_mpi.algorithms import make_algorithm
 from singa_mpi.config.load import JobConfig
 from singa_mpi.layers.base import layer_class_of
 from singa_mpi.net import Net, global_batch_size, phase_nodes
+from singa_mpi.nonfinite import NonFiniteCheck
 from singa_mpi.proto import job_pb2
 from singa_mpi.updaters import load_blas, make_updater
 
@@ -97,6 +99,7 @@ class Trainer:
         self._layer_types: dict[str, list] = {}  # phase -> its layer classes (their `report`)
         self.print_profile = False  # --profile: print the per-layer table at the end of the run
         self.evaluation_totals: dict = {}  # tracer totals of test/validation passes (kept out of profile.json)
+        self.finite = NonFiniteCheck(cfg, runtime.rank)  # NaN/inf stop the run (switch_off: --no-check-finite)
 
     def nets(self) -> dict[str, Net]:
         nets = {"train": self.train_net, "test": self.test_net, "val": self.val_net}
@@ -117,11 +120,19 @@ class Trainer:
         sync, tracer = self.runtime.sync(), self.runtime.tracer
         with tracer.span("train_one_batch", "step"):
             self.algorithm.train_one_batch(self.train_net, sync.layer_done)
+        self.finite.look_at_layers(self.train_net)
         with tracer.span("sync", "step"):
             sync.gradients_complete()
+        self.finite.look_at_gradients(sync)  # before the update; the vote comes after the step
         with tracer.span("update", "step"):
             sync.update(step, self.updater)
             sync.publish()
+        if self._checkpoint_follows(step):  # an update may overflow: a checkpoint must not keep it
+            self.finite.look_at_values(sync)
+
+    def _checkpoint_follows(self, step: int) -> bool:
+        """Whether the state after ``step`` is checkpointed before the next step (a stop aside)."""
+        return checkpoint_now(self.job, step + 1) or step + 1 == self.train_steps
 
     def report(self, phase: str, sums: dict[str, float]) -> dict[str, float]:
         """Means over the workers, with what the algorithm and the phase's layer types derive from them."""
@@ -139,6 +150,8 @@ class Trainer:
             for _ in range(steps):
                 net.set_step(step)
                 self.algorithm.evaluate(net)
+        self.finite.look_at_layers(net)
+        self.finite.raise_if_found(self.runtime, step, phase, self.workspace)  # collective
         result = self.report(phase, self.runtime.reduce_metrics(net.collect_metrics()))
         profiling.add(self.evaluation_totals, profiling.subtract(self.runtime.tracer.snapshot(), before))
         self.record(step, phase, result)
@@ -173,7 +186,8 @@ class Trainer:
         if self.runtime.is_root and self.start_step == 0:
             open(self.metrics_path, "w").close()
         bar = progress.open_bar(self.train_steps, self.start_step) if self.live_bar and self.runtime.is_root else None
-        with progress.bar_around(self, bar):
+        with progress.bar_around(self, bar), self.finite.quiet():
+            self.finite.check_initial(self.runtime.sync(), self.runtime, self.start_step, self.workspace)
             return self._steps(bar)
 
     def _steps(self, bar: progress.LiveBar | None) -> dict[str, float]:
@@ -196,6 +210,11 @@ class Trainer:
             steps_since += 1
             if bar is not None:
                 bar.advance()
+            # one vote a step, on stop signals and non-finite values; every rank stops after the same step
+            halt = self.runtime.any(self.stop_requested or self.finite.found is not None)
+            if halt:  # a NaN stops here, before its progress line and with no checkpoint
+                self.finite.look_at_values(self.runtime.sync())  # a stop writes one
+                self.finite.raise_if_found(self.runtime, step, "train", self.workspace)
             if display_now(job, step):
                 now = time.perf_counter()
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)
@@ -205,7 +224,7 @@ class Trainer:
                 if bar is not None and headline is not None:
                     bar.show(f"{headline} {final[headline]:.4f}")
                 last_time, steps_since = now, 0
-            if self.runtime.any(self.stop_requested):  # every rank stops after the same step
+            if halt:
                 done = step + 1  # batches trained: stepN.h5 is the state after N of them
                 path = self.save_checkpoint(done)
                 self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")

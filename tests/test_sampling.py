@@ -35,7 +35,10 @@ def trained(tmp_path_factory):
 
 def sample(capfd, job, workspace, *extra):
     """(exit code, stdout bytes less the final newline, stderr) of `singa-mpi sample`."""
-    code = cli.main(["sample", job, "--workspace", workspace, *extra])
+    try:
+        code = cli.main(["sample", job, "--workspace", workspace, *extra])
+    except SystemExit as stop:  # a bad option value: argparse's one line, exit 2
+        code = stop.code
     out, err = capfd.readouterr()
     assert code != 0 or out.endswith("\n")
     return code, out[:-1].encode("latin-1") if code == 0 else out.encode(), err
@@ -114,8 +117,8 @@ def test_sample_errors_are_one_line(trained, capfd, tmp_path):
                                                    r"vocabulary .*vocab.txt: expected characters of the training text")),
         ((job, str(tmp_path / "empty")), 3, r"empty: no checkpoint found: expected `--checkpoint FILE`"),
         ((job, workspace, "--checkpoint", str(tmp_path / "no.h5")), 3, r"no.h5: no such file"),
-        ((job, workspace, "--temperature", "0"), 2, r"--temperature 0: expected a positive number"),
-        ((job, workspace, "-n", "-1"), 2, r"-n -1: expected a number of characters, 0 or more"),
+        ((job, workspace, "--temperature", "0"), 2, r"--temperature: 0: expected a finite number > 0"),
+        ((job, workspace, "-n", "-1"), 2, r"-n: -1: expected an integer >= 0"),
         ((str(ROOT / "conf" / "digits_mlp.conf"), workspace), 2,
          r"digits_mlp.conf: train phase: no kCharRNN input layer: expected SINGA's char-rnn net"),
     ]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from test_checkpoint import ROOT, job_file
 from test_mpi_suites import mpi_env, mpiexec_command
 
@@ -207,6 +209,7 @@ def test_an_unwritable_trace_file_is_a_one_line_error(tmp_path, capsys):
     conf = job_file(tmp_path, "data", steps=2)
     (tmp_path / "a_file").write_text("")
     trace = tmp_path / "a_file" / "t.json"  # a folder that is a file
-    code = cli.main(["train", conf, "--workspace", str(tmp_path / "ws"), "--trace", str(trace)])
+    with pytest.raises(SystemExit) as stop:  # refused with the other options, before the run
+        cli.main(["train", conf, "--workspace", str(tmp_path / "ws"), "--trace", str(trace)])
     err = capsys.readouterr().err
-    assert code == 3 and err.count("\n") == 1 and "could not write the timeline" in err, err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "a_file is a file, not a folder" in err, err

@@ -3,7 +3,8 @@
 One file per checkpoint, ``WORKSPACE/checkpoint/step<N>.h5``, readable with
 plain h5py or h5dump::
 
-    /                       attrs: format_version, step, job_name, seed, nranks, elapsed, complete
+    /                       attrs: format_version, step, job_name, job_identity, seed, nranks, elapsed,
+                                   header_crc32, complete
     /job_config             the job's text (string dataset)
     /plan                   JSON summary of the partitioning it was written under
     /params/<name>          float32, the full logical (unsharded) array
@@ -14,19 +15,39 @@ plain h5py or h5dump::
     /carried/<phase>/<layer>/<name>  float32 arrays a layer carries from batch to batch, one row
                              per row of the global batch (``Layer.carried()``: an RNN's hidden state)
 
-Every dataset carries a ``crc32`` attribute; ``complete`` is set last.  A file
-is written under a temporary name in the same folder, flushed, fsynced and
-renamed, so a crash at any moment leaves the previous checkpoint intact, and a
-damaged file (truncated, bit rot) is detected by :func:`read` and named.
+Integrity.  Every dataset carries a ``crc32`` attribute of its bytes (``/job_config`` and ``/plan``:
+of their UTF-8 text).  ``header_crc32`` covers the rest: every attribute in the file (the header:
+step, format version, job identity, ...; updater counters; readers' state) and the layout (each
+group's and dataset's path, shape and type), so an edited ``step``, a renamed param or a flipped bit
+in HDF5's own metadata reads as damage.  ``complete`` is set last.  :func:`read` reports any damage as
+a DataError naming the file, and :func:`newest_good` skips such files.
+
+Job identity.  ``job_identity`` is a hash of what defines the params: their names and logical shapes
+and the train net's layers (names, types, sources) -- :func:`singa_mpi.checkpoints.snapshot.job_identity`;
+not the step, seed, learning rate, updater, data or partitioning.  ``--resume`` refuses another job's
+checkpoint unless ``--allow-other-job``; a job's ``checkpoint_path`` takes params from other jobs by design.
+
+Writing.  The file is built in memory, then written as ``stepN.h5.tmp<PID>`` in the same folder,
+fsynced and renamed, so a crash at any moment leaves the previous checkpoint intact, and a full or
+read-only disk is an OSError of plain file I/O, reported as a DataError naming the file and what to do
+(HDF5's own writer can crash the process on a full disk).  A writer killed mid-write leaves its
+``.tmp<PID>`` behind: :func:`remove_stale_temporaries` deletes those on the next start.
+
+Format versions.  3 adds ``job_identity``, ``header_crc32`` and the checksums of ``/job_config`` and
+``/plan``.  Files of format 2 (no ``header_crc32``) are still read, their arrays verified as before;
+their job identity is unknown, so resuming from one is not checked (the launcher says so).
 Loading never unpickles: only arrays, numbers and strings are read.
 """
 from __future__ import annotations
 
 import dataclasses
+import errno
 import glob
+import io
 import json
 import os
 import re
+import time
 import warnings
 import zlib
 
@@ -35,9 +56,17 @@ import numpy as np
 
 from singa_mpi.errors import DataError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+FIRST_CHECKSUMMED_HEADER = 3  # format 2 files have no header_crc32 and unchecked /job_config, /plan
 _STEP = re.compile(r"step(\d+)\.h5$")
+_TEMPORARY = re.compile(r"step\d+\.h5\.tmp(\d+)$")
+STALE_TEMPORARY_SECONDS = 600  # no checkpoint write takes this long: an older .tmp file's writer is gone
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped on a signal after writing a checkpoint; resume to go on
+_SET_AFTER_HEADER_CRC = ("header_crc32", "complete")
+# What h5py raises on a damaged file depends on the damaged byte (flipping every byte of a small
+# checkpoint gives all of these): besides OSError, KeyError and ValueError, RuntimeError ("bad heap
+# free list"), and TypeError or AttributeError from objects HDF5 could not resolve.
+DAMAGE = (OSError, KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError, OverflowError)
 
 
 @dataclasses.dataclass
@@ -58,6 +87,8 @@ class Checkpoint:
     seed: int = 0
     nranks: int = 1
     elapsed: float = 0.0  # seconds of training since step 0 when written (files without it: 0)
+    job_identity: str = ""  # snapshot.job_identity of the job that wrote it ("": unknown, format 2)
+    format_version: int = FORMAT_VERSION  # of the file it was read from
     path: str = ""
 
 
@@ -79,53 +110,108 @@ def _dataset(group, name: str, data: np.ndarray) -> None:
     ds.attrs["crc32"] = crc(data)
 
 
+def _text_dataset(group, name: str, text: str) -> None:
+    ds = group.create_dataset(name, data=text)
+    ds.attrs["crc32"] = zlib.crc32(text.encode())
+
+
 def write(path: str, ckpt: Checkpoint, fault_after: int | None = None) -> str:
-    """Write ``ckpt`` atomically to ``path``.
+    """Write ``ckpt`` atomically to ``path``.  A disk that refuses (full, read-only, no permission) is a
+    DataError naming the file and what to do; the previous checkpoints stay intact, no part is left.
 
     ``fault_after`` (tests only) raises after that many parameter datasets, to
     prove that an interrupted write leaves no file behind and the old one intact.
     """
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    image = encode(ckpt, fault_after)
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        _write_durably(path, image)
+    except OSError as err:
+        raise DataError(f"{path}: cannot write the checkpoint: {disk_problem(err)} (the previous checkpoints "
+                        f"are intact: continue with --resume once it is fixed)") from None
+    return path
+
+
+def encode(ckpt: Checkpoint, fault_after: int | None = None) -> bytes:
+    """The bytes of the checkpoint's HDF5 file, built in memory."""
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as f:
+        f.attrs.update(format_version=FORMAT_VERSION, step=ckpt.step, job_name=ckpt.job_name,
+                       job_identity=ckpt.job_identity, seed=ckpt.seed, nranks=ckpt.nranks,
+                       elapsed=float(ckpt.elapsed), complete=0)
+        _text_dataset(f, "job_config", ckpt.job_config)
+        _text_dataset(f, "plan", json.dumps(ckpt.plan, sort_keys=True))
+        params = f.create_group("params")
+        for k, (name, value) in enumerate(sorted(ckpt.params.items())):
+            if fault_after is not None and k >= fault_after:
+                raise OSError(f"injected fault while writing step {ckpt.step}")
+            _dataset(params, name, value)
+        updater = f.create_group("updater")
+        for name, slots in sorted(ckpt.updater.items()):
+            group = updater.create_group(name)
+            for slot, value in sorted(slots.items()):
+                _dataset(group, slot, value)
+            group.attrs.update(ckpt.counters.get(name, {}))
+        for name in set(ckpt.counters) - set(ckpt.updater):
+            updater.create_group(name).attrs.update(ckpt.counters[name])
+        readers = f.create_group("readers")
+        for phase, layers in sorted(ckpt.readers.items()):
+            group = readers.create_group(phase)
+            for layer, state in sorted(layers.items()):
+                group.create_group(layer).attrs.update(state)
+        for phase, layers in sorted(ckpt.carried.items()):
+            for layer, arrays in sorted(layers.items()):
+                group = f.require_group(f"carried/{phase}/{layer}")
+                for name, value in sorted(arrays.items()):
+                    _dataset(group, name, value)
+        f.attrs["header_crc32"] = _layout_crc(f)
+        f.attrs["complete"] = 1
+    return buffer.getvalue()
+
+
+def _write_durably(path: str, image: bytes) -> None:
+    """``image`` to ``path`` through a temporary file: written, fsynced, renamed (or removed on failure)."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs.update(format_version=FORMAT_VERSION, step=ckpt.step, job_name=ckpt.job_name,
-                           seed=ckpt.seed, nranks=ckpt.nranks, elapsed=float(ckpt.elapsed), complete=0)
-            f.create_dataset("job_config", data=ckpt.job_config)
-            f.create_dataset("plan", data=json.dumps(ckpt.plan, sort_keys=True))
-            params = f.create_group("params")
-            for k, (name, value) in enumerate(sorted(ckpt.params.items())):
-                if fault_after is not None and k >= fault_after:
-                    raise OSError(f"injected fault while writing {path}")
-                _dataset(params, name, value)
-            updater = f.create_group("updater")
-            for name, slots in sorted(ckpt.updater.items()):
-                group = updater.create_group(name)
-                for slot, value in sorted(slots.items()):
-                    _dataset(group, slot, value)
-                group.attrs.update(ckpt.counters.get(name, {}))
-            for name in set(ckpt.counters) - set(ckpt.updater):
-                updater.create_group(name).attrs.update(ckpt.counters[name])
-            readers = f.create_group("readers")
-            for phase, layers in sorted(ckpt.readers.items()):
-                group = readers.create_group(phase)
-                for layer, state in sorted(layers.items()):
-                    group.create_group(layer).attrs.update(state)
-            for phase, layers in sorted(ckpt.carried.items()):
-                for layer, arrays in sorted(layers.items()):
-                    group = f.require_group(f"carried/{phase}/{layer}")
-                    for name, value in sorted(arrays.items()):
-                        _dataset(group, name, value)
-            f.attrs["complete"] = 1
-            f.flush()
-        with open(tmp, "rb") as handle:
+        with open(tmp, "wb") as handle:
+            handle.write(image)
+            handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         _fsync_dir(os.path.dirname(path) or ".")
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+        _remove_if_there(tmp)
+
+
+def _remove_if_there(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:  # not there: written and renamed, or never created (a read-only disk)
+        pass
+
+
+_DISK_ADVICE = {
+    errno.ENOSPC: "the disk is full: free space there (--keep K keeps fewer checkpoints) or choose another "
+                  "--workspace",
+    errno.EDQUOT: "the disk quota is used up: free space there or choose another --workspace",
+    errno.EROFS: "the file system is read-only: choose a --workspace on a writable one",
+    errno.EACCES: "no permission to write there: fix its permissions or choose another --workspace",
+    errno.EPERM: "no permission to write there: fix its permissions or choose another --workspace",
+    errno.ENAMETOOLONG: "a name is too long for the file system: choose a shorter --workspace",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: move that file or choose another --workspace",
+    errno.EEXIST: "a file is where a folder should be: move that file or choose another --workspace",
+}
+
+
+def one_line(err: BaseException) -> str:
+    """``Type: message`` on one line (HDF5's messages can span several)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+def disk_problem(err: OSError) -> str:
+    """``<the OS's words>: <what to do>`` for an OSError from writing into a workspace."""
+    reason = err.strerror or " ".join(str(err).split())
+    return f"{reason}: {_DISK_ADVICE.get(err.errno, 'check the disk or choose another --workspace')}"
 
 
 def _scalar(value):
@@ -145,6 +231,47 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
+def _plain(value):
+    """An attribute value as JSON can hold it (numpy scalars and arrays as Python numbers and lists)."""
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _attributes(attrs, skip: tuple[str, ...] = ()) -> dict:
+    return {name: _plain(attrs[name]) for name in attrs if name not in skip}
+
+
+def _layout_crc(f) -> int:
+    """crc32 of what the datasets' own checksums do not cover: every attribute (the header included)
+    and every group's and dataset's path, shape and type."""
+    entries = [["/", None, None, _attributes(f.attrs, skip=_SET_AFTER_HEADER_CRC)]]
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            entries.append([name, list(obj.shape), str(obj.dtype), _attributes(obj.attrs)])
+        else:
+            entries.append([name, None, None, _attributes(obj.attrs)])
+
+    f.visititems(visit)
+    text = json.dumps(sorted(entries, key=lambda entry: entry[0]), sort_keys=True, default=str)
+    return zlib.crc32(text.encode())
+
+
+def _check_header(f, path: str) -> int:
+    """The file's format version, once its header and layout verify; DataError otherwise."""
+    version = int(f.attrs.get("format_version", 0))
+    if version > FORMAT_VERSION:
+        raise DataError(f"{path}: checkpoint format {version} is newer than this singa_mpi ({FORMAT_VERSION}), "
+                        f"or the file is damaged: upgrade singa_mpi if a newer one wrote it")
+    if int(f.attrs.get("complete", 0)) != 1:
+        raise DataError(f"{path}: incomplete checkpoint (writing was interrupted)")
+    if "header_crc32" in f.attrs:
+        if int(f.attrs["header_crc32"]) != _layout_crc(f):
+            raise DataError(f"{path}: its header or layout fails its checksum (the file is damaged)")
+    elif version >= FIRST_CHECKSUMMED_HEADER:
+        raise DataError(f"{path}: format {version} without a header checksum (the file is damaged)")
+    return version
+
+
 def _read_array(ds, path: str, where: str) -> np.ndarray:
     data = ds[...]
     if "crc32" not in ds.attrs:
@@ -154,43 +281,55 @@ def _read_array(ds, path: str, where: str) -> np.ndarray:
     return data
 
 
-def _text(ds) -> str:
-    value = ds[()]
-    return value.decode() if isinstance(value, bytes) else str(value)
+def _read_text(f, name: str, path: str, checked: bool) -> str:
+    """A string dataset ("" when absent); ``checked``: verified against its crc32 (format 3 on)."""
+    if name not in f:
+        return ""
+    value = f[name][()]
+    raw = value if isinstance(value, bytes) else str(value).encode()
+    if checked:
+        if "crc32" not in f[name].attrs:
+            raise DataError(f"{path}: {name} has no checksum: not a singa_mpi checkpoint")
+        if zlib.crc32(raw) != int(f[name].attrs["crc32"]):
+            raise DataError(f"{path}: {name} fails its checksum (the file is damaged)")
+    return raw.decode()
 
 
 def read(path: str) -> Checkpoint:
     """Read and verify a checkpoint; DataError naming the file and the damaged part."""
     try:
         with h5py.File(path, "r") as f:
-            if int(f.attrs.get("complete", 0)) != 1:
-                raise DataError(f"{path}: incomplete checkpoint (writing was interrupted)")
-            version = int(f.attrs.get("format_version", 0))
-            if version > FORMAT_VERSION:
-                raise DataError(f"{path}: checkpoint format {version} is newer than this singa_mpi "
-                                f"({FORMAT_VERSION}): upgrade singa_mpi")
+            version = _check_header(f, path)
+            checked = version >= FIRST_CHECKSUMMED_HEADER
             ckpt = Checkpoint(step=int(f.attrs["step"]), params={}, job_name=str(f.attrs.get("job_name", "")),
                               seed=int(f.attrs.get("seed", 0)), nranks=int(f.attrs.get("nranks", 1)),
-                              elapsed=float(f.attrs.get("elapsed", 0.0)), path=path)
-            ckpt.job_config = _text(f["job_config"]) if "job_config" in f else ""
-            ckpt.plan = json.loads(_text(f["plan"])) if "plan" in f else {}
-            for name, ds in f["params"].items():
-                ckpt.params[name] = _read_array(ds, path, f"params/{name}")
-            for name, group in f.get("updater", {}).items():
-                ckpt.updater[name] = {slot: _read_array(ds, path, f"updater/{name}/{slot}")
-                                      for slot, ds in group.items()}
-                if group.attrs:
-                    ckpt.counters[name] = {k: int(v) for k, v in group.attrs.items()}
-            for phase, group in f.get("readers", {}).items():
-                ckpt.readers[phase] = {layer: {k: _scalar(v) for k, v in g.attrs.items()} for layer, g in group.items()}
-            for phase, group in f.get("carried", {}).items():
-                ckpt.carried[phase] = {layer: {name: _read_array(ds, path, f"carried/{phase}/{layer}/{name}")
-                                               for name, ds in g.items()} for layer, g in group.items()}
+                              elapsed=float(f.attrs.get("elapsed", 0.0)),
+                              job_identity=str(f.attrs.get("job_identity", "")), format_version=version, path=path)
+            ckpt.job_config = _read_text(f, "job_config", path, checked)
+            plan = _read_text(f, "plan", path, checked)
+            ckpt.plan = json.loads(plan) if plan else {}
+            _read_arrays(f, path, ckpt)
     except DataError:
         raise
-    except (OSError, KeyError, ValueError) as err:
-        raise DataError(f"{path}: not a readable singa_mpi checkpoint ({err})") from None
+    except DAMAGE as err:
+        raise DataError(f"{path}: not a readable singa_mpi checkpoint, damaged or of another kind "
+                        f"({one_line(err)})") from None
     return ckpt
+
+
+def _read_arrays(f, path: str, ckpt: Checkpoint) -> None:
+    """Params, updater state and counters, readers' state and carried arrays, into ``ckpt``."""
+    for name, ds in f["params"].items():
+        ckpt.params[name] = _read_array(ds, path, f"params/{name}")
+    for name, group in f.get("updater", {}).items():
+        ckpt.updater[name] = {slot: _read_array(ds, path, f"updater/{name}/{slot}") for slot, ds in group.items()}
+        if group.attrs:
+            ckpt.counters[name] = {k: int(v) for k, v in group.attrs.items()}
+    for phase, group in f.get("readers", {}).items():
+        ckpt.readers[phase] = {layer: {k: _scalar(v) for k, v in g.attrs.items()} for layer, g in group.items()}
+    for phase, group in f.get("carried", {}).items():
+        ckpt.carried[phase] = {layer: {name: _read_array(ds, path, f"carried/{phase}/{layer}/{name}")
+                                       for name, ds in g.items()} for layer, g in group.items()}
 
 
 def listed(workspace: str) -> list[tuple[int, str]]:
@@ -213,11 +352,60 @@ def newest_good(workspace: str) -> Checkpoint | None:
     return None
 
 
+def stale_temporaries(workspace: str, now: float | None = None) -> list[str]:
+    """The ``stepN.h5.tmp<PID>`` files of checkpoint writers that are gone: whose PID is no live process
+    on this host (or is this process's own: a PID reused), or that nobody has written for
+    STALE_TEMPORARY_SECONDS (a writer on another host, a PID since reused by another program)."""
+    now = time.time() if now is None else now
+    stale = []
+    for path in glob.glob(os.path.join(checkpoint_dir(workspace), "step*.h5.tmp*")):
+        m = _TEMPORARY.search(path)
+        if m is None:
+            continue
+        try:
+            idle = now - os.path.getmtime(path)
+        except OSError:  # removed meanwhile (its writer finished)
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid() or not _process_alive(pid) or idle > STALE_TEMPORARY_SECONDS:
+            stale.append(path)
+    return sorted(stale)
+
+
+def remove_stale_temporaries(workspace: str) -> list[str]:
+    """Delete :func:`stale_temporaries`; returns those removed (one that cannot be removed stays)."""
+    removed = []
+    for path in stale_temporaries(workspace):
+        try:
+            os.remove(path)
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid <= 0:  # os.kill(0, ...) would signal our own process group
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except (OverflowError, OSError):  # a PID no system has
+        return False
+    return True
+
+
 def prune(workspace: str, keep: int) -> list[str]:
     """Delete all but the ``keep`` newest checkpoints; returns the removed paths."""
     removed = []
     for _, path in listed(workspace)[keep:]:
-        os.remove(path)
+        try:
+            os.remove(path)
+        except OSError as err:
+            raise DataError(f"{path}: cannot remove this old checkpoint (--keep {keep}): {disk_problem(err)}") from None
         removed.append(path)
     return removed
 

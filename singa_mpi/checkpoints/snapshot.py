@@ -8,10 +8,13 @@ logical array, whatever partitioning or rank count wrote the file.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
-from singa_mpi.config.load import effective_partition_dim
+from singa_mpi.config.load import effective_partition_dim, layers_for_phase
 from singa_mpi.errors import DataError
 
 
@@ -46,6 +49,47 @@ def plan_summary(cfg, nranks: int) -> dict:
     return {"nranks": nranks, "layers": layers}
 
 
+def identity_parts(cfg) -> dict:
+    """What defines a job's params: their names and logical shapes (owners), and the train net's layers
+    (name, type, sources).  Not the step, seed, learning rate, updater, batch, data or partitioning: a
+    job may go on from its checkpoint with any of those changed."""
+    from singa_mpi.config.validate import validate  # the params' logical shapes, without building a net
+
+    summary = validate(cfg)
+    types = {name: kind for name, kind, _ in summary.phases[0].layers}  # phases[0] is "train"
+    layers = [[layer.name, types.get(layer.name, ""), list(layer.srclayers)]
+              for _, layer in layers_for_phase(cfg.proto, "train")]
+    return {"params": [[name, list(shape)] for name, shape in summary.params], "layers": layers}
+
+
+def job_identity(cfg) -> str:
+    """16 hex digits of a hash of :func:`identity_parts`: equal for the same net, whatever the run."""
+    text = json.dumps(identity_parts(cfg), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def other_job(cfg, ckpt: checkpoint.Checkpoint) -> str | None:
+    """How ``ckpt`` shows it was written by another job than ``cfg`` (its identity differs), else None.
+    A file without an identity (format 2, converted from SINGA) is taken as this job's."""
+    mine = job_identity(cfg)
+    if not ckpt.job_identity or ckpt.job_identity == mine:
+        return None
+    return (f"{ckpt.path}: written by another job ('{ckpt.job_name}', identity {ckpt.job_identity}) than "
+            f"{cfg.path} ('{cfg.proto.name}', identity {mine}): {_difference(cfg, ckpt)}")
+
+
+def _difference(cfg, ckpt: checkpoint.Checkpoint) -> str:
+    """The first few params that differ by name or shape, else that the layers differ."""
+    mine = {name: tuple(shape) for name, shape in identity_parts(cfg)["params"]}
+    theirs = {name: tuple(value.shape) for name, value in ckpt.params.items()}
+    lines = [f"{name} {theirs.get(name, 'absent')} there, {mine.get(name, 'absent')} here"
+             for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
+    if not lines:
+        return "the same params, but layers of other types or sources"
+    more = f" and {len(lines) - 3} more" if len(lines) > 3 else ""
+    return "params differ: " + ", ".join(lines[:3]) + more
+
+
 def local_pieces(trainer) -> dict:
     """What this rank contributes to a checkpoint."""
     runtime, updater = trainer.runtime, trainer.updater
@@ -73,7 +117,7 @@ def collect(trainer, step: int) -> checkpoint.Checkpoint | None:
         return None
     ckpt = checkpoint.Checkpoint(step=step, params={}, job_name=trainer.job.name, job_config=trainer.cfg.text,
                                  plan=plan_summary(trainer.cfg, trainer.runtime.size), seed=trainer.job.seed,
-                                 nranks=trainer.runtime.size)
+                                 nranks=trainer.runtime.size, job_identity=job_identity(trainer.cfg))
     for pieces in everyone:
         for name, shape, region, value in pieces["params"]:
             target = ckpt.params.setdefault(name, np.zeros(shape, np.float32))

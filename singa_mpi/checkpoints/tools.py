@@ -24,8 +24,9 @@ def inspect(path: str) -> str:
         verdict = "all checksums OK"
     except DataError as err:
         raise DataError(f"{path}: DAMAGED: {str(err).removeprefix(path + ': ')}") from None
-    lines = [f"{path}: step {ckpt.step}, job '{ckpt.job_name}', seed {ckpt.seed}, written by {ckpt.nranks} "
-             f"worker(s), format {checkpoint.FORMAT_VERSION}; {verdict}"]
+    identity = f"identity {ckpt.job_identity}" if ckpt.job_identity else "no job identity"
+    lines = [f"{path}: step {ckpt.step}, job '{ckpt.job_name}' ({identity}), seed {ckpt.seed}, written by "
+             f"{ckpt.nranks} worker(s), format {ckpt.format_version}; {verdict}"]
     total = sum(v.size for v in ckpt.params.values())
     lines.append(f"params ({len(ckpt.params)}, {total:,} values):")
     for name, value in sorted(ckpt.params.items()):

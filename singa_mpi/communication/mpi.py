@@ -3,17 +3,17 @@
 :class:`MPIComm` wraps an ``mpi4py`` communicator with buffer-based methods
 named after the MPI calls the planner schedules (Send/Recv, Bcast, Reduce,
 Scatterv, Gatherv, Allgatherv, Reduce_scatter, Alltoallv, Allreduce).  Every
-call is a tracer span (bytes, seconds, per layer label); the watchdog reads the
-open span (what is pending, where, since when), so a stalled step can be named.
+call is a tracer span (bytes, seconds, per layer label, and the world ranks it
+waits for); the stall watchdog of :mod:`singa_mpi.communication.liveness` reads
+the open span (what is pending, where, since when, on whom), so a stalled step
+and the rank that holds it up can be named.
 
 Layers, algorithms and the planner never import this module; they receive a
 communicator object.  Nothing on the `check`/`plan` path imports it.
 """
 from __future__ import annotations
 
-import os
 import sys
-import threading
 import time
 
 import numpy as np
@@ -33,18 +33,34 @@ class MPIComm:
     (see :mod:`singa_mpi.communication.base` for how they are counted).
     """
 
-    def __init__(self, comm: MPI.Comm | None = None, tracer: Tracer | None = None, owned: bool = False):
+    def __init__(self, comm: MPI.Comm | None = None, tracer: Tracer | None = None, owned: bool = False,
+                 status=None):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.tracer = tracer if tracer is not None else Tracer(self.rank)
+        self.status = status  # this rank's liveness.StatusRecord (None: not kept), shared with sub-communicators
         self._owned = owned  # created here (a split or a group): freed by ``free``
         self._subs: dict[tuple[int, ...], MPIComm] = {}
         self._windows: list = []
+        self.world_ranks = self._world_ranks()
+        self._others = tuple(r for i, r in enumerate(self.world_ranks) if i != self.rank)
+
+    def _world_ranks(self) -> tuple[int, ...]:
+        """The world rank of each member (the stall watchdog names ranks as the launcher numbers them)."""
+        if self.comm == MPI.COMM_WORLD:
+            return tuple(range(self.size))
+        mine, whole = self.comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        ranks = MPI.Group.Translate_ranks(mine, list(range(self.size)), whole)
+        mine.Free()
+        whole.Free()
+        return tuple(int(r) for r in ranks)
 
     # ------------------------------------------------------------- bookkeeping
-    def _enter(self, op: str, layer: str, peer: str, tag: int | None = None):
-        return self.tracer.begin(layer, "comm", {"op": op, "peer": peer, "tag": tag})
+    def _enter(self, op: str, layer: str, peer: str, tag: int | None = None, partner: int | None = None):
+        """Open the call's span; it waits on ``partner`` (a member's rank) or on every other member."""
+        awaits = self._others if partner is None else (self.world_ranks[partner],)
+        return self.tracer.begin(layer, "comm", {"op": op, "peer": peer, "tag": tag, "awaits": awaits})
 
     def _leave(self, span, label: str, nbytes: int) -> None:
         self.tracer.end(span, int(nbytes))
@@ -66,14 +82,14 @@ class MPIComm:
         if ranks not in self._subs:
             whole = self.comm.Get_group()
             group = whole.Incl(list(ranks))
-            self._subs[ranks] = MPIComm(self.comm.Create_group(group), self.tracer, owned=True)
+            self._subs[ranks] = MPIComm(self.comm.Create_group(group), self.tracer, owned=True, status=self.status)
             group.Free()
             whole.Free()
         return self._subs[ranks]
 
     def split(self, color: int, key: int) -> "MPIComm":
         """MPI_Comm_split: the communicator of the ranks that passed the same ``color`` (collective)."""
-        return MPIComm(self.comm.Split(color, key), self.tracer, owned=True)
+        return MPIComm(self.comm.Split(color, key), self.tracer, owned=True, status=self.status)
 
     def free(self) -> None:
         """Release the sub-communicators and shared windows made here, and this one if made here
@@ -90,18 +106,18 @@ class MPIComm:
 
     # ------------------------------------------------------------- point to point
     def Isend(self, array: np.ndarray, dest: int, tag: int, layer: str):
-        start = self._enter("Isend", layer, f"to rank {dest}", tag)
+        start = self._enter("Isend", layer, f"to rank {dest}", tag, dest)
         request = self.comm.Isend(self._buf(array), dest=dest, tag=tag)
         self._leave(start, layer, array.nbytes)
         return request
 
     def Send(self, array: np.ndarray, dest: int, tag: int, layer: str) -> None:
-        start = self._enter("Send", layer, f"to rank {dest}", tag)
+        start = self._enter("Send", layer, f"to rank {dest}", tag, dest)
         self.comm.Send(self._buf(array), dest=dest, tag=tag)
         self._leave(start, layer, array.nbytes)
 
     def Recv(self, array: np.ndarray, source: int, tag: int, layer: str) -> None:
-        start = self._enter("Recv", layer, f"from rank {source}", tag)
+        start = self._enter("Recv", layer, f"from rank {source}", tag, source)
         self.comm.Recv(self._buf(array), source=source, tag=tag)
         self._leave(start, layer, array.nbytes)
 
@@ -164,15 +180,15 @@ class MPIComm:
     # ------------------------------------------------------------- non-blocking (backward exchanges)
     # Started, then computation runs, then ``Wait``: what the slower rank would make the faster
     # one wait for is spent on queued weight-gradient GEMMs instead (see params.GradientQueue).
-    def _start(self, op: str, layer: str, peer: str, nbytes: int, call):
-        start = self._enter(op, layer, peer)
+    def _start(self, op: str, layer: str, peer: str, nbytes: int, call, partner: int | None = None):
+        start = self._enter(op, layer, peer, partner=partner)
         request = call()
         self._leave(start, layer, nbytes)
         return request
 
     def Irecv(self, array: np.ndarray, source: int, tag: int, layer: str):
         return self._start("Irecv", layer, f"from rank {source}", array.nbytes,
-                           lambda: self.comm.Irecv(self._buf(array), source=source, tag=tag))
+                           lambda: self.comm.Irecv(self._buf(array), source=source, tag=tag), source)
 
     def Ireduce(self, send: np.ndarray, recv: np.ndarray | None, root: int, layer: str):
         nbytes = send.nbytes * (self.size - 1 if self.rank == root else 1)
@@ -276,34 +292,9 @@ class MPIComm:
         MPI.COMM_WORLD.Abort(code)
 
 
-def world(tracer: Tracer | None = None) -> MPIComm:
-    return MPIComm(MPI.COMM_WORLD, tracer)
+def world(tracer: Tracer | None = None, status=None) -> MPIComm:
+    return MPIComm(MPI.COMM_WORLD, tracer, status=status)
 
 
 def world_size() -> int:
     return MPI.COMM_WORLD.Get_size()
-
-
-class Watchdog(threading.Thread):
-    """Aborts the job when this rank sits in one communication call too long.
-
-    It reports the pending operation (layer, op, peer, tag, step, direction),
-    then calls MPI_Abort, which ends every rank.  A SIGSTOPped peer is found
-    this way: its partners wait on it until their watchdogs fire.
-    """
-
-    def __init__(self, comm: MPIComm, timeout: float, poll: float = 0.5):
-        super().__init__(name="singa-mpi-watchdog", daemon=True)
-        self.comm, self.timeout, self.poll = comm, timeout, poll
-        self._stop = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop.wait(self.poll):
-            pending = self.comm.tracer.pending("comm")
-            if pending is not None and time.perf_counter() - pending.started > self.timeout:
-                os.write(2, (f"singa-mpi: rank {self.comm.rank}: stalled: {pending.describe()} "
-                             f"(--stall-timeout {self.timeout:g}s); aborting the job\n").encode())
-                self.comm.abort(4)
-
-    def stop(self) -> None:
-        self._stop.set()

@@ -7,7 +7,9 @@ by phase.
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import os
 import pathlib
 import re
 import warnings
@@ -15,6 +17,7 @@ import warnings
 from google.protobuf import text_format
 
 from singa_mpi import plugins
+from singa_mpi.config import limits
 from singa_mpi.config.parse_errors import explain_parse_error
 from singa_mpi.config.source import SourceMap
 from singa_mpi.config.unroll import unroll
@@ -50,7 +53,9 @@ def parse_job(text: str, path: str = "<string>") -> JobConfig:
     """Parse text-format JobProto; ConfigError ``path:line:col: ...`` on syntax errors.
 
     The plugins the job needs are loaded first (:func:`singa_mpi.plugins.load_for_job`), so that a
-    second parse knows their ``[extensions]``; one nobody declares is an error naming it."""
+    second parse knows their ``[extensions]``; one nobody declares is an error naming it.
+    The text is held to :mod:`singa_mpi.config.limits` first, before protobuf spends time on it."""
+    limits.check_text(text, path)
     job = _parse(text, path, allow_unknown_extension=True)  # the job's own `plugin` fields first
     source = SourceMap(path, text)
     plugins.load_for_job(job, path, where=lambda k: source.where("plugin", k))
@@ -87,13 +92,30 @@ def _infer_onehot_vocabulary(job: job_pb2.JobProto, path: str) -> None:
 
 
 def load_job(path: str | pathlib.Path) -> JobConfig:
-    """Read and parse a job file; ConfigError if it cannot be read."""
+    """Read and parse a job file; ConfigError if it cannot be read, is too large or is not UTF-8 text."""
     path = str(path)
     try:
-        text = pathlib.Path(path).read_text()
+        with open(path, "rb") as f:
+            limits.check_size(os.fstat(f.fileno()).st_size, path)  # before reading a huge file into memory
+            data = f.read(limits.MAX_JOB_BYTES + 1)  # a file still growing is cut off here
     except OSError as err:
         raise ConfigError(f"{path}: cannot read job configuration: {err.strerror}") from None
-    return parse_job(text, path)
+    limits.check_size(len(data), path)
+    return parse_job(decode_job_text(data, path), path)
+
+
+def decode_job_text(data: bytes, path: str) -> str:
+    """The file's bytes as UTF-8 text (a byte-order mark dropped); ConfigError naming the first bad byte
+    (counted from 1 in the file, as cmp(1) counts)."""
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as err:
+        offset = skip + err.start
+        line = data.count(b"\n", 0, offset) + 1
+        raise ConfigError(f"{path}: byte {offset + 1} (line {line}): not UTF-8 text: expected a text file in "
+                          f"UTF-8 (0x{data[offset]:02x} cannot start or continue a UTF-8 character here; "
+                          f"a binary file, or text in another encoding such as Latin-1?)") from None
 
 
 def _warn_ignored(job: job_pb2.JobProto, path: str) -> None:

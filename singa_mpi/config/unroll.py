@@ -23,10 +23,14 @@ fields with file:line before anything else looks at the copies.
 """
 from __future__ import annotations
 
+from singa_mpi.config.limits import LIMIT_NOTE, MAX_LAYERS
 from singa_mpi.errors import ConfigError
 from singa_mpi.proto import job_pb2
 from singa_mpi.registry import selected_name
 
+# layers and their unrolled copies: char-rnn unrolls 6 layers 50 times (300 copies); `check` of 96,000
+# copies took 15 s and 650 MB, so a net that unrolls beyond this is refused before its copies are made
+MAX_UNROLLED_LAYERS = 5 * MAX_LAYERS
 RECURRENT = {"kGRU"}  # copy t takes copy t - 1 of itself as its last source
 ONE_TO_ONE, ONE_TO_ALL, FIRST_TO_LAST = (job_pb2.kUnrollOneToOne, job_pb2.kUnrollOneToAll,
                                          job_pb2.kUnrollFirstToLast)
@@ -80,15 +84,14 @@ def _sources(conf: job_pb2.LayerProto, t: int, lengths: dict[str, int]) -> list[
         kind = conf.unroll_conn_type[k] if k < len(conf.unroll_conn_type) else ONE_TO_ONE
         shift = conf.shift[k] if k < len(conf.shift) else 0
         count = lengths.get(src, 1)
-        copies = [copy_name(src, j, count) for j in range(count)]
         if kind == ONE_TO_ALL:
-            names += copies
+            names += [copy_name(src, j, count) for j in range(count)]
         elif kind == FIRST_TO_LAST:
-            names += [copies[-1]] if t == 0 else []
+            names += [copy_name(src, count - 1, count)] if t == 0 else []
         elif count == 1:
-            names.append(copies[0])
-        elif t - shift >= 0:
-            names.append(copies[t - shift])
+            names.append(src)
+        elif t - shift >= 0:  # only the copy it reads: naming them all for each copy was quadratic
+            names.append(copy_name(src, t - shift, count))
     return names
 
 
@@ -99,6 +102,7 @@ def check(cfg) -> None:
         raise ConfigError(f"{cfg.where('neuralnet', 'unroll_len')}: neuralnet.unroll_len = "
                           f"{job.neuralnet.unroll_len}: expected at least 1")
     layers = list(job.neuralnet.layer)
+    _check_copies(cfg, layers)
     by_name: dict[str, list[job_pb2.LayerProto]] = {}
     for layer in layers:
         by_name.setdefault(layer.name, []).append(layer)
@@ -124,3 +128,18 @@ def check(cfg) -> None:
                 raise ConfigError(f"{where('srclayers', k)}: {who}: srclayers[{k}] = {src!r}: expected a source "
                                   f"unrolled {length} times or not at all for kUnrollOneToOne (it is unrolled "
                                   f"{max(counts)} times); use unroll_conn_type kUnrollOneToAll or kUnrollFirstToLast")
+
+
+def _check_copies(cfg, layers: list[job_pb2.LayerProto]) -> None:
+    """Unrolled copies are layers too: at most MAX_UNROLLED_LAYERS of them in the net (an unroll_len of
+    a million would build a million layers before anything else could complain)."""
+    total = 0
+    for index, layer in enumerate(layers):
+        total += max(unroll_len(cfg.proto, layer), 1)
+        if total > MAX_UNROLLED_LAYERS:
+            own = layer.HasField("unroll_len")
+            where = cfg.layer_where(index, "unroll_len") if own else cfg.where("neuralnet", "unroll_len")
+            field = "unroll_len" if own else "neuralnet.unroll_len"
+            raise ConfigError(f"{where}: layer '{layer.name}' (#{index}, {selected_name(layer)}): {field} = "
+                              f"{unroll_len(cfg.proto, layer)}: expected at most {MAX_UNROLLED_LAYERS:,} layers "
+                              f"once unrolled, found {total:,} by this layer ({LIMIT_NOTE})")

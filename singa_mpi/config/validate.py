@@ -10,13 +10,13 @@ import dataclasses
 import math
 import os
 
-from singa_mpi.algorithms import algorithm_class, algorithm_name
+from singa_mpi.algorithms import ALGORITHMS, algorithm_class, algorithm_name
 from singa_mpi.config import unroll
 from singa_mpi.config.load import JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
 from singa_mpi.data.prepare import how_to_make, is_bundled_digits
 from singa_mpi.errors import ConfigError
-from singa_mpi.graph import CycleError, Node
+from singa_mpi.graph import CycleError, Node, is_back_edge
 from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class_of
 from singa_mpi.net import describe, global_batch_size, instantiate, layer_error, phase_nodes
 from singa_mpi.params import init_method
@@ -52,10 +52,11 @@ class Summary:
 def validate(cfg: JobConfig) -> Summary:
     """Raise ConfigError for the first problem; return a summary otherwise."""
     job = cfg.proto
+    _check_finite_numbers(cfg)  # before anything computes with them
     _check_job_fields(cfg)
     _check_include_exclude(cfg)
     unroll.check(cfg)  # before anything looks at the copies
-    check_cluster_supported(job.cluster, cfg.where("cluster"))
+    check_cluster_supported(job.cluster, cfg.where("cluster"), lambda field: cfg.where("cluster", field))
     phases = ["train"]
     if job.test_steps > 0:
         phases.append("test")
@@ -66,6 +67,8 @@ def validate(cfg: JobConfig) -> Summary:
         summaries.append(_check_phase(cfg, phase, params, warnings))
     from singa_mpi.updaters import make_updater  # deferred: keeps `check` light
 
+    if not is_test_only(job):
+        _check_updater_written(cfg)
     try:
         if not is_test_only(job):
             make_updater(job.updater)
@@ -90,10 +93,49 @@ def _fail(cfg: JobConfig, fields: tuple, message: str) -> ConfigError:
     return ConfigError(f"{cfg.where(*fields)}: {message}")
 
 
+def _check_finite_numbers(cfg: JobConfig) -> None:
+    """``nan`` and ``inf`` parse in every float field (and 1e39 overflows a float to inf), but no field
+    of a job means anything by them: a learning rate, an init bound or a scale must be a number."""
+    for fields, value in _float_values(cfg.proto, ()):
+        if math.isfinite(value):
+            continue
+        written = cfg.source.value(*fields) or str(value)
+        owner, below = "", fields
+        if fields[:2] == ("neuralnet", "layer"):
+            layer = cfg.proto.neuralnet.layer[fields[2]]
+            owner, below = f"layer '{layer.name}' (#{fields[2]}, {selected_name(layer)}): ", fields[3:]
+        raise ConfigError(f"{cfg.where(*fields)}: {owner}{_dotted(below)} = {written}: expected a finite number")
+
+
+def _float_values(message, prefix: tuple):
+    """(field path, value) of every float or double set in ``message`` and the messages inside it;
+    a path alternates names and indices as :meth:`SourceMap.where` takes them."""
+    for field, value in message.ListFields():
+        name = f"[{field.full_name}]" if field.is_extension else field.name
+        items = list(enumerate(value)) if field.is_repeated else [(None, value)]
+        for k, item in items:
+            path = prefix + ((name, k) if k is not None else (name,))
+            if field.cpp_type == field.CPPTYPE_MESSAGE:
+                yield from _float_values(item, path)
+            elif field.cpp_type in (field.CPPTYPE_FLOAT, field.CPPTYPE_DOUBLE):
+                yield path, item
+
+
+def _dotted(fields: tuple) -> str:
+    """``param[0].init.low`` for ("param", 0, "init", "low")."""
+    text = ""
+    for part in fields:
+        text += f"[{part}]" if isinstance(part, int) else f"{'.' if text else ''}{part}"
+    return text
+
+
 def _check_job_fields(cfg: JobConfig) -> None:
     job = cfg.proto
-    if not job.HasField("neuralnet") or not job.neuralnet.layer:
+    if not job.HasField("neuralnet"):
+        raise _fail(cfg, (), "neuralnet: missing: expected neuralnet { layer { ... } ... }")
+    if not job.neuralnet.layer:
         raise _fail(cfg, ("neuralnet",), "neuralnet: expected at least one layer { ... }")
+    _check_algorithm_written(cfg)
     try:
         algorithm_class(job.train_one_batch)
     except ConfigError as err:  # "train_one_batch.alg = kUserAlg: expected one of kBP, ..."
@@ -117,6 +159,30 @@ def _check_job_fields(cfg: JobConfig) -> None:
     if not (-1 <= job.neuralnet.partition_dim <= 1):
         raise _fail(cfg, ("neuralnet", "partition_dim"),
                     f"neuralnet.partition_dim = {job.neuralnet.partition_dim}: expected -1, 0 or 1")
+
+
+def _check_algorithm_written(cfg: JobConfig) -> None:
+    """A job without train_one_batch (or with an empty one) selects no algorithm: say that, rather than
+    name kUserAlg, the placeholder protobuf reads for an unset ``alg``."""
+    job = cfg.proto
+    others = ", ".join(name for name in ALGORITHMS.names() if name != "kBP")
+    if not job.HasField("train_one_batch"):
+        raise _fail(cfg, (), f"train_one_batch: missing: expected train_one_batch {{ alg: kBP }} (or {others})")
+    written = job.train_one_batch
+    if not written.HasField("alg") and not written.HasField("user_alg"):
+        raise _fail(cfg, ("train_one_batch",), f"train_one_batch.alg: missing: expected alg: kBP (or {others}) "
+                                               f"in train_one_batch {{ ... }}")
+
+
+def _check_updater_written(cfg: JobConfig) -> None:
+    """A deleted updater or learning_rate block: name the block, not kUserUpdater or kUserChange, the
+    placeholders protobuf reads for the unset types inside it."""
+    if not cfg.proto.HasField("updater"):
+        raise _fail(cfg, (), "updater: missing: expected updater { type: kSGD learning_rate { type: kFixed "
+                             "base_lr: 0.01 } } (or another updater type)")
+    if not cfg.proto.updater.HasField("learning_rate"):
+        raise _fail(cfg, ("updater",), "updater.learning_rate: missing: expected learning_rate { type: kFixed "
+                                       "base_lr: 0.01 } (or another schedule) in updater { ... }")
 
 
 def is_test_only(job: job_pb2.JobProto) -> bool:
@@ -154,6 +220,7 @@ def _check_phase(cfg: JobConfig, phase: str, params: dict, warnings: list[str]) 
     _check_names_and_sources(cfg, nodes, phase)
     for node in nodes:
         _check_layer_fields(cfg, node)
+    _check_inputs_are_forward_edges(cfg, nodes)
     batch = global_batch_size(cfg, nodes)
     ctx = LayerContext(global_batch=batch, workspace=cfg.proto.cluster.workspace or ".", phase=phase)
     try:
@@ -226,6 +293,20 @@ def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
     if count < low or (high is not None and count > high):
         want = f"{low}" if low == high else f"{low}..{high if high is not None else 'n'}"
         raise layer_error(cfg, node, "srclayers", list(conf.srclayers), f"{want} source layer(s) for {node.type_name}")
+
+
+def _check_inputs_are_forward_edges(cfg: JobConfig, nodes: list[Node]) -> None:
+    """The sources a layer computes from (its first ``input_kinds``) run before it; an energy model's
+    back edge (kRBMHid -> kRBMVis) does not, so it cannot be one of them: it is listed after them."""
+    by_name = {node.name: node for node in nodes}
+    for node in nodes:
+        inputs = len(layer_class_of(node.conf).input_kinds)
+        for k, src in enumerate(node.conf.srclayers[:inputs]):
+            if is_back_edge(by_name[src], node):
+                raise ConfigError(
+                    f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: srclayers[{k}] = {src!r} "
+                    f"({by_name[src].type_name}): expected the layer {node.type_name} reads its input from (its "
+                    f"{by_name[src].type_name} partner is listed after it)")
 
 
 def _registered_layers() -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from singa_mpi.data.convert import EXTENSIONS, convert_digits
+from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
 
 INPUT_TYPES = (job_pb2.kRecordInput, job_pb2.kCSVInput)
@@ -99,5 +100,12 @@ def how_to_make(path: str, field: str, store: job_pb2.StoreProto, job_path: str 
 
 
 def prepare_digits(path: str, store: job_pb2.StoreProto) -> list[str]:
-    """Write scikit-learn's digits into the folder of ``path`` (train and test stores)."""
-    return convert_digits(os.path.dirname(os.path.normpath(path)) or ".", backend=_backend(store))
+    """Write scikit-learn's digits into the folder of ``path`` (train and test stores); DataError (one
+    line) when that folder cannot be written."""
+    folder = os.path.dirname(os.path.normpath(path)) or "."
+    try:
+        return convert_digits(folder, backend=_backend(store))
+    except OSError as err:  # below a regular file, a read-only folder, a full disk
+        raise DataError(f"{err.filename or folder}: cannot prepare scikit-learn's digits for {path}: "
+                        f"{err.strerror or err}: expected a folder you can write (or make the store with "
+                        f"`singa-mpi data digits --out DIR`)") from None

@@ -259,25 +259,56 @@ def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> Ar
     return ArrayStore(path, table[:, 1:], table[:, 0].astype(np.int32))
 
 
+# What h5py raises on a damaged file depends on the damaged byte (flipping bytes of a small store gives
+# all of these): OSError when the superblock is gone, RuntimeError ("bad heap free list"), KeyError,
+# ValueError ("Insufficient precision ..."), TypeError from objects HDF5 could not resolve.
+HDF5_DAMAGE = (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError, OverflowError)
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: message`` on one line (HDF5's messages can span several)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
 class HDF5Store(RecordStore):
-    """Datasets ``data`` (N, *shape) and optional ``label`` (N,) of an HDF5 file."""
+    """Datasets ``data`` (N, *shape) and optional ``label`` (N,) of an HDF5 file.
+
+    An empty or damaged file is a DataError naming it and what is wrong, when opened (its header,
+    datasets and shapes) or when records are read (damage inside the data)."""
 
     def __init__(self, path: str, cache_limit: int = MEMORY_LIMIT):
         import h5py
 
         super().__init__(path, cache_limit)
-        self._file = h5py.File(path, "r")
+        self._file = None
+        try:
+            self._file = h5py.File(path, "r")
+            self._open_datasets()
+        except DataError:
+            self._release()
+            raise
+        except HDF5_DAMAGE as err:
+            self._release()
+            raise DataError(f"{path}: cannot read it as a hdf5 store: damaged, or not an HDF5 file "
+                            f"({_one_line(err)})") from None
+
+    def _open_datasets(self) -> None:
+        path = self.path
         if "data" not in self._file:
             found = ", ".join(self._file) or "nothing"
-            self._file.close()
             raise DataError(f"{path}: HDF5 store without a 'data' dataset (found: {found})")
         self._data = self._file["data"]
         self._labels = self._file["label"] if "label" in self._file else None
+        if self._data.ndim == 0:
+            raise DataError(f"{path}: 'data' is a scalar: expected one row per record (N, *shape)")
         self.shape = tuple(self._data.shape[1:])
         self.has_labels = self._labels is not None
-        if self._labels is not None and len(self._labels) != len(self._data):
-            raise DataError(f"{path}: {len(self._labels)} labels for {len(self._data)} records")
         self._length = len(self._data)
+        if self._length == 0:
+            raise DataError(f"{path}: empty HDF5 store ('data' holds no records)")
+        if self._labels is not None and (self._labels.ndim != 1 or len(self._labels) != self._length):
+            raise DataError(f"{path}: 'label' of shape {self._labels.shape} for {self._length} records: "
+                            f"expected ({self._length},)")
 
     def __len__(self) -> int:
         return self._length
@@ -285,8 +316,11 @@ class HDF5Store(RecordStore):
     def _decode(self, rows: np.ndarray) -> Arrays:
         whole = len(rows) == self._length  # rows are sorted and unique: all of them
         pick = slice(None) if whole else rows  # h5py fancy indexing wants increasing indices
-        data = np.asarray(self._data[pick], np.float32)
-        labels = None if self._labels is None else np.asarray(self._labels[pick], np.int32)
+        try:
+            data = np.asarray(self._data[pick], np.float32)
+            labels = None if self._labels is None else np.asarray(self._labels[pick], np.int32)
+        except HDF5_DAMAGE as err:
+            raise DataError(f"{self.path}: damaged HDF5 store: cannot read records ({_one_line(err)})") from None
         return data, labels
 
     def _release(self) -> None:
@@ -459,6 +493,9 @@ def open_store(backend: str, path: str, mode: str = "r", *, layer: str | None = 
         raise DataError(f"layer '{layer}': {err}" if layer else str(err)) from None
     except OSError as err:
         raise DataError(f"{_where(path, layer)}: cannot read it as a {backend} store ({err})") from None
+    if len(store) == 0:  # every reader refuses one already; a plugin's might not
+        store.close()
+        raise DataError(f"{_where(path, layer)}: empty {backend} store (no records)")
     if shape is not None and int(np.prod(store.shape)) != int(np.prod(shape)):
         store.close()
         raise DataError(f"{_where(path, layer)}: records of shape {store.shape}, but store_conf.shape is "

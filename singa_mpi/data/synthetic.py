@@ -22,6 +22,7 @@ from singa_mpi.data.convert import atomic_path, write_mean_file, write_store
 from singa_mpi.data.shard import known_shape
 from singa_mpi.data.stores import KVFileWriter
 from singa_mpi.data.text import read_bytes, read_vocab
+from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.proto import job_pb2
 
 TEXT_SYMBOLS = b"\n abcdefghijklmnopqrstuvwxyz.,:()=_"  # a random text's alphabet, in this order
@@ -30,10 +31,21 @@ TEXT_WINDOWS = 4  # windows per row of a kCharRNN batch that a random text holds
 
 def write_synthetic(job_path: str, count: int = 1000, classes: int = 10, seed: int = 0,
                     overwrite: bool = False) -> list[str]:
+    """Write the stores ``job_path``'s input layers read (see the module docstring); the paths written.
+    ConfigError for a count or a class range below 1, DataError (one line) for a file it cannot write."""
+    for name, value in (("count", count), ("classes", classes)):
+        if value < 1:
+            raise ConfigError(f"data synthetic: --{name} {value}: expected at least 1")
     cfg = load_job(job_path)
-    rng = np.random.default_rng(seed)
+    try:
+        return _write_inputs(cfg.proto.neuralnet.layer, np.random.default_rng(seed), count, classes, overwrite)
+    except OSError as err:  # a store path below a file, in a read-only folder, a full disk
+        where = err.filename or job_path
+        raise DataError(f"{where}: cannot write a synthetic store for {job_path}: {err.strerror or err}") from None
+
+
+def _write_inputs(layers, rng: np.random.Generator, count: int, classes: int, overwrite: bool) -> list[str]:
     written = []
-    layers = cfg.proto.neuralnet.layer
     for layer in layers:
         if layer.type == job_pb2.kShardData and layer.HasField("sharddata_conf"):
             written += _write_shard(layer, layers, rng, count, classes, overwrite)

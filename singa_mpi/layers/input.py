@@ -18,10 +18,13 @@ negligible next to compute (SINGA-130 measured no gain from its prefetch thread)
 and stores are decoded into memory on the first batch anyway.
 
 The store is opened on the first forward, never in setup, so ``check`` and
-``plan`` work without the data.
+``plan`` work without the data.  Each batch is checked for NaN and infinity
+(one BLAS pass when all is well): the first record holding one is noted in
+``nonfinite`` for the trainer to report (``check_finite = False`` turns it off).
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable
 
@@ -72,6 +75,7 @@ class RecordInput(Layer):
     is_input = True
     feature_partitionable = False
     num_srcs = (0, 0)
+    check_finite = True  # the trainer turns it off on its layers (singa-mpi train --no-check-finite)
 
     def setup(self, src_shapes):
         if not self.conf.HasField("store_conf"):
@@ -107,6 +111,7 @@ class RecordInput(Layer):
         self.store: RecordStore | None = None
         self.batches = 0  # global batches read so far; the next forward reads batch number `batches`
         self._orders: dict[int, np.ndarray] = {}
+        self.nonfinite: str | None = None  # where the first NaN/infinity read was (the trainer reports it)
 
     def _rows(self) -> tuple[int, int]:
         """This sub-layer's rows [lo, hi) of the global batch (all of it when unpartitioned)."""
@@ -181,13 +186,42 @@ class RecordInput(Layer):
     def forward(self, inputs, train):
         if self.store is None:
             self._open()
-        data, labels = self.store.read(self.batch_indices(self.batches))
+        indices = self.batch_indices(self.batches)
+        data, labels = self.store.read(indices)
         self.batches += 1
         data = data.reshape((len(data),) + self.out_shape)  # a fresh array: safe to normalise in place
         data -= self.mean
         data /= self.std
+        if self.check_finite:
+            self.look_for_nonfinite(data, indices)
         self.aux = labels if self.conf.store_conf.has_label else None
         return data
+
+    def look_for_nonfinite(self, batch: np.ndarray, indices: np.ndarray) -> None:
+        """Note in ``nonfinite`` the first record of ``batch`` (store rows ``indices``) holding a NaN
+        or an infinity, unless one is noted already.  One BLAS pass over the batch when all is well."""
+        if self.nonfinite is not None:
+            return
+        flat = batch.reshape(-1)
+        with np.errstate(over="ignore"):  # x·x is not finite when an x is not (or its square overflows)
+            if math.isfinite(np.dot(flat, flat)):
+                return
+        bad_rows = ~np.isfinite(batch.reshape(len(batch), -1)).all(axis=1)
+        if bad_rows.any():  # else finite values whose squares overflowed
+            row = int(np.argmax(bad_rows))
+            self.nonfinite = self._describe_nonfinite(int(indices[row]), batch[row].reshape(-1))
+
+    def _describe_nonfinite(self, record: int, values: np.ndarray) -> str:
+        """``record 17 of PATH, value 5 is nan in the store`` (or what normalising made of it)."""
+        at = int(np.argmin(np.isfinite(values)))
+        stored = float(self.store.read(np.array([record]))[0].reshape(-1)[at])
+        where = f"record {record} of {self.store.path}, value {at}"
+        if not np.isfinite(stored) or not hasattr(self, "mean"):
+            return f"{where} is {stored} in the store"
+        mean = float(np.broadcast_to(self.mean, self.out_shape).reshape(-1)[at])
+        std = float(np.broadcast_to(self.std, self.out_shape).reshape(-1)[at])
+        return (f"{where} is {stored:g} in the store and {values[at]} after normalising: (x - mean) / std "
+                f"with mean {mean:g}, std {std:g}")
 
 
 @LAYERS.register("kImagePreprocess")

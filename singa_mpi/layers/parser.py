@@ -90,8 +90,11 @@ class ShardData(RecordInput):
     def forward(self, inputs, train):
         if self.store is None:
             self._open()
-        data, labels = self.store.read(self.batch_indices(self.batches))
+        indices = self.batch_indices(self.batches)
+        data, labels = self.store.read(indices)
         self.batches += 1
+        if self.check_finite:
+            self.look_for_nonfinite(data, indices)
         self.aux = labels
         return data.reshape((len(data),) + self.out_shape)
 

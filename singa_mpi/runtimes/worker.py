@@ -11,6 +11,7 @@ otherwise and for shards a subset of the workers holds.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -67,6 +68,35 @@ class WorkerRuntime:
             return ALLREDUCE
         return SHARED_MEMORY if self.comm.on_one_node() else ALLREDUCE
 
+    @staticmethod
+    def agreement(cfg: JobConfig, plans: dict[str, Plan], options: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """What every rank must share before any collective, as (what, value) pairs compared in this
+        order: the run's options (seed, steps, workers...), the whole job, the plugins' code, and the
+        communication schedule of each sync method (pure: the launcher's phase-1 vote compares them)."""
+        job = hashlib.sha256(cfg.proto.SerializeToString(deterministic=True)).hexdigest()[:16]
+        facts = list(options) + [("the job", job), ("the plugins loaded", ", ".join(plugins.fingerprints()) or "none")]
+        for method in METHODS:
+            lines = [line for _, the_plan in sorted(plans.items()) for line in schedule_lines(the_plan, method)]
+            facts.append((f"the communication schedule ({method})", digest(lines)))
+        return facts
+
+    @staticmethod
+    def job_details(cfg: JobConfig) -> list[tuple[str, str]]:
+        """The job field by field (each layer apart), for naming where two ranks' jobs differ."""
+        details = []
+        for field, value in cfg.proto.ListFields():
+            if field.name != "neuralnet":
+                details.append((f"the job's {field.name}", _short(value, field)))
+        net = cfg.proto.neuralnet
+        details.append(("the number of layers", str(len(net.layer))))
+        for index, layer in enumerate(net.layer):
+            for field, value in layer.ListFields():
+                details.append((f"layer #{index} '{layer.name}' {field.name}", _short(value, field)))
+        for field, value in net.ListFields():
+            if field.name != "layer":
+                details.append((f"neuralnet.{field.name}", _short(value, field)))
+        return details
+
     def check_agreement(self) -> None:
         """All workers must hold the same plan, computed by the same plugins: compare the plugins'
         fingerprints and the schedule digests before step 1, and on a mismatch name what differs."""
@@ -94,6 +124,9 @@ class WorkerRuntime:
     # -------------------------------------------------------------- building
     def begin_step(self, step: int) -> None:
         self.tracer.step = step
+        status = getattr(self.comm, "status", None)  # the rank's liveness record: a dead rank's last step
+        if status is not None:
+            status.set_step(step)
 
     def build_net(self, phase: str) -> Net:
         if phase not in self.plans:
@@ -270,3 +303,36 @@ class WorkerRuntime:
         if self._sync is not None:
             self._sync.close()
         self.comm.free()
+
+
+def first_disagreement(everyone: list[list[tuple[str, str]]]) -> tuple[int, str, str, str] | None:
+    """(rank, what, its value, rank 0's value) for the first rank whose (what, value) facts differ
+    from rank 0's, at the first fact that differs (in rank 0's order; "(not set)" where one lacks it);
+    None when all agree."""
+    reference = dict(everyone[0])
+    for rank, facts in enumerate(everyone[1:], start=1):
+        theirs = dict(facts)
+        for what in list(reference) + [w for w in theirs if w not in reference]:
+            value, ours = theirs.get(what, "(not set)"), reference.get(what, "(not set)")
+            if value != ours:
+                return rank, what, value, ours
+    return None
+
+
+def _short(value, field) -> str:
+    """A field's value as it would read in a job file, if short; else a digest of it."""
+    from google.protobuf import text_format
+
+    if field.enum_type is not None and isinstance(value, int):
+        value = field.enum_type.values_by_number[value].name if value in field.enum_type.values_by_number else value
+
+    if not isinstance(value, (str, bytes)) and hasattr(value, "__iter__") and not hasattr(value, "ListFields"):
+        text = "; ".join(text_format.MessageToString(v, as_one_line=True) if hasattr(v, "ListFields") else str(v)
+                         for v in value)
+    elif hasattr(value, "ListFields"):
+        text = text_format.MessageToString(value, as_one_line=True)
+    else:
+        text = str(value)
+    if len(text) <= 120:
+        return f"{{ {text} }}" if hasattr(value, "ListFields") else text
+    return f"{{ ... }} (digest {hashlib.sha256(text.encode()).hexdigest()[:12]})"

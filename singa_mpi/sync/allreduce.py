@@ -13,7 +13,7 @@ import numpy as np
 from singa_mpi.layers.base import Layer
 from singa_mpi.params import Param
 from singa_mpi.planner.syncs import Bucket
-from singa_mpi.sync.base import LocalSync
+from singa_mpi.sync.base import LocalSync, finite_at_a_glance, first_nonfinite
 
 
 class AllreduceSync(LocalSync):
@@ -76,3 +76,14 @@ class AllreduceSync(LocalSync):
             self.comms[index].Wait(request, self.buckets[index].label, "Wait(Iallreduce)")
         self._reset()
 
+    def nonfinite_grad(self) -> Param | None:
+        """One pass per bucket (its params' summed gradients side by side); a bucket that is not
+        finite at a glance is searched param by param."""
+        for buffer, members in zip(self.buffers, self.members):
+            with np.errstate(over="ignore"):
+                glance = finite_at_a_glance(buffer)
+            if not glance:
+                found = first_nonfinite(members)
+                if found is not None:
+                    return found
+        return None  # every param of this strategy is in a bucket

@@ -3,14 +3,19 @@
 A step is: backward (``layer_done`` after each layer whose param gradients are
 final), ``gradients_complete`` (every sum this rank needs has arrived),
 ``update`` (the updater runs on what this rank owns), ``publish`` (new values
-visible to every rank that reads them before the next forward).  A strategy
+visible to every rank that reads them before the next forward).  Between the
+sums and the update, ``nonfinite_grad`` lets the trainer look for a NaN or an
+infinity in the summed gradients this rank is about to apply.  A strategy
 owns a set of params; :class:`Synchronizer` puts several side by side (e.g.
 node-shared memory for params every worker holds, gradient buckets for params
 a subset holds, local updates for the rest).
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import math
+from typing import Iterable, Protocol, Sequence
+
+import numpy as np
 
 from singa_mpi.layers.base import Layer
 from singa_mpi.params import Param
@@ -22,7 +27,27 @@ class SyncStrategy(Protocol):
     def update(self, step: int, updater) -> None: ...
     def publish(self) -> None: ...
     def owned(self) -> list[Param]: ...
+    def nonfinite_grad(self) -> Param | None: ...
     def close(self) -> None: ...
+
+
+def finite_at_a_glance(array: np.ndarray) -> bool:
+    """True when every value of ``array`` is finite, from one BLAS pass and no temporary (x·x is
+    NaN or infinite whenever an x is); False also when finite values' squares overflow (|x| above
+    1.8e19): then the element test decides.  Call it under ``np.errstate(over="ignore")``."""
+    flat = array.reshape(-1)
+    return math.isfinite(np.dot(flat, flat))
+
+
+def first_nonfinite(params: Iterable[Param], values: bool = False) -> Param | None:
+    """The first of ``params`` whose gradient (``values``: whose values) holds a NaN or an
+    infinity, else None."""
+    with np.errstate(over="ignore"):  # an overflowing x·x is no finding: the element test decides
+        for param in params:
+            array = param.data if values else param.grad
+            if array is not None and not finite_at_a_glance(array) and not np.isfinite(array).all():
+                return param
+    return None
 
 
 class LocalSync:
@@ -51,6 +76,10 @@ class LocalSync:
     def owned(self) -> list[Param]:
         return self.params
 
+    def nonfinite_grad(self) -> Param | None:
+        """The first param whose gradient (summed, about to be applied) is not finite."""
+        return first_nonfinite(self.params)
+
     def close(self) -> None:
         pass
 
@@ -61,6 +90,9 @@ class FrozenParams(LocalSync):
 
     def update(self, step: int, updater) -> None:
         pass
+
+    def nonfinite_grad(self) -> Param | None:
+        return None  # never applied: whatever their gradients hold cannot reach the values
 
 
 class Synchronizer:
@@ -92,6 +124,15 @@ class Synchronizer:
 
     def owned(self) -> list[Param]:
         return [param for strategy in self.strategies for param in strategy.owned()]
+
+    def nonfinite_grad(self) -> Param | None:
+        """After ``gradients_complete``: the first param this rank would update with a NaN or an
+        infinity, else None (local: the trainer votes on it)."""
+        for strategy in self.strategies:
+            found = strategy.nonfinite_grad()
+            if found is not None:
+                return found
+        return None
 
     def close(self) -> None:
         for strategy in self.strategies:

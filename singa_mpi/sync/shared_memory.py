@@ -27,6 +27,7 @@ import numpy as np
 
 from singa_mpi.params import Param
 from singa_mpi.planner.chunk import chunk
+from singa_mpi.sync.base import first_nonfinite
 
 
 class ChunkView(Param):
@@ -166,6 +167,10 @@ class SharedMemorySync:
 
     def owned(self) -> list[Param]:
         return list(self.views)
+
+    def nonfinite_grad(self) -> Param | None:
+        """The first of my chunks whose summed gradient is not finite (each rank looks at its own)."""
+        return first_nonfinite(self.views)
 
     def close(self) -> None:
         pass  # the windows belong to the communicator, which frees them

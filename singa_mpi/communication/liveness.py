@@ -1,0 +1,564 @@
+"""Which rank is alive and what it is doing: status records, the stall watchdog, stop signals.
+
+Every rank of an MPI job keeps a **status record**: a 512-byte file in the node's shared memory
+(``/dev/shm/singa-mpi-<uid>-<launch>/rank<N>``, memory-mapped) holding its rank, pid, host, step, what
+it is doing, and when it last showed a sign of life and made progress.  The watchdog thread rewrites
+it every 0.1 s and the runtime writes the step at each step: memory writes, no system calls.
+``<launch>`` is the process that started the ranks on this node (MPICH's hydra proxy, Open MPI's
+prted, slurmstepd) and its start time, so every rank of one launch finds the others' records without
+communicating -- before ``MPI_Init``, which waits for every rank, too.
+
+Two readers:
+
+* a waiting rank's stall watchdog (:class:`Watchdog`) names the rank it waits for: :func:`blame`
+  tells "stopped" (SIGSTOP: the state /proc gives), "no sign of life for 12 s" (a frozen node),
+  "alive, busy in step 8 forward" and "itself waiting" apart;
+* each rank's guardian (:mod:`singa_mpi.communication.guardian`), a small process that names the rank
+  if it vanishes, and watches the wait in MPI_Init, where no thread of the rank can run.
+
+What is guaranteed: a rank that vanishes after its status record exists is named on its node, with
+the step and activity as of at most 0.1 s before, and no second line is printed for the ranks the
+launcher ended afterwards; a stall is named from MPI_Init on.  Not guaranteed: which rank was first
+when several vanish within a few milliseconds and no guardian looked in between (a node short of
+cores): the line then names all of them as candidates; a rank killed before it opened its record
+(its first second: Python starting) is named by the launcher alone; ranks on other nodes are not seen
+(each node's guardians report what they saw: ranks that all ended together are reported as ended by
+the launcher); under hydra the line comes after the launcher's banner, as hydra forwards output until
+every process holding the ranks' stderr has ended.  Records exist under MPI only; Linux's /proc and
+a writable /dev/shm (else the temporary folder) are assumed, and without them less is told.
+"""
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# seq, rank, size, pid, state, in_comm, local size, step, alive_at, progress_at, host, activity
+_LAYOUT = struct.Struct("<Q i i i i i i q d d 64s 384s")
+_STEP = struct.Struct("<q")
+_SEQ = struct.Struct("<Q")
+_STEP_OFFSET = 32  # of `step` in _LAYOUT
+SIZE = 512
+RUNNING, SETUP, IN_MPI_INIT = 0, 1, 2  # IN_MPI_INIT: mpi4py holds the interpreter, no heartbeat comes
+LIFE_LIMIT = 2.0  # seconds without a heartbeat (written every 0.1 s) that mean "stopped or frozen"
+
+
+@dataclasses.dataclass
+class Status:
+    """One rank's record as read by another process."""
+
+    rank: int
+    size: int
+    local: int  # ranks the launcher started on this node (0: unknown)
+    pid: int
+    state: int
+    in_comm: bool
+    step: int
+    alive_at: float  # time.time() of its last heartbeat
+    progress_at: float  # when what it does last changed
+    host: str
+    activity: str
+
+    def who(self) -> str:
+        return f"rank {self.rank} (pid {self.pid} on {self.host})"
+
+
+# ------------------------------------------------------------------ stop signals before the launcher is loaded
+
+_early_signals: list[int] = []
+
+
+def catch_stop_signals_early() -> None:
+    """For ``singa-mpi train``, first thing: remember a SIGINT, SIGTERM or SIGUSR1 that comes while
+    the package loads (a second or more), which would otherwise end the process silently; the
+    launcher's :class:`~singa_mpi.launcher.StopSignals` takes over (:func:`early_stop_signal`) and
+    stops before training.  A second Ctrl-C meanwhile raises KeyboardInterrupt, as Python would."""
+    import signal
+
+    def remember(signum, frame):
+        if signum == signal.SIGINT and _early_signals:
+            raise KeyboardInterrupt("second Ctrl-C")
+        _early_signals.append(signum)
+
+    remember.early = True  # what the launcher restores is Python's default, not this
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(signum, remember)
+
+
+def early_stop_signal() -> int | None:
+    """The first stop signal :func:`catch_stop_signals_early` caught, if any (and forget it)."""
+    return _early_signals.pop(0) if _early_signals else None
+
+
+def python_default(signum: int, handler):
+    """``handler``, or Python's default for ``signum`` if it is :func:`catch_stop_signals_early`'s."""
+    import signal
+
+    if not getattr(handler, "early", False):
+        return handler
+    return signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+
+
+# ------------------------------------------------------------------ where the records are
+
+def launched_rank(environ=os.environ) -> tuple[int, int] | None:
+    """(rank, size) as the launcher announced them in the environment, before MPI_Init; None if unknown."""
+    for rank_key, size_key in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if environ.get(rank_key, "").isdigit() and environ.get(size_key, "").isdigit():
+            return int(environ[rank_key]), int(environ[size_key])
+    return None
+
+
+def local_size(environ=os.environ) -> int:
+    """How many ranks the launcher started on this node, as it announced it (0: unknown)."""
+    for key in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        if environ.get(key, "").isdigit():
+            return int(environ[key])
+    return 0
+
+
+def launch_folder() -> str:
+    """The folder of this launch's records on this node (the same for every rank the launcher's
+    process on this node started; not created here)."""
+    parent = os.getppid()
+    try:  # the parent's start time (field 22) tells this launch from an earlier one that had its pid
+        with open(f"/proc/{parent}/stat") as f:
+            started = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "0"
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, f"singa-mpi-{os.getuid()}-{parent}-{started}")
+
+
+def sweep_stale(base: str) -> None:
+    """Remove the record folders of launches whose launcher has ended (whatever killed every
+    guardian too left them behind)."""
+    import shutil
+
+    prefix = f"singa-mpi-{os.getuid()}-"
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        try:
+            pid, started = name[len(prefix):].split("-")
+            with open(f"/proc/{int(pid)}/stat") as f:
+                alive = f.read().rsplit(")", 1)[1].split()[19] == started
+        except (OSError, ValueError, IndexError):
+            alive = False
+        if not alive and os.path.isdir("/proc/self"):  # without /proc nothing can be told: keep
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def record_path(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"rank{rank}")
+
+
+# ------------------------------------------------------------------ writing and reading
+
+class StatusRecord:
+    """This rank's record (the writer's side).  ``publish`` may be called from two threads."""
+
+    def __init__(self, folder: str, rank: int, size: int):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        self.folder, self.rank, self.size = folder, rank, size
+        self.path = record_path(folder, rank)
+        self.pid, self.host = os.getpid(), socket.gethostname()
+        self.local = local_size()
+        self._lock = threading.Lock()
+        self._seq = 0
+        tmp = f"{self.path}.tmp{self.pid}"
+        with open(tmp, "wb") as f:  # whole before it is visible under its name
+            f.write(bytes(SIZE))
+        fd = os.open(tmp, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        now = time.time()
+        self._write(SETUP, False, "starting", now, now)
+        os.replace(tmp, self.path)
+
+    def _write(self, state: int, in_comm: bool, activity: str, alive_at: float, progress_at: float) -> None:
+        # a sequence number at both ends, odd while a write is under way: a reader that copied the
+        # record during a write sees them differ, or odd, and reads again
+        self._seq += 1
+        _SEQ.pack_into(self._map, 0, self._seq)
+        step = _STEP.unpack_from(self._map, _STEP_OFFSET)[0]
+        _LAYOUT.pack_into(self._map, 0, self._seq, self.rank, self.size, self.pid, state, int(in_comm), self.local, step,
+                          alive_at, progress_at, self.host.encode()[:64], activity.encode()[:384])
+        self._seq += 1
+        _SEQ.pack_into(self._map, SIZE - _SEQ.size, self._seq)
+        _SEQ.pack_into(self._map, 0, self._seq)
+
+    def publish(self, activity: str, in_comm: bool, progressed: bool, state: int = RUNNING) -> None:
+        """A heartbeat: alive now; ``progressed``: what the rank does changed since the last one."""
+        with self._lock:
+            if self._map.closed:
+                return
+            now = time.time()
+            previous = _LAYOUT.unpack_from(self._map, 0)[9]
+            self._write(state, in_comm, activity, now, now if progressed else previous)
+
+    def set_step(self, step: int) -> None:
+        """The step about to run (every step: one 8-byte write, no lock)."""
+        _STEP.pack_into(self._map, _STEP_OFFSET, step)
+
+    def close(self, remove: bool = True) -> None:
+        with self._lock:
+            if not self._map.closed:
+                self._map.close()
+        if remove:
+            remove_quietly(self.path)
+            remove_folder_if_done(self.folder)
+
+
+def read_record(path: str) -> Status | None:
+    """The record at ``path`` (None if absent or never completely written)."""
+    fields = None
+    try:
+        with open(path, "rb") as f:
+            for _ in range(50):
+                f.seek(0)
+                data = f.read(SIZE)
+                if len(data) < SIZE:
+                    return None
+                head, tail = _SEQ.unpack_from(data, 0)[0], _SEQ.unpack_from(data, SIZE - _SEQ.size)[0]
+                if head == tail and head % 2 == 0:
+                    fields = _LAYOUT.unpack_from(data)
+                    break
+                time.sleep(0.001)
+    except OSError:
+        return None
+    if fields is None:
+        return None
+    seq, rank, size, pid, state, in_comm, local, step, alive_at, progress_at, host, activity = fields
+    if seq == 0:
+        return None
+    return Status(rank, size, local, pid, state, bool(in_comm), step, alive_at, progress_at,
+                  host.rstrip(b"\0").decode(errors="replace"), activity.rstrip(b"\0").decode(errors="replace"))
+
+
+def read_all(folder: str) -> dict[int, Status]:
+    """Every record of the launch on this node, by rank."""
+    found = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return found
+    for name in names:
+        if name.startswith("rank") and name[4:].isdigit():
+            status = read_record(os.path.join(folder, name))
+            if status is not None:
+                found[status.rank] = status
+    return found
+
+
+# ------------------------------------------------------------------ who is not responding
+
+def blame(records: dict[int, Status], awaited: list[int], now: float, unrecorded: dict[int, int] | None = None) -> str:
+    """For a rank that waits too long: which of ``awaited`` holds it up, and why we think so (one
+    clause).  ``unrecorded``: {rank: pid} of this node's ranks that have no record yet."""
+    silent, missing, busy, waiting = [], [], [], []
+    for rank in awaited:
+        status = records.get(rank)
+        if status is None and rank in (unrecorded or {}):
+            pid = unrecorded[rank]
+            stopped = _proc_state(pid) in ("T", "t")
+            (silent if stopped else missing).append(
+                f"rank {rank} (pid {pid}) is {'stopped (SIGSTOP, Ctrl-Z or a debugger) ' if stopped else ''}"
+                f"before it began its status record{'' if stopped else ' (still starting?)'}")
+        elif status is None:
+            missing.append(f"rank {rank}")
+        elif _proc_state(status.pid) in ("T", "t"):
+            silent.append(f"{status.who()} is stopped (SIGSTOP, Ctrl-Z or a debugger; last seen at step "
+                          f"{status.step}: {status.activity})")
+        elif status.state == IN_MPI_INIT:
+            waiting.append(f"{status.who()} is itself waiting ({status.activity})")
+        elif now - status.alive_at > LIFE_LIMIT:
+            silent.append(f"{status.who()} has shown no sign of life for {now - status.alive_at:.1f}s "
+                          f"(stopped or frozen; last seen at step {status.step}: {status.activity})")
+        elif status.in_comm:
+            waiting.append(f"{status.who()} is itself waiting (step {status.step}: {status.activity})")
+        else:
+            busy.append(f"{status.who()} is alive but has made no progress for {now - status.progress_at:.1f}s "
+                        f"(step {status.step}: {status.activity})")
+    if silent:
+        return "not responding: " + "; ".join(silent[:3])
+    if missing:
+        return (f"not responding: {', '.join(missing[:6])}: no status record on this node (not started, stopped "
+                f"before it began, or running on another node)")
+    if busy:
+        return "waiting for: " + "; ".join(busy[:3])
+    if waiting:
+        return "every rank it waits for waits too (a deadlock): " + "; ".join(waiting[:3])
+    return "no other rank to wait for"
+
+
+def unrecorded_ranks(folder: str, records: dict[int, Status]) -> dict[int, int]:
+    """{rank: pid} of the processes the launcher started on this node (the parent named in the
+    folder's name) that have no record yet, from /proc (empty where there is none)."""
+    try:
+        launcher = int(os.path.basename(folder).split("-")[3])
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except (OSError, IndexError, ValueError):
+        return {}
+    found = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != launcher:
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except (OSError, IndexError, ValueError):
+            continue
+        launched = launched_rank({k.decode(errors="replace"): v.decode(errors="replace") for k, v in environ.items()})
+        if launched is not None and launched[0] not in records:
+            found[launched[0]] = pid
+    return found
+
+
+def _proc_state(pid: int) -> str:
+    """The process's state letter from /proc (R, S, D, T stopped, Z...), "" if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def holds_up_setup(records: dict[int, Status], awaited: list[int], now: float) -> bool:
+    """Whether every awaited rank is alive and still setting up without communicating (reading the
+    job, preparing data): a legitimate wait at start-up, however long."""
+    found = [records.get(rank) for rank in awaited]
+    return bool(found) and all(s is not None and s.state == SETUP and not s.in_comm and now - s.alive_at <= LIFE_LIMIT
+                               for s in found)
+
+
+# ------------------------------------------------------------------ the verdict: who speaks for the job
+
+def claim_verdict(folder: str, note: str) -> bool:
+    """Say "this job's end is explained" (a rank about to MPI_Abort after printing why, or the guardian
+    that names a vanished rank); True for the first claimant only."""
+    try:
+        fd = os.open(os.path.join(folder, "verdict"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True  # no folder: nobody else can speak either
+    with os.fdopen(fd, "w") as f:
+        f.write(note)
+    return True
+
+
+# the guardian's command: the standard library and this package's communication modules only
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_GUARDIAN_MAIN = (f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
+                  f"from singa_mpi.communication.guardian import main; main(sys.argv[1:])")
+
+
+class Guardian:
+    """The rank's side of its guardian process: start it, and tell it how the rank ends."""
+
+    def __init__(self, folder: str, rank: int, stall_timeout: float | None = None):
+        read_end, self._write_end = os.pipe()
+        try:
+            # stdout closed, stderr the rank's (the launcher forwards it); a bare environment, so that
+            # nothing mistakes the guardian for a rank (it has no PMI_RANK)
+            self.process = subprocess.Popen([sys.executable, "-I", "-S", "-c", _GUARDIAN_MAIN, folder, str(rank),
+                                             str(os.getpid()), str(stall_timeout or 0)], stdin=read_end,
+                                            stdout=subprocess.DEVNULL, start_new_session=True,
+                                            env={"PATH": os.environ.get("PATH", "")})
+        finally:
+            os.close(read_end)
+
+    def finish(self, how: str = "exit") -> None:
+        """``exit``: the rank ends normally; ``abort``: it ends the job after printing why."""
+        fd, self._write_end = self._write_end, None
+        if fd is None:
+            return
+        try:
+            os.write(fd, how.encode() + b"\n")
+            os.close(fd)
+        except OSError:
+            pass
+        if how == "exit":  # it leaves at once: reap it (an abort ends this process anyway)
+            try:
+                self.process.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:  # a guardian that lingers is harmless
+                pass
+
+
+# ------------------------------------------------------------------ the rank's side: record, watchdog, guardian
+
+def activity_of(tracer, note: str = "") -> tuple[tuple, str, bool]:
+    """(what changes when the rank progresses, what it is doing in words, whether it waits in a
+    communication call), from the tracer's open spans (outermost step phase, innermost span)."""
+    stack = list(tracer.stack)
+    key = (tracer.step, tuple(span.started for span in stack), note)
+    if not stack:
+        return key, note or "between steps", False
+    outer, inner = stack[0], stack[-1]
+    args = inner.args or {}
+    if inner.cat == "comm":
+        what = f"{inner.direction} {args.get('op', '')} {args.get('peer', '')} in layer {inner.name}"
+    elif inner.cat == "step":
+        what = inner.name
+    else:
+        what = f"{inner.cat} layer {inner.name}"
+    text = what if outer is inner or outer.cat != "step" else f"{outer.name}: {what}"
+    return key, " ".join(f"{note + ': ' if note else ''}{text}".split()), inner.cat == "comm"
+
+
+class Watchdog(threading.Thread):
+    """This rank's heartbeat and stall watchdog (one thread, every ``poll`` seconds).
+
+    It rewrites the status record from the tracer, and with a ``timeout`` it ends the job when this
+    rank has waited in one communication call (or in ``waiting_in``: MPI_Init) longer than that,
+    naming the rank it waits for (:func:`blame`).  While this rank sets up (``note``), a wait on
+    ranks that are alive and still setting up themselves is not a stall."""
+
+    def __init__(self, life: RankLife, tracer, timeout: float | None, poll: float = 0.1):
+        super().__init__(name="singa-mpi-watchdog", daemon=True)
+        self.life, self.tracer, self.timeout, self.poll = life, tracer, timeout, poll
+        self.note = ""
+        self.waiting: tuple[float, str] | None = None  # (perf_counter, what): a wait the tracer does not see
+        self._last_key = None
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.poll):
+            self.beat()
+            if self.timeout:
+                self.check()
+
+    def beat(self) -> None:
+        key, text, in_comm = activity_of(self.tracer, self.note)
+        if self.waiting is not None and not in_comm:
+            text, in_comm = f"{self.note + ': ' if self.note else ''}{self.waiting[1]}", True
+        state = IN_MPI_INIT if self.waiting is not None else SETUP if self.note else RUNNING
+        self.life.record.publish(text, in_comm, progressed=key != self._last_key, state=state)
+        self._last_key = key
+
+    def _pending(self) -> tuple[float, str, list[int]] | None:
+        span = self.tracer.pending("comm")
+        others = [r for r in range(self.life.size) if r != self.life.rank]
+        if span is not None:
+            awaits = (span.args or {}).get("awaits")
+            return span.started, span.describe(), [r for r in (awaits or others) if r != self.life.rank]
+        if self.waiting is not None:
+            since, what = self.waiting
+            return since, f"{what} for {time.perf_counter() - since:.1f}s", others
+        return None
+
+    def check(self) -> None:
+        pending = self._pending()
+        if pending is None or time.perf_counter() - pending[0] <= self.timeout:
+            return
+        records, now = read_all(self.life.folder), time.time()
+        if self.note and holds_up_setup(records, pending[2], now):
+            return
+        unrecorded = unrecorded_ranks(self.life.folder, records) if set(pending[2]) - set(records) else {}
+        self.life.end_job(f"rank {self.life.rank}: stalled: {pending[1]} (--stall-timeout {self.timeout:g}s); "
+                          f"{blame(records, pending[2], now, unrecorded)}; aborting the job", 4)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+class RankLife:
+    """One rank's status record, guardian and watchdog, from before MPI_Init to the end of the run.
+
+    ``abort(code)`` ends the whole job; until :meth:`attach` gives it MPI_Abort it exits this process,
+    which makes the launcher end the others."""
+
+    def __init__(self, rank: int, size: int, tracer, stall_timeout: float | None):
+        self.rank, self.size = rank, size
+        self.folder = launch_folder()
+        sweep_stale(os.path.dirname(self.folder))
+        self.record = StatusRecord(self.folder, rank, size)
+        try:
+            self.guardian: Guardian | None = Guardian(self.folder, rank, stall_timeout)
+        except OSError:  # no guardian: a vanished rank is named by the launcher alone
+            self.guardian = None
+        self.abort = self._exit
+        self.watchdog = Watchdog(self, tracer, stall_timeout)
+        self.watchdog.start()
+
+    @staticmethod
+    def _exit(code: int) -> None:
+        time.sleep(0.5)  # let the launcher forward the line first
+        os._exit(code)
+
+    def attach(self, abort) -> None:
+        """MPI is up: end the job with ``abort`` (MPI_Abort) from now on."""
+        self.abort = abort
+
+    def waiting_in(self, what: str | None) -> None:
+        """Mark (or with None, unmark) MPI_Init, a wait the tracer does not see and during which no
+        thread of this process runs (mpi4py holds the interpreter): the guardian watches it."""
+        self.watchdog.waiting = None if what is None else (time.perf_counter(), what)
+        note = f"{self.watchdog.note}: " if self.watchdog.note else ""
+        if what is not None:
+            self.record.publish(f"{note}{what}", True, progressed=True, state=IN_MPI_INIT)
+        else:
+            self.watchdog.beat()
+
+    def set_note(self, note: str) -> None:
+        """What this rank does while it sets up ("" once it trains)."""
+        self.watchdog.note = note
+
+    def end_job(self, message: str, code: int) -> None:
+        """Print ``message`` (one line) unless another rank of this node has explained the end already
+        (several watchdogs fire at once when one rank stops), and abort the job."""
+        if self.explained():
+            os.write(2, f"singa-mpi: {message}\n".encode())
+        self.abort(code)
+
+    def explained(self) -> bool:
+        """This rank ends the job on purpose and says why: no guardian need speak.  False when another
+        rank of this node claimed that first."""
+        first = claim_verdict(self.folder, f"rank {self.rank}")
+        if self.guardian is not None:
+            self.guardian.finish("abort")
+        return first
+
+    def close(self) -> None:
+        """The rank ends normally: stop the thread, dismiss the guardian, remove the record."""
+        self.watchdog.stop()
+        if self.watchdog.is_alive() and self.watchdog is not threading.current_thread():
+            self.watchdog.join(timeout=1.0)
+        if self.guardian is not None:
+            self.guardian.finish("exit")
+        self.record.close()
+
+
+# ------------------------------------------------------------------ clean-up
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def remove_folder_if_done(folder: str) -> None:
+    """The last one out removes the folder (and a verdict nobody needs any more)."""
+    try:
+        names = os.listdir(folder)
+        if not any(n.startswith("rank") for n in names):
+            for name in names:
+                remove_quietly(os.path.join(folder, name))
+            os.rmdir(folder)
+    except OSError:
+        pass
