@@ -88,6 +88,12 @@ def test_corrupted_dataset_fails_its_checksum(tmp_path):
     path = checkpoint.checkpoint_path(str(tmp_path / "ws"), 2)
     with h5py.File(path, "r+") as f:
         f["params/w_fc1"][0, 0] += 1
+    with pytest.raises(DataError, match="fails its whole-file checksum"):
+        checkpoint.read(path)
+    with open(path, "rb") as f:  # sealed anew, as if damaged before the write: the dataset's own crc32
+        image = checkpoint.seal(f.read())
+    with open(path, "wb") as f:
+        f.write(image)
     with pytest.raises(DataError, match="params/w_fc1 fails its checksum"):
         checkpoint.read(path)
 

@@ -54,6 +54,15 @@ def flipped(source: str, target: str, flips: list[tuple[int, int]]) -> None:
         f.write(data)
 
 
+def resealed(path: str) -> None:
+    """Seal ``path`` anew, as if its damage had happened before it was written: what the checks
+    behind the whole-file seal (header, layout and dataset checksums) must then catch."""
+    with open(path, "rb") as f:
+        image = f.read()
+    with open(path, "wb") as f:
+        f.write(checkpoint.seal(image))
+
+
 def verdict(path: str, good: checkpoint.Checkpoint) -> str:
     """"same" when the file reads with ``good``'s content, "damage" for a DataError naming the file."""
     try:
@@ -80,8 +89,13 @@ def test_every_flipped_byte_reads_the_same_or_is_reported_and_resume_falls_back(
     shutil.copy(checkpoint.checkpoint_path(str(ws), 2), checkpoint.checkpoint_path(str(work), 2))
     target = checkpoint.checkpoint_path(str(work), 4)
     seen = {"same": 0, "damage": 0}
+    with open(newest, "rb") as f:
+        padding = f.read(checkpoint.USER_BLOCK).index(b"\0")  # where the seal's text ends
     for position in positions:
         flipped(newest, target, [(position, 0xFF)])
+        # the seal: every flip is damage, but for the zero padding of the user block
+        assert verdict(target, good) == ("same" if checkpoint.USER_BLOCK > position >= padding else "damage"), position
+        resealed(target)  # behind the seal: HDF5's own structures and the checksums inside
         outcome = verdict(target, good)
         seen[outcome] += 1
         if outcome == "damage" and seen["damage"] % 4 == 1:  # a sample: each costs two more reads
@@ -116,6 +130,9 @@ def test_an_edited_step_is_damage_and_resume_skips_the_file(trained, tmp_path):
     newest = checkpoint.checkpoint_path(str(work), 4)
     with h5py.File(newest, "r+") as f:
         f.attrs["step"] = 3  # what the campaign did: resume then started at the edited step
+    with pytest.raises(DataError, match=r"step4\.h5: fails its whole-file checksum"):
+        checkpoint.read(newest)
+    resealed(newest)
     with pytest.raises(DataError, match=r"step4\.h5: its header or layout fails its checksum"):
         checkpoint.read(newest)
     with pytest.warns(UserWarning, match=r"skipping damaged checkpoint: .*step4\.h5"):
@@ -144,6 +161,9 @@ def test_every_part_of_the_file_is_covered_by_a_checksum(trained, tmp_path, dama
             f[name].attrs["crc32"] = crc
     expected = {"rename a param": "header or layout fails", "edit the data position": "header or layout fails",
                 "edit job_config": "job_config fails its checksum", "edit plan": "plan fails its checksum"}
+    with pytest.raises(DataError, match="fails its whole-file checksum"):
+        checkpoint.read(path)
+    resealed(path)  # each part's own checksum, behind the seal
     with pytest.raises(DataError, match=expected[damage]):
         checkpoint.read(path)
 

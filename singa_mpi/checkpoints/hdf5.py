@@ -33,7 +33,13 @@ read-only disk is an OSError of plain file I/O, reported as a DataError naming t
 (HDF5's own writer can crash the process on a full disk).  A writer killed mid-write leaves its
 ``.tmp<PID>`` behind: :func:`remove_stale_temporaries` deletes those on the next start.
 
-Format versions.  3 adds ``job_identity``, ``header_crc32`` and the checksums of ``/job_config`` and
+Whole-file seal.  The first 512 bytes of a format-3 file are an HDF5 user block (HDF5 skips it;
+h5py and h5dump read the file as usual) holding ``SINGA-MPI-CHECKPOINT``, the length and the crc32
+of everything after it.  :func:`read` verifies the seal before HDF5 sees a byte: some damaged
+metadata (a zeroed global heap) sends libhdf5 into a loop no Python code can interrupt, so damage
+must be caught before the library parses it.
+
+Format versions.  3 adds the seal, ``job_identity``, ``header_crc32`` and the checksums of ``/job_config`` and
 ``/plan``.  Files of format 2 (no ``header_crc32``) are still read, their arrays verified as before;
 their job identity is unknown, so resuming from one is not checked (the launcher says so).
 Loading never unpickles: only arrays, numbers and strings are read.
@@ -63,6 +69,10 @@ _TEMPORARY = re.compile(r"step\d+\.h5\.tmp(\d+)$")
 STALE_TEMPORARY_SECONDS = 600  # no checkpoint write takes this long: an older .tmp file's writer is gone
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped on a signal after writing a checkpoint; resume to go on
 _SET_AFTER_HEADER_CRC = ("header_crc32", "complete")
+USER_BLOCK = 512  # HDF5's smallest user block: the seal lives there
+_SEAL_MAGIC = b"SINGA-MPI-CHECKPOINT\n"
+_SEAL = re.compile(rb"SINGA-MPI-CHECKPOINT\nlength (\d+)\ncrc32 (\d+)\n")
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 # What h5py raises on a damaged file depends on the damaged byte (flipping every byte of a small
 # checkpoint gives all of these): besides OSError, KeyError and ValueError, RuntimeError ("bad heap
 # free list"), and TypeError or AttributeError from objects HDF5 could not resolve.
@@ -135,7 +145,7 @@ def write(path: str, ckpt: Checkpoint, fault_after: int | None = None) -> str:
 def encode(ckpt: Checkpoint, fault_after: int | None = None) -> bytes:
     """The bytes of the checkpoint's HDF5 file, built in memory."""
     buffer = io.BytesIO()
-    with h5py.File(buffer, "w") as f:
+    with h5py.File(buffer, "w", userblock_size=USER_BLOCK) as f:
         f.attrs.update(format_version=FORMAT_VERSION, step=ckpt.step, job_name=ckpt.job_name,
                        job_identity=ckpt.job_identity, seed=ckpt.seed, nranks=ckpt.nranks,
                        elapsed=float(ckpt.elapsed), complete=0)
@@ -166,7 +176,32 @@ def encode(ckpt: Checkpoint, fault_after: int | None = None) -> bytes:
                     _dataset(group, name, value)
         f.attrs["header_crc32"] = _layout_crc(f)
         f.attrs["complete"] = 1
-    return buffer.getvalue()
+    return seal(buffer.getvalue())
+
+
+def seal(image: bytes) -> bytes:
+    """``image`` (an HDF5 file with a user block of USER_BLOCK bytes) with the seal of its body written
+    into the user block (tests also reseal a file they edited, to reach the checks behind the seal)."""
+    body = memoryview(image)[USER_BLOCK:]
+    seal = _SEAL_MAGIC + f"length {len(body)}\ncrc32 {zlib.crc32(body)}\n".encode()
+    return seal.ljust(USER_BLOCK, b"\0") + body
+
+
+def _unsealed(path: str, image: bytes) -> bool:
+    """True when ``image`` carries a seal that verifies, False for a file written before seals (an
+    HDF5 file from byte 0: format 2); DataError for a broken seal or bytes of another kind."""
+    if image.startswith(_HDF5_SIGNATURE):
+        return False
+    m = _SEAL.match(image)
+    if m is None:
+        raise DataError(f"{path}: not a singa_mpi checkpoint, or its first bytes are damaged")
+    body = memoryview(image)[USER_BLOCK:]
+    if int(m.group(1)) != len(body):
+        raise DataError(f"{path}: fails its whole-file checksum (the file is truncated or damaged: {len(body)} "
+                        f"bytes after its header, written with {int(m.group(1))})")
+    if int(m.group(2)) != zlib.crc32(body):
+        raise DataError(f"{path}: fails its whole-file checksum (the file is damaged)")
+    return True
 
 
 def _write_durably(path: str, image: bytes) -> None:
@@ -298,8 +333,16 @@ def _read_text(f, name: str, path: str, checked: bool) -> str:
 def read(path: str) -> Checkpoint:
     """Read and verify a checkpoint; DataError naming the file and the damaged part."""
     try:
-        with h5py.File(path, "r") as f:
+        with open(path, "rb") as handle:
+            image = handle.read()
+    except OSError as err:
+        raise DataError(f"{path}: cannot read the checkpoint: {err.strerror or one_line(err)}") from None
+    sealed = _unsealed(path, image)
+    try:
+        with h5py.File(io.BytesIO(image), "r") as f:
             version = _check_header(f, path)
+            if version >= FIRST_CHECKSUMMED_HEADER and not sealed:
+                raise DataError(f"{path}: format {version} without its seal (the file is damaged)")
             checked = version >= FIRST_CHECKSUMMED_HEADER
             ckpt = Checkpoint(step=int(f.attrs["step"]), params={}, job_name=str(f.attrs.get("job_name", "")),
                               seed=int(f.attrs.get("seed", 0)), nranks=int(f.attrs.get("nranks", 1)),
