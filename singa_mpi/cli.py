@@ -11,8 +11,8 @@ Launch examples::
     mpirun -n 3 python -m singa_mpi train conf/cifar10_hybrid.conf --workers 3
 
 Errors reach the user as one line on stderr and a non-zero exit code
-(2 for a bad configuration, 3 for bad data, 5 for a NaN or infinity in training:
-see ``train --no-check-finite``); ``--debug`` (alias ``--traceback``) shows the stack.
+(2 for a bad configuration, 3 for bad data, 5 for a NaN or infinity in training (see
+``train --no-check-finite``), 6 out of memory); ``--debug`` (alias ``--traceback``) shows the stack.
 Bad option values are refused before anything runs, on one line.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import warnings
 
 from singa_mpi import __version__, threads
-from singa_mpi.errors import ConfigError, SingaError
+from singa_mpi.errors import ConfigError, SingaError, one_line, out_of_memory
 
 # the example jobs ship inside the package (in a checkout, singa_mpi/conf links to the top-level conf/)
 EXAMPLES = pathlib.Path(__file__).resolve().parent / "conf"
@@ -576,10 +576,12 @@ def main(argv: list[str] | None = None) -> int:
         _check_data_args(args)
         with threads.blas_threads(warn=lambda line: print(f"warning: {line}", file=sys.stderr, flush=True)):
             return args.func(args)
-    except SingaError as err:
+    except (SingaError, MemoryError) as err:
         if args.debug:
             raise
-        print(f"singa-mpi: error: {err}", file=sys.stderr, flush=True)
+        if isinstance(err, MemoryError):  # a job too big for the machine is no bug: one line, exit 6
+            err = out_of_memory(err)
+        print(f"singa-mpi: error: {one_line(str(err))}", file=sys.stderr, flush=True)
         return err.exit_code
     except KeyboardInterrupt as err:  # before training starts, or a second Ctrl-C during it
         print(f"singa-mpi: interrupted{f' ({err})' if str(err) else ''}", file=sys.stderr, flush=True)

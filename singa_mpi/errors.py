@@ -1,6 +1,10 @@
 """Exceptions that reach the user as one line, without a traceback."""
 from __future__ import annotations
 
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
 
 class SingaError(Exception):
     """Base class: the CLI prints ``str(err)`` and exits with ``exit_code``."""
@@ -33,12 +37,33 @@ class NonFiniteError(SingaError):
     exit_code = 5
 
 
+class ResourceError(SingaError):
+    """The machine cannot give what the job needs: memory (exit code 6)."""
+
+    exit_code = 6
+
+
+def out_of_memory(err: MemoryError) -> ResourceError:
+    """A MemoryError (numpy's says how much, for what shape) as one line saying what to do."""
+    detail = " ".join(str(err).split()) or "an allocation failed"
+    return ResourceError(f"out of memory ({detail}): lower the batch size or the layer sizes, or spread the "
+                         f"job over more ranks (partition_dim: 1 splits params)")
+
+
 class LayerFailure(SingaError):
     """An error raised while a layer computed; names the layer and the pass, keeps the cause's exit code."""
 
     def __init__(self, layer: str, direction: str, cause: BaseException):
+        if isinstance(cause, MemoryError):
+            cause = out_of_memory(cause)
         detail = str(cause) if isinstance(cause, SingaError) else f"{type(cause).__name__}: {cause}"
         prefix = "" if f"'{layer}'" in detail else f"layer '{layer}' ({direction}): "
         super().__init__(prefix + detail)
         self.layer, self.direction = layer, direction
         self.exit_code = getattr(cause, "exit_code", 1)
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: a newline or other control character that came from the user
+    (a layer named "a\\nb" in a job file) is shown escaped, as the file wrote it."""
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode(), text)

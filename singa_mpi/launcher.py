@@ -38,7 +38,8 @@ from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.config.load import JobConfig, effective_partition_dim, layers_for_phase, load_job
 from singa_mpi.config.validate import is_test_only, validate
-from singa_mpi.errors import ConfigError, DataError, NonFiniteError, SingaError
+from singa_mpi.errors import (ConfigError, DataError, NonFiniteError, ResourceError, SingaError, one_line,
+                              out_of_memory)
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.topology import check_supported, topology
 from singa_mpi.trainer import Trainer
@@ -415,7 +416,7 @@ class StopSignals:
         self._previous: dict = {}
 
     def install(self) -> None:
-        from singa_mpi.communication.liveness import early_stop_signal, python_default
+        from singa_mpi.early_signals import early_stop_signal, python_default
 
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: python_default(signum, signal.signal(signum, self._request_stop))
@@ -469,6 +470,8 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
             claim(workspace, world.rank == 0)
     except SingaError as err:
         error = (str(err), err.exit_code)
+    except MemoryError as err:
+        error = (str(out_of_memory(err)), ResourceError.exit_code)
     except KeyboardInterrupt as err:  # a second Ctrl-C during setup
         error = (f"interrupted ({err or 'Ctrl-C'})", EXIT_INTERRUPTED)
     verdicts = world.allgather_object((error, stops.received is not None, facts))
@@ -495,11 +498,13 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         return code
     except SingaError as err:
         _abort(world, f"{err}", err.exit_code, life)
+    except MemoryError as err:
+        _abort(world, f"{out_of_memory(err)}", ResourceError.exit_code, life)
     except KeyboardInterrupt as err:  # a second Ctrl-C on this rank: one line, no traceback
         _abort(world, f"interrupted ({err or 'Ctrl-C'})", EXIT_INTERRUPTED, life)
     except BaseException as err:  # a bug or a signal: show where, then end every rank
         detail = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        _abort(world, f"{type(err).__name__}: {err}\n{detail}", EXIT_ABORT, life)
+        _abort(world, f"{type(err).__name__}: {err}", EXIT_ABORT, life, detail)
     return EXIT_ABORT
 
 
@@ -528,7 +533,7 @@ def _phase_one_verdict(world, cfg: JobConfig | None, verdicts: list) -> int | No
         rank, (message, code) = failed[0]
         if world.rank == 0:
             where = "" if len(failed) == world.size else f" (on rank {rank})"
-            print(f"singa-mpi: error{where}: {message}", file=sys.stderr, flush=True)
+            print(f"singa-mpi: error{where}: {one_line(message)}", file=sys.stderr, flush=True)
         return code
     if any(stopped for _, stopped, _ in verdicts):
         if world.rank == 0:
@@ -637,9 +642,10 @@ def follow_launched_count(cfg: JobConfig, size: int) -> str:
             f"launched rank(s)")
 
 
-def _abort(world, message: str, code: int, life=None) -> None:
+def _abort(world, message: str, code: int, life=None, traceback_text: str = "") -> None:
     step = world.tracer.step
-    os.write(2, f"singa-mpi: rank {world.rank}: error at step {step}: {message}\n".encode())
+    shown = one_line(message) + (f"\n{traceback_text}" if traceback_text else "")
+    os.write(2, f"singa-mpi: rank {world.rank}: error at step {step}: {shown}\n".encode())
     if life is not None:
         life.explained()  # the guardians need not name this rank: it said why it ends the job
     world.abort(code)

@@ -215,6 +215,23 @@ def _uniform_sqrt_fan_in_out(gen, shape, rng):
     return _scaled(gen, rng.uniform(gen.low, gen.high, shape)) / np.sqrt(_fan_in(shape) + fan_out)
 
 
+_GAUSSIAN = ("kGaussian", "kGaussianSqrtFanIn")
+_UNIFORM = ("kUniform", "kUniformSqrtFanIn", "kUniformSqrtFanInOut")
+
+
+def init_value_problem(gen: job_pb2.ParamGenProto) -> tuple[str, str] | None:
+    """(field, what was expected) when a built-in init method's numbers cannot draw (a negative
+    standard deviation, low above high); None when they can.  A plugin's methods check their own."""
+    if gen.HasField("user_type"):
+        return None
+    name = selected_name(gen)
+    if name in _GAUSSIAN and gen.std < 0:
+        return "std", "a standard deviation >= 0"
+    if name in _UNIFORM and gen.low > gen.high:
+        return "low", f"low <= high (high is {gen.high:g})"
+    return None
+
+
 def init_method_name(conf: job_pb2.ParamProto) -> str:
     return selected_name(conf.init)
 

@@ -135,13 +135,14 @@ class Registry(Generic[T]):
             except (KeyError, TypeError):  # TypeError: an unhashable name is no name either
                 continue
             return self._resolve(space, name, entry) if isinstance(entry, _Lazy) else entry
+        raise ConfigError(f"{field or self.field} = {name}: expected {self._expected(user)}") from None
+
+    def _expected(self, user: bool) -> str:
         if user:  # a user_type names what a plugin registered, never a built-in (SINGA's factories kept them apart)
             mine = ", ".join(self.user_names())
-            expected = (f"one of {mine} (what the loaded plugins register)" if mine else
-                        f"the name of a plugin's {self.kind} (no loaded plugin registers one: --plugin MODULE_OR_FILE)")
-        else:
-            expected = f"one of {', '.join(self.names()) or '(none registered)'}"
-        raise ConfigError(f"{field or self.field} = {name}: expected {expected}") from None
+            return (f"one of {mine} (what the loaded plugins register)" if mine else
+                    f"the name of a plugin's {self.kind} (no loaded plugin registers one: --plugin MODULE_OR_FILE)")
+        return f"one of {', '.join(self.names()) or '(none registered)'}"
 
     def select(self, conf, field: str = "type", user_field: str = "user_type", where: str = "") -> T:
         """The entry ``conf`` selects (:func:`selected_name`): by its ``user_field`` among the plugins'
@@ -150,6 +151,9 @@ class Registry(Generic[T]):
         name = selected_name(conf, field, user_field)
         if conf.HasField(user_field):
             return self.get(name, f"{where}{user_field}", user=True)
+        if not conf.HasField(field) and name not in self._entries:
+            # neither written: the enum's default (kUserInit, kUserLayer) is a value the user never wrote
+            raise ConfigError(f"{self.field} = missing: expected {self._expected(False)}")
         return self.get(name)
 
     def unregister(self, name: str) -> None:

@@ -169,3 +169,35 @@ def test_check_on_n_workers_refuses_a_cluster_a_launch_on_n_refuses(capsys, tmp_
     assert err.startswith(f"singa-mpi: error: {conf}:68:1: 1 worker group(s) x 2 worker(s) with 3 co-located "
                           f"server(s) (cluster.nservers_per_group) need 3 ranks, launched with 2: expected mpirun -n 3")
     assert cli.main(["check", "-n", "3", str(conf)]) == 0
+
+
+def test_a_name_with_a_newline_stays_on_one_error_line(capsys, tmp_path):
+    """A layer named "a\\nb" (a control character the file may hold) is shown escaped: the error
+    listing the known layers was two lines."""
+    text = pathlib.Path(DIGITS).read_text().replace('name: "fc2"', 'name: "fc\\nb"', 1)
+    job = tmp_path / "job.conf"
+    job.write_text(text)
+    assert cli.main(["check", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "fc\\nb" in err, err
+
+
+def test_a_job_bigger_than_memory_is_one_line_exit_6(tmp_path):
+    """An allocation the machine refuses (here: 2 GiB of address space for a 96 GiB weight) is exit 6 and
+    one line saying how much, for what, and what to do; it was a MemoryError traceback (exit 1)."""
+    import subprocess
+    import sys
+
+    import nets
+
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    job = tmp_path / "job.conf"
+    job.write_text(nets.mlp(data, 8, "data", steps=2).replace("num_output: 16", "num_output: 2147483647", 1))
+    capped = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+              "runpy.run_module('singa_mpi', run_name='__main__', alter_sys=True)")
+    proc = subprocess.run([sys.executable, "-c", capped, "train", str(job), "--workspace", str(tmp_path / "ws")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 6 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("singa-mpi: error: out of memory (Unable to allocate 96.0 GiB") and \
+        "lower the batch size" in lines[0], lines[0]

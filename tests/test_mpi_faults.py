@@ -82,7 +82,7 @@ def test_blame_names_the_silent_rank_before_the_busy_and_the_waiting_ones():
     try:
         os.kill(sleeper.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 10
-        while liveness._proc_state(sleeper.pid) != "T" and time.monotonic() < deadline:
+        while liveness.proc_state(sleeper.pid) != "T" and time.monotonic() < deadline:
             time.sleep(0.01)
         assert "is stopped (SIGSTOP" in liveness.blame({1: status(1, pid=sleeper.pid)}, [1], now)
         assert f"rank 1 (pid {sleeper.pid}) is stopped" in liveness.blame({}, [1], now, {1: sleeper.pid})
@@ -105,12 +105,18 @@ def test_the_first_to_vanish_is_dead_in_every_sighting():
             {"rank": 0, "noticed": 0.020, "levels": {"0": 1, "1": 1, "2": 2}},
             {"rank": 1, "noticed": 0.021, "levels": {"0": 2, "1": 1, "2": 2}}]
     assert guardian.first_gone(seen) == [2]
-    late = [{"rank": 2, "noticed": 0.000, "levels": {"0": 1, "2": 1}},
-            {"rank": 0, "noticed": 0.030, "levels": {"0": 1, "2": 2}}]
+    late = [{"rank": 2, "noticed": 0.000, "ready": -1.0, "levels": {"0": 1, "2": 1}},
+            {"rank": 0, "noticed": 0.030, "ready": -1.0, "levels": {"0": 1, "2": 2}}]
     assert guardian.first_gone(late) == [0, 2]  # both dead when either guardian looked
     assert guardian.earliest_noticed(late, [0, 2]) == [2]  # but rank 2's end was noticed 30 ms first
     close = [dict(late[0]), dict(late[1], noticed=0.002)]
     assert guardian.earliest_noticed(close, [0, 2]) == []  # too close to tell
+    # rank 0's guardian was still starting when rank 2's end was noticed: its rank may have died
+    # first, unseen (what a kill in the first second looked like on 2 busy cores)
+    starting = [dict(late[0]), dict(late[1], ready=-0.001)]
+    assert guardian.earliest_noticed(starting, [0, 2]) == []
+    assert guardian.earliest_noticed(late[:1] + [{"rank": 1, "noticed": 0.03, "ready": -1.0, "levels": {}}],
+                                     [0, 2]) == []  # rank 0 has no guardian at all
 
 
 def test_ranks_without_a_record_are_candidates_too():
@@ -348,16 +354,16 @@ def test_sigterm_while_setting_up_stops_before_training(tmp_path, n):
 
 
 def test_a_stop_signal_while_the_package_loads_is_kept_for_the_launcher():
-    """What the CLI can call first thing (liveness.catch_stop_signals_early): a SIGTERM during the
+    """What the entry point calls first thing (early_signals.catch_for_command): a SIGTERM during the
     imports is remembered, not fatal, and handed to the launcher once."""
     code = ("import os, signal, sys\n"
-            "from singa_mpi.communication import liveness\n"
-            "liveness.catch_stop_signals_early()\n"
+            "from singa_mpi import early_signals as early\n"
+            "early.catch_for_command(['--debug', 'train', 'job.conf'])\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"
             "import singa_mpi.launcher as launcher\n"
             "stops = launcher.StopSignals()\n"
             "stops.install()\n"
-            "print(stops.received == signal.SIGTERM, liveness.early_stop_signal())\n"
+            "print(stops.received == signal.SIGTERM, early.early_stop_signal())\n"
             "stops.restore(keep_ignoring=False)\n"
             "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "
             "signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")

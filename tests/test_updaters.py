@@ -72,7 +72,7 @@ def test_step_schedule_with_float32_conf_values():
 
 
 @pytest.mark.parametrize("lr_text, message", [
-    ("", "updater.learning_rate.type = kUserChange: expected one of kExponential, kFixed, kFixedStep, "
+    ("", "updater.learning_rate.type = missing: expected one of kExponential, kFixed, kFixedStep, "
          "kInverse, kInverseT, kLinear, kStep"),
     ("type: kStep step_conf { gamma: 0.5 }", "updater.learning_rate.step_conf.change_freq = 0: expected a positive"),
     ("type: kLinear linear_conf { final_lr: 0.1 }", "updater.learning_rate.linear_conf.change_freq = 0"),
@@ -92,7 +92,7 @@ def test_bad_schedules_are_config_errors(lr_text, message):
 
 
 def test_unknown_or_unset_updater_type_lists_the_valid_names():
-    expected = ("updater.type = kUserUpdater: expected one of kAdaDelta, kAdaGrad, kAdam, kAdamMax, "
+    expected = ("updater.type = missing: expected one of kAdaDelta, kAdaGrad, kAdam, kAdamMax, "
                 "kNesterov, kRMSProp, kSGD")
     with pytest.raises(ConfigError, match="^" + expected + "$"):
         make_updater(updater_conf("learning_rate { type: kFixed }"))

@@ -27,6 +27,7 @@ from singa_mpi.communication.liveness import (
     Status,
     blame,
     claim_verdict,
+    proc_state,
     read_all,
     read_record,
     record_path,
@@ -38,14 +39,23 @@ from singa_mpi.communication.liveness import (
 GRACE = 1.0  # how long a guardian waits for the other guardians of its node
 
 
+_PF_EXITING = 0x4  # the kernel's task flag: the process is exiting (a big one takes milliseconds)
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
 def _death_level(pid: int) -> int:
-    """0 running (or still exiting), 1 dead and not yet reaped, 2 gone."""
+    """0 running, 1 dying (exiting, or a SIGKILL pending) or dead and not yet reaped, 2 gone.  A
+    rank killed first may still be tearing down its memory when the launcher's SIGKILL of the others
+    lands: "exiting" must count as dead, or a later death would look like the first."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return 1 if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X") else 0
+            fields = f.read().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X") or int(fields[6]) & _PF_EXITING or _sigkill_pending(pid):
+            return 1
+        return 0
     except FileNotFoundError:
         return 2
-    except (OSError, IndexError):
+    except (OSError, IndexError, ValueError):
         try:
             os.kill(pid, 0)
             return 0
@@ -53,6 +63,18 @@ def _death_level(pid: int) -> int:
             return 2
         except OSError:
             return 0
+
+
+def _sigkill_pending(pid: int) -> bool:
+    """Whether a SIGKILL waits for delivery to the process (/proc's SigPnd or ShdPnd)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+                    return True
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _how_it_ended(pid: int) -> str:
@@ -97,6 +119,10 @@ def earliest_noticed(sightings: list[dict], candidates: list[int], margin: float
     if len(candidates) < 2 or len(sightings) < 2:
         return []
     first, second = sorted(sightings, key=lambda seen: seen["noticed"])[:2]
+    watching = {seen["rank"]: seen.get("ready", float("inf")) for seen in sightings}
+    # a candidate whose guardian was not yet watching (still starting) could have died first unseen
+    if any(watching.get(rank, float("inf")) > first["noticed"] - margin for rank in candidates if rank != first["rank"]):
+        return []
     if first["rank"] in candidates and second["noticed"] - first["noticed"] >= margin:
         return [first["rank"]]
     return []
@@ -141,6 +167,7 @@ def _vanished_line(first: list[int], records: dict[int, Status], ended: str, loc
 
 def guard(folder: str, rank: int, pid: int, stall_timeout: float) -> None:
     """The guardian's life: wait for the rank to end; if it vanished, help name it (see the module)."""
+    ready = time.time()  # from now on this rank's end is noticed at once (earliest_noticed)
     said = _wait_for_the_end(folder, rank, pid, stall_timeout)
     if said.strip():  # it ended as it meant to ("exit", or "abort" after saying why)
         remove_quietly(record_path(folder, rank))
@@ -150,7 +177,7 @@ def guard(folder: str, rank: int, pid: int, stall_timeout: float) -> None:
     records = read_all(folder)
     levels = {str(r): (max(1, _death_level(s.pid)) if r == rank else _death_level(s.pid)) for r, s in records.items()}
     ended = _how_it_ended(pid)
-    sighting = {"rank": rank, "levels": levels, "ended": ended, "noticed": noticed}
+    sighting = {"rank": rank, "levels": levels, "ended": ended, "noticed": noticed, "ready": ready}
     tmp = os.path.join(folder, f"seen{rank}.tmp")
     try:
         with open(tmp, "w") as f:
@@ -190,6 +217,8 @@ class _InitWatch:
         self.seen = True
         if now - status.progress_at <= self.timeout:
             return True
+        if proc_state(self.pid) in ("T", "t"):  # the rank itself is stopped: it is the culprit, not the
+            return True  # ranks it waits for; their guardians name it (and it may yet be continued)
         records = read_all(self.folder)
         awaited = [r for r in range(status.size) if r != self.rank]
         message = (f"singa-mpi: rank {self.rank}: stalled: {status.activity} for {now - status.progress_at:.1f}s "

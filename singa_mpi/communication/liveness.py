@@ -70,43 +70,6 @@ class Status:
         return f"rank {self.rank} (pid {self.pid} on {self.host})"
 
 
-# ------------------------------------------------------------------ stop signals before the launcher is loaded
-
-_early_signals: list[int] = []
-
-
-def catch_stop_signals_early() -> None:
-    """For ``singa-mpi train``, first thing: remember a SIGINT, SIGTERM or SIGUSR1 that comes while
-    the package loads (a second or more), which would otherwise end the process silently; the
-    launcher's :class:`~singa_mpi.launcher.StopSignals` takes over (:func:`early_stop_signal`) and
-    stops before training.  A second Ctrl-C meanwhile raises KeyboardInterrupt, as Python would."""
-    import signal
-
-    def remember(signum, frame):
-        if signum == signal.SIGINT and _early_signals:
-            raise KeyboardInterrupt("second Ctrl-C")
-        _early_signals.append(signum)
-
-    remember.early = True  # what the launcher restores is Python's default, not this
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(signum, remember)
-
-
-def early_stop_signal() -> int | None:
-    """The first stop signal :func:`catch_stop_signals_early` caught, if any (and forget it)."""
-    return _early_signals.pop(0) if _early_signals else None
-
-
-def python_default(signum: int, handler):
-    """``handler``, or Python's default for ``signum`` if it is :func:`catch_stop_signals_early`'s."""
-    import signal
-
-    if not getattr(handler, "early", False):
-        return handler
-    return signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-
-
 # ------------------------------------------------------------------ where the records are
 
 def launched_rank(environ=os.environ) -> tuple[int, int] | None:
@@ -273,13 +236,13 @@ def blame(records: dict[int, Status], awaited: list[int], now: float, unrecorded
         status = records.get(rank)
         if status is None and rank in (unrecorded or {}):
             pid = unrecorded[rank]
-            stopped = _proc_state(pid) in ("T", "t")
+            stopped = proc_state(pid) in ("T", "t")
             (silent if stopped else missing).append(
                 f"rank {rank} (pid {pid}) is {'stopped (SIGSTOP, Ctrl-Z or a debugger) ' if stopped else ''}"
                 f"before it began its status record{'' if stopped else ' (still starting?)'}")
         elif status is None:
             missing.append(f"rank {rank}")
-        elif _proc_state(status.pid) in ("T", "t"):
+        elif proc_state(status.pid) in ("T", "t"):
             silent.append(f"{status.who()} is stopped (SIGSTOP, Ctrl-Z or a debugger; last seen at step "
                           f"{status.step}: {status.activity})")
         elif status.state == IN_MPI_INIT:
@@ -328,7 +291,7 @@ def unrecorded_ranks(folder: str, records: dict[int, Status]) -> dict[int, int]:
     return found
 
 
-def _proc_state(pid: int) -> str:
+def proc_state(pid: int) -> str:
     """The process's state letter from /proc (R, S, D, T stopped, Z...), "" if unknown."""
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -13,6 +13,8 @@ communicator object.  Nothing on the `check`/`plan` path imports it.
 """
 from __future__ import annotations
 
+import contextlib
+
 import sys
 import time
 
@@ -65,6 +67,18 @@ class MPIComm:
     def _leave(self, span, label: str, nbytes: int) -> None:
         self.tracer.end(span, int(nbytes))
 
+    @contextlib.contextmanager
+    def _setting_up(self, op: str, label: str, members: tuple[int, ...] | None = None):
+        """A collective call that makes communicators or windows, as a span like any other: it waits
+        for every member (``members``: this communicator's ranks taking part; all by default), so
+        the stall watchdog must see it (a rank stopped during start-up holds the others here)."""
+        awaits = self._others if members is None else tuple(self.world_ranks[r] for r in members if r != self.rank)
+        span = self.tracer.begin(label, "comm", {"op": op, "peer": "group", "tag": None, "awaits": awaits})
+        try:
+            yield
+        finally:
+            self._leave(span, label, 0)
+
     @staticmethod
     def _buf(array: np.ndarray):
         return [array, _MPI_TYPES[array.dtype]]
@@ -82,14 +96,18 @@ class MPIComm:
         if ranks not in self._subs:
             whole = self.comm.Get_group()
             group = whole.Incl(list(ranks))
-            self._subs[ranks] = MPIComm(self.comm.Create_group(group), self.tracer, owned=True, status=self.status)
+            with self._setting_up("Create_group", "communicators", ranks):
+                made = self.comm.Create_group(group)
+            self._subs[ranks] = MPIComm(made, self.tracer, owned=True, status=self.status)
             group.Free()
             whole.Free()
         return self._subs[ranks]
 
     def split(self, color: int, key: int) -> "MPIComm":
         """MPI_Comm_split: the communicator of the ranks that passed the same ``color`` (collective)."""
-        return MPIComm(self.comm.Split(color, key), self.tracer, owned=True, status=self.status)
+        with self._setting_up("Split", "communicators"):
+            made = self.comm.Split(color, key)
+        return MPIComm(made, self.tracer, owned=True, status=self.status)
 
     def free(self) -> None:
         """Release the sub-communicators and shared windows made here, and this one if made here
@@ -218,7 +236,8 @@ class MPIComm:
     # ------------------------------------------------------------- shared memory (one node)
     def on_one_node(self) -> bool:
         """Whether every rank of this communicator shares one node's memory."""
-        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        with self._setting_up("Split_type", "communicators"):
+            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         same = node.Get_size() == self.size
         node.Free()
         return same
@@ -229,7 +248,8 @@ class MPIComm:
         Collective.  Returns (window, [segment of rank r for each r]); keep the window alive.
         """
         itemsize = np.dtype(np.float32).itemsize
-        win = MPI.Win.Allocate_shared(owner_counts[self.rank] * itemsize, itemsize, comm=self.comm)
+        with self._setting_up("Win_allocate_shared", "shared memory"):
+            win = MPI.Win.Allocate_shared(owner_counts[self.rank] * itemsize, itemsize, comm=self.comm)
         segments = []
         for r, n in enumerate(owner_counts):
             buf, _ = win.Shared_query(r)

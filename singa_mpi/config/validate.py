@@ -19,7 +19,7 @@ from singa_mpi.errors import ConfigError
 from singa_mpi.graph import CycleError, Node, is_back_edge
 from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class_of
 from singa_mpi.net import describe, global_batch_size, instantiate, layer_error, phase_nodes
-from singa_mpi.params import init_method
+from singa_mpi.params import init_method, init_value_problem
 from singa_mpi.proto import job_pb2
 from singa_mpi.registry import selected_name
 from singa_mpi.topology import check_cluster_supported
@@ -390,6 +390,11 @@ def _check_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> Non
             written = "user_type" if conf.init.HasField("user_type") else "type"
             raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'init', written)}: "
                               f"{describe(cfg, node)}: {field}.{err}") from None
+        problem = init_value_problem(conf.init) if conf.HasField("init") else None
+        if problem is not None:
+            name, expected = problem
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'init', name)}: {describe(cfg, node)}: "
+                              f"{field}.init.{name} = {getattr(conf.init, name):g}: expected {expected}")
         known = params.get(conf.name)
         if known is not None and known[1] != node.name:
             raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'name')}: {describe(cfg, node)}: "

@@ -179,11 +179,14 @@ CASES = {
                                 "kFooBar"),
     "user_layer.conf": ("mine", ["user_type = kMyLayer", "no loaded plugin registers one", "--plugin"], "user_type"),
     "unknown_updater_type.conf": (None, ["updater.type = kSGDD", "kSGD", "kAdaGrad", "kAdam"], "kSGDD"),
-    "unset_updater_type.conf": (None, ["updater.type = kUserUpdater", "kSGD", "kNesterov"], "updater"),
-    "unset_lr_type.conf": (None, ["updater.learning_rate.type = kUserChange", "kFixed", "kStep"], "learning_rate"),
+    "unset_updater_type.conf": (None, ["updater.type = missing: expected one of", "kSGD", "kNesterov"], "updater"),
+    "unset_lr_type.conf": (None, ["updater.learning_rate.type = missing: expected one of", "kFixed", "kStep"], "learning_rate"),
     "step_lr_without_change_freq.conf": (None, ["updater.learning_rate.step_conf.change_freq = 0"], "step_conf"),
     "unsupported_alg.conf": (None, ["train_one_batch.alg = kUserAlg"], "alg"),
     "param_without_init.conf": ("fc1", [], "param"),
+    "init_negative_std.conf": ("fc1", [], "std"),  # numpy raised "scale < 0" in training
+    "init_low_above_high.conf": ("fc1", [], "low"),  # numpy raised "high - low < 0" in training
+    "init_without_type.conf": ("fc1", ["kUniform"], "init"),  # quoted kUserInit, a value not in the file
     "rbm_hdim_mismatch.conf": ("hid", ["(#2, kRBMHid)"], "hdim"),
     "rbm_missing_share_from.conf": ("hid", ["two layers of an RBM share one W"], "param"),
     "rbm_partner_missing.conf": ("vis", ["lists 'vis' as its srclayers[0]"], "srclayers"),
