@@ -171,15 +171,16 @@ def test_check_on_n_workers_refuses_a_cluster_a_launch_on_n_refuses(capsys, tmp_
     assert cli.main(["check", "-n", "3", str(conf)]) == 0
 
 
-def test_a_name_with_a_newline_stays_on_one_error_line(capsys, tmp_path):
-    """A layer named "a\\nb" (a control character the file may hold) is shown escaped: the error
-    listing the known layers was two lines."""
-    text = pathlib.Path(DIGITS).read_text().replace('name: "fc2"', 'name: "fc\\nb"', 1)
+@pytest.mark.parametrize("written,shown", [("fc\\nb", "fc\\nb"), ("fc\u0085b", "fc\\x85b"), ("fc\u2028b", "fc\\u2028b")])
+def test_a_name_with_a_line_break_stays_on_one_error_line(capsys, tmp_path, written, shown):
+    """A layer named with a newline (an escape in the file), NEL or LINE SEPARATOR (UTF-8 in the file)
+    is shown escaped: the error listing the known layers was two lines."""
+    text = pathlib.Path(DIGITS).read_text().replace('name: "fc2"', f'name: "{written}"', 1)
     job = tmp_path / "job.conf"
-    job.write_text(text)
+    job.write_text(text, encoding="utf-8")
     assert cli.main(["check", str(job)]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "fc\\nb" in err, err
+    assert len(err.strip().splitlines()) == 1 and shown in err, err
 
 
 def test_a_job_bigger_than_memory_is_one_line_exit_6(tmp_path):

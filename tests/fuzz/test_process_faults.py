@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 import fuzz_support as fz
 import nets
 from singa_mpi.checkpoints import hdf5 as checkpoint
+from test_interrupts import ranks_of  # {MPI rank: pid} below mpiexec, from /proc
 from test_mpi_suites import mpi_env, mpiexec_command
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.mpi]
@@ -66,28 +67,6 @@ def train_command(job: pathlib.Path, workspace: pathlib.Path, *extra: str) -> li
 def launch(command: list[str]) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=fz.ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, errors="replace", start_new_session=True)
-
-
-def ranks_of(pid: int) -> dict[int, int]:
-    """{MPI rank: pid} of the Python processes below ``pid`` (mpiexec -> hydra proxy -> ranks) that
-    carry PMI_RANK in their environment (read from /proc)."""
-    parents = {}
-    for entry in pathlib.Path("/proc").iterdir():
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if entry.name.isdigit():
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    below, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - below
-        below |= frontier
-    ranks = {}
-    for child in below:
-        with contextlib.suppress(OSError):
-            environ = pathlib.Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-            rank = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"PMI_RANK=")]
-            if rank and b"python" in pathlib.Path(f"/proc/{child}/cmdline").read_bytes():
-                ranks[int(rank[0])] = child
-    return ranks
 
 
 def wait_for(condition, proc: subprocess.Popen, limit: float) -> bool:
