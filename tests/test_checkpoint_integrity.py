@@ -76,14 +76,18 @@ def verdict(path: str, good: checkpoint.Checkpoint) -> str:
 
 def test_every_flipped_byte_reads_the_same_or_is_reported_and_resume_falls_back(trained, tmp_path):
     """Bytes all over a real checkpoint, flipped one at a time: every 13th of the first 2 KiB (HDF5's
-    superblock, object headers, heaps), every 97th beyond (SINGA_MPI_FUZZ=long: every byte).  No other
-    exception type escapes the reader (it used to raise TypeError, RuntimeError, AttributeError), and
-    `--resume` falls back to step 2."""
+    superblock, object headers, heaps), every 97th beyond (SINGA_MPI_FUZZ=long: every byte for the
+    seal).  The seal reports each flip before HDF5 reads anything.  Behind the seal (the flipped file
+    sealed anew: damage done before the write) the sampled flips read the same or as a DataError, no
+    other exception type (it used to raise TypeError, RuntimeError, AttributeError), and `--resume`
+    falls back to step 2.  Only the samples: a few other flips of HDF5's metadata crash libhdf5
+    (a segmentation fault, or memory it corrupts), which is why the seal comes first."""
     _, ws = trained
     newest = checkpoint.checkpoint_path(str(ws), 4)
     good, older = checkpoint.read(newest), checkpoint.read(checkpoint.checkpoint_path(str(ws), 2))
     size = os.path.getsize(newest)
-    positions = range(size) if LONG else sorted(set(range(0, min(size, 2048), 13)) | set(range(0, size, 97)))
+    sampled = set(range(0, min(size, 2048), 13)) | set(range(0, size, 97))
+    positions = range(size) if LONG else sorted(sampled)
     work = tmp_path / "ws"
     os.makedirs(checkpoint.checkpoint_dir(str(work)))
     shutil.copy(checkpoint.checkpoint_path(str(ws), 2), checkpoint.checkpoint_path(str(work), 2))
@@ -95,6 +99,8 @@ def test_every_flipped_byte_reads_the_same_or_is_reported_and_resume_falls_back(
         flipped(newest, target, [(position, 0xFF)])
         # the seal: every flip is damage, but for the zero padding of the user block
         assert verdict(target, good) == ("same" if checkpoint.USER_BLOCK > position >= padding else "damage"), position
+        if position not in sampled:
+            continue
         resealed(target)  # behind the seal: HDF5's own structures and the checksums inside
         outcome = verdict(target, good)
         seen[outcome] += 1
