@@ -39,6 +39,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from benchkit import bench_env, mpiexec_command  # noqa: E402 - scripts/ is on the path from here on
+
 NETS = {"mnist_mlp": ("mnist_mlp.conf", (784,), 64), "cifar10_convnet": ("cifar10_convnet.conf", (3, 32, 32), 100)}
 SCHEMES = {"mnist_mlp": ["data", "feature", "hybrid"], "cifar10_convnet": ["data", "feature", "hybrid"]}
 FEATURE_TYPES = {"kInnerProduct", "kConvolution", "kCConvolution", "kReLU", "kSTanh", "kPooling", "kCPooling"}
@@ -121,11 +123,9 @@ def worker(args) -> int:
 
 
 def launch(net: str, scheme: str, ranks: int, steps: int) -> dict:
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env.setdefault("UCX_TLS", "self,sm")  # one machine: shared memory only (see tests/test_mpi_suites.py)
-    cmd = [mpiexec, "-n", str(ranks), sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
-           "--steps", str(steps)]
+    env = bench_env()  # one BLAS thread per rank; the launcher's MPI (SINGA_MPI_FLAVOR=openmpi|mpich)
+    cmd = mpiexec_command(ranks) + [sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
+                                    "--steps", str(steps)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{net}/{scheme} on {ranks} ranks failed:\n{out.stderr[-3000:]}")

@@ -33,6 +33,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from singa_mpi.communication.launchers import find_launcher  # noqa: E402
+
 JOBS = {"digits_mlp": ((64,), 1437, 200), "mnist_mlp": ((784,), 2048, 20), "cifar10_convnet": ((3, 32, 32), 1000, 8)}
 SETTINGS = ["env=1", "env=2", "gemm=1", "gemm=2", "default"]
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -101,11 +103,10 @@ def launch(job: str, setting: str, ranks: int, steps: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     if setting.startswith("env="):
         env.update({name: setting[4:] for name in THREAD_VARIABLES})
-    env.setdefault("UCX_TLS", "self,sm")  # one machine: shared memory only (see tests/test_mpi_suites.py)
+    env = find_launcher().environ(env)  # what the launcher's MPI needs (SINGA_MPI_FLAVOR=openmpi|mpich)
     cmd = [sys.executable, __file__, "--worker", "--job", job, "--setting", setting, "--steps", str(steps)]
     if ranks > 1:
-        mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-        cmd = [mpiexec, "-n", str(ranks)] + cmd
+        cmd = find_launcher().command(ranks) + cmd
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"{job} {setting} on {ranks} rank(s) failed:\n{out.stderr[-3000:]}")

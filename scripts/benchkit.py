@@ -5,28 +5,22 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
+from singa_mpi.communication.launchers import find_launcher
+
 
 def bench_env() -> dict[str, str]:
-    """One BLAS thread per process; UCX on shared memory only (as tests/test_mpi_suites.py)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.setdefault("UCX_TLS", "self,sm")
-    return env
+    """One BLAS thread per process, and what the launcher's MPI needs (as tests/test_mpi_suites.py)."""
+    return find_launcher().environ(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                                   PYTHONUNBUFFERED="1")
 
 
 def mpiexec_command(n: int) -> list[str]:
-    """The launcher next to this Python (the mpich wheel's) or on PATH; Open MPI's flags for a shared box."""
-    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    if exe is None:
-        raise RuntimeError("mpiexec not found: install MPI (pip install mpich) or run with --ranks 1")
-    version = subprocess.run([exe, "--version"], check=False, capture_output=True, text=True, timeout=60).stdout
-    extra = ["--oversubscribe", "--allow-run-as-root"] if "Open MPI" in version or "OpenRTE" in version else []
-    return [exe, *extra, "-n", str(n)]
+    """The launcher of $SINGA_MPI_FLAVOR (mpich or openmpi; default MPICH), with its flags for a shared box."""
+    return find_launcher().command(n)
 
 
 def train_subprocess(conf: pathlib.Path, workspace: pathlib.Path, ranks: int) -> list[dict]:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 from singa_mpi.cli import EXAMPLES, resolve_workspace
+from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
 from singa_mpi.config.load import load_job
 
 STAGES = ["1", "2", "3", "4", "autoencoder"]
@@ -30,10 +30,10 @@ STAGES = ["1", "2", "3", "4", "autoencoder"]
 
 def command(conf: str, ranks: int, steps: int | None, extra: list[str]) -> list[str]:
     if ranks > 1:
-        mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-        if mpiexec is None:
-            sys.exit("rbm_chain: mpiexec not found: pip install 'singa_mpi[mpich]' or put an MPI on PATH")
-        launch = [mpiexec, "-n", str(ranks)]
+        try:
+            launch = find_launcher().command(ranks)  # SINGA_MPI_FLAVOR=openmpi|mpich
+        except LauncherNotFound as err:
+            sys.exit(f"rbm_chain: {err}")
     else:
         launch = []
     words = launch + [sys.executable, "-m", "singa_mpi", "train", conf, "--overwrite"]
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         conf = os.path.join(args.conf_dir, f"rbm_{args.set}_{stage}.conf")
         workspace = resolve_workspace(load_job(conf), None)
         print(f"== {os.path.basename(conf)} -> {workspace}", flush=True)
-        code = subprocess.call(command(conf, args.ranks, args.steps, extra))
+        code = subprocess.call(command(conf, args.ranks, args.steps, extra),
+                               env=find_launcher().environ() if args.ranks > 1 else None)
         if code != 0:
             print(f"rbm_chain: {os.path.basename(conf)} failed (exit {code})", file=sys.stderr)
             return code

@@ -82,8 +82,31 @@ def mpi_world(tracer=None, life=None):
         if life is not None:
             life.waiting_in(None)
     if comm.world_size() <= 1:
+        refuse_launcher_mix_up(os.environ, comm.library())
         return None
     return comm.world(tracer, status=life.record if life is not None else None)
+
+
+# what launchers announce: (size variable, rank variable) -- MPICH's PMI, Open MPI, srun's job step
+ANNOUNCED_WORLD = (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+                   ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"))
+
+
+def refuse_launcher_mix_up(environ, library: str) -> None:
+    """An MPI world of 1 where the environment says the launcher started N > 1 processes: a launcher
+    of one MPI with mpi4py on another (one venv's mpiexec first on PATH) runs N serial copies of the
+    job into one workspace.  ConfigError on the process the launcher calls rank 0; the others leave
+    quietly with the same code (one line for the job, not N)."""
+    for size_variable, rank_variable in ANNOUNCED_WORLD:
+        if size_variable.startswith("SLURM") and not environ.get("SLURM_STEP_ID", "").isdigit():
+            continue  # the batch script's own step, not processes srun started
+        size = environ.get(size_variable, "")
+        if size.isdigit() and int(size) > 1:
+            if environ.get(rank_variable, "0") not in ("", "0"):
+                raise SystemExit(ConfigError.exit_code)
+            raise ConfigError(f"the launcher started {size} processes ({size_variable}={size}) but MPI sees a world "
+                              f"of 1: the launcher is not of the MPI that mpi4py loaded ({library}): launch with "
+                              f"that MPI's own mpiexec/mpirun (see README, Your system MPI)")
 
 
 def _rank_life(stall_timeout: float | None, rank: int | None = None, size: int | None = None, tracer=None):

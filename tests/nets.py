@@ -308,7 +308,7 @@ def gru_on_records(path: str, batch: int, split_gru: bool = True, steps: int = 2
         _data_layer(path, batch, (12,)).replace('type: kRecordInput', 'type: kRecordInput unroll_len: 1'),
         f'layer {{ name: "gru1" type: kGRU srclayers: "data" {pdim} gru_conf {{ dim_hidden: 7 }} {gru_params} }}',
         _ip("ip1", "gru1", 5),
-        f'layer {{ name: "loss" type: kSoftmaxLoss srclayers: "ip1" srclayers: "data" }}',
+        'layer { name: "loss" type: kSoftmaxLoss srclayers: "ip1" srclayers: "data" }',
     ]
     updater = ("train_one_batch { alg: kBPTT }\nupdater { type: kSGD momentum: 0.9 "
                "learning_rate { type: kFixed base_lr: 0.05 } }")

@@ -14,7 +14,7 @@ from singa_mpi.checkpoints import hdf5 as checkpoint, tools as ckpt_tools
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
 from singa_mpi.launcher import RunOptions, run_training
-from test_mpi_suites import mpi_env, mpiexec_command
+from test_mpi_suites import launcher, mpi_env, mpiexec_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -240,7 +240,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_continues_the_curve(tmp_path, n
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 20):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # mpiexec forwards it to the ranks
+    proc.send_signal(signal.Signals[launcher().stop_signal])  # SIGTERM to MPICH's mpiexec, SIGUSR1 to Open MPI's
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == checkpoint.EXIT_CHECKPOINTED, err[-2000:]
     stopped = checkpoint.listed(str(ws))[0][0]

@@ -107,7 +107,7 @@ def ranks_of(pid: int) -> dict[int, int]:
             env = pathlib.Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        rank = [v.split(b"=", 1)[1] for v in env if v.startswith(b"PMI_RANK=")]
+        rank = [v.split(b"=", 1)[1] for v in env if v.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))]
         if rank and b"python" in pathlib.Path(f"/proc/{child}/cmdline").read_bytes():
             ranks[int(rank[0])] = child
     return ranks

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from test_checkpoint import ROOT, job_file, train
 from test_mpi_suites import mpi_env, mpiexec_command
@@ -54,3 +55,48 @@ def test_pipeline_run_ends_without_leftover_mpi_objects(tmp_path):
     conf = job_file(tmp_path, "pipeline", steps=4, extra=TEST_PHASE)
     result = _cli(3, "train", conf, "--workspace", str(tmp_path / "ws"))
     assert "pending" not in result.stderr.lower() and "leak" not in result.stderr.lower(), result.stderr
+
+
+# ------------------------------------------------------------------ launcher mix-ups
+
+@pytest.mark.parametrize("environ,refused", [
+    ({}, None),  # a plain serial run
+    ({"PMI_SIZE": "1", "PMI_RANK": "0"}, None),  # mpiexec -n 1
+    ({"PMI_SIZE": "2", "PMI_RANK": "0"}, "PMI_SIZE=2"),
+    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_SIZE=4"),
+    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}, "SLURM_STEP_NUM_TASKS=2"),
+    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0"}, None),  # the batch script itself, no srun step
+])
+def test_a_world_of_one_under_a_launcher_of_n_is_refused(environ, refused):
+    from singa_mpi.errors import ConfigError
+    from singa_mpi.launcher import refuse_launcher_mix_up
+
+    if refused is None:
+        refuse_launcher_mix_up(environ, "MPICH Version: 5.0.2")
+        return
+    with pytest.raises(ConfigError) as err:
+        refuse_launcher_mix_up(environ, "Open MPI v4.1.4")
+    assert refused in str(err.value) and "Open MPI v4.1.4" in str(err.value) and "\n" not in str(err.value)
+    other = {k: ("1" if k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID") else v) for k, v in environ.items()}
+    with pytest.raises(SystemExit) as quiet:  # every other process: the same code, no second line
+        refuse_launcher_mix_up(other, "Open MPI v4.1.4")
+    assert quiet.value.code == 2
+
+
+def test_mpich_launcher_with_mpi4py_on_open_mpi_is_one_line_exit_2(tmp_path):
+    """The cluster mix-up of the issue: MPICH's mpiexec first on PATH, mpi4py loading Open MPI. It ran
+    N serial copies of the job into one workspace, exit 0."""
+    from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
+
+    try:
+        mpich, open_mpi = find_launcher("mpich"), find_launcher("openmpi")
+    except LauncherNotFound as err:
+        pytest.skip(f"needs both MPIs: {err}")
+    env = open_mpi.environ(OMP_NUM_THREADS="1")  # mpi4py on Open MPI...
+    job = str(ROOT / "conf" / "digits_mlp.conf")
+    cmd = mpich.command(2) + [sys.executable, "-m", "singa_mpi", "train", job, "--workspace", str(tmp_path / "ws")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # ...under hydra
+    errors = [line for line in done.stderr.splitlines() if line.startswith("singa-mpi: error:")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-2000:]
+    assert "PMI_SIZE=2" in errors[0] and "Open MPI" in errors[0]
+    assert not (tmp_path / "ws").exists()

@@ -22,7 +22,7 @@ import time
 import nets
 import pytest
 from test_mpi_failures import finish, rank_pids, wait_for_progress
-from test_mpi_suites import mpi_env, mpiexec_command
+from test_mpi_suites import launcher, mpi_env, mpiexec_command
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.communication import guardian, liveness
@@ -344,7 +344,8 @@ def test_sigterm_while_setting_up_stops_before_training(tmp_path, n):
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"the setup never started:\n{proc.stderr.read()[-2000:]}")
         time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGTERM)  # mpiexec forwards it to every rank
+    stop = signal.Signals[launcher().stop_signal] if n > 1 else signal.SIGTERM
+    os.kill(proc.pid, stop)  # the launcher forwards it to every rank (Open MPI: SIGUSR1, see launchers.py)
     code, out, err = finish(proc, 120)
     assert code == checkpoint.EXIT_CHECKPOINTED, err[-3000:]
     assert out.count(STOPPED_BEFORE_TRAINING) == 1, out[-3000:]
@@ -384,3 +385,16 @@ def test_the_record_folder_of_an_ended_launch_is_swept(tmp_path):
     liveness.sweep_stale(str(tmp_path))
     assert not stale.exists() and live.exists()
 
+
+
+def test_a_rank_that_was_itself_stopped_blames_nobody_for_a_while():
+    """Its watchdog sees its own clock jump (no poll for seconds): the wait was its own doing. Under
+    Open MPI the launcher's abort continues a stopped rank, which then blamed the rank it waited for."""
+    life = type("Life", (), {"rank": 0, "size": 2})()
+    dog = liveness.Watchdog(life, tracer=None, timeout=10, poll=0.1)
+    began = dog._last_poll
+    assert not dog.was_suspended(began + 0.1) and not dog.was_suspended(began + 0.25)  # polls on time
+    assert dog.was_suspended(began + 30.0)  # stopped for half a minute, then continued
+    polls = [began + 30.0 + 0.1 * k for k in range(1, 102)]  # polling on time again
+    quiet = [dog.was_suspended(t) for t in polls]
+    assert all(quiet[:99]) and not any(quiet[100:])  # quiet for one timeout (10 s), then watching again

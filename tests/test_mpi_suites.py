@@ -3,36 +3,36 @@
 Four ranks oversubscribe a 2-core machine: fine for correctness.  Each run has
 a hard timeout, so a hang fails the test instead of the CI job.
 """
+import functools
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from singa_mpi.communication.launchers import Launcher, LauncherNotFound, find_launcher
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def mpi_env(**extra: str) -> dict[str, str]:
-    """Environment for launching test ranks on this one machine.
+@functools.cache
+def launcher() -> Launcher:
+    """The MPI the MPI tests run under: $SINGA_MPI_FLAVOR (mpich or openmpi), else MPICH."""
+    try:
+        return find_launcher()
+    except LauncherNotFound as err:
+        pytest.fail(str(err))
 
-    One BLAS thread per rank; UCX (the MPICH wheel's transport layer) limited to
-    shared memory, which avoids its intermittent address-exchange failure at
-    MPI_Init on hosts with odd network interfaces (pmodels/mpich#7417).
-    """
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
-    env.setdefault("UCX_TLS", "self,sm")
-    return env
+
+def mpi_env(**extra: str) -> dict[str, str]:
+    """Environment for launching test ranks on this one machine: one BLAS thread per rank, and what
+    the launcher's MPI needs (singa_mpi.communication.launchers)."""
+    return launcher().environ(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
 
 
 def mpiexec_command(n: int) -> list[str]:
-    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    if exe is None:
-        pytest.fail("mpiexec not found: install MPI (pip install mpich) or put a system MPI on PATH")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
-    extra = ["--oversubscribe", "--allow-run-as-root"] if "Open MPI" in version or "OpenRTE" in version else []
-    return [exe, *extra, "-n", str(n)]
+    return launcher().command(n)
 
 
 @pytest.mark.parametrize("nranks,shm", [(1, "1"), (2, "1"), (3, "1"), (4, "1"), (2, "0"), (3, "0")],

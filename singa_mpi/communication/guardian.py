@@ -121,7 +121,8 @@ def earliest_noticed(sightings: list[dict], candidates: list[int], margin: float
     first, second = sorted(sightings, key=lambda seen: seen["noticed"])[:2]
     watching = {seen["rank"]: seen.get("ready", float("inf")) for seen in sightings}
     # a candidate whose guardian was not yet watching (still starting) could have died first unseen
-    if any(watching.get(rank, float("inf")) > first["noticed"] - margin for rank in candidates if rank != first["rank"]):
+    others = [rank for rank in candidates if rank != first["rank"]]
+    if any(watching.get(rank, float("inf")) > first["noticed"] - margin for rank in others):
         return []
     if first["rank"] in candidates and second["noticed"] - first["noticed"] >= margin:
         return [first["rank"]]

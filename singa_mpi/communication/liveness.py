@@ -398,12 +398,25 @@ class Watchdog(threading.Thread):
         self.waiting: tuple[float, str] | None = None  # (perf_counter, what): a wait the tracer does not see
         self._last_key = None
         self._stop_event = threading.Event()
+        self._last_poll = time.monotonic()
+        self._quiet_until = 0.0
 
     def run(self) -> None:
         while not self._stop_event.wait(self.poll):
             self.beat()
-            if self.timeout:
+            if self.timeout and not self.was_suspended():
                 self.check()
+
+    def was_suspended(self, now: float | None = None) -> bool:
+        """True for one timeout after this process was stopped and continued (SIGSTOP, a debugger, a
+        frozen VM): its own clock jumped, so its long wait is its own doing, not the peer's.  Open
+        MPI's abort continues a stopped rank (SIGCONT): it must not then blame the rank that waited
+        for it; the others name it."""
+        now = time.monotonic() if now is None else now
+        gap, self._last_poll = now - self._last_poll, now
+        if gap > self.poll + LIFE_LIMIT:
+            self._quiet_until = now + (self.timeout or 0.0)
+        return now < self._quiet_until
 
     def beat(self) -> None:
         key, text, in_comm = activity_of(self.tracer, self.note)

@@ -78,8 +78,8 @@ def to_text(plan: Plan, method: str = SHARED_MEMORY, full: bool = False) -> str:
                      f"received {_fmt_bytes(v['backward_received'])}; param sync sent "
                      f"{_fmt_bytes(v['params_sent'])}, received {_fmt_bytes(v['params_received'])}")
     if copies:
-        lines.append(f"\n(unrolled: only time step 0's copies are listed, each with its number of time steps; "
-                     f"plan --full lists every copy)")
+        lines.append("\n(unrolled: only time step 0's copies are listed, each with its number of time steps; "
+                     "plan --full lists every copy)")
     total = {k: sum(v[k] for v in volume.values()) for k in next(iter(volume.values()))}
     inserted = sum(1 for s in plan.sublayers if s.origin is None)
     lines.append(f"\ntotal: {len(plan.sublayers)} sub-layers ({inserted} inserted), "

@@ -4,11 +4,9 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from google.protobuf import text_format
 
 from singa_mpi.config.load import parse_job
 from singa_mpi.config.source import SourceMap
-from singa_mpi.proto import job_pb2
 
 HERE = pathlib.Path(__file__).parent
 REPO = HERE.parent.parent

@@ -256,7 +256,6 @@ def test_broken_conf_fails_on_one_line_naming_file_line_layer_and_field(name):
 
 def test_message_lists_are_complete():
     """Listed names are what the registries accept (the list is the user's menu)."""
-    from singa_mpi.params import INITS
     from singa_mpi.updaters import LR_SCHEDULES, UPDATERS
 
     def listed(name: str) -> list[str]:

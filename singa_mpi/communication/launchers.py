@@ -1,0 +1,133 @@
+"""Which MPI launcher starts singa_mpi's ranks on this machine, with what flags and environment.
+
+Two MPIs are first-class: MPICH (the ``mpich`` wheel beside this Python, or a system MPICH) and Open
+MPI (e.g. Debian's ``openmpi-bin``).  mpi4py's wheel carries an extension for each ABI and picks one
+by the library it finds; a launcher of one MPI with mpi4py on the other gives N serial jobs, so the
+launcher and the library must be chosen together.  :func:`find_launcher` does that, for the tests,
+the benchmark scripts and anyone scripting runs::
+
+    launcher = find_launcher()                  # SINGA_MPI_FLAVOR=openmpi|mpich, else MPICH if present
+    subprocess.run(launcher.command(4) + [sys.executable, "-m", "singa_mpi", "train", ...],
+                   env=launcher.environ())
+
+For Open MPI it points mpi4py at that Open MPI's ``libmpi`` (``MPI4PY_LIBMPI``, ``MPI4PY_MPIABI``:
+mpi4py's documented switches) and adds ``--oversubscribe`` (a box with fewer cores than ranks) and,
+as root, ``--allow-run-as-root``.  No mpi4py import here: this runs before any MPI is loaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+FLAVORS = ("mpich", "openmpi")
+FLAVOR_VARIABLE = "SINGA_MPI_FLAVOR"
+
+
+class LauncherNotFound(RuntimeError):
+    """The MPI asked for has no launcher here; the message says what to install."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Launcher:
+    flavor: str  # "mpich" or "openmpi"
+    executable: str
+    options: tuple[str, ...] = ()
+    variables: tuple[tuple[str, str], ...] = ()  # what mpi4py needs to load this MPI's library
+    # what to send the launcher so that every rank checkpoints and exits 75: hydra forwards SIGTERM;
+    # Open MPI's mpirun turns SIGTERM into SIGTERM then SIGKILL one second later, but passes SIGUSR1
+    stop_signal: str = "SIGTERM"
+
+    def command(self, nranks: int) -> list[str]:
+        """``[launcher, options..., -n, N]``: append the program and its arguments."""
+        return [self.executable, *self.options, "-n", str(nranks)]
+
+    def environ(self, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+        """``base`` (default: this process's environment) with this MPI's variables and ``extra``.
+        UCX (the MPICH wheel's transport) is kept to shared memory on one machine unless set:
+        its address exchange fails intermittently on hosts with odd interfaces (pmodels/mpich#7417)."""
+        env = dict(os.environ if base is None else base, **dict(self.variables), **extra)
+        env.setdefault("UCX_TLS", "self,sm")
+        return env
+
+
+def find_launcher(flavor: str | None = None) -> Launcher:
+    """The launcher of ``flavor`` (default: ``$SINGA_MPI_FLAVOR``, else MPICH when it is there, else
+    Open MPI); LauncherNotFound saying what to install otherwise."""
+    flavor = flavor or os.environ.get(FLAVOR_VARIABLE) or ""
+    if flavor and flavor not in FLAVORS:
+        raise LauncherNotFound(f"{FLAVOR_VARIABLE}={flavor}: expected one of {', '.join(FLAVORS)}")
+    if flavor in ("", "mpich"):
+        found = _mpich()
+        if found is not None or flavor == "mpich":
+            return found or _missing("mpich")
+    return _open_mpi() or _missing("openmpi")
+
+
+def _search_path() -> str:
+    return os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
+
+def _version(executable: str) -> str:
+    try:
+        done = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout + done.stderr
+
+
+def _mpich() -> Launcher | None:
+    """MPICH's hydra ``mpiexec``, the wheel's beside this Python first."""
+    executable = shutil.which("mpiexec", path=_search_path())
+    if executable is None or not any(word in _version(executable) for word in ("HYDRA", "MPICH")):
+        return None
+    return Launcher("mpich", executable)
+
+
+def _open_mpi() -> Launcher | None:
+    """Open MPI's ``mpirun`` (Debian names it mpirun.openmpi too) and its libmpi for mpi4py."""
+    for name in ("mpirun.openmpi", "mpirun", "mpiexec"):
+        executable = shutil.which(name, path=_search_path() + os.pathsep + "/usr/bin")
+        if executable is None or not any(word in _version(executable) for word in ("Open MPI", "OpenRTE")):
+            continue
+        # --bind-to none: ranks share the node as under MPICH, so BLAS threads are chosen per node;
+        # --quiet: no banner after the one error line when the ranks exit with an error code
+        options = ["--oversubscribe", "--bind-to", "none", "--quiet"]
+        if os.geteuid() == 0:
+            options.append("--allow-run-as-root")
+        variables = [("MPI4PY_MPIABI", "openmpi")]
+        library = _open_mpi_library(executable)
+        if library:
+            variables.append(("MPI4PY_LIBMPI", library))
+        return Launcher("openmpi", executable, tuple(options), tuple(variables), stop_signal="SIGUSR1")
+    return None
+
+
+def _open_mpi_library(executable: str) -> str:
+    """The libmpi.so of the Open MPI that ``executable`` belongs to (ompi_info beside it says where)."""
+    info = os.path.join(os.path.dirname(os.path.realpath(executable)), "ompi_info")
+    if not os.path.exists(info):
+        info = shutil.which("ompi_info") or ""
+    try:
+        out = subprocess.run([info, "--parsable", "--path", "libdir"], capture_output=True, text=True,
+                             timeout=60, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    for line in out.splitlines():
+        if line.startswith("path:libdir:"):
+            libdir = line.split(":", 2)[2]
+            # libmpi.so comes with the -dev package; Debian keeps the runtime's libmpi.so.40 two folders up
+            for pattern in ("libmpi.so", "libmpi.so.[0-9]*", os.path.join("..", "..", "libmpi.so.[0-9]*")):
+                found = sorted(glob.glob(os.path.join(libdir, pattern)), key=len)
+                if found:
+                    return os.path.realpath(found[0])
+    return ""
+
+
+def _missing(flavor: str) -> Launcher:
+    how = {"mpich": "pip install mpich (or a system MPICH with its mpiexec on PATH)",
+           "openmpi": "a system Open MPI (Debian: apt-get install openmpi-bin) with its mpirun on PATH"}
+    raise LauncherNotFound(f"no {flavor} launcher found: install {how[flavor]}")
