@@ -174,6 +174,22 @@ case "$error" in
   *num_output*) ;;
   *) say "FAILED: the error output does not name the bad field"; exit 1 ;;
 esac
+if [ -z "${MPI4PY_LIBMPI:-}" ] && "$PY" -c "import importlib.metadata as m; m.version('mpich')" 2>/dev/null; then
+  say "SINGA_LAUNCHER=srun with the mpich wheel (srun's PMI-2 fails with it): must be refused in one line"
+  wait_idle
+  set +e
+  JOBID=$(cd "$ROOT" && SINGA_LAUNCHER=srun SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-srun timeout 150 \
+    sbatch --wait --parsable --ntasks=2 --time=00:05:00 --job-name=selftest-srun \
+           --output="$WORK/srun-%j.out" slurm/train.sbatch "$WORK/good.conf"); status=$?
+  set -e
+  refusal=$(grep -h "SINGA_LAUNCHER=srun" "$WORK"/srun-*.out 2>/dev/null || true)
+  if [ "$status" -eq 0 ] || [ "$(grep -c . <<<"$refusal")" -ne 1 ] || [ -e "$WORK/ws-srun/metrics.jsonl" ]; then
+    say "FAILED: SINGA_LAUNCHER=srun was not refused in one line (status $status):"
+    cat "$WORK"/srun-*.out 2>/dev/null | tail -10
+    exit 1
+  fi
+  say "srun job ${JOBID:-?} refused (status $status): $refusal"
+fi
 say "preemption: submitting a long job, then signalling it with SIGUSR1"
 wait_idle
 JOBID=$(cd "$ROOT" && SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-long timeout 30 \
