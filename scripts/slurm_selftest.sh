@@ -9,8 +9,12 @@
 #    it succeeded and wrote metrics.jsonl and its per-job log into the workspace;
 # 3. submits a job with a broken configuration and checks that it fails and that its error
 #    output is reported;
+#    with the mpich wheel, checks that SINGA_LAUNCHER=srun is refused in one line;
+#    with Open MPI installed (Debian's openmpi-bin), runs the training job under its mpiexec and
+#    under srun --mpi=pmix;
 # 4. preemption: signals a running job with SIGUSR1 (what `#SBATCH --signal` sends before the
-#    time limit), checks that it checkpoints, is requeued, resumes and finishes;
+#    time limit), checks that it checkpoints, is requeued, resumes and finishes; with Open MPI, the
+#    same with SIGTERM (which the script must pass on to Open MPI's mpiexec as SIGUSR1);
 # 5. stops exactly the daemons it started (also on failure or Ctrl-C).
 # Every wait is bounded; the whole run takes well under two minutes.
 set -euo pipefail
@@ -190,39 +194,91 @@ if [ -z "${MPI4PY_LIBMPI:-}" ] && "$PY" -c "import importlib.metadata as m; m.ve
   fi
   say "srun job ${JOBID:-?} refused (status $status): $refusal"
 fi
-say "preemption: submitting a long job, then signalling it with SIGUSR1"
-wait_idle
-JOBID=$(cd "$ROOT" && SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-long timeout 30 \
-  sbatch --parsable --ntasks=2 --time=00:05:00 --job-name=selftest-long --output="$WORK/long-%j.out" \
-         slurm/train.sbatch "$WORK/long.conf")
-for _ in $(seq 1 300); do
-  [ -f "$WORK/ws-long/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-long/metrics.jsonl")" -ge 5 ] && break
-  sleep 0.1
-done
-timeout 10 scancel --signal=USR1 --batch "$JOBID" || {
-  say "FAILED: could not signal job $JOBID (it ended before training got going?)"
-  cat "$WORK"/long-*.out "$WORK"/ws-long/slurm-*.log 2>/dev/null | tail -20
-  exit 1
-}
-state=""
-for _ in $(seq 1 600); do   # bounded: at most 60 s
-  state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
-  restarts=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
-  case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
-  if [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ]; then
-    # Slurm holds a requeued job back (BeginTime) for a while; the test has no time to wait
-    timeout 5 scontrol update JobId="$JOBID" StartTime=now >/dev/null 2>&1 || true
+if command -v mpirun.openmpi >/dev/null 2>&1 && [ -z "${SELFTEST_NO_OPENMPI:-}" ]; then
+  # the same job with Open MPI: its mpiexec first on PATH, mpi4py pointed at its library (as a site
+  # module would set them), root and oversubscription allowed through Open MPI's own variables
+  say "submitting the 2-task training job under Open MPI's mpiexec"
+  mkdir -p "$SCRATCH/openmpi-bin" && ln -sf "$(command -v mpirun.openmpi)" "$SCRATCH/openmpi-bin/mpiexec"
+  OPENMPI_ENV=$("$PY" -c "from singa_mpi.communication.launchers import find_launcher
+print(' '.join(f'{k}={v}' for k, v in find_launcher('openmpi').variables))")
+  wait_idle
+  set +e
+  JOBID=$(cd "$ROOT" && env $OPENMPI_ENV PATH="$SCRATCH/openmpi-bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 \
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 SINGA_PYTHON=$PY \
+    SINGA_WORKSPACE=$WORK/ws-openmpi timeout 150 sbatch --wait --parsable --ntasks=2 --time=00:05:00 \
+    --job-name=selftest-openmpi --output="$WORK/openmpi-%j.out" slurm/train.sbatch "$WORK/good.conf"); status=$?
+  set -e
+  if [ "$status" -ne 0 ] || ! grep -q '"phase": "train"' "$WORK/ws-openmpi/metrics.jsonl" 2>/dev/null; then
+    say "FAILED: the Open MPI training job (id ${JOBID:-?}) exited with status $status; its output:"
+    cat "$WORK"/openmpi-*.out "$WORK"/ws-openmpi/slurm-*.log 2>/dev/null | tail -30
+    exit 1
   fi
-  sleep 0.1
-done
-log=$(cat "$WORK"/ws-long/slurm-*.log 2>/dev/null)
-if [ "$state" != COMPLETED ] || [ "${restarts:-0}" -lt 1 ]; then
-  say "FAILED: the preempted job ended in state '${state:-unknown}' after ${restarts:-0} restart(s); its log:"
-  echo "$log" | tail -30
-  timeout 10 scancel "$JOBID" 2>/dev/null || true
-  exit 1
+  say "Open MPI training job $JOBID succeeded: $(grep -c '"phase": "train"' "$WORK/ws-openmpi/metrics.jsonl") metric lines"
+  say "submitting the 2-task training job under Open MPI with SINGA_LAUNCHER=srun (srun --mpi=pmix)"
+  wait_idle
+  set +e
+  # shellcheck disable=SC2086
+  JOBID=$(cd "$ROOT" && env $OPENMPI_ENV SINGA_LAUNCHER=srun SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-osrun \
+    timeout 150 sbatch --wait --parsable --ntasks=2 --time=00:05:00 --job-name=selftest-osrun \
+    --output="$WORK/osrun-%j.out" slurm/train.sbatch "$WORK/good.conf"); status=$?
+  set -e
+  if [ "$status" -ne 0 ] || ! grep -q '"phase": "train"' "$WORK/ws-osrun/metrics.jsonl" 2>/dev/null; then
+    say "FAILED: the Open MPI srun job (id ${JOBID:-?}) exited with status $status; its output:"
+    cat "$WORK"/osrun-*.out "$WORK"/ws-osrun/slurm-*.log 2>/dev/null | tail -30
+    exit 1
+  fi
+  say "Open MPI srun job $JOBID succeeded: $(grep -c '"phase": "train"' "$WORK/ws-osrun/metrics.jsonl") metric lines"
 fi
-grep -q "stopped on a signal after [0-9]* steps" <<<"$log" || { say "FAILED: no checkpoint on the signal"; exit 1; }
-grep -q "resuming from" <<<"$log" || { say "FAILED: the requeued job did not resume"; exit 1; }
-say "preempted job $JOBID checkpointed, was requeued ($restarts restart), resumed and completed"
+preempt() {  # name signal [VAR=value ...]: a long job signalled (to its batch shell) while it trains
+  local name=$1 sig=$2
+  shift 2
+  say "preemption ($name): submitting a long job, then signalling it with SIG$sig"
+  wait_idle
+  JOBID=$(cd "$ROOT" && env "$@" SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-$name timeout 30 \
+    sbatch --parsable --ntasks=2 --time=00:05:00 --job-name="selftest-$name" --output="$WORK/$name-%j.out" \
+           slurm/train.sbatch "$WORK/long.conf")
+  for _ in $(seq 1 300); do
+    [ -f "$WORK/ws-$name/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-$name/metrics.jsonl")" -ge 5 ] && break
+    sleep 0.1
+  done
+  timeout 10 scancel --signal="$sig" --batch "$JOBID" || {
+    say "FAILED: could not signal job $JOBID (it ended before training got going?)"
+    cat "$WORK"/"$name"-*.out "$WORK"/ws-"$name"/slurm-*.log 2>/dev/null | tail -20
+    exit 1
+  }
+  local state="" restarts=0
+  for _ in $(seq 1 600); do   # bounded: at most 60 s
+    state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+    restarts=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+    case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
+    if [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ] && ! pgrep -x slurmstepd >/dev/null; then
+      # Slurm holds a requeued job back (BeginTime) for a while; the test has no time to wait.  But not
+      # before the last run's steps are gone (Open MPI's daemons run as a step of their own): with
+      # proctrack/linuxproc their clean-up could take the new run's processes for theirs (wait_idle)
+      timeout 5 scontrol update JobId="$JOBID" StartTime=now >/dev/null 2>&1 || true
+    fi
+    sleep 0.1
+  done
+  local log
+  log=$(cat "$WORK"/ws-"$name"/slurm-*.log 2>/dev/null)
+  if [ "$state" != COMPLETED ] || [ "${restarts:-0}" -lt 1 ]; then
+    say "FAILED: the preempted job ended in state '${state:-unknown}' after ${restarts:-0} restart(s); its log:"
+    echo "$log" | tail -30
+    say "its Slurm output:"
+    tail -30 "$WORK"/"$name"-*.out 2>/dev/null
+    timeout 10 scancel "$JOBID" 2>/dev/null || true
+    exit 1
+  fi
+  grep -q "stopped on a signal after [0-9]* steps" <<<"$log" || { say "FAILED: no checkpoint on the signal"; exit 1; }
+  grep -q "resuming from" <<<"$log" || { say "FAILED: the requeued job did not resume"; exit 1; }
+  say "preempted job $JOBID ($name) checkpointed, was requeued ($restarts restart), resumed and completed"
+}
+
+preempt long USR1 SINGA_LAUNCHER=mpiexec  # what `#SBATCH --signal=B:USR1@120` sends before the time limit
+if [ -n "${OPENMPI_ENV:-}" ]; then
+  # Open MPI's mpiexec kills the ranks a second after a SIGTERM: the script must pass it on as SIGUSR1
+  # shellcheck disable=SC2086
+  preempt long-openmpi TERM $OPENMPI_ENV PATH="$SCRATCH/openmpi-bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 \
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+fi
 say "PASSED"
