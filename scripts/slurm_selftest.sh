@@ -280,5 +280,8 @@ if [ -n "${OPENMPI_ENV:-}" ]; then
   # shellcheck disable=SC2086
   preempt long-openmpi TERM $OPENMPI_ENV PATH="$SCRATCH/openmpi-bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  # and under srun, which forwards a SIGTERM to the tasks itself
+  # shellcheck disable=SC2086
+  preempt long-osrun TERM $OPENMPI_ENV SINGA_LAUNCHER=srun
 fi
 say "PASSED"
