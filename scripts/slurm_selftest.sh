@@ -197,37 +197,31 @@ fi
 if command -v mpirun.openmpi >/dev/null 2>&1 && [ -z "${SELFTEST_NO_OPENMPI:-}" ]; then
   # the same job with Open MPI: its mpiexec first on PATH, mpi4py pointed at its library (as a site
   # module would set them), root and oversubscription allowed through Open MPI's own variables
-  say "submitting the 2-task training job under Open MPI's mpiexec"
   mkdir -p "$SCRATCH/openmpi-bin" && ln -sf "$(command -v mpirun.openmpi)" "$SCRATCH/openmpi-bin/mpiexec"
   OPENMPI_ENV=$("$PY" -c "from singa_mpi.communication.launchers import find_launcher
 print(' '.join(f'{k}={v}' for k, v in find_launcher('openmpi').variables))")
-  wait_idle
-  set +e
-  JOBID=$(cd "$ROOT" && env $OPENMPI_ENV PATH="$SCRATCH/openmpi-bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 \
-    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 SINGA_PYTHON=$PY \
-    SINGA_WORKSPACE=$WORK/ws-openmpi timeout 150 sbatch --wait --parsable --ntasks=2 --time=00:05:00 \
-    --job-name=selftest-openmpi --output="$WORK/openmpi-%j.out" slurm/train.sbatch "$WORK/good.conf"); status=$?
-  set -e
-  if [ "$status" -ne 0 ] || ! grep -q '"phase": "train"' "$WORK/ws-openmpi/metrics.jsonl" 2>/dev/null; then
-    say "FAILED: the Open MPI training job (id ${JOBID:-?}) exited with status $status; its output:"
-    cat "$WORK"/openmpi-*.out "$WORK"/ws-openmpi/slurm-*.log 2>/dev/null | tail -30
-    exit 1
-  fi
-  say "Open MPI training job $JOBID succeeded: $(grep -c '"phase": "train"' "$WORK/ws-openmpi/metrics.jsonl") metric lines"
-  say "submitting the 2-task training job under Open MPI with SINGA_LAUNCHER=srun (srun --mpi=pmix)"
-  wait_idle
-  set +e
+  trains() {  # name what [VAR=value ...]: the good job with that environment must train
+    local name=$1 what=$2 status
+    shift 2
+    say "submitting the 2-task training job $what"
+    wait_idle
+    set +e
+    JOBID=$(cd "$ROOT" && env "$@" SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-$name timeout 150 \
+      sbatch --wait --parsable --ntasks=2 --time=00:05:00 --job-name="selftest-$name" \
+      --output="$WORK/$name-%j.out" slurm/train.sbatch "$WORK/good.conf"); status=$?
+    set -e
+    if [ "$status" -ne 0 ] || ! grep -q '"phase": "train"' "$WORK/ws-$name/metrics.jsonl" 2>/dev/null; then
+      say "FAILED: the job $what (id ${JOBID:-?}) exited with status $status; its output:"
+      cat "$WORK"/"$name"-*.out "$WORK"/ws-"$name"/slurm-*.log 2>/dev/null | tail -30
+      exit 1
+    fi
+    say "job $JOBID $what succeeded: $(grep -c '"phase": "train"' "$WORK/ws-$name/metrics.jsonl") metric lines"
+  }
   # shellcheck disable=SC2086
-  JOBID=$(cd "$ROOT" && env $OPENMPI_ENV SINGA_LAUNCHER=srun SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-osrun \
-    timeout 150 sbatch --wait --parsable --ntasks=2 --time=00:05:00 --job-name=selftest-osrun \
-    --output="$WORK/osrun-%j.out" slurm/train.sbatch "$WORK/good.conf"); status=$?
-  set -e
-  if [ "$status" -ne 0 ] || ! grep -q '"phase": "train"' "$WORK/ws-osrun/metrics.jsonl" 2>/dev/null; then
-    say "FAILED: the Open MPI srun job (id ${JOBID:-?}) exited with status $status; its output:"
-    cat "$WORK"/osrun-*.out "$WORK"/ws-osrun/slurm-*.log 2>/dev/null | tail -30
-    exit 1
-  fi
-  say "Open MPI srun job $JOBID succeeded: $(grep -c '"phase": "train"' "$WORK/ws-osrun/metrics.jsonl") metric lines"
+  trains openmpi "under Open MPI's mpiexec" $OPENMPI_ENV PATH="$SCRATCH/openmpi-bin:$PATH" \
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  # shellcheck disable=SC2086
+  trains osrun "under Open MPI with SINGA_LAUNCHER=srun (srun --mpi=pmix)" $OPENMPI_ENV SINGA_LAUNCHER=srun
 fi
 preempt() {  # name signal [VAR=value ...]: a long job signalled (to its batch shell) while it trains
   local name=$1 sig=$2
