@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 @dataclasses.dataclass
@@ -84,11 +84,17 @@ class Tracer:
         self.step = 0
         self.phase = "train"
         self.direction = "forward"
+        # called as a step phase begins (a "step" span: train_one_batch, sync, checkpoint, ...): the
+        # liveness record publishes it at once rather than at the next heartbeat, so a rank killed
+        # in the first milliseconds of a checkpoint write is reported as writing it
+        self.on_phase: Callable[[], None] | None = None
 
     # ------------------------------------------------------------- spans
     def begin(self, name: str, cat: str, args: dict | None = None) -> OpenSpan:
         span = OpenSpan(name, cat, time.perf_counter(), self.step, self.direction, args)
         self.stack.append(span)
+        if cat == "step" and self.on_phase is not None:
+            self.on_phase()
         return span
 
     def end(self, span: OpenSpan, nbytes: int = 0) -> float:

@@ -61,6 +61,25 @@ def test_the_activity_names_the_step_phase_and_the_pending_call():
     assert liveness.activity_of(tracer)[0] != key  # the spans closed: that is progress
 
 
+def test_a_step_phase_is_published_as_it_begins_not_at_the_next_heartbeat(tmp_path):
+    """A rank killed in the first milliseconds of a checkpoint write is reported as writing it."""
+    from types import SimpleNamespace
+
+    from singa_mpi.tracing import Tracer
+
+    record = liveness.StatusRecord(str(tmp_path / "launch"), rank=0, size=2)
+    tracer = Tracer(0)
+    watchdog = liveness.Watchdog(SimpleNamespace(record=record, rank=0, size=2), tracer, None, poll=3600)
+    tracer.on_phase = watchdog.beat  # as RankLife wires it; the thread is never started here
+    record.set_step(30)
+    with tracer.span("checkpoint", "step"):
+        assert liveness.read_record(record.path).activity == "checkpoint"
+        with tracer.span("fc1", "forward"):  # inside a phase: left to the heartbeat
+            assert liveness.read_record(record.path).activity == "checkpoint"
+    assert liveness.read_record(record.path).step == 30
+    record.close()
+
+
 def status(rank, alive_ago=0.0, in_comm=False, state=liveness.RUNNING, pid=None):
     now = time.time()
     return liveness.Status(rank, 3, 3, pid or 2 ** 22 + rank, state, in_comm, 8, now - alive_ago, now - 20, "node",

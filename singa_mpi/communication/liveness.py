@@ -17,15 +17,17 @@ Two readers:
   if it vanishes, and watches the wait in MPI_Init, where no thread of the rank can run.
 
 What is guaranteed: a rank that vanishes after its status record exists is named on its node, with
-the step and activity as of at most 0.1 s before, and no second line is printed for the ranks the
-launcher ended afterwards; a stall is named from MPI_Init on.  Not guaranteed: which rank was first
-when several vanish within a few milliseconds and no guardian looked in between (a node short of
-cores): the line then names all of them as candidates; a rank killed before it opened its record
-(its first second: Python starting) is named by the launcher alone; ranks on other nodes are not seen
-(each node's guardians report what they saw: ranks that all ended together are reported as ended by
-the launcher); under hydra the line comes after the launcher's banner, as hydra forwards output until
-every process holding the ranks' stderr has ended.  Records exist under MPI only; Linux's /proc and
-a writable /dev/shm (else the temporary folder) are assumed, and without them less is told.
+its step, the phase of the step it was in (published as each phase begins: a rank killed as it
+starts a checkpoint write is reported as writing it) and what it did inside that phase as of at most
+0.1 s before; no second line is printed for the ranks the launcher ended afterwards; a stall is
+named from MPI_Init on. Not guaranteed: which rank was first when several vanish within a few
+milliseconds and no guardian looked in between (a node short of cores): the line then names all of
+them as candidates; a rank killed before it opened its record (its first second: Python starting) is
+named by the launcher alone; ranks on other nodes are not seen (each node's guardians report what
+they saw: ranks that all ended together are reported as ended by the launcher); under hydra the line
+comes after the launcher's banner, as hydra forwards output until every process holding the ranks'
+stderr has ended. Records exist under MPI only; Linux's /proc and a writable /dev/shm (else the
+temporary folder) are assumed, and without them less is told.
 """
 from __future__ import annotations
 
@@ -469,6 +471,7 @@ class RankLife:
             self.guardian = None
         self.abort = self._exit
         self.watchdog = Watchdog(self, tracer, stall_timeout)
+        tracer.on_phase = self.watchdog.beat
         self.watchdog.start()
 
     @staticmethod
