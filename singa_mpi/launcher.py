@@ -41,7 +41,7 @@ from singa_mpi.config.validate import is_test_only, validate
 from singa_mpi.errors import (ConfigError, DataError, NonFiniteError, ResourceError, SingaError, one_line,
                               out_of_memory)
 from singa_mpi.runtimes.serial import SerialRuntime
-from singa_mpi.topology import check_supported, topology
+from singa_mpi.topology import SERVER, check_supported, topology
 from singa_mpi.trainer import Trainer
 
 EXIT_ABORT = 1
@@ -327,6 +327,9 @@ def _train(trainer: Trainer, options: RunOptions) -> int:
     if options.trace:
         timeline.start(trainer.runtime)  # record from here on, one clock on every rank
     _load_initial_state(trainer, options)
+    begin = getattr(trainer.runtime, "begin_training", None)
+    if begin is not None:  # server ranks wait for their initial state before anything else
+        begin(trainer.loaded, trainer.finite.enabled)
     if trainer.start_step > 0 and trainer.start_step >= trainer.train_steps:
         trainer.log(f"nothing to do: the checkpoint is at step {trainer.start_step}, "
                     f"train_steps is {trainer.train_steps}")
@@ -474,6 +477,7 @@ class StopSignals:
 
 def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases, agree,
                   stops: StopSignals, life) -> int:
+    from singa_mpi.runtimes.server import ServerRuntime
     from singa_mpi.runtimes.worker import WorkerRuntime
 
     # -- phase 1: every rank reads, validates and plans alone; then one vote (errors, stop signals, and
@@ -484,10 +488,11 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         cfg = _prepare(job, seed)
         if check is not None:
             check(cfg)
-        role = _role(cfg, world.size, world.rank, log=print if world.rank == 0 else None)
+        topo = _topology(cfg, world.size, log=print if world.rank == 0 else None)
+        role = topo.role(world.rank)
         workspace = workspace_of(cfg)
         check_inputs(cfg, workspace, phases or _phases(cfg), log=print if world.rank == 0 else None)
-        plans = WorkerRuntime.plan_phases(cfg, world.size, _phases(cfg))
+        plans = WorkerRuntime.plan_phases(cfg, topo.workers_per_group, _phases(cfg))
         facts = WorkerRuntime.agreement(cfg, plans, _run_facts(cfg, steps) + agree)
         if claim is not None:  # last: the root may move files (--overwrite)
             claim(workspace, world.rank == 0)
@@ -507,8 +512,17 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         if world.rank == 0:
             make_workspace(workspace)
         world.barrier()
-        group = world.split(role.group, role.index)  # the worker runtime never sees the world
-        runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans)
+        # the worker runtime sees its group's communicator; the world only through its servers and peers
+        server = role.kind == SERVER
+        group = world.split(len(topo.worker_groups) + role.group if server else role.group, role.index)
+        place = _place(world, topo, role)
+        if server:
+            _note(life, "")
+            ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
+            group.free()
+            world.barrier()
+            return 0
+        runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans, place)
         trainer = Trainer(cfg, workspace, runtime, train_steps=steps)
         stops.attach(trainer)
         _note(life, "")
@@ -630,9 +644,19 @@ def with_workers(job: str | JobConfig, workers: int | None):
     return load
 
 
-def _role(cfg: JobConfig, size: int, rank: int, log: Callable[[str], None] | None = None):
-    """This rank's role from the job's cluster (pure but for the note ``log`` gets; ConfigError for
-    shapes not built yet)."""
+def _place(world, topo, role):
+    """The worker's place among several groups or beside servers (None: one group, no servers).
+    Collective over the world when the groups exchange with each other (Hogwild's peers)."""
+    from singa_mpi.runtimes.worker import Place
+
+    if len(topo.worker_groups) == 1 and not topo.servers_separate:
+        return None
+    return Place(world, topo, role)
+
+
+def _topology(cfg: JobConfig, size: int, log: Callable[[str], None] | None = None):
+    """Every rank's role from the job's cluster (pure but for the note ``log`` gets; ConfigError for
+    shapes not built and for a rank count that does not fit)."""
     cluster = cfg.proto.cluster
     if cluster.HasField("nworkers_per_group") and cluster.nworkers_per_group != size and \
             cluster.nworker_groups <= 1 and not cluster.server_worker_separate:
@@ -643,9 +667,11 @@ def _role(cfg: JobConfig, size: int, rank: int, log: Callable[[str], None] | Non
         note = follow_launched_count(cfg, size)
         if log is not None:
             log(note)
-    topo = topology(size, cluster, nworkers=None if cluster.HasField("nworkers_per_group") else size)
+    single = cluster.nworker_groups <= 1 and not cluster.server_worker_separate
+    topo = topology(size, cluster, nworkers=None if cluster.HasField("nworkers_per_group") or not single else size,
+                    where=cfg.where("cluster"))
     check_supported(topo, cfg.where("cluster"))
-    return topo.role(rank)
+    return topo
 
 
 def follow_launched_count(cfg: JobConfig, size: int) -> str:

@@ -152,6 +152,10 @@ def check_cluster_supported(cluster, where: str = "cluster", field_where: Callab
         if cluster.HasField(field) and value < 1:
             raise ConfigError(f"{field_where(field) if field_where else where}: cluster.{field} = {value}: "
                               f"expected at least 1")
+    for field, value in (("sync_freq", cluster.sync_freq), ("max_staleness", cluster.max_staleness + 1)):
+        if cluster.HasField(field) and value < 1:
+            raise ConfigError(f"{field_where(field) if field_where else where}: cluster.{field} = "
+                              f"{getattr(cluster, field)}: expected at least {1 if field == 'sync_freq' else 0}")
     _refuse_unsupported(cluster.nworker_groups, cluster.nserver_groups, bool(cluster.server_worker_separate),
                         where)
 
@@ -169,25 +173,27 @@ def check_launch(cluster, nranks: int, where: str = "cluster") -> None:
 
 
 def check_supported(topo: Topology, where: str = "cluster") -> None:
-    """Today's runtimes: one worker group whose parameters sync among the workers (AllReduce)."""
+    """The launched topology is one the runtimes build (see :func:`_refuse_unsupported`)."""
     _refuse_unsupported(len(topo.worker_groups), len(topo.server_groups), topo.servers_separate, where)
 
 
+SUPPORTED = ("expected one of SINGA's frameworks: AllReduce (nworker_groups: 1, server_worker_separate: false), "
+             "Sandblaster (nworker_groups: 1, nserver_groups: 1, server_worker_separate: true), Downpour "
+             "(nworker_groups > 1, nserver_groups: 1, server_worker_separate: true) or Hogwild (nserver_groups "
+             "equal to nworker_groups, server_worker_separate: false)")
+
+
 def _refuse_unsupported(ngroups: int, nserver_groups: int, separate: bool, where: str) -> None:
-    """One ConfigError naming each part of the cluster that asks for more than the AllReduce runtime:
-    ``check`` (from the job) and ``train`` (from the launched topology) both end here."""
-    reasons = []
-    if ngroups > 1:
-        reasons.append(f"nworker_groups: {ngroups} (several worker groups)")
-    if nserver_groups > 1:
-        reasons.append(f"nserver_groups: {nserver_groups} (several server groups)")
-    if separate:
-        reasons.append("server_worker_separate: true (server ranks apart from the workers)")
-    if reasons:
-        framework = framework_name(ngroups, nserver_groups, separate)
-        named = framework in ("Sandblaster", "AllReduce", "Downpour", "Hogwild")
-        shape = f"the {framework} framework" if named else f"a cluster of {framework}"
-        raise ConfigError(
-            f"{where}: {shape} is not supported yet: {', '.join(reasons)}: expected nworker_groups: 1, "
-            f"nserver_groups: 1, server_worker_separate: false (SINGA's AllReduce: one group of workers that "
-            f"keep the params in sync)")
+    """ConfigError for a cluster shape the runtimes do not build: ``check`` (from the job) and
+    ``train`` (from the launched topology) both end here, so both refuse the same shapes."""
+    if ngroups % nserver_groups:
+        raise ConfigError(f"{where}: nworker_groups: {ngroups} cannot be divided among nserver_groups: "
+                          f"{nserver_groups} (SINGA gives each server group nworker_groups / nserver_groups "
+                          f"worker groups): expected nserver_groups to divide nworker_groups")
+    if separate and nserver_groups > 1:
+        raise ConfigError(f"{where}: nserver_groups: {nserver_groups} with server_worker_separate: true (several "
+                          f"groups of server ranks that synchronise with each other) is not supported: {SUPPORTED}")
+    if not separate and ngroups > 1 and nserver_groups != ngroups:
+        raise ConfigError(f"{where}: nworker_groups: {ngroups} with nserver_groups: {nserver_groups} and "
+                          f"server_worker_separate: false is not supported (co-located servers are each group's "
+                          f"own; Downpour needs server ranks of its own): {SUPPORTED}")

@@ -49,6 +49,10 @@ def validate_now(job: job_pb2.JobProto, step: int) -> bool:
             and (step - job.validate_after) % job.validate_freq == 0)
 
 
+# metrics that count (updates of the slowest and fastest worker group, the largest staleness)
+COUNTS = frozenset({"staleness_max", "slowest_group", "fastest_group"})
+
+
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
     """Sums over rows -> means: each metric ``k`` divided by its own row count ``k/count``.
 
@@ -80,8 +84,10 @@ class Trainer:
         self.updater = make_updater(self.job.updater)
         load_blas()  # before the clock starts
         self.train_net = runtime.build_net("train")
-        self.test_net = runtime.build_net("test") if self.job.test_steps > 0 else None
-        self.val_net = runtime.build_net("val") if self.job.validate_steps > 0 else None
+        evaluates = getattr(runtime, "evaluates", True)  # several worker groups: group 0 alone
+        self.test_net = runtime.build_net("test") if self.job.test_steps > 0 and evaluates else None
+        self.val_net = runtime.build_net("val") if self.job.validate_steps > 0 and evaluates else None
+        self.loaded = None  # (checkpoint, full) restored before training, for the servers
         self.batch = self.train_net_batch()
         self.metrics_path = os.path.join(workspace, "metrics.jsonl")
         self.history: list[dict] = []
@@ -145,6 +151,7 @@ class Trainer:
 
     def evaluate(self, net: Net, steps: int, phase: str, step: int) -> dict[str, float]:
         net.collect_metrics()  # drop anything left from an earlier pass
+        self.runtime.sync().refresh()  # other groups' updates too (servers of an asynchronous job)
         before = self.runtime.tracer.snapshot()
         with self.runtime.tracer.span(phase, "step"):
             for _ in range(steps):
@@ -211,7 +218,8 @@ class Trainer:
             if bar is not None:
                 bar.advance()
             # one vote a step, on stop signals and non-finite values; every rank stops after the same step
-            halt = self.runtime.any(self.stop_requested or self.finite.found is not None)
+            halt = self.runtime.any(self.stop_requested or self.finite.found is not None
+                                    or self.runtime.sync().stop_asked())
             if halt:  # a NaN stops here, before its progress line and with no checkpoint
                 self.finite.look_at_values(self.runtime.sync())  # a stop writes one
                 self.finite.raise_if_found(self.runtime, step, "train", self.workspace)
@@ -219,6 +227,7 @@ class Trainer:
                 now = time.perf_counter()
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)
                 final = self.report("train", self.runtime.reduce_metrics(self.train_net.collect_metrics()))
+                final.update(self.runtime.sync().metrics())  # staleness, with servers of several groups
                 self.record(step, "train", final, samples_per_s=rate)
                 headline = next((k for k in ("loss", "squared_error") if k in final), None)
                 if bar is not None and headline is not None:
@@ -226,12 +235,14 @@ class Trainer:
                 last_time, steps_since = now, 0
             if halt:
                 done = step + 1  # batches trained: stepN.h5 is the state after N of them
-                path = self.save_checkpoint(done)
+                self.runtime.sync().training_done(stopped=True)
+                path = self.save_checkpoint(done, final=True)
                 self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")
                 self.stopped = True
                 self.summarize_run(done, path)
                 return final
-        path = self.save_checkpoint(self.train_steps)
+        self.runtime.sync().training_done(stopped=False)
+        path = self.save_checkpoint(self.train_steps, final=True)
         if self.test_net is not None:
             final = self.evaluate(self.test_net, job.test_steps, "test", self.train_steps)
         table = self.runtime.report(self.train_steps - self.start_step)
@@ -264,12 +275,16 @@ class Trainer:
         except (OSError, ValueError):
             return list(self.history)
 
-    def save_checkpoint(self, step: int) -> str | None:
-        """Gather the job's state to the root and write it atomically (collective)."""
+    def save_checkpoint(self, step: int, final: bool = False) -> str | None:
+        """Gather the job's state to the root and write it atomically (collective over the group;
+        of several worker groups, group 0 writes).  ``final``: the last of the run (with servers
+        of several groups, it waits for every group to finish)."""
         from singa_mpi.checkpoints.snapshot import collect
 
+        if not getattr(self.runtime, "evaluates", True):
+            return None
         with self.runtime.tracer.span("checkpoint", "step"):
-            ckpt = collect(self, step)
+            ckpt = collect(self, step, final)
             if ckpt is None:
                 return None
             ckpt.elapsed = self.elapsed()
@@ -287,6 +302,7 @@ class Trainer:
             for line in checkpoint.plan_diff(ckpt.plan, plan_summary(self.cfg, self.runtime.size)):
                 self.log(f"note: {ckpt.path} was written with a different partitioning: {line}")
         skipped = restore(self, ckpt, full, allow_partial)
+        self.loaded = (ckpt, full)
         for line in skipped:
             self.log(f"note: kept the initial value of {line}")
         if full:
@@ -328,7 +344,7 @@ class Trainer:
         step, total = entry["step"], self.train_steps
         where = f"step {step:>{len(str(total))}}/{total}" if step <= total else f"step {step}"  # `test` of a longer run
         parts = [where, f"{entry['phase']:<5}"]
-        parts += [f"{k} {v:.4f}" for k, v in metrics.items()]
+        parts += [f"{k} {v:.0f}" if k in COUNTS else f"{k} {v:.4f}" for k, v in metrics.items()]
         if "samples_per_s" in entry:
             parts.append(f"{entry['samples_per_s']:,.0f} samples/s")
         if "comm_share" in entry:

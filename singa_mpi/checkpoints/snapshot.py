@@ -110,11 +110,17 @@ def local_pieces(trainer) -> dict:
             "carried": carried}
 
 
-def collect(trainer, step: int) -> checkpoint.Checkpoint | None:
-    """The whole job's state at ``step`` on rank 0 (None elsewhere).  Collective."""
+def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | None:
+    """The whole job's state at ``step`` on rank 0 (None elsewhere).  Collective.  With server ranks
+    the params and updater state are theirs (``final``: once every worker group has finished)."""
     everyone = trainer.runtime.gather_object(local_pieces(trainer))
     if everyone is None:
         return None
+    served = getattr(trainer.runtime, "server_state", None)
+    served = served(final) if served is not None else None
+    if served is not None:  # after the workers' pieces: the servers' values are the job's
+        everyone = everyone + [{"params": part["params"], "states": part["states"], "readers": {},
+                                "counters": part["counters"], "carried": []} for part in served]
     ckpt = checkpoint.Checkpoint(step=step, params={}, job_name=trainer.job.name, job_config=trainer.cfg.text,
                                  plan=plan_summary(trainer.cfg, trainer.runtime.size), seed=trainer.job.seed,
                                  nranks=trainer.runtime.size, job_identity=job_identity(trainer.cfg))

@@ -150,6 +150,48 @@ class MPIComm:
         request.Wait()
         self._leave(start, layer, 0)
 
+    # ------------------------------------------------------------- servers: any source, many requests
+    # A server waits for whichever worker's message comes first; a worker for all of a step's replies.
+    def Irecv_any(self, array: np.ndarray, tag: int, layer: str):
+        """A receive from whichever member sends ``tag`` first (MPI_ANY_SOURCE)."""
+        return self._start("Irecv", layer, "from any rank", 0,
+                           lambda: self.comm.Irecv(self._buf(array), source=MPI.ANY_SOURCE, tag=tag))
+
+    def Waitany(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None) -> tuple[int, int]:
+        """(index, source member) of the first of ``requests`` to complete; ``awaits``: the members
+        that may send (the stall watchdog names them)."""
+        awaited = self._others if awaits is None else tuple(self.world_ranks[r] for r in awaits)
+        span = self.tracer.begin(layer, "comm", {"op": "Waitany", "peer": "any rank", "tag": None, "awaits": awaited})
+        status = MPI.Status()
+        index = MPI.Request.Waitany(requests, status)
+        self._leave(span, layer, 0)
+        return index, status.Get_source()
+
+    def Waitall(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None) -> None:
+        awaited = self._others if awaits is None else tuple(self.world_ranks[r] for r in awaits)
+        span = self.tracer.begin(layer, "comm", {"op": "Waitall", "peer": "servers", "tag": None, "awaits": awaited})
+        MPI.Request.Waitall(requests)
+        self._leave(span, layer, 0)
+
+    def Cancel(self, requests: list, label: str) -> None:
+        """Withdraw receives that will never be matched (a server's, once every worker said BYE)."""
+        for request in requests:
+            if request != MPI.REQUEST_NULL:
+                request.Cancel()
+                request.Wait()
+
+    def send_object(self, value, dest: int, tag: int, label: str) -> None:
+        """A Python object to one member (setup, control messages and checkpoints: never per layer)."""
+        start = self._enter("send", label, f"to rank {dest}", tag, dest)
+        self.comm.send(value, dest=dest, tag=tag)
+        self._leave(start, label, 0)
+
+    def recv_object(self, source: int, tag: int, label: str):
+        start = self._enter("recv", label, f"from rank {source}", tag, source)
+        value = self.comm.recv(source=source, tag=tag)
+        self._leave(start, label, 0)
+        return value
+
     # ------------------------------------------------------------- collectives
     def Bcast(self, array: np.ndarray, root: int, layer: str) -> None:
         start = self._enter("Bcast", layer, f"root {root}")

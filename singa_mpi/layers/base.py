@@ -125,6 +125,9 @@ class LayerContext:
     allreduce:     for a layer with batch statistics split on the batch: sums an array over
                    the workers holding the batch's other rows (set by the runtime; None when
                    this sub-layer holds every row).  A function, not a rank.
+    stream:        (g, G): this net belongs to worker group g of G, which reads global batches
+                   g, g + G, g + 2G, ... of the data order (each group its own part of the
+                   data, as SINGA's groups are); (0, 1) for one group.
     """
 
     global_batch: int = 1
@@ -135,6 +138,7 @@ class LayerContext:
     workspace: str = "."
     phase: str = "train"
     allreduce: Callable[[np.ndarray], np.ndarray] | None = None
+    stream: tuple[int, int] = (0, 1)
 
     def rows(self) -> tuple[int, int]:
         return self.batch_slice if self.batch_slice is not None else (0, self.global_batch)

@@ -160,6 +160,11 @@ class RecordInput(Layer):
         self._orders = cache
         return cache
 
+    def global_batch_number(self) -> int:
+        """The global batch the next forward reads: this group's ``batches``-th (LayerContext.stream)."""
+        group, groups = self.ctx.stream
+        return self.batches * groups + group
+
     def batch_indices(self, batch: int) -> np.ndarray:
         """Record indices of this sub-layer's rows of global batch number ``batch``.  # (B_local,)"""
         count = len(self.store)
@@ -186,7 +191,7 @@ class RecordInput(Layer):
     def forward(self, inputs, train):
         if self.store is None:
             self._open()
-        indices = self.batch_indices(self.batches)
+        indices = self.batch_indices(self.global_batch_number())
         data, labels = self.store.read(indices)
         self.batches += 1
         data = data.reshape((len(data),) + self.out_shape)  # a fresh array: safe to normalise in place

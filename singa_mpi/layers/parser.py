@@ -90,7 +90,7 @@ class ShardData(RecordInput):
     def forward(self, inputs, train):
         if self.store is None:
             self._open()
-        indices = self.batch_indices(self.batches)
+        indices = self.batch_indices(self.global_batch_number())
         data, labels = self.store.read(indices)
         self.batches += 1
         if self.check_finite:

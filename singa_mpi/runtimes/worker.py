@@ -11,6 +11,7 @@ otherwise and for shards a subset of the workers holds.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,16 +33,48 @@ from singa_mpi.planner.syncs import buckets, factored_rows, shared_memory_syncs
 from singa_mpi.proto import job_pb2
 from singa_mpi.sync.allreduce import AllreduceSync
 from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
+from singa_mpi.sync.servers import ServerSync
 from singa_mpi.sync.shared_memory import SharedMemorySync
+from singa_mpi.topology import Role, Topology
+
+
+@dataclasses.dataclass
+class Place:
+    """Where a worker's group sits in a job of several groups or with servers (the launcher makes it).
+
+    world: the job's communicator (servers and every group); topo, role: from
+    :func:`singa_mpi.topology.topology`; peers: the workers of the other groups with this worker's
+    location ID (Hogwild's exchanges), or None."""
+
+    world: object
+    topo: Topology
+    role: Role
+    peers: object | None = None
+
+    @property
+    def groups(self) -> int:
+        return len(self.topo.worker_groups)
+
+    @property
+    def has_servers(self) -> bool:
+        return self.topo.servers_separate
 
 
 class WorkerRuntime:
-    """Trainer runtime of one worker in a group of ``comm.size`` workers (``comm``: the group's)."""
+    """Trainer runtime of one worker in a group of ``comm.size`` workers (``comm``: the group's).
 
-    def __init__(self, cfg: JobConfig, seed: int, workspace: str, comm, plans: dict[str, Plan] | None = None):
+    ``place``: the group's place among several groups or beside server ranks (None: the only group,
+    its params synchronised among its workers).  Only group 0 evaluates and writes: its root is
+    the job's root."""
+
+    def __init__(self, cfg: JobConfig, seed: int, workspace: str, comm, plans: dict[str, Plan] | None = None,
+                 place: Place | None = None):
         self.cfg, self.seed, self.workspace, self.comm = cfg, seed, workspace, comm
         self.rank, self.size = comm.rank, comm.size
-        self.is_root = self.rank == 0
+        self.place = place
+        self.group = place.role.group if place is not None else 0
+        self.evaluates = self.group == 0  # test and validation: group 0's (SINGA's)
+        self.is_root = self.rank == 0 and self.group == 0
         self.tracer = comm.tracer
         self.shared: dict[tuple, Param] = {}
         self.plans: dict[str, Plan] = dict(plans or {})
@@ -156,7 +189,8 @@ class WorkerRuntime:
         node = the_plan.origins[sub.origin]
         ctx = LayerContext(global_batch=the_plan.batch, batch_slice=sub.batch_slice,
                            feature_slice=sub.feature_slice, seed=self.seed, workspace=self.workspace,
-                           phase=the_plan.phase)
+                           phase=the_plan.phase,
+                           stream=(self.group, self.place.groups) if self.place is not None else (0, 1))
         if sub.row_group:  # batch statistics summed over the workers holding the batch's rows
             ctx.allreduce = self._row_sum(sub)
         layer = layer_class_of(node.conf)(node.conf, ctx)
@@ -186,12 +220,15 @@ class WorkerRuntime:
 
     def _make_sync(self, net: Net, the_plan: Plan) -> Synchronizer:
         """Node-shared memory for params every worker holds (one node), buckets for params a
-        subset holds (or all, off one node), local updates for the rest."""
+        subset holds (or all, off one node), local updates for the rest; with server ranks, the
+        servers for every trained param."""
         params = {(p.name, p.shard): p for p in net.params}
         uses: dict[int, int] = {}
         for layer in net.layers:
             for p in layer.params:
                 uses[id(p)] = uses.get(id(p), 0) + 1
+        if self.place is not None and self.place.has_servers:
+            return self._server_sync(net, the_plan, params, uses)
         strategies = []
         in_shm = [params[(s.name, s.offsets)] for s in shared_memory_syncs(the_plan, self.method)]
         if in_shm:
@@ -207,6 +244,31 @@ class WorkerRuntime:
         strategies.append(LocalSync([p for p in rest if p.name not in frozen]))
         strategies.append(FrozenParams([p for p in rest if p.name in frozen]))
         return Synchronizer(strategies, self.tracer)
+
+    def _server_sync(self, net: Net, the_plan: Plan, params: dict, uses: dict[int, int]) -> Synchronizer:
+        """Every trained param through the group's server ranks; frozen ones stay as they are."""
+        from singa_mpi.planner.servers import pieces, server_ranges, trained_params
+
+        place = self.place
+        frozen = frozen_params(self.cfg.proto) | untrained_params(the_plan.sublayers)
+        servers = place.topo.server_groups[0]
+        ranges = server_ranges(trained_params(the_plan, frozen), len(servers))
+        mine = [p for p in pieces(the_plan, ranges) if p.worker == self.rank]
+        served = ServerSync(place.world, servers, mine, params, uses, asynchronous=place.groups > 1)
+        rest = [p for p in net.params if id(p) not in {id(q) for q in served.params}]
+        return Synchronizer([served, FrozenParams(rest)], self.tracer)
+
+    def begin_training(self, loaded, check_finite: bool) -> None:
+        """Before the first step: the job's root gives the servers their initial state (``loaded``:
+        the (checkpoint, full) the trainer restored, or None)."""
+        if self.place is not None and self.place.has_servers and self.is_root:
+            self._sync.strategies[0].start(loaded, check_finite)
+
+    def server_state(self, final: bool) -> list[dict] | None:
+        """The servers' params and updater state (the root, for a checkpoint), or None without servers."""
+        if self.place is None or not self.place.has_servers:
+            return None
+        return self._sync.strategies[0].snapshot(final)
 
     def _setup_queue(self, net: Net, the_plan: Plan) -> None:
         """Weight gradients of params that no other worker sums with (feature shards, params of
@@ -246,7 +308,9 @@ class WorkerRuntime:
         return self._lowest_holder.get((param.name, param.shard), self.rank) == self.rank
 
     def gather_object(self, value):
-        return self.comm.gather_object(value)
+        """Every worker's ``value`` on the job's root (None elsewhere; other groups' roots too)."""
+        gathered = self.comm.gather_object(value)
+        return gathered if self.is_root else None
 
     def any(self, flag: bool) -> bool:
         return self.comm.any(flag)
@@ -268,7 +332,7 @@ class WorkerRuntime:
     def report(self, steps: int) -> str | None:
         """Per connection layer and sync: MiB and ms per step on each worker (the table printed at
         the end of a run, also written to WORKSPACE/communication.json; collective, root returns it)."""
-        rows = self.comm.gather_object(self.measured())
+        rows = self.gather_object(self.measured())
         if rows is None or steps <= 0:
             return None
         labels = sorted({label for per_rank in rows for label in per_rank})

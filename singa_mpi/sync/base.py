@@ -137,3 +137,26 @@ class Synchronizer:
     def close(self) -> None:
         for strategy in self.strategies:
             strategy.close()
+
+    # what strategies with servers or other groups add (the others have nothing to do)
+    def _each(self, method: str, *args) -> list:
+        return [getattr(s, method)(*args) for s in self.strategies if hasattr(s, method)]
+
+    def refresh(self) -> None:
+        """Before a test or validation pass: the latest values where others update them too."""
+        self._each("refresh")
+
+    def training_done(self, stopped: bool) -> None:
+        """This worker trained its last step (``stopped``: early, on a signal or a finding)."""
+        self._each("training_done", stopped)
+
+    def stop_asked(self) -> bool:
+        """Another group stopped early: this one stops too (after its vote)."""
+        return any(self._each("stop_asked"))
+
+    def metrics(self) -> dict[str, float]:
+        """What the strategies measure per step (staleness), for the progress lines."""
+        merged: dict[str, float] = {}
+        for found in self._each("metrics"):
+            merged.update(found)
+        return merged

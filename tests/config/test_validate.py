@@ -356,17 +356,14 @@ def _with_cluster(fields: str) -> str:
 
 
 @pytest.mark.parametrize("cluster,expected", [
-    ("nserver_groups: 1 server_worker_separate: true",
-     ("the Sandblaster framework is not supported yet: server_worker_separate: true (server ranks apart from the "
-     "workers): expected nworker_groups: 1")),
-    ("nserver_groups: 2", ("a cluster of 1 worker group(s) and 2 server group(s) is not supported yet: "
-                          "nserver_groups: 2 (several server groups)")),
-    ("nworker_groups: 3 nserver_groups: 3", ("the Hogwild framework is not supported yet: nworker_groups: 3 (several "
-                                            "worker groups), nserver_groups: 3 (several server groups)")),
+    ("nserver_groups: 2", "nworker_groups: 1 cannot be divided among nserver_groups: 2"),
+    ("nworker_groups: 2 nserver_groups: 2 server_worker_separate: true",
+     "nserver_groups: 2 with server_worker_separate: true (several groups of server ranks that synchronise"),
+    ("nworker_groups: 3", "nworker_groups: 3 with nserver_groups: 1 and server_worker_separate: false is not "
+                          "supported (co-located servers are each group's own; Downpour needs server ranks"),
 ])
 def test_unsupported_cluster_shapes_name_what_is_unsupported(cluster, expected):
-    """`check` and `train` share the rule (topology._refuse_unsupported); a single server group is no
-    longer called "worker groups and server ranks", nor one worker group with two server groups AllReduce."""
+    """`check` and `train` share the rule (topology._refuse_unsupported), in the same words."""
     from singa_mpi.topology import check_supported, topology
 
     text = _with_cluster(cluster)

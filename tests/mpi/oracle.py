@@ -34,6 +34,39 @@ def partitioned(text: str, workspace: str, world) -> Trainer:
     return Trainer(cfg, workspace, WorkerRuntime(cfg, cfg.proto.seed, workspace, world), log=lambda line: None)
 
 
+def with_servers(text: str, workspace: str, world, nservers: int) -> Trainer | None:
+    """The job as SINGA's Sandblaster over ``world``: one group of ``world.size - nservers`` workers
+    (ranks 0..) and ``nservers`` server ranks after them (collective).  A worker gets its trainer,
+    ready to train; a server serves until every worker has closed its runtime (``finish``) and gets
+    None."""
+    from singa_mpi.launcher import _place
+    from singa_mpi.runtimes.server import ServerRuntime
+    from singa_mpi.topology import SERVER, topology
+
+    cfg = nets.job(text)
+    cluster = cfg.proto.cluster
+    cluster.nworker_groups, cluster.nserver_groups, cluster.server_worker_separate = 1, 1, True
+    cluster.nworkers_per_group, cluster.nservers_per_group = world.size - nservers, nservers
+    topo = topology(world.size, cluster)
+    role = topo.role(world.rank)
+    plans = WorkerRuntime.plan_phases(cfg, topo.workers_per_group, ["train"])
+    group = world.split(1 if role.kind == SERVER else 0, role.index)
+    if role.kind == SERVER:
+        ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
+        group.free()
+        return None
+    runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans, _place(world, topo, role))
+    trainer = Trainer(cfg, workspace, runtime, log=lambda line: None)
+    runtime.begin_training(None, True)
+    return trainer
+
+
+def finish(trainer: Trainer | None) -> None:
+    """A worker of :func:`with_servers` is done: its runtime closes (the servers end after the last)."""
+    if trainer is not None:
+        trainer.runtime.close()
+
+
 def serial(text: str, workspace: str) -> Trainer:
     """The whole job in this process: the oracle."""
     cfg = nets.job(text)

@@ -1,0 +1,190 @@
+"""A worker's side of parameter servers: gradients out slice by slice, fresh values back.
+
+SINGA's ``Update``/``Collect`` (seed 003, ``src/worker.cc``) over MPI point-to-point messages.  The
+servers of the job's server group hold every trained parameter, cut into ranges as SINGA cuts them
+(:mod:`singa_mpi.planner.servers`).  As soon as backward has finished every local use of a param,
+this worker sends each server its piece of the gradient (non-blocking, so the message travels while
+lower layers compute) and posts the receive of the fresh values; ``gradients_complete`` waits for
+all replies (Collect), ``update`` copies the values in.  The worker keeps no updater state: the
+servers apply the job's updater, so checkpoints take params and state from them.
+
+Messages (tags below :data:`singa_mpi.planner.servers.FIRST_PIECE_TAG` are the protocol's own):
+
+* a gradient piece: float32[n + 1], the last word the worker's step as int32 (the learning-rate
+  schedule follows the requesting group's step, as in SINGA);
+* a reply: float32[n + HEADER]: the values, then int32 words ``status`` (APPLIED, or NOT_FINITE:
+  the summed gradient held a NaN or an infinity and was not applied), the range's version (updates
+  applied so far), the staleness of this update (other groups' updates applied since this group
+  last got the range's values), the slowest and fastest group's update count, and ``stop`` (a
+  group stopped early: every group stops after its current step);
+* control messages int32[CONTROL_WORDS] on tag CONTROL: GET (send me my pieces' current values),
+  FINISHED (this worker trained its last step; word 1: it stopped early), SNAPSHOT (send the root
+  your params and updater state; word 1: only once every group has finished), BYE (this worker
+  is done with the servers);
+* INIT (an object, from the job's root worker before any gradient): the checkpoint to start from,
+  if any, and whether to refuse non-finite gradients.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from singa_mpi.params import Param
+
+CONTROL, SNAPSHOT_REPLY, INIT = 1, 2, 3  # tags
+CONTROL_WORDS = 2
+GET, FINISHED, SNAPSHOT, BYE = 1, 2, 3, 4  # control kinds
+HEADER = 6  # int32 words after a reply's values
+STATUS, VERSION, STALENESS, SLOWEST, FASTEST, STOP = range(HEADER)
+APPLIED, NOT_FINITE = 0, 1
+LABEL = "servers"
+
+
+class ServerSync:
+    """Every trained param of this worker, updated by the servers (``servers``: their world ranks).
+
+    ``world``: the communicator that holds workers and servers; ``pieces``: this worker's
+    :class:`~singa_mpi.planner.servers.ServerPiece` list; ``params``: this worker's params by
+    (name, shard offsets); ``uses``: id(param) -> local layers using it in backward;
+    ``asynchronous``: several worker groups (GET before evaluations)."""
+
+    listens = True
+
+    def __init__(self, world, servers: tuple[int, ...], pieces: list, params: dict[tuple, Param],
+                 uses: dict[int, int], asynchronous: bool):
+        self.world, self.servers, self.asynchronous = world, servers, asynchronous
+        self.pieces = [(piece, params[(piece.name, piece.offsets)]) for piece in pieces]
+        self.params = list({id(p): p for _, p in self.pieces}.values())
+        self.pieces_of: dict[int, list] = {}
+        for piece, param in self.pieces:
+            self.pieces_of.setdefault(id(param), []).append(piece)
+        self.uses = {id(p): uses.get(id(p), 0) for p in self.params}
+        self.out = {id(piece): np.zeros(piece.size + 1, np.float32) for piece, _ in self.pieces}
+        self.back = {id(piece): np.zeros(piece.size + HEADER, np.float32) for piece, _ in self.pieces}
+        self.talks_to = sorted({piece.server for piece, _ in self.pieces})
+        self._nonfinite: Param | None = None
+        self._stop = False
+        self._seen: list[np.ndarray] = []  # reply headers since the last metrics()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.remaining = dict(self.uses)
+        self.requests: list = []
+        self.sent: set[int] = set()
+
+    # ------------------------------------------------------------- the step
+    def layer_done(self, layer) -> None:
+        for param in layer.params:
+            key = id(param)
+            if key not in self.remaining:
+                continue
+            self.remaining[key] -= 1
+            if self.remaining[key] == 0:
+                self._send(param)
+
+    def _send(self, param: Param) -> None:
+        """Post the receives of the param's fresh values, then send its gradient pieces."""
+        if id(param) in self.sent:
+            return
+        self.sent.add(id(param))
+        param.finish_grad()
+        flat, step = param.grad.reshape(-1), self.world.tracer.step
+        for piece in self.pieces_of[id(param)]:
+            rank = self.servers[piece.server]
+            self.requests.append(self.world.Irecv(self.back[id(piece)], rank, piece.tag, LABEL))
+            out = self.out[id(piece)]
+            out[:piece.size] = flat[piece.local_lo:piece.local_hi]
+            out[piece.size:].view(np.int32)[0] = step
+            self.requests.append(self.world.Isend(out, rank, piece.tag, LABEL))
+
+    def gradients_complete(self) -> None:
+        """Send what backward did not (params unused this step: a zero gradient), then wait for every
+        reply: the servers have applied the step (SINGA's Collect)."""
+        for param in self.params:
+            self._send(param)
+        self.world.Waitall(self.requests, LABEL, awaits=tuple(self.servers))
+        self._nonfinite = None
+        for piece, param in self.pieces:
+            header = self.back[id(piece)][piece.size:].view(np.int32)
+            self._seen.append(header.copy())
+            if header[STATUS] == NOT_FINITE and self._nonfinite is None:
+                self._nonfinite = param
+            self._stop = self._stop or bool(header[STOP])
+        self._reset()
+
+    def update(self, step: int, updater) -> None:
+        """The servers updated; take their values."""
+        self._take_values()
+
+    def _take_values(self) -> None:
+        for piece, param in self.pieces:
+            param.data.reshape(-1)[piece.local_lo:piece.local_hi] = self.back[id(piece)][:piece.size]
+
+    def publish(self) -> None:
+        pass
+
+    def owned(self) -> list[Param]:
+        return []  # the servers own the values and the updater state
+
+    def nonfinite_grad(self) -> Param | None:
+        """A param whose summed gradient a server found not finite (and did not apply)."""
+        return self._nonfinite
+
+    def close(self) -> None:
+        """This worker is done with the servers (every worker says so; the servers then end)."""
+        self._control(BYE)
+
+    # ------------------------------------------------------------- beyond the step
+    def refresh(self) -> None:
+        """The servers' current values (before a test or validation pass of an asynchronous job: other
+        groups have updated since this group's last step)."""
+        if not self.asynchronous:
+            return
+        requests = [self.world.Irecv(self.back[id(piece)], self.servers[piece.server], piece.tag, LABEL)
+                    for piece, _ in self.pieces]
+        self._control(GET)
+        self.world.Waitall(requests, LABEL, awaits=tuple(self.servers))
+        self._take_values()
+
+    def training_done(self, stopped: bool) -> None:
+        self._control(FINISHED, int(stopped))
+
+    def stop_asked(self) -> bool:
+        """A server said a group stopped early (a signal, a non-finite gradient): stop too."""
+        return self._stop
+
+    def metrics(self) -> dict[str, float]:
+        """Staleness since the last call (mean and max over this worker's replies), and the update
+        counts of the slowest and fastest group."""
+        if not self._seen or not self.asynchronous:
+            self._seen = []
+            return {}
+        seen, self._seen = np.array(self._seen), []
+        latest = seen[-len(self.pieces):]  # the last step's replies
+        return {"staleness": float(seen[:, STALENESS].mean()), "staleness_max": float(seen[:, STALENESS].max()),
+                "slowest_group": float(latest[:, SLOWEST].min()), "fastest_group": float(latest[:, FASTEST].max())}
+
+    def start(self, checkpoint, check_finite: bool) -> None:
+        """The job's root only, before any gradient: the servers' initial state (every server waits
+        for it).  ``checkpoint``: (Checkpoint, full) that was loaded, or None (the params' inits)."""
+        if checkpoint is None:
+            payload = {"params": None, "full": False, "check_finite": check_finite}
+        else:
+            ckpt, full = checkpoint
+            payload = {"params": ckpt.params, "full": full, "updater": ckpt.updater if full else {},
+                       "counters": ckpt.counters if full else {}, "check_finite": check_finite}
+        for rank in self.servers:
+            self.world.send_object(payload, rank, INIT, LABEL)
+
+    def snapshot(self, final: bool) -> list[dict]:
+        """The job's root only: every server's params and updater state (``final``: once every group
+        has finished training)."""
+        parts = []
+        for rank in self.servers:
+            self.world.Send(np.array([SNAPSHOT, int(final)], np.int32), rank, CONTROL, LABEL)
+            parts.append(self.world.recv_object(rank, SNAPSHOT_REPLY, LABEL))
+        return parts
+
+    def _control(self, kind: int, arg: int = 0) -> None:
+        message = np.array([kind, arg], np.int32)
+        for server in (self.talks_to if kind == GET else range(len(self.servers))):
+            self.world.Send(message, self.servers[server], CONTROL, LABEL)
