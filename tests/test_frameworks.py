@@ -1,0 +1,179 @@
+"""SINGA's frameworks under mpiexec: Downpour and bounded staleness converge, a slow group holds
+nobody back, a dead server is named, checkpoints move between frameworks, bad clusters are refused.
+
+Asynchronous training cannot equal the serial run, so its test is convergence: on the digits job,
+Downpour (2 groups of 1 worker, 1 server) and stale synchronous parallel with 1.2x the serial run's
+samples reach the serial run's test accuracy (less one test image in 200).  Sandblaster's equality
+with the serial run is tests/mpi/test_servers.py.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from singa_mpi.checkpoints import hdf5 as checkpoint
+from test_mpi_failures import finish, rank_pids
+from test_mpi_suites import mpi_env, mpiexec_command
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIGITS = open(os.path.join(ROOT, "conf", "digits_mlp.conf")).read()
+SERIAL_STEPS = 300
+
+
+def digits_job(tmp_path, name: str, cluster: str, steps: int, extra: str = "", layers: str = "",
+               test_freq: int | None = None) -> str:
+    """conf/digits_mlp.conf with ``cluster`` and ``steps`` (test at the end, or every ``test_freq``),
+    data prepared beside it."""
+    text = re.sub(r"(?m)^cluster \{.*\}$", f"cluster {{ {cluster} }}", DIGITS)
+    text = re.sub(r"train_steps: \d+", f"train_steps: {steps}", text)
+    text = re.sub(r"test_freq: \d+", f"test_freq: {test_freq or steps}", text)
+    text = re.sub(r"disp_freq: \d+", "disp_freq: 10", text)
+    text = text.replace('path: "data/digits/', f'path: "{tmp_path}/data/digits/')
+    if layers:  # between the input and fc1
+        text = text.replace('srclayers: "data"\n    innerproduct_conf { num_output: 256 }',
+                            'srclayers: "slow"\n    innerproduct_conf { num_output: 256 }')
+        text = text.replace("neuralnet {", "neuralnet {\n" + layers, 1)
+    path = tmp_path / f"{name}.conf"
+    path.write_text(extra + text)
+    return str(path)
+
+
+def run(n, conf, tmp_path, *args, limit=240, env=None):
+    cmd = ([sys.executable] if n == 0 else mpiexec_command(n) + [sys.executable]) + \
+        ["-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws"), *args]
+    result = subprocess.run(cmd, cwd=ROOT, env=env or mpi_env(), capture_output=True, text=True, timeout=limit)
+    return result.returncode, result.stdout, result.stderr
+
+
+def entries(tmp_path, phase):
+    lines = (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["phase"] == phase]
+
+
+DOWNPOUR = "nworker_groups: 2 nworkers_per_group: 1 nserver_groups: 1 nservers_per_group: 1 server_worker_separate: true"
+SANDBLASTER = "nworkers_per_group: 2 nserver_groups: 1 nservers_per_group: 1 server_worker_separate: true"
+
+
+@pytest.fixture(scope="module")
+def serial_accuracy(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("serial")
+    conf = digits_job(tmp_path, "serial", "", SERIAL_STEPS)
+    code, out, err = run(0, conf, tmp_path)
+    assert code == 0, err
+    return entries(tmp_path, "test")[-1]["accuracy"]
+
+
+@pytest.mark.parametrize("cluster", [DOWNPOUR, DOWNPOUR + " max_staleness: 1"], ids=["downpour", "ssp1"])
+def test_asynchronous_groups_reach_the_serial_accuracy_with_as_many_samples(tmp_path, serial_accuracy, cluster):
+    steps = int(1.2 * SERIAL_STEPS / 2)  # per group: 1.2x the serial run's samples in all
+    code, out, err = run(3, digits_job(tmp_path, "async", cluster, steps, test_freq=15), tmp_path)
+    assert code == 0, err[-3000:]
+    tests = entries(tmp_path, "test")  # group 0's, every 15 of its steps (about 30 of the serial run's)
+    best = max(e["accuracy"] for e in tests)
+    assert best >= serial_accuracy - 1 / 359, ([round(e["accuracy"], 4) for e in tests], serial_accuracy)
+    trains = entries(tmp_path, "train")
+    assert all("staleness" in e and "slowest_group" in e for e in trains)
+    if "max_staleness: 1" in cluster:
+        assert max(e["fastest_group"] - e["slowest_group"] for e in trains) <= 2  # per range, one step in flight
+    assert re.search(r"staleness \d\.\d{4}  staleness_max \d+  slowest_group \d+  fastest_group \d+", out)
+
+
+SLOW = textwrap.dedent('''\
+    """Test plugin: a pass-through layer that sleeps in forward on the world ranks listed in SLOW_RANKS."""
+    import os
+    import time
+
+    from singa_mpi.layers import LAYERS, Layer
+
+
+    @LAYERS.register("kSlowOnSomeRanks")
+    class Slow(Layer):
+        def setup(self, src_shapes):
+            rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+            self.pause = float(os.environ.get("SLOW_SECONDS", "0")) if rank in os.environ.get("SLOW_RANKS", "").split(",") else 0
+            return tuple(src_shapes[0])
+
+        def forward(self, inputs, train):
+            if train and self.pause:
+                time.sleep(self.pause)
+            return inputs[0]
+
+        def backward(self, grad, need):
+            return [grad if need[0] else None]
+    ''')
+
+
+@pytest.mark.parametrize("staleness", [None, 2])
+def test_a_slow_group_does_not_hold_the_other_back_unless_staleness_is_bounded(tmp_path, staleness):
+    (tmp_path / "slow.py").write_text(SLOW)
+    cluster = DOWNPOUR + (f" max_staleness: {staleness}" if staleness is not None else "")
+    layer = '  layer { name: "slow" type: kUserLayer user_type: "kSlowOnSomeRanks" srclayers: "data" }\n'
+    conf = digits_job(tmp_path, "slow", cluster, 40, extra=f'plugin: "{tmp_path}/slow.py"\n', layers=layer)
+    began = time.monotonic()
+    code, out, err = run(3, conf, tmp_path, env=mpi_env(SLOW_RANKS="1", SLOW_SECONDS="0.1"))
+    wall = time.monotonic() - began
+    assert code == 0, err[-3000:]
+    group0_done = entries(tmp_path, "train")[-1]["elapsed"]  # group 0's step 30 (disp_freq 10)
+    assert wall > 40 * 0.1  # group 1 did sleep through its 40 steps
+    if staleness is None:
+        assert group0_done < 0.4 * 30 * 0.1, (group0_done, wall)  # group 0 ran ahead at its own pace
+    else:
+        assert group0_done > (30 - staleness - 1) * 0.1, (group0_done, wall)  # held within 2 updates
+
+
+def test_a_killed_server_rank_ends_the_job_and_is_named(tmp_path):
+    conf = digits_job(tmp_path, "kill", SANDBLASTER, 100000)
+    cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "ws" / "metrics.jsonl").exists() or \
+            (tmp_path / "ws" / "metrics.jsonl").read_text().count("\n") < 3:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no progress:\n{proc.stderr.read()[-3000:]}")
+        time.sleep(0.1)
+    pid = rank_pids(conf)[2]
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    code, _, err = finish(proc, 30)
+    assert code != 0 and time.monotonic() - killed < 30
+    named = [line for line in err.splitlines() if line.startswith("singa-mpi: ") and "vanished" in line]
+    assert len(named) == 1, err[-3000:]
+    assert f"rank 2 (pid {pid}" in named[0] and "server 0 of server group 0" in named[0], named[0]
+
+
+def test_a_downpour_checkpoint_resumes_under_other_frameworks_and_back(tmp_path):
+    down = digits_job(tmp_path, "down", DOWNPOUR + ' workspace: "x"', 20, extra="checkpoint_freq: 10\n")
+    code, out, err = run(3, down, tmp_path)
+    assert code == 0, err[-3000:]
+    written = checkpoint.read(str(tmp_path / "ws" / "checkpoint" / "step20.h5"))
+    assert sorted(written.params) == ["b1", "b2", "b3", "w1", "w2", "w3"]
+    assert sorted(written.updater) == sorted(written.params)  # momentum history, from the server
+    assert all(slots["history"].any() for slots in written.updater.values())
+    for n, cluster, steps in [(3, SANDBLASTER, 30), (2, "", 40), (0, "", 50), (3, DOWNPOUR, 60)]:
+        conf = digits_job(tmp_path, f"resume{steps}", cluster, steps, extra="checkpoint_freq: 10\n")
+        code, out, err = run(n, conf, tmp_path, "--resume")
+        assert code == 0, (cluster, err[-3000:])
+        assert f"resuming from {tmp_path}/ws/checkpoint/step{steps - 10}.h5 (step {steps - 10})" in out, out
+        assert entries(tmp_path, "train")[-1]["step"] >= steps - 10
+        assert entries(tmp_path, "test")[-1]["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("cluster,n,expected", [
+    (DOWNPOUR, 2, "2 worker group(s) x 1 worker(s) + 1 server group(s) x 1 server(s) need 3 ranks, launched with 2: "
+                  "expected mpirun -n 3"),
+    (SANDBLASTER.replace("nservers_per_group: 1", "nservers_per_group: 0"), 3,
+     "cluster.nservers_per_group = 0: expected at least 1"),
+    ("nworker_groups: 3 nserver_groups: 2", 3, "nworker_groups: 3 cannot be divided among nserver_groups: 2"),
+])
+def test_a_cluster_that_cannot_run_is_one_line_before_any_communication(tmp_path, cluster, n, expected):
+    code, out, err = run(n, digits_job(tmp_path, "bad", cluster, 10), tmp_path)
+    lines = [line for line in err.splitlines() if line.startswith("singa-mpi: error")]
+    assert code == 2 and len(lines) == 1 and expected in lines[0], err[-3000:]
+    assert "Traceback" not in err
