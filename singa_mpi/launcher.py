@@ -515,7 +515,7 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         # the worker runtime sees its group's communicator; the world only through its servers and peers
         server = role.kind == SERVER
         group = world.split(len(topo.worker_groups) + role.group if server else role.group, role.index)
-        place = _place(world, topo, role)
+        place = _place(world, topo, role, cfg.proto.cluster)
         if server:
             _note(life, "")
             ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
@@ -644,14 +644,23 @@ def with_workers(job: str | JobConfig, workers: int | None):
     return load
 
 
-def _place(world, topo, role):
+def _place(world, topo, role, cluster):
     """The worker's place among several groups or beside servers (None: one group, no servers).
-    Collective over the world when the groups exchange with each other (Hogwild's peers)."""
+    Collective over the world for Hogwild: its exchange communicators, and whether the job is on one
+    node (in-memory Hogwild: ``share_memory``, one worker per group, all on one node)."""
     from singa_mpi.runtimes.worker import Place
 
-    if len(topo.worker_groups) == 1 and not topo.servers_separate:
+    groups = len(topo.worker_groups)
+    if groups == 1 and not topo.servers_separate:
         return None
-    return Place(world, topo, role)
+    if topo.servers_separate:
+        return Place(world, topo, role)
+    in_memory = (cluster.share_memory and topo.workers_per_group == 1
+                 and os.environ.get("SINGA_MPI_SHM", "1") != "0")
+    in_memory = in_memory and world.on_one_node()  # (a collective: every rank asks)
+    if in_memory:
+        return Place(world, topo, role, node=world)
+    return Place(world, topo, role, peers=world.split(role.index, role.group), sync_freq=cluster.sync_freq)
 
 
 def _topology(cfg: JobConfig, size: int, log: Callable[[str], None] | None = None):

@@ -146,7 +146,11 @@ class NonFiniteCheck:
         findings = runtime.gather_object(self.found)
         if findings is None:  # not the root: the root's message is the one printed
             raise NonFiniteError(f"a non-finite value at step {step} ({phase}): see rank 0's message")
-        first = min(f for f in findings if f is not None)
+        found = [f for f in findings if f is not None]
+        if not found:  # several worker groups stop together: the finding was another group's
+            raise NonFiniteError(f"non-finite value at step {step} ({phase}) in another worker group: stopped "
+                                 f"without checkpointing it; {DIVERGED}")
+        first = min(found)
         on_rank = f" on rank {first.rank}" if runtime.size > 1 else ""
         newest = checkpoint.listed(workspace)
         kept = f"the newest checkpoint is still {newest[0][1]}" if newest else "no checkpoint was written"

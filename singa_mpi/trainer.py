@@ -218,8 +218,8 @@ class Trainer:
             if bar is not None:
                 bar.advance()
             # one vote a step, on stop signals and non-finite values; every rank stops after the same step
-            halt = self.runtime.any(self.stop_requested or self.finite.found is not None
-                                    or self.runtime.sync().stop_asked())
+            vote = getattr(self.runtime, "vote_to_stop", self.runtime.any)
+            halt = vote(self.stop_requested or self.finite.found is not None or self.runtime.sync().stop_asked())
             if halt:  # a NaN stops here, before its progress line and with no checkpoint
                 self.finite.look_at_values(self.runtime.sync())  # a stop writes one
                 self.finite.raise_if_found(self.runtime, step, "train", self.workspace)

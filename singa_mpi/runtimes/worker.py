@@ -33,6 +33,7 @@ from singa_mpi.planner.syncs import buckets, factored_rows, shared_memory_syncs
 from singa_mpi.proto import job_pb2
 from singa_mpi.sync.allreduce import AllreduceSync
 from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
+from singa_mpi.sync.hogwild import GroupDeltaSync, SharedHogwild
 from singa_mpi.sync.servers import ServerSync
 from singa_mpi.sync.shared_memory import SharedMemorySync
 from singa_mpi.topology import Role, Topology
@@ -49,7 +50,9 @@ class Place:
     world: object
     topo: Topology
     role: Role
-    peers: object | None = None
+    peers: object | None = None  # Hogwild's exchanges: the same location ID in every group
+    node: object | None = None  # in-memory Hogwild: every rank of the job, on one node
+    sync_freq: int = 1
 
     @property
     def groups(self) -> int:
@@ -58,6 +61,10 @@ class Place:
     @property
     def has_servers(self) -> bool:
         return self.topo.servers_separate
+
+    @property
+    def hogwild(self) -> bool:
+        return not self.topo.servers_separate and self.groups > 1
 
 
 class WorkerRuntime:
@@ -96,8 +103,9 @@ class WorkerRuntime:
         return plans
 
     def _choose_method(self) -> str:
-        """Shared memory when every worker of the group is on this node (collective)."""
-        if os.environ.get("SINGA_MPI_SHM", "1") == "0":
+        """Shared memory when every worker of the group is on this node (collective).  Not for a group
+        of distributed Hogwild: its exchanges write every replica, which node-shared chunks cannot take."""
+        if os.environ.get("SINGA_MPI_SHM", "1") == "0" or (self.place is not None and self.place.hogwild):
             return ALLREDUCE
         return SHARED_MEMORY if self.comm.on_one_node() else ALLREDUCE
 
@@ -229,6 +237,10 @@ class WorkerRuntime:
                 uses[id(p)] = uses.get(id(p), 0) + 1
         if self.place is not None and self.place.has_servers:
             return self._server_sync(net, the_plan, params, uses)
+        if self.place is not None and self.place.node is not None:  # in-memory Hogwild: one worker per group
+            frozen = frozen_params(self.cfg.proto) | untrained_params(the_plan.sublayers)
+            return Synchronizer([SharedHogwild(self.place.node, [p for p in net.params if p.name not in frozen]),
+                                 FrozenParams([p for p in net.params if p.name in frozen])], self.tracer)
         strategies = []
         in_shm = [params[(s.name, s.offsets)] for s in shared_memory_syncs(the_plan, self.method)]
         if in_shm:
@@ -242,6 +254,9 @@ class WorkerRuntime:
         frozen = frozen_params(self.cfg.proto) | untrained_params(the_plan.sublayers)  # the plan syncs none
         rest = [p for p in net.params if id(p) not in synced]
         strategies.append(LocalSync([p for p in rest if p.name not in frozen]))
+        if self.place is not None and self.place.hogwild:  # the groups' copies meet every sync_freq updates
+            updated = [p for strategy in strategies for p in strategy.owned()]
+            strategies.append(GroupDeltaSync(self.place.peers, self.place.world, updated, self.place.sync_freq))
         strategies.append(FrozenParams([p for p in rest if p.name in frozen]))
         return Synchronizer(strategies, self.tracer)
 
@@ -263,6 +278,9 @@ class WorkerRuntime:
         the (checkpoint, full) the trainer restored, or None)."""
         if self.place is not None and self.place.has_servers and self.is_root:
             self._sync.strategies[0].start(loaded, check_finite)
+        for strategy in self._sync.strategies if self._sync is not None else []:
+            if isinstance(strategy, GroupDeltaSync):  # the exchanges count changes from what training starts at
+                strategy.restart()
 
     def server_state(self, final: bool) -> list[dict] | None:
         """The servers' params and updater state (the root, for a checkpoint), or None without servers."""
@@ -313,7 +331,16 @@ class WorkerRuntime:
         return gathered if self.is_root else None
 
     def any(self, flag: bool) -> bool:
+        """True on every worker of the group if ``flag`` is on any."""
         return self.comm.any(flag)
+
+    def vote_to_stop(self, flag: bool) -> bool:
+        """The trainer's vote after each step; distributed Hogwild's groups must stop together (their
+        exchanges are collective): they vote at the exchanges only, every worker of every group."""
+        for strategy in self._sync.strategies if self._sync is not None else []:
+            if isinstance(strategy, GroupDeltaSync):
+                return strategy.vote(flag)
+        return self.any(flag)
 
     def barrier(self) -> None:
         self.comm.barrier()
@@ -366,6 +393,8 @@ class WorkerRuntime:
                     layer.close()
         if self._sync is not None:
             self._sync.close()
+        if self.place is not None and self.place.peers is not None:
+            self.place.peers.free()
         self.comm.free()
 
 

@@ -55,7 +55,7 @@ def with_servers(text: str, workspace: str, world, nservers: int) -> Trainer | N
         ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
         group.free()
         return None
-    runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans, _place(world, topo, role))
+    runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans, _place(world, topo, role, cluster))
     trainer = Trainer(cfg, workspace, runtime, log=lambda line: None)
     runtime.begin_training(None, True)
     return trainer

@@ -1,0 +1,143 @@
+"""Hogwild across worker groups: each group updates its own copy, and the copies meet now and then.
+
+SINGA's distributed Hogwild (frameworks.md; ``src/server.cc``, SINGA-8/57) gives every worker group a
+co-located server group; a group's updates are local, and every ``sync_freq`` updates the server
+groups exchange the change since their last exchange ("delta"), so that every copy receives every
+group's updates.  SINGA sent each delta to the slice's master group and took the master's value
+back, one message pair per slice, as they came.  Here the same arithmetic is one non-blocking
+Iallreduce among the workers with the same location ID in every group (``peers``):
+
+    after every sync_freq-th update:  d = own - base;  start D = sum over groups of d
+    at the next exchange (or the end):  own += D - d;  base += D
+
+so every group's copy holds every group's updates, each exactly once, one exchange later than its
+own; the sum travels while the group trains on (no group waits for the others but at the exchange
+itself).  The stop vote of a Hogwild job is taken at the exchanges, over every worker
+(:meth:`GroupDeltaSync.vote`): all groups stop after the same step, and a last, blocking exchange
+leaves every group with the same values.
+
+:class:`SharedHogwild` is SINGA's in-memory Hogwild (``share_memory: true``, the groups' workers on
+one node): one copy of the values in node-shared memory, which every group's updater writes without
+locks, as Hogwild! (Niu et al., 2011) does.  Runs of either cannot equal the serial run; they are
+tested for convergence.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from singa_mpi.params import Param
+from singa_mpi.sync.base import LocalSync
+
+
+class GroupDeltaSync:
+    """This worker's part of the exchange: the values of ``params`` (what it updates itself)."""
+
+    listens = False
+
+    def __init__(self, peers, world, params: list[Param], sync_freq: int, step: int = 0):
+        self.peers, self.world, self.sync_freq = peers, world, max(1, sync_freq)
+        self.views = [p.data.reshape(-1) for p in params]
+        self.offsets = np.cumsum([0] + [v.size for v in self.views])
+        self.base = self._values()
+        self.sent = np.zeros_like(self.base)
+        self.sums = np.zeros_like(self.base)
+        self.request = None
+        self.step = step  # updates so far (the step numbers every group shares)
+        self.pending_stop = False
+
+    def restart(self) -> None:
+        """Training starts (or resumes) from the params as they are now: the base of every delta."""
+        self.base = self._values()
+
+    def _values(self) -> np.ndarray:
+        return np.concatenate(self.views) if self.views else np.zeros(0, np.float32)
+
+    def _store(self, values: np.ndarray) -> None:
+        for view, lo, hi in zip(self.views, self.offsets, self.offsets[1:]):
+            view[...] = values[lo:hi]
+
+    # ------------------------------------------------------------- the step: nothing until publish
+    def layer_done(self, layer) -> None:
+        pass
+
+    def gradients_complete(self) -> None:
+        pass
+
+    def update(self, step: int, updater) -> None:
+        self.step = step + 1
+
+    def publish(self) -> None:
+        """After the group's own update: an exchange every sync_freq updates."""
+        if self.at_exchange():
+            self._finish()
+            self._start()
+
+    def at_exchange(self) -> bool:
+        return self.step % self.sync_freq == 0
+
+    def _start(self) -> None:
+        np.subtract(self._values(), self.base, out=self.sent)
+        self.sums[...] = self.sent
+        self.request = self.peers.Iallreduce(self.sums, "hogwild(deltas)")
+
+    def _finish(self) -> None:
+        if self.request is None:
+            return
+        self.peers.Wait(self.request, "hogwild(deltas)", "Wait(Iallreduce)")
+        self.request = None
+        values = self._values()
+        values += self.sums
+        values -= self.sent  # the others' changes; this group's own are in its values already
+        self.base += self.sums
+        self._store(values)
+
+    def owned(self) -> list[Param]:
+        return []  # the group's own strategies own them
+
+    def nonfinite_grad(self) -> Param | None:
+        return None
+
+    def close(self) -> None:
+        """An exchange still in flight completes (every group takes part in it) before the end."""
+        if self.request is not None:
+            self.peers.Wait(self.request, "hogwild(deltas)", "Wait(Iallreduce)")
+            self.request = None
+
+    # ------------------------------------------------------------- stopping together
+    def vote(self, flag: bool) -> bool:
+        """The per-step stop vote: kept until the next exchange, then taken over every worker of every
+        group (so that all stop after the same step, with the same number of exchanges behind them)."""
+        self.pending_stop = self.pending_stop or flag
+        if not self.at_exchange():
+            return False
+        return self.world.any(self.pending_stop)
+
+    def training_done(self, stopped: bool) -> None:
+        """At the end, a last exchange, blocking: every group ends with every group's updates.  On a
+        stop the exchange in flight completes (every group stopped after the same step, but a group
+        that found a non-finite value ends without this)."""
+        self._finish()
+        if not stopped:
+            self._start()
+            self._finish()
+
+
+class SharedHogwild(LocalSync):
+    """Every group's only worker on one node: ``params`` placed in one node-shared copy (``node``:
+    the communicator of the node's ranks, every group's), updated by each group's updater in place."""
+
+    def __init__(self, node, params: list[Param]):
+        super().__init__(params)
+        sizes = [p.data.size for p in params]
+        self.window, segments = node.shared_arrays([sum(sizes) if r == 0 else 0 for r in range(node.size)])
+        values = segments[0]
+        offset = 0
+        for param, size in zip(params, sizes):
+            if node.rank == 0:  # every rank starts from the same values: rank 0's copy serves them all
+                values[offset:offset + size] = param.data.reshape(-1)
+            offset += size
+        node.memory_fence(self.window, "hogwild(values)")
+        offset = 0
+        for param, size in zip(params, sizes):
+            param.data = values[offset:offset + size].reshape(param.data.shape)
+            offset += size
