@@ -79,9 +79,10 @@ def cmd_check(args) -> int:
         from singa_mpi.topology import check_launch
 
         phases = [phase.phase for phase in summary.phases]
-        check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # the cluster refusals of a launch on N
-        WorkerRuntime.plan_phases(cfg, args.n, phases)  # partition + verify, as a launch on N ranks does
-        print(f"  plans on {args.n} worker(s): {', '.join(phases)} OK")
+        per_group = check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # as a launch on N refuses
+        WorkerRuntime.plan_phases(cfg, per_group, phases)  # partition + verify, as a launch on N ranks does
+        print(f"  plans on {per_group} worker(s){' per group' if per_group != args.n else ''}: "
+              f"{', '.join(phases)} OK")
     return 0
 
 
@@ -116,6 +117,8 @@ def cmd_plan(args) -> int:
     renderers = {"json": render.to_json, "dot": render.to_dot,
                  "text": lambda p, sync: render.to_text(p, sync, full=args.full)}
     text = renderers[args.format](the_plan, args.sync)
+    if args.format == "text":
+        text = "\n".join(roles_lines(cfg, the_plan) + [text])
     if args.output and args.format == "dot" and not args.output.endswith(".dot"):
         return _render_dot(text, args.output)
     if args.output:
@@ -124,6 +127,32 @@ def cmd_plan(args) -> int:
     else:
         print(text)
     return 0
+
+
+def roles_lines(cfg, the_plan) -> list[str]:
+    """For ``plan`` of a job with several worker groups or server ranks: SINGA's framework, which
+    rank is which worker or server, and which server holds which slice of which param."""
+    from singa_mpi.algorithms import frozen_params
+    from singa_mpi.planner.plan import untrained_params
+    from singa_mpi.planner.servers import describe, server_ranges, trained_params
+    from singa_mpi.topology import ranks_needed, topology
+
+    cluster = type(cfg.proto.cluster)()
+    cluster.CopyFrom(cfg.proto.cluster)
+    if cluster.nworker_groups <= 1 and not cluster.server_worker_separate:
+        return []
+    cluster.nworkers_per_group = the_plan.nranks
+    topo = topology(ranks_needed(cluster), cluster, where=cfg.where("cluster"))
+    lines = [f"cluster: {topo.describe()} (launch with mpirun -n {topo.world_size})"]
+    if topo.servers_separate:
+        frozen = frozen_params(cfg.proto) | untrained_params(the_plan.sublayers)
+        ranges = server_ranges(trained_params(the_plan, frozen), len(topo.server_groups[0]))
+        lines += ["  param slices (SINGA's slicing rule):"] + describe(ranges, topo.server_groups[0])
+    elif topo.framework == "Hogwild":
+        shared = "in node-shared memory when on one node" if cluster.share_memory and topo.workers_per_group == 1 \
+            else f"exchanged every {cluster.sync_freq} update(s)"
+        lines.append(f"  each group updates its own copy of the params, {shared}")
+    return lines + [""]
 
 
 def plan_workers(cfg, n: int | None) -> int:

@@ -518,7 +518,8 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         place = _place(world, topo, role, cfg.proto.cluster)
         if server:
             _note(life, "")
-            ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
+            with threads.limit_blas(1):  # element-wise updates: one thread each, beside the workers' BLAS
+                ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
             group.free()
             world.barrier()
             return 0

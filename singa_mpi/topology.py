@@ -160,16 +160,24 @@ def check_cluster_supported(cluster, where: str = "cluster", field_where: Callab
                         where)
 
 
-def check_launch(cluster, nranks: int, where: str = "cluster") -> None:
+def check_launch(cluster, nranks: int, where: str = "cluster") -> int:
     """``check -n N``: the refusals of a launch of ``cluster`` on N ranks, as ``train`` makes them (one
-    worker group follows the launched count, as ``--workers`` does); no roles are built."""
+    worker group follows the launched count, as ``--workers`` does); no roles are built.  Returns the
+    workers per group."""
     check_cluster_supported(cluster, where)
     if cluster.nworker_groups == 1 and not cluster.server_worker_separate:
         copy = type(cluster)()
         copy.CopyFrom(cluster)
         copy.nworkers_per_group = nranks
         cluster = copy
-    _fit(nranks, cluster, nranks, where)
+    return _fit(nranks, cluster, nranks, where)[1]
+
+
+def ranks_needed(cluster) -> int:
+    """How many ranks a launch of ``cluster`` takes (its nworkers_per_group, default 1, per group)."""
+    groups, per_group = max(1, cluster.nworker_groups), max(1, cluster.nworkers_per_group)
+    servers = max(1, cluster.nserver_groups) * max(1, cluster.nservers_per_group)
+    return groups * per_group + servers if cluster.server_worker_separate else max(groups * per_group, servers)
 
 
 def check_supported(topo: Topology, where: str = "cluster") -> None:

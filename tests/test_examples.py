@@ -77,12 +77,13 @@ def test_a_pinned_worker_count_follows_the_launched_ranks():
     conf = str(ROOT / "conf" / "cifar10_hybrid.conf")  # cluster { nworkers_per_group: 2 }
     notes = []
     cfg = launcher._prepare(conf, None)
-    assert [launcher._role(cfg, 3, rank, log=notes.append).index for rank in range(3)] == [0, 1, 2]
+    topo = launcher._topology(cfg, 3, log=notes.append)
+    assert [topo.role(rank).index for rank in range(3)] == [0, 1, 2]
     assert notes[0].startswith(f"note: {conf}:") and notes[0].endswith(
         "cluster.nworkers_per_group = 2 in the job; running on the 3 launched rank(s)")
     cfg = launcher._prepare(launcher.with_workers(conf, 4), None)
     with pytest.raises(ConfigError, match=r"--workers 4: expected the number of MPI ranks \(3\)"):
-        launcher._role(cfg, 3, 0)
+        launcher._topology(cfg, 3)
 
 
 def test_a_location_beyond_the_launched_ranks_names_the_layer(tmp_path):
@@ -92,7 +93,7 @@ def test_a_location_beyond_the_launched_ranks_names_the_layer(tmp_path):
     cfg = launcher._prepare(str(conf), None)
     with pytest.raises(ConfigError, match=r"placed.conf:\d+:\d+: layer '\w+': location = 2: expected a worker "
                                           r"below 2, the number of MPI ranks .* launch with mpirun -n 3"):
-        launcher._role(cfg, 2, 0)
+        launcher._topology(cfg, 2)
 
 
 def test_a_pinned_job_runs_on_3_ranks(tmp_path):

@@ -188,3 +188,20 @@ def test_a_cluster_that_cannot_run_is_one_line_before_any_communication(tmp_path
     lines = [line for line in err.splitlines() if line.startswith("singa-mpi: error")]
     assert code == 2 and len(lines) == 1 and expected in lines[0], err[-3000:]
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name,n,roles", [
+    ("sandblaster", 5, "server group 0: ranks 3..4"), ("allreduce", 3, None),
+    ("downpour", 6, "worker group 1: ranks 2..3"), ("hogwild", 3, "worker group 2: ranks 2")])
+def test_singas_four_framework_examples_run_with_the_ranks_they_imply(tmp_path, name, n, roles):
+    conf = os.path.join(ROOT, "conf", f"digits_{name}.conf")
+    plan = subprocess.run([sys.executable, "-m", "singa_mpi", "plan", conf], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    if roles:
+        assert roles in plan.stdout and f"launch with mpirun -n {n}" in plan.stdout, plan.stdout
+    cmd = mpiexec_command(n) + [sys.executable, "-m", "singa_mpi", "train", conf, "--steps", "20",
+                                "--workspace", str(tmp_path / "ws")]
+    result = subprocess.run(cmd, cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert entries(tmp_path, "test")[-1]["accuracy"] > 0.5

@@ -163,14 +163,19 @@ class MPIComm:
         awaited = self._others if awaits is None else tuple(self.world_ranks[r] for r in awaits)
         span = self.tracer.begin(layer, "comm", {"op": "Waitany", "peer": "any rank", "tag": None, "awaits": awaited})
         status = MPI.Status()
-        index = MPI.Request.Waitany(requests, status)
+        while True:  # test and yield, not MPI's spin: a server shares its core on an oversubscribed node
+            index, done = MPI.Request.Testany(requests, status)
+            if done:
+                break
+            os.sched_yield()
         self._leave(span, layer, 0)
         return index, status.Get_source()
 
     def Waitall(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None) -> None:
         awaited = self._others if awaits is None else tuple(self.world_ranks[r] for r in awaits)
         span = self.tracer.begin(layer, "comm", {"op": "Waitall", "peer": "servers", "tag": None, "awaits": awaited})
-        MPI.Request.Waitall(requests)
+        while not MPI.Request.Testall(requests):  # as Waitany: yield the core while the servers work
+            os.sched_yield()
         self._leave(span, layer, 0)
 
     def Cancel(self, requests: list, label: str) -> None:
