@@ -521,7 +521,7 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
             with threads.limit_blas(1):  # element-wise updates: one thread each, beside the workers' BLAS
                 ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
             group.free()
-            world.barrier()
+            world.barrier(patient=True)
             return 0
         runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans, place)
         trainer = Trainer(cfg, workspace, runtime, train_steps=steps)
@@ -532,7 +532,7 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         finally:
             stops.finished = True
         runtime.close()
-        world.barrier()
+        world.barrier(patient=place is not None)  # a worker group may finish well before the others
         return code
     except SingaError as err:
         _abort(world, f"{err}", err.exit_code, life)
@@ -731,8 +731,27 @@ def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: li
         trainer.evaluate(trainer.test_net, trainer.job.test_steps, "test", ckpt.step)
         return 0
 
-    return _launch(with_workers(job, workers), workspace_of, None, None, test, check=needs_test_steps,
+    return _launch(as_one_group(with_workers(job, workers)), workspace_of, None, None, test, check=needs_test_steps,
                    phases=["test"], catch_signals=False)
+
+
+GROUP_FIELDS = ("nworker_groups", "nserver_groups", "nservers_per_group", "server_worker_separate", "sync_freq",
+                "max_staleness")
+
+
+def as_one_group(job):
+    """``test`` needs neither servers nor several groups: the job with every launched rank a worker of
+    one group (the checkpoint holds the params, whichever framework trained them)."""
+    def load() -> JobConfig:
+        cfg = job() if callable(job) else job if isinstance(job, JobConfig) else load_job(job)
+        cluster = cfg.proto.cluster
+        if cluster.nworker_groups > 1 or cluster.server_worker_separate:
+            if cfg.workers is None:  # a group's count of a framework is not the launched count
+                cluster.ClearField("nworkers_per_group")
+            for field in GROUP_FIELDS:
+                cluster.ClearField(field)
+        return cfg
+    return load
 
 
 def _read_for_test(workspace: str, checkpoints: list[str] | None, is_root: bool) -> checkpoint.Checkpoint:

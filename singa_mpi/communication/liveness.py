@@ -431,6 +431,8 @@ class Watchdog(threading.Thread):
     def _pending(self) -> tuple[float, str, list[int]] | None:
         span = self.tracer.pending("comm")
         others = [r for r in range(self.life.size) if r != self.life.rank]
+        if span is not None and (span.args or {}).get("patient"):
+            return None  # a wait that may last (a server between messages, a group done before the others)
         if span is not None:
             awaits = (span.args or {}).get("awaits")
             return span.started, span.describe(), [r for r in (awaits or others) if r != self.life.rank]

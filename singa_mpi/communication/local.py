@@ -449,7 +449,7 @@ class LocalComm:
         """Start an in-place sum over the group; ``Wait`` on the returned request."""
         return self._start("Iallreduce", layer, "group", self._start_allreduce, array)
 
-    def barrier(self, label: str = "barrier") -> None:
+    def barrier(self, label: str = "barrier", patient: bool = False) -> None:
         self._call("Barrier", label, "group", self._start_barrier)
 
     def _start_barrier(self, op: str) -> tuple[_Request, int]:

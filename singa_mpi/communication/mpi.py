@@ -157,11 +157,14 @@ class MPIComm:
         return self._start("Irecv", layer, "from any rank", 0,
                            lambda: self.comm.Irecv(self._buf(array), source=MPI.ANY_SOURCE, tag=tag))
 
-    def Waitany(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None) -> tuple[int, int]:
+    def Waitany(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None,
+                patient: bool = False) -> tuple[int, int]:
         """(index, source member) of the first of ``requests`` to complete; ``awaits``: the members
-        that may send (the stall watchdog names them)."""
+        that may send (the stall watchdog names them); ``patient``: a wait of any length is normal
+        (the stall watchdog leaves it to the ranks that wait on a reply)."""
         awaited = self._others if awaits is None else tuple(self.world_ranks[r] for r in awaits)
-        span = self.tracer.begin(layer, "comm", {"op": "Waitany", "peer": "any rank", "tag": None, "awaits": awaited})
+        span = self.tracer.begin(layer, "comm", {"op": "Waitany", "peer": "any rank", "tag": None, "awaits": awaited,
+                                                 "patient": patient})
         status = MPI.Status()
         while True:  # test and yield, not MPI's spin: a server shares its core on an oversubscribed node
             index, done = MPI.Request.Testany(requests, status)
@@ -350,8 +353,10 @@ class MPIComm:
         self._leave(start, "metrics", array.nbytes)
         return dict(zip(keys, array.tolist()))
 
-    def barrier(self, label: str = "barrier") -> None:
-        start = self._enter("Barrier", label, "group")
+    def barrier(self, label: str = "barrier", patient: bool = False) -> None:
+        """``patient``: waiting long here is normal (a worker group done before the others)."""
+        start = self.tracer.begin(label, "comm", {"op": "Barrier", "peer": "group", "tag": None,
+                                                  "awaits": self._others, "patient": patient})
         self.comm.Barrier()
         self._leave(start, label, 0)
 

@@ -114,7 +114,7 @@ class ServerRuntime:
         said_bye, snapshots_waiting = set(), []
         workers = tuple(self.workers)
         while len(said_bye) < len(self.workers):
-            index, source = self.world.Waitany(requests, LABEL, awaits=workers)
+            index, source = self.world.Waitany(requests, LABEL, awaits=workers, patient=True)
             if meaning[index] is None:
                 kind, arg = int(control[0]), int(control[1])
                 requests[index] = self.world.Irecv_any(control, CONTROL, LABEL)

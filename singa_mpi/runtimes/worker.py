@@ -269,7 +269,8 @@ class WorkerRuntime:
         servers = place.topo.server_groups[0]
         ranges = server_ranges(trained_params(the_plan, frozen), len(servers))
         mine = [p for p in pieces(the_plan, ranges) if p.worker == self.rank]
-        served = ServerSync(place.world, servers, mine, params, uses, asynchronous=place.groups > 1)
+        served = ServerSync(place.world, servers, mine, params, uses, asynchronous=place.groups > 1,
+                            group=place.topo.worker_groups[place.role.group])
         rest = [p for p in net.params if id(p) not in {id(q) for q in served.params}]
         return Synchronizer([served, FrozenParams(rest)], self.tracer)
 

@@ -50,8 +50,10 @@ class ServerSync:
     listens = True
 
     def __init__(self, world, servers: tuple[int, ...], pieces: list, params: dict[tuple, Param],
-                 uses: dict[int, int], asynchronous: bool):
+                 uses: dict[int, int], asynchronous: bool, group: tuple[int, ...] = ()):
         self.world, self.servers, self.asynchronous = world, servers, asynchronous
+        # a reply waits on the servers and on every worker of the group (their pieces complete it)
+        self.awaits = tuple(servers) + tuple(r for r in group if r != world.rank)
         self.pieces = [(piece, params[(piece.name, piece.offsets)]) for piece in pieces]
         self.params = list({id(p): p for _, p in self.pieces}.values())
         self.pieces_of: dict[int, list] = {}
@@ -101,7 +103,7 @@ class ServerSync:
         reply: the servers have applied the step (SINGA's Collect)."""
         for param in self.params:
             self._send(param)
-        self.world.Waitall(self.requests, LABEL, awaits=tuple(self.servers))
+        self.world.Waitall(self.requests, LABEL, awaits=self.awaits)
         self._nonfinite = None
         for piece, param in self.pieces:
             header = self.back[id(piece)][piece.size:].view(np.int32)
