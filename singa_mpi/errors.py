@@ -44,6 +44,10 @@ class ResourceError(SingaError):
     exit_code = 6
 
 
+class PeerLost(SingaError):
+    """MPI reported that a rank this one waits for is gone: its guardian names it (exit code 1)."""
+
+
 def out_of_memory(err: MemoryError) -> ResourceError:
     """A MemoryError (numpy's says how much, for what shape) as one line saying what to do."""
     detail = " ".join(str(err).split()) or "an allocation failed"

@@ -38,7 +38,7 @@ from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.config.load import JobConfig, effective_partition_dim, layers_for_phase, load_job
 from singa_mpi.config.validate import is_test_only, validate
-from singa_mpi.errors import (ConfigError, DataError, NonFiniteError, ResourceError, SingaError, one_line,
+from singa_mpi.errors import (ConfigError, DataError, NonFiniteError, PeerLost, ResourceError, SingaError, one_line,
                               out_of_memory)
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.topology import SERVER, check_supported, topology
@@ -516,6 +516,8 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         server = role.kind == SERVER
         group = world.split(len(topo.worker_groups) + role.group if server else role.group, role.index)
         place = _place(world, topo, role, cfg.proto.cluster)
+        if place is not None and life is not None:  # a dead or stalled rank is named with its role
+            life.set_role(f"{role.kind} {role.index} of {role.kind} group {role.group}")
         if server:
             _note(life, "")
             with threads.limit_blas(1):  # element-wise updates: one thread each, beside the workers' BLAS
@@ -534,6 +536,11 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         runtime.close()
         world.barrier(patient=place is not None)  # a worker group may finish well before the others
         return code
+    except PeerLost as err:  # the dead rank's guardian names it: say nothing over it, then end the job
+        time.sleep(1.0)
+        if life is None or not life.guardian:
+            os.write(2, f"singa-mpi: rank {world.rank}: {one_line(str(err))}\n".encode())
+        world.abort(EXIT_ABORT)
     except SingaError as err:
         _abort(world, f"{err}", err.exit_code, life)
     except MemoryError as err:

@@ -137,8 +137,11 @@ def test_a_slow_group_does_not_hold_the_other_back_unless_staleness_is_bounded(t
         assert group0_done > (30 - staleness - 1) * 0.1, (group0_done, wall)  # held within 2 updates
 
 
-def test_a_killed_server_rank_ends_the_job_and_is_named(tmp_path):
-    conf = digits_job(tmp_path, "kill", SANDBLASTER, 100000)
+@pytest.mark.parametrize("cluster,victim,role", [(SANDBLASTER, 2, "server 0 of server group 0"),
+                                                 (DOWNPOUR, 1, "worker 0 of worker group 1")],
+                         ids=["sandblaster-server", "downpour-worker"])
+def test_a_killed_server_or_worker_rank_ends_the_job_and_is_named_with_its_role(tmp_path, cluster, victim, role):
+    conf = digits_job(tmp_path, "kill", cluster, 100000)
     cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -148,14 +151,14 @@ def test_a_killed_server_rank_ends_the_job_and_is_named(tmp_path):
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"no progress:\n{proc.stderr.read()[-3000:]}")
         time.sleep(0.1)
-    pid = rank_pids(conf)[2]
+    pid = rank_pids(conf)[victim]
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     code, _, err = finish(proc, 30)
     assert code != 0 and time.monotonic() - killed < 30
     named = [line for line in err.splitlines() if line.startswith("singa-mpi: ") and "vanished" in line]
     assert len(named) == 1, err[-3000:]
-    assert f"rank 2 (pid {pid}" in named[0] and "server 0 of server group 0" in named[0], named[0]
+    assert f"rank {victim} (pid {pid}" in named[0] and role in named[0], named[0]
 
 
 def test_a_downpour_checkpoint_resumes_under_other_frameworks_and_back(tmp_path):

@@ -397,6 +397,7 @@ class Watchdog(threading.Thread):
         super().__init__(name="singa-mpi-watchdog", daemon=True)
         self.life, self.tracer, self.timeout, self.poll = life, tracer, timeout, poll
         self.note = ""
+        self.role = ""  # "worker 1 of worker group 0", "server 0 of server group 0" (several groups, servers)
         self.waiting: tuple[float, str] | None = None  # (perf_counter, what): a wait the tracer does not see
         self._last_key = None
         self._stop_event = threading.Event()
@@ -424,6 +425,8 @@ class Watchdog(threading.Thread):
         key, text, in_comm = activity_of(self.tracer, self.note)
         if self.waiting is not None and not in_comm:
             text, in_comm = f"{self.note + ': ' if self.note else ''}{self.waiting[1]}", True
+        if self.role:  # a job of several worker groups or with servers: which one this rank is
+            text = f"{self.role}: {text}"
         state = IN_MPI_INIT if self.waiting is not None else SETUP if self.note else RUNNING
         self.life.record.publish(text, in_comm, progressed=key != self._last_key, state=state)
         self._last_key = key
@@ -498,6 +501,10 @@ class RankLife:
     def set_note(self, note: str) -> None:
         """What this rank does while it sets up ("" once it trains)."""
         self.watchdog.note = note
+
+    def set_role(self, role: str) -> None:
+        """Which worker or server this rank is, named in its record from now on."""
+        self.watchdog.role = role
 
     def end_job(self, message: str, code: int) -> None:
         """Print ``message`` (one line) unless another rank of this node has explained the end already

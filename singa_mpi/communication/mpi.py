@@ -28,6 +28,7 @@ os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3")
 from mpi4py import MPI  # noqa: E402 - the only mpi4py import in the package
 
 from singa_mpi.communication.base import others, ring_bytes, rooted_bytes, scatter_sum_bytes
+from singa_mpi.errors import PeerLost
 from singa_mpi.tracing import Tracer
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.int32): MPI.INT, np.dtype(np.float64): MPI.DOUBLE}
@@ -167,7 +168,7 @@ class MPIComm:
                                                  "patient": patient})
         status = MPI.Status()
         while True:  # test and yield, not MPI's spin: a server shares its core on an oversubscribed node
-            index, done = MPI.Request.Testany(requests, status)
+            index, done = _lost_peer_as_error(MPI.Request.Testany, requests, status)
             if done:
                 break
             os.sched_yield()
@@ -177,7 +178,7 @@ class MPIComm:
     def Waitall(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None) -> None:
         awaited = self._others if awaits is None else tuple(self.world_ranks[r] for r in awaits)
         span = self.tracer.begin(layer, "comm", {"op": "Waitall", "peer": "servers", "tag": None, "awaits": awaited})
-        while not MPI.Request.Testall(requests):  # as Waitany: yield the core while the servers work
+        while not _lost_peer_as_error(MPI.Request.Testall, requests):  # as Waitany: yield while servers work
             os.sched_yield()
         self._leave(span, layer, 0)
 
@@ -368,6 +369,15 @@ class MPIComm:
         # the processes at once, and a message still in the pipe would be lost
         time.sleep(0.5)
         MPI.COMM_WORLD.Abort(code)
+
+
+def _lost_peer_as_error(test, *args):
+    """``test(*args)``; an MPI error there (MPICH reports a peer process that died while requests to
+    it were pending) becomes PeerLost: the dead rank's guardian names it, this rank need not."""
+    try:
+        return test(*args)
+    except MPI.Exception as err:
+        raise PeerLost(f"a rank this one waited for failed ({' '.join(str(err).split())})") from None
 
 
 def world(tracer: Tracer | None = None, status=None) -> MPIComm:

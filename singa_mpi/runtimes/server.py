@@ -93,8 +93,7 @@ class ServerRuntime:
 
     # ------------------------------------------------------------- the loop
     def serve(self) -> None:
-        name = f"server {self.role.index} of server group {self.role.group}"
-        with self.tracer.span(name, "step"):
+        with self.tracer.span("serving", "step"):
             self._initial_state(self.world.recv_object(self.topo.worker_groups[0][0], INIT, LABEL))
             self._serve()
 
