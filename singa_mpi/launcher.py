@@ -352,9 +352,10 @@ def _train(trainer: Trainer, options: RunOptions) -> int:
 def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
     """Every rank raised ``err`` at the same step (the verdict is voted): under MPI the root prints
     the one line and all ranks exit with its code, with no abort; serially the CLI reports it."""
-    if trainer.runtime.size == 1:
+    if isinstance(trainer.runtime, SerialRuntime):
         raise err
-    if trainer.runtime.is_root:
+    # the root of the group that found it prints (other groups' roots hold a pointer to it)
+    if trainer.runtime.rank == 0 and "another worker group" not in str(err) and "see rank 0" not in str(err):
         print(f"singa-mpi: error: {err}", file=sys.stderr, flush=True)
     return err.exit_code
 

@@ -150,9 +150,10 @@ class NonFiniteCheck:
         if not found:  # several worker groups stop together: the finding was another group's
             raise NonFiniteError(f"non-finite value at step {step} ({phase}) in another worker group: stopped "
                                  f"without checkpointing it; {DIVERGED}")
+        elsewhere = f" in worker group {runtime.group}" if getattr(runtime, "group", 0) else ""
         first = min(found)
         on_rank = f" on rank {first.rank}" if runtime.size > 1 else ""
         newest = checkpoint.listed(workspace)
         kept = f"the newest checkpoint is still {newest[0][1]}" if newest else "no checkpoint was written"
-        raise NonFiniteError(f"non-finite value at step {step} ({phase}){on_rank}: {first.text}: stopped "
+        raise NonFiniteError(f"non-finite value at step {step} ({phase}){on_rank}{elsewhere}: {first.text}: stopped "
                              f"without checkpointing it ({kept}); {ADVICE[first.stage]}")

@@ -150,4 +150,4 @@ def finish(runtime, path: str) -> str | None:
     """Every worker's events to the root, which writes ``path`` (collective); returns the line
     to print on the root, None elsewhere."""
     parts = runtime.gather_object(rank_trace(runtime.tracer))
-    return write(path, parts) if parts is not None else None
+    return write(path, parts) if parts is not None and runtime.is_root else None  # group 0's, of several

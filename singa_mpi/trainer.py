@@ -24,7 +24,8 @@ from singa_mpi.algorithms import make_algorithm
 from singa_mpi.config.load import JobConfig
 from singa_mpi.layers.base import layer_class_of
 from singa_mpi.net import Net, global_batch_size, phase_nodes
-from singa_mpi.nonfinite import NonFiniteCheck
+from singa_mpi.errors import NonFiniteError
+from singa_mpi.nonfinite import DIVERGED, NonFiniteCheck
 from singa_mpi.proto import job_pb2
 from singa_mpi.updaters import load_blas, make_updater
 
@@ -181,7 +182,7 @@ class Trainer:
         """WORKSPACE/profile.json from every worker's tracer totals (collective); with
         ``print_profile`` the root prints it as the per-layer table too."""
         parts = self.runtime.gather_object(profiling.worker_part(self.runtime.tracer, self.evaluation_totals))
-        if parts is None:
+        if parts is None or not self.runtime.is_root:  # several groups: group 0's root writes
             return
         profile = profiling.build(parts)
         profiling.write(self.workspace, profile)
@@ -223,6 +224,9 @@ class Trainer:
             if halt:  # a NaN stops here, before its progress line and with no checkpoint
                 self.finite.look_at_values(self.runtime.sync())  # a stop writes one
                 self.finite.raise_if_found(self.runtime, step, "train", self.workspace)
+                if self.runtime.sync().nonfinite_elsewhere():
+                    raise NonFiniteError(f"non-finite value at step {step} (train) in another worker group: "
+                                         f"stopped without checkpointing it; {DIVERGED}")
             if display_now(job, step):
                 now = time.perf_counter()
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)

@@ -208,3 +208,15 @@ def test_singas_four_framework_examples_run_with_the_ranks_they_imply(tmp_path, 
     result = subprocess.run(cmd, cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert entries(tmp_path, "test")[-1]["accuracy"] > 0.5
+
+
+def test_a_non_finite_gradient_of_one_group_ends_every_group_in_one_line_without_a_checkpoint(tmp_path):
+    """The server refuses the sum and tells every group; the group that found it says where."""
+    conf = digits_job(tmp_path, "nan", DOWNPOUR, 100, extra="checkpoint_freq: 50\n")
+    text = open(conf).read().replace("base_lr: 0.05", "base_lr: 1e8")
+    open(conf, "w").write(text)
+    code, out, err = run(3, conf, tmp_path)
+    lines = [line for line in err.splitlines() if line.startswith("singa-mpi: ")]
+    assert code == 5 and len(lines) == 1 and "non-finite value at step" in lines[0], err[-3000:]
+    assert "Traceback" not in err
+    assert not (tmp_path / "ws" / "checkpoint").exists() or not os.listdir(tmp_path / "ws" / "checkpoint")

@@ -28,7 +28,8 @@ from singa_mpi.params import Param, make_param
 from singa_mpi.planner.plan import Plan, untrained_params
 from singa_mpi.planner.servers import pieces, server_ranges, trained_params
 from singa_mpi.sync.base import finite_at_a_glance
-from singa_mpi.sync.servers import (APPLIED, BYE, CONTROL, CONTROL_WORDS, FASTEST, FINISHED, GET, HEADER, INIT,
+from singa_mpi.sync.servers import (APPLIED, BYE, CONTROL, CONTROL_WORDS, FASTEST, FINISHED, FOUND_NONFINITE,
+                                    GET, HEADER, INIT, STOPPED_EARLY,
                                     LABEL, NOT_FINITE, SLOWEST, SNAPSHOT, SNAPSHOT_REPLY, STALENESS, STATUS,
                                     STOP, VERSION)
 from singa_mpi.topology import Role, Topology
@@ -87,7 +88,7 @@ class ServerRuntime:
         self.workers = [rank for ranks in topo.worker_groups for rank in ranks]
         self.group_of = {rank: (g, w) for g, ranks in enumerate(topo.worker_groups) for w, rank in enumerate(ranks)}
         self.finished_workers: set[int] = set()
-        self.stopped_early = False
+        self.stop_reason = 0  # STOPPED_EARLY or FOUND_NONFINITE once a group stopped or sent one
         self.check_finite = True
         self.replies: dict[tuple[int, int], tuple] = {}  # (group, id(piece)) -> (buffer, request)
 
@@ -154,7 +155,7 @@ class ServerRuntime:
         if finite:
             self.updater.update(step, value)
         else:
-            status, self.stopped_early = NOT_FINITE, True  # never applied; every group stops
+            status, self.stop_reason = NOT_FINITE, FOUND_NONFINITE  # never applied; every group stops
         staleness = the_range.version - the_range.seen[g]
         the_range.version += 1
         the_range.clock[g] += 1
@@ -173,7 +174,7 @@ class ServerRuntime:
                 continue
             the_range.seen[g] = the_range.version
             header = [status, the_range.version, staleness, min(the_range.clock), max(the_range.clock),
-                      int(self.stopped_early)]
+                      self.stop_reason]
             for piece, _, rank in the_range.incoming[g]:
                 self._reply(g, piece, rank, the_range, header)
         the_range.held = kept
@@ -196,12 +197,12 @@ class ServerRuntime:
             if piece.worker == w:
                 r = self.ranges[piece.name]
                 self._reply(g, piece, rank, r, [APPLIED, r.version, 0, min(r.clock), max(r.clock),
-                                                int(self.stopped_early)])
+                                                self.stop_reason])
 
     # ------------------------------------------------------------- groups finishing, snapshots
     def _finished(self, rank: int, stopped: bool) -> None:
         self.finished_workers.add(rank)
-        self.stopped_early = self.stopped_early or stopped
+        self.stop_reason = max(self.stop_reason, STOPPED_EARLY if stopped else 0)
         for the_range in self.ranges.values():  # the slowest group may have just left
             self._release(the_range)
 

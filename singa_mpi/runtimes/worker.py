@@ -327,9 +327,9 @@ class WorkerRuntime:
         return self._lowest_holder.get((param.name, param.shard), self.rank) == self.rank
 
     def gather_object(self, value):
-        """Every worker's ``value`` on the job's root (None elsewhere; other groups' roots too)."""
-        gathered = self.comm.gather_object(value)
-        return gathered if self.is_root else None
+        """Every worker's ``value`` on the group's root (None elsewhere); only group 0's root (the
+        job's root, ``is_root``) writes what it gathers."""
+        return self.comm.gather_object(value)
 
     def any(self, flag: bool) -> bool:
         """True on every worker of the group if ``flag`` is on any."""
@@ -361,7 +361,7 @@ class WorkerRuntime:
         """Per connection layer and sync: MiB and ms per step on each worker (the table printed at
         the end of a run, also written to WORKSPACE/communication.json; collective, root returns it)."""
         rows = self.gather_object(self.measured())
-        if rows is None or steps <= 0:
+        if rows is None or steps <= 0 or not self.is_root:
             return None
         labels = sorted({label for per_rank in rows for label in per_rank})
         self._write_measured(rows, steps)

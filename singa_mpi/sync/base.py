@@ -154,6 +154,10 @@ class Synchronizer:
         """Another group stopped early: this one stops too (after its vote)."""
         return any(self._each("stop_asked"))
 
+    def nonfinite_elsewhere(self) -> bool:
+        """Another worker group's gradient was not finite (servers refused it): stop as on one's own."""
+        return any(self._each("nonfinite_elsewhere"))
+
     def metrics(self) -> dict[str, float]:
         """What the strategies measure per step (staleness), for the progress lines."""
         merged: dict[str, float] = {}

@@ -15,8 +15,9 @@ Messages (tags below :data:`singa_mpi.planner.servers.FIRST_PIECE_TAG` are the p
 * a reply: float32[n + HEADER]: the values, then int32 words ``status`` (APPLIED, or NOT_FINITE:
   the summed gradient held a NaN or an infinity and was not applied), the range's version (updates
   applied so far), the staleness of this update (other groups' updates applied since this group
-  last got the range's values), the slowest and fastest group's update count, and ``stop`` (a
-  group stopped early: every group stops after its current step);
+  last got the range's values), the slowest and fastest group's update count, and ``stop`` (why
+  every group stops after its current step: STOPPED_EARLY, a group stopped on a signal; or
+  FOUND_NONFINITE, a group's gradient was not finite);
 * control messages int32[CONTROL_WORDS] on tag CONTROL: GET (send me my pieces' current values),
   FINISHED (this worker trained its last step; word 1: it stopped early), SNAPSHOT (send the root
   your params and updater state; word 1: only once every group has finished), BYE (this worker
@@ -36,6 +37,7 @@ GET, FINISHED, SNAPSHOT, BYE = 1, 2, 3, 4  # control kinds
 HEADER = 6  # int32 words after a reply's values
 STATUS, VERSION, STALENESS, SLOWEST, FASTEST, STOP = range(HEADER)
 APPLIED, NOT_FINITE = 0, 1
+STOPPED_EARLY, FOUND_NONFINITE = 1, 2  # a reply's STOP word: why every group stops
 LABEL = "servers"
 
 
@@ -64,7 +66,7 @@ class ServerSync:
         self.back = {id(piece): np.zeros(piece.size + HEADER, np.float32) for piece, _ in self.pieces}
         self.talks_to = sorted({piece.server for piece, _ in self.pieces})
         self._nonfinite: Param | None = None
-        self._stop = False
+        self._stop = 0  # the largest STOP word seen
         self._seen: list[np.ndarray] = []  # reply headers since the last metrics()
         self._reset()
 
@@ -110,7 +112,7 @@ class ServerSync:
             self._seen.append(header.copy())
             if header[STATUS] == NOT_FINITE and self._nonfinite is None:
                 self._nonfinite = param
-            self._stop = self._stop or bool(header[STOP])
+            self._stop = max(self._stop, int(header[STOP]))
         self._reset()
 
     def update(self, step: int, updater) -> None:
@@ -152,7 +154,11 @@ class ServerSync:
 
     def stop_asked(self) -> bool:
         """A server said a group stopped early (a signal, a non-finite gradient): stop too."""
-        return self._stop
+        return self._stop > 0
+
+    def nonfinite_elsewhere(self) -> bool:
+        """A server refused a group's non-finite gradient: the job ends as on a non-finite value."""
+        return self._stop == FOUND_NONFINITE
 
     def metrics(self) -> dict[str, float]:
         """Staleness since the last call (mean and max over this worker's replies), and the update

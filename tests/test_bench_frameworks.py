@@ -1,0 +1,27 @@
+"""Smoke test of scripts/bench_frameworks.py: a short MLP run of every framework (serial, and AllReduce,
+Sandblaster and Downpour under mpiexec on 2-3 ranks) prints the table header and one row each."""
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FRAMEWORK_RANKS = {"serial": 1, "allreduce": 2, "sandblaster": 3, "downpour": 3}
+
+
+def test_bench_frameworks_prints_one_row_per_framework(tmp_path):
+    # a low target: 20 steps reach about 0.7 test accuracy, so every row has a time
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_frameworks.py"), "--nets", "mnist_mlp", "--steps", "20",
+           "--repeat", "1", "--target", "0.2", "--keep", str(tmp_path / "work"), "--json", str(tmp_path / "rows.json")]
+    out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert re.search(r"^net\s+framework\s+ranks\s+samples/s\s+x serial\s+time-to-acc\s+final acc$",
+                     text, re.MULTILINE), text
+    for framework, ranks in FRAMEWORK_RANKS.items():
+        assert re.search(rf"^mnist_mlp\s+{framework}\s+{ranks}\s+[\d,]+\s+\d+\.\d\d\s+(\d+\.\ds|not reached)"
+                         rf"\s+[01]\.\d{{4}}$", text, re.MULTILINE), text
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["framework"] for r in rows] == list(FRAMEWORK_RANKS)
+    assert all(r["final_accuracy"] > 0.2 for r in rows), rows  # every framework learned something
