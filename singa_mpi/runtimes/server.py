@@ -154,8 +154,10 @@ class ServerRuntime:
             finite = not self.check_finite or finite_at_a_glance(grad) or np.isfinite(grad).all()
         if finite:
             self.updater.update(step, value)
-        else:
-            status, self.stop_reason = NOT_FINITE, FOUND_NONFINITE  # never applied; every group stops
+            with np.errstate(over="ignore"):  # a finite gradient can still overflow the values
+                finite = not self.check_finite or finite_at_a_glance(value.data) or np.isfinite(value.data).all()
+        if not finite:
+            status, self.stop_reason = NOT_FINITE, FOUND_NONFINITE  # every group stops, none checkpoints
         staleness = the_range.version - the_range.seen[g]
         the_range.version += 1
         the_range.clock[g] += 1
