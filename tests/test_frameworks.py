@@ -222,3 +222,37 @@ def test_a_non_finite_gradient_of_one_group_ends_every_group_in_one_line_without
     assert all("non-finite value at step" in line for line in lines), err[-3000:]
     assert "Traceback" not in err
     assert os.listdir(tmp_path / "ws" / "checkpoint") == ["step0.h5"]  # the initial values, nothing after
+
+
+def test_waits_of_asynchronous_groups_are_no_stall_but_a_stopped_server_is(tmp_path):
+    """--stall-timeout: a group done long before the other, and servers between messages, wait as they
+    should; a server stopped with SIGSTOP holds its workers' replies and is named."""
+    (tmp_path / "slow.py").write_text(SLOW)
+    layer = '  layer { name: "slow" type: kUserLayer user_type: "kSlowOnSomeRanks" srclayers: "data" }\n'
+    conf = digits_job(tmp_path, "patient", DOWNPOUR, 12, extra=f'plugin: "{tmp_path}/slow.py"\n', layers=layer)
+    code, out, err = run(3, conf, tmp_path, "--stall-timeout", "1.5", env=mpi_env(SLOW_RANKS="1", SLOW_SECONDS="0.4"))
+    assert code == 0 and "stalled" not in err, err[-3000:]
+
+    conf = digits_job(tmp_path, "stopped", SANDBLASTER, 100000)
+    cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws2"),
+                                "--stall-timeout", "3"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    metrics = tmp_path / "ws2" / "metrics.jsonl"
+    while not metrics.exists() or metrics.read_text().count("\n") < 3:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no progress:\n{proc.stderr.read()[-3000:]}")
+        time.sleep(0.1)
+    pid = rank_pids(conf)[2]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        code, _, err = finish(proc, 60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    stalled = [line for line in err.splitlines() if "stalled" in line]
+    assert code != 0 and stalled, err[-3000:]
+    assert f"rank 2 (pid {pid}" in stalled[0] and "stopped" in stalled[0], stalled[0]

@@ -195,8 +195,10 @@ class MPIComm:
         self.comm.send(value, dest=dest, tag=tag)
         self._leave(start, label, 0)
 
-    def recv_object(self, source: int, tag: int, label: str):
-        start = self._enter("recv", label, f"from rank {source}", tag, source)
+    def recv_object(self, source: int, tag: int, label: str, patient: bool = False):
+        """``patient``: a long wait is normal (a checkpoint that waits for the other worker groups)."""
+        start = self.tracer.begin(label, "comm", {"op": "recv", "peer": f"from rank {source}", "tag": tag,
+                                                  "awaits": (self.world_ranks[source],), "patient": patient})
         value = self.comm.recv(source=source, tag=tag)
         self._leave(start, label, 0)
         return value

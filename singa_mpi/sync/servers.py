@@ -189,7 +189,8 @@ class ServerSync:
         parts = []
         for rank in self.servers:
             self.world.Send(np.array([SNAPSHOT, int(final)], np.int32), rank, CONTROL, LABEL)
-            parts.append(self.world.recv_object(rank, SNAPSHOT_REPLY, LABEL))
+            # the last checkpoint waits for every group to finish: as long as the slowest group takes
+            parts.append(self.world.recv_object(rank, SNAPSHOT_REPLY, LABEL, patient=final and self.asynchronous))
         return parts
 
     def _control(self, kind: int, arg: int = 0) -> None:
