@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import socket
 import time
 
 from singa_mpi.errors import DataError
@@ -140,10 +141,20 @@ def write(path: str, parts: list[dict]) -> str:
 
 
 def start(runtime) -> None:
-    """Record from now on, with one time origin on every worker (collective over the runtime)."""
+    """Record from now on, with one time origin on every worker (collective over the runtime).
+
+    After a barrier every rank restarts its clock; ranks on rank 0's node then take rank 0's origin,
+    as their perf_counter is the node's one monotonic clock: a rank descheduled as it left the
+    barrier (an oversubscribed node) would otherwise be milliseconds off.  Other nodes keep the
+    barrier's alignment."""
     runtime.tracer.record = True
     runtime.barrier()
     runtime.tracer.restart_clock()
+    mine = (socket.gethostname(), runtime.tracer.origin)
+    allgather = getattr(runtime, "allgather_object", None)
+    host, origin = allgather(mine)[0] if allgather is not None else mine
+    if host == mine[0]:
+        runtime.tracer.origin = origin
 
 
 def finish(runtime, path: str) -> str | None:

@@ -331,6 +331,10 @@ class WorkerRuntime:
         job's root, ``is_root``) writes what it gathers."""
         return self.comm.gather_object(value)
 
+    def allgather_object(self, value) -> list:
+        """Every worker's ``value`` on every worker of the group (the timeline's clock origin)."""
+        return self.comm.allgather_object(value)
+
     def any(self, flag: bool) -> bool:
         """True on every worker of the group if ``flag`` is on any."""
         return self.comm.any(flag)
