@@ -148,6 +148,8 @@ def roles_lines(cfg, the_plan) -> list[str]:
         frozen = frozen_params(cfg.proto) | untrained_params(the_plan.sublayers)
         ranges = server_ranges(trained_params(the_plan, frozen), len(topo.server_groups[0]))
         lines += ["  param slices (SINGA's slicing rule):"] + describe(ranges, topo.server_groups[0])
+        lines.append("  each worker sends the servers its gradient pieces of these slices and takes the values "
+                     "back: the servers replace the param sync the plan below lists")
     elif topo.framework == "Hogwild":
         shared = "in node-shared memory when on one node" if cluster.share_memory and topo.workers_per_group == 1 \
             else f"exchanged every {cluster.sync_freq} update(s)"

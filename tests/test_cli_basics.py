@@ -98,3 +98,11 @@ def test_gitignore_covers_what_the_readme_writes():
     assert out.stdout.split() == written
     kept = subprocess.run(["git", "check-ignore", "--no-index", "docs/metrics.png"], capture_output=True, cwd=ROOT)
     assert kept.returncode == 1  # the README's pictures are tracked
+
+
+def test_output_into_a_pipe_its_reader_closed_is_no_traceback():
+    """`singa-mpi plan JOB | head -1`: the reader leaves early; the command ends quietly."""
+    command = f"{sys.executable} -m singa_mpi plan conf/digits_sandblaster.conf | head -1"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.startswith("cluster: Sandblaster") and result.stderr == "" and result.returncode == 0
