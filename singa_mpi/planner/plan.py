@@ -85,8 +85,29 @@ class Exchange:
         return 4
 
     def bytes_between(self, src: int, dst: int) -> int:
-        rest = math.prod(self.rest_shape)
-        return sum(p.region.size(rest) * self.itemsize for p in self.pieces if p.src == src and p.dst == dst)
+        return self._traffic()[0].get((src, dst), 0)
+
+    def sent_by(self, rank: int) -> int:
+        """Forward bytes ``rank`` sends to the other members (pieces to itself are copies)."""
+        return self._traffic()[1].get(rank, 0)
+
+    def received_by(self, rank: int) -> int:
+        return self._traffic()[2].get(rank, 0)
+
+    def _traffic(self) -> tuple[dict[tuple[int, int], int], dict[int, int], dict[int, int]]:
+        """Bytes per (src, dst) pair, sent and received per rank: one pass over the pieces, kept (every
+        rank's schedule asks for every member: asked piece by piece, planning grew as ranks^4)."""
+        cached = self.__dict__.get("_traffic_table")
+        if cached is None:
+            rest, pairs, sent, received = math.prod(self.rest_shape), {}, {}, {}
+            for p in self.pieces:
+                nbytes = p.region.size(rest) * self.itemsize
+                pairs[(p.src, p.dst)] = pairs.get((p.src, p.dst), 0) + nbytes
+                if p.src != p.dst:
+                    sent[p.src] = sent.get(p.src, 0) + nbytes
+                    received[p.dst] = received.get(p.dst, 0) + nbytes
+            cached = self.__dict__["_traffic_table"] = (pairs, sent, received)
+        return cached
 
 
 @dataclasses.dataclass

@@ -65,8 +65,7 @@ def _exchange_ops(sub: SubLayer, direction: str) -> CommOp:
     ex = sub.exchange
     forward = direction == FORWARD
     rank = sub.rank
-    sent = sum(ex.bytes_between(rank, d) for d in ex.group if d != rank)
-    received = sum(ex.bytes_between(s, rank) for s in ex.group if s != rank)
+    sent, received = ex.sent_by(rank), ex.received_by(rank)
     if not forward:
         sent, received = received, sent
     if sub.role in ("bridge_src", "bridge_dst"):

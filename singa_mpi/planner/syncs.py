@@ -86,7 +86,15 @@ def factored_rows(plan: Plan) -> dict[ShardKey, list[int]]:
     """World-replicated 2-D shards summed from gradient factors, with each rank's batch rows.
 
     A shard qualifies when, on every rank, exactly one sub-layer holds it and that
-    sub-layer adds its gradient as one product over its batch rows."""
+    sub-layer adds its gradient as one product over its batch rows.  Computed once per plan
+    (every rank's schedule asks: asked per rank, planning grew as ranks x sub-layers per rank)."""
+    cached = plan.__dict__.get("_factored_rows")
+    if cached is None:
+        cached = plan.__dict__["_factored_rows"] = _factored_rows(plan)
+    return cached
+
+
+def _factored_rows(plan: Plan) -> dict[ShardKey, list[int]]:
     per_rank: dict[ShardKey, dict[int, list]] = {}
     for sub in plan.sublayers:
         for shard in sub.params:
