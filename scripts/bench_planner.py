@@ -1,6 +1,7 @@
 """How fast the partition planner is: a 100-layer net planned for 8 workers (target: under a second).
 
-    python scripts/bench_planner.py [--layers 100] [--ranks 8] [--repeat 5]
+    python scripts/bench_planner.py [--layers 100] [--ranks 8] [--width 64] [--repeat 5]
+    python scripts/bench_planner.py --growth --ranks 256 --repeat 1     (8, 16, ... 256 ranks)
 
 The net alternates inner-product and ReLU layers with partition_dim cycling 0, 1, -1 (at varying
 locations), so the plan has Allgatherv, Alltoallv, Gatherv, Scatterv and bridge connections and
@@ -20,7 +21,7 @@ from singa_mpi.config.load import parse_job  # noqa: E402
 from singa_mpi.planner import plan  # noqa: E402
 
 
-def net_text(layers: int, ranks: int) -> str:
+def net_text(layers: int, ranks: int, width: int = 64) -> str:
     lines = ['layer { name: "data" type: kRecordInput store_conf { backend: "hdf5" path: "x.h5" '
              'batchsize: 256 shape: 64 } }']
     src = "data"
@@ -28,7 +29,7 @@ def net_text(layers: int, ranks: int) -> str:
     for i in range((layers - 2) // 2):
         pdim = pdims[i % 3].format(loc=i % ranks)
         lines.append(f'layer {{ name: "fc{i}" type: kInnerProduct srclayers: "{src}" {pdim} '
-                     f'innerproduct_conf {{ num_output: 64 }} param {{ name: "w{i}" init {{ type: kGaussian }} }} '
+                     f'innerproduct_conf {{ num_output: {width} }} param {{ name: "w{i}" init {{ type: kGaussian }} }} '
                      f'param {{ name: "b{i}" init {{ type: kConstant value: 0 }} }} }}')
         lines.append(f'layer {{ name: "relu{i}" type: kReLU srclayers: "fc{i}" {pdim} }}')
         src = f"relu{i}"
@@ -38,22 +39,45 @@ def net_text(layers: int, ranks: int) -> str:
             'neuralnet {\n' + "\n".join(lines) + "\n}\n")
 
 
+def plan_seconds(layers: int, ranks: int, width: int, repeat: int):
+    """(median seconds, the last plan) of planning and verifying the net on ``ranks`` workers."""
+    cfg = parse_job(net_text(layers, ranks, width), "<bench>")
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        the_plan = plan(cfg, ranks)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), the_plan
+
+
+def growth(layers: int, most: int, repeat: int) -> None:
+    """Plan time from 8 ranks to ``most``, doubling; layers as wide as the ranks (64 at least), so
+    every one splits that far.  Pieces: the (sender, receiver) blocks of all exchanges."""
+    print(f"{'ranks':>6}  {'ms per plan':>12}  {'x previous':>10}  {'exchange pieces':>16}")
+    ranks, previous = 8, None
+    while ranks <= most:
+        seconds, the_plan = plan_seconds(layers, ranks, max(64, ranks), repeat)
+        pieces = sum(len(e.pieces) for e in the_plan.exchanges)
+        ratio = f"{seconds / previous:>10.1f}" if previous else f"{'-':>10}"
+        print(f"{ranks:>6}  {1e3 * seconds:>12,.0f}  {ratio}  {pieces:>16,}")
+        previous, ranks = seconds, ranks * 2
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=100)
     parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--width", type=int, default=64, help="outputs per inner-product layer")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--growth", action="store_true", help="a table from 8 ranks to --ranks, doubling")
     args = parser.parse_args()
-    cfg = parse_job(net_text(args.layers, args.ranks), "<bench>")
-    times = []
-    for _ in range(args.repeat):
-        start = time.perf_counter()
-        the_plan = plan(cfg, args.ranks)
-        times.append(time.perf_counter() - start)
-    print(f"planned {len(cfg.proto.neuralnet.layer)} layers on {args.ranks} workers: "
+    if args.growth:
+        growth(args.layers, args.ranks, args.repeat)
+        return 0
+    seconds, the_plan = plan_seconds(args.layers, args.ranks, args.width, args.repeat)
+    print(f"planned {args.layers} layers on {args.ranks} workers: "
           f"{len(the_plan.sublayers)} sub-layers, {len(the_plan.exchanges)} exchanges, "
-          f"{len(the_plan.param_syncs)} param syncs; median {1e3 * statistics.median(times):.0f} ms "
-          f"(best {1e3 * min(times):.0f} ms) per plan")
+          f"{len(the_plan.param_syncs)} param syncs; median {1e3 * seconds:.0f} ms per plan")
     return 0
 
 
