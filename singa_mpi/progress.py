@@ -97,6 +97,25 @@ def evaluation_line(entries: list[dict]) -> str | None:
     return text + ("; " + ", ".join(best) if best else "")
 
 
+def format_bytes(count: float) -> str:
+    """1536 -> '1.5 KiB'; 3.2e9 -> '3.0 GiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GiB"
+
+
+def peak_rss() -> int | None:
+    """This process's peak resident memory in bytes (Linux reports KiB), None where unknown."""
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except (ImportError, OSError, ValueError):
+        return None
+
+
 def summary_lines(run: dict, ranks: list[dict]) -> list[str]:
     """The end-of-run block.
 
@@ -104,7 +123,8 @@ def summary_lines(run: dict, ranks: list[dict]) -> list[str]:
     ``elapsed`` (seconds since step 0, across resumes), ``samples`` (rows trained here), ``test`` and
     ``val`` (their metrics.jsonl entries), ``checkpoint`` (the last path written), ``stopped``.
     ``ranks``: per rank ``rank``, ``wall``, ``comm`` (seconds inside communication calls),
-    ``steps``, ``step`` (seconds in training steps), ``step_comm`` (communication within them).
+    ``steps``, ``step`` (seconds in training steps), ``step_comm`` (communication within them),
+    ``rss`` (the process's peak resident memory in bytes, when known).
     """
     steps = run["end"] - run["start"]
     wall = max(run["wall"], 1e-9)
@@ -121,6 +141,10 @@ def summary_lines(run: dict, ranks: list[dict]) -> list[str]:
             lines.append(f"  {phase:<15} {text}")
     if run.get("checkpoint"):
         lines.append(f"  checkpoint      {run['checkpoint']}")
+    peaks = [r["rss"] for r in ranks if r.get("rss")]
+    if peaks:
+        spread = f" (ranks: {format_bytes(min(peaks))}-{format_bytes(max(peaks))})" if len(peaks) > 1 else ""
+        lines.append(f"  peak memory     {format_bytes(peaks[0])} resident on rank 0{spread}")
     if len(ranks) > 1:
         shares = [r["comm"] / max(r["wall"], 1e-9) for r in ranks]
         lines.append(f"  communication   {100 * shares[0]:.0f}% of wall time on rank 0 "

@@ -260,7 +260,8 @@ class Trainer:
         communication and step times are gathered to the root."""
         wall = time.perf_counter() - self.start_time
         mine = {"rank": self.runtime.rank, "wall": wall, "comm": self.runtime.comm_seconds() - self._comm_at_start,
-                "steps": end - self.start_step, "step": self._steps_timed[0], "step_comm": self._steps_timed[1]}
+                "steps": end - self.start_step, "step": self._steps_timed[0], "step_comm": self._steps_timed[1],
+                "rss": progress.peak_rss()}
         ranks = self.runtime.gather_object(mine)
         if ranks is None:
             return

@@ -252,3 +252,14 @@ def test_test_names_its_checkpoint_and_leaves_metrics_jsonl_alone(tmp_path, caps
     (entry,) = [json.loads(line) for line in (ws / "test_results.jsonl").read_text().splitlines()]
     assert entry["checkpoint"] == chosen and entry["step"] == 4 and entry["phase"] == "test"
     assert {"loss", "accuracy"} <= set(entry)
+
+
+def test_summary_lines_give_each_ranks_peak_memory():
+    from singa_mpi.progress import format_bytes, peak_rss
+
+    run = {"start": 0, "end": 10, "total": 10, "wall": 2.0, "elapsed": 2.0, "samples": 640}
+    ranks = [{"rank": r, "wall": 2.0, "comm": 0.5, "steps": 10, "step": 1.8, "step_comm": 0.4, "rss": rss}
+             for r, rss in enumerate([300 * 2**20, 280 * 2**20])]
+    assert "  peak memory     300.0 MiB resident on rank 0 (ranks: 280.0 MiB-300.0 MiB)" in summary_lines(run, ranks)
+    assert format_bytes(512) == "512 B" and format_bytes(3 * 2**30) == "3.0 GiB"
+    assert peak_rss() > 10 * 2**20  # this Python process, numpy loaded
