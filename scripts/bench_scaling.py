@@ -155,14 +155,44 @@ def summarize(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def plot(rows: list[dict], path: str) -> None:
+    """Speed-up over one rank against ranks, one line per (net, scheme); a line, no plot, without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"no plot {path}: matplotlib is not installed (pip install matplotlib)")
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for net, scheme in sorted({(r["net"], r["scheme"]) for r in rows}):
+        mine = sorted((r["ranks"], r["speedup"]) for r in rows if (r["net"], r["scheme"]) == (net, scheme))
+        ax.plot([n for n, _ in mine], [s for _, s in mine], marker="o", label=f"{net} {scheme}")
+    most = max(r["ranks"] for r in rows)
+    ax.plot([1, most], [1, most], color="grey", linestyle=":", label="linear")
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("speed-up over 1 rank")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot {path}")
+
+
 def print_table(rows: list[dict]) -> None:
+    missing = sorted({(r["net"], r["scheme"]) for r in rows if r["speedup"] != r["speedup"]})
     for r in rows:
         spread = f"({r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f})" if r["speedup_range"] else ""
+        known = r["speedup"] == r["speedup"]  # not NaN: a 1-rank row exists
+        speedup = f"x{r['speedup']:.2f}" if known else "x n/a"
+        best = f"x{r['speedup_best']:.2f}" if known else "n/a"
         print(f"{r['net']:<16} {r['scheme']:<8} n={r['ranks']}{'*' if r['oversubscribed'] else ' '} "
-              f"{r['samples_per_s']:>9.1f} samples/s  x{r['speedup']:.2f} {spread:<11} best x{r['speedup_best']:.2f}  "
+              f"{r['samples_per_s']:>9.1f} samples/s  {speedup} {spread:<11} best {best}  "
               f"exposed comm {100 * r['exposed_comm_share']:>4.1f}%  "
               f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step  [{r['repeats']} runs]", flush=True)
     print("* oversubscribed: more ranks than cores; correctness only, not speed")
+    if missing:
+        print("no 1-rank run for " + ", ".join(f"{net} {scheme}" for net, scheme in missing)
+              + ": their speed-ups are n/a (run the baselines: sbatch --ntasks=1 slurm/bench.sbatch)")
 
 
 def main() -> int:
@@ -180,12 +210,20 @@ def main() -> int:
     parser.add_argument("--scheme", choices=["data", "feature", "hybrid"])
     parser.add_argument("--out", help="--worker: also write the JSON result here")
     parser.add_argument("--collect", help="print the table of the JSON results in this folder")
+    parser.add_argument("--plot", help="also draw the speed-ups into this PNG (needs matplotlib)")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     if args.collect:
         runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path(args.collect).glob("*.json"))]
-        print_table(summarize(runs))
+        if not runs:
+            print(f"{args.collect}: no results (bench-*.json) yet: expected the benchmark jobs to have run",
+                  file=sys.stderr)
+            return 1
+        rows = summarize(runs)
+        print_table(rows)
+        if args.plot:
+            plot(rows, args.plot)
         return 0
     runs = []
     for net in args.nets:
@@ -196,6 +234,8 @@ def main() -> int:
                     print(f"  measured {net} {scheme} n={ranks} ({repeat + 1}/{args.repeat})", flush=True)
     rows = summarize(runs)
     print_table(rows)
+    if args.plot:
+        plot(rows, args.plot)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"summary": rows, "runs": runs}, indent=1) + "\n")
     return 0

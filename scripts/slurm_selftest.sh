@@ -15,7 +15,9 @@
 # 4. preemption: signals a running job with SIGUSR1 (what `#SBATCH --signal` sends before the
 #    time limit), checks that it checkpoints, is requeued, resumes and finishes; with Open MPI, the
 #    same with SIGTERM (which the script must pass on to Open MPI's mpiexec as SIGUSR1);
-# 5. stops exactly the daemons it started (also on failure or Ctrl-C).
+# 5. runs the README's benchmark campaign (slurm/bench_campaign.sh --wait: the 1- and 2-rank arrays and
+#    the collecting job) and checks that it prints speed-ups;
+# 6. stops exactly the daemons it started (also on failure or Ctrl-C).
 # Every wait is bounded; the whole run takes well under two minutes.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -278,4 +280,18 @@ if [ -n "${OPENMPI_ENV:-}" ]; then
   # shellcheck disable=SC2086
   preempt long-osrun TERM $OPENMPI_ENV SINGA_LAUNCHER=srun
 fi
+# --------------------------------------------------------------- the README's benchmark campaign
+say "benchmark campaign: bash slurm/bench_campaign.sh --wait (1 and 2 ranks, 2 timed steps per task)"
+wait_idle
+set +e
+table=$(cd "$ROOT" && SINGA_PYTHON=$PY RESULTS=$WORK/bench STEPS=2 timeout 600 bash slurm/bench_campaign.sh --wait)
+status=$?
+set -e
+if [ "$status" -ne 0 ] || ! grep -Eq 'n=2.* x[0-9]+\.[0-9]{2} ' <<<"$table" || grep -q 'x n/a\|nan' <<<"$table"; then
+  say "FAILED: the campaign (status $status) printed no speed-ups for 2 ranks; its table:"
+  echo "$table" | tail -20
+  tail -20 "$WORK"/bench/slurm-*.out 2>/dev/null
+  exit 1
+fi
+say "campaign table: $(grep -c ' n=2' <<<"$table") rows at 2 ranks with speed-ups over their 1-rank baselines"
 say "PASSED"

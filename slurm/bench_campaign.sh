@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The scaling benchmark campaign in one command: slurm/bench.sbatch as job arrays for the 1-rank
+# baselines and for each rank count given, then a job that collects their results once all of them
+# have ended (afterany) into RESULTS/scaling.txt (the table; RESULTS/scaling.png too with matplotlib).
+# The tasks' Slurm output goes to RESULTS as well.
+#
+#   bash slurm/bench_campaign.sh --wait          # 1 and 2 ranks; waits and prints the table here
+#   bash slurm/bench_campaign.sh 2 4 8 16        # returns at once; the table lands in RESULTS/scaling.txt
+#
+# Environment: as slurm/bench.sbatch (SINGA_PYTHON, RESULTS default bench-results, STEPS, SINGA_LAUNCHER).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WAIT=0
+COUNTS=()
+for arg in "$@"; do
+  case $arg in
+    --wait) WAIT=1 ;;
+    ''|*[!0-9]*) echo "bench_campaign: $arg: expected rank counts (2 4 8 ...) and --wait" >&2; exit 2 ;;
+    *) [ "$arg" -gt 1 ] && COUNTS+=("$arg") ;;
+  esac
+done
+[ ${#COUNTS[@]} -gt 0 ] || COUNTS=(2)
+export RESULTS=${RESULTS:-bench-results}
+PY=${SINGA_PYTHON:-python3}
+mkdir -p "$RESULTS"
+
+ids=()
+for n in 1 "${COUNTS[@]}"; do  # the baselines first: every speed-up is against them
+  id=$(sbatch --parsable --ntasks="$n" --output="$RESULTS/slurm-%x-%A_%a.out" slurm/bench.sbatch)
+  ids+=("${id%%;*}")
+  echo "submitted the benchmark array on $n rank(s): job ${id%%;*}"
+done
+deps=$(IFS=:; echo "${ids[*]}")
+collect=(sbatch --parsable --dependency="afterany:$deps" --ntasks=1 --time=00:05:00 --job-name=singa-bench-collect
+         --output="$RESULTS/scaling.txt"
+         --wrap="$PY scripts/bench_scaling.py --collect $RESULTS --plot $RESULTS/scaling.png")
+if [ "$WAIT" -eq 0 ]; then
+  id=$("${collect[@]}")
+  echo "submitted the collecting job ${id%%;*}: the table will be in $RESULTS/scaling.txt"
+  exit 0
+fi
+echo "waiting for the arrays and the collecting job (the table is also kept in $RESULTS/scaling.txt)"
+status=0
+"${collect[@]}" --wait >/dev/null || status=$?
+cat "$RESULTS/scaling.txt"
+exit "$status"
