@@ -28,10 +28,8 @@ from singa_mpi.params import Param, make_param
 from singa_mpi.planner.plan import Plan, untrained_params
 from singa_mpi.planner.servers import pieces, server_ranges, trained_params
 from singa_mpi.sync.base import finite_at_a_glance
-from singa_mpi.sync.servers import (APPLIED, BYE, CONTROL, CONTROL_WORDS, FASTEST, FINISHED, FOUND_NONFINITE,
-                                    GET, HEADER, INIT, STOPPED_EARLY,
-                                    LABEL, NOT_FINITE, SLOWEST, SNAPSHOT, SNAPSHOT_REPLY, STALENESS, STATUS,
-                                    STOP, VERSION)
+from singa_mpi.sync.servers import (APPLIED, BYE, CONTROL, CONTROL_WORDS, FINISHED, FOUND_NONFINITE, GET, HEADER,
+                                    INIT, LABEL, NOT_FINITE, SNAPSHOT, SNAPSHOT_REPLY, STOPPED_EARLY)
 from singa_mpi.topology import Role, Topology
 from singa_mpi.updaters import make_updater
 
