@@ -20,7 +20,7 @@ import time
 import pytest
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
-from test_mpi_failures import finish, rank_pids
+from test_mpi_failures import finish, rank_pids, wait_for_progress
 from test_mpi_suites import mpi_env, mpiexec_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,12 +145,7 @@ def test_a_killed_server_or_worker_rank_ends_the_job_and_is_named_with_its_role(
     cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "ws" / "metrics.jsonl").exists() or \
-            (tmp_path / "ws" / "metrics.jsonl").read_text().count("\n") < 3:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"no progress:\n{proc.stderr.read()[-3000:]}")
-        time.sleep(0.1)
+    wait_for_progress(proc, tmp_path)
     pid = rank_pids(conf)[victim]
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
@@ -233,17 +228,14 @@ def test_waits_of_asynchronous_groups_are_no_stall_but_a_stopped_server_is(tmp_p
     code, out, err = run(3, conf, tmp_path, "--stall-timeout", "1.5", env=mpi_env(SLOW_RANKS="1", SLOW_SECONDS="0.4"))
     assert code == 0 and "stalled" not in err, err[-3000:]
 
-    conf = digits_job(tmp_path, "stopped", SANDBLASTER, 100000)
-    cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws2"),
+    second = tmp_path / "second"
+    second.mkdir()
+    conf = digits_job(second, "stopped", SANDBLASTER, 100000)
+    cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(second / "ws"),
                                 "--stall-timeout", "3"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    deadline = time.monotonic() + 120
-    metrics = tmp_path / "ws2" / "metrics.jsonl"
-    while not metrics.exists() or metrics.read_text().count("\n") < 3:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"no progress:\n{proc.stderr.read()[-3000:]}")
-        time.sleep(0.1)
+    wait_for_progress(proc, second)
     pid = rank_pids(conf)[2]
     os.kill(pid, signal.SIGSTOP)
     try:
