@@ -28,32 +28,25 @@ from singa_mpi.params import Param, make_param
 from singa_mpi.planner.plan import Plan, untrained_params
 from singa_mpi.planner.servers import pieces, server_ranges, trained_params
 from singa_mpi.sync.base import finite_at_a_glance
+from singa_mpi.sync.shared_memory import ChunkView
 from singa_mpi.sync.servers import (APPLIED, BYE, CONTROL, CONTROL_WORDS, FINISHED, FOUND_NONFINITE, GET, HEADER,
                                     INIT, LABEL, NOT_FINITE, SNAPSHOT, SNAPSHOT_REPLY, STOPPED_EARLY)
 from singa_mpi.topology import Role, Topology
 from singa_mpi.updaters import make_updater
 
 
-class RangeParam(Param):
-    """The flat elements [lo, hi) of a param that this server keeps (what the updater sees)."""
-
-    def __init__(self, param: Param, lo: int, hi: int):  # no super().__init__: nothing to allocate twice
-        self.conf, self.name = param.conf, param.name
-        self.logical_shape, self.shard = param.logical_shape, param.shard
-        self.lr_scale, self.wd_scale = param.lr_scale, param.wd_scale
-        self.data = np.ascontiguousarray(param.data.reshape(-1)[lo:hi])
-        self._grad = np.zeros(hi - lo, np.float32)
-        self.pending, self.fresh, self.factors, self.queue = [], False, None, None
-        self.lo, self.hi = lo, hi
-
-    def region(self) -> tuple:
-        return ("flat", self.lo, self.hi)
+def range_of(param: Param, lo: int, hi: int) -> ChunkView:
+    """The flat elements [lo, hi) of a param that this server keeps and the updater sees: a chunk
+    with its own values (the whole logical array is not kept) and its own gradient buffer."""
+    chunk = ChunkView(param, lo, hi, np.zeros(hi - lo, np.float32))
+    chunk.data = chunk.data.copy()
+    return chunk
 
 
 class _Range:
     """One range and, per worker group, the pieces that update it."""
 
-    def __init__(self, value: RangeParam, groups: int):
+    def __init__(self, value: ChunkView, groups: int):
         self.value = value
         self.incoming: list[list] = [[] for _ in range(groups)]  # per group: (piece, buffer, source rank)
         self.arrived = [0] * groups
@@ -81,7 +74,7 @@ class ServerRuntime:
         for r in self.ranges_all:
             if r.server == role.index:
                 whole = make_param(owners[r.name], r.logical_shape, tuple((0, n) for n in r.logical_shape), seed)
-                self.ranges[r.name] = _Range(RangeParam(whole, r.lo, r.hi), groups)
+                self.ranges[r.name] = _Range(range_of(whole, r.lo, r.hi), groups)
         self.mine = [p for p in pieces(the_plan, self.ranges_all) if p.server == role.index]
         self.workers = [rank for ranks in topo.worker_groups for rank in ranks]
         self.group_of = {rank: (g, w) for g, ranks in enumerate(topo.worker_groups) for w, rank in enumerate(ranks)}
