@@ -248,3 +248,15 @@ def test_waits_of_asynchronous_groups_are_no_stall_but_a_stopped_server_is(tmp_p
     stalled = [line for line in err.splitlines() if "stalled" in line]
     assert code != 0 and stalled, err[-3000:]
     assert f"rank 2 (pid {pid}" in stalled[0] and "stopped" in stalled[0], stalled[0]
+
+
+def test_singa_mpi_test_runs_a_framework_job_as_one_group_on_any_rank_count(tmp_path):
+    code, _, err = run(3, digits_job(tmp_path, "trained", DOWNPOUR, 20), tmp_path)
+    assert code == 0, err[-3000:]
+    conf = str(tmp_path / "trained.conf")
+    for n in (0, 2):
+        cmd = ([sys.executable] if n == 0 else mpiexec_command(n) + [sys.executable]) + \
+            ["-m", "singa_mpi", "test", conf, "--workspace", str(tmp_path / "ws")]
+        result = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and "testing " in result.stdout and "step20.h5 (step 20)" in result.stdout, \
+            result.stdout[-2000:] + result.stderr[-2000:]
