@@ -73,9 +73,18 @@ def partitioned(cfg, scheme: str):
     return cfg
 
 
-def trainer_on_world(net: str, scheme: str, prefix: str):
+def weak_batch(cfg, ranks: int) -> None:
+    """Weak scaling: the training batch grows with the ranks (each rank keeps the 1-rank batch)."""
+    for layer in cfg.proto.neuralnet.layer:
+        if layer.HasField("store_conf"):  # batchsize is repeated in SINGA's schema (one per split)
+            sizes = [size * ranks for size in layer.store_conf.batchsize]
+            del layer.store_conf.batchsize[:]
+            layer.store_conf.batchsize.extend(sizes)
+
+
+def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False):
     """(world, scratch folder, runtime, trainer) of an example net on synthetic data, partitioned
-    by ``scheme`` over the MPI world (call under mpiexec)."""
+    by ``scheme`` over the MPI world (call under mpiexec); ``weak``: the batch times the ranks."""
     from bench_serial import job_on_synthetic_data
     from singa_mpi.communication import mpi as comm_module
     from singa_mpi.runtimes.worker import WorkerRuntime
@@ -84,14 +93,19 @@ def trainer_on_world(net: str, scheme: str, prefix: str):
     world = comm_module.world()
     conf, shape, _ = NETS[net]
     folder = tempfile.mkdtemp(prefix=f"{prefix}_r{world.rank}_")
-    cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 2048 if net == "mnist_mlp" else 1000), scheme)
+    cfg = partitioned(job_on_synthetic_data(conf, folder, shape, (2048 if net == "mnist_mlp" else 1000)
+                                            * (world.size if weak else 1)), scheme)
+    if weak:
+        weak_batch(cfg, world.size)
     runtime = WorkerRuntime(cfg, 1, folder, world)
     return world, folder, runtime, Trainer(cfg, folder, runtime, log=lambda line: None)
 
 
 def worker(args) -> int:
     """Runs under mpiexec: time the training step of one net and scheme, print JSON on rank 0."""
-    world, folder, runtime, trainer = trainer_on_world(args.net, args.scheme, "bench_scaling")
+    from singa_mpi.progress import peak_rss
+
+    world, folder, runtime, trainer = trainer_on_world(args.net, args.scheme, "bench_scaling", args.weak)
     for step in range(3):
         trainer.train_one_batch(step)
     world.barrier()
@@ -107,12 +121,14 @@ def worker(args) -> int:
     moved = sum(a.bytes for a in timed.values()) / args.steps
     slowest = max(world.allgather_object(statistics.median(times)))
     shares = world.allgather_object(comm_s)
+    peaks = [p for p in world.allgather_object(peak_rss()) if p]
     if world.rank == 0:
         batch = trainer.batch
         line = json.dumps({"net": args.net, "scheme": args.scheme, "ranks": world.size, "batch": batch,
                            "step_ms": 1e3 * slowest, "samples_per_s": batch / slowest,
                            "exposed_comm_share": max(shares) / slowest, "bytes_per_step": moved,
-                           "cores": os.cpu_count()})
+                           "cores": os.cpu_count(), "weak": bool(args.weak),
+                           "peak_rss_max": max(peaks) if peaks else None})
         print(line)
         if args.out:
             pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -122,10 +138,10 @@ def worker(args) -> int:
     return 0
 
 
-def launch(net: str, scheme: str, ranks: int, steps: int) -> dict:
+def launch(net: str, scheme: str, ranks: int, steps: int, weak: bool = False) -> dict:
     env = bench_env()  # one BLAS thread per rank; the launcher's MPI (SINGA_MPI_FLAVOR=openmpi|mpich)
     cmd = mpiexec_command(ranks) + [sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
-                                    "--steps", str(steps)]
+                                    "--steps", str(steps)] + (["--weak"] if weak else [])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{net}/{scheme} on {ranks} ranks failed:\n{out.stderr[-3000:]}")
@@ -137,18 +153,20 @@ def summarize(runs: list[dict]) -> list[dict]:
     one rank, and the range of the speed-ups of single repeats (each against its own 1-rank run)."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
-        groups.setdefault((r["net"], r["scheme"], r["ranks"]), []).append(r)
+        groups.setdefault((r["net"], r["scheme"], bool(r.get("weak")), r["ranks"]), []).append(r)
     rows = []
-    for (net, scheme, ranks), group in sorted(groups.items()):
-        base = groups.get((net, scheme, 1), [])
+    for (net, scheme, weak, ranks), group in sorted(groups.items()):
+        base = groups.get((net, scheme, weak, 1), [])
         reference = statistics.median(b["samples_per_s"] for b in base) if base else float("nan")
         per_repeat = [r["samples_per_s"] / b["samples_per_s"] for r, b in zip(group, base)]
         row = {key: statistics.median(r[key] for r in group)
                for key in ("step_ms", "samples_per_s", "exposed_comm_share", "bytes_per_step")}
-        best_base = min((b["step_ms"] for b in base), default=float("nan"))
-        row.update(net=net, scheme=scheme, ranks=ranks, batch=group[0]["batch"], repeats=len(group),
+        peaks = [r["peak_rss_max"] for r in group if r.get("peak_rss_max")]
+        row["peak_rss_max"] = max(peaks) if peaks else None
+        best_base = max((b["samples_per_s"] for b in base), default=float("nan"))
+        row.update(net=net, scheme=scheme, weak=weak, ranks=ranks, batch=group[0]["batch"], repeats=len(group),
                    speedup=row["samples_per_s"] / reference,
-                   speedup_best=best_base / min(r["step_ms"] for r in group),
+                   speedup_best=max(r["samples_per_s"] for r in group) / best_base,
                    speedup_range=[min(per_repeat), max(per_repeat)] if per_repeat else None,
                    oversubscribed=ranks > group[0].get("cores", os.cpu_count() or 1))
         rows.append(row)
@@ -185,10 +203,12 @@ def print_table(rows: list[dict]) -> None:
         known = r["speedup"] == r["speedup"]  # not NaN: a 1-rank row exists
         speedup = f"x{r['speedup']:.2f}" if known else "x n/a"
         best = f"x{r['speedup_best']:.2f}" if known else "n/a"
-        print(f"{r['net']:<16} {r['scheme']:<8} n={r['ranks']}{'*' if r['oversubscribed'] else ' '} "
+        memory = f"{r['peak_rss_max'] / 2**20:>6.0f} MiB peak" if r.get("peak_rss_max") else "  n/a MiB peak"
+        scheme = r["scheme"] + (" weak" if r.get("weak") else "")
+        print(f"{r['net']:<16} {scheme:<11} n={r['ranks']}{'*' if r['oversubscribed'] else ' '} "
               f"{r['samples_per_s']:>9.1f} samples/s  {speedup} {spread:<11} best {best}  "
               f"exposed comm {100 * r['exposed_comm_share']:>4.1f}%  "
-              f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step  [{r['repeats']} runs]", flush=True)
+              f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step  {memory}  [{r['repeats']} runs]", flush=True)
     print("* oversubscribed: more ranks than cores; correctness only, not speed")
     if missing:
         print("no 1-rank run for " + ", ".join(f"{net} {scheme}" for net, scheme in missing)
@@ -203,6 +223,8 @@ def main() -> int:
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     parser.add_argument("--schemes", nargs="+", default=["data", "feature", "hybrid"],
                         choices=["data", "feature", "hybrid"])
+    parser.add_argument("--weak", action="store_true",
+                        help="weak scaling: every rank keeps the 1-rank batch (the global batch grows with N)")
     parser.add_argument("--json")
     parser.add_argument("--worker", action="store_true",
                         help="run one --net/--scheme in the current MPI world (under mpiexec/srun)")
@@ -230,7 +252,8 @@ def main() -> int:
         for scheme in (s for s in SCHEMES[net] if s in args.schemes):
             for repeat in range(args.repeat):
                 for ranks in args.ranks:
-                    runs.append(launch(net, scheme, ranks, args.steps if net == "mnist_mlp" else max(5, args.steps // 2)))
+                    runs.append(launch(net, scheme, ranks, args.steps if net == "mnist_mlp" else max(5, args.steps // 2),
+                                       args.weak))
                     print(f"  measured {net} {scheme} n={ranks} ({repeat + 1}/{args.repeat})", flush=True)
     rows = summarize(runs)
     print_table(rows)
