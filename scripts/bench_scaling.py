@@ -42,15 +42,21 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from benchkit import bench_env, mpiexec_command  # noqa: E402 - scripts/ is on the path from here on
 
 NETS = {"mnist_mlp": ("mnist_mlp.conf", (784,), 64), "cifar10_convnet": ("cifar10_convnet.conf", (3, 32, 32), 100)}
-SCHEMES = {"mnist_mlp": ["data", "feature", "hybrid"], "cifar10_convnet": ["data", "feature", "hybrid"]}
+SCHEMES = {"mnist_mlp": ["data", "feature", "hybrid", "auto"], "cifar10_convnet": ["data", "feature", "hybrid", "auto"]}
 FEATURE_TYPES = {"kInnerProduct", "kConvolution", "kCConvolution", "kReLU", "kSTanh", "kPooling", "kCPooling"}
 
 
-def partitioned(cfg, scheme: str):
-    """Set partition_dim per layer for the scheme (in place)."""
+def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None):
+    """Set partition_dim per layer for the scheme (in place); ``auto``: as ``dims`` says."""
     from singa_mpi.proto import job_pb2
 
     layers = list(cfg.proto.neuralnet.layer)
+    if scheme == "auto":
+        for layer in layers:
+            layer.partition_dim = dims[layer.name]
+            if layer.partition_dim == -1:
+                layer.location = 0
+        return cfg
     ips = [layer.name for layer in layers if layer.type == job_pb2.kInnerProduct]
     for layer in layers:
         type_name = job_pb2.LayerType.Name(layer.type)
@@ -82,7 +88,27 @@ def weak_batch(cfg, ranks: int) -> None:
             layer.store_conf.batchsize.extend(sizes)
 
 
-def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False):
+def auto_dims(net: str, ranks: int, weak: bool = False) -> dict[str, int]:
+    """The cost model's choice (singa_mpi.cost.auto) for ``net`` on ``ranks`` ranks of this machine."""
+    from singa_mpi import threads
+    from singa_mpi.cost import rates
+    from singa_mpi.cost.auto import choose
+    from singa_mpi.cost.kernels import KernelTimes
+    from singa_mpi.planner import SHARED_MEMORY
+    from bench_serial import job_on_synthetic_data
+
+    conf, shape, _ = NETS[net]
+    with tempfile.TemporaryDirectory() as folder, threads.limit_blas(1):
+        cfg = job_on_synthetic_data(conf, folder, shape, 16)
+        if weak:
+            weak_batch(cfg, ranks)
+        kernels = KernelTimes()
+        choice = choose(cfg, ranks, SHARED_MEMORY, kernels, rates.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich")))
+        kernels.save()
+    return choice.dims
+
+
+def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False, dims: dict | None = None):
     """(world, scratch folder, runtime, trainer) of an example net on synthetic data, partitioned
     by ``scheme`` over the MPI world (call under mpiexec); ``weak``: the batch times the ranks."""
     from bench_serial import job_on_synthetic_data
@@ -94,7 +120,7 @@ def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False):
     conf, shape, _ = NETS[net]
     folder = tempfile.mkdtemp(prefix=f"{prefix}_r{world.rank}_")
     cfg = partitioned(job_on_synthetic_data(conf, folder, shape, (2048 if net == "mnist_mlp" else 1000)
-                                            * (world.size if weak else 1)), scheme)
+                                            * (world.size if weak else 1)), scheme, dims)
     if weak:
         weak_batch(cfg, world.size)
     runtime = WorkerRuntime(cfg, 1, folder, world)
@@ -105,7 +131,8 @@ def worker(args) -> int:
     """Runs under mpiexec: time the training step of one net and scheme, print JSON on rank 0."""
     from singa_mpi.progress import peak_rss
 
-    world, folder, runtime, trainer = trainer_on_world(args.net, args.scheme, "bench_scaling", args.weak)
+    dims = json.loads(args.dims) if args.dims else None
+    world, folder, runtime, trainer = trainer_on_world(args.net, args.scheme, "bench_scaling", args.weak, dims)
     for step in range(3):
         trainer.train_one_batch(step)
     world.barrier()
@@ -142,6 +169,8 @@ def launch(net: str, scheme: str, ranks: int, steps: int, weak: bool = False) ->
     env = bench_env()  # one BLAS thread per rank; the launcher's MPI (SINGA_MPI_FLAVOR=openmpi|mpich)
     cmd = mpiexec_command(ranks) + [sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
                                     "--steps", str(steps)] + (["--weak"] if weak else [])
+    if scheme == "auto":  # chosen once, here, so that every rank runs the same plan
+        cmd += ["--dims", json.dumps(auto_dims(net, ranks, weak))]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{net}/{scheme} on {ranks} ranks failed:\n{out.stderr[-3000:]}")
@@ -222,14 +251,16 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration (medians are reported)")
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     parser.add_argument("--schemes", nargs="+", default=["data", "feature", "hybrid"],
-                        choices=["data", "feature", "hybrid"])
+                        choices=["data", "feature", "hybrid", "auto"],
+                        help="auto: each layer's partition_dim chosen by the cost model (singa-mpi plan --auto)")
     parser.add_argument("--weak", action="store_true",
                         help="weak scaling: every rank keeps the 1-rank batch (the global batch grows with N)")
     parser.add_argument("--json")
     parser.add_argument("--worker", action="store_true",
                         help="run one --net/--scheme in the current MPI world (under mpiexec/srun)")
     parser.add_argument("--net", choices=list(NETS))
-    parser.add_argument("--scheme", choices=["data", "feature", "hybrid"])
+    parser.add_argument("--scheme", choices=["data", "feature", "hybrid", "pipeline", "auto"])
+    parser.add_argument("--dims", help="--worker --scheme auto: the chosen partition_dim per layer (JSON)")
     parser.add_argument("--out", help="--worker: also write the JSON result here")
     parser.add_argument("--collect", help="print the table of the JSON results in this folder")
     parser.add_argument("--plot", help="also draw the speed-ups into this PNG (needs matplotlib)")

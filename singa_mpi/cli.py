@@ -113,12 +113,16 @@ def cmd_plan(args) -> int:
 
     cfg = load_job(args.job)
     validate(cfg)
+    if args.auto:
+        return auto_partition(cfg, plan_workers(cfg, args.n), args)
     the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase, method=args.sync)
     renderers = {"json": render.to_json, "dot": render.to_dot,
                  "text": lambda p, sync: render.to_text(p, sync, full=args.full)}
     text = renderers[args.format](the_plan, args.sync)
     if args.format == "text":
         text = "\n".join(roles_lines(cfg, the_plan) + [text])
+    if args.cost:
+        text = "\n".join(cost_lines(the_plan, args.sync, args.recalibrate, args.nodes))
     if args.output and args.format == "dot" and not args.output.endswith(".dot"):
         return _render_dot(text, args.output)
     if args.output:
@@ -126,6 +130,80 @@ def cmd_plan(args) -> int:
         print(f"wrote {args.output}")
     else:
         print(text)
+    return 0
+
+
+def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str]:
+    """``plan --cost``: the predicted ms per layer and per step (kernels timed here, once per machine)."""
+    from singa_mpi.cost import rates
+    from singa_mpi.cost.kernels import KernelTimes
+    from singa_mpi.cost.model import predict
+
+    with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each (bench_env, threads.py)
+        kernels = KernelTimes(recalibrate=recalibrate)
+        cost = predict(the_plan, method, kernels, rates.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich"), nodes))
+    kernels.save()
+    timed = f", {kernels.measured} kernel shape(s) timed now" if kernels.measured else ""
+    return ([f"predicted step of {the_plan.nranks} worker(s), batch {the_plan.batch}, param sync {method} "
+             f"(one BLAS thread per rank{timed}; kernels cached in {kernels.path})",
+             f"communicator rates: {cost.rates_source}"] + cost.table()
+            + [f"predicted {the_plan.batch / cost.step:,.0f} samples/s"])
+
+
+def auto_partition(cfg, nworkers: int, args) -> int:
+    """``plan --auto``: choose every layer's partition_dim by predicted step time; -o writes the job."""
+    from google.protobuf import text_format
+
+    from singa_mpi.cost import rates
+    from singa_mpi.cost.auto import choose, original_dims, with_dims
+    from singa_mpi.cost.kernels import KernelTimes
+
+    limit = args.memory_limit * 2**20 if args.memory_limit else None
+    with threads.limit_blas(1):
+        kernels = KernelTimes(recalibrate=args.recalibrate)
+        rate = rates.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich"), args.nodes)
+        choice = choose(cfg, nworkers, args.sync, kernels, rate, limit)
+    kernels.save()
+    names = {"0": "batch", "1": "features", "-1": "whole (worker 0)"}
+    before = original_dims(cfg)
+    print(f"automatic partitioning of {cfg.path} over {nworkers} worker(s), param sync {args.sync}: "
+          f"{choice.evaluated} plans priced (communicator rates: {rate.source})")
+    for name, dim in choice.dims.items():
+        mark = "" if before.get(name) == dim else f"   (the job: {before.get(name)})"
+        print(f"  {name:<24} partition_dim {dim:>2}  {names[str(dim)]}{mark}")
+    data = f"{1e3 * choice.data_parallel:.2f} ms" if choice.data_parallel is not None else "refused by the planner"
+    print(f"predicted step {1e3 * choice.step:.2f} ms ("
+          f"peak {choice.memory / 2**20:.1f} MiB on the fullest rank); every layer on the batch: {data}")
+    if args.output:
+        chosen = with_dims(cfg, choice.dims)
+        pathlib.Path(args.output).write_text(f"# {cfg.path} with partition_dim chosen by `singa-mpi plan --auto "
+                                             f"-n {nworkers}` (predicted {1e3 * choice.step:.2f} ms a step)\n"
+                                             + text_format.MessageToString(chosen.proto))
+        print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    """Under mpiexec: measure the communicator's latency and bandwidth for ``plan --cost``."""
+    from singa_mpi.communication import mpi as comm_module
+    from singa_mpi.cost import rates
+
+    world = comm_module.world()
+    if world.size < 2:
+        raise ConfigError("calibrate measures messages between ranks: launch it with mpiexec -n 2 (or more)")
+    nodes = 1 if world.on_one_node() else 2
+    flavor = "openmpi" if "Open MPI" in comm_module.library() else "mpich"
+    with threads.limit_blas(1):
+        entry = rates.calibrate_comm(world)
+    if entry is not None:
+        rates.save(entry, flavor, nodes)
+        where = "one node" if nodes == 1 else "several nodes"
+        print(f"calibrated {comm_module.library()} on {world.size} ranks ({where}): point-to-point "
+              f"{1e6 * entry['p2p']['latency']:.1f} us + {entry['p2p']['bandwidth'] / 1e9:.2f} GB/s, Allreduce ring step "
+              f"{1e6 * entry['allreduce']['latency']:.1f} us + {entry['allreduce']['bandwidth'] / 1e9:.2f} GB/s, "
+              f"Allgatherv {1e6 * entry['collective']['latency']:.1f} us + "
+              f"{entry['collective']['bandwidth'] / 1e9:.2f} GB/s, memory {entry['memory'] / 1e9:.1f} GB/s; saved in {rates.rates_path()}")
+    world.barrier("calibrate")
     return 0
 
 
@@ -375,8 +453,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "one node, the default there) or bucketed Allreduce (several nodes, or SINGA_MPI_SHM=0)")
     p.add_argument("-o", "--output", type=writable_file,
                    help="write to FILE (dot: .png/.svg/.pdf are rendered with Graphviz)")
+    p.add_argument("--cost", action="store_true",
+                   help="print the predicted ms per layer (forward, backward, communication) and per step instead")
+    p.add_argument("--recalibrate", action="store_true", help="--cost: time the kernels afresh (else cached)")
+    p.add_argument("--nodes", type=positive_int, default=1,
+                   help="--cost: nodes the ranks spread over (the communicator's rates of that case)")
+    p.add_argument("--auto", action="store_true",
+                   help="choose every layer's partition_dim by predicted step time (-o FILE: write the job so)")
+    p.add_argument("--memory-limit", type=positive_int, metavar="MIB",
+                   help="--auto: skip partitionings that need more than MIB MiB on a rank")
     _plugin_option(p)
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("calibrate", help="under mpiexec: measure the communicator's latency and bandwidth "
+                                         "for plan --cost")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("ckpt", help="inspect or convert checkpoints")
     p.add_argument("action", choices=["inspect", "convert"])

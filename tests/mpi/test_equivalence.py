@@ -12,6 +12,7 @@ pooling) and the MLPs (one ReLU layer of 10 units) small enough that none does
 over 20 steps.  test_lockstep.py checks ReLU and max pooling one step at a
 time, which holds for any net.
 """
+import math
 import os
 
 import pytest
@@ -45,3 +46,37 @@ def test_partitioned_training_matches_serial(world, scheme, which_batch):
     problems += oracle.compare_checkpoints(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS), RTOL,
                                            state=False)
     agree(world, not problems, f"{scheme} batch {batch}: " + "; ".join(problems))
+
+
+class _RowKernels:
+    """Made-up kernel times (per output number), the same on every rank: the choice is deterministic."""
+
+    def of(self, the_plan, sub):
+        from singa_mpi.cost.kernels import KernelTime
+
+        t = 1e-6 * math.prod(sub.out_shape)
+        return KernelTime(t, t)
+
+
+@pytest.mark.parametrize("sync_bandwidth", [1e5, 1e12])
+def test_automatic_partitioning_matches_serial(world, sync_bandwidth):
+    """`partition_dim` chosen by the cost model (a dear param sync pushes layers onto features, a cheap
+    one keeps the batch): whatever it chooses trains the serial numbers."""
+    from google.protobuf import text_format
+
+    from singa_mpi.cost.auto import choose, with_dims
+    from singa_mpi.cost.rates import Link, Rates
+    from singa_mpi.planner import ALLREDUCE
+
+    tmp = os.environ["SINGA_MPI_TEST_TMP"]
+    data = nets.make_data(os.path.join(tmp, f"data_auto_r{world.rank}.h5"), 64, (12,), 5)
+    text = nets.mlp(data, 4 * world.size + 1, "data", world.size)
+    rates = Rates(1e10, Link(1e-9, 1e12), Link(1e-9, sync_bandwidth), Link(1e-9, 1e12), "test")
+    choice = choose(nets.job(text), world.size, ALLREDUCE, _RowKernels(), rates)
+    chosen = text_format.MessageToString(with_dims(nets.job(text), choice.dims).proto)
+    workspace = os.path.join(tmp, f"ws_auto_{int(sync_bandwidth)}_r{world.rank}")
+    parallel, serial = oracle.partitioned(chosen, workspace, world), oracle.serial(chosen, workspace)
+    problems = oracle.compare_losses(oracle.train(parallel), oracle.train(serial), RTOL, STEPS)
+    problems += oracle.compare_checkpoints(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS), RTOL,
+                                           state=False)
+    agree(world, not problems, f"auto {choice.dims}: " + "; ".join(problems))

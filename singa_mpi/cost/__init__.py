@@ -1,0 +1,6 @@
+"""The cost model: what a plan's training step will take, before it is launched.
+
+:mod:`.kernels` times each sub-layer's kernels at its own shapes (cached per machine),
+:mod:`.rates` holds the memory bandwidth and the communicator's calibrated latency and bandwidth, and
+:mod:`.model` replays a plan's step with them (``singa-mpi plan JOB -n N --cost``).
+"""

@@ -1,0 +1,132 @@
+"""Automatic partitioning: each layer's partition_dim chosen by the predicted step time.
+
+The search space is every layer's ``partition_dim`` in {0 (batch), 1 (features), -1 (whole, on
+worker 0)}, each candidate partitioned by the planner (which refuses what cannot be split and proves
+the schedule safe) and priced by :mod:`.model`.  A feature split pays only over a run of layers (every
+boundary costs an exchange), so single-layer moves alone get stuck at pure data parallelism; the
+search therefore
+
+1. prices the pure data-parallel plan, the whole net on features where it can split, and every
+   contiguous run of layers on features with the rest on the batch (the shapes hand-written hybrid
+   schemes take: O(layers^2) plans);
+2. from the best of those, tries every single layer at each other value and keeps any change that
+   lowers the prediction, until a full sweep changes nothing.
+
+Plans over the memory limit per rank (params, their updater state and the activations the plan
+holds, as predicted from the plan) are skipped.  The result is a choice per layer, its predicted step,
+and the data-parallel prediction beside it.  Every rank of a launched job must use one choice, so the
+choice is made once (``singa-mpi plan --auto -o chosen.conf``, or by the process that launches) and
+written into the job.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from singa_mpi.config.load import JobConfig, effective_partition_dim
+from singa_mpi.cost.model import predict
+from singa_mpi.errors import ConfigError
+from singa_mpi.planner import plan as make_plan
+
+CHOICES = (0, 1, -1)
+
+
+@dataclasses.dataclass
+class Choice:
+    dims: dict[str, int]  # layer name -> partition_dim
+    step: float  # predicted seconds
+    data_parallel: float | None  # predicted seconds of every layer on the batch (None: refused)
+    evaluated: int  # plans priced
+    memory: int  # predicted peak bytes on the fullest rank
+
+
+def with_dims(cfg: JobConfig, dims: dict[str, int]) -> JobConfig:
+    """A copy of ``cfg`` whose layers have these partition_dims (names missing keep theirs)."""
+    proto = type(cfg.proto)()
+    proto.CopyFrom(cfg.proto)
+    for layer in proto.neuralnet.layer:
+        if layer.name in dims:
+            layer.partition_dim = dims[layer.name]
+            if dims[layer.name] == -1:
+                layer.location = 0
+    return dataclasses.replace(cfg, proto=proto)
+
+
+def plan_memory(the_plan) -> int:
+    """Bytes on the fullest rank: its param shards with two more arrays each (gradient, updater
+    history) and its sub-layers' outputs with their gradients."""
+    per_rank = [0] * the_plan.nranks
+    seen: set[tuple] = set()
+    for sub in the_plan.sublayers:
+        for shard in sub.params:
+            if (sub.rank, shard.name, shard.offsets) not in seen:
+                seen.add((sub.rank, shard.name, shard.offsets))
+                per_rank[sub.rank] += 3 * 4 * shard.size
+        per_rank[sub.rank] += 2 * 4 * math.prod(sub.out_shape)
+    return max(per_rank)
+
+
+class Search:
+    """Prices candidates, each once."""
+
+    def __init__(self, cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limit: int | None):
+        self.cfg, self.nranks, self.method = cfg, nranks, method
+        self.kernels, self.rates, self.memory_limit = kernels, rates, memory_limit
+        self.prices: dict[tuple, tuple[float, int] | None] = {}
+        self.names = [layer.name for layer in cfg.proto.neuralnet.layer]
+
+    def price(self, dims: dict[str, int]) -> float | None:
+        key = tuple(dims[name] for name in self.names)
+        if key not in self.prices:
+            self.prices[key] = self._price(dims)
+        found = self.prices[key]
+        return None if found is None else found[0]
+
+    def _price(self, dims: dict[str, int]) -> tuple[float, int] | None:
+        try:
+            the_plan = make_plan(with_dims(self.cfg, dims), self.nranks, method=self.method)
+        except ConfigError:
+            return None  # the planner refuses it (a loss split on features, too few outputs, ...)
+        memory = plan_memory(the_plan)
+        if self.memory_limit is not None and memory > self.memory_limit:
+            return None
+        return predict(the_plan, self.method, self.kernels, self.rates).step, memory
+
+    def memory(self, dims: dict[str, int]) -> int:
+        return self.prices[tuple(dims[name] for name in self.names)][1]
+
+
+def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limit: int | None = None) -> Choice:
+    """The partition_dims with the lowest predicted step (see the module docstring)."""
+    search = Search(cfg, nranks, method, kernels, rates, memory_limit)
+    names = search.names
+    data = {name: 0 for name in names}
+    candidates = [data, {name: 1 for name in names}]
+    for lo in range(len(names)):
+        for hi in range(lo + 1, len(names) + 1):
+            candidates.append({name: (1 if lo <= i < hi else 0) for i, name in enumerate(names)})
+    if nranks == 1:
+        candidates = [data]
+    priced = [(search.price(c), i, c) for i, c in enumerate(candidates)]
+    feasible = [(p, i, c) for p, i, c in priced if p is not None]
+    if not feasible:
+        raise ConfigError(f"no partitioning of {cfg.path} on {nranks} worker(s) fits"
+                          + (f" {memory_limit / 2**20:.0f} MiB per rank" if memory_limit else "")
+                          + ": expected fewer workers or a larger memory limit")
+    best_price, _, best = min(feasible, key=lambda t: (t[0], t[1]))
+    improved = nranks > 1
+    while improved:
+        improved = False
+        for name in names:
+            for value in CHOICES:
+                if value == best[name]:
+                    continue
+                trial = dict(best, **{name: value})
+                price = search.price(trial)
+                if price is not None and price < best_price * (1 - 1e-3):
+                    best, best_price, improved = trial, price, True
+    return Choice(best, best_price, search.price(data), len(search.prices), search.memory(best))
+
+
+def original_dims(cfg: JobConfig) -> dict[str, int]:
+    return {layer.name: effective_partition_dim(cfg.proto, layer) for layer in cfg.proto.neuralnet.layer}

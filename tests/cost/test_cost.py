@@ -1,0 +1,116 @@
+"""The cost model (singa_mpi.cost): kernel timing and its cache, the step replay, automatic partitioning.
+
+The replay and the search are checked with made-up kernel times and rates (exact arithmetic); the
+kernel timer and the calibration fit run for real on tiny shapes.
+"""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+import nets
+from singa_mpi.cost import rates as rate_module
+from singa_mpi.cost.auto import choose, with_dims
+from singa_mpi.cost.kernels import KernelTime, KernelTimes, signature
+from singa_mpi.cost.model import UPDATE_PASSES, predict
+from singa_mpi.cost.rates import Link, Rates
+from singa_mpi.planner import ALLREDUCE, SHARED_MEMORY, plan
+
+
+class RowKernels:
+    """Forward and backward of a layer cost ``per_item`` seconds per output number (deterministic)."""
+
+    def __init__(self, per_item=1e-6):
+        self.per_item = per_item
+
+    def of(self, the_plan, sub):
+        t = self.per_item * math.prod(sub.out_shape)
+        return KernelTime(t, t)
+
+
+def rates(p2p_bw=1e9, allreduce_bw=1e9, latency=1e-5, memory=1e10):
+    return Rates(memory, Link(latency, p2p_bw), Link(latency, allreduce_bw), Link(latency, p2p_bw), "test")
+
+
+@pytest.fixture
+def mlp_cfg(tmp_path):
+    data = nets.make_data(str(tmp_path / "d.h5"), 64, (12,), 5)
+    return nets.job(nets.mlp(data, 16, "data", 2))
+
+
+def test_a_serial_step_is_its_kernels_and_its_update(mlp_cfg):
+    the_plan = plan(mlp_cfg, 1)
+    cost = predict(the_plan, SHARED_MEMORY, RowKernels(), rates())
+    outputs = [math.prod(s.out_shape) * 1e-6 for s in the_plan.sublayers if s.exchange is None and s.srcs]
+    backward = [math.prod(s.out_shape) * 1e-6 for s in the_plan.sublayers if s.exchange is None and s.needs_grad]
+    source = sum(2 * 4 * math.prod(s.out_shape) / 1e10 for s in the_plan.sublayers if not s.srcs)
+    params = sum(p.size for s in the_plan.sublayers for p in s.params)
+    update = UPDATE_PASSES * 4 * params / 1e10
+    assert cost.step == pytest.approx(sum(outputs) + sum(backward) + source + update)
+
+
+def test_data_parallel_halves_the_kernels_and_adds_the_sync(mlp_cfg):
+    serial = predict(plan(mlp_cfg, 1), SHARED_MEMORY, RowKernels(), rates())
+    two = predict(plan(mlp_cfg, 2, method=ALLREDUCE), ALLREDUCE, RowKernels(), rates(allreduce_bw=1e6))
+    assert two.compute == pytest.approx(serial.compute / 2, rel=0.05)
+    assert two.sync > 0 and two.step > two.compute
+    faster_sync = predict(plan(mlp_cfg, 2, method=ALLREDUCE), ALLREDUCE, RowKernels(), rates(allreduce_bw=1e12))
+    assert faster_sync.step < two.step
+
+
+def test_a_pipeline_receiver_waits_for_its_sender(tmp_path):
+    data = nets.make_data(str(tmp_path / "d.h5"), 64, (12,), 5)
+    the_plan = plan(nets.job(nets.mlp(data, 16, "pipeline", 2)), 2)
+    slow_link = predict(the_plan, SHARED_MEMORY, RowKernels(), rates(p2p_bw=1e5))
+    fast_link = predict(the_plan, SHARED_MEMORY, RowKernels(), rates(p2p_bw=1e12))
+    assert slow_link.step > fast_link.step
+    assert sum(c.comm for c in slow_link.layers) > 0
+
+
+def test_kernels_are_timed_once_and_read_back_from_the_cache(mlp_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    the_plan = plan(mlp_cfg, 2)
+    first = KernelTimes()
+    times = {s.name: first.of(the_plan, s) for s in the_plan.sublayers if s.exchange is None and s.srcs}
+    assert first.measured == len({signature(the_plan, s) for s in the_plan.sublayers
+                                  if s.exchange is None and s.srcs})
+    assert all(t.forward > 0 for t in times.values())
+    assert all(times[s.name].backward > 0 for s in the_plan.sublayers if s.params)
+    first.save()
+    second = KernelTimes()
+    again = {s.name: second.of(the_plan, s) for s in the_plan.sublayers if s.exchange is None and s.srcs}
+    assert second.measured == 0 and again == times
+    assert KernelTimes(recalibrate=True).mine == {}
+
+
+def test_different_local_shapes_have_different_signatures(mlp_cfg):
+    one, two = plan(mlp_cfg, 1), plan(mlp_cfg, 2)
+    fc = lambda p: next(s for s in p.sublayers if s.params)  # noqa: E731
+    assert signature(one, fc(one)) != signature(two, fc(two))
+
+
+def test_the_fit_recovers_latency_and_bandwidth():
+    link = rate_module.fit([(n, 2e-6 + n / 5e9) for n in (8, 1 << 16, 1 << 20, 1 << 23)])
+    assert link.latency == pytest.approx(2e-6, rel=1e-3)
+    assert link.bandwidth == pytest.approx(5e9, rel=1e-3)
+
+
+def test_auto_keeps_data_parallelism_when_exchanges_are_dear(mlp_cfg):
+    choice = choose(mlp_cfg, 2, ALLREDUCE, RowKernels(), rates(p2p_bw=1e4, allreduce_bw=1e12))
+    assert set(choice.dims.values()) == {0}
+    assert choice.step == pytest.approx(choice.data_parallel)
+
+
+def test_auto_splits_features_when_the_param_sync_is_dear(mlp_cfg):
+    choice = choose(mlp_cfg, 2, ALLREDUCE, RowKernels(), rates(p2p_bw=1e12, allreduce_bw=1e5, latency=1e-9))
+    assert 1 in choice.dims.values()
+    assert choice.step < choice.data_parallel
+    plan(with_dims(mlp_cfg, choice.dims), 2, method=ALLREDUCE)  # the choice is a plan the planner accepts
+
+
+def test_auto_respects_the_memory_limit(mlp_cfg):
+    unlimited = choose(mlp_cfg, 2, SHARED_MEMORY, RowKernels(), rates())
+    with pytest.raises(Exception, match="fits"):
+        choose(mlp_cfg, 2, SHARED_MEMORY, RowKernels(), rates(), memory_limit=16)
+    assert unlimited.memory > 16
