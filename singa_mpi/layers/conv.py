@@ -1,10 +1,12 @@
 """Convolution, pooling and local response normalisation on (batch, channels, height, width).
 
-Convolution is im2col (one block copy per kernel offset) and one GEMM over the
-whole batch; its backward scatters column gradients back with a loop over the
-kernel offsets only.  Pooling loops over kernel offsets too, each step
-vectorised over batch, channels and positions.  Output sizes use SINGA's floor
-rule ``(H + 2·pad - kernel) // stride + 1``.
+Convolution is im2col (one strided copy of the padded, channels-first input) and one GEMM over
+the whole batch; the columns stay for the weight gradient.  Its input gradient is the output
+gradient convolved with the flipped kernel (stride 1), im2col and GEMM a few samples at a time so
+that a chunk's columns are still in cache when the GEMM reads them; other strides scatter column
+gradients back with a loop over the kernel offsets.  Pooling loops over kernel offsets, each step
+vectorised over batch, channels and positions and reading unit-stride copies of the input's
+stride phases.  Output sizes use SINGA's floor rule ``(H + 2·pad - kernel) // stride + 1``.
 """
 from __future__ import annotations
 
@@ -54,6 +56,71 @@ def _offset_slices(i: int, j: int, stride, out_hw) -> tuple[slice, slice]:
             slice(j, j + stride[1] * (out_hw[1] - 1) + 1, stride[1]))
 
 
+# Bytes of im2col columns per GEMM: small enough to stay in L2/L3 between the copy and the product,
+# large enough that the GEMM runs at full speed (measured on conf/cifar10_convnet.conf's layers)
+CHUNK_BYTES = 4 << 20
+
+
+class _Scratch:
+    """Work arrays a layer keeps from step to step, one per name (replaced when its shape changes).
+
+    Allocating the 30-70 MB column matrices anew each step costs page faults (glibc hands blocks
+    over 32 MiB back to the OS when they are freed).  A zero-filled array keeps its zeros where
+    nothing writes (the padding borders), so those are cleared once.
+    """
+
+    def __init__(self):
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype, zeros: bool = False) -> np.ndarray:
+        array = self.arrays.get(name)
+        if array is None or array.shape != tuple(shape) or array.dtype != dtype:
+            array = self.arrays[name] = (np.zeros if zeros else np.empty)(shape, dtype)
+        return array
+
+
+def _padded_t(scratch: _Scratch, name: str, x: np.ndarray, pad: tuple[int, int]) -> np.ndarray:
+    """x (B, C, H, W) zero-padded and channels first: (C, B, H + 2·pad_y, W + 2·pad_x); a negative pad crops."""
+    batch, channels, h, w = x.shape
+    out = scratch.get(name, (channels, batch, h + 2 * pad[0], w + 2 * pad[1]), x.dtype, zeros=True)
+    (cy, cx), (oy, ox) = (max(0, -pad[0]), max(0, -pad[1])), (max(0, pad[0]), max(0, pad[1]))
+    np.copyto(out[:, :, oy:oy + h - 2 * cy, ox:ox + w - 2 * cx], x[:, :, cy:h - cy, cx:w - cx].transpose(1, 0, 2, 3))
+    return out
+
+
+def _convolve(xp: np.ndarray, weight: np.ndarray, kernel, stride, out: np.ndarray, scratch: _Scratch, name: str,
+              keep: np.ndarray | None = None, bias: np.ndarray | None = None) -> None:
+    """out (B, F, Ho, Wo) = weight (F, C·kh·kw) · im2col(xp) (+ bias), xp the padded (C, B, Hp, Wp) input.
+
+    With ``keep`` (C, kh, kw, B, Ho, Wo), im2col of the whole batch into it (it then holds the
+    columns for the weight gradient) and one GEMM; without, chunk by chunk of samples through a
+    scratch array (``name``) small enough to stay in cache.  The (F, b, Ho·Wo) products go to the
+    samples' rows of ``out`` with the bias added on the way."""
+    (kh, kw), (ho, wo) = kernel, out.shape[2:]
+    channels, batch = xp.shape[:2]
+    filters, depth, positions = len(weight), len(weight.T), ho * wo
+    sc, sb, sh, sw = xp.strides
+    # [c, i, j, b, y, x] = xp[c, b, y·stride_y + i, x·stride_x + j]: the columns are one copy of it
+    windows = np.lib.stride_tricks.as_strided(xp, (channels, kh, kw, batch, ho, wo),
+                                              (sc, sh, sw, sb, sh * stride[0], sw * stride[1]), writeable=False)
+    step = batch if keep is not None else max(1, min(batch, CHUNK_BYTES // (depth * positions * xp.itemsize)))
+    chunk = keep.reshape(-1) if keep is not None else scratch.get(f"{name} columns", (depth * step * positions,),
+                                                                  xp.dtype)
+    product = scratch.get(f"{name} product", (filters * step * positions,), xp.dtype)
+    rows = out.reshape(batch, filters, positions)
+    for lo in range(0, batch, step):
+        n = min(step, batch - lo)
+        cols = chunk[:depth * n * positions].reshape(channels, kh, kw, n, ho, wo)
+        np.copyto(cols, windows[:, :, :, lo:lo + n])
+        y = product[:filters * n * positions].reshape(filters, n * positions)
+        np.matmul(weight, cols.reshape(depth, n * positions), out=y)
+        y = y.reshape(filters, n, positions).transpose(1, 0, 2)
+        if bias is None:
+            np.copyto(rows[lo:lo + n], y)
+        else:
+            np.add(y, bias[:, None], out=rows[lo:lo + n])
+
+
 @LAYERS.register("kConvolution", "kCConvolution", "kCudnnConv")
 class Convolution(Layer):
     """2-D convolution; weight (F, C·kh·kw) as in SINGA, bias (F,).
@@ -76,6 +143,7 @@ class Convolution(Layer):
         self.bias = conf.bias_term
         if self.bias:
             self.declare_param(1, "bias", (conf.num_filters,), 0)
+        self.scratch = _Scratch()
         return (conf.num_filters,) + self.out_hw
 
     def forward(self, inputs, train):
@@ -83,39 +151,43 @@ class Convolution(Layer):
         self.in_shape = x.shape
         batch, channels = x.shape[:2]
         (kh, kw), (ho, wo) = self.kernel, self.out_hw
-        # im2col in the layout (C, kh, kw, B, Ho, Wo): each kernel offset is one block copy,
-        # the GEMM output is (F, B·Ho·Wo) and the backward's column gradient comes out in
-        # the same layout, so col2im adds contiguous blocks
-        xt = _pad(x, self.pad).transpose(1, 0, 2, 3)  # (C, B, Hp, Wp) view
-        cols = np.empty((channels, kh, kw, batch, ho, wo), x.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                rows, columns = _offset_slices(i, j, self.stride, self.out_hw)
-                cols[:, i, j] = xt[:, :, rows, columns]
-        self.cols = cols.reshape(channels * kh * kw, batch * ho * wo)
-        y = self.params[0].data @ self.cols  # (F, B·Ho·Wo)
-        if self.bias:
-            y += self.params[1].data[:, None]
-        return np.ascontiguousarray(y.reshape(-1, batch, ho, wo).transpose(1, 0, 2, 3))
+        w = self.params[0].data
+        # the columns of the whole batch, (C, kh, kw, B, Ho, Wo), stay for the weight gradient
+        self.cols = self.scratch.get("cols", (channels, kh, kw, batch, ho, wo), x.dtype)
+        y = np.empty((batch, len(w), ho, wo), x.dtype)
+        _convolve(_padded_t(self.scratch, "x", x, self.pad), w, self.kernel, self.stride, y, self.scratch,
+                  "forward", keep=self.cols, bias=self.params[1].data if self.bias else None)
+        return y
 
     def backward(self, grad, need):
-        filters = grad.shape[1]
-        g = np.ascontiguousarray(grad.transpose(1, 0, 2, 3)).reshape(filters, -1)  # (F, B·Ho·Wo)
+        batch, filters = grad.shape[:2]
+        g = np.empty((filters, batch) + grad.shape[2:], grad.dtype)
+        np.copyto(g, grad.transpose(1, 0, 2, 3))
+        g = g.reshape(filters, -1)  # (F, B·Ho·Wo), the columns' order
         w = self.params[0]
-        w.add_grad(g, self.cols.T)
+        w.add_grad(g, self.cols.reshape(-1, g.shape[1]).T)
         if self.bias:
             self.params[1].add_grad(g.sum(axis=1))
         if not need[0]:
             return [None]
-        batch, channels, h, wd = self.in_shape
-        (kh, kw), (ho, wo) = self.kernel, self.out_hw
+        channels, h, wd = self.in_shape[1:]
+        (kh, kw), (ph, pw) = self.kernel, self.pad
+        if self.stride == (1, 1):
+            # dx is the output gradient convolved with the flipped kernel, computed as forward is
+            flipped = w.data.reshape(filters, channels, kh, kw)[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+            dx = np.empty(self.in_shape, grad.dtype)
+            _convolve(_padded_t(self.scratch, "grad", grad, (kh - 1 - ph, kw - 1 - pw)),
+                      flipped.reshape(channels, -1), self.kernel, (1, 1), dx, self.scratch, "backward")
+            return [dx]
+        # other strides: scatter the column gradients back, one block per kernel offset
+        ho, wo = self.out_hw
         dcols = (w.data.T @ g).reshape(channels, kh, kw, batch, ho, wo)
-        dxt = np.zeros((channels, batch, h + 2 * self.pad[0], wd + 2 * self.pad[1]), grad.dtype)
+        dxt = np.zeros((channels, batch, h + 2 * ph, wd + 2 * pw), grad.dtype)
         for i in range(kh):
             for j in range(kw):
                 rows, columns = _offset_slices(i, j, self.stride, self.out_hw)
                 dxt[:, :, rows, columns] += dcols[:, i, j]
-        dxt = dxt[:, :, self.pad[0]:self.pad[0] + h, self.pad[1]:self.pad[1] + wd]
+        dxt = dxt[:, :, ph:ph + h, pw:pw + wd]
         return [np.ascontiguousarray(dxt.transpose(1, 0, 2, 3))]
 
 
@@ -138,40 +210,73 @@ class Pooling(Layer):
         self.max = conf.pool == conf.MAX
         return (src_shapes[0][0],) + self.out_hw
 
+    def _phases(self, rows: int, cols: int) -> dict[tuple[int, int], tuple[int, int]]:
+        """Shape of each stride phase the windows touch: phase (p, q) holds the padded input's rows
+        ≡ p (mod stride_y) and columns ≡ q (mod stride_x), so offset (i, j) reads the unit-stride block
+        [i // stride_y :, j // stride_x :] of phase (i % stride_y, j % stride_x)."""
+        (kh, kw), (sy, sx) = self.kernel, self.stride
+        return {(p, q): (-(-(rows - p) // sy), -(-(cols - q) // sx))
+                for p in range(min(sy, kh)) for q in range(min(sx, kw))}
+
+    def _offsets(self):
+        """(phase, rows, columns) of each kernel offset's block, offsets in row-major order."""
+        (kh, kw), (sy, sx), (ho, wo) = self.kernel, self.stride, self.out_hw
+        return [((i % sy, j % sx), slice(i // sy, i // sy + ho), slice(j // sx, j // sx + wo))
+                for i in range(kh) for j in range(kw)]
+
     def forward(self, inputs, train):
         x = inputs[0]
         self.in_shape = x.shape
         xp = _pad(x, self.pad, -np.inf if self.max else 0.0)
-        kh, kw = self.kernel
-        # one (kh·kw, B, C, Ho, Wo) copy, then contiguous reductions over the offsets
-        stack = np.empty((kh * kw, x.shape[0], x.shape[1], *self.out_hw), x.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                rows, cols = _offset_slices(i, j, self.stride, self.out_hw)
-                stack[i * kw + j] = xp[:, :, rows, cols]
+        (sy, sx) = self.stride
+        # unit-stride copies of the phases: the nine (for 3x3) passes below then read contiguous rows
+        phases = {pq: xp if (sy, sx) == (1, 1) else np.ascontiguousarray(xp[:, :, pq[0]::sy, pq[1]::sx])
+                  for pq in self._phases(*xp.shape[2:])}
+        views = [phases[pq][:, :, rows, cols] for pq, rows, cols in self._offsets()]
+        out = np.empty(x.shape[:2] + self.out_hw, x.dtype)
+        np.copyto(out, views[0])
         if self.max:
-            self.stack, self.out = stack, stack.max(axis=0)  # backward finds the argmax again
-            return self.out
-        return stack.sum(axis=0) * x.dtype.type(1.0 / (kh * kw))
+            # running maximum; argmax keeps the first offset holding it (a later one must be greater).
+            # Branch-free update, argmax = max(argmax, k·greater), as argmax < k: masked writes are slow
+            index = np.uint8 if len(views) <= 256 else np.int32
+            self.argmax = np.zeros(out.shape, index)
+            greater, update = np.empty(out.shape, bool), np.empty(out.shape, index)
+            for k, view in enumerate(views[1:], 1):
+                np.greater(view, out, out=greater)
+                np.maximum(out, view, out=out)
+                np.multiply(greater, index(k), out=update)
+                np.maximum(self.argmax, update, out=self.argmax)
+            return out
+        for view in views[1:]:  # summed in offset order
+            out += view
+        out *= x.dtype.type(1.0 / len(views))
+        return out
 
     def backward(self, grad, need):
         if not need[0]:
             return [None]
         batch, channels, h, w = self.in_shape
-        kh, kw = self.kernel
-        dxp = np.zeros((batch, channels, h + 2 * self.pad[0], w + 2 * self.pad[1]), grad.dtype)
-        share = grad * grad.dtype.type(1.0 / (kh * kw)) if not self.max else None
-        taken = np.zeros(grad.shape, bool) if self.max else None
-        for i in range(kh):
-            for j in range(kw):
-                rows, cols = _offset_slices(i, j, self.stride, self.out_hw)
-                if self.max:  # the first offset holding the maximum gets the gradient
-                    first = (self.stack[i * kw + j] == self.out) & ~taken
-                    taken |= first
-                    dxp[:, :, rows, cols] += grad * first
-                else:
-                    dxp[:, :, rows, cols] += share
-        return [dxp[:, :, self.pad[0]:self.pad[0] + h, self.pad[1]:self.pad[1] + w]]
+        (ph, pw), (sy, sx) = self.pad, self.stride
+        rows, cols = h + 2 * ph, w + 2 * pw
+        dxp = np.zeros((batch, channels, rows, cols), grad.dtype)
+        # gradients summed per phase in unit-stride arrays, then written to the strided phase once
+        phases = {pq: dxp if (sy, sx) == (1, 1) else np.zeros((batch, channels) + shape, grad.dtype)
+                  for pq, shape in self._phases(rows, cols).items()}
+        offsets = self._offsets()
+        if self.max:  # each window's gradient goes to its first maximum
+            hit, share = np.empty(grad.shape, bool), np.empty_like(grad)
+            for k, (pq, r, c) in enumerate(offsets):
+                np.equal(self.argmax, k, out=hit)
+                np.multiply(grad, hit, out=share)
+                phases[pq][:, :, r, c] += share
+        else:
+            share = grad * grad.dtype.type(1.0 / len(offsets))
+            for pq, r, c in offsets:
+                phases[pq][:, :, r, c] += share
+        if (sy, sx) != (1, 1):
+            for (p, q), phase in phases.items():
+                dxp[:, :, p::sy, q::sx] = phase
+        return [dxp[:, :, ph:ph + h, pw:pw + w]]
 
 
 @LAYERS.register("kLRN", "kCudnnLRN")
@@ -198,12 +303,17 @@ class LRN(Layer):
 
     def _window_sum(self, a: np.ndarray) -> np.ndarray:
         """Σ over the channel window of size local_size centred on each channel."""
-        size = self.conf.lrn_conf.local_size
-        padded = np.pad(a, ((0, 0), (size // 2, size // 2), (0, 0), (0, 0)))
-        channels = a.shape[1]
-        total = padded[:, :channels].copy()
-        for k in range(1, size):  # shifted sums: exact, unlike differences of a cumulative sum
-            total += padded[:, k:k + channels]
+        half, channels = self.conf.lrn_conf.local_size // 2, a.shape[1]
+        total = np.empty_like(a)
+        # shifted sums in window order from the lowest channel, outside channels counting as zero:
+        # exact, unlike differences of a cumulative sum
+        total[:, :min(half, channels)] = 0
+        if half < channels:
+            total[:, half:] = a[:, :channels - half]
+        for d in range(1 - half, half + 1):
+            lo, hi = max(0, -d), min(channels, channels - d)
+            if lo < hi:
+                total[:, lo:hi] += a[:, lo + d:hi + d]
         return total
 
     def forward(self, inputs, train):
@@ -211,7 +321,9 @@ class LRN(Layer):
         x = inputs[0]
         dt = x.dtype.type
         self.x = x
-        self.norm = dt(conf.knorm) + dt(conf.alpha / conf.local_size) * self._window_sum(x * x)
+        self.norm = self._window_sum(x * x)
+        self.norm *= dt(conf.alpha / conf.local_size)
+        self.norm += dt(conf.knorm)
         self.scale = self.norm ** dt(-conf.beta)
         return x * self.scale
 
@@ -220,6 +332,11 @@ class LRN(Layer):
             return [None]
         conf = self.conf.lrn_conf
         dt = grad.dtype.type
-        inner = grad * self.x * self.scale / self.norm
-        dx = grad * self.scale - dt(2 * conf.alpha * conf.beta / conf.local_size) * self.x * self._window_sum(inner)
+        inner = grad * self.x
+        inner *= self.scale
+        inner /= self.norm
+        across = dt(2 * conf.alpha * conf.beta / conf.local_size) * self.x
+        across *= self._window_sum(inner)
+        dx = grad * self.scale
+        dx -= across
         return [dx]

@@ -1,0 +1,171 @@
+"""Per-layer forward and backward ms of conf/cifar10_convnet.conf's serial training step, beside PyTorch's.
+
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python scripts/profile_convnet.py [--steps 20]
+    PYTHONPATH=/path/to/torch OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python scripts/profile_convnet.py
+
+singa_mpi: the trainer's serial step on synthetic data (bench_serial.py's job), each layer's pass
+read from the tracer, median over the timed steps.  PyTorch (when importable): bench_peer.py's
+twin of the conf, one intra-op thread, each module run on its own (its input detached, so that
+its backward is timed alone), median over the same number of steps; "update" is the SGD step.
+The twin pools in ceil mode (32-16-8-4) where singa_mpi pools with SINGA's floor rule (32-15-7-3),
+so its conv2, conv3 and the layers between them see slightly larger maps.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_serial import job_on_synthetic_data  # noqa: E402 - scripts/ is on the path from here on
+from singa_mpi import profiling  # noqa: E402
+from singa_mpi.runtimes.serial import SerialRuntime  # noqa: E402
+from singa_mpi.trainer import Trainer  # noqa: E402
+
+# bench_peer.convnet()'s modules in order, by the conf's layer names
+TORCH_NAMES = ["conv1", "pool1", "relu1", "norm1", "conv2", "relu2", "pool2", "norm2",
+               "conv3", "relu3", "pool3", "flatten", "ip1"]
+
+
+def median_rows(samples: list[dict[tuple[str, str], float]]) -> dict[tuple[str, str], float]:
+    keys = {key for sample in samples for key in sample}
+    return {key: statistics.median(sample.get(key, 0.0) for sample in samples) for key in keys}
+
+
+def profile_singa(steps: int, warmup: int = 3) -> dict[tuple[str, str], float]:
+    """{(pass, layer or step phase): median seconds per step}."""
+    folder = tempfile.mkdtemp(prefix="profile_convnet_")
+    try:
+        cfg = job_on_synthetic_data("cifar10_convnet.conf", folder, (3, 32, 32), 1000)
+        runtime = SerialRuntime(cfg, 1, folder)
+        trainer = Trainer(cfg, folder, runtime, log=lambda line: None)
+        tracer = runtime.tracer
+        for step in range(warmup):
+            trainer.train_one_batch(step)
+        samples = []
+        for step in range(steps):
+            before = tracer.snapshot()
+            trainer.train_one_batch(warmup + step)
+            diff = profiling.subtract(tracer.snapshot(), before)
+            samples.append({key: total.seconds for key, total in diff.items()})
+        return median_rows(samples)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def profile_torch(steps: int, warmup: int = 3) -> dict[tuple[str, str], float] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    from bench_peer import SGD, convnet
+
+    torch.set_num_threads(1)
+    torch.manual_seed(1)
+    model = convnet(torch)
+    optimizer = torch.optim.SGD(model.parameters(), **SGD["cifar10_convnet"])
+    loss_of = torch.nn.CrossEntropyLoss()
+    x = torch.rand((100, 3, 32, 32)) * 2 - 1
+    y = torch.randint(0, 10, (100,))
+    clock = time.perf_counter
+
+    def step() -> dict[tuple[str, str], float]:
+        times = {}
+        optimizer.zero_grad(set_to_none=True)
+        began = clock()
+        inputs, outputs, h = [], [], x
+        for name, module in zip(TORCH_NAMES, model):
+            h = h.detach().requires_grad_(name != "conv1")
+            inputs.append(h)
+            start = clock()
+            out = module(h)
+            times[("forward", name)] = clock() - start
+            outputs.append(out)
+            h = out
+        logits = h.detach().requires_grad_()
+        start = clock()
+        loss = loss_of(logits, y)
+        times[("forward", "loss")] = clock() - start
+        start = clock()
+        loss.backward()
+        times[("backward", "loss")] = clock() - start
+        grad = logits.grad
+        for name, inp, out in reversed(list(zip(TORCH_NAMES, inputs, outputs))):
+            start = clock()
+            out.backward(grad)
+            times[("backward", name)] = clock() - start
+            grad = inp.grad
+        times[("step", "train_one_batch")] = clock() - began
+        start = clock()
+        optimizer.step()
+        times[("step", "update")] = clock() - start
+        return times
+
+    for _ in range(warmup):
+        step()
+    return median_rows([step() for _ in range(steps)])
+
+
+def print_table(singa: dict, peer: dict | None) -> None:
+    names = [name for (cat, name) in singa if cat == "forward"]
+    names = sorted(set(names), key=lambda n: (["data"] + TORCH_NAMES + ["loss"]).index(n)
+                   if n in ["data"] + TORCH_NAMES + ["loss"] else 99)
+    if peer is not None:
+        names += [n for n in TORCH_NAMES if n not in names and ("forward", n) in peer]
+    head = f"{'layer':<10}{'fwd ms':>9}{'bwd ms':>9}{'total':>9}"
+    if peer is not None:
+        head += f"{'torch fwd':>11}{'torch bwd':>11}{'torch tot':>11}{'ratio':>8}"
+    print(head)
+    sums = [0.0] * 6
+
+    def cell(table, cat, name):
+        return 1e3 * table[(cat, name)] if table is not None and (cat, name) in table else None
+
+    for name in names:
+        f, b = cell(singa, "forward", name), cell(singa, "backward", name)
+        line = f"{name:<10}" + "".join(f"{v:>9.2f}" if v is not None else f"{'-':>9}"
+                                       for v in (f, b, (f or 0) + (b or 0)))
+        sums[0] += f or 0
+        sums[1] += b or 0
+        if peer is not None:
+            tf, tb = cell(peer, "forward", name), cell(peer, "backward", name)
+            total = (tf or 0) + (tb or 0)
+            line += "".join(f"{v:>11.2f}" if v is not None else f"{'-':>11}" for v in (tf, tb, total))
+            line += f"{((f or 0) + (b or 0)) / total:>8.2f}" if total else f"{'-':>8}"
+            sums[3] += tf or 0
+            sums[4] += tb or 0
+        print(line)
+    line = f"{'sum':<10}{sums[0]:>9.2f}{sums[1]:>9.2f}{sums[0] + sums[1]:>9.2f}"
+    if peer is not None:
+        line += f"{sums[3]:>11.2f}{sums[4]:>11.2f}{sums[3] + sums[4]:>11.2f}"
+    print(line)
+    for phase in ("train_one_batch", "sync", "update"):
+        ours = cell(singa, "step", phase)
+        theirs = cell(peer, "step", phase)
+        text = f"  {phase}: singa_mpi {ours:.2f} ms" if ours is not None else f"  {phase}: singa_mpi -"
+        if peer is not None:
+            text += f", PyTorch {theirs:.2f} ms" if theirs is not None else ", PyTorch -"
+        print(text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    singa = profile_singa(args.steps)
+    peer = profile_torch(args.steps)
+    print(f"cifar10_convnet serial step, median of {args.steps} steps, ms"
+          + ("" if peer is not None else " (PyTorch not importable: singa_mpi alone)"))
+    print_table(singa, peer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
