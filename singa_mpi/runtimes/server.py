@@ -99,16 +99,21 @@ class ServerRuntime:
                 slots.setdefault((g, piece.name), []).append(len(requests))
                 requests.append(self.world.Irecv(buffer, ranks[piece.worker], piece.tag, LABEL))
                 meaning.append((g, entry))
-        control = np.zeros(CONTROL_WORDS, np.int32)
-        requests.append(self.world.Irecv_any(control, CONTROL, LABEL))
-        meaning.append(None)
+        # one control receive per worker, not one from any source: MPICH's ch4 lost any-source matches
+        # when some senders came over shared memory and others over the network (two nodes, UCX on TCP)
+        controls = {}
+        for rank in self.workers:
+            controls[len(requests)] = (rank, np.zeros(CONTROL_WORDS, np.int32))
+            requests.append(self.world.Irecv(controls[len(requests)][1], rank, CONTROL, LABEL))
+            meaning.append(None)
         said_bye, snapshots_waiting = set(), []
         workers = tuple(self.workers)
         while len(said_bye) < len(self.workers):
-            index, source = self.world.Waitany(requests, LABEL, awaits=workers, patient=True)
+            index, _ = self.world.Waitany(requests, LABEL, awaits=workers, patient=True)
             if meaning[index] is None:
+                source, control = controls[index]
                 kind, arg = int(control[0]), int(control[1])
-                requests[index] = self.world.Irecv_any(control, CONTROL, LABEL)
+                requests[index] = self.world.Irecv(control, source, CONTROL, LABEL)
                 if kind == BYE:
                     said_bye.add(source)
                 elif kind == FINISHED:
