@@ -139,6 +139,8 @@ def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str
     from singa_mpi.cost.kernels import KernelTimes
     from singa_mpi.cost.model import predict
 
+    if nodes > 1:
+        method = "allreduce"  # node-shared memory needs one node: the runtime then takes buckets
     with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each (bench_env, threads.py)
         kernels = KernelTimes(recalibrate=recalibrate)
         cost = predict(the_plan, method, kernels, rates.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich"), nodes))

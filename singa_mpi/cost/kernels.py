@@ -5,7 +5,8 @@ same FLOPs differ tenfold), so the cost model times the real kernels: each disti
 input shapes, output shape, param shard shapes) is built from its plan spec, fed random inputs and
 timed forward and backward (the median of a few runs after a warm-up), on as many BLAS threads as the
 caller runs with.  Results go to ``$XDG_CACHE_HOME/singa_mpi/kernels.json`` (``~/.cache``), keyed by
-machine (host, CPU model, BLAS threads, numpy version), so a second ``plan --cost`` times nothing;
+machine (host, CPU model, BLAS threads, numpy version) and by the layer code, so a second ``plan --cost``
+times nothing;
 ``--recalibrate`` starts afresh.  Layers that read data (no sources: input layers) are not timed:
 their cost is their output's bytes at the memory bandwidth (:mod:`.rates`).
 """
@@ -48,7 +49,16 @@ def machine_key() -> str:
     from threadpoolctl import threadpool_info
 
     threads = sorted({info.get("num_threads", 0) for info in threadpool_info() if info.get("user_api") == "blas"})
-    return f"{platform.node()}|{cpu_model()}|blas{threads}|numpy{np.__version__}|{TIMING_VERSION}"
+    return f"{platform.node()}|{cpu_model()}|blas{threads}|numpy{np.__version__}|{TIMING_VERSION}|{code_digest()}"
+
+
+def code_digest() -> str:
+    """A digest of the layer and param code: a changed kernel is timed afresh."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    digest = hashlib.sha1()
+    for path in sorted(root.glob("layers/*.py")) + [root / "params.py"]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def cpu_model() -> str:
