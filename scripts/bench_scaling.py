@@ -165,6 +165,26 @@ def worker(args) -> int:
     return 0
 
 
+def refusal(net: str, scheme: str, ranks: int, weak: bool = False) -> str | None:
+    """Why the planner refuses the scheme on ``ranks`` ranks (e.g. 10 outputs split 16 ways), else None."""
+    from singa_mpi.errors import ConfigError
+    from singa_mpi.planner import plan
+    from bench_serial import job_on_synthetic_data
+
+    if scheme == "auto":
+        return None  # the search only returns plans the planner accepts
+    conf, shape, _ = NETS[net]
+    with tempfile.TemporaryDirectory() as folder:
+        cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 16), scheme)
+        if weak:
+            weak_batch(cfg, ranks)
+        try:
+            plan(cfg, ranks)
+        except ConfigError as err:
+            return str(err).split(": ", 1)[-1][:160]
+    return None
+
+
 def launch(net: str, scheme: str, ranks: int, steps: int, weak: bool = False) -> dict:
     env = bench_env()  # one BLAS thread per rank; the launcher's MPI (SINGA_MPI_FLAVOR=openmpi|mpich)
     cmd = mpiexec_command(ranks) + [sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
@@ -283,6 +303,10 @@ def main() -> int:
         for scheme in (s for s in SCHEMES[net] if s in args.schemes):
             for repeat in range(args.repeat):
                 for ranks in args.ranks:
+                    refused = refusal(net, scheme, ranks, args.weak)
+                    if refused:
+                        print(f"  {net} {scheme} n={ranks}: refused by the planner ({refused})", flush=True)
+                        continue
                     runs.append(launch(net, scheme, ranks, args.steps if net == "mnist_mlp" else max(5, args.steps // 2),
                                        args.weak))
                     print(f"  measured {net} {scheme} n={ranks} ({repeat + 1}/{args.repeat})", flush=True)

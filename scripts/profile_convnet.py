@@ -7,8 +7,7 @@ singa_mpi: the trainer's serial step on synthetic data (bench_serial.py's job), 
 read from the tracer, median over the timed steps.  PyTorch (when importable): bench_peer.py's
 twin of the conf, one intra-op thread, each module run on its own (its input detached, so that
 its backward is timed alone), median over the same number of steps; "update" is the SGD step.
-The twin pools in ceil mode (32-16-8-4) where singa_mpi pools with SINGA's floor rule (32-15-7-3),
-so its conv2, conv3 and the layers between them see slightly larger maps.
+Both nets have the same shapes (pooling 32-15-7-3).
 """
 from __future__ import annotations
 
