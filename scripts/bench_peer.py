@@ -100,9 +100,10 @@ def torch_worker(args) -> int:
     torch.manual_seed(1)
     _, shape, batch = NETS[args.net]
     global_batch = batch * comm.size if args.weak else batch
-    if global_batch % comm.size:
-        raise SystemExit(f"batch {global_batch} does not split over {comm.size} ranks")
-    local = global_batch // comm.size
+    from singa_mpi.planner.chunk import chunk
+
+    lo, hi = chunk(global_batch, comm.size, comm.rank)  # as singa_mpi splits it: 100 over 8 is 13 or 12 rows
+    local = hi - lo
     model = mlp(torch) if args.net == "mnist_mlp" else convnet(torch)
     if comm.size > 1:
         import torch.distributed as dist
@@ -209,7 +210,9 @@ def main() -> int:
                     runs.append(launch_torch(net, ranks, steps, args.weak))
                 except RuntimeError as err:  # keep what was measured; the row says n/a
                     print(f"  PyTorch {net} n={ranks} failed: {str(err).splitlines()[-1][:200]}", flush=True)
-                print(f"  measured {net} n={ranks} ({repeat + 1}/{args.repeat})", flush=True)
+                mine = [r for r in runs if (r["net"], r["ranks"]) == (net, ranks)][-len(args.schemes) - 1:]
+                print(f"  measured {net} n={ranks} ({repeat + 1}/{args.repeat}): " + ", ".join(
+                    f"{r.get('scheme', r['impl'])} {r['samples_per_s']:,.0f}" for r in mine) + " samples/s", flush=True)
     rows = compare(runs)
     print_table(rows, args.weak)
     if args.json:
