@@ -30,7 +30,7 @@ from singa_mpi.planner.plan import Plan, SubLayer
 
 MIN_SECONDS = 0.03  # time each kernel at least this long (then at least MIN_RUNS runs)
 MIN_RUNS = 3
-TIMING_VERSION = "t2"  # bump when what a kernel timing includes changes: older cache entries are ignored
+TIMING_VERSION = "t3"  # bump when what a kernel timing includes changes: older cache entries are ignored
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +146,7 @@ def _measure(plan: Plan, sub: SubLayer) -> tuple[float, float]:
         inputs = [np.zeros(by_name[s].out_shape[:1], np.int32) if kind == "aux"  # labels: one per row
                   else rng.standard_normal(by_name[s].out_shape).astype(np.float32)
                   for s, kind in zip(sub.srcs, sub.kinds)]
-        need = [kind == "data" for kind in sub.kinds]
+        need = [kind == "data" and by_name[s].needs_grad for s, kind in zip(sub.srcs, sub.kinds)]  # as Net does
         train = plan.phase == "train"
 
         def forward() -> np.ndarray:
