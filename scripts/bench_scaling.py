@@ -118,6 +118,8 @@ def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False, dim
 
     world = comm_module.world()
     conf, shape, _ = NETS[net]
+    if scheme == "auto" and dims is None:  # launched directly (srun, sbatch): rank 0 chooses for all
+        dims = world.allgather_object(auto_dims(net, world.size, weak) if world.rank == 0 else None)[0]
     folder = tempfile.mkdtemp(prefix=f"{prefix}_r{world.rank}_")
     cfg = partitioned(job_on_synthetic_data(conf, folder, shape, (2048 if net == "mnist_mlp" else 1000)
                                             * (world.size if weak else 1)), scheme, dims)
