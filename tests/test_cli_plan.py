@@ -60,3 +60,42 @@ def test_plan_png(tmp_path):
     out = run("plan", "conf/cifar10_hybrid.conf", "--format", "dot", "-o", str(png))
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def run_cached(cache, *args, timeout=300):
+    """`run` with the cost model's cache in ``cache`` (kernel times, calibrated rates)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(cache), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-c", BLOCK, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_plan_cost_predicts_every_layer_and_caches_the_kernels(tmp_path):
+    out = run_cached(tmp_path, "plan", "conf/cifar10_convnet.conf", "-n", "2", "--cost")
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.split()}
+    for layer in ("conv1", "pool1", "norm1", "conv2", "conv3", "ip1", "loss"):
+        assert float(rows[layer][0]) > 0, f"{layer}: no forward time in\n{out.stdout}"
+    assert float(rows["conv2"][1]) > 0
+    assert "predicted step" in out.stdout and "assumed: no calibration" in out.stdout
+    assert "kernel shape(s) timed now" in out.stdout
+    again = run_cached(tmp_path, "plan", "conf/cifar10_convnet.conf", "-n", "2", "--cost")
+    assert again.returncode == 0 and "timed now" not in again.stdout  # read back from the cache
+
+
+def test_plan_auto_writes_a_job_the_planner_accepts(tmp_path):
+    chosen = tmp_path / "chosen.conf"
+    out = run_cached(tmp_path, "plan", "conf/digits_mlp.conf", "-n", "2", "--auto", "-o", str(chosen))
+    assert out.returncode == 0, out.stderr
+    assert "predicted step" in out.stdout and "every layer on the batch" in out.stdout
+    again = run("plan", str(chosen), "-n", "2")
+    assert again.returncode == 0, again.stderr
+    too_small = run_cached(tmp_path, "plan", "conf/mnist_mlp.conf", "-n", "2", "--auto", "--memory-limit", "1")
+    assert too_small.returncode == 2 and too_small.stderr.count("\n") == 1
+    assert "1 MiB per rank" in too_small.stderr
+
+
+def test_calibrate_needs_two_ranks():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "singa_mpi", "calibrate"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "mpiexec -n 2" in out.stderr and out.stderr.count("\n") == 1
