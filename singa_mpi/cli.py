@@ -80,6 +80,7 @@ def cmd_check(args) -> int:
 
         phases = [phase.phase for phase in summary.phases]
         per_group = check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # as a launch on N refuses
+        cfg = resolve_auto(cfg, per_group)
         WorkerRuntime.plan_phases(cfg, per_group, phases)  # partition + verify, as a launch on N ranks does
         print(f"  plans on {per_group} worker(s){' per group' if per_group != args.n else ''}: "
               f"{', '.join(phases)} OK")
@@ -115,6 +116,7 @@ def cmd_plan(args) -> int:
     validate(cfg)
     if args.auto:
         return auto_partition(cfg, plan_workers(cfg, args.n), args)
+    cfg = resolve_auto(cfg, plan_workers(cfg, args.n), args.sync)
     the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase, method=args.sync)
     renderers = {"json": render.to_json, "dot": render.to_dot,
                  "text": lambda p, sync: render.to_text(p, sync, full=args.full)}
@@ -150,6 +152,21 @@ def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str
              f"(one BLAS thread per rank{timed}; kernels cached in {kernels.path})",
              f"communicator rates: {cost.rates_source}"] + cost.table()
             + [f"predicted {the_plan.batch / cost.step:,.0f} samples/s"])
+
+
+def resolve_auto(cfg, nworkers: int, method: str = "shared_memory"):
+    """The job with its `partition_dim: auto` layers chosen by the cost model (a line says what)."""
+    from singa_mpi.cost.auto import auto_layers, choose_for_job, resolved
+
+    free = auto_layers(cfg)
+    if not free:
+        return cfg
+    choice = choose_for_job(cfg, nworkers, method) if nworkers > 1 else None
+    dims = choice.dims if choice is not None else {name: 0 for name in free}
+    chosen = ", ".join(f"{name} {dims[name]}" for name in dict.fromkeys(free))
+    predicted = f" (predicted step {1e3 * choice.step:.2f} ms)" if choice is not None else ""
+    print(f"partition_dim: auto on {nworkers} worker(s) chose: {chosen}{predicted}")
+    return resolved(cfg, dims)
 
 
 def auto_partition(cfg, nworkers: int, args) -> int:

@@ -289,8 +289,30 @@ def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
             life.close()
 
 
+def _auto_dims(world, job, seed) -> dict[str, int] | None:
+    """Rank 0's choice for the job's `partition_dim: auto` layers, on every rank (one choice: kernel
+    timings differ between ranks).  Every rank calls this; None where there is nothing to choose or
+    rank 0 could not (its phase-1 error then reaches every rank)."""
+    dims = None
+    if world.rank == 0:
+        try:
+            from singa_mpi.cost.auto import auto_layers, choose_for_job
+
+            cfg = _prepare(job, seed)
+            if auto_layers(cfg):
+                workers = _topology(cfg, world.size).workers_per_group
+                method = "allreduce" if os.environ.get("SINGA_MPI_SHM") == "0" else "shared_memory"
+                dims = choose_for_job(cfg, workers, method).dims
+        except (SingaError, MemoryError):
+            dims = None
+    return world.allgather_object(dims)[0]
+
+
 def _run_serial(job, workspace_of, seed, body, steps, check, claim, phases, stops: StopSignals) -> int:
+    from singa_mpi.cost.auto import auto_layers, resolved
+
     cfg = _prepare(job, seed)
+    cfg = resolved(cfg, {name: 0 for name in auto_layers(cfg)})  # one worker: nothing to split
     if check is not None:
         check(cfg)
     workspace = workspace_of(cfg)
@@ -485,8 +507,14 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
     # what every rank must share: a rank with another job or other options would deadlock in phase 2)
     error, plans, facts = None, None, None
     _note(life, "setup: reading and planning the job")
+    chosen = _auto_dims(world, job, seed)
     try:
-        cfg = _prepare(job, seed)
+        from singa_mpi.cost.auto import resolved
+
+        cfg = resolved(_prepare(job, seed), chosen)
+        if chosen and world.rank == 0:
+            print("partition_dim: auto chose " + ", ".join(f"{name} {dim}" for name, dim in chosen.items()),
+                  flush=True)
         if check is not None:
             check(cfg)
         topo = _topology(cfg, world.size, log=print if world.rank == 0 else None)

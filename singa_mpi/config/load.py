@@ -49,6 +49,12 @@ class JobConfig:
 _EXTENSION = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\]\s*[:{<]")
 
 
+# `partition_dim: auto` (the cost model chooses: singa_mpi.cost.auto) is read as this number, written
+# in the text at the same length so that every file:line:col stays right
+AUTO = 1000
+_AUTO_WORD = re.compile(r"(\bpartition_dim\s*:\s*)auto\b")
+
+
 def parse_job(text: str, path: str = "<string>") -> JobConfig:
     """Parse text-format JobProto; ConfigError ``path:line:col: ...`` on syntax errors.
 
@@ -56,6 +62,7 @@ def parse_job(text: str, path: str = "<string>") -> JobConfig:
     second parse knows their ``[extensions]``; one nobody declares is an error naming it.
     The text is held to :mod:`singa_mpi.config.limits` first, before protobuf spends time on it."""
     limits.check_text(text, path)
+    text = _AUTO_WORD.sub(lambda m: m.group(1) + str(AUTO), text)
     job = _parse(text, path, allow_unknown_extension=True)  # the job's own `plugin` fields first
     source = SourceMap(path, text)
     plugins.load_for_job(job, path, where=lambda k: source.where("plugin", k))
@@ -142,7 +149,7 @@ def layers_for_phase(job: job_pb2.JobProto, phase: str) -> list[tuple[int, job_p
 
 
 def effective_partition_dim(job: job_pb2.JobProto, layer: job_pb2.LayerProto) -> int:
-    """The layer's own partition_dim if written, else the net's (default 0)."""
+    """The layer's own partition_dim if written, else the net's (default 0); AUTO for `auto`."""
     if layer.HasField("partition_dim"):
         return layer.partition_dim
     return job.neuralnet.partition_dim

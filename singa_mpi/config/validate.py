@@ -12,7 +12,7 @@ import os
 
 from singa_mpi.algorithms import ALGORITHMS, algorithm_class, algorithm_name
 from singa_mpi.config import unroll
-from singa_mpi.config.load import JobConfig, effective_partition_dim
+from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
 from singa_mpi.data.prepare import how_to_make, is_bundled_digits
 from singa_mpi.errors import ConfigError
@@ -156,9 +156,9 @@ def _check_job_fields(cfg: JobConfig) -> None:
             written = f"{prefix}_freq" if job.HasField(f"{prefix}_freq") else f"{prefix}_steps"
             raise _fail(cfg, (written,), f"{prefix}_freq = {freq}: expected a positive {prefix}_freq "
                                          f"when {prefix}_steps = {steps}")
-    if not (-1 <= job.neuralnet.partition_dim <= 1):
+    if not (-1 <= job.neuralnet.partition_dim <= 1) and job.neuralnet.partition_dim != AUTO:
         raise _fail(cfg, ("neuralnet", "partition_dim"),
-                    f"neuralnet.partition_dim = {job.neuralnet.partition_dim}: expected -1, 0 or 1")
+                    f"neuralnet.partition_dim = {job.neuralnet.partition_dim}: expected -1, 0, 1 or auto")
 
 
 def _check_algorithm_written(cfg: JobConfig) -> None:
@@ -284,8 +284,8 @@ def _check_layer_fields(cfg: JobConfig, node: Node) -> None:
         expected = str(err).split("expected ", 1)[1] if field == "type" else _registered_layers()
         raise layer_error(cfg, node, field, node.type_name, expected) from None
     pdim = effective_partition_dim(cfg.proto, conf)
-    if not -1 <= pdim <= 1:
-        raise layer_error(cfg, node, "partition_dim", pdim, "-1 (none), 0 (batch) or 1 (feature)")
+    if not -1 <= pdim <= 1 and pdim != AUTO:
+        raise layer_error(cfg, node, "partition_dim", pdim, "-1 (none), 0 (batch), 1 (feature) or auto")
     if conf.location < 0:
         raise layer_error(cfg, node, "location", conf.location, "a worker id >= 0")
     low, high = cls.num_srcs

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from singa_mpi.config.load import JobConfig, effective_partition_dim
+from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
 from singa_mpi.cost.model import predict
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner import plan as make_plan
@@ -46,9 +46,9 @@ def with_dims(cfg: JobConfig, dims: dict[str, int]) -> JobConfig:
     proto.CopyFrom(cfg.proto)
     for layer in proto.neuralnet.layer:
         if layer.name in dims:
+            if dims[layer.name] == -1 and effective_partition_dim(proto, layer) != -1:
+                layer.location = 0  # newly whole: on worker 0 (a layer already whole keeps its location)
             layer.partition_dim = dims[layer.name]
-            if dims[layer.name] == -1:
-                layer.location = 0
     return dataclasses.replace(cfg, proto=proto)
 
 
@@ -96,15 +96,19 @@ class Search:
         return self.prices[tuple(dims[name] for name in self.names)][1]
 
 
-def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limit: int | None = None) -> Choice:
-    """The partition_dims with the lowest predicted step (see the module docstring)."""
+def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limit: int | None = None,
+           free: list[str] | None = None) -> Choice:
+    """The partition_dims with the lowest predicted step (see the module docstring).  ``free``: the
+    layers to choose for (default: every layer); the others keep the job's values."""
     search = Search(cfg, nranks, method, kernels, rates, memory_limit)
     names = search.names
-    data = {name: 0 for name in names}
-    candidates = [data, {name: 1 for name in names}]
-    for lo in range(len(names)):
-        for hi in range(lo + 1, len(names) + 1):
-            candidates.append({name: (1 if lo <= i < hi else 0) for i, name in enumerate(names)})
+    free = list(dict.fromkeys(names if free is None else free))
+    written = original_dims(cfg)
+    data = {name: (0 if name in free else written[name]) for name in names}
+    candidates = [data, dict(data, **{name: 1 for name in free})]
+    for lo in range(len(free)):
+        for hi in range(lo + 1, len(free) + 1):
+            candidates.append(dict(data, **{name: 1 for name in free[lo:hi]}))
     if nranks == 1:
         candidates = [data]
     priced = [(search.price(c), i, c) for i, c in enumerate(candidates)]
@@ -117,7 +121,7 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
     improved = nranks > 1
     while improved:
         improved = False
-        for name in names:
+        for name in free:
             for value in CHOICES:
                 if value == best[name]:
                     continue
@@ -130,3 +134,37 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
 
 def original_dims(cfg: JobConfig) -> dict[str, int]:
     return {layer.name: effective_partition_dim(cfg.proto, layer) for layer in cfg.proto.neuralnet.layer}
+
+
+def auto_layers(cfg: JobConfig) -> list[str]:
+    """The layers whose partition_dim is `auto` (their own, or the net's)."""
+    return [name for name, dim in original_dims(cfg).items() if dim == AUTO]
+
+
+def choose_for_job(cfg: JobConfig, nworkers: int, method: str = "shared_memory") -> Choice:
+    """The choice for the job's `auto` layers on ``nworkers`` (kernels timed or read from the cache,
+    the communicator's cached rates), as ``plan --auto`` makes it."""
+    import os
+
+    from singa_mpi import threads
+    from singa_mpi.cost import rates
+    from singa_mpi.cost.kernels import KernelTimes
+
+    with threads.limit_blas(1):
+        kernels = KernelTimes()
+        choice = choose(cfg, nworkers, method, kernels, rates.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich")),
+                        free=auto_layers(cfg))
+    kernels.save()
+    return choice
+
+
+def resolved(cfg: JobConfig, dims: dict[str, int] | None) -> JobConfig:
+    """``cfg`` with its `auto` layers set as ``dims`` says (one worker: all on the batch, nothing to
+    choose); ConfigError when a choice is missing."""
+    free = auto_layers(cfg)
+    if not free:
+        return cfg
+    if dims is None or any(name not in dims for name in free):
+        raise ConfigError(f"{cfg.path}: partition_dim: auto was not resolved for {', '.join(free)}: expected the "
+                          "cost model's choice (it failed on rank 0; see its message)")
+    return with_dims(cfg, {name: dims[name] for name in free})

@@ -1,0 +1,64 @@
+"""`partition_dim: auto` in a job file: read, validated, chosen once (rank 0) and trained."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import nets
+from singa_mpi.config.load import AUTO, effective_partition_dim, parse_job
+from singa_mpi.config.validate import validate
+from singa_mpi.cost.auto import auto_layers, resolved
+from singa_mpi.errors import ConfigError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def auto_mlp(data: str, workspace: str) -> str:
+    text = nets.mlp(data, 16, "data", 2)
+    text = text.replace("neuralnet { partition_dim: 0", "neuralnet { partition_dim: auto", 1)
+    assert "partition_dim: auto" in text
+    return text + f'\ncluster {{ workspace: "{workspace}" }}\n'
+
+
+def test_auto_is_read_at_the_length_of_the_word(tmp_path):
+    text = 'name: "t"\nneuralnet { partition_dim: auto  layer { name: "x" type: kBogus } }\n'
+    with pytest.raises(ConfigError) as err:
+        validate(parse_job(text, "job.conf"))
+    assert "job.conf:2:" in str(err.value)  # file:line still right after the rewrite
+    cfg = parse_job('neuralnet { partition_dim: auto }', "j.conf")
+    assert cfg.proto.neuralnet.partition_dim == AUTO
+
+
+def test_auto_layers_follow_the_net_default_and_keep_written_ones(tmp_path):
+    data = nets.make_data(str(tmp_path / "d.h5"), 64, (12,), 5)
+    cfg = parse_job(auto_mlp(data, str(tmp_path / "ws")), "auto.conf")
+    validate(cfg)
+    free = auto_layers(cfg)
+    assert free and all(effective_partition_dim(cfg.proto, layer) == AUTO
+                        for layer in cfg.proto.neuralnet.layer if layer.name in free)
+    with pytest.raises(ConfigError, match="auto was not resolved"):
+        resolved(cfg, None)
+    chosen = resolved(cfg, {name: 0 for name in free})
+    assert not auto_layers(chosen)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_an_auto_job_trains(tmp_path, ranks):
+    from singa_mpi.communication.launchers import find_launcher
+
+    data = nets.make_data(str(tmp_path / "d.h5"), 64, (12,), 5)
+    job = tmp_path / "auto.conf"
+    job.write_text(auto_mlp(data, str(tmp_path / "ws")))
+    launcher = find_launcher()
+    env = launcher.environ(OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "singa_mpi", "train", str(job)]
+    if ranks > 1:
+        cmd = launcher.command(ranks) + cmd
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert (tmp_path / "ws" / "checkpoint" / "step20.h5").exists()
+    if ranks > 1:
+        assert "partition_dim: auto chose" in out.stdout
+        assert (tmp_path / "cache" / "singa_mpi" / "kernels.json").exists()  # rank 0 timed the kernels
