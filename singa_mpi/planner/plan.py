@@ -243,12 +243,12 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
                               f"(has {units} units, batch {batch})")
         ranks = {r: (chunk(batch, nranks, r), chunk(units, nranks, r)) for r in range(nranks)}
     else:
-        if nfeat < nranks:
-            raise layer_error(cfg, node, "partition_dim", 1,
-                              f"at least {nranks} output features to split over {nranks} workers (has {nfeat})")
         if cls.connection != ONE_TO_ALL:
             _check_one_to_one_features(cfg, node, nfeat, placed)
-        ranks = {r: (None, chunk(nfeat, nranks, r)) for r in range(nranks)}
+        # fewer outputs than workers (10 classes on 16 ranks): split over the first ``nfeat`` workers, one
+        # feature each; the others hold none of this layer (the exchanges around it say who has what)
+        over = min(nranks, nfeat)
+        ranks = {r: (None, chunk(nfeat, over, r)) for r in range(over)}
     layers, regions = {}, {}
     for rank, (rows, feats) in ranks.items():
         ctx = dataclasses.replace(base_ctx, batch_slice=rows, feature_slice=feats)

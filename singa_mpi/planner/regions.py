@@ -73,7 +73,7 @@ def classify(holders: dict[int, Region], needs: dict[int, Region], full: Region)
     one holder, receivers want all  -> kSplit:   Bcast     / Reduce (sum)
     one holder, receivers want part -> kSlice:   Scatterv  / Gatherv
     many holders, one receiver      -> kConcate: Gatherv   / Scatterv
-    many holders, all want all      -> kConcate: Allgatherv / Reduce_scatter (sum)
+    many holders, all want all      -> kConcate: Allgatherv / Reduce_scatter (sum)  (every holder wants it)
     many holders, each wants a part -> kConcate: Alltoallv / Alltoallv
     """
     if len(holders) == 1 and len(needs) == 1:
@@ -84,6 +84,8 @@ def classify(holders: dict[int, Region], needs: dict[int, Region], full: Region)
         return "kSlice", "Scatterv", "Gatherv"
     if len(needs) == 1:
         return "kConcate", "Gatherv", "Scatterv"
-    if all(need == full for need in needs.values()):
+    if all(need == full for need in needs.values()) and set(holders) <= set(needs):
         return "kConcate", "Allgatherv", "Reduce_scatter"
+    # also when a holder needs nothing (a layer split over fewer workers than its source): an
+    # Allgatherv would hand every member the whole output
     return "kConcate", "Alltoallv", "Alltoallv"

@@ -80,3 +80,21 @@ def test_automatic_partitioning_matches_serial(world, sync_bandwidth):
     problems += oracle.compare_checkpoints(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS), RTOL,
                                            state=False)
     agree(world, not problems, f"auto {choice.dims}: " + "; ".join(problems))
+
+
+def test_a_layer_with_fewer_outputs_than_ranks_splits_over_some_of_them(world):
+    """fc3 has 2 outputs: on 3 or 4 ranks it is split over the first 2 (one output each), its
+    neighbours over all; the loss still sees every class score of its rows."""
+    tmp = os.environ["SINGA_MPI_TEST_TMP"]
+    data = nets.make_data(os.path.join(tmp, f"data_subset_r{world.rank}.h5"), 64, (12,), 2)
+    one = "partition_dim: 1"
+    layers = [nets._data_layer(data, 4 * world.size + 1, (12,)), nets._ip("fc1", "data", 16, one),
+              nets._act("act1", "fc1", "kSTanh", one), nets._ip("fc2", "act1", 8, one), nets._act("act2", "fc2", pdim=one),
+              nets._ip("fc3", "act2", 2, one), nets._loss("fc3")]
+    text = nets.job_text(layers, STEPS)
+    workspace = os.path.join(tmp, f"ws_subset_r{world.rank}")
+    parallel, serial = oracle.partitioned(text, workspace, world), oracle.serial(text, workspace)
+    problems = oracle.compare_losses(oracle.train(parallel), oracle.train(serial), RTOL, STEPS)
+    problems += oracle.compare_checkpoints(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS), RTOL,
+                                           state=False)
+    agree(world, not problems, "fc3 on a subset: " + "; ".join(problems))
