@@ -183,7 +183,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
-    parser.add_argument("--schemes", nargs="+", default=["data"], choices=["data", "feature", "hybrid"],
+    parser.add_argument("--schemes", nargs="+", default=["data"], choices=["data", "feature", "hybrid", "auto"],
                         help="singa_mpi's schemes to run; the table shows the fastest")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run (the convnet: half)")
     parser.add_argument("--repeat", type=int, default=2, help="runs per configuration (medians are reported)")
