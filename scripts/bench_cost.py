@@ -60,7 +60,7 @@ def main() -> int:
 
     with threads.limit_blas(1):
         kernels = KernelTimes()
-        rates = rate_module.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich"))
+        rates = rate_module.load()
         print(f"communicator rates: {rates.source}")
         rows = []
         for net in args.nets:

@@ -90,22 +90,16 @@ def weak_batch(cfg, ranks: int) -> None:
 
 def auto_dims(net: str, ranks: int, weak: bool = False) -> dict[str, int]:
     """The cost model's choice (singa_mpi.cost.auto) for ``net`` on ``ranks`` ranks of this machine."""
-    from singa_mpi import threads
-    from singa_mpi.cost import rates
-    from singa_mpi.cost.auto import choose
-    from singa_mpi.cost.kernels import KernelTimes
+    from singa_mpi.cost.auto import choose_for_job
     from singa_mpi.planner import SHARED_MEMORY
     from bench_serial import job_on_synthetic_data
 
     conf, shape, _ = NETS[net]
-    with tempfile.TemporaryDirectory() as folder, threads.limit_blas(1):
+    with tempfile.TemporaryDirectory() as folder:
         cfg = job_on_synthetic_data(conf, folder, shape, 16)
         if weak:
             weak_batch(cfg, ranks)
-        kernels = KernelTimes()
-        choice = choose(cfg, ranks, SHARED_MEMORY, kernels, rates.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich")))
-        kernels.save()
-    return choice.dims
+        return choose_for_job(cfg, ranks, SHARED_MEMORY, every_layer=True).dims
 
 
 def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False, dims: dict | None = None):

@@ -145,7 +145,7 @@ def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str
         method = "allreduce"  # node-shared memory needs one node: the runtime then takes buckets
     with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each (bench_env, threads.py)
         kernels = KernelTimes(recalibrate=recalibrate)
-        cost = predict(the_plan, method, kernels, rates.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich"), nodes))
+        cost = predict(the_plan, method, kernels, rates.load(nodes=nodes))
     kernels.save()
     timed = f", {kernels.measured} kernel shape(s) timed now" if kernels.measured else ""
     return ([f"predicted step of {the_plan.nranks} worker(s), batch {the_plan.batch}, param sync {method} "
@@ -173,20 +173,15 @@ def auto_partition(cfg, nworkers: int, args) -> int:
     """``plan --auto``: choose every layer's partition_dim by predicted step time; -o writes the job."""
     from google.protobuf import text_format
 
-    from singa_mpi.cost import rates
-    from singa_mpi.cost.auto import choose, original_dims, with_dims
-    from singa_mpi.cost.kernels import KernelTimes
+    from singa_mpi.cost.auto import choose_for_job, original_dims, with_dims
 
     limit = args.memory_limit * 2**20 if args.memory_limit else None
-    with threads.limit_blas(1):
-        kernels = KernelTimes(recalibrate=args.recalibrate)
-        rate = rates.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich"), args.nodes)
-        choice = choose(cfg, nworkers, args.sync, kernels, rate, limit)
-    kernels.save()
+    choice = choose_for_job(cfg, nworkers, args.sync, every_layer=True, memory_limit=limit,
+                            recalibrate=args.recalibrate, nodes=args.nodes)
     names = {"0": "batch", "1": "features", "-1": "whole (worker 0)"}
     before = original_dims(cfg)
     print(f"automatic partitioning of {cfg.path} over {nworkers} worker(s), param sync {args.sync}: "
-          f"{choice.evaluated} plans priced (communicator rates: {rate.source})")
+          f"{choice.evaluated} plans priced (communicator rates: {choice.rates_source})")
     for name, dim in choice.dims.items():
         mark = "" if before.get(name) == dim else f"   (the job: {before.get(name)})"
         print(f"  {name:<24} partition_dim {dim:>2}  {names[str(dim)]}{mark}")

@@ -38,6 +38,7 @@ class Choice:
     data_parallel: float | None  # predicted seconds of every layer on the batch (None: refused)
     evaluated: int  # plans priced
     memory: int  # predicted peak bytes on the fullest rank
+    rates_source: str = ""  # where the communicator's rates came from (calibrated or assumed)
 
 
 def with_dims(cfg: JobConfig, dims: dict[str, int]) -> JobConfig:
@@ -129,7 +130,7 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
                 price = search.price(trial)
                 if price is not None and price < best_price * (1 - 1e-3):
                     best, best_price, improved = trial, price, True
-    return Choice(best, best_price, search.price(data), len(search.prices), search.memory(best))
+    return Choice(best, best_price, search.price(data), len(search.prices), search.memory(best), rates.source)
 
 
 def original_dims(cfg: JobConfig) -> dict[str, int]:
@@ -141,19 +142,18 @@ def auto_layers(cfg: JobConfig) -> list[str]:
     return [name for name, dim in original_dims(cfg).items() if dim == AUTO]
 
 
-def choose_for_job(cfg: JobConfig, nworkers: int, method: str = "shared_memory") -> Choice:
-    """The choice for the job's `auto` layers on ``nworkers`` (kernels timed or read from the cache,
-    the communicator's cached rates), as ``plan --auto`` makes it."""
-    import os
-
+def choose_for_job(cfg: JobConfig, nworkers: int, method: str = "shared_memory", every_layer: bool = False,
+                   memory_limit: int | None = None, recalibrate: bool = False, nodes: int = 1) -> Choice:
+    """The choice on ``nworkers`` for the job's `auto` layers (``every_layer``: for all, as ``plan --auto``),
+    with this machine's kernel times (timed now or read from the cache) and communicator rates."""
     from singa_mpi import threads
     from singa_mpi.cost import rates
     from singa_mpi.cost.kernels import KernelTimes
 
-    with threads.limit_blas(1):
-        kernels = KernelTimes()
-        choice = choose(cfg, nworkers, method, kernels, rates.load(os.environ.get("SINGA_MPI_FLAVOR", "mpich")),
-                        free=auto_layers(cfg))
+    with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each
+        kernels = KernelTimes(recalibrate=recalibrate)
+        choice = choose(cfg, nworkers, method, kernels, rates.load(nodes=nodes), memory_limit,
+                        free=None if every_layer else auto_layers(cfg))
     kernels.save()
     return choice
 

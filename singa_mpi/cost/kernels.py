@@ -18,7 +18,6 @@ import json
 import os
 import pathlib
 import platform
-import statistics
 import tempfile
 import time
 

@@ -73,8 +73,10 @@ def comm_key(flavor: str, nodes: int) -> str:
     return f"{platform.node()}|{cpu_model()}|{flavor}|nodes{nodes}"
 
 
-def load(flavor: str = "mpich", nodes: int = 1) -> Rates:
-    """The cached rates of this machine and MPI, or assumed ones (memory bandwidth measured now)."""
+def load(flavor: str | None = None, nodes: int = 1) -> Rates:
+    """The cached rates of this machine and MPI (default: $SINGA_MPI_FLAVOR, else MPICH, as the launcher
+    picks), or assumed ones (memory bandwidth measured now)."""
+    flavor = flavor or os.environ.get("SINGA_MPI_FLAVOR") or "mpich"
     try:
         table = json.loads(rates_path().read_text())
     except (OSError, ValueError):

@@ -31,6 +31,16 @@ def _batches(n: int) -> list[int]:
     return [divisible, divisible + 1]  # divisible by the ranks, and not (n > 1)
 
 
+def _trains_as_serial(world, text: str, workspace: str, label: str) -> None:
+    """The job partitioned over the world and alone in one process: the same losses every step and
+    the same final params (within RTOL), on every rank."""
+    parallel, serial = oracle.partitioned(text, workspace, world), oracle.serial(text, workspace)
+    problems = oracle.compare_losses(oracle.train(parallel), oracle.train(serial), RTOL, STEPS)
+    problems += oracle.compare_checkpoints(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS), RTOL,
+                                           state=False)
+    agree(world, not problems, label + "; ".join(problems))
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("which_batch", [0, 1])
 def test_partitioned_training_matches_serial(world, scheme, which_batch):
@@ -41,11 +51,7 @@ def test_partitioned_training_matches_serial(world, scheme, which_batch):
     text = (nets.convnet(data, batch, pool="AVG", act="kSTanh") if scheme == "hybrid"
             else nets.mlp(data, batch, scheme, world.size))
     workspace = os.path.join(tmp, f"ws_{scheme}_{batch}_r{world.rank}")
-    parallel, serial = oracle.partitioned(text, workspace, world), oracle.serial(text, workspace)
-    problems = oracle.compare_losses(oracle.train(parallel), oracle.train(serial), RTOL, STEPS)
-    problems += oracle.compare_checkpoints(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS), RTOL,
-                                           state=False)
-    agree(world, not problems, f"{scheme} batch {batch}: " + "; ".join(problems))
+    _trains_as_serial(world, text, workspace, f"{scheme} batch {batch}: ")
 
 
 class _RowKernels:
@@ -75,11 +81,7 @@ def test_automatic_partitioning_matches_serial(world, sync_bandwidth):
     choice = choose(nets.job(text), world.size, ALLREDUCE, _RowKernels(), rates)
     chosen = text_format.MessageToString(with_dims(nets.job(text), choice.dims).proto)
     workspace = os.path.join(tmp, f"ws_auto_{int(sync_bandwidth)}_r{world.rank}")
-    parallel, serial = oracle.partitioned(chosen, workspace, world), oracle.serial(chosen, workspace)
-    problems = oracle.compare_losses(oracle.train(parallel), oracle.train(serial), RTOL, STEPS)
-    problems += oracle.compare_checkpoints(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS), RTOL,
-                                           state=False)
-    agree(world, not problems, f"auto {choice.dims}: " + "; ".join(problems))
+    _trains_as_serial(world, chosen, workspace, f"auto {choice.dims}: ")
 
 
 def test_a_layer_with_fewer_outputs_than_ranks_splits_over_some_of_them(world):
@@ -93,8 +95,4 @@ def test_a_layer_with_fewer_outputs_than_ranks_splits_over_some_of_them(world):
               nets._ip("fc3", "act2", 2, one), nets._loss("fc3")]
     text = nets.job_text(layers, STEPS)
     workspace = os.path.join(tmp, f"ws_subset_r{world.rank}")
-    parallel, serial = oracle.partitioned(text, workspace, world), oracle.serial(text, workspace)
-    problems = oracle.compare_losses(oracle.train(parallel), oracle.train(serial), RTOL, STEPS)
-    problems += oracle.compare_checkpoints(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS), RTOL,
-                                           state=False)
-    agree(world, not problems, "fc3 on a subset: " + "; ".join(problems))
+    _trains_as_serial(world, text, workspace, "fc3 on a subset: ")
