@@ -120,11 +120,12 @@ def cmd_plan(args) -> int:
     the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase, method=args.sync)
     renderers = {"json": render.to_json, "dot": render.to_dot,
                  "text": lambda p, sync: render.to_text(p, sync, full=args.full)}
-    text = renderers[args.format](the_plan, args.sync)
-    if args.format == "text":
-        text = "\n".join(roles_lines(cfg, the_plan) + [text])
-    if args.cost:
+    if args.cost:  # the prediction instead of the plan (at 1,024 ranks the plan is 100,000 lines)
         text = "\n".join(cost_lines(the_plan, args.sync, args.recalibrate, args.nodes))
+    else:
+        text = renderers[args.format](the_plan, args.sync)
+    if args.format == "text" and not args.cost:
+        text = "\n".join(roles_lines(cfg, the_plan) + [text])
     if args.output and args.format == "dot" and not args.output.endswith(".dot"):
         return _render_dot(text, args.output)
     if args.output:

@@ -99,3 +99,19 @@ def test_calibrate_needs_two_ranks():
     out = subprocess.run([sys.executable, "-m", "singa_mpi", "calibrate"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "mpiexec -n 2" in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_plan_cost_prices_a_job_of_hundreds_of_ranks_without_launching_it(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_planner import net_text
+
+    job = tmp_path / "wide.conf"
+    job.write_text(net_text(layers=14, ranks=512, width=512))  # partition_dim 0, 1 and -1 in turn
+    out = run_cached(tmp_path, "plan", str(job), "-n", "512", "--cost")
+    assert out.returncode == 0, out.stderr
+    assert "predicted step of 512 worker(s), batch 512" in out.stdout
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.split()}
+    for i in range(6):
+        assert float(rows[f"fc{i}"][0]) > 0, out.stdout
+    # the layers split 512 ways (fc0 on the batch, fc1 on features) cost far less than the whole one (fc2)
+    assert float(rows["fc1"][0]) < float(rows["fc2"][0]) and float(rows["fc0"][0]) < float(rows["fc2"][0])

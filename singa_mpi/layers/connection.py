@@ -64,8 +64,8 @@ class ExchangeLayer(Layer):
         self.rest = tuple(ex.rest_shape)
         self.labels = ex.kind == "aux"
         self.dtype = np.int32 if self.labels else np.float32
-        self.sends = sorted((p for p in ex.pieces if p.src == self.rank), key=lambda p: p.dst)
-        self.recvs = sorted((p for p in ex.pieces if p.dst == self.rank), key=lambda p: p.src)
+        self.sends = ex.sends_of(self.rank)  # by receiver
+        self.recvs = ex.recvs_of(self.rank)  # by holder
         # Allgatherv: a holder sends its whole held region once, to everybody
         self.own = [Piece(self.rank, self.rank, self.held)] if self.held is not None else []
         # Reduce_scatter: the gradient blocks of every holder, in rank order
@@ -117,8 +117,9 @@ class ExchangeLayer(Layer):
         key = (id(pieces), by)
         if key not in self._layouts:
             counts = [0] * len(self.members)
+            position = {rank: i for i, rank in enumerate(self.members)}
             for p in pieces:
-                counts[self.members.index(getattr(p, by))] += self._size(p.region)
+                counts[position[getattr(p, by)]] += self._size(p.region)
             self._layouts[key] = (counts, [int(d) for d in np.cumsum([0] + counts[:-1])])
         return self._layouts[key]
 

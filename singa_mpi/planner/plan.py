@@ -36,7 +36,8 @@ from singa_mpi.graph import Node
 from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, LayerContext
 from singa_mpi.net import global_batch_size, instantiate, layer_error, phase_nodes
 from singa_mpi.planner.chunk import chunk
-from singa_mpi.planner.regions import Piece, Region, classify, pieces
+from singa_mpi.planner.regions import (Piece, Region, as_array, classify, overlap_sizes, pieces, pieces_from,
+                                      pieces_to)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,6 @@ class Exchange:
     group: tuple[int, ...]  # ranks taking part, ascending
     holders: dict[int, Region]
     needs: dict[int, Region]
-    pieces: list[Piece]
     rest_shape: tuple[int, ...]  # per-sample dims after axis 1 (e.g. H, W)
     with_backward: bool  # the source needs a gradient (decided globally: every member agrees)
 
@@ -84,29 +84,47 @@ class Exchange:
     def itemsize(self) -> int:
         return 4
 
+    @property
+    def pieces(self) -> list[Piece]:
+        """Every (holder, receiver) block, by receiver then holder.  Built on demand: an exchange between
+        a batch split and a feature split over n ranks has n^2 of them, and planning never lists them
+        all (each rank asks for its own with :meth:`sends_of` / :meth:`recvs_of`)."""
+        return pieces(self.holders, self.needs)
+
+    def sends_of(self, rank: int) -> list[Piece]:
+        """The blocks ``rank`` sends (itself included), by receiver."""
+        held = self.holders.get(rank)
+        return [] if held is None else pieces_from(rank, held, self.needs)
+
+    def recvs_of(self, rank: int) -> list[Piece]:
+        """The blocks ``rank`` receives (from itself included), by holder."""
+        need = self.needs.get(rank)
+        return [] if need is None else pieces_to(rank, need, self.holders)
+
     def bytes_between(self, src: int, dst: int) -> int:
-        return self._traffic()[0].get((src, dst), 0)
+        held, need = self.holders.get(src), self.needs.get(dst)
+        overlap = held.intersect(need) if held is not None and need is not None else None
+        return 0 if overlap is None else overlap.size(math.prod(self.rest_shape)) * self.itemsize
 
     def sent_by(self, rank: int) -> int:
         """Forward bytes ``rank`` sends to the other members (pieces to itself are copies)."""
-        return self._traffic()[1].get(rank, 0)
+        return self._traffic()[0].get(rank, 0)
 
     def received_by(self, rank: int) -> int:
-        return self._traffic()[2].get(rank, 0)
+        return self._traffic()[1].get(rank, 0)
 
-    def _traffic(self) -> tuple[dict[tuple[int, int], int], dict[int, int], dict[int, int]]:
-        """Bytes per (src, dst) pair, sent and received per rank: one pass over the pieces, kept (every
-        rank's schedule asks for every member: asked piece by piece, planning grew as ranks^4)."""
+    def _traffic(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Bytes sent and received per rank, from one holders x receivers matrix, kept (every rank's
+        schedule asks for every member; piece by piece, planning grew as ranks^4, then ranks^2 objects)."""
         cached = self.__dict__.get("_traffic_table")
         if cached is None:
-            rest, pairs, sent, received = math.prod(self.rest_shape), {}, {}, {}
-            for p in self.pieces:
-                nbytes = p.region.size(rest) * self.itemsize
-                pairs[(p.src, p.dst)] = pairs.get((p.src, p.dst), 0) + nbytes
-                if p.src != p.dst:
-                    sent[p.src] = sent.get(p.src, 0) + nbytes
-                    received[p.dst] = received.get(p.dst, 0) + nbytes
-            cached = self.__dict__["_traffic_table"] = (pairs, sent, received)
+            src_ranks, held = as_array(self.holders)
+            dst_ranks, needed = as_array(self.needs)
+            sizes = overlap_sizes(held, needed) * (math.prod(self.rest_shape) * self.itemsize)
+            sizes[src_ranks[:, None] == dst_ranks[None, :]] = 0  # a rank's piece to itself is a copy
+            sent = dict(zip(src_ranks.tolist(), sizes.sum(axis=1).tolist()))
+            received = dict(zip(dst_ranks.tolist(), sizes.sum(axis=0).tolist()))
+            cached = self.__dict__["_traffic_table"] = (sent, received)
         return cached
 
 
@@ -162,7 +180,14 @@ class Plan:
     shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # logical per-sample outputs
 
     def on_rank(self, rank: int) -> list[SubLayer]:
-        return [s for s in self.sublayers if s.rank == rank]
+        """``rank``'s sub-layers in execution order (indexed once: every rank's schedule asks)."""
+        by_rank = self.__dict__.get("_by_rank")
+        if by_rank is None or by_rank[0] != len(self.sublayers):
+            table: dict[int, list[SubLayer]] = {}
+            for sub in self.sublayers:
+                table.setdefault(sub.rank, []).append(sub)
+            by_rank = self.__dict__["_by_rank"] = (len(self.sublayers), table)
+        return list(by_rank[1].get(rank, []))
 
     def sublayer(self, name: str) -> SubLayer:
         return next(s for s in self.sublayers if s.name == name)
@@ -180,6 +205,14 @@ class _Placed:
     regions: dict[int, Region]
     out_shape: tuple[int, ...]  # logical per-sample shape
     needs_grad: bool = False
+
+    @property
+    def batch(self) -> int:
+        """Rows of the logical output (kept: asked once per receiving rank of every edge)."""
+        rows = self.__dict__.get("_rows")
+        if rows is None:
+            rows = self.__dict__["_rows"] = max(region.rows[1] for region in self.regions.values())
+        return rows
 
 
 def partition(cfg: JobConfig, nranks: int, phase: str = "train") -> Plan:
@@ -250,11 +283,12 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
         over = min(nranks, nfeat)
         ranks = {r: (None, chunk(nfeat, over, r)) for r in range(over)}
     layers, regions = {}, {}
+    src_shapes = _src_shapes(node, placed, cls)
     for rank, (rows, feats) in ranks.items():
         ctx = dataclasses.replace(base_ctx, batch_slice=rows, feature_slice=feats)
         layer = cls(node.conf, ctx)
         try:
-            layer.out_shape = tuple(layer.setup(_src_shapes(node, placed, cls)))
+            layer.out_shape = tuple(layer.setup(list(src_shapes)))
         except LayerConfigError as err:
             raise layer_error(cfg, node, err.field, err.value, err.expected) from None
         layers[rank] = layer
@@ -310,16 +344,12 @@ def _needed_region(dst: _Placed, rank: int, src: _Placed, kind: str) -> Region:
     slice if dst is a OneToOne layer split on features, else all (OneToAll).
     """
     splits_rows = dst.pdim == 0 or (dst.pdim == 1 and type(dst.layers[rank]).feature_split_rows)
-    rows = dst.regions[rank].rows if splits_rows else (0, _batch_of(src))
+    rows = dst.regions[rank].rows if splits_rows else (0, src.batch)
     if kind == "aux":
         return Region(rows, (0, 1))
     if dst.pdim == 1 and type(dst.layers[rank]).connection != ONE_TO_ALL:
         return Region(rows, dst.regions[rank].features)
     return Region(rows, (0, src.out_shape[0] if src.out_shape else 1))
-
-
-def _batch_of(p: _Placed) -> int:
-    return max(region.rows[1] for region in p.regions.values())
 
 
 def _holder_regions(src: _Placed, kind: str) -> dict[int, Region]:
@@ -352,8 +382,10 @@ def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nran
             exchange, conn_layers = _make_exchange(len(exchanges), src, dst, kind, holders, needs, used_names)
             exchanges.append(exchange)
             sublayers.extend(conn_layers)
+            receiving = {c.rank: c.name for c in conn_layers if c.role != "bridge_src"}
             for rank in dst.layers:
-                inputs[rank].append(next(c.name for c in conn_layers if c.rank == rank and c.role != "bridge_src"))
+                inputs[rank].append(receiving[rank])
+        src_shapes = _src_shapes(node, placed, cls)
         for rank, layer in sorted(dst.layers.items()):
             region = dst.regions[rank]
             local = (region.nrows,) + layer.local_out_shape() if layer.out_shape else (region.nrows,)
@@ -362,7 +394,7 @@ def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nran
                 srcs=inputs[rank], kinds=kinds[:len(inputs[rank])], region=region, out_shape=local,
                 pdim=dst.pdim, params=[_shard(spec) for spec in layer.param_specs],
                 needs_grad=dst.needs_grad, batch_slice=layer.ctx.batch_slice,
-                feature_slice=layer.ctx.feature_slice, src_shapes=_src_shapes(node, placed, cls),
+                feature_slice=layer.ctx.feature_slice, src_shapes=list(src_shapes),
                 row_group=_row_group(dst, cls)))
     return sublayers, exchanges
 
@@ -382,13 +414,13 @@ def _shard(spec) -> ParamShard:
 def _make_exchange(eid: int, src: _Placed, dst: _Placed, kind: str, holders: dict[int, Region],
                    needs: dict[int, Region], used_names: set[str]) -> tuple[Exchange, list[SubLayer]]:
     nfeat = src.out_shape[0] if (src.out_shape and kind == "data") else 1
-    full = Region((0, _batch_of(src)), (0, nfeat))
+    full = Region((0, src.batch), (0, nfeat))
     type_name, fwd, bwd = classify(holders, needs, full)
     rest = tuple(src.out_shape[1:]) if kind == "data" else ()
     group = tuple(sorted(set(holders) | set(needs)))
     with_backward = kind == "data" and src.needs_grad
     exchange = Exchange(eid, src.node.name, dst.node.name, kind, fwd, bwd if kind == "data" else None, group,
-                        holders, needs, pieces(holders, needs), rest, with_backward)
+                        holders, needs, rest, with_backward)
     if type_name == "kBridge":
         (s_rank,), (d_rank,) = holders, needs
         label = f"{_sub_name(src.node, s_rank, src.pdim)}->{_sub_name(dst.node, d_rank, dst.pdim)}"
@@ -449,18 +481,36 @@ def _param_syncs(cfg: JobConfig, placed: dict[str, _Placed], sublayers: list[Sub
             shapes.setdefault(shard.name, {}).setdefault(shard.offsets, sub.name)
     frozen = frozen_params(cfg.proto) | untrained_params(sublayers)  # never updated: nothing to sum
     for name, shards in shapes.items():
-        offsets = list(shards)
-        for a in offsets:
-            for b in offsets:
-                if a < b and all(max(x[0], y[0]) < min(x[1], y[1]) for x, y in zip(a, b)):
-                    raise ConfigError(
-                        f"param {name!r} is partitioned differently by {shards[a]} ({_fmt(a)}) and "
-                        f"{shards[b]} ({_fmt(b)}): expected the layers sharing it to use the same partition_dim")
+        clash = _first_overlap(list(shards))
+        if clash is not None:
+            a, b = clash
+            raise ConfigError(
+                f"param {name!r} is partitioned differently by {shards[a]} ({_fmt(a)}) and "
+                f"{shards[b]} ({_fmt(b)}): expected the layers sharing it to use the same partition_dim")
     syncs = []
     for (name, offsets), ranks in sorted(holders.items()):
         if len(ranks) > 1 and name not in frozen:
             syncs.append(ParamSync(name, offsets, tuple(sorted(ranks)), math.prod(hi - lo for lo, hi in offsets)))
     return syncs
+
+
+def _first_overlap(boxes: list[tuple[tuple[int, int], ...]]) -> tuple | None:
+    """Two distinct boxes (``(lo, hi)`` per axis) that overlap, or None.
+
+    A sweep along the axis with the most distinct intervals (a feature split's axis: its shards
+    are disjoint there, so at most one is open at a time): O(n log n) for the shards a plan makes,
+    where comparing every pair grew as ranks^2 per param."""
+    if len(boxes) < 2:
+        return None
+    axis = max(range(len(boxes[0])), key=lambda a: len({box[a] for box in boxes}))
+    open_boxes: list[tuple[tuple[int, int], ...]] = []
+    for box in sorted(boxes, key=lambda b: (b[axis][0], b)):
+        open_boxes = [o for o in open_boxes if o[axis][1] > box[axis][0]]
+        for other in open_boxes:
+            if all(max(x[0], y[0]) < min(x[1], y[1]) for x, y in zip(other, box)):
+                return (min(other, box), max(other, box))
+        open_boxes.append(box)
+    return None
 
 
 def untrained_params(sublayers: list[SubLayer]) -> set[str]:

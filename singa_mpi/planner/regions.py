@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 Range = tuple[int, int]
 
 
@@ -64,6 +66,42 @@ def pieces(holders: dict[int, Region], needs: dict[int, Region]) -> list[Piece]:
             if overlap is not None:
                 out.append(Piece(src, dst, overlap))
     return out
+
+
+def pieces_from(src: int, held: Region, needs: dict[int, Region]) -> list[Piece]:
+    """What the holder ``src`` sends, by receiver: one rank's share of :func:`pieces`, without the rest."""
+    out = []
+    for dst, need in sorted(needs.items()):
+        overlap = held.intersect(need)
+        if overlap is not None:
+            out.append(Piece(src, dst, overlap))
+    return out
+
+
+def pieces_to(dst: int, need: Region, holders: dict[int, Region]) -> list[Piece]:
+    """What the receiver ``dst`` gets, by holder."""
+    out = []
+    for src, held in sorted(holders.items()):
+        overlap = held.intersect(need)
+        if overlap is not None:
+            out.append(Piece(src, dst, overlap))
+    return out
+
+
+def as_array(regions: dict[int, Region]) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks, bounds): the ranks ascending and their regions as rows (row_lo, row_hi, feat_lo, feat_hi)."""
+    ranks = np.array(sorted(regions), dtype=np.int64)
+    bounds = np.array([(*regions[r].rows, *regions[r].features) for r in ranks.tolist()],
+                      dtype=np.int64).reshape(-1, 4)
+    return ranks, bounds
+
+
+def overlap_sizes(held: np.ndarray, needed: np.ndarray) -> np.ndarray:
+    """Items of every holder's region (rows of ``held``) inside every receiver's (rows of ``needed``):
+    a holders x receivers matrix, computed at once (at 1,024 ranks an exchange has a million pieces)."""
+    rows = (np.minimum(held[:, None, 1], needed[None, :, 1]) - np.maximum(held[:, None, 0], needed[None, :, 0]))
+    feats = (np.minimum(held[:, None, 3], needed[None, :, 3]) - np.maximum(held[:, None, 2], needed[None, :, 2]))
+    return np.clip(rows, 0, None) * np.clip(feats, 0, None)
 
 
 def classify(holders: dict[int, Region], needs: dict[int, Region], full: Region) -> tuple[str, str, str]:

@@ -206,30 +206,43 @@ def _check_collectives(sched: dict[int, list[CommOp]]) -> None:
 
 
 def _simulate(sched: dict[int, list[CommOp]]) -> None:
-    """Run the schedule abstractly; ConfigError naming the stuck operations if it blocks."""
+    """Run the schedule abstractly; ConfigError naming the stuck operations if it blocks.
+
+    Sends never block, a Recv waits for its Send, a collective for every member to reach it.  Work
+    list: a rank runs until it blocks; a Send wakes its receiver, the last arrival at a collective
+    wakes every member.  Each op is visited a bounded number of times (O(ops + members)), where
+    re-scanning every rank until nothing moves grew as ranks^2 per collective."""
     pos = {rank: 0 for rank in sched}
     posted: set[tuple] = set()
-    while True:
-        progressed = False
-        for rank, ops in sched.items():
-            while pos[rank] < len(ops):
-                op = ops[pos[rank]]
-                if op.op == "Send":
-                    posted.add((op.rank, op.peer, op.tag))
-                elif op.op == "Recv":
-                    if (op.peer, op.rank, op.tag) not in posted:
-                        break
-                else:
-                    ready = all(pos[m] < len(sched[m]) and sched[m][pos[m]].key == op.key for m in op.group)
-                    if not ready:
-                        break
-                    for member in op.group:
-                        if member != rank:
-                            pos[member] += 1
-                pos[rank] += 1
-                progressed = True
-        if all(pos[r] == len(ops) for r, ops in sched.items()):
-            return
-        if not progressed:
-            stuck = [f"rank {r}: {sched[r][pos[r]].describe()}" for r in sched if pos[r] < len(sched[r])]
-            raise ConfigError("the communication schedule would deadlock: " + "; ".join(stuck))
+    waiting_recv: dict[tuple, int] = {}  # (src, dst, tag) -> the rank blocked on it
+    arrived: dict[str, int] = {}  # collective key -> members that have reached it
+    ready = list(sched)
+    while ready:
+        rank = ready.pop()
+        ops = sched[rank]
+        while pos[rank] < len(ops):
+            op = ops[pos[rank]]
+            if op.op == "Send":
+                key = (op.rank, op.peer, op.tag)
+                posted.add(key)
+                if key in waiting_recv:
+                    ready.append(waiting_recv.pop(key))
+            elif op.op == "Recv":
+                key = (op.peer, op.rank, op.tag)
+                if key not in posted:
+                    waiting_recv[key] = rank
+                    break
+            else:
+                count = arrived.get(op.key, 0) + 1
+                arrived[op.key] = count
+                if count < len(op.group):
+                    break  # the last member to arrive moves everybody on
+                for member in op.group:
+                    pos[member] += 1
+                    if member != rank:
+                        ready.append(member)
+                continue
+            pos[rank] += 1
+    if any(pos[r] < len(ops) for r, ops in sched.items()):
+        stuck = [f"rank {r}: {sched[r][pos[r]].describe()}" for r in sched if pos[r] < len(sched[r])]
+        raise ConfigError("the communication schedule would deadlock: " + "; ".join(stuck))

@@ -52,16 +52,28 @@ def _use_order(plan: Plan) -> dict[str, int]:
     return {name: i for i, name in enumerate(order)}
 
 
+def _kept(plan: Plan, key: tuple, compute):
+    """``compute()`` once per plan and key: every rank's schedule asks the same question of the plan."""
+    table = plan.__dict__.setdefault("_sync_cache", {})
+    if key not in table:
+        table[key] = compute()
+    return table[key]
+
+
 def shared_memory_syncs(plan: Plan, method: str) -> list[ParamSync]:
     """The syncs that go through node-shared memory under ``method``."""
     if method != SHARED_MEMORY:
         return []
     everyone = tuple(range(plan.nranks))
-    return [s for s in plan.param_syncs if s.ranks == everyone]
+    return list(_kept(plan, ("shm",), lambda: [s for s in plan.param_syncs if s.ranks == everyone]))
 
 
 def buckets(plan: Plan, method: str) -> list[Bucket]:
     """Every bucket of the step, for all ranks, in the order each member starts them."""
+    return list(_kept(plan, ("buckets", method), lambda: _buckets(plan, method)))
+
+
+def _buckets(plan: Plan, method: str) -> list[Bucket]:
     shm = {(s.name, s.offsets) for s in shared_memory_syncs(plan, method)}
     syncs = [s for s in plan.param_syncs if (s.name, s.offsets) not in shm]
     position = _use_order(plan)

@@ -114,6 +114,19 @@ def check_plan(the_plan):
         if ex.forward_op == "Send":
             (held,), (need,), (piece,) = ex.holders.values(), ex.needs.values(), ex.pieces
             assert held == need == piece.region, (ex.src, ex.dst, held, need)
+    # each rank's own blocks and the byte counts (computed without listing every piece) agree with the
+    # full list of pieces
+    for ex in the_plan.exchanges:
+        every = ex.pieces
+        rest = math.prod(ex.rest_shape)
+        for rank in ex.group:
+            assert ex.sends_of(rank) == sorted((p for p in every if p.src == rank), key=lambda p: p.dst)
+            assert ex.recvs_of(rank) == sorted((p for p in every if p.dst == rank), key=lambda p: p.src)
+            assert ex.sent_by(rank) == sum(4 * p.region.size(rest) for p in every if p.src == rank != p.dst)
+            assert ex.received_by(rank) == sum(4 * p.region.size(rest) for p in every if p.dst == rank != p.src)
+            for peer in ex.group:
+                assert ex.bytes_between(rank, peer) == sum(4 * p.region.size(rest) for p in every
+                                                           if (p.src, p.dst) == (rank, peer))
     # the schedule pairs up
     sched = schedules(the_plan)
     sends = sorted((o.rank, o.peer, o.tag, math.prod(o.shape)) for ops in sched.values() for o in ops if o.op == "Send")
