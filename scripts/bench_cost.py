@@ -2,6 +2,8 @@
 
     mpiexec -n 2 singa-mpi calibrate        (once per machine; else the communicator's rates are assumed)
     python scripts/bench_cost.py [--ranks 1 2 4] [--schemes data feature hybrid pipeline] [--repeat 3]
+    mpiexec -n N python scripts/bench_cost.py --in-job     (every scheme in the launched world: e.g.
+        across nodes, sudo scripts/two_nodes.sh --ranks-per-node 1 -- python scripts/bench_cost.py --in-job)
 
 Each configuration of scripts/bench_scaling.py (synthetic data, one BLAS thread per rank) is predicted
 with singa_mpi.cost (the plan `singa-mpi plan --cost` prints) and then measured under mpiexec; the
@@ -22,26 +24,76 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_scaling import NETS, launch, partitioned  # noqa: E402 - scripts/ is on the path from here on
+from bench_scaling import NETS, launch, measure, partitioned  # noqa: E402 - scripts/ is on the path from here on
 from bench_serial import job_on_synthetic_data  # noqa: E402
 
 SCHEMES = ["data", "feature", "hybrid", "pipeline"]
 
 
-def predicted(net: str, scheme: str, ranks: int, kernels, rates) -> float | None:
+def predicted(net: str, scheme: str, ranks: int, kernels, rates, method: str = "shared_memory") -> float | None:
     """Predicted step seconds of the bench_scaling configuration, None where the planner refuses it."""
     from singa_mpi.cost.model import predict
     from singa_mpi.errors import ConfigError
-    from singa_mpi.planner import SHARED_MEMORY, plan
+    from singa_mpi.planner import plan
 
     conf, shape, _ = NETS[net]
     with tempfile.TemporaryDirectory() as folder:
         cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 256), scheme)
         try:
-            the_plan = plan(cfg, ranks, method=SHARED_MEMORY)
+            the_plan = plan(cfg, ranks, method=method)
         except ConfigError:
             return None
-        return predict(the_plan, SHARED_MEMORY, kernels, rates).step
+        return predict(the_plan, method, kernels, rates).step
+
+
+def row(net: str, scheme: str, ranks: int, guess: float, measured: float) -> dict:
+    return {"net": net, "scheme": scheme, "ranks": ranks, "predicted_ms": 1e3 * guess, "measured_ms": 1e3 * measured,
+            "ratio": guess / measured, "oversubscribed": ranks > (os.cpu_count() or 1)}
+
+
+def print_row(r: dict, where: str = "") -> None:
+    print(f"{r['net']:<16} {r['scheme']:<9} n={r['ranks']}{'*' if r['oversubscribed'] else ' '}{where} "
+          f"predicted {r['predicted_ms']:8.2f} ms  measured {r['measured_ms']:8.2f} ms  "
+          f"predicted/measured {r['ratio']:.2f}", flush=True)
+
+
+def in_job(args) -> list[dict]:
+    """Under mpiexec: every net and scheme on the launched world, predicted for the nodes it spans (ranks
+    in blocks per host: node-local rates within one, the network's between) and measured there."""
+    import socket
+
+    from singa_mpi import threads
+    from singa_mpi.communication import mpi as comm_module
+    from singa_mpi.cost import rates as rate_module
+    from singa_mpi.cost.kernels import KernelTimes
+
+    world = comm_module.world()
+    hosts = world.allgather_object(socket.gethostname())
+    nodes = len(set(hosts))
+    # as the runtime chooses: node-shared memory on one node unless SINGA_MPI_SHM=0
+    method = "shared_memory" if nodes == 1 and os.environ.get("SINGA_MPI_SHM", "1") != "0" else "allreduce"
+    configs = [(net, scheme) for net in args.nets for scheme in args.schemes
+               if scheme != "pipeline" or world.size == 2]
+    guesses = None
+    if world.rank == 0:
+        with threads.limit_blas(1):
+            kernels = KernelTimes()
+            network = rate_module.Network(rate_module.load(nodes=1), rate_module.load(nodes=nodes),
+                                          hosts.count(hosts[0])) if nodes > 1 else rate_module.load()
+            print(f"{world.size} ranks on {nodes} node(s); communicator rates: {network.source}", flush=True)
+            guesses = [predicted(net, scheme, world.size, kernels, network, method) for net, scheme in configs]
+            kernels.save()
+    guesses = world.root_value(guesses, "predictions")  # the others asleep while rank 0 times kernels
+    rows = []
+    for (net, scheme), guess in zip(configs, guesses):
+        if guess is None:
+            continue
+        steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
+        results = [measure(net, scheme, steps) for _ in range(args.repeat)]
+        if world.rank == 0:
+            rows.append(row(net, scheme, world.size, guess, statistics.median(r["step_ms"] for r in results) / 1e3))
+            print_row(rows[-1], f" ({nodes} node(s))")
+    return rows if world.rank == 0 else []
 
 
 def main() -> int:
@@ -52,7 +104,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run (the convnet: half)")
     parser.add_argument("--repeat", type=int, default=3, help="measured runs per configuration (median)")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--in-job", action="store_true",
+                        help="run under mpiexec: every net and scheme on the launched ranks (--ranks ignored)")
     args = parser.parse_args()
+    if args.in_job:
+        rows = in_job(args)
+        if args.json and rows:
+            pathlib.Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
 
     from singa_mpi import threads
     from singa_mpi.cost import rates as rate_module
@@ -74,13 +133,8 @@ def main() -> int:
                     steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
                     measured = statistics.median(launch(net, scheme, ranks, steps)["step_ms"]
                                                  for _ in range(args.repeat)) / 1e3
-                    row = {"net": net, "scheme": scheme, "ranks": ranks, "predicted_ms": 1e3 * guess,
-                           "measured_ms": 1e3 * measured, "ratio": guess / measured,
-                           "oversubscribed": ranks > (os.cpu_count() or 1)}
-                    rows.append(row)
-                    print(f"{net:<16} {scheme:<9} n={ranks}{'*' if row['oversubscribed'] else ' '} "
-                          f"predicted {row['predicted_ms']:8.2f} ms  measured {row['measured_ms']:8.2f} ms  "
-                          f"predicted/measured {row['ratio']:.2f}", flush=True)
+                    rows.append(row(net, scheme, ranks, guess, measured))
+                    print_row(rows[-1])
         kernels.save()
     within = [r for r in rows if not r["oversubscribed"]]
     if within:

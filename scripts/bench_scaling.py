@@ -113,7 +113,7 @@ def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False, dim
     world = comm_module.world()
     conf, shape, _ = NETS[net]
     if scheme == "auto" and dims is None:  # launched directly (srun, sbatch): rank 0 chooses for all
-        dims = world.allgather_object(auto_dims(net, world.size, weak) if world.rank == 0 else None)[0]
+        dims = world.root_value(auto_dims(net, world.size, weak) if world.rank == 0 else None, "auto")
     folder = tempfile.mkdtemp(prefix=f"{prefix}_r{world.rank}_")
     cfg = partitioned(job_on_synthetic_data(conf, folder, shape, (2048 if net == "mnist_mlp" else 1000)
                                             * (world.size if weak else 1)), scheme, dims)
@@ -123,41 +123,49 @@ def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False, dim
     return world, folder, runtime, Trainer(cfg, folder, runtime, log=lambda line: None)
 
 
-def worker(args) -> int:
-    """Runs under mpiexec: time the training step of one net and scheme, print JSON on rank 0."""
+def measure(net: str, scheme: str, steps: int, weak: bool = False, dims: dict | None = None) -> dict | None:
+    """Under mpiexec: time the training step of one net and scheme in the current world; rank 0 gets
+    the result (the others None)."""
     from singa_mpi.progress import peak_rss
 
-    dims = json.loads(args.dims) if args.dims else None
-    world, folder, runtime, trainer = trainer_on_world(args.net, args.scheme, "bench_scaling", args.weak, dims)
+    world, folder, runtime, trainer = trainer_on_world(net, scheme, "bench_scaling", weak, dims)
     for step in range(3):
         trainer.train_one_batch(step)
     world.barrier()
     world.tracer.reset()
     times = []
-    for step in range(args.steps):
+    for step in range(steps):
         world.barrier()
         start = time.perf_counter()
         trainer.train_one_batch(3 + step)
         times.append(time.perf_counter() - start)
     timed = {label: a for label, a in world.tracer.by_name("comm").items() if label != "barrier"}  # not the timing barrier
-    comm_s = sum(a.seconds for a in timed.values()) / args.steps
-    moved = sum(a.bytes for a in timed.values()) / args.steps
+    comm_s = sum(a.seconds for a in timed.values()) / steps
+    moved = sum(a.bytes for a in timed.values()) / steps
     slowest = max(world.allgather_object(statistics.median(times)))
     shares = world.allgather_object(comm_s)
     peaks = [p for p in world.allgather_object(peak_rss()) if p]
-    if world.rank == 0:
-        batch = trainer.batch
-        line = json.dumps({"net": args.net, "scheme": args.scheme, "ranks": world.size, "batch": batch,
-                           "step_ms": 1e3 * slowest, "samples_per_s": batch / slowest,
-                           "exposed_comm_share": max(shares) / slowest, "bytes_per_step": moved,
-                           "cores": os.cpu_count(), "weak": bool(args.weak),
-                           "peak_rss_max": max(peaks) if peaks else None})
+    batch = trainer.batch
+    runtime.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    if world.rank != 0:
+        return None
+    return {"net": net, "scheme": scheme, "ranks": world.size, "batch": batch,
+            "step_ms": 1e3 * slowest, "samples_per_s": batch / slowest,
+            "exposed_comm_share": max(shares) / slowest, "bytes_per_step": moved,
+            "cores": os.cpu_count(), "weak": bool(weak), "peak_rss_max": max(peaks) if peaks else None}
+
+
+def worker(args) -> int:
+    """Runs under mpiexec: time the training step of one net and scheme, print JSON on rank 0."""
+    dims = json.loads(args.dims) if args.dims else None
+    result = measure(args.net, args.scheme, args.steps, args.weak, dims)
+    if result is not None:
+        line = json.dumps(result)
         print(line)
         if args.out:
             pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             pathlib.Path(args.out).write_text(line + "\n")
-    runtime.close()
-    shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

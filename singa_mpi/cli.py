@@ -21,6 +21,7 @@ import argparse
 import math
 import os
 import pathlib
+import socket
 import sys
 import warnings
 
@@ -146,7 +147,7 @@ def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str
         method = "allreduce"  # node-shared memory needs one node: the runtime then takes buckets
     with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each (bench_env, threads.py)
         kernels = KernelTimes(recalibrate=recalibrate)
-        cost = predict(the_plan, method, kernels, rates.load(nodes=nodes))
+        cost = predict(the_plan, method, kernels, rates.network(the_plan.nranks, nodes))
     kernels.save()
     timed = f", {kernels.measured} kernel shape(s) timed now" if kernels.measured else ""
     return ([f"predicted step of {the_plan.nranks} worker(s), batch {the_plan.batch}, param sync {method} "
@@ -181,7 +182,8 @@ def auto_partition(cfg, nworkers: int, args) -> int:
                             recalibrate=args.recalibrate, nodes=args.nodes)
     names = {"0": "batch", "1": "features", "-1": "whole (worker 0)"}
     before = original_dims(cfg)
-    print(f"automatic partitioning of {cfg.path} over {nworkers} worker(s), param sync {args.sync}: "
+    method = "allreduce" if args.nodes > 1 else args.sync  # as choose_for_job prices it
+    print(f"automatic partitioning of {cfg.path} over {nworkers} worker(s), param sync {method}: "
           f"{choice.evaluated} plans priced (communicator rates: {choice.rates_source})")
     for name, dim in choice.dims.items():
         mark = "" if before.get(name) == dim else f"   (the job: {before.get(name)})"
@@ -206,18 +208,28 @@ def cmd_calibrate(args) -> int:
     world = comm_module.world()
     if world.size < 2:
         raise ConfigError("calibrate measures messages between ranks: launch it with mpiexec -n 2 (or more)")
-    nodes = 1 if world.on_one_node() else 2
     flavor = "openmpi" if "Open MPI" in comm_module.library() else "mpich"
-    with threads.limit_blas(1):
-        entry = rates.calibrate_comm(world)
-    if entry is not None:
-        rates.save(entry, flavor, nodes)
-        where = "one node" if nodes == 1 else "several nodes"
-        print(f"calibrated {comm_module.library()} on {world.size} ranks ({where}): point-to-point "
-              f"{1e6 * entry['p2p']['latency']:.1f} us + {entry['p2p']['bandwidth'] / 1e9:.2f} GB/s, Allreduce ring step "
-              f"{1e6 * entry['allreduce']['latency']:.1f} us + {entry['allreduce']['bandwidth'] / 1e9:.2f} GB/s, "
-              f"Allgatherv {1e6 * entry['collective']['latency']:.1f} us + "
-              f"{entry['collective']['bandwidth'] / 1e9:.2f} GB/s, memory {entry['memory'] / 1e9:.1f} GB/s; saved in {rates.rates_path()}")
+    hosts = world.allgather_object(socket.gethostname(), "calibrate(hosts)")
+    # several nodes: the network's rates from rank 0 to a rank elsewhere and over everyone, then the
+    # node's own among the ranks on rank 0's node (plan --cost --nodes N mixes the two)
+    runs = [("one node", world, 1, 1)]  # (what, communicator, ping-pong partner of rank 0, nodes)
+    if not world.on_one_node():
+        elsewhere = next((r for r, host in enumerate(hosts) if host != hosts[0]), world.size - 1)
+        runs = [("between nodes", world, elsewhere, 2)]
+        neighbours = tuple(r for r, host in enumerate(hosts) if host == hosts[0])
+        if len(neighbours) > 1 and world.rank in neighbours:
+            runs.append(("within rank 0's node", world.sub(neighbours), 1, 1))
+    for where, comm, peer, nodes in runs:
+        with threads.limit_blas(1):
+            entry = rates.calibrate_comm(comm, peer=peer)
+        if entry is not None:
+            rates.save(entry, flavor, nodes)
+            print(f"calibrated {comm_module.library()} on {comm.size} ranks ({where}): point-to-point "
+                  f"{1e6 * entry['p2p']['latency']:.1f} us + {entry['p2p']['bandwidth'] / 1e9:.2f} GB/s, "
+                  f"Allreduce ring step {1e6 * entry['allreduce']['latency']:.1f} us + "
+                  f"{entry['allreduce']['bandwidth'] / 1e9:.2f} GB/s, Allgatherv "
+                  f"{1e6 * entry['collective']['latency']:.1f} us + {entry['collective']['bandwidth'] / 1e9:.2f} GB/s, "
+                  f"memory {entry['memory'] / 1e9:.1f} GB/s; saved in {rates.rates_path()}", flush=True)
     world.barrier("calibrate")
     return 0
 
@@ -472,7 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the predicted ms per layer (forward, backward, communication) and per step instead")
     p.add_argument("--recalibrate", action="store_true", help="--cost: time the kernels afresh (else cached)")
     p.add_argument("--nodes", type=positive_int, default=1,
-                   help="--cost: nodes the ranks spread over (the communicator's rates of that case)")
+                   help="--cost/--auto: nodes the ranks fill in equal blocks; messages within a node take its "
+                        "calibrated rates, across nodes the network's (calibrate under mpiexec on several nodes)")
     p.add_argument("--auto", action="store_true",
                    help="choose every layer's partition_dim by predicted step time (-o FILE: write the job so)")
     p.add_argument("--memory-limit", type=positive_int, metavar="MIB",

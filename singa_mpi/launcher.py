@@ -305,7 +305,7 @@ def _auto_dims(world, job, seed) -> dict[str, int] | None:
                 dims = choose_for_job(cfg, workers, method).dims
         except (SingaError, MemoryError):
             dims = None
-    return world.allgather_object(dims)[0]
+    return world.root_value(dims, "partition_dim: auto")
 
 
 def _run_serial(job, workspace_of, seed, body, steps, check, claim, phases, stops: StopSignals) -> int:

@@ -115,3 +115,24 @@ def test_plan_cost_prices_a_job_of_hundreds_of_ranks_without_launching_it(tmp_pa
         assert float(rows[f"fc{i}"][0]) > 0, out.stdout
     # the layers split 512 ways (fc0 on the batch, fc1 on features) cost far less than the whole one (fc2)
     assert float(rows["fc1"][0]) < float(rows["fc2"][0]) and float(rows["fc0"][0]) < float(rows["fc2"][0])
+
+
+def test_calibrate_on_two_ranks_saves_the_node_rates_that_plan_cost_then_uses(tmp_path):
+    from test_mpi_suites import mpi_env, mpiexec_command
+
+    env = mpi_env(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path))
+    out = subprocess.run(mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "calibrate"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "calibrated" in out.stdout and "(one node)" in out.stdout and "point-to-point" in out.stdout
+    table = json.loads((tmp_path / "singa_mpi" / "rates.json").read_text())
+    (key, entry), = table.items()
+    assert key.endswith("|nodes1") and entry["ranks"] == 2
+    assert entry["p2p"]["bandwidth"] > 1e6 and 0 < entry["p2p"]["latency"] < 1e-2
+    cost = run_cached(tmp_path, "plan", "conf/digits_mlp.conf", "-n", "2", "--cost")
+    assert cost.returncode == 0, cost.stderr
+    assert "communicator rates: calibrated" in cost.stdout
+    across = run_cached(tmp_path, "plan", "conf/digits_mlp.conf", "-n", "4", "--cost", "--nodes", "2")
+    assert across.returncode == 0, across.stderr
+    # no calibration between nodes on this machine: that part is assumed, and says so
+    assert "between nodes (2 ranks per node) assumed" in across.stdout

@@ -452,6 +452,10 @@ class LocalComm:
     def barrier(self, label: str = "barrier", patient: bool = False) -> None:
         self._call("Barrier", label, "group", self._start_barrier)
 
+    def root_value(self, value, label: str):
+        """Rank 0's ``value`` on every rank (threads wait without spinning here anyway)."""
+        return self.allgather_object(value, label)[0]
+
     def _start_barrier(self, op: str) -> tuple[_Request, int]:
         return self._collective(op, None, None, _nothing), 0
 

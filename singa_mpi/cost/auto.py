@@ -150,9 +150,11 @@ def choose_for_job(cfg: JobConfig, nworkers: int, method: str = "shared_memory",
     from singa_mpi.cost import rates
     from singa_mpi.cost.kernels import KernelTimes
 
+    if nodes > 1:
+        method = "allreduce"  # node-shared memory needs one node: the runtime then takes buckets
     with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each
         kernels = KernelTimes(recalibrate=recalibrate)
-        choice = choose(cfg, nworkers, method, kernels, rates.load(nodes=nodes), memory_limit,
+        choice = choose(cfg, nworkers, method, kernels, rates.network(nworkers, nodes), memory_limit,
                         free=None if every_layer else auto_layers(cfg))
     kernels.save()
     return choice

@@ -15,6 +15,9 @@ Every rank's step is replayed in the plan's global order (the order the runtime 
   after a barrier, read the other ranks' gradients at the memory bandwidth, update, and end at a
   barrier; the update reads and writes each param the updater touches.
 
+On several nodes (``rates`` a :class:`~singa_mpi.cost.rates.Network`), a bridge, collective or bucket
+whose ranks span nodes takes the network's calibrated rates, one within a node the node's own.
+
 The step is the last rank's clock.  What this leaves out, so where the prediction can be wrong: the
 cores a rank shares with others (a 2-core machine at 4 ranks), the Python between layers (a few µs
 each), MPI progress of non-blocking calls (modelled as fully overlapped) and the cache effects of
@@ -26,7 +29,7 @@ import dataclasses
 import math
 
 from singa_mpi.cost.kernels import KernelTimes, is_source
-from singa_mpi.cost.rates import Rates
+from singa_mpi.cost.rates import Network, Rates
 from singa_mpi.planner.plan import Exchange, Plan, SubLayer
 from singa_mpi.planner.syncs import buckets, shared_memory_bytes, shared_memory_syncs
 from singa_mpi.planner.chunk import chunk
@@ -73,8 +76,11 @@ def bridge_bytes(ex: Exchange) -> int:
     return ex.sent_by(ex.group[0]) or ex.sent_by(ex.group[-1])
 
 
-def predict(plan: Plan, method: str, kernels: KernelTimes, rates: Rates) -> StepCost:
-    """The predicted training step of ``plan`` under param sync ``method``."""
+def predict(plan: Plan, method: str, kernels: KernelTimes, rates: Rates | Network) -> StepCost:
+    """The predicted training step of ``plan`` under param sync ``method``; ``rates`` of one node, or a
+    :class:`Network` whose messages between nodes take the network's rates."""
+    net = rates if isinstance(rates, Network) else Network(rates)
+    rates = net.local  # memory passes: always the node's own
     n = plan.nranks
     clock = [0.0] * n
     busy = [0.0] * n
@@ -105,14 +111,14 @@ def predict(plan: Plan, method: str, kernels: KernelTimes, rates: Rates) -> Step
             if sub.role in ("bridge_src", "bridge_dst"):
                 if sender:
                     sent[ex.id] = clock[sub.rank]
-                    clock[sub.rank] += rates.p2p.latency
+                    clock[sub.rank] += net.among(ex.group).p2p.latency
                 else:
-                    seconds = rates.p2p.time(bridge_bytes(ex))
+                    seconds = net.among(ex.group).p2p.time(bridge_bytes(ex))
                     clock[sub.rank] = max(clock[sub.rank], sent[ex.id] + seconds)
                     cost_of(ex.dst_layer).comm += seconds
             elif ex.id not in done:
                 done.add(ex.id)
-                seconds = exchange_time(ex, rates)
+                seconds = exchange_time(ex, net.among(ex.group))
                 end = max(clock[m] for m in ex.group) + seconds
                 for m in ex.group:
                     clock[m] = end
@@ -127,15 +133,16 @@ def predict(plan: Plan, method: str, kernels: KernelTimes, rates: Rates) -> Step
         replay([s for s in reversed(plan.sublayers)
                 if (s.exchange.with_backward if s.exchange is not None else s.needs_grad)], backward=True)
         after_backward = max(clock)
-        _sync(plan, method, rates, clock, finished)
+        _sync(plan, method, net, clock, finished)
         sync = max(clock) - after_backward
     else:
         sync = 0.0
-    return StepCost(max(clock), max(busy), sync, list(costs.values()), rates.source, clock)
+    return StepCost(max(clock), max(busy), sync, list(costs.values()), net.source, clock)
 
 
-def _sync(plan: Plan, method: str, rates: Rates, clock: list[float], finished: dict) -> None:
+def _sync(plan: Plan, method: str, net: Network, clock: list[float], finished: dict) -> None:
     """Advance the clocks over the parameter sync and the update."""
+    rates = net.local
     holders: dict[tuple, list[SubLayer]] = {}
     for sub in plan.sublayers:
         for shard in sub.params:
@@ -147,7 +154,7 @@ def _sync(plan: Plan, method: str, rates: Rates, clock: list[float], finished: d
         ready = max(finished.get((s.rank, s.name), 0.0) for key in bucket.shards for s in holders.get(key, [])
                     if s.rank in bucket.ranks)
         start = max([ready] + [channel[r] for r in bucket.ranks])
-        end = start + rates.ring_allreduce(4 * bucket.size, len(bucket.ranks))
+        end = start + net.among(bucket.ranks).ring_allreduce(4 * bucket.size, len(bucket.ranks))
         for r in bucket.ranks:
             channel[r] = end
             ends[r] = max(ends[r], end)

@@ -2,9 +2,12 @@
 
 Memory bandwidth (an element-wise pass, as the updaters and shared-memory sums make) is measured here
 in one process.  The communicator's rates are measured on the launched communicator by
-``mpiexec -n N singa-mpi calibrate`` (:func:`calibrate_comm`): ping-pong between ranks 0 and 1 and an
-Allreduce over all, at a few sizes, each fitted to ``latency + bytes / bandwidth``; they are cached per
-machine, MPI library and node count (one node: shared-memory transport; several: the network).
+``mpiexec -n N singa-mpi calibrate`` (:func:`calibrate_comm`): ping-pong between rank 0 and a peer (on
+another node where there are several), an Allreduce and a concat's Allgatherv over all, at sizes from
+8 bytes to 32 MiB; a message's time is interpolated between the measured sizes and follows
+``latency + bytes / bandwidth`` outside them.  They are cached per machine, MPI library and node count
+(one node: shared-memory transport; several: the network), and :class:`Network` prices each message
+of a job on several nodes with the rates of the link it crosses.
 Without a calibration, ``plan --cost`` assumes a point-to-point copy at half the memory bandwidth and
 5 µs of latency, and says so.
 """
@@ -22,19 +25,35 @@ import numpy as np
 
 from singa_mpi.cost.kernels import cache_path, cpu_model
 
-SIZES = (8, 64 << 10, 1 << 20, 8 << 20)  # bytes per message in the fits
+SIZES = (8, 64 << 10, 1 << 20, 8 << 20, 32 << 20)  # bytes per message measured (a gradient bucket is 8 MiB)
+COLLECTIVE_SIZES = SIZES[:4]  # an Allgatherv of n x 32 MiB would need gigabytes at 16 ranks
 DEFAULT_LATENCY = 5e-6
 
 
 @dataclasses.dataclass
 class Link:
-    """time(bytes) = latency + bytes / bandwidth."""
+    """time(bytes): between measured sizes, interpolated from the measurements (``points``); beyond
+    them, or without any, latency + bytes / bandwidth (the fit, and the numbers that are printed).
+
+    One line does not fit every size: across TCP, 1 MiB moved at 3.6 GB/s and 8 MiB at 1.8 GB/s
+    (copies out of cache), so a fit weighted to the small messages priced the gradient buckets at
+    half their time."""
 
     latency: float
     bandwidth: float  # bytes/s
+    points: tuple[tuple[float, float], ...] = ()  # (bytes, seconds), ascending
 
     def time(self, nbytes: float) -> float:
-        return self.latency + nbytes / self.bandwidth if nbytes > 0 else 0.0
+        if nbytes <= 0:
+            return 0.0
+        if len(self.points) >= 2 and self.points[0][0] <= nbytes:
+            sizes, seconds = zip(*self.points)
+            if nbytes <= sizes[-1]:
+                return float(np.interp(nbytes, sizes, seconds))
+            # past the largest: its time plus the last segment's pace
+            pace = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
+            return seconds[-1] + (nbytes - sizes[-1]) * max(pace, 1.0 / self.bandwidth)
+        return self.latency + nbytes / self.bandwidth
 
 
 @dataclasses.dataclass
@@ -46,12 +65,45 @@ class Rates:
     source: str  # "calibrated (...)" or "assumed"
 
     def ring_allreduce(self, nbytes: float, n: int) -> float:
+        """2 (n - 1) ring steps of bytes / n each (the allreduce link is calibrated per step)."""
         if n <= 1 or nbytes <= 0:
             return 0.0
-        return 2 * (n - 1) * self.allreduce.latency + 2 * (n - 1) / n * nbytes / self.allreduce.bandwidth
+        return 2 * (n - 1) * self.allreduce.time(nbytes / n)
 
     def copy(self, nbytes: float) -> float:
         return nbytes / self.memory
+
+
+@dataclasses.dataclass
+class Network:
+    """The rates a message takes: the node's own where every rank involved is on one node, the
+    network's where they span nodes (a ring or a collective runs at the pace of its slowest link).
+    Ranks fill the nodes in blocks of ``per_node``, as mpiexec places them by default."""
+
+    local: Rates
+    remote: Rates | None = None
+    per_node: int = 0  # 0: one node
+
+    def node(self, rank: int) -> int:
+        return rank // self.per_node if self.per_node and self.remote is not None else 0
+
+    def among(self, ranks) -> Rates:
+        spans = len({self.node(r) for r in ranks}) > 1
+        return self.remote if spans else self.local
+
+    @property
+    def source(self) -> str:
+        if self.remote is None or not self.per_node:
+            return self.local.source
+        return (f"within a node {self.local.source}; between nodes ({self.per_node} ranks per node) "
+                f"{self.remote.source}")
+
+
+def network(nranks: int, nodes: int = 1, flavor: str | None = None) -> Network:
+    """The cached rates for ``nranks`` ranks on ``nodes`` nodes (ranks in equal blocks)."""
+    if nodes <= 1:
+        return Network(load(flavor, 1))
+    return Network(load(flavor, 1), load(flavor, nodes), -(-nranks // nodes))
 
 
 def rates_path():
@@ -70,7 +122,9 @@ def measure_memory() -> float:
 
 
 def comm_key(flavor: str, nodes: int) -> str:
-    return f"{platform.node()}|{cpu_model()}|{flavor}|nodes{nodes}"
+    """One entry for one node and one for several: between nodes the network's rates are the same
+    however many nodes there are (the model takes the slowest link)."""
+    return f"{platform.node()}|{cpu_model()}|{flavor}|nodes{min(nodes, 2)}"
 
 
 def load(flavor: str | None = None, nodes: int = 1) -> Rates:
@@ -85,40 +139,50 @@ def load(flavor: str | None = None, nodes: int = 1) -> Rates:
     if entry and "collective" not in entry:  # written by an older calibrate
         entry = None
     if entry:
-        return Rates(entry["memory"], Link(**entry["p2p"]), Link(**entry["allreduce"]), Link(**entry["collective"]),
+        return Rates(entry["memory"], _link(entry["p2p"]), _link(entry["allreduce"]), _link(entry["collective"]),
                      f"calibrated ({entry['when']}, {entry['ranks']} ranks, {flavor}, {nodes} node(s))")
     memory = measure_memory()
     assumed = Link(DEFAULT_LATENCY, memory / 2)
-    return Rates(memory, assumed, assumed, assumed, "assumed: no calibration of the communicator (run: mpiexec -n 2 singa-mpi calibrate)")
+    how = ("mpiexec -n 2 singa-mpi calibrate" if nodes <= 1 else
+           "singa-mpi calibrate under mpiexec with ranks on two or more nodes")
+    return Rates(memory, assumed, assumed, assumed, f"assumed: no calibration of the communicator (run: {how})")
+
+
+def _link(entry: dict) -> Link:
+    return Link(entry["latency"], entry["bandwidth"], tuple(tuple(p) for p in entry.get("points", ())))
 
 
 def fit(points: list[tuple[int, float]]) -> Link:
-    """Least squares of time = latency + bytes / bandwidth."""
+    """Least squares of time = latency + bytes / bandwidth, keeping the measurements themselves."""
     x = np.array([p[0] for p in points], float)
     y = np.array([p[1] for p in points], float)
     slope, intercept = np.polyfit(x, y, 1, w=1 / y)  # relative errors: small messages count as much as big
-    return Link(max(intercept, 1e-7), 1.0 / max(slope, 1e-15))
+    # times must not fall with size (a noisy point): each at least the one before
+    kept = tuple((float(b), float(t)) for b, t in zip(x, np.maximum.accumulate(y)))
+    return Link(max(intercept, 1e-7), 1.0 / max(slope, 1e-15), kept)
 
 
-def calibrate_comm(comm, repeats: int = 20) -> dict | None:
-    """Measure ping-pong (ranks 0 and 1) and Allreduce (all) on ``comm``; rank 0 gets the fitted entry."""
+def calibrate_comm(comm, repeats: int = 20, peer: int = 1) -> dict | None:
+    """Measure ping-pong (ranks 0 and ``peer``: on several nodes, a rank on another node than 0's),
+    Allreduce and a concat's Allgatherv (all) on ``comm``; rank 0 gets the fitted entry."""
     p2p, allreduce, collective = [], [], []
     for nbytes in SIZES:
         buf = np.zeros(max(1, nbytes // 4), np.float32)
+        runs = repeats if nbytes < 8 << 20 else max(3, repeats // 4)  # big ones vary little
         times = []
-        for _ in range(repeats):
+        for _ in range(runs):
             comm.barrier("calibrate")
             start = time.perf_counter()
             if comm.rank == 0:
-                comm.Send(buf, 1, 7, "calibrate")
-                comm.Recv(buf, 1, 7, "calibrate")
-            elif comm.rank == 1:
+                comm.Send(buf, peer, 7, "calibrate")
+                comm.Recv(buf, peer, 7, "calibrate")
+            elif comm.rank == peer:
                 comm.Recv(buf, 0, 7, "calibrate")
                 comm.Send(buf, 0, 7, "calibrate")
             times.append((time.perf_counter() - start) / 2)
         p2p.append((buf.nbytes, statistics.median(times)))
         times = []
-        for _ in range(repeats):
+        for _ in range(runs):
             comm.barrier("calibrate")
             start = time.perf_counter()
             comm.Allreduce(buf, "calibrate")
@@ -127,6 +191,8 @@ def calibrate_comm(comm, repeats: int = 20) -> dict | None:
         n = comm.size
         # one ring step moves bytes/n; a ring Allreduce takes 2 (n - 1) of them
         allreduce.append((buf.nbytes / n, slowest / (2 * (n - 1))))
+        if nbytes not in COLLECTIVE_SIZES:
+            continue
         # as a feature-split layer's concat runs it: this rank's columns of a (64, n * width) output
         # packed, gathered, and unpacked into every rank's column block
         width = max(1, buf.size // 64)
