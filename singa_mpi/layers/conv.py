@@ -1,7 +1,8 @@
 """Convolution, pooling and local response normalisation on (batch, channels, height, width).
 
 Convolution is im2col (one strided copy of the padded, channels-first input) and one GEMM over
-the whole batch; the columns stay for the weight gradient.  Its input gradient is the output
+the whole batch; the columns stay for the weight gradient.  Stride-1 convolutions with enough
+channels go through the Fourier transform instead (:mod:`.fft_conv`), where that is less work.  Its input gradient is the output
 gradient convolved with the flipped kernel (stride 1), im2col and GEMM a few samples at a time so
 that a chunk's columns are still in cache when the GEMM reads them; other strides scatter column
 gradients back with a loop over the kernel offsets.  Pooling loops over kernel offsets, each step
@@ -14,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from singa_mpi.layers import fft_conv
 from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape
 
 
@@ -144,7 +146,19 @@ class Convolution(Layer):
         if self.bias:
             self.declare_param(1, "bias", (conf.num_filters,), 0)
         self.scratch = _Scratch()
+        self.in_hw = tuple(src_shapes[0][1:])
+        self.fourier: fft_conv.FourierConvolution | None = None
+        # whether backward is asked for the input gradient: learnt at the first backward (the net's
+        # gradient flags are the same on every rank and every step); until then, assumed
+        self.input_grad_wanted = True
         return (conf.num_filters,) + self.out_hw
+
+    def _use_fourier(self, batch: int, channels: int, filters: int) -> bool:
+        """The Fourier route where it is less work: a function of this part's shapes and the gradient
+        flag only, so the same run after run (ranks with other shapes may choose otherwise: both
+        routes agree to rounding)."""
+        return self.stride == (1, 1) and fft_conv.cheaper(batch, channels, filters, self.kernel, self.in_hw,
+                                                          self.pad, self.input_grad_wanted)
 
     def forward(self, inputs, train):
         x = inputs[0]  # (B, C, H, W)
@@ -152,6 +166,12 @@ class Convolution(Layer):
         batch, channels = x.shape[:2]
         (kh, kw), (ho, wo) = self.kernel, self.out_hw
         w = self.params[0].data
+        if self._use_fourier(batch, channels, len(w)):
+            if self.fourier is None:
+                self.fourier = fft_conv.FourierConvolution(self.kernel, self.pad, self.in_hw, self.out_hw)
+            self.via_fourier = True
+            return self.fourier.forward(x, w, self.params[1].data if self.bias else None)
+        self.via_fourier = False
         # the columns of the whole batch, (C, kh, kw, B, Ho, Wo), stay for the weight gradient
         self.cols = self.scratch.get("cols", (channels, kh, kw, batch, ho, wo), x.dtype)
         y = np.empty((batch, len(w), ho, wo), x.dtype)
@@ -160,6 +180,13 @@ class Convolution(Layer):
         return y
 
     def backward(self, grad, need):
+        self.input_grad_wanted = bool(need[0])
+        if self.via_fourier:
+            dw, dx = self.fourier.backward(grad, need[0])
+            self.params[0].add_grad(dw)
+            if self.bias:
+                self.params[1].add_grad(grad.sum(axis=(0, 2, 3)))
+            return [dx]
         batch, filters = grad.shape[:2]
         g = np.empty((filters, batch) + grad.shape[2:], grad.dtype)
         np.copyto(g, grad.transpose(1, 0, 2, 3))
@@ -228,6 +255,8 @@ class Pooling(Layer):
         x = inputs[0]
         self.in_shape = x.shape
         xp = _pad(x, self.pad, -np.inf if self.max else 0.0)
+        if self.max:
+            return self._max_separably(xp)
         (sy, sx) = self.stride
         # unit-stride copies of the phases: the nine (for 3x3) passes below then read contiguous rows
         phases = {pq: xp if (sy, sx) == (1, 1) else np.ascontiguousarray(xp[:, :, pq[0]::sy, pq[1]::sx])
@@ -235,22 +264,46 @@ class Pooling(Layer):
         views = [phases[pq][:, :, rows, cols] for pq, rows, cols in self._offsets()]
         out = np.empty(x.shape[:2] + self.out_hw, x.dtype)
         np.copyto(out, views[0])
-        if self.max:
-            # running maximum; argmax keeps the first offset holding it (a later one must be greater).
-            # Branch-free update, argmax = max(argmax, k·greater), as argmax < k: masked writes are slow
-            index = np.uint8 if len(views) <= 256 else np.int32
-            self.argmax = np.zeros(out.shape, index)
-            greater, update = np.empty(out.shape, bool), np.empty(out.shape, index)
-            for k, view in enumerate(views[1:], 1):
-                np.greater(view, out, out=greater)
-                np.maximum(out, view, out=out)
-                np.multiply(greater, index(k), out=update)
-                np.maximum(self.argmax, update, out=self.argmax)
-            return out
         for view in views[1:]:  # summed in offset order
             out += view
         out *= x.dtype.type(1.0 / len(views))
         return out
+
+    def _max_separably(self, xp: np.ndarray) -> np.ndarray:
+        """MAX pooling as a maximum along each row's windows, then down the columns of those maxima:
+        kh + kw passes instead of kh·kw.  ``argmax`` is the first maximum of each window in row-major
+        offset order, i·kw + j, as backward expects: the first row holding the window's maximum and,
+        in it, the first column (each pass keeps the earlier offset on a tie)."""
+        (kh, kw), (sy, sx), (ho, wo) = self.kernel, self.stride, self.out_hw
+        index = np.uint8 if kh * kw <= 256 else np.int32
+        rows = xp.shape[2]
+        # along rows: the maximum of each window's kw columns, for every padded row
+        across = np.empty(xp.shape[:2] + (rows, wo), xp.dtype)
+        column = np.zeros(across.shape, index)
+        self._running_max([xp[:, :, :, j:j + sx * (wo - 1) + 1:sx] for j in range(kw)], across, column, index)
+        # down the columns: the maximum of each window's kh row maxima, and the column it came from
+        out = np.empty(xp.shape[:2] + (ho, wo), xp.dtype)
+        row = np.zeros(out.shape, index)
+        bands = [slice(i, i + sy * (ho - 1) + 1, sy) for i in range(kh)]
+        self._running_max([across[:, :, band] for band in bands], out, row, index)
+        self.argmax = row * index(kw)  # i·kw, plus the column j of the chosen row's maximum
+        chosen = np.empty(out.shape, bool)
+        for i, band in enumerate(bands):
+            np.equal(row, i, out=chosen)
+            self.argmax += column[:, :, band] * chosen
+        return out
+
+    @staticmethod
+    def _running_max(views, out: np.ndarray, which: np.ndarray, index) -> None:
+        """out = the maximum of ``views``, which = the position of the first view holding it.
+        Branch-free: which = max(which, k·greater), as which < k (masked writes are slow)."""
+        np.copyto(out, views[0])
+        greater, update = np.empty(out.shape, bool), np.empty(out.shape, index)
+        for k, view in enumerate(views[1:], 1):
+            np.greater(view, out, out=greater)
+            np.maximum(out, view, out=out)
+            np.multiply(greater, index(k), out=update)
+            np.maximum(which, update, out=which)
 
     def backward(self, grad, need):
         if not need[0]:

@@ -132,3 +132,108 @@ def test_float32_stays_float32(text):
     y = layer.forward([rand(2, 3, 6, 6).astype(np.float32)], True)
     assert y.dtype == np.float32
     assert layer.backward(np.ones_like(y), [True])[0].dtype == np.float32
+
+
+# ---- the Fourier route (singa_mpi.layers.fft_conv), forced on and off on the same layers
+
+@pytest.fixture(params=["fourier", "im2col"])
+def route(request, monkeypatch):
+    from singa_mpi.layers import fft_conv
+
+    monkeypatch.setattr(fft_conv, "cheaper", lambda *args: request.param == "fourier")
+    return request.param
+
+
+@pytest.mark.parametrize("geometry", ["kernel: 3 pad: 1", "kernel: 5 pad: 2", "kernel_x: 3 kernel_y: 2 pad_x: 2",
+                                      "kernel: 3"])
+def test_both_routes_match_the_loop_reference_and_their_gradients(route, geometry):
+    text = f'name: "c" type: kConvolution convolution_conf {{ num_filters: 4 {geometry} }} {WB}'
+    layer = build_layer(conf(text), [(3, 7, 6)], batch=2)
+    x = rand(2, 3, 7, 6)
+    y = layer.forward([x], True)
+    assert layer.via_fourier == (route == "fourier")
+    kh, kw = layer.kernel
+    np.testing.assert_allclose(y, reference_conv(x, layer.params[0].data, layer.params[1].data, kh, kw,
+                                                 layer.pad, (1, 1)), atol=1e-12)
+    check_layer_gradients(layer, [x])
+
+
+def test_fourier_filter_shards_and_batch_rows_match_the_whole(route):
+    text = f'name: "c" type: kConvolution convolution_conf {{ num_filters: 5 kernel: 3 pad: 1 }} {WB}'
+    x, g = rand(4, 3, 6, 6), rand(4, 5, 6, 6, seed=2)
+    whole = build_layer(conf(text), [(3, 6, 6)], batch=4)
+    y = whole.forward([x], True)
+    gx = whole.backward(g, [True])[0]
+    total = np.zeros_like(gx)
+    for lo, hi in [(0, 2), (2, 5)]:
+        part = build_layer(conf(text), [(3, 6, 6)], batch=4,
+                           ctx=LayerContext(global_batch=4, seed=7, feature_slice=(lo, hi)))
+        np.testing.assert_allclose(part.forward([x], True), y[:, lo:hi], atol=1e-12)
+        total += part.backward(g[:, lo:hi], [True])[0]
+        np.testing.assert_allclose(part.params[0].grad, whole.params[0].grad[lo:hi], atol=1e-12)
+    np.testing.assert_allclose(total, gx, atol=1e-12)
+    summed = np.zeros_like(whole.params[0].grad)
+    for rows in (slice(0, 1), slice(1, 4)):  # a batch split: each rank's weight gradient of its rows
+        part = build_layer(conf(text), [(3, 6, 6)], batch=4)
+        np.testing.assert_allclose(part.forward([x[rows]], True), y[rows], atol=1e-12)
+        np.testing.assert_allclose(part.backward(g[rows], [True])[0], gx[rows], atol=1e-12)
+        part.params[0].finish_grad()
+        summed += part.params[0].grad
+    np.testing.assert_allclose(summed, whole.params[0].grad, atol=1e-12)
+
+
+def test_fourier_route_in_float32_agrees_with_im2col_to_rounding(monkeypatch):
+    from singa_mpi.layers import fft_conv
+
+    text = f'name: "c" type: kConvolution convolution_conf {{ num_filters: 16 kernel: 5 pad: 2 }} {WB}'
+    x = rand(8, 16, 15, 15).astype(np.float32)
+    g = rand(8, 16, 15, 15, seed=4).astype(np.float32)
+    results = {}
+    for fourier in (True, False):
+        monkeypatch.setattr(fft_conv, "cheaper", lambda *args, on=fourier: on)
+        layer = build_layer(conf(text), [(16, 15, 15)], batch=8, dtype=np.float32)
+        y = layer.forward([x], True)
+        dx = layer.backward(g, [True])[0]
+        layer.params[0].finish_grad()
+        assert y.dtype == dx.dtype == layer.params[0].grad.dtype == np.float32
+        results[fourier] = (y, dx, layer.params[0].grad.copy())
+    for a, b in zip(results[True], results[False]):
+        assert np.abs(a - b).max() <= 2e-6 * np.abs(b).max()
+
+
+def test_the_route_follows_the_work_and_whether_the_input_gradient_is_wanted():
+    from singa_mpi.layers.fft_conv import cheaper
+
+    # the CIFAR-10 convnet's layers at batch 100 (conv1 reads the data: no input gradient)
+    assert not cheaper(100, 3, 32, (5, 5), (32, 32), (2, 2), need_input=False)
+    assert cheaper(100, 32, 32, (5, 5), (15, 15), (2, 2))
+    assert cheaper(100, 32, 64, (5, 5), (7, 7), (2, 2))
+    assert not cheaper(13, 32, 64, (5, 5), (7, 7), (2, 2))  # 8 ranks' rows: the transforms of the weights dominate
+    layer = build_layer(conf(f'name: "c" type: kConvolution convolution_conf {{ num_filters: 32 kernel: 5 pad: 2 }} '
+                             f'{WB}'), [(3, 32, 32)], batch=100, dtype=np.float32)
+    x = rand(100, 3, 32, 32).astype(np.float32)
+    y = layer.forward([x], True)
+    assert layer.via_fourier  # assumed: the input gradient is wanted
+    layer.backward(np.ones_like(y), [False])
+    layer.forward([x], True)
+    assert not layer.via_fourier  # learnt: it is not
+
+
+@pytest.mark.parametrize("k,stride,pad", [((3, 3), (2, 2), (0, 0)), ((3, 2), (1, 2), (1, 0)), ((2, 3), (2, 1), (0, 1)),
+                                          ((3, 3), (3, 3), (1, 1))])
+def test_max_pooling_sends_each_window_gradient_to_its_first_maximum_in_row_major_order(k, stride, pad):
+    (kh, kw), (sy, sx), (ph, pw) = k, stride, pad
+    layer = build_layer(conf(f'name: "p" type: kPooling pooling_conf {{ pool: MAX kernel_y: {kh} kernel_x: {kw} '
+                             f'stride_y: {sy} stride_x: {sx} pad_y: {ph} pad_x: {pw} }}'), [(2, 8, 7)], batch=2)
+    x = np.random.default_rng(5).integers(0, 3, (2, 2, 8, 7)).astype(float)  # ties everywhere
+    y = layer.forward([x], True)
+    g = np.random.default_rng(6).random(y.shape)
+    dx = layer.backward(g, [True])[0]
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=-np.inf)
+    expected = np.zeros_like(xp)
+    for n, c, i, j in np.ndindex(*y.shape):
+        window = xp[n, c, i * sy:i * sy + kh, j * sx:j * sx + kw]
+        u, v = divmod(int(np.argmax(window)), kw)  # numpy's argmax: the first maximum, row-major
+        assert y[n, c, i, j] == window[u, v]
+        expected[n, c, i * sy + u, j * sx + v] += g[n, c, i, j]
+    np.testing.assert_allclose(dx, expected[:, :, ph:ph + 8, pw:pw + 7])
