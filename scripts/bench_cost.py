@@ -115,10 +115,10 @@ def main() -> int:
 
     from singa_mpi import threads
     from singa_mpi.cost import rates as rate_module
-    from singa_mpi.cost.kernels import KernelTimes
+    from singa_mpi.cost.kernels import KernelTimes, corunners_for
 
     with threads.limit_blas(1):
-        kernels = KernelTimes()
+        kernel_sets: dict[int, KernelTimes] = {}  # by co-runners: kernels timed beside the other ranks
         rates = rate_module.load()
         print(f"communicator rates: {rates.source}")
         rows = []
@@ -127,6 +127,8 @@ def main() -> int:
                 for ranks in args.ranks:
                     if scheme == "pipeline" and ranks != 2:
                         continue  # whole layers on two workers
+                    corunners = corunners_for(ranks)
+                    kernels = kernel_sets.setdefault(corunners, KernelTimes(corunners=corunners))
                     guess = predicted(net, scheme, ranks, kernels, rates)
                     if guess is None:
                         continue
@@ -135,7 +137,7 @@ def main() -> int:
                                                  for _ in range(args.repeat)) / 1e3
                     rows.append(row(net, scheme, ranks, guess, measured))
                     print_row(rows[-1])
-        kernels.save()
+                    kernels.save()
     within = [r for r in rows if not r["oversubscribed"]]
     if within:
         worst = max(within, key=lambda r: abs(r["ratio"] - 1))

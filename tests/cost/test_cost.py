@@ -108,6 +108,24 @@ def test_kernels_are_timed_once_and_read_back_from_the_cache(mlp_cfg, tmp_path, 
     assert KernelTimes(recalibrate=True).mine == {}
 
 
+def test_kernels_timed_beside_copies_of_themselves_are_kept_apart_and_leave_no_process(mlp_cfg, tmp_path,
+                                                                                          monkeypatch):
+    import multiprocessing
+
+    from singa_mpi.cost.kernels import corunners_for
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    the_plan = plan(mlp_cfg, 2)
+    fc = next(s for s in the_plan.sublayers if s.params)
+    alone, beside = KernelTimes(), KernelTimes(corunners=1)
+    assert alone.of(the_plan, fc).forward > 0 and beside.of(the_plan, fc).backward > 0
+    assert set(alone.mine).isdisjoint(beside.mine)  # cached under their own keys
+    assert multiprocessing.active_children() == []  # the copies have stopped
+    assert corunners_for(1) == 0
+    cores = len(__import__("os").sched_getaffinity(0))
+    assert corunners_for(64) == cores - 1 and corunners_for(2) == min(2, cores) - 1
+
+
 def test_different_local_shapes_have_different_signatures(mlp_cfg):
     one, two = plan(mlp_cfg, 1), plan(mlp_cfg, 2)
     fc = lambda p: next(s for s in p.sublayers if s.params)  # noqa: E731
@@ -154,3 +172,20 @@ def test_auto_respects_the_memory_limit(mlp_cfg):
     with pytest.raises(Exception, match="fits"):
         choose(mlp_cfg, 2, SHARED_MEMORY, RowKernels(), rates(), memory_limit=16)
     assert unlimited.memory > 16
+
+
+@pytest.mark.parametrize("gain,keeps_data", [(0.04, True), (0.09, True), (0.15, False)])
+def test_auto_leaves_data_parallelism_only_for_a_clear_predicted_gain(mlp_cfg, monkeypatch, gain, keeps_data):
+    """A plan predicted a few percent faster is within the model's error between plans (one such ran
+    slower): data parallelism is kept unless the best is at least auto.MARGIN faster."""
+    from types import SimpleNamespace
+
+    from singa_mpi.cost import auto
+
+    def fake_predict(the_plan, *args):
+        fc1_on_features = any(s.origin == "fc1" and s.pdim == 1 for s in the_plan.sublayers)
+        return SimpleNamespace(step=1.0 - gain if fc1_on_features else 1.0)
+    monkeypatch.setattr(auto, "predict", fake_predict)
+    choice = choose(mlp_cfg, 2, ALLREDUCE, RowKernels(), rates())
+    assert (set(choice.dims.values()) == {0}) == keeps_data
+    assert choice.data_parallel == 1.0 and choice.step == (1.0 if keeps_data else 1.0 - gain)
