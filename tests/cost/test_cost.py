@@ -121,9 +121,16 @@ def test_kernels_timed_beside_copies_of_themselves_are_kept_apart_and_leave_no_p
     assert alone.of(the_plan, fc).forward > 0 and beside.of(the_plan, fc).backward > 0
     assert set(alone.mine).isdisjoint(beside.mine)  # cached under their own keys
     assert multiprocessing.active_children() == []  # the copies have stopped
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", SimpleNamespace(Is_initialized=lambda: False))
     assert corunners_for(1) == 0
-    cores = len(__import__("os").sched_getaffinity(0))
     assert corunners_for(64) == cores - 1 and corunners_for(2) == min(2, cores) - 1
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", SimpleNamespace(Is_initialized=lambda: True))
+    assert corunners_for(64) == 0  # never fork a process that has initialised MPI
 
 
 def test_different_local_shapes_have_different_signatures(mlp_cfg):
