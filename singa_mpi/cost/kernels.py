@@ -108,7 +108,7 @@ def corunners_for(ranks_per_node: int) -> int:
     node: one per other rank, as far as this machine has cores for them; none under MPI (forking a
     process that has initialised MPI is not safe)."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized():
+    if (mpi is not None and mpi.Is_initialized()) or "fork" not in multiprocessing.get_all_start_methods():
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(0, min(ranks_per_node, cores) - 1)
