@@ -41,6 +41,8 @@ class Net:
         # which inputs of each wire need a gradient: fixed once the graph is built
         self._need = {id(w.layer): [k == "data" and self.wire_of(s).needs_grad
                                     for s, k in zip(w.srcs, w.kinds)] for w in wires}
+        for wire in wires:  # a layer may lay out its forward for what backward will be asked
+            wire.layer.input_grads = list(self._need[id(wire.layer)])
 
     def _mark_needs_grad(self) -> None:
         """Derive needs_grad where the builder did not fix it (the planner fixes it globally)."""

@@ -172,6 +172,7 @@ def _measure(plan: Plan, sub: SubLayer, corunners: int = 0) -> tuple[float, floa
                   else rng.standard_normal(by_name[s].out_shape).astype(np.float32)
                   for s, kind in zip(sub.srcs, sub.kinds)]
         need = [kind == "data" and by_name[s].needs_grad for s, kind in zip(sub.srcs, sub.kinds)]  # as Net does
+        layer.input_grads = need
         train = plan.phase == "train"
 
         def forward() -> np.ndarray:

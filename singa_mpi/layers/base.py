@@ -212,6 +212,9 @@ class Layer:
         self.out_shape: Shape = ()
         self.data: np.ndarray | None = None
         self.aux: np.ndarray | None = None
+        # per source: whether backward will be asked for its gradient (set by the net once its graph
+        # is built, before the first pass; None for a layer used on its own: assume every one)
+        self.input_grads: list[bool] | None = None
 
     # -- configuration -------------------------------------------------------
     @classmethod

@@ -148,17 +148,16 @@ class Convolution(Layer):
         self.scratch = _Scratch()
         self.in_hw = tuple(src_shapes[0][1:])
         self.fourier: fft_conv.FourierConvolution | None = None
-        # whether backward is asked for the input gradient: learnt at the first backward (the net's
-        # gradient flags are the same on every rank and every step); until then, assumed
-        self.input_grad_wanted = True
         return (conf.num_filters,) + self.out_hw
 
     def _use_fourier(self, batch: int, channels: int, filters: int) -> bool:
-        """The Fourier route where it is less work: a function of this part's shapes and the gradient
-        flag only, so the same run after run (ranks with other shapes may choose otherwise: both
-        routes agree to rounding)."""
+        """The Fourier route where it is less work: a function of this part's shapes and whether its
+        input gradient is wanted (fixed by the net before the first step), so the same at every step,
+        run after run and after a resume (ranks with other shapes may choose otherwise: both routes
+        agree to rounding)."""
+        wanted = self.input_grads[0] if self.input_grads else True  # the net says; alone: assume so
         return self.stride == (1, 1) and fft_conv.cheaper(batch, channels, filters, self.kernel, self.in_hw,
-                                                          self.pad, self.input_grad_wanted)
+                                                          self.pad, wanted)
 
     def forward(self, inputs, train):
         x = inputs[0]  # (B, C, H, W)
@@ -180,7 +179,6 @@ class Convolution(Layer):
         return y
 
     def backward(self, grad, need):
-        self.input_grad_wanted = bool(need[0])
         if self.via_fourier:
             dw, dx = self.fourier.backward(grad, need[0])
             self.params[0].add_grad(dw)

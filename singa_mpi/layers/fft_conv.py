@@ -6,7 +6,7 @@ CIFAR-10 convnet's second and third convolutions that is 2-5x less work (conv2: 
 im2col, 9 ms this way, on one core), and the spectrum kept for the weight gradient is 13x smaller
 than im2col's columns.  The first convolution (3 channels, no input gradient) stays faster with
 im2col: the choice is :func:`cheaper`'s, from the shapes and whether the input gradient is wanted
-alone, so a run makes the same one every time.
+(``Layer.input_grads``, set by the net before the first step) alone, so it never changes mid-run.
 
 The transforms are circular, of size ``N >= H + 2·pad`` per axis (the next size scipy transforms
 fast), which is large enough that nothing wraps around for the outputs kept:
