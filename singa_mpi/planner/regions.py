@@ -54,38 +54,28 @@ class Piece:
 
 
 def pieces(holders: dict[int, Region], needs: dict[int, Region]) -> list[Piece]:
-    """Every non-empty intersection of a holder's region with a receiver's need.
+    """Every non-empty intersection of a holder's region with a receiver's need, by receiver.
 
     Each needed region must be covered exactly once: holders' regions are
     disjoint, and the receiver takes every holder's overlap.
     """
-    out = []
-    for dst, need in sorted(needs.items()):
-        for src, held in sorted(holders.items()):
-            overlap = held.intersect(need)
-            if overlap is not None:
-                out.append(Piece(src, dst, overlap))
-    return out
+    return [p for dst, need in sorted(needs.items()) for p in pieces_to(dst, need, holders)]
 
 
 def pieces_from(src: int, held: Region, needs: dict[int, Region]) -> list[Piece]:
     """What the holder ``src`` sends, by receiver: one rank's share of :func:`pieces`, without the rest."""
-    out = []
-    for dst, need in sorted(needs.items()):
-        overlap = held.intersect(need)
-        if overlap is not None:
-            out.append(Piece(src, dst, overlap))
-    return out
+    return [Piece(src, dst, overlap) for dst, overlap in _overlaps(held, needs)]
 
 
 def pieces_to(dst: int, need: Region, holders: dict[int, Region]) -> list[Piece]:
     """What the receiver ``dst`` gets, by holder."""
-    out = []
-    for src, held in sorted(holders.items()):
-        overlap = held.intersect(need)
-        if overlap is not None:
-            out.append(Piece(src, dst, overlap))
-    return out
+    return [Piece(src, dst, overlap) for src, overlap in _overlaps(need, holders)]
+
+
+def _overlaps(region: Region, others: dict[int, Region]) -> list[tuple[int, Region]]:
+    """(rank, overlap) of every region in ``others`` that meets ``region``, ranks ascending."""
+    found = ((rank, region.intersect(other)) for rank, other in sorted(others.items()))
+    return [(rank, overlap) for rank, overlap in found if overlap is not None]
 
 
 def as_array(regions: dict[int, Region]) -> tuple[np.ndarray, np.ndarray]:

@@ -100,10 +100,7 @@ def factored_rows(plan: Plan) -> dict[ShardKey, list[int]]:
     A shard qualifies when, on every rank, exactly one sub-layer holds it and that
     sub-layer adds its gradient as one product over its batch rows.  Computed once per plan
     (every rank's schedule asks: asked per rank, planning grew as ranks x sub-layers per rank)."""
-    cached = plan.__dict__.get("_factored_rows")
-    if cached is None:
-        cached = plan.__dict__["_factored_rows"] = _factored_rows(plan)
-    return cached
+    return _kept(plan, ("factored",), lambda: _factored_rows(plan))
 
 
 def _factored_rows(plan: Plan) -> dict[ShardKey, list[int]]:

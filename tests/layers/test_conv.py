@@ -40,19 +40,32 @@ def test_convolution_values_and_gradients(spec, geometry):
     check_layer_gradients(layer, [x])
 
 
+def filter_shards(text, x, g, cuts):
+    """The whole layer's (output, input gradient, layer) and, per filter slice [lo, hi), its part's
+    (output, input gradient, weight gradient)."""
+    shape, batch = x.shape[1:], len(x)
+    whole = build_layer(conf(text), [shape], batch=batch)
+    y = whole.forward([x], True)
+    gx = whole.backward(g, [True])[0]
+    parts = []
+    for lo, hi in cuts:
+        part = build_layer(conf(text), [shape], batch=batch,
+                           ctx=LayerContext(global_batch=batch, seed=7, feature_slice=(lo, hi)))
+        out = part.forward([x], True)
+        parts.append((out, part.backward(g[:, lo:hi], [True])[0], part.params[0].grad))
+    return (y, gx, whole), parts
+
+
 def test_convolution_filter_shards_match_the_whole():
     text = f'name: "c" type: kConvolution convolution_conf {{ num_filters: 5 kernel: 3 pad: 1 }} {WB}'
     x, g = rand(2, 3, 4, 4), rand(2, 5, 4, 4, seed=2)
-    whole = build_layer(conf(text), [(3, 4, 4)], batch=2)
-    y = whole.forward([x], True)
-    gx = whole.backward(g, [True])[0]
+    cuts = [(0, 3), (3, 5)]
+    (y, gx, whole), parts = filter_shards(text, x, g, cuts)
     total = np.zeros_like(gx)
-    for lo, hi in [(0, 3), (3, 5)]:
-        part = build_layer(conf(text), [(3, 4, 4)], batch=2,
-                           ctx=LayerContext(global_batch=2, seed=7, feature_slice=(lo, hi)))
-        np.testing.assert_allclose(part.forward([x], True), y[:, lo:hi])
-        total += part.backward(g[:, lo:hi], [True])[0]
-        np.testing.assert_allclose(part.params[0].grad, whole.params[0].grad[lo:hi])
+    for (lo, hi), (out, part_gx, part_gw) in zip(cuts, parts):
+        np.testing.assert_allclose(out, y[:, lo:hi])
+        total += part_gx
+        np.testing.assert_allclose(part_gw, whole.params[0].grad[lo:hi])
     np.testing.assert_allclose(total, gx)  # input gradients of filter shards sum to the whole
 
 
@@ -161,16 +174,13 @@ def test_both_routes_match_the_loop_reference_and_their_gradients(route, geometr
 def test_fourier_filter_shards_and_batch_rows_match_the_whole(route):
     text = f'name: "c" type: kConvolution convolution_conf {{ num_filters: 5 kernel: 3 pad: 1 }} {WB}'
     x, g = rand(4, 3, 6, 6), rand(4, 5, 6, 6, seed=2)
-    whole = build_layer(conf(text), [(3, 6, 6)], batch=4)
-    y = whole.forward([x], True)
-    gx = whole.backward(g, [True])[0]
+    cuts = [(0, 2), (2, 5)]
+    (y, gx, whole), parts = filter_shards(text, x, g, cuts)
     total = np.zeros_like(gx)
-    for lo, hi in [(0, 2), (2, 5)]:
-        part = build_layer(conf(text), [(3, 6, 6)], batch=4,
-                           ctx=LayerContext(global_batch=4, seed=7, feature_slice=(lo, hi)))
-        np.testing.assert_allclose(part.forward([x], True), y[:, lo:hi], atol=1e-12)
-        total += part.backward(g[:, lo:hi], [True])[0]
-        np.testing.assert_allclose(part.params[0].grad, whole.params[0].grad[lo:hi], atol=1e-12)
+    for (lo, hi), (out, part_gx, part_gw) in zip(cuts, parts):
+        np.testing.assert_allclose(out, y[:, lo:hi], atol=1e-12)
+        total += part_gx
+        np.testing.assert_allclose(part_gw, whole.params[0].grad[lo:hi], atol=1e-12)
     np.testing.assert_allclose(total, gx, atol=1e-12)
     summed = np.zeros_like(whole.params[0].grad)
     for rows in (slice(0, 1), slice(1, 4)):  # a batch split: each rank's weight gradient of its rows
