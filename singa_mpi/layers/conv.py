@@ -7,7 +7,7 @@ gradient convolved with the flipped kernel (stride 1), im2col and GEMM a few sam
 that a chunk's columns are still in cache when the GEMM reads them; other strides scatter column
 gradients back with a loop over the kernel offsets.  Pooling loops over kernel offsets, each step
 vectorised over batch, channels and positions and reading unit-stride copies of the input's
-stride phases.  Output sizes use SINGA's floor rule ``(H + 2·pad - kernel) // stride + 1``.
+stride phases; MAX pooling's gradient is one scatter-add to the recorded maxima.  Output sizes use SINGA's floor rule ``(H + 2·pad - kernel) // stride + 1``.
 """
 from __future__ import annotations
 
@@ -90,37 +90,67 @@ def _padded_t(scratch: _Scratch, name: str, x: np.ndarray, pad: tuple[int, int])
     return out
 
 
-def _convolve(xp: np.ndarray, weight: np.ndarray, kernel, stride, out: np.ndarray, scratch: _Scratch, name: str,
-              keep: np.ndarray | None = None, bias: np.ndarray | None = None) -> None:
-    """out (B, F, Ho, Wo) = weight (F, C·kh·kw) · im2col(xp) (+ bias), xp the padded (C, B, Hp, Wp) input.
-
-    With ``keep`` (C, kh, kw, B, Ho, Wo), im2col of the whole batch into it (it then holds the
-    columns for the weight gradient) and one GEMM; without, chunk by chunk of samples through a
-    scratch array (``name``) small enough to stay in cache.  The (F, b, Ho·Wo) products go to the
-    samples' rows of ``out`` with the bias added on the way."""
-    (kh, kw), (ho, wo) = kernel, out.shape[2:]
+def _windows(xp: np.ndarray, kernel, stride, out_hw) -> np.ndarray:
+    """[c, i, j, b, y, x] = xp[c, b, y·stride_y + i, x·stride_x + j] of the padded (C, B, Hp, Wp) input:
+    im2col's columns are one copy of this view."""
     channels, batch = xp.shape[:2]
-    filters, depth, positions = len(weight), len(weight.T), ho * wo
     sc, sb, sh, sw = xp.strides
-    # [c, i, j, b, y, x] = xp[c, b, y·stride_y + i, x·stride_x + j]: the columns are one copy of it
-    windows = np.lib.stride_tricks.as_strided(xp, (channels, kh, kw, batch, ho, wo),
-                                              (sc, sh, sw, sb, sh * stride[0], sw * stride[1]), writeable=False)
-    step = batch if keep is not None else max(1, min(batch, CHUNK_BYTES // (depth * positions * xp.itemsize)))
+    return np.lib.stride_tricks.as_strided(xp, (channels, *kernel, batch, *out_hw),
+                                           (sc, sh, sw, sb, sh * stride[0], sw * stride[1]), writeable=False)
+
+
+def _column_chunks(xp: np.ndarray, kernel, stride, out_hw, scratch: _Scratch, name: str,
+                   keep: np.ndarray | None = None):
+    """(first sample, samples, columns (C·kh·kw, samples·Ho·Wo)) of im2col(xp), chunk by chunk.
+
+    With ``keep`` (C, kh, kw, B, Ho, Wo), the whole batch at once into it (it then holds the columns
+    for the weight gradient); without, a few samples at a time through a scratch array (``name``)
+    small enough to stay in cache while the GEMM reads it."""
+    windows = _windows(xp, kernel, stride, out_hw)
+    batch, depth, positions = xp.shape[1], xp.shape[0] * kernel[0] * kernel[1], out_hw[0] * out_hw[1]
+    step = batch if keep is not None else _chunk_samples(depth, positions, xp.itemsize, batch)
     chunk = keep.reshape(-1) if keep is not None else scratch.get(f"{name} columns", (depth * step * positions,),
                                                                   xp.dtype)
-    product = scratch.get(f"{name} product", (filters * step * positions,), xp.dtype)
-    rows = out.reshape(batch, filters, positions)
     for lo in range(0, batch, step):
         n = min(step, batch - lo)
-        cols = chunk[:depth * n * positions].reshape(channels, kh, kw, n, ho, wo)
+        cols = chunk[:depth * n * positions].reshape(xp.shape[0], *kernel, n, *out_hw)
         np.copyto(cols, windows[:, :, :, lo:lo + n])
+        yield lo, n, cols.reshape(depth, n * positions)
+
+
+def _chunk_samples(depth: int, positions: int, itemsize: int, batch: int) -> int:
+    return max(1, min(batch, CHUNK_BYTES // (depth * positions * itemsize)))
+
+
+def _convolve(xp: np.ndarray, weight: np.ndarray, kernel, stride, out: np.ndarray, scratch: _Scratch, name: str,
+              keep: np.ndarray | None = None, bias: np.ndarray | None = None) -> None:
+    """out (B, F, Ho, Wo) = weight (F, C·kh·kw) · im2col(xp) (+ bias), xp the padded (C, B, Hp, Wp) input,
+    the columns as :func:`_column_chunks` makes them.  The (F, b, Ho·Wo) products go to the samples'
+    rows of ``out`` with the bias added on the way."""
+    batch, filters, ho, wo = out.shape
+    positions = ho * wo
+    step = batch if keep is not None else _chunk_samples(len(weight.T), positions, xp.itemsize, batch)
+    product = scratch.get(f"{name} product", (filters * step * positions,), xp.dtype)
+    rows = out.reshape(batch, filters, positions)
+    for lo, n, cols in _column_chunks(xp, kernel, stride, (ho, wo), scratch, name, keep):
         y = product[:filters * n * positions].reshape(filters, n * positions)
-        np.matmul(weight, cols.reshape(depth, n * positions), out=y)
+        np.matmul(weight, cols, out=y)
         y = y.reshape(filters, n, positions).transpose(1, 0, 2)
         if bias is None:
             np.copyto(rows[lo:lo + n], y)
         else:
             np.add(y, bias[:, None], out=rows[lo:lo + n])
+
+
+def _weight_grad(xp: np.ndarray, g: np.ndarray, kernel, stride, out_hw, scratch: _Scratch) -> np.ndarray:
+    """g (F, B·Ho·Wo) · im2col(xp)ᵀ, the columns made again a chunk at a time."""
+    positions = out_hw[0] * out_hw[1]
+    dw = np.zeros((len(g), xp.shape[0] * kernel[0] * kernel[1]), g.dtype)
+    part = np.empty_like(dw)
+    for lo, n, cols in _column_chunks(xp, kernel, stride, out_hw, scratch, "weight grad"):
+        np.matmul(g[:, lo * positions:(lo + n) * positions], cols.T, out=part)
+        dw += part
+    return dw
 
 
 @LAYERS.register("kConvolution", "kCConvolution", "kCudnnConv")
@@ -171,11 +201,17 @@ class Convolution(Layer):
             self.via_fourier = True
             return self.fourier.forward(x, w, self.params[1].data if self.bias else None)
         self.via_fourier = False
-        # the columns of the whole batch, (C, kh, kw, B, Ho, Wo), stay for the weight gradient
-        self.cols = self.scratch.get("cols", (channels, kh, kw, batch, ho, wo), x.dtype)
+        # The columns of the whole batch, (C, kh, kw, B, Ho, Wo), stay for the weight gradient when
+        # they fit in a chunk.  Larger ones would go out to memory and be read back twice (forward and
+        # weight-gradient GEMMs): made again a chunk at a time in cache costs less (CIFAR-10's conv1,
+        # 30 MB of columns: forward 10.2 -> 7.4 ms, its weight gradient 7.2 -> 7.6 ms).
+        depth = channels * kh * kw
+        keep = _chunk_samples(depth, ho * wo, x.itemsize, batch) == batch
+        self.cols = self.scratch.get("cols", (channels, kh, kw, batch, ho, wo), x.dtype) if keep else None
+        self.xp = _padded_t(self.scratch, "x", x, self.pad)  # the scratch stays until the next forward
         y = np.empty((batch, len(w), ho, wo), x.dtype)
-        _convolve(_padded_t(self.scratch, "x", x, self.pad), w, self.kernel, self.stride, y, self.scratch,
-                  "forward", keep=self.cols, bias=self.params[1].data if self.bias else None)
+        _convolve(self.xp, w, self.kernel, self.stride, y, self.scratch, "forward", keep=self.cols,
+                  bias=self.params[1].data if self.bias else None)
         return y
 
     def backward(self, grad, need):
@@ -190,7 +226,10 @@ class Convolution(Layer):
         np.copyto(g, grad.transpose(1, 0, 2, 3))
         g = g.reshape(filters, -1)  # (F, B·Ho·Wo), the columns' order
         w = self.params[0]
-        w.add_grad(g, self.cols.reshape(-1, g.shape[1]).T)
+        if self.cols is not None:
+            w.add_grad(g, self.cols.reshape(-1, g.shape[1]).T)
+        else:
+            w.add_grad(_weight_grad(self.xp, g, self.kernel, self.stride, self.out_hw, self.scratch))
         if self.bias:
             self.params[1].add_grad(g.sum(axis=1))
         if not need[0]:
@@ -269,9 +308,9 @@ class Pooling(Layer):
 
     def _max_separably(self, xp: np.ndarray) -> np.ndarray:
         """MAX pooling as a maximum along each row's windows, then down the columns of those maxima:
-        kh + kw passes instead of kh·kw.  ``argmax`` is the first maximum of each window in row-major
-        offset order, i·kw + j, as backward expects: the first row holding the window's maximum and,
-        in it, the first column (each pass keeps the earlier offset on a tie)."""
+        kh + kw passes instead of kh·kw.  ``chosen_at`` (for backward) is where in the flattened padded
+        input each window's first maximum in row-major offset order lies: the first row holding the
+        window's maximum and, in it, the first column (each pass keeps the earlier offset on a tie)."""
         (kh, kw), (sy, sx), (ho, wo) = self.kernel, self.stride, self.out_hw
         index = np.uint8 if kh * kw <= 256 else np.int32
         rows = xp.shape[2]
@@ -279,17 +318,39 @@ class Pooling(Layer):
         across = np.empty(xp.shape[:2] + (rows, wo), xp.dtype)
         column = np.zeros(across.shape, index)
         self._running_max([xp[:, :, :, j:j + sx * (wo - 1) + 1:sx] for j in range(kw)], across, column, index)
-        # down the columns: the maximum of each window's kh row maxima, and the column it came from
-        out = np.empty(xp.shape[:2] + (ho, wo), xp.dtype)
-        row = np.zeros(out.shape, index)
-        bands = [slice(i, i + sy * (ho - 1) + 1, sy) for i in range(kh)]
-        self._running_max([across[:, :, band] for band in bands], out, row, index)
-        self.argmax = row * index(kw)  # i·kw, plus the column j of the chosen row's maximum
-        chosen = np.empty(out.shape, bool)
-        for i, band in enumerate(bands):
-            np.equal(row, i, out=chosen)
-            self.argmax += column[:, :, band] * chosen
+        # down the columns: the maximum of each window's kh row maxima.  ``offset`` follows the row
+        # chosen: i·cols + j, where in the window (relative to its corner) its maximum lies
+        cols = xp.shape[3]
+        bands = [across[:, :, i:i + sy * (ho - 1) + 1:sy] for i in range(kh)]
+        columns = [column[:, :, i:i + sy * (ho - 1) + 1:sy] for i in range(kh)]
+        # the narrowest integers that hold the offsets and the positions: these passes are memory-bound
+        near = np.int16 if kh * cols < 2 ** 15 else np.int32
+        out = bands[0].copy()
+        offset = columns[0].astype(near)
+        greater, candidate = np.empty(out.shape, bool), np.empty(out.shape, near)
+        for i in range(1, kh):
+            np.greater(bands[i], out, out=greater)
+            np.maximum(out, bands[i], out=out)
+            np.add(columns[i], near(i * cols), out=candidate)
+            candidate -= offset  # offset += greater·(candidate - offset): branch-free select
+            candidate *= greater
+            offset += candidate
+        corners = self._corners(xp.shape)
+        self.chosen_at = np.add(corners, offset, dtype=corners.dtype)
         return out
+
+    def _corners(self, padded_shape) -> np.ndarray:
+        """Each window's top-left corner in the flattened padded input (kept per shape)."""
+        planes, (rows, cols), (sy, sx), (ho, wo) = padded_shape[0] * padded_shape[1], padded_shape[2:], \
+            self.stride, self.out_hw
+        shape = tuple(padded_shape[:2]) + (ho, wo)
+        corners = getattr(self, "_corner_cache", None)
+        if corners is None or corners.shape != shape:
+            wide = np.int32 if planes * rows * cols < 2 ** 31 else np.int64
+            corners = self._corner_cache = (np.arange(planes, dtype=wide).reshape(-1, 1, 1) * (rows * cols)
+                                            + np.arange(ho, dtype=wide).reshape(-1, 1) * (sy * cols)
+                                            + np.arange(wo, dtype=wide) * sx).reshape(shape)
+        return corners
 
     @staticmethod
     def _running_max(views, out: np.ndarray, which: np.ndarray, index) -> None:
@@ -310,20 +371,18 @@ class Pooling(Layer):
         (ph, pw), (sy, sx) = self.pad, self.stride
         rows, cols = h + 2 * ph, w + 2 * pw
         dxp = np.zeros((batch, channels, rows, cols), grad.dtype)
+        if self.max:
+            # each window's gradient to its first maximum: one unbuffered scatter-add, summing where
+            # windows overlap in window order (numpy >= 1.25 runs it at memory speed)
+            np.add.at(dxp.reshape(-1), self.chosen_at.reshape(-1), grad.reshape(-1))
+            return [dxp[:, :, ph:ph + h, pw:pw + w]]
         # gradients summed per phase in unit-stride arrays, then written to the strided phase once
         phases = {pq: dxp if (sy, sx) == (1, 1) else np.zeros((batch, channels) + shape, grad.dtype)
                   for pq, shape in self._phases(rows, cols).items()}
         offsets = self._offsets()
-        if self.max:  # each window's gradient goes to its first maximum
-            hit, share = np.empty(grad.shape, bool), np.empty_like(grad)
-            for k, (pq, r, c) in enumerate(offsets):
-                np.equal(self.argmax, k, out=hit)
-                np.multiply(grad, hit, out=share)
-                phases[pq][:, :, r, c] += share
-        else:
-            share = grad * grad.dtype.type(1.0 / len(offsets))
-            for pq, r, c in offsets:
-                phases[pq][:, :, r, c] += share
+        share = grad * grad.dtype.type(1.0 / len(offsets))
+        for pq, r, c in offsets:
+            phases[pq][:, :, r, c] += share
         if (sy, sx) != (1, 1):
             for (p, q), phase in phases.items():
                 dxp[:, :, p::sy, q::sx] = phase

@@ -40,6 +40,28 @@ def test_convolution_values_and_gradients(spec, geometry):
     check_layer_gradients(layer, [x])
 
 
+@pytest.mark.parametrize("samples_per_chunk", [1, 2])  # batch 3: chunks of 1, 1, 1 and of 2, 1
+@pytest.mark.parametrize("spec,geometry", [
+    ("kernel: 3 pad: 1 stride: 1", ((3, 3), (1, 1), (1, 1))),
+    ("kernel_x: 3 kernel_y: 2 pad_x: 1 stride_y: 2", ((2, 3), (0, 1), (2, 1))),
+])
+def test_columns_too_large_to_keep_are_made_again_for_the_weight_gradient(monkeypatch, samples_per_chunk, spec,
+                                                                          geometry):
+    from singa_mpi.layers import conv as conv_module
+
+    (kh, kw), pad, stride = geometry
+    ho, wo = (5 + 2 * pad[0] - kh) // stride[0] + 1, (6 + 2 * pad[1] - kw) // stride[1] + 1
+    monkeypatch.setattr(conv_module, "CHUNK_BYTES", samples_per_chunk * 2 * kh * kw * ho * wo * 8)  # float64
+    layer = build_layer(conf(f'name: "c" type: kCConvolution convolution_conf {{ num_filters: 3 {spec} }} {WB}'),
+                        [(2, 5, 6)], batch=3)
+    x = rand(3, 2, 5, 6)
+    y = layer.forward([x], True)
+    assert layer.cols is None and not layer.via_fourier
+    np.testing.assert_allclose(y, reference_conv(x, layer.params[0].data, layer.params[1].data, kh, kw, pad,
+                                                 stride), atol=1e-12)
+    check_layer_gradients(layer, [x])
+
+
 def filter_shards(text, x, g, cuts):
     """The whole layer's (output, input gradient, layer) and, per filter slice [lo, hi), its part's
     (output, input gradient, weight gradient)."""
