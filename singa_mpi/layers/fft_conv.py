@@ -69,23 +69,34 @@ class FourierConvolution:
 
     def _spectrum(self, name: str, array: np.ndarray, at: tuple[int, int]) -> np.ndarray:
         """rfft2 of ``array`` (n, m, h, w) placed at offset ``at`` in zeros of the transform size, as
-        (bins, m, n): the frequencies first, for the per-frequency products.  The zeros are laid out
-        pixels first, (N_h, N_w, m, n), so that the transform's output is already in that order (and
-        each 1-D transform runs over all images at once along the contiguous axis)."""
+        (bins, m, n): the frequencies first, for the per-frequency products.  The arrays are laid out
+        pixels first, (rows, cols, m, n), so that the transform's output is already in that order (and
+        each 1-D transform runs over all images at once along the contiguous axis).  Pruned: the
+        transforms along the rows run over the h rows that hold data only (the rest are zeros), the
+        transforms down the columns over every row."""
         n, m, h, w = array.shape
-        shape = self.size + (m, n)
-        padded = self._padded.get(name)
-        if padded is None or padded.shape != shape or padded.dtype != array.dtype:
-            padded = self._padded[name] = np.zeros(shape, array.dtype)  # the border stays zero
-        padded[at[0]:at[0] + h, at[1]:at[1] + w] = array.transpose(2, 3, 1, 0)
-        return scipy.fft.rfft2(padded, axes=(0, 1)).reshape(self.bins, m, n)
+        rows = self._zeros(f"{name} rows", (h, self.size[1], m, n), array.dtype)  # the border stays zero
+        rows[:, at[1]:at[1] + w] = array.transpose(2, 3, 1, 0)
+        half = scipy.fft.rfft(rows, axis=1)  # (h, N_w // 2 + 1, m, n)
+        grid = self._zeros(f"{name} grid", (self.size[0],) + half.shape[1:], half.dtype)
+        grid[at[0]:at[0] + h] = half  # the other rows stay zero: the transform below returns a new array
+        return scipy.fft.fft(grid, axis=0).reshape(self.bins, m, n)
+
+    def _zeros(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+        array = self._padded.get(name)
+        if array is None or array.shape != shape or array.dtype != dtype:
+            array = self._padded[name] = np.zeros(shape, dtype)
+        return array
 
     def _signal(self, spectrum: np.ndarray, rows: int, cols: int, at: tuple[int, int] = (0, 0)) -> np.ndarray:
-        """(n, m, rows, cols) at offset ``at`` of the inverse transform of ``spectrum`` (bins, m, n)."""
+        """(n, m, rows, cols) at offset ``at`` of the inverse transform of ``spectrum`` (bins, m, n), a
+        temporary the transform may overwrite.  Pruned: the inverse transforms along the rows run on
+        the rows wanted only."""
         _, m, n = spectrum.shape
         grid = spectrum.reshape(self.size[0], self.size[1] // 2 + 1, m, n)
-        signal = scipy.fft.irfft2(grid, s=self.size, axes=(0, 1))
-        return signal[at[0]:at[0] + rows, at[1]:at[1] + cols].transpose(3, 2, 0, 1)
+        down = scipy.fft.ifft(grid, axis=0, overwrite_x=True)[at[0]:at[0] + rows]
+        signal = scipy.fft.irfft(down, n=self.size[1], axis=1, overwrite_x=True)
+        return signal[:, at[1]:at[1] + cols].transpose(3, 2, 0, 1)
 
     def forward(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         """y (B, F, Ho, Wo) of x (B, C, H, W) and weight (F, C·kh·kw)."""
