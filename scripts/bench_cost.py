@@ -65,7 +65,7 @@ def in_job(args) -> list[dict]:
     from singa_mpi import threads
     from singa_mpi.communication import mpi as comm_module
     from singa_mpi.cost import rates as rate_module
-    from singa_mpi.cost.kernels import KernelTimes
+    from singa_mpi.cost.kernels import KernelTimes, corunners_for
 
     world = comm_module.world()
     hosts = world.allgather_object(socket.gethostname())
@@ -77,7 +77,7 @@ def in_job(args) -> list[dict]:
     guesses = None
     if world.rank == 0:
         with threads.limit_blas(1):
-            kernels = KernelTimes()
+            kernels = KernelTimes(corunners=corunners_for(hosts.count(hosts[0])))  # beside each node peer
             network = rate_module.Network(rate_module.load(nodes=1), rate_module.load(nodes=nodes),
                                           hosts.count(hosts[0])) if nodes > 1 else rate_module.load()
             print(f"{world.size} ranks on {nodes} node(s); communicator rates: {network.source}", flush=True)

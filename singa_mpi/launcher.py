@@ -294,6 +294,7 @@ def _auto_dims(world, job, seed) -> dict[str, int] | None:
     timings differ between ranks).  Every rank calls this; None where there is nothing to choose or
     rank 0 could not (its phase-1 error then reaches every rank)."""
     dims = None
+    nodes = -(-world.size // world.node_size())  # (collective) kernels are timed beside a copy per node peer
     if world.rank == 0:
         try:
             from singa_mpi.cost.auto import auto_layers, choose_for_job
@@ -302,7 +303,7 @@ def _auto_dims(world, job, seed) -> dict[str, int] | None:
             if auto_layers(cfg):
                 workers = _topology(cfg, world.size).workers_per_group
                 method = "allreduce" if os.environ.get("SINGA_MPI_SHM") == "0" else "shared_memory"
-                dims = choose_for_job(cfg, workers, method).dims
+                dims = choose_for_job(cfg, workers, method, nodes=nodes).dims
         except (SingaError, MemoryError):
             dims = None
     return world.root_value(dims, "partition_dim: auto")

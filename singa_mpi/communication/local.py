@@ -463,6 +463,9 @@ class LocalComm:
     def on_one_node(self) -> bool:
         return True
 
+    def node_size(self) -> int:
+        return self.size
+
     def shared_arrays(self, owner_counts: list[int]) -> tuple[object, list[np.ndarray]]:
         """One float32 segment of ``owner_counts[r]`` items per rank r, the same arrays on every
         rank (collective).  Returns (window, segments)."""

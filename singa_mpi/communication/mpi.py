@@ -301,6 +301,14 @@ class MPIComm:
         node.Free()
         return same
 
+    def node_size(self) -> int:
+        """How many ranks of this communicator share this rank's node (collective)."""
+        with self._setting_up("Split_type", "communicators"):
+            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        size = node.Get_size()
+        node.Free()
+        return size
+
     def shared_arrays(self, owner_counts: list[int]) -> tuple[object, list[np.ndarray]]:
         """One float32 segment of ``owner_counts[r]`` items per rank r, visible to all ranks.
 

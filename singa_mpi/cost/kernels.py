@@ -13,9 +13,10 @@ their cost is their output's bytes at the memory bandwidth (:mod:`.rates`).
 A rank shares its node's memory bandwidth and last-level cache with the others: timed alone, the
 convnet's layers at half the batch ran 1.3x faster than beside a second rank (their working set fits
 the cache alone).  So for a plan with several ranks per node, each kernel is timed beside copies of
-itself running in forked processes, one per other rank up to the cores there are (``corunners``),
-and the median is kept; timings are cached per number of co-runners.  Under MPI (a launched job
-choosing ``partition_dim: auto``) nothing is forked: the kernels are timed alone.
+itself running in co-runner processes, one per other rank up to the cores there are (``corunners``,
+:mod:`.corunners`), and the median is kept; timings are cached per number of co-runners.  The
+co-runners are new processes, not forks, so a launched job choosing ``partition_dim: auto`` (its
+ranks have initialised MPI) times its kernels the same way.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import multiprocessing
 import os
 import pathlib
 import platform
@@ -34,8 +34,7 @@ import time
 
 import numpy as np
 
-from singa_mpi.layers.base import LayerContext, layer_class_of
-from singa_mpi.params import make_param
+from singa_mpi.cost.corunners import CoRunners, Kernel, KernelSpec
 from singa_mpi.planner.plan import Plan, SubLayer
 
 MIN_SECONDS = 0.03  # time each kernel at least this long (then at least MIN_RUNS runs)
@@ -54,11 +53,19 @@ def cache_path() -> pathlib.Path:
     return pathlib.Path(base) / "singa_mpi" / "kernels.json"
 
 
-def machine_key() -> str:
-    """Host, CPU, BLAS threads and numpy: a kernel time holds for these only."""
+def _blas_thread_counts() -> list[int]:
     from threadpoolctl import threadpool_info
 
-    threads = sorted({info.get("num_threads", 0) for info in threadpool_info() if info.get("user_api") == "blas"})
+    return sorted({info.get("num_threads", 0) for info in threadpool_info() if info.get("user_api") == "blas"})
+
+
+def _blas_threads() -> int:
+    return max(_blas_thread_counts(), default=1) or 1
+
+
+def machine_key() -> str:
+    """Host, CPU, BLAS threads and numpy: a kernel time holds for these only."""
+    threads = _blas_thread_counts()
     return f"{platform.node()}|{cpu_model()}|blas{threads}|numpy{np.__version__}|{TIMING_VERSION}|{code_digest()}"
 
 
@@ -105,11 +112,8 @@ def _by_name(plan: Plan) -> dict[str, SubLayer]:
 
 def corunners_for(ranks_per_node: int) -> int:
     """How many copies of a kernel to run beside it while timing it, for ``ranks_per_node`` ranks on a
-    node: one per other rank, as far as this machine has cores for them; none under MPI (forking a
-    process that has initialised MPI is not safe)."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if (mpi is not None and mpi.Is_initialized()) or "fork" not in multiprocessing.get_all_start_methods():
-        return 0
+    node: one per other rank, as far as this process has cores for them (its affinity: a rank bound to
+    one core has no room for co-runners, and its timing alone is then the honest one)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(0, min(ranks_per_node, cores) - 1)
 
@@ -128,16 +132,21 @@ class KernelTimes:
         self.everything = everything
         self.mine: dict[str, list[float]] = everything.setdefault(self.machine, {})
         self.measured = 0
+        self.beside = CoRunners(corunners, blas_threads=_blas_threads()) if corunners else None
 
     def of(self, plan: Plan, sub: SubLayer) -> KernelTime:
         key = signature(plan, sub) + (f"|beside{self.corunners}" if self.corunners else "")
         if key not in self.mine:
-            self.mine[key] = list(_measure(plan, sub, self.corunners))
+            self.mine[key] = list(_measure(kernel_spec(plan, sub), self.beside))
             self.measured += 1
         forward, backward = self.mine[key]
         return KernelTime(forward, backward)
 
     def save(self) -> None:
+        """Write what was measured to the cache; the co-runners, if any, stop (timing more after
+        this starts them again)."""
+        if self.beside is not None:
+            self.beside.close()
         if not self.measured:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,77 +163,31 @@ def _read(path: pathlib.Path) -> dict:
         return {}
 
 
-def _measure(plan: Plan, sub: SubLayer, corunners: int = 0) -> tuple[float, float]:
-    """(forward, backward) seconds of ``sub`` on random inputs of its local shapes, beside ``corunners``
-    processes running the same forward and backward."""
+def kernel_spec(plan: Plan, sub: SubLayer) -> KernelSpec:
+    """What it takes to build ``sub`` alone on random inputs of its local shapes."""
     by_name = _by_name(plan)
-    node = plan.origins[sub.origin]
+    conf = plan.origins[sub.origin].conf
+    owners = {p.name: p for n in plan.origins.values() for p in n.conf.param if not p.share_from}
+    train = plan.phase == "train"
+    return KernelSpec(
+        conf_bytes=conf.SerializeToString(),
+        context=dict(global_batch=plan.batch, batch_slice=sub.batch_slice, feature_slice=sub.feature_slice,
+                     seed=1, phase=plan.phase),
+        src_shapes=tuple(tuple(shape) for shape in sub.src_shapes),
+        owner_bytes={key: owners[key].SerializeToString() for key in (p.share_from or p.name for p in conf.param)},
+        inputs=tuple((kind, tuple(by_name[s].out_shape)) for s, kind in zip(sub.srcs, sub.kinds)),
+        need=tuple(kind == "data" and by_name[s].needs_grad for s, kind in zip(sub.srcs, sub.kinds)),  # as Net does
+        train=train, trains=train and sub.needs_grad, name=sub.name)
+
+
+def _measure(spec: KernelSpec, beside: CoRunners | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of the kernel, with ``beside``'s co-runners running it too."""
     with tempfile.TemporaryDirectory(prefix="singa_mpi_cost_") as workspace:
-        ctx = LayerContext(global_batch=plan.batch, batch_slice=sub.batch_slice, feature_slice=sub.feature_slice,
-                           seed=1, workspace=workspace, phase=plan.phase)
-        layer = layer_class_of(node.conf)(node.conf, ctx)
-        layer.out_shape = tuple(layer.setup(sub.src_shapes))
-        owners = {p.name: p for n in plan.origins.values() for p in n.conf.param if not p.share_from}
-        layer.params = [make_param(owners[spec.conf.share_from or spec.conf.name], spec.logical_shape, spec.shard, 1)
-                        for spec in layer.param_specs]
-        rng = np.random.default_rng(0)
-        inputs = [np.zeros(by_name[s].out_shape[:1], np.int32) if kind == "aux"  # labels: one per row
-                  else rng.standard_normal(by_name[s].out_shape).astype(np.float32)
-                  for s, kind in zip(sub.srcs, sub.kinds)]
-        need = [kind == "data" and by_name[s].needs_grad for s, kind in zip(sub.srcs, sub.kinds)]  # as Net does
-        layer.input_grads = need
-        train = plan.phase == "train"
-
-        def forward() -> np.ndarray:
-            return layer.compute("forward", inputs, train)
-
-        out = forward()
-        grad = None if out is None or out.dtype.kind != "f" else np.ones_like(out)
-
-        def backward() -> None:  # with the weight-gradient products a runtime may defer (Param.pending)
-            for param in layer.params:
-                param.zero_grad()
-            layer.backward(grad, need)
-            for param in layer.params:
-                param.finish_grad()
-        trains = train and sub.needs_grad
-        if trains:
-            backward()
-
-        def step() -> None:
-            forward()
-            if trains:
-                backward()
-        with _alongside(corunners, step):
-            return _timed(forward, corunners), (_timed(backward, corunners) if trains else 0.0)
-
-
-@contextlib.contextmanager
-def _alongside(copies: int, work):
-    """Run ``work`` over and over in ``copies`` forked processes for the duration of the block."""
-    if copies <= 0:
-        yield
-        return
-    context = multiprocessing.get_context("fork")
-    stop = context.Event()
-    started = context.Barrier(copies + 1)
-
-    def loop() -> None:
-        started.wait()
-        while not stop.is_set():
-            work()
-    workers = [context.Process(target=loop, daemon=True) for _ in range(copies)]
-    for worker in workers:
-        worker.start()
-    try:
-        started.wait()
-        yield
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=30)
-            if worker.is_alive():
-                worker.kill()
+        kernel = Kernel(spec, workspace)
+        corunners = beside.copies if beside is not None else 0
+        with beside.alongside(spec) if beside is not None else contextlib.nullcontext():
+            return (_timed(kernel.forward, corunners),
+                    _timed(kernel.backward, corunners) if spec.trains else 0.0)
 
 
 def _timed(run, corunners: int = 0) -> float:

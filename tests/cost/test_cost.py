@@ -5,6 +5,7 @@ kernel timer and the calibration fit run for real on tiny shapes.
 """
 import dataclasses
 import math
+import os
 
 import numpy as np
 import pytest
@@ -110,27 +111,65 @@ def test_kernels_are_timed_once_and_read_back_from_the_cache(mlp_cfg, tmp_path, 
 
 def test_kernels_timed_beside_copies_of_themselves_are_kept_apart_and_leave_no_process(mlp_cfg, tmp_path,
                                                                                           monkeypatch):
-    import multiprocessing
-
-    from singa_mpi.cost.kernels import corunners_for
-
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     the_plan = plan(mlp_cfg, 2)
     fc = next(s for s in the_plan.sublayers if s.params)
     alone, beside = KernelTimes(), KernelTimes(corunners=1)
     assert alone.of(the_plan, fc).forward > 0 and beside.of(the_plan, fc).backward > 0
     assert set(alone.mine).isdisjoint(beside.mine)  # cached under their own keys
-    assert multiprocessing.active_children() == []  # the copies have stopped
-    import os
-    import sys
-    from types import SimpleNamespace
+    children = [process.pid for process in beside.beside.processes]
+    assert len(children) == 1 and alone.beside is None
+    beside.save()
+    assert beside.beside.processes == [] and not any(_alive(pid) for pid in children)
 
-    cores = len(os.sched_getaffinity(0))
-    monkeypatch.setitem(sys.modules, "mpi4py.MPI", SimpleNamespace(Is_initialized=lambda: False))
-    assert corunners_for(1) == 0
-    assert corunners_for(64) == cores - 1 and corunners_for(2) == min(2, cores) - 1
-    monkeypatch.setitem(sys.modules, "mpi4py.MPI", SimpleNamespace(Is_initialized=lambda: True))
-    assert corunners_for(64) == 0  # never fork a process that has initialised MPI
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_corunners_follow_the_cores_this_process_may_use(monkeypatch):
+    from singa_mpi.cost.kernels import corunners_for
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert (corunners_for(1), corunners_for(2), corunners_for(64)) == (0, 1, 3)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})  # a rank the launcher bound to one core
+    assert corunners_for(8) == 0
+
+
+def test_a_corunner_is_a_new_program_without_the_launchers_variables():
+    """A rank that has initialised MPI starts its co-runners: they must not take themselves for ranks."""
+    import subprocess
+    import sys
+
+    from singa_mpi.cost.corunners import corunner_environment
+
+    env = corunner_environment({"PMI_RANK": "3", "PMI_SIZE": "8", "OMPI_COMM_WORLD_SIZE": "8", "HYDRA_PROXY": "x",
+                                "PATH": "/bin", "OMP_NUM_THREADS": "4"}, blas_threads=1)
+    assert env == {"PATH": "/bin", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    loaded = subprocess.run([sys.executable, "-c", "import sys, singa_mpi.cost.corunners as c; "
+                             "print(sorted(m for m in sys.modules if m.startswith('mpi4py')))"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
+
+
+def test_a_corunner_that_cannot_build_its_kernel_is_a_clear_error_and_leaves_no_process(mlp_cfg):
+    from singa_mpi.cost.corunners import CoRunnerError, CoRunners
+    from singa_mpi.cost.kernels import kernel_spec
+
+    the_plan = plan(mlp_cfg, 2)
+    spec = kernel_spec(the_plan, next(s for s in the_plan.sublayers if s.params))
+    broken = dataclasses.replace(spec, src_shapes=((7, 7, 7, 7),))  # setup refuses a 4-D input
+    pool = CoRunners(1)
+    with pool.alongside(spec):  # a good kernel first: the process is reused for the next
+        pid = pool.processes[0].pid
+    with pytest.raises(CoRunnerError, match="failed while building"):
+        with pool.alongside(broken):
+            pass
+    assert pool.processes == [] and not _alive(pid)
 
 
 def test_different_local_shapes_have_different_signatures(mlp_cfg):
