@@ -231,7 +231,7 @@ def cmd_calibrate(args) -> int:
                   f"{entry['allreduce']['bandwidth'] / 1e9:.2f} GB/s, Allgatherv "
                   f"{1e6 * entry['collective']['latency']:.1f} us + {entry['collective']['bandwidth'] / 1e9:.2f} GB/s, "
                   f"memory {entry['memory'] / 1e9:.1f} GB/s; saved in {rates.rates_path()}", flush=True)
-    world.barrier("calibrate")
+    world.root_value(None, "calibrate")  # the ranks off rank 0's node wait asleep while it calibrates there
     return 0
 
 
