@@ -28,7 +28,6 @@ import os
 import pathlib
 import platform
 import statistics
-import sys
 import tempfile
 import time
 
