@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import weakref
 
 import numpy as np
 
@@ -106,6 +107,7 @@ class CoRunners:
         self.processes = [subprocess.Popen([sys.executable, "-m", "singa_mpi.cost.corunners"], env=env,
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                           for _ in range(self.copies)]
+        weakref.finalize(self, _release, list(self.processes))  # dropped without close(): they end too
 
     @contextlib.contextmanager
     def alongside(self, spec: KernelSpec):
@@ -148,6 +150,13 @@ class CoRunners:
                 process.wait()
             process.stdout.close()
         self.processes = []
+
+
+def _release(processes: list[subprocess.Popen]) -> None:
+    """Close the co-runners' input: each exits at the end of it."""
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError):
+            process.stdin.close()
 
 
 def corunner_environment(environ, blas_threads: int) -> dict[str, str]:

@@ -235,3 +235,18 @@ def test_auto_leaves_data_parallelism_only_for_a_clear_predicted_gain(mlp_cfg, m
     choice = choose(mlp_cfg, 2, ALLREDUCE, RowKernels(), rates())
     assert (set(choice.dims.values()) == {0}) == keeps_data
     assert choice.data_parallel == 1.0 and choice.step == (1.0 if keeps_data else 1.0 - gain)
+
+
+def test_corunners_dropped_without_close_end_with_their_input(mlp_cfg):
+    import gc
+
+    from singa_mpi.cost.corunners import CoRunners
+    from singa_mpi.cost.kernels import kernel_spec
+
+    the_plan = plan(mlp_cfg, 2)
+    pool = CoRunners(1)
+    with pool.alongside(kernel_spec(the_plan, next(s for s in the_plan.sublayers if s.params))):
+        process = pool.processes[0]
+    del pool
+    gc.collect()
+    assert process.wait(timeout=30) == 0
