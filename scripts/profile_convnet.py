@@ -7,7 +7,9 @@ singa_mpi: the trainer's serial step on synthetic data (bench_serial.py's job), 
 read from the tracer, median over the timed steps.  PyTorch (when importable): bench_peer.py's
 twin of the conf, one intra-op thread, each module run on its own (its input detached, so that
 its backward is timed alone), median over the same number of steps; "update" is the SGD step.
-Both nets have the same shapes (pooling 32-15-7-3).
+Both nets have the same shapes (pooling 32-15-7-3).  A second table sets each convolution against the
+machine's GEMM rate: its direct-convolution FLOPs per step over its measured time, beside sgemm's rate
+at the layer's own im2col GEMM shape.
 """
 from __future__ import annotations
 
@@ -154,6 +156,49 @@ def print_table(singa: dict, peer: dict | None) -> None:
         print(text)
 
 
+def gemm_lines(singa: dict) -> list[str]:
+    """Each convolution against the machine's GEMM rate: its direct-convolution FLOPs (forward, weight
+    gradient and, where wanted, input gradient) over its measured time, beside sgemm's rate at the
+    layer's own im2col GEMM in a cache-sized chunk (what the im2col route runs at)."""
+    import numpy as np
+
+    from singa_mpi.layers import conv
+    from singa_mpi.planner import plan
+
+    folder = tempfile.mkdtemp(prefix="profile_convnet_")
+    try:
+        cfg = job_on_synthetic_data("cifar10_convnet.conf", folder, (3, 32, 32), 16)
+        the_plan = plan(cfg, 1)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    by_name = {sub.name: sub for sub in the_plan.sublayers}
+    lines = ["", "convolutions against sgemm (one thread): direct-convolution GFLOP per step / measured time",
+             f"{'layer':<10}{'GFLOP':>8}{'ms':>9}{'GFLOP/s':>10}{'sgemm GFLOP/s':>15}"]
+    rng = np.random.default_rng(0)
+    for sub in the_plan.sublayers:
+        node = the_plan.origins[sub.origin]
+        if not node.conf.HasField("convolution_conf"):
+            continue
+        (channels, _, _), (filters, ho, wo) = sub.src_shapes[0], sub.out_shape[1:]
+        k = node.conf.convolution_conf.kernel
+        wanted = by_name[sub.srcs[0]].needs_grad
+        flops = 2 * the_plan.batch * filters * ho * wo * channels * k * k * (3 if wanted else 2)
+        ms = 1e3 * (singa.get(("forward", sub.origin), 0.0) + singa.get(("backward", sub.origin), 0.0))
+        depth = channels * k * k
+        n = conv._chunk_samples(depth, ho * wo, 4, the_plan.batch)
+        a = rng.standard_normal((filters, depth)).astype(np.float32)
+        b = rng.standard_normal((depth, n * ho * wo)).astype(np.float32)
+        runs = []
+        for _ in range(20):
+            start = time.perf_counter()
+            np.matmul(a, b)
+            runs.append(time.perf_counter() - start)
+        rate = 2 * filters * depth * n * ho * wo / min(runs)
+        lines.append(f"{sub.origin:<10}{flops / 1e9:>8.2f}{ms:>9.2f}{flops / ms / 1e6:>10.1f}{rate / 1e9:>15.1f}")
+    lines.append("(above sgemm's rate: the Fourier route does less arithmetic than the direct convolution)")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -163,6 +208,7 @@ def main() -> int:
     print(f"cifar10_convnet serial step, median of {args.steps} steps, ms"
           + ("" if peer is not None else " (PyTorch not importable: singa_mpi alone)"))
     print_table(singa, peer)
+    print("\n".join(gemm_lines(singa)))
     return 0
 
 
