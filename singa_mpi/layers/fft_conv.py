@@ -65,7 +65,7 @@ class FourierConvolution:
         self.kernel, self.pad, self.in_hw, self.out_hw = kernel, pad, in_hw, out_hw
         self.size = transform_size((in_hw[0] + 2 * pad[0], in_hw[1] + 2 * pad[1]))
         self.bins = self.size[0] * (self.size[1] // 2 + 1)
-        self._padded: dict[str, np.ndarray] = {}
+        self._buffers: dict[str, np.ndarray] = {}  # zero-bordered inputs of the transforms, by name
 
     def _spectrum(self, name: str, array: np.ndarray, at: tuple[int, int]) -> np.ndarray:
         """rfft2 of ``array`` (n, m, h, w) placed at offset ``at`` in zeros of the transform size, as
@@ -83,9 +83,9 @@ class FourierConvolution:
         return scipy.fft.fft(grid, axis=0).reshape(self.bins, m, n)
 
     def _zeros(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-        array = self._padded.get(name)
+        array = self._buffers.get(name)
         if array is None or array.shape != shape or array.dtype != dtype:
-            array = self._padded[name] = np.zeros(shape, dtype)
+            array = self._buffers[name] = np.zeros(shape, dtype)
         return array
 
     def _signal(self, spectrum: np.ndarray, rows: int, cols: int, at: tuple[int, int] = (0, 0)) -> np.ndarray:

@@ -78,17 +78,22 @@ def filter_shards(text, x, g, cuts):
     return (y, gx, whole), parts
 
 
+def assert_shards_make_the_whole(cuts, parts, y, gx, whole, atol=0.0):
+    """Each filter slice's output and weight gradient are the whole's; their input gradients sum to it."""
+    total = np.zeros_like(gx)
+    for (lo, hi), (out, part_gx, part_gw) in zip(cuts, parts):
+        np.testing.assert_allclose(out, y[:, lo:hi], atol=atol)
+        total += part_gx
+        np.testing.assert_allclose(part_gw, whole.params[0].grad[lo:hi], atol=atol)
+    np.testing.assert_allclose(total, gx, atol=atol)
+
+
 def test_convolution_filter_shards_match_the_whole():
     text = f'name: "c" type: kConvolution convolution_conf {{ num_filters: 5 kernel: 3 pad: 1 }} {WB}'
     x, g = rand(2, 3, 4, 4), rand(2, 5, 4, 4, seed=2)
     cuts = [(0, 3), (3, 5)]
     (y, gx, whole), parts = filter_shards(text, x, g, cuts)
-    total = np.zeros_like(gx)
-    for (lo, hi), (out, part_gx, part_gw) in zip(cuts, parts):
-        np.testing.assert_allclose(out, y[:, lo:hi])
-        total += part_gx
-        np.testing.assert_allclose(part_gw, whole.params[0].grad[lo:hi])
-    np.testing.assert_allclose(total, gx)  # input gradients of filter shards sum to the whole
+    assert_shards_make_the_whole(cuts, parts, y, gx, whole)
 
 
 def test_convolution_rejects_kernel_larger_than_padded_input():
@@ -198,12 +203,7 @@ def test_fourier_filter_shards_and_batch_rows_match_the_whole(route):
     x, g = rand(4, 3, 6, 6), rand(4, 5, 6, 6, seed=2)
     cuts = [(0, 2), (2, 5)]
     (y, gx, whole), parts = filter_shards(text, x, g, cuts)
-    total = np.zeros_like(gx)
-    for (lo, hi), (out, part_gx, part_gw) in zip(cuts, parts):
-        np.testing.assert_allclose(out, y[:, lo:hi], atol=1e-12)
-        total += part_gx
-        np.testing.assert_allclose(part_gw, whole.params[0].grad[lo:hi], atol=1e-12)
-    np.testing.assert_allclose(total, gx, atol=1e-12)
+    assert_shards_make_the_whole(cuts, parts, y, gx, whole, atol=1e-12)
     summed = np.zeros_like(whole.params[0].grad)
     for rows in (slice(0, 1), slice(1, 4)):  # a batch split: each rank's weight gradient of its rows
         part = build_layer(conf(text), [(3, 6, 6)], batch=4)
