@@ -1,13 +1,15 @@
 """Per-layer forward and backward ms of conf/cifar10_convnet.conf's serial training step, beside PyTorch's.
 
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python scripts/profile_convnet.py [--steps 20]
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python scripts/profile_convnet.py [--steps 20] [--batch 100]
     PYTHONPATH=/path/to/torch OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python scripts/profile_convnet.py
 
 singa_mpi: the trainer's serial step on synthetic data (bench_serial.py's job), each layer's pass
 read from the tracer, median over the timed steps.  PyTorch (when importable): bench_peer.py's
 twin of the conf, one intra-op thread, each module run on its own (its input detached, so that
 its backward is timed alone), median over the same number of steps; "update" is the SGD step.
-Both nets have the same shapes (pooling 32-15-7-3).  A second table sets each convolution against the
+Both nets have the same shapes (pooling 32-15-7-3).  ``--batch 13`` profiles what one of 8 data-parallel
+ranks runs at the conf's batch of 100 (strong scaling leaves each rank a small batch, where fixed
+per-step costs weigh).  A second table sets each convolution against the
 machine's GEMM rate: its direct-convolution FLOPs per step over its measured time, beside sgemm's rate
 at the layer's own im2col GEMM shape.
 """
@@ -40,11 +42,22 @@ def median_rows(samples: list[dict[tuple[str, str], float]]) -> dict[tuple[str, 
     return {key: statistics.median(sample.get(key, 0.0) for sample in samples) for key in keys}
 
 
-def profile_singa(steps: int, warmup: int = 3) -> dict[tuple[str, str], float]:
+def convnet_job(folder: str, count: int, batch: int | None):
+    """The convnet on synthetic data, at ``batch`` (None: the conf's) samples per step."""
+    cfg = job_on_synthetic_data("cifar10_convnet.conf", folder, (3, 32, 32), count)
+    if batch is not None:
+        for layer in cfg.proto.neuralnet.layer:
+            if layer.HasField("store_conf"):
+                del layer.store_conf.batchsize[:]
+                layer.store_conf.batchsize.append(batch)
+    return cfg
+
+
+def profile_singa(steps: int, batch: int | None = None, warmup: int = 3) -> dict[tuple[str, str], float]:
     """{(pass, layer or step phase): median seconds per step}."""
     folder = tempfile.mkdtemp(prefix="profile_convnet_")
     try:
-        cfg = job_on_synthetic_data("cifar10_convnet.conf", folder, (3, 32, 32), 1000)
+        cfg = convnet_job(folder, 1000, batch)
         runtime = SerialRuntime(cfg, 1, folder)
         trainer = Trainer(cfg, folder, runtime, log=lambda line: None)
         tracer = runtime.tracer
@@ -61,7 +74,7 @@ def profile_singa(steps: int, warmup: int = 3) -> dict[tuple[str, str], float]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def profile_torch(steps: int, warmup: int = 3) -> dict[tuple[str, str], float] | None:
+def profile_torch(steps: int, batch: int = 100, warmup: int = 3) -> dict[tuple[str, str], float] | None:
     try:
         import torch
     except ImportError:
@@ -73,8 +86,8 @@ def profile_torch(steps: int, warmup: int = 3) -> dict[tuple[str, str], float] |
     model = convnet(torch)
     optimizer = torch.optim.SGD(model.parameters(), **SGD["cifar10_convnet"])
     loss_of = torch.nn.CrossEntropyLoss()
-    x = torch.rand((100, 3, 32, 32)) * 2 - 1
-    y = torch.randint(0, 10, (100,))
+    x = torch.rand((batch, 3, 32, 32)) * 2 - 1
+    y = torch.randint(0, 10, (batch,))
     clock = time.perf_counter
 
     def step() -> dict[tuple[str, str], float]:
@@ -156,7 +169,7 @@ def print_table(singa: dict, peer: dict | None) -> None:
         print(text)
 
 
-def gemm_lines(singa: dict) -> list[str]:
+def gemm_lines(singa: dict, batch: int | None = None) -> list[str]:
     """Each convolution against the machine's GEMM rate: its direct-convolution FLOPs (forward, weight
     gradient and, where wanted, input gradient) over its measured time, beside sgemm's rate at the
     layer's own im2col GEMM in a cache-sized chunk (what the im2col route runs at)."""
@@ -167,7 +180,7 @@ def gemm_lines(singa: dict) -> list[str]:
 
     folder = tempfile.mkdtemp(prefix="profile_convnet_")
     try:
-        cfg = job_on_synthetic_data("cifar10_convnet.conf", folder, (3, 32, 32), 16)
+        cfg = convnet_job(folder, 16, batch)
         the_plan = plan(cfg, 1)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -202,13 +215,14 @@ def gemm_lines(singa: dict) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=100, help="samples per step (the conf's: 100)")
     args = parser.parse_args()
-    singa = profile_singa(args.steps)
-    peer = profile_torch(args.steps)
-    print(f"cifar10_convnet serial step, median of {args.steps} steps, ms"
+    singa = profile_singa(args.steps, args.batch)
+    peer = profile_torch(args.steps, args.batch)
+    print(f"cifar10_convnet serial step at batch {args.batch}, median of {args.steps} steps, ms"
           + ("" if peer is not None else " (PyTorch not importable: singa_mpi alone)"))
     print_table(singa, peer)
-    print("\n".join(gemm_lines(singa)))
+    print("\n".join(gemm_lines(singa, args.batch)))
     return 0
 
 
