@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from singa_mpi.layers import fft_conv
+from singa_mpi.layers.planes import move_planes
 from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape
 
 
@@ -262,24 +263,6 @@ class Convolution(Layer):
         return [np.ascontiguousarray(dxt.transpose(1, 0, 2, 3))]
 
 
-# Bytes of planes transposed per copy: numpy transposes without cache blocking, and (B·C, 32, 32)
-# -> (32, 32, B·C) at once ran at 0.7 GB/s (each plane's rows 4 KiB apart, in the same cache sets);
-# in 64 KiB blocks of planes, 5.4 GB/s (measured on 16 KiB - 256 KiB blocks and five shapes)
-TRANSPOSE_BYTES = 64 << 10
-
-
-def _move_planes(dst: np.ndarray, src: np.ndarray, planes_last: bool) -> None:
-    """dst (H, W, P) = src (P, H, W) transposed, or the reverse, a block of planes at a time."""
-    planes = dst.shape[-1] if planes_last else dst.shape[0]
-    size = src.size // planes
-    step = max(1, TRANSPOSE_BYTES // (size * src.itemsize))
-    for lo in range(0, planes, step):
-        if planes_last:
-            np.copyto(dst[..., lo:lo + step], src[lo:lo + step].transpose(1, 2, 0))
-        else:
-            np.copyto(dst[lo:lo + step], src[..., lo:lo + step].transpose(2, 0, 1))
-
-
 def _pixels_first(x: np.ndarray, pad: tuple[int, int], value: float) -> np.ndarray:
     """x (B, C, H, W) as (H + 2·pad_y, W + 2·pad_x, B·C), the border filled with ``value``.
 
@@ -292,7 +275,7 @@ def _pixels_first(x: np.ndarray, pad: tuple[int, int], value: float) -> np.ndarr
     out = np.empty((h + 2 * py, w + 2 * px, planes), x.dtype)
     if pad != (0, 0):
         out[:py], out[py + h:], out[:, :px], out[:, px + w:] = value, value, value, value
-    _move_planes(out[py:py + h, px:px + w], x.reshape(planes, h, w), planes_last=True)
+    move_planes(out[py:py + h, px:px + w], x.reshape(planes, h, w), planes_last=True)
     return out
 
 
@@ -300,7 +283,7 @@ def _batch_first(x: np.ndarray, batch: int) -> np.ndarray:
     """(H, W, B·C) back to (B, C, H, W), contiguous."""
     h, w, planes = x.shape
     out = np.empty((batch, planes // batch, h, w), x.dtype)
-    _move_planes(out.reshape(planes, h, w), x, planes_last=False)
+    move_planes(out.reshape(planes, h, w), x, planes_last=False)
     return out
 
 

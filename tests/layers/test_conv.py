@@ -240,7 +240,10 @@ def test_the_route_follows_the_work_and_whether_the_input_gradient_is_wanted():
     assert not cheaper(100, 3, 32, (5, 5), (32, 32), (2, 2), need_input=False)
     assert cheaper(100, 32, 32, (5, 5), (15, 15), (2, 2))
     assert cheaper(100, 32, 64, (5, 5), (7, 7), (2, 2))
-    assert not cheaper(13, 32, 64, (5, 5), (7, 7), (2, 2))  # 8 ranks' rows: the transforms of the weights dominate
+    # conv3 at the rows of 8 ranks (13) and of 16 (7): Fourier (1.8 vs 2.7 ms, 1.3 vs 1.5 ms measured); at
+    # 25 ranks' 4 rows im2col (0.90 vs 0.98 ms): the kernels' transforms, a cost per step, then dominate
+    assert cheaper(13, 32, 64, (5, 5), (7, 7), (2, 2)) and cheaper(7, 32, 64, (5, 5), (7, 7), (2, 2))
+    assert not cheaper(4, 32, 64, (5, 5), (7, 7), (2, 2))
     layer = build_layer(conf(f'name: "c" type: kConvolution convolution_conf {{ num_filters: 32 kernel: 5 pad: 2 }} '
                              f'{WB}'), [(3, 32, 32)], batch=100, dtype=np.float32)
     x = rand(100, 3, 32, 32).astype(np.float32)
@@ -269,3 +272,19 @@ def test_max_pooling_sends_each_window_gradient_to_its_first_maximum_in_row_majo
         assert y[n, c, i, j] == window[u, v]
         expected[n, c, i * sy + u, j * sx + v] += g[n, c, i, j]
     np.testing.assert_allclose(dx, expected[:, :, ph:ph + 8, pw:pw + 7])
+
+
+@pytest.mark.parametrize("size,kernel", [((9, 8), (3, 3)), ((20, 20), (5, 5)), ((12, 15), (2, 5))])
+def test_kernel_transforms_by_dft_matrices_match_numpy_fft(size, kernel):
+    from singa_mpi.layers.fft_conv import FourierConvolution
+
+    layer = FourierConvolution(kernel, (0, 0), size, size)  # a kernel-sized pad-free grid: size is the transform's
+    assert layer.size == size
+    taps = rand(3, 4, *kernel)  # (F, C, kh, kw), float64
+    expected = np.fft.rfft2(taps, s=size).transpose(2, 3, 1, 0).reshape(layer.bins, 4, 3)  # (bins, C, F)
+    np.testing.assert_allclose(layer._taps_spectrum(taps), expected, atol=1e-12)
+    rng = np.random.default_rng(3)
+    spectrum = rng.standard_normal((layer.bins, 2, 5)) + 1j * rng.standard_normal((layer.bins, 2, 5))
+    grid = spectrum.reshape(size[0], size[1] // 2 + 1, 2, 5).transpose(2, 3, 0, 1)
+    lags = np.fft.irfft2(grid, s=size)[..., :kernel[0], :kernel[1]]  # (2, 5, kh, kw)
+    np.testing.assert_allclose(layer._taps_signal(spectrum), lags.transpose(2, 3, 0, 1), atol=1e-12)
