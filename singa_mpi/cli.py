@@ -139,21 +139,11 @@ def cmd_plan(args) -> int:
 
 def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str]:
     """``plan --cost``: the predicted ms per layer and per step (kernels timed here, once per machine)."""
-    from singa_mpi.cost import rates
-    from singa_mpi.cost.kernels import KernelTimes, corunners_for
-    from singa_mpi.cost.model import predict
+    from singa_mpi.cost.beside import predict_plan
 
-    if nodes > 1:
-        method = "allreduce"  # node-shared memory needs one node: the runtime then takes buckets
-    with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each (bench_env, threads.py)
-        kernels = KernelTimes(recalibrate=recalibrate, corunners=corunners_for(-(-the_plan.nranks // nodes)))
-        cost = predict(the_plan, method, kernels, rates.network(the_plan.nranks, nodes))
-    kernels.save()
-    timed = f", {kernels.measured} kernel shape(s) timed now" if kernels.measured else ""
-    beside = f" beside {kernels.corunners} cop(ies) of themselves" if kernels.corunners else ""
-    return ([f"predicted step of {the_plan.nranks} worker(s), batch {the_plan.batch}, param sync {method} "
-             f"(one BLAS thread per rank{timed}; kernels timed{beside}, cached in {kernels.path})",
-             f"communicator rates: {cost.rates_source}"] + cost.table()
+    prediction = predict_plan(the_plan, method, nodes, recalibrate)
+    cost = prediction.cost
+    return ([prediction.header(), f"communicator rates: {cost.rates_source}"] + cost.table()
             + [f"predicted {the_plan.batch / cost.step:,.0f} samples/s"])
 
 

@@ -20,8 +20,9 @@ from typing import Callable
 from singa_mpi import profiling
 from singa_mpi import progress
 from singa_mpi.checkpoints import hdf5 as checkpoint
-from singa_mpi.algorithms import make_algorithm
+from singa_mpi.algorithms import algorithm_name, make_algorithm
 from singa_mpi.config.load import JobConfig
+from singa_mpi.cost.beside import Prediction, beside_lines
 from singa_mpi.layers.base import layer_class_of
 from singa_mpi.net import Net, global_batch_size, phase_nodes
 from singa_mpi.errors import NonFiniteError
@@ -180,14 +181,26 @@ class Trainer:
 
     def finish_profile(self) -> None:
         """WORKSPACE/profile.json from every worker's tracer totals (collective); with
-        ``print_profile`` the root prints it as the per-layer table too."""
+        ``print_profile`` the root prints it as the per-layer table too, and the cost model's
+        prediction of the step beside it (BP jobs: the model replays forward and backward)."""
         parts = self.runtime.gather_object(profiling.worker_part(self.runtime.tracer, self.evaluation_totals))
+        prediction = None
+        if self.print_profile:
+            if algorithm_name(self.cfg.proto.train_one_batch) == "kBP":
+                prediction = self.runtime.predict_step()  # collective
+            else:
+                prediction = (f"no prediction: the cost model replays BP's forward and backward passes, not "
+                              f"{algorithm_name(self.cfg.proto.train_one_batch)}'s")
         if parts is None or not self.runtime.is_root:  # several groups: group 0's root writes
             return
         profile = profiling.build(parts)
         profiling.write(self.workspace, profile)
         if self.print_profile:
             self.log(profiling.format_table(profile))
+            if isinstance(prediction, Prediction):
+                self.log("\n".join(beside_lines(profile, prediction)))
+            elif prediction is not None:
+                self.log(prediction)
 
     def _run_steps(self) -> dict[str, float]:
         os.makedirs(self.workspace, exist_ok=True)

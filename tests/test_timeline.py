@@ -130,7 +130,8 @@ def test_start_records_from_a_barrier_on():
 
 # ---------------------------------------------------------------- serial and 2-rank runs
 
-def test_serial_trace_and_profile(tmp_path, capsys):
+def test_serial_trace_and_profile(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # --profile times the kernels for its prediction
     conf = job_file(tmp_path, "data", steps=10, extra=TEST_PHASE)
     workspace, path = tmp_path / "ws", tmp_path / "out" / "trace.json"
     assert cli.main(["train", conf, "--workspace", str(workspace), "--trace", str(path), "--profile"]) == 0
@@ -160,6 +161,13 @@ def test_serial_trace_and_profile(tmp_path, capsys):
     for layer in LAYERS:
         assert any(line.split()[:2] == ["0", layer] for line in table.splitlines()), layer
     assert "rank 0: ms per step: train_one_batch" in table
+    beside = table[table.index("predicted beside measured"):].splitlines()
+    assert "1 worker(s)" in beside[0] and (tmp_path / "cache" / "singa_mpi" / "kernels.json").exists()
+    for layer in LAYERS:  # predicted forward, measured forward (a number: the layer ran), backward pair
+        cells = next(line.split() for line in beside if line.split()[:1] == [layer])
+        assert len(cells) == 5 and float(cells[1]) >= 0 and float(cells[2]) > 0, cells
+    step = next(line for line in beside if line.strip().startswith("step: predicted"))
+    assert "predicted/measured" in step and "over 10 steps" in step
 
 
 def test_profile_json_without_flags_and_no_trace_unless_asked(tmp_path, capsys):
@@ -176,7 +184,8 @@ def test_two_ranks_write_one_trace_on_one_clock(tmp_path):
     workspace, path = tmp_path / "ws", tmp_path / "trace.json"
     command = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(workspace),
                                     "--trace", str(path), "--profile"]
-    result = subprocess.run(command, cwd=ROOT, env=mpi_env(SINGA_MPI_SHM="0"), capture_output=True, text=True,
+    result = subprocess.run(command, cwd=ROOT, env=mpi_env(SINGA_MPI_SHM="0", XDG_CACHE_HOME=str(tmp_path / "cache")),
+                            capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert result.stdout.count(f"timeline {path}") == 1  # written once, by rank 0
@@ -203,6 +212,11 @@ def test_two_ranks_write_one_trace_on_one_clock(tmp_path):
         comm = {r["name"]: r for r in rows if r["cat"] == "comm"}
         assert any(r["bytes"] > 0 for r in comm.values())
     assert "  rank 1: ms per step: train_one_batch" in result.stdout
+    # the prediction, once, for the run's plan and sync (SINGA_MPI_SHM=0: Allreduce buckets)
+    assert result.stdout.count("predicted beside measured") == 1
+    assert "2 worker(s)" in result.stdout and "param sync allreduce" in result.stdout
+    step = [line for line in result.stdout.splitlines() if line.strip().startswith("step: predicted")]
+    assert len(step) == 1 and "over 6 steps" in step[0] and "predicted/measured" in step[0], result.stdout[-3000:]
 
 
 def test_an_unwritable_trace_file_is_a_one_line_error(tmp_path, capsys):

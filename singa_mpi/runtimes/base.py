@@ -52,5 +52,9 @@ class Runtime(Protocol):
     def report(self, steps: int) -> str | None:
         """The end-of-run communication table (root), or None."""
 
+    def predict_step(self):
+        """The cost model's step for this run's plan on the root (``--profile``), a line saying why there
+        is none, or None off the root (collective)."""
+
     def close(self) -> None:
         """Release communicators and shared memory (before MPI_Finalize)."""

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from singa_mpi.algorithms import frozen_params
 from singa_mpi.config.load import JobConfig
+from singa_mpi.cost.beside import Prediction, predict_plan
+from singa_mpi.errors import SingaError
 from singa_mpi.net import Net, build_serial_net
 from singa_mpi.params import Param
+from singa_mpi.planner import SHARED_MEMORY, partition
 from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
 from singa_mpi.tracing import Tracer
 
@@ -59,6 +62,13 @@ class SerialRuntime:
 
     def report(self, steps: int) -> str | None:
         return None
+
+    def predict_step(self) -> Prediction | str:
+        """The cost model's training step of the job on one worker (or a line saying why there is none)."""
+        try:
+            return predict_plan(partition(self.cfg, 1, "train"), SHARED_MEMORY)
+        except SingaError as err:
+            return f"no prediction: {err}"
 
     def close(self) -> None:
         pass

@@ -21,7 +21,8 @@ import numpy as np
 from singa_mpi import plugins
 from singa_mpi.algorithms import frozen_params
 from singa_mpi.config.load import JobConfig
-from singa_mpi.errors import ConfigError
+from singa_mpi.cost.beside import Prediction, predict_plan
+from singa_mpi.errors import ConfigError, SingaError
 from singa_mpi.layers.base import Layer, LayerContext, layer_class_of
 from singa_mpi.layers.connection import ExchangeLayer
 from singa_mpi.net import Net, Wire
@@ -65,6 +66,10 @@ class Place:
     @property
     def hogwild(self) -> bool:
         return not self.topo.servers_separate and self.groups > 1
+
+
+NO_PREDICTION_FOR_GROUPS = ("no prediction: the cost model prices one group of workers without server ranks "
+                            "(this job has several groups or servers)")
 
 
 class WorkerRuntime:
@@ -351,6 +356,23 @@ class WorkerRuntime:
         self.comm.barrier()
 
     # -------------------------------------------------------------- the end of a run
+    def predict_step(self) -> Prediction | str | None:
+        """The cost model's training step for this run's plan, on the root: a :class:`Prediction`, or a
+        line saying why there is none; None elsewhere.  Collective: the other workers wait asleep while
+        the root times kernels (spinning in a blocking call they would take the cores it times on)."""
+        if self.place is not None:
+            return NO_PREDICTION_FOR_GROUPS if self.is_root else None
+        nodes = -(-self.size // self.comm.node_size())
+        found = None
+        if self.is_root:
+            try:
+                the_plan = self.plans.get("train") or partition(self.cfg, self.size, "train")
+                found = predict_plan(the_plan, self.method or SHARED_MEMORY, nodes)
+            except SingaError as err:
+                found = f"no prediction: {err}"
+        self.comm.root_value(None, "prediction")
+        return found
+
     def measured(self) -> dict[str, tuple[int, int, float]]:
         """This worker's communication so far, one row per connection layer or sync
         (calls, bytes, seconds), read from the tracer."""
