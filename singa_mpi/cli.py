@@ -220,6 +220,8 @@ def cmd_calibrate(args) -> int:
                   f"Allreduce ring step {1e6 * entry['allreduce']['latency']:.1f} us + "
                   f"{entry['allreduce']['bandwidth'] / 1e9:.2f} GB/s, Allgatherv "
                   f"{1e6 * entry['collective']['latency']:.1f} us + {entry['collective']['bandwidth'] / 1e9:.2f} GB/s, "
+                  f"Alltoallv {1e6 * entry['alltoall']['latency']:.1f} us + "
+                  f"{entry['alltoall']['bandwidth'] / 1e9:.2f} GB/s, "
                   f"memory {entry['memory'] / 1e9:.1f} GB/s; saved in {rates.rates_path()}", flush=True)
     world.root_value(None, "calibrate")  # the ranks off rank 0's node wait asleep while it calibrates there
     return 0

@@ -129,6 +129,7 @@ def test_calibrate_on_two_ranks_saves_the_node_rates_that_plan_cost_then_uses(tm
     (key, entry), = table.items()
     assert key.endswith("|nodes1") and entry["ranks"] == 2
     assert entry["p2p"]["bandwidth"] > 1e6 and 0 < entry["p2p"]["latency"] < 1e-2
+    assert "Alltoallv" in out.stdout and entry["alltoall"]["bandwidth"] > 1e6 and len(entry["alltoall"]["points"]) >= 2
     cost = run_cached(tmp_path, "plan", "conf/digits_mlp.conf", "-n", "2", "--cost")
     assert cost.returncode == 0, cost.stderr
     assert "communicator rates: calibrated" in cost.stdout

@@ -7,7 +7,8 @@ Every rank's step is replayed in the plan's global order (the order the runtime 
 * a bridge's Send starts when the sender gets there (non-blocking), and the receiver waits for it:
   ``max(own clock, sender's clock + latency + bytes / bandwidth)``;
 * a collective (slice, concat, split) starts when its last member arrives and ends for all members
-  ``latency * (members - 1) + the most bytes a member moves / bandwidth`` later;
+  the calibrated time of the most bytes a member moves later (an Alltoallv's own calibration for
+  Alltoallv, a concat's Allgatherv for the others);
 * backward replays the same in reverse, for the layers and exchanges that carry gradients;
 * parameter sync as the runtime does it (:mod:`singa_mpi.planner.syncs`): a bucket's Allreduce
   starts when the last of its gradients is ready on every member and runs beside the rest of
@@ -66,10 +67,10 @@ class StepCost:
 
 
 def exchange_time(ex: Exchange, rates: Rates) -> float:
-    """A collective's time: the calibrated concat (Allgatherv with its packing) for the most bytes one
-    member moves."""
+    """A collective's time for the most bytes one member moves: an Alltoallv at the calibrated
+    Alltoallv's pace, the others (Allgatherv, Bcast, Scatterv, Gatherv) at the concat's Allgatherv's."""
     most = max(max(ex.sent_by(r), ex.received_by(r)) for r in ex.group)
-    return rates.collective.time(most)
+    return rates.exchange(ex.forward_op).time(most)
 
 
 def bridge_bytes(ex: Exchange) -> int:

@@ -3,8 +3,8 @@
 Memory bandwidth (an element-wise pass, as the updaters and shared-memory sums make) is measured here
 in one process.  The communicator's rates are measured on the launched communicator by
 ``mpiexec -n N singa-mpi calibrate`` (:func:`calibrate_comm`): ping-pong between rank 0 and a peer (on
-another node where there are several), an Allreduce and a concat's Allgatherv over all, at sizes from
-8 bytes to 32 MiB; a message's time is interpolated between the measured sizes and follows
+another node where there are several), an Allreduce, a concat's Allgatherv and an Alltoallv over all,
+at sizes from 8 bytes to 32 MiB; a message's time is interpolated between the measured sizes and follows
 ``latency + bytes / bandwidth`` outside them.  They are cached per machine, MPI library and node count
 (one node: shared-memory transport; several: the network), and :class:`Network` prices each message
 of a job on several nodes with the rates of the link it crosses.
@@ -63,6 +63,11 @@ class Rates:
     allreduce: Link  # per ring step: time = 2 (n-1) latency + 2 (n-1)/n bytes / bandwidth
     collective: Link  # a concat's Allgatherv with its packing: bytes = what one member receives
     source: str  # "calibrated (...)" or "assumed"
+    alltoall: Link | None = None  # an Alltoallv with its packing, bytes as above (None: as ``collective``)
+
+    def exchange(self, op: str) -> Link:
+        """The link an exchange's collective runs at: Alltoallv its own, the others a concat's."""
+        return self.alltoall if op == "Alltoallv" and self.alltoall is not None else self.collective
 
     def ring_allreduce(self, nbytes: float, n: int) -> float:
         """2 (n - 1) ring steps of bytes / n each (the allreduce link is calibrated per step)."""
@@ -138,14 +143,16 @@ def load(flavor: str | None = None, nodes: int = 1) -> Rates:
     entry = table.get(comm_key(flavor, nodes))
     if entry and "collective" not in entry:  # written by an older calibrate
         entry = None
-    if entry:
+    if entry:  # a calibration without Alltoallv (older): Alltoallv priced as the concat's Allgatherv
         return Rates(entry["memory"], _link(entry["p2p"]), _link(entry["allreduce"]), _link(entry["collective"]),
-                     f"calibrated ({entry['when']}, {entry['ranks']} ranks, {flavor}, {nodes} node(s))")
+                     f"calibrated ({entry['when']}, {entry['ranks']} ranks, {flavor}, {nodes} node(s))",
+                     _link(entry["alltoall"]) if "alltoall" in entry else None)
     memory = measure_memory()
     assumed = Link(DEFAULT_LATENCY, memory / 2)
     how = ("mpiexec -n 2 singa-mpi calibrate" if nodes <= 1 else
            "singa-mpi calibrate under mpiexec with ranks on two or more nodes")
-    return Rates(memory, assumed, assumed, assumed, f"assumed: no calibration of the communicator (run: {how})")
+    return Rates(memory, assumed, assumed, assumed, f"assumed: no calibration of the communicator (run: {how})",
+                 assumed)
 
 
 def _link(entry: dict) -> Link:
@@ -164,8 +171,8 @@ def fit(points: list[tuple[int, float]]) -> Link:
 
 def calibrate_comm(comm, repeats: int = 20, peer: int = 1) -> dict | None:
     """Measure ping-pong (ranks 0 and ``peer``: on several nodes, a rank on another node than 0's),
-    Allreduce and a concat's Allgatherv (all) on ``comm``; rank 0 gets the fitted entry."""
-    p2p, allreduce, collective = [], [], []
+    Allreduce, a concat's Allgatherv and an Alltoallv (all) on ``comm``; rank 0 gets the fitted entry."""
+    p2p, allreduce, collective, alltoall = [], [], [], []
     token = np.zeros(1, np.float32)
     for nbytes in SIZES:
         buf = np.zeros(max(1, nbytes // 4), np.float32)
@@ -217,12 +224,36 @@ def calibrate_comm(comm, repeats: int = 20, peer: int = 1) -> dict | None:
             out[...] = whole.reshape(n, 64, width).transpose(1, 0, 2).reshape(64, n * width)
             times.append(time.perf_counter() - start)
         collective.append((buf.nbytes * (n - 1), max(comm.allgather_object(statistics.median(times)))))
+        alltoall.append(_alltoall_point(comm, buf.nbytes, repeats))
     if comm.rank != 0:
         return None
     return {"memory": measure_memory(), "p2p": dataclasses.asdict(fit(p2p)),
             "allreduce": dataclasses.asdict(fit(allreduce)),
-            "collective": dataclasses.asdict(fit(collective)), "ranks": comm.size,
+            "collective": dataclasses.asdict(fit(collective)), "alltoall": dataclasses.asdict(fit(alltoall)),
+            "ranks": comm.size,
             "when": time.strftime("%Y-%m-%d")}
+
+
+def _alltoall_point(comm, nbytes: int, repeats: int) -> tuple[int, float]:
+    """(bytes one member receives, the slowest member's median seconds) of an Alltoallv as a layer
+    whose parts need other parts runs it (LRN across a feature split, a concat into fewer workers):
+    a block of ``nbytes`` per member packed from a (64, width) array's columns, sent to every member,
+    and the blocks received unpacked into one (64, n * width) array."""
+    n = comm.size
+    width = max(1, nbytes // 4 // 64)
+    mine = np.ones((64, n * width), np.float32)
+    send, recv = np.empty(64 * width * n, np.float32), np.empty(64 * width * n, np.float32)
+    out = np.empty((64, n * width), np.float32)
+    counts, displs = [64 * width] * n, [64 * width * i for i in range(n)]
+    times = []
+    for _ in range(repeats):
+        comm.barrier("calibrate")
+        start = time.perf_counter()
+        send[...] = mine.reshape(64, n, width).transpose(1, 0, 2).reshape(-1)
+        comm.Alltoallv(send, counts, displs, recv, counts, displs, "calibrate")
+        out[...] = recv.reshape(n, 64, width).transpose(1, 0, 2).reshape(64, n * width)
+        times.append(time.perf_counter() - start)
+    return 64 * width * 4 * (n - 1), max(comm.allgather_object(statistics.median(times)))
 
 
 def save(entry: dict, flavor: str, nodes: int) -> None:

@@ -250,3 +250,23 @@ def test_corunners_dropped_without_close_end_with_their_input(mlp_cfg):
     del pool
     gc.collect()
     assert process.wait(timeout=30) == 0
+
+
+def test_an_alltoallv_takes_its_own_calibration_and_the_other_collectives_the_concats(tmp_path):
+    data = nets.make_data(str(tmp_path / "d.h5"), 64, (12,), 5)
+    the_plan = plan(nets.job(nets.mlp(data, 16, "feature", 2)), 2)
+    ops = {ex.forward_op for ex in the_plan.exchanges}
+    assert {"Allgatherv", "Alltoallv"} <= ops
+    base = rates()
+    slow_alltoall = dataclasses.replace(base, alltoall=Link(1e-5, 1e5))
+    slow_concat = dataclasses.replace(base, collective=Link(1e-5, 1e5), alltoall=base.collective)
+    assert slow_alltoall.exchange("Alltoallv").bandwidth == 1e5 and slow_alltoall.exchange("Allgatherv") is base.collective
+    assert base.exchange("Alltoallv") is base.collective  # no Alltoallv calibration (older cache): the concat's
+    fast = predict(the_plan, SHARED_MEMORY, RowKernels(), base)
+    by_op = {}
+    for ex in the_plan.exchanges:  # each exchange's share of the step, priced alone
+        most = max(max(ex.sent_by(r), ex.received_by(r)) for r in ex.group)
+        by_op[ex.forward_op] = by_op.get(ex.forward_op, 0) + (most > 0)
+    assert by_op["Alltoallv"] and by_op["Allgatherv"]
+    assert predict(the_plan, SHARED_MEMORY, RowKernels(), slow_alltoall).step > fast.step
+    assert predict(the_plan, SHARED_MEMORY, RowKernels(), slow_concat).step > fast.step
