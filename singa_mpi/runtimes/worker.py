@@ -368,7 +368,7 @@ class WorkerRuntime:
             try:
                 the_plan = self.plans.get("train") or partition(self.cfg, self.size, "train")
                 found = predict_plan(the_plan, self.method or SHARED_MEMORY, nodes)
-            except SingaError as err:
+            except (SingaError, OSError) as err:  # the run itself succeeded: a line, not a failure
                 found = f"no prediction: {err}"
         self.comm.root_value(None, "prediction")
         return found

@@ -69,3 +69,16 @@ def test_a_cd_job_says_why_it_has_no_prediction(tmp_path, capsys, monkeypatch):
     assert "profile: per training step over 3 steps" in printed
     assert "no prediction: the cost model replays BP's forward and backward passes, not kCD's" in printed
     assert "predicted beside measured" not in printed and not (tmp_path / "cache").exists()
+
+
+def test_a_prediction_that_cannot_be_cached_is_a_line_and_the_run_still_succeeds(tmp_path, capsys, monkeypatch):
+    from singa_mpi import cli
+    from test_checkpoint import job_file
+
+    (tmp_path / "not_a_folder").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not_a_folder"))  # the kernel cache cannot be written
+    conf = job_file(tmp_path, "data", steps=3)
+    assert cli.main(["train", conf, "--workspace", str(tmp_path / "ws"), "--profile"]) == 0
+    printed = capsys.readouterr().out
+    assert "profile: per training step over 3 steps" in printed
+    assert "no prediction: " in printed and "not_a_folder" in printed
