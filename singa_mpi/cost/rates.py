@@ -197,13 +197,7 @@ def calibrate_comm(comm, repeats: int = 20, peer: int = 1) -> dict | None:
                 comm.Send(buf, 0, 7, "calibrate")
             times.append((time.perf_counter() - start) / 2)
         p2p.append((buf.nbytes, statistics.median(times)))
-        times = []
-        for _ in range(runs):
-            comm.barrier("calibrate")
-            start = time.perf_counter()
-            comm.Allreduce(buf, "calibrate")
-            times.append(time.perf_counter() - start)
-        slowest = max(comm.allgather_object(statistics.median(times)))
+        slowest = _slowest_median(comm, runs, lambda: comm.Allreduce(buf, "calibrate"))
         n = comm.size
         # one ring step moves bytes/n; a ring Allreduce takes 2 (n - 1) of them
         allreduce.append((buf.nbytes / n, slowest / (2 * (n - 1))))
@@ -216,14 +210,10 @@ def calibrate_comm(comm, repeats: int = 20, peer: int = 1) -> dict | None:
         out = np.empty((64, n * width), np.float32)
         whole = np.empty(64 * width * n, np.float32)
         counts, displs = [64 * width] * n, [64 * width * i for i in range(n)]
-        times = []
-        for _ in range(repeats):
-            comm.barrier("calibrate")
-            start = time.perf_counter()
+        def concat():
             comm.Allgatherv(np.ascontiguousarray(mine), whole, counts, displs, "calibrate")
             out[...] = whole.reshape(n, 64, width).transpose(1, 0, 2).reshape(64, n * width)
-            times.append(time.perf_counter() - start)
-        collective.append((buf.nbytes * (n - 1), max(comm.allgather_object(statistics.median(times)))))
+        collective.append((buf.nbytes * (n - 1), _slowest_median(comm, repeats, concat)))
         alltoall.append(_alltoall_point(comm, buf.nbytes, repeats))
     if comm.rank != 0:
         return None
@@ -245,15 +235,23 @@ def _alltoall_point(comm, nbytes: int, repeats: int) -> tuple[int, float]:
     send, recv = np.empty(64 * width * n, np.float32), np.empty(64 * width * n, np.float32)
     out = np.empty((64, n * width), np.float32)
     counts, displs = [64 * width] * n, [64 * width * i for i in range(n)]
+
+    def exchange():
+        send[...] = mine.reshape(64, n, width).transpose(1, 0, 2).reshape(-1)
+        comm.Alltoallv(send, counts, displs, recv, counts, displs, "calibrate")
+        out[...] = recv.reshape(n, 64, width).transpose(1, 0, 2).reshape(64, n * width)
+    return 64 * width * 4 * (n - 1), _slowest_median(comm, repeats, exchange)
+
+
+def _slowest_median(comm, repeats: int, run) -> float:
+    """The slowest member's median seconds of the collective ``run``, each run started after a barrier."""
     times = []
     for _ in range(repeats):
         comm.barrier("calibrate")
         start = time.perf_counter()
-        send[...] = mine.reshape(64, n, width).transpose(1, 0, 2).reshape(-1)
-        comm.Alltoallv(send, counts, displs, recv, counts, displs, "calibrate")
-        out[...] = recv.reshape(n, 64, width).transpose(1, 0, 2).reshape(64, n * width)
+        run()
         times.append(time.perf_counter() - start)
-    return 64 * width * 4 * (n - 1), max(comm.allgather_object(statistics.median(times)))
+    return max(comm.allgather_object(statistics.median(times)))
 
 
 def save(entry: dict, flavor: str, nodes: int) -> None:

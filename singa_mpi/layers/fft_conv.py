@@ -95,17 +95,15 @@ class FourierConvolution:
         self.size = transform_size((in_hw[0] + 2 * pad[0], in_hw[1] + 2 * pad[1]))
         self.bins = self.size[0] * (self.size[1] // 2 + 1)
         self._buffers: dict[str, np.ndarray] = {}  # zero-bordered inputs of the transforms, by name
-        self._tap_matrices = _tap_transforms(self.size, kernel)
-        self._tap_matrices_by_type: dict = {}
+        self._tap_matrices = {np.dtype(np.complex128): _tap_transforms(self.size, kernel)}  # by complex type
 
-    def _tap_transforms(self, dtype) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-        """The tap DFT matrices in the complex type of ``dtype`` (complex64 for float32)."""
+    def _tap_matrices_for(self, dtype) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """The tap DFT matrices in the complex type of ``dtype`` (complex64 for float32), cast once."""
         complex_type = np.result_type(dtype, np.complex64)
-        found = self._tap_matrices_by_type.get(complex_type)
-        if found is None:
-            found = self._tap_matrices_by_type[complex_type] = tuple(
-                tuple(m.astype(complex_type) for m in pair) for pair in self._tap_matrices)
-        return found
+        if complex_type not in self._tap_matrices:
+            exact = self._tap_matrices[np.dtype(np.complex128)]
+            self._tap_matrices[complex_type] = tuple(tuple(m.astype(complex_type) for m in pair) for pair in exact)
+        return self._tap_matrices[complex_type]
 
     def _spectrum(self, name: str, array: np.ndarray, at: tuple[int, int]) -> np.ndarray:
         """rfft2 of ``array`` (n, m, h, w) placed at offset ``at`` in zeros of the transform size, as
@@ -152,7 +150,7 @@ class FourierConvolution:
         two complex GEMMs with the DFT matrices of the taps (what :meth:`_spectrum` gives, 2x faster:
         there are F·C tiny images, which the transforms handle one line at a time)."""
         filters, channels, kh, kw = taps.shape
-        to_bins, _ = self._tap_transforms(taps.dtype)
+        to_bins, _ = self._tap_matrices_for(taps.dtype)
         columns = taps.transpose(2, 3, 1, 0).astype(to_bins[0].dtype)  # (kh, kw, C, F), complex for cgemm
         half = np.matmul(to_bins[1], columns.reshape(kh, kw, -1))  # along the columns: (kh, N_w//2+1, C·F)
         return np.matmul(to_bins[0], half.reshape(kh, -1)).reshape(self.bins, channels, filters)
@@ -162,7 +160,7 @@ class FourierConvolution:
         inverse DFT matrices restricted to those lags (two complex GEMMs, the real part kept)."""
         _, m, n = spectrum.shape
         kh, kw = self.kernel
-        _, to_taps = self._tap_transforms(spectrum.real.dtype)
+        _, to_taps = self._tap_matrices_for(spectrum.real.dtype)
         rows = np.matmul(to_taps[0], spectrum.reshape(self.size[0], -1))  # (kh, N_w//2+1 · m·n)
         taps = np.matmul(to_taps[1], rows.reshape(kh, -1, m * n))  # (kh, kw, m·n)
         return taps.real.reshape(kh, kw, m, n)
