@@ -1,8 +1,10 @@
 """Works as an installed package: a wheel, installed into a fresh venv (numpy, mpi4py, h5py... come
 from this environment: nothing is downloaded), runs the quick start from an empty folder."""
+import importlib.util
 import os
 import pathlib
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -26,7 +28,9 @@ def test_wheel_in_a_fresh_venv_trains_the_default_job_from_an_empty_folder(tmp_p
     for name in ("singa_mpi", "conf"):
         shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
     wheels = tmp_path / "wheels"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, src], tmp_path)
+    # without setuptools here (Python >= 3.12 venvs lack it) pip builds in isolation, fetching it
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-w", wheels, src], tmp_path)
     wheel, = wheels.glob("singa_mpi-*.whl")
     examples = sorted(p.name for p in (ROOT / "conf").glob("*.conf")) + sorted(  # and the plugins beside them
         p.name for p in (ROOT / "conf").glob("*.py"))
@@ -35,8 +39,9 @@ def test_wheel_in_a_fresh_venv_trains_the_default_job_from_an_empty_folder(tmp_p
                   if n.startswith("singa_mpi/conf/")) == examples
 
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], tmp_path)
     python = venv / "bin" / "python"
+    run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path)
+    see_these_packages(python, this_environments_site_packages())
     run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", wheel], tmp_path)
 
     empty = tmp_path / "empty"
@@ -57,3 +62,19 @@ def test_wheel_in_a_fresh_venv_trains_the_default_job_from_an_empty_folder(tmp_p
     run([venv / "bin" / "singa-mpi", "train", "conf/digits_mlp.conf", "--steps", "2", "--workspace", "copy"],
         empty, env)
     assert (empty / "data" / "digits" / "test.h5").exists()
+
+
+def this_environments_site_packages() -> list[str]:
+    """The folders the running interpreter imports installed packages from. Not `--system-site-packages`:
+    run from a venv, that would see the *base* interpreter's packages, not the ones this test runs on."""
+    folders = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    return [f for f in folders if pathlib.Path(f).is_dir()]
+
+
+def see_these_packages(python: pathlib.Path, folders: list[str]) -> None:
+    """Lets the venv of `python` import from `folders` after its own site-packages, through a .pth of
+    plain paths: the .pth files inside those folders (this checkout's editable install) are not run,
+    so `singa_mpi` can only come from the wheel."""
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                  python.parent).stdout.strip()
+    (pathlib.Path(purelib) / "parent_environment.pth").write_text("".join(f + "\n" for f in folders))
