@@ -25,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
 import time
 import traceback
 import warnings
-from typing import Callable
+from typing import Callable, Sequence
 
 from singa_mpi import plugins, threads, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
@@ -40,6 +41,7 @@ from singa_mpi.config.load import JobConfig, effective_partition_dim, layers_for
 from singa_mpi.config.validate import is_test_only, validate
 from singa_mpi.errors import (ConfigError, DataError, NonFiniteError, PeerLost, ResourceError, SingaError, one_line,
                               out_of_memory)
+from singa_mpi.layers.output import output_files
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.topology import SERVER, check_supported, topology
 from singa_mpi.trainer import Trainer
@@ -147,8 +149,8 @@ def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
     def train(trainer: Trainer) -> int:
         return _train(trainer, options)
 
-    def claim(workspace: str, is_root: bool) -> None:
-        claim_workspace(workspace, options, is_root)
+    def claim(cfg: JobConfig, workspace: str, is_root: bool) -> None:
+        claim_workspace(workspace, options, is_root, outputs=output_files(cfg.proto, workspace))
 
     def trains(cfg: JobConfig) -> None:
         if is_test_only(cfg.proto):  # SINGA ran these with -test
@@ -171,9 +173,10 @@ def _options_to_agree(options: RunOptions) -> list[tuple[str, str]]:
     return pairs + [("--trace", "on" if options.trace else "off")]
 
 
-def claim_workspace(workspace: str, options: RunOptions, is_root: bool) -> None:
+def claim_workspace(workspace: str, options: RunOptions, is_root: bool, outputs: Sequence[str] = ()) -> None:
     """Before any communication: refuse a workspace that holds another run's checkpoints unless the
-    run continues it (``--resume``) or moves it aside (``--overwrite``, done by the root).  The root
+    run continues it (``--resume``) or moves it aside (``--overwrite``, done by the root, with the
+    files of the job's output layers, ``outputs``).  The root
     also makes sure it can write there (:func:`make_workspace`) and removes the temporary files of
     checkpoint writers that were killed (a one-line note says which)."""
     if options.resume and options.overwrite:
@@ -192,7 +195,7 @@ def claim_workspace(workspace: str, options: RunOptions, is_root: bool) -> None:
               f"{', '.join(removed)}", flush=True)
     if options.overwrite:
         try:
-            moved, target = _archive_run(workspace)
+            moved, target = _archive_run(workspace, outputs)
         except OSError as err:
             raise DataError(f"--overwrite: could not move the previous run in {workspace} aside: "
                             f"{checkpoint.disk_problem(err)}") from None
@@ -238,9 +241,10 @@ def _file_in_the_way(path: str) -> str | None:
         path = parent
 
 
-def _archive_run(workspace: str) -> tuple[list[str], str]:
-    """Move a previous run's checkpoint folder, metrics.jsonl and communication.json to
-    ``WORKSPACE/previous-<time>/``; returns (what moved, where).  Other files (logs) stay."""
+def _archive_run(workspace: str, outputs: Sequence[str] = ()) -> tuple[list[str], str]:
+    """Move a previous run's checkpoint folder, metrics.jsonl, communication.json and output layers' files
+    (``outputs``) to ``WORKSPACE/previous-<time>/``; returns (what moved, where).  Other files (logs) stay.
+    An output file keeps its path under the workspace; one outside it goes there by its name."""
     names = [name for name in (os.path.basename(checkpoint.checkpoint_dir(workspace)), "metrics.jsonl",
                                "communication.json") if os.path.exists(os.path.join(workspace, name))]
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -252,15 +256,27 @@ def _archive_run(workspace: str) -> tuple[list[str], str]:
         os.makedirs(target)
         for name in names:
             os.replace(os.path.join(workspace, name), os.path.join(target, name))
+    for path in outputs:
+        if os.path.isfile(path):
+            inside = os.path.relpath(path, workspace)
+            name = inside if not inside.startswith(os.pardir) else path
+            where = os.path.join(target, inside if name == inside else os.path.basename(path))
+            (stem, ext), n = os.path.splitext(where), 1
+            while os.path.exists(where):  # two outside outputs of one name
+                n += 1
+                where = f"{stem}-{n}{ext}"
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            shutil.move(path, where)
+            names.append(name)
     return names, target
 
 
 def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
             body: Callable[[Trainer], int], steps: int | None = None, check: Callable | None = None,
-            claim: Callable[[str, bool], None] | None = None, phases: list[str] | None = None,
+            claim: Callable[[JobConfig, str, bool], None] | None = None, phases: list[str] | None = None,
             agree: list[tuple[str, str]] | None = None, catch_signals: bool = True) -> int:
     """Serial in one process, else the two-phase MPI protocol; ``body(trainer)`` does the work.
-    ``check(cfg)`` and ``claim(workspace, is_root)`` run in phase 1: their errors end every rank cleanly;
+    ``check(cfg)`` and ``claim(cfg, workspace, is_root)`` run in phase 1: their errors end every rank cleanly;
     so does a missing input store of ``phases`` (default: those the job trains, tests and validates).
     ``agree``: (option, value) pairs every rank must share; ``catch_signals``: stop on SIGINT, SIGTERM
     and SIGUSR1 from now on (:class:`StopSignals`), else leave them alone."""
@@ -319,7 +335,7 @@ def _run_serial(job, workspace_of, seed, body, steps, check, claim, phases, stop
     workspace = workspace_of(cfg)
     check_inputs(cfg, workspace, phases or _phases(cfg), log=print)
     if claim is not None:
-        claim(workspace, True)
+        claim(cfg, workspace, True)
     make_workspace(workspace)  # `test` has no claim: a bad workspace is one line here too
     trainer = Trainer(cfg, workspace, SerialRuntime(cfg, cfg.proto.seed, workspace), train_steps=steps)
     stops.attach(trainer)
@@ -525,7 +541,7 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         plans = WorkerRuntime.plan_phases(cfg, topo.workers_per_group, _phases(cfg))
         facts = WorkerRuntime.agreement(cfg, plans, _run_facts(cfg, steps) + agree)
         if claim is not None:  # last: the root may move files (--overwrite)
-            claim(workspace, world.rank == 0)
+            claim(cfg, workspace, world.rank == 0)
     except SingaError as err:
         error = (str(err), err.exit_code)
     except MemoryError as err:

@@ -14,7 +14,8 @@ import numpy as np
 
 from singa_mpi.data.stores import StoreWriter, open_store
 from singa_mpi.errors import DataError
-from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError
+from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, layer_class_of
+from singa_mpi.proto import job_pb2
 
 
 @LAYERS.register("kAccuracy")
@@ -85,6 +86,12 @@ class _StoreOutput(Layer):
     Writes whatever rows its source gives (no ``store_conf.batchsize``).  The file is
     closed by ``close_files()`` (the trainer calls it on every exit path), else when the
     layer is garbage-collected or the interpreter exits.
+
+    Resuming: the carried state (``state()``, kept in checkpoints) is the file's length and
+    row count after the batches trained so far.  A resumed layer cuts the file back to that
+    length, dropping the rows of batches trained after the checkpoint, and appends, so the
+    file ends as an uninterrupted run's.  Only the rank that runs the layer (its location;
+    it is never split) writes the file and carries that state.
     """
 
     feature_partitionable = False
@@ -98,32 +105,80 @@ class _StoreOutput(Layer):
         if (lo, hi) != (0, self.ctx.global_batch):
             raise LayerConfigError("partition_dim", 0, "-1: an output layer writes whole batches to one file")
         self.writer: StoreWriter | None = None
-        self.written = 0
+        self.written = 0  # rows in the file
+        self.length = 0  # bytes in the file
+        self.resumed: tuple[int, int] | None = None  # (bytes, rows) a checkpoint says the file held
         return tuple(src_shapes[0])
 
     def path(self) -> str:
-        path = self.conf.store_conf.path
-        return path if os.path.isabs(path) else os.path.join(self.ctx.workspace or ".", path)
+        return output_path(self.conf, self.ctx.workspace)
 
     def forward(self, inputs, train):
-        if self.writer is None:  # opened on the first batch: check/plan create no files
-            os.makedirs(os.path.dirname(self.path()) or ".", exist_ok=True)
-            self.writer = open_store(self.backend, self.path(), "w", separator=self.conf.store_conf.separator,
-                                     key_format=self.key_format)
-            self._finalizer = weakref.finalize(self, self.writer.close)
         rows = np.asarray(inputs[0]).reshape((len(inputs[0]),) + self.out_shape)
-        self.writer.write_batch(rows)
-        self.writer.flush()  # readable while the job runs
+        try:
+            if self.writer is None:  # opened on the first batch: check/plan create no files
+                self.writer = self._open()
+                self._finalizer = weakref.finalize(self, self.writer.close)
+            self.writer.write_batch(rows)
+            self.writer.flush()  # readable while the job runs
+            self.length = os.fstat(self.writer.file.fileno()).st_size
+        except OSError as err:  # a folder that cannot be made, a read-only or full disk
+            reason = err.strerror or " ".join(str(err).split())
+            raise DataError(f"layer '{self.name}': {self.path()}: cannot write this output file: {reason}: "
+                            f"expected a writable path (store_conf.path)") from None
         self.written += len(rows)
         return inputs[0]
 
+    def _open(self) -> StoreWriter:
+        path = self.path()
+        options = {"separator": self.conf.store_conf.separator, "key_format": self.key_format}
+        if self.resumed is None:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            return open_store(self.backend, path, "w", **options)
+        length, rows = self.resumed
+        found = os.path.getsize(path) if os.path.isfile(path) else None
+        if found is None or found < length:
+            held = "no such file" if found is None else f"{found} bytes"
+            raise DataError(f"layer '{self.name}': {path}: {held}, but it held {length} bytes ({rows} rows) at the "
+                            f"checkpoint of step {self.ctx.step} this run resumes from: expected the file as "
+                            f"the stopped run left it (put it back, or start afresh with --overwrite)")
+        os.truncate(path, length)  # rows of batches trained after the checkpoint
+        # the store's writers create their file: one is made on the null device, then given this file
+        writer = open_store(self.backend, os.devnull, "w", **options)
+        writer.file.close()
+        writer.file = open(path, "ab" if self.backend == "kvfile" else "a")
+        writer.path = path
+        if hasattr(writer, "keys"):  # a kvfile's keys count the rows written before
+            writer.keys = {self.key_format.format(i).encode() for i in range(rows)}
+        return writer
+
     def backward(self, grad, need):
         return [None]
+
+    def state(self) -> dict[str, int]:
+        return {"bytes": self.length, "rows": self.written}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.length, self.written = int(state.get("bytes", 0)), int(state.get("rows", 0))
+        self.resumed = (self.length, self.written)
 
     def close_files(self) -> None:
         """Close the output file (idempotent)."""
         if self.writer is not None:
             self._finalizer()
+
+
+def output_files(job: job_pb2.JobProto, workspace: str) -> list[str]:
+    """The files the job's output layers write (any phase), once each, in the job's order."""
+    paths = [output_path(conf, workspace) for conf in job.neuralnet.layer
+             if issubclass(layer_class_of(conf), _StoreOutput)]
+    return list(dict.fromkeys(paths))
+
+
+def output_path(conf: job_pb2.LayerProto, workspace: str) -> str:
+    """The file an output layer writes: ``store_conf.path``, under the workspace if relative."""
+    path = conf.store_conf.path
+    return path if os.path.isabs(path) else os.path.join(workspace or ".", path)
 
 
 @LAYERS.register("kCSVOutput")

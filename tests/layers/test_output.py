@@ -85,3 +85,35 @@ def test_a_writer_dropped_without_close_files_is_closed_without_a_resource_warni
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
     assert (tmp_path / "ws" / "out.csv").read_text() == "1,1\n1,1\n"
+
+
+@pytest.mark.parametrize("kind", ["kCSVOutput", "kRecordOutput"])
+def test_a_resumed_writer_cuts_the_file_back_to_its_state_and_appends(tmp_path, kind):
+    batches = [np.full((2, 2), i, np.float32) for i in range(4)]
+    straight = writer_layer(kind, "straight.out", tmp_path)
+    for rows in batches:
+        straight.forward([rows], False)
+    straight.close_files()
+    first = writer_layer(kind, "resumed.out", tmp_path)
+    first.forward([batches[0]], False)
+    state = first.state()  # a checkpoint after one batch
+    assert state == {"bytes": (tmp_path / "ws" / "resumed.out").stat().st_size, "rows": 2}
+    first.forward([batches[1] + 9], False)  # trained after the checkpoint: dropped
+    first.close_files()
+    resumed = writer_layer(kind, "resumed.out", tmp_path)
+    resumed.load_state(state)
+    assert resumed.state() == state  # carried on until it writes
+    for rows in batches[1:]:
+        resumed.forward([rows], False)
+    resumed.close_files()
+    assert (tmp_path / "ws" / "resumed.out").read_bytes() == (tmp_path / "ws" / "straight.out").read_bytes()
+
+
+def test_an_output_file_that_cannot_be_written_is_a_data_error_naming_it(tmp_path):
+    from singa_mpi.errors import DataError
+
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "feat").write_text("a file where the folder should be")
+    layer = writer_layer("kCSVOutput", "feat/out.csv", tmp_path)
+    with pytest.raises(DataError, match=r"layer 'out': .*feat/out.csv: cannot write this output file: "):
+        layer.forward([np.ones((2, 2), np.float32)], False)
