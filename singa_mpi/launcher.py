@@ -146,8 +146,10 @@ def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
     options = options or RunOptions()
     job = with_workers(job, options.workers)
 
+    initial: dict[str, checkpoint.Checkpoint | None] = {}  # the job's checkpoint_path files, read in phase 1
+
     def train(trainer: Trainer) -> int:
-        return _train(trainer, options)
+        return _train(trainer, options, initial.get("params"))
 
     def claim(cfg: JobConfig, workspace: str, is_root: bool) -> None:
         claim_workspace(workspace, options, is_root, outputs=output_files(cfg.proto, workspace))
@@ -156,6 +158,7 @@ def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
         if is_test_only(cfg.proto):  # SINGA ran these with -test
             raise ConfigError(f"{cfg.path}: a test-only job (no train_steps, test_steps {cfg.proto.test_steps}): "
                               f"expected train_steps to train it; run it with singa-mpi test")
+        initial["params"] = read_checkpoint_paths(cfg, workspace_of(cfg), options.resume)
 
     return _launch(job, workspace_of, options.seed, options.stall_timeout, train, steps=options.steps, check=trains,
                    claim=claim, agree=_options_to_agree(options))
@@ -357,15 +360,16 @@ def _in_blas_threads(body: Callable[[Trainer], int]) -> Callable[[Trainer], int]
     return run
 
 
-def _train(trainer: Trainer, options: RunOptions) -> int:
-    """Initialise or resume, run (stopping on the signals :class:`StopSignals` caught); returns the exit code."""
+def _train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint | None = None) -> int:
+    """Initialise (``initial``: the job's checkpoint_path files, already read) or resume, run (stopping on
+    the signals :class:`StopSignals` caught); returns the exit code."""
     trainer.keep = options.keep
     trainer.print_profile = options.profile
     if not options.check_finite:
         trainer.finite.switch_off(list(trainer.nets().values()))
     if options.trace:
         timeline.start(trainer.runtime)  # record from here on, one clock on every rank
-    _load_initial_state(trainer, options)
+    _load_initial_state(trainer, options, initial)
     begin = getattr(trainer.runtime, "begin_training", None)
     if begin is not None:  # server ranks wait for their initial state before anything else
         begin(trainer.loaded, trainer.finite.enabled)
@@ -415,8 +419,9 @@ def resume_command(trainer: Trainer, options: RunOptions) -> str:
     return shlex.join(words + ["--resume"])
 
 
-def _load_initial_state(trainer: Trainer, options: RunOptions) -> None:
-    """--resume: the newest good checkpoint of the workspace; else the job's checkpoint_path files."""
+def _load_initial_state(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint | None = None) -> None:
+    """--resume: the newest good checkpoint of the workspace; else the job's checkpoint_path files
+    (``initial`` when :func:`read_checkpoint_paths` read them before)."""
     job = trainer.job
     if options.resume:
         with warnings.catch_warnings():
@@ -430,13 +435,27 @@ def _load_initial_state(trainer: Trainer, options: RunOptions) -> None:
             return
         trainer.log(f"note: no checkpoint in {checkpoint.checkpoint_dir(trainer.workspace)}: starting at step 0")
     if job.checkpoint_path:  # a fresh start (a first --resume of a requeued job included)
-        # SINGA: params matched by name; later files override earlier ones
-        merged = read_initial(job.checkpoint_path[0])
-        for path in job.checkpoint_path[1:]:
-            merged.params.update(read_initial(path).params)
-            merged.path = path
+        merged = initial or _merged_checkpoint_paths(job.checkpoint_path)
         trainer.log(f"initialising parameters from {', '.join(job.checkpoint_path)}")
         trainer.restore(merged, full=False, allow_partial=options.allow_partial)
+
+
+def read_checkpoint_paths(cfg: JobConfig, workspace: str, resume: bool) -> checkpoint.Checkpoint | None:
+    """The job's checkpoint_path files, read in phase 1 so that a missing or damaged one is a voted error
+    (one line from rank 0) rather than every rank's abort at step 0; None when the job names none, or
+    when --resume continues from the workspace's own checkpoints."""
+    if not cfg.proto.checkpoint_path or (resume and checkpoint.listed(workspace)):
+        return None
+    return _merged_checkpoint_paths(cfg.proto.checkpoint_path)
+
+
+def _merged_checkpoint_paths(paths) -> checkpoint.Checkpoint:
+    """SINGA: params matched by name; later files override earlier ones."""
+    merged = read_initial(paths[0])
+    for path in paths[1:]:
+        merged.params.update(read_initial(path).params)
+        merged.path = path
+    return merged
 
 
 def _check_job_identity(trainer: Trainer, ckpt: checkpoint.Checkpoint, allow_other_job: bool) -> None:
@@ -538,6 +557,7 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         role = topo.role(world.rank)
         workspace = workspace_of(cfg)
         check_inputs(cfg, workspace, phases or _phases(cfg), log=print if world.rank == 0 else None)
+        check_first_batches(cfg, workspace, phases or _phases(cfg))  # what step 0 would meet, voted
         plans = WorkerRuntime.plan_phases(cfg, topo.workers_per_group, _phases(cfg))
         facts = WorkerRuntime.agreement(cfg, plans, _run_facts(cfg, steps) + agree)
         if claim is not None:  # last: the root may move files (--overwrite)
@@ -674,6 +694,58 @@ def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callabl
             for conf, field, path, todo in prepare.reader_files(layer, cfg.path):  # DataShards, char-rnn text
                 if path not in seen and resolve_path(path, workspace) is None:
                     raise _missing(cfg, index, layer, conf, field, path, workspace, todo)
+
+
+def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str]) -> None:
+    """What the first step of each phase would find wrong with the data, found before any communication
+    (every rank runs this in phase 1, so that data that every rank reads alike fails as one voted line):
+    every input layer opens its data and reads the first global batch (all ranks' rows: the store
+    decodes only these), label sources (kLabel) take their labels, and every loss layer looks at them.
+    The layers are throw-away serial instances without parameters; a DataError says what the first
+    step would have said."""
+    import numpy as np
+
+    from singa_mpi.layers.base import LayerContext
+    from singa_mpi.net import global_batch_size, instantiate, phase_nodes
+
+    for phase in phases:
+        nodes = phase_nodes(cfg, phase)
+        batch, train = global_batch_size(cfg, nodes), phase == "train"
+        built = instantiate(cfg, nodes, lambda node: LayerContext(global_batch=batch, seed=cfg.proto.seed,
+                                                                   workspace=workspace, phase=phase))
+        by_name = {node.name: layer for node, layer, _ in built}
+        read: dict[str, np.ndarray] = {}  # the output of each layer that read (input layers, label sources)
+        try:
+            for node, layer, kinds in built:
+                srcs = [by_name[name] for name in node.conf.srclayers if name in by_name]
+                if layer.is_input and not srcs:
+                    if hasattr(layer, "open"):
+                        layer.open(cache=False)
+                    read[node.name] = layer.forward([], train)
+                elif getattr(layer, "provides_labels", False) and srcs and all(s.name in read for s in srcs):
+                    read[node.name] = layer.forward([s.aux if k == "aux" else read[s.name]
+                                                     for s, k in zip(srcs, kinds)], train)
+                elif layer.is_loss and "aux" in kinds[:len(srcs)]:
+                    labels = srcs[kinds.index("aux")]
+                    if labels.name in read and labels.aux is not None:  # scores of the right shape, and these labels
+                        scores = np.zeros((len(labels.aux),) + srcs[kinds.index("data")].out_shape, np.float32)
+                        try:
+                            layer.forward([labels.aux if k == "aux" else scores for k in kinds[:len(srcs)]], train)
+                        except DataError as err:
+                            raise DataError(f"{err}, in the first batch{_read_from(labels, by_name)}") from None
+        finally:
+            for layer in by_name.values():
+                store = getattr(layer, "store", None)
+                if store is not None:
+                    store.close()
+
+
+def _read_from(layer, layers: dict) -> str:
+    """" of layer 'data' read from PATH": the input layer (and its store) that ``layer``'s labels come from."""
+    while getattr(layer, "store", None) is None and layer.conf.srclayers and layer.conf.srclayers[0] in layers:
+        layer = layers[layer.conf.srclayers[0]]  # a label source (kLabel) takes them from its input layer
+    store = getattr(layer, "store", None)
+    return f" of layer '{layer.name}'" + (f" read from {store.path}" if store is not None else "")
 
 
 def _missing(cfg: JobConfig, index: int, layer, conf: str, field: str, path: str, workspace: str,

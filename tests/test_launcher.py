@@ -100,3 +100,60 @@ def test_mpich_launcher_with_mpi4py_on_open_mpi_is_one_line_exit_2(tmp_path):
     assert done.returncode == 2 and len(errors) == 1, done.stderr[-2000:]
     assert "PMI_SIZE=2" in errors[0] and "Open MPI" in errors[0]
     assert not (tmp_path / "ws").exists()
+
+
+# ------------------------------------------------------------------ what the first step would meet (#36)
+
+def _first_batch_job(tmp_path, labels: int, extra: str = ""):
+    import nets
+    from singa_mpi.config.load import load_job
+
+    store = nets.make_data(str(tmp_path / f"labels{labels}.h5"), 100, (12,), labels)
+    conf = tmp_path / f"job{labels}.conf"
+    conf.write_text(nets.mlp(store, 32, "data") + extra)
+    return load_job(str(conf)), store
+
+
+def test_the_first_batch_of_every_phase_is_read_before_any_communication(tmp_path):
+    """Phase 1's look at the data (every rank, before the vote): the loss's labels of the first global
+    batch are checked, and the message names the store they came from."""
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher import check_first_batches
+
+    cfg, _ = _first_batch_job(tmp_path, 5)
+    check_first_batches(cfg, str(tmp_path), ["train"])  # 5 classes for a net of 5: nothing to say
+    cfg, store = _first_batch_job(tmp_path, 50)
+    with pytest.raises(DataError) as err:
+        check_first_batches(cfg, str(tmp_path), ["train"])
+    assert "layer 'loss': label" in str(err.value) and "expected a class index in 0..4" in str(err.value)
+    assert f"in the first batch of layer 'data' read from {store}" in str(err.value)
+
+
+def test_checkpoint_path_is_read_in_phase_one_unless_resume_continues_the_workspace(tmp_path):
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher import read_checkpoint_paths
+
+    cfg, _ = _first_batch_job(tmp_path, 5, f'checkpoint_path: "{tmp_path}/pre/checkpoint/step3.h5"\n')
+    assert read_checkpoint_paths(_first_batch_job(tmp_path, 5)[0], str(tmp_path / "ws"), resume=False) is None
+    with pytest.raises(DataError, match="no such checkpoint"):
+        read_checkpoint_paths(cfg, str(tmp_path / "ws"), resume=False)
+    with pytest.raises(DataError, match="no such checkpoint"):  # --resume of an empty workspace starts afresh
+        read_checkpoint_paths(cfg, str(tmp_path / "ws"), resume=True)
+
+
+def test_labels_that_a_kLabel_layer_takes_from_a_shard_are_checked_too(tmp_path):
+    """SINGA 0.1's pipeline: kShardData -> kLabel -> the loss; the line names the shard."""
+    from singa_mpi.data import convert
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher import check_first_batches
+    from test_singa01_pipeline import v01_job
+
+    import nets
+
+    shard = str(tmp_path / "shard")
+    images = np.random.default_rng(5).integers(0, 256, (17, 8, 8))
+    convert.write_store(shard, "shard", images, np.full(17, 7), pixels=True)  # 4 classes in the net
+    with pytest.raises(DataError) as err:
+        check_first_batches(nets.job(v01_job(shard, fc1="", label="")), str(tmp_path), ["train"])
+    assert "label 7: expected a class index in 0..3" in str(err.value), err.value
+    assert f"of layer 'data' read from {shard}" in str(err.value), err.value

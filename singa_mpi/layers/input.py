@@ -118,6 +118,13 @@ class RecordInput(Layer):
         return self.ctx.batch_slice or (0, self.batch_size)
 
     # -------------------------------------------------------------- opening
+    def open(self, cache: bool = True) -> None:
+        """Open the store now rather than on the first forward; ``cache`` False: reads decode only the
+        records they ask for (the launcher's look at the first batch, before any communication)."""
+        self._open()
+        if not cache:
+            self.store.cache_limit = 0
+
     def _find(self, path: str, field: str) -> str:
         return find_file(path, self.ctx.workspace, f"layer '{self.name}': store_conf.{field}",
                          lambda: how_to_make(path, field, self.conf.store_conf, None))
