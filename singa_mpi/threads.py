@@ -5,8 +5,10 @@ Rules, measured on a 2-core VM with ``scripts/bench_threads.py`` (it prints the 
 * The user's ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` / ``MKL_NUM_THREADS`` win: nothing is
   changed when one of them is set.
 * Otherwise numpy's BLAS (the GEMMs) gets ``cores // ranks`` threads, where ``cores`` is the CPU set
-  this process may run on (``os.sched_getaffinity``) and ``ranks`` the ranks the launcher started on
-  this node.  Serially that is a thread per core.
+  this process may run on (``os.sched_getaffinity``) and ``ranks`` the ranks that share it: those the
+  launcher started on this node, unless it bound each rank to cores of its own (Open MPI's default
+  ``--bind-to core`` for 2 ranks, ``--bind-to socket`` beyond; :func:`sharing_ranks`).  Serially that is
+  a thread per core.
 * Except for small nets: below ``SMALL_WORK`` multiply-adds per forward pass and worker (the default
   job: 3.2 million; mnist_mlp 770 million, the CIFAR-10 convnet 1.1 billion) a step spends little in
   BLAS, so a second thread gains little (0.42 vs 0.45 ms a step, the fastest of 5 runs) and costs
@@ -76,6 +78,26 @@ def cores_available() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def launcher_cores(mine: int) -> int:
+    """The CPUs of the process that started this one (the launcher, unbound: what the node gives the
+    job) when the launcher bound this process to fewer, else ``mine`` (not bound, or not readable)."""
+    try:
+        own, launchers = os.sched_getaffinity(0), os.sched_getaffinity(os.getppid())
+    except (AttributeError, OSError):  # macOS, Windows; a parent gone or not ours to read
+        return mine
+    return len(launchers) if os.getppid() > 1 and own != launchers else mine
+
+
+def sharing_ranks(ranks: int, mine: int, launchers: int) -> int:
+    """How many of the node's ``ranks`` run on this rank's ``mine`` cores, when the launcher's own CPU set
+    has ``launchers``: all of them when the ranks are not bound (their set is the launcher's), else as
+    many as fit the node's cores in sets of this size (bound to a core each: 1; 8 ranks bound to a socket
+    of 8 of 16 cores: 4)."""
+    if mine >= launchers:
+        return max(1, ranks)
+    return max(1, min(ranks, math.ceil(ranks * mine / launchers)))
 
 
 def choose_threads(cores: int, ranks: int, env: Mapping[str, str], work: float | None = None) -> int:
@@ -156,15 +178,20 @@ def limit_blas(threads: int) -> Iterator[dict[str, int]]:
 
 @contextlib.contextmanager
 def blas_threads(env: Mapping[str, str] | None = None, cores: int | None = None,
-                 warn: Callable[[str], None] | None = None, work: float | None = None) -> Iterator[int]:
+                 warn: Callable[[str], None] | None = None, work: float | None = None,
+                 launcher: int | None = None) -> Iterator[int]:
     """Run the body with the chosen BLAS threads per rank (``work``: see ``choose_threads``); yields the count.
 
-    With the user's OMP_NUM_THREADS etc. set nothing is limited.  ``warn`` (rank 0 only) gets the
-    oversubscription line.
+    ``cores``: this rank's CPUs (default: its affinity); ``launcher``: the launcher's (default: its
+    parent's affinity when ``cores`` is not given, else ``cores``).  The node's ranks share this rank's
+    cores unless the launcher bound them apart (:func:`sharing_ranks`).  With the user's OMP_NUM_THREADS
+    etc. set nothing is limited.  ``warn`` (rank 0 only) gets the oversubscription line.
     """
     env = os.environ if env is None else env
-    cores = cores or cores_available()
-    ranks = local_ranks(env)
+    if cores is None:
+        cores = cores_available()
+        launcher = launcher or launcher_cores(cores)
+    ranks = sharing_ranks(local_ranks(env), cores, launcher or cores)  # the ranks on these cores
     threads = choose_threads(cores, ranks, env, work)
     message = oversubscription(cores, ranks, threads)
     if message and warn is not None and world_rank(env) == 0:

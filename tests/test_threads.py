@@ -171,3 +171,79 @@ def test_the_warning_is_one_line_on_stderr_of_the_command(tmp_path):
     assert out.returncode == 0, out.stderr
     warnings = [line for line in out.stderr.splitlines() if "oversubscribe" in line]
     assert warnings == [f"warning: {threads.oversubscription(too_many - 1, 1, too_many)}"], out.stderr
+
+
+# ------------------------------------------------------------------ a launcher's core binding
+
+@pytest.mark.parametrize("ranks, mine, launchers, sharing", [
+    (2, 1, 2, 1),  # Open MPI's default binding: each of 2 ranks on its own core of 2
+    (2, 2, 2, 2),  # --bind-to none: both ranks share the node's 2 cores
+    (8, 8, 16, 4),  # bound to a socket of 8 cores, 8 ranks on 2 sockets: 4 share each
+    (4, 1, 16, 1),  # bound to a core each
+    (2, 2, 16, 1),  # bound to 2 cores each
+    (1, 4, 4, 1),  # serial
+    (3, 2, 2, 3),  # more ranks than cores, not bound: all share
+])
+def test_ranks_sharing_this_ranks_cores(ranks, mine, launchers, sharing):
+    assert threads.sharing_ranks(ranks, mine, launchers) == sharing
+
+
+def fake_affinity(monkeypatch, mine: set[int], parents: set[int]) -> None:
+    """This process may run on ``mine``, its launcher (the parent) on ``parents``."""
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(mine if pid in (0, threads.os.getpid())
+                                                                         else parents))
+
+
+def test_a_rank_bound_to_its_own_core_is_not_oversubscribed(monkeypatch):
+    """Open MPI binds each of 2 ranks to a core of its own (OMPI_MCA_orte_bound_at_launch=1): one core in
+    the rank's affinity, two ranks on the node, one BLAS thread -- not "2 rank(s) x 1 BLAS thread(s)
+    on 1 core(s)"."""
+    fake_affinity(monkeypatch, {1}, {0, 1})
+    env = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0", "OMPI_MCA_orte_bound_at_launch": "1"}
+    lines = []
+    with threads.blas_threads(env=env, warn=lines.append, work=threads.SMALL_WORK / 2) as count:
+        assert count == 1
+    assert lines == []
+    with threads.blas_threads(env=dict(env, OMP_NUM_THREADS="2"), warn=lines.append):
+        pass  # two threads on the one core it is bound to do oversubscribe it
+    assert lines == [threads.oversubscription(1, 1, 2)]
+
+
+def test_unbound_ranks_that_share_the_cores_are_still_warned_about(monkeypatch):
+    fake_affinity(monkeypatch, {0}, {0})  # taskset -c 0 mpirun -n 2 ...: both ranks on core 0
+    lines = []
+    with threads.blas_threads(env={"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"},
+                              warn=lines.append, work=threads.SMALL_WORK / 2):
+        pass
+    assert lines == [threads.oversubscription(1, 2, 1)]
+
+
+def test_a_bound_rank_gets_the_threads_of_its_own_cores(monkeypatch):
+    fake_affinity(monkeypatch, {0, 1, 2, 3}, set(range(16)))  # 4 ranks, each bound to 4 of 16 cores
+    with threads.blas_threads(env={"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, work=threads.SMALL_WORK * 2) as count:
+        assert count == 4
+
+
+def test_no_oversubscription_warning_under_open_mpis_default_binding(tmp_path):
+    """`mpirun -n 2` of Open MPI binds each rank to a core: no warning (it said "2 rank(s) x 1 BLAS
+    thread(s) on 1 core(s) oversubscribe this node")."""
+    from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
+
+    try:
+        open_mpi = find_launcher("openmpi")
+    except LauncherNotFound as err:
+        pytest.skip(str(err))
+    if len(threads.os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores for Open MPI to bind 2 ranks to a core each")
+    nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    conf = tmp_path / "job.conf"
+    conf.write_text(nets.mlp(str(tmp_path / "data.h5"), 8, "data", 2, steps=2))
+    options = [o for o in open_mpi.options if o not in ("--bind-to", "none", "--oversubscribe")]  # the default
+    env = open_mpi.environ()
+    for name in threads.THREAD_VARIABLES:
+        env.pop(name, None)
+    cmd = [open_mpi.executable, *options, "-n", "2", sys.executable, "-m", "singa_mpi", "train", str(conf),
+           "--workspace", str(tmp_path / "ws")]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "oversubscribe" not in out.stderr, out.stderr
