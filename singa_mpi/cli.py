@@ -26,7 +26,7 @@ import sys
 import warnings
 
 from singa_mpi import __version__, threads
-from singa_mpi.errors import ConfigError, SingaError, one_line, out_of_memory
+from singa_mpi.errors import ConfigError, DataError, SingaError, one_line, out_of_memory, writing
 
 # the example jobs ship inside the package (in a checkout, singa_mpi/conf links to the top-level conf/)
 EXAMPLES = pathlib.Path(__file__).resolve().parent / "conf"
@@ -130,11 +130,18 @@ def cmd_plan(args) -> int:
     if args.output and args.format == "dot" and not args.output.endswith(".dot"):
         return _render_dot(text, args.output)
     if args.output:
-        pathlib.Path(args.output).write_text(text + "\n")
+        write_output(args.output, text + "\n", "the plan")
         print(f"wrote {args.output}")
     else:
         print(text)
     return 0
+
+
+def write_output(path: str, text: str, what: str) -> None:
+    """Write an output file of the command line (its folder made); a file system that refuses is one
+    line, exit code 3 (:func:`singa_mpi.errors.writing`)."""
+    with writing(path, what):
+        pathlib.Path(path).write_text(text)
 
 
 def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str]:
@@ -184,9 +191,9 @@ def auto_partition(cfg, nworkers: int, args) -> int:
           f"peak {choice.memory / 2**20:.1f} MiB on the fullest rank); every layer on the batch: {data}")
     if args.output:
         chosen = with_dims(cfg, choice.dims)
-        pathlib.Path(args.output).write_text(f"# {cfg.path} with partition_dim chosen by `singa-mpi plan --auto "
-                                             f"-n {nworkers}` (predicted {1e3 * choice.step:.2f} ms a step)\n"
-                                             + text_format.MessageToString(chosen.proto))
+        write_output(args.output, f"# {cfg.path} with partition_dim chosen by `singa-mpi plan --auto -n {nworkers}` "
+                                  f"(predicted {1e3 * choice.step:.2f} ms a step)\n"
+                                  + text_format.MessageToString(chosen.proto), "the job")
         print(f"wrote {args.output}")
     return 0
 
@@ -273,13 +280,20 @@ def _render_dot(text: str, output: str) -> int:
 
     dot = shutil.which("dot")
     if dot is None:
-        dot_path = pathlib.Path(output).with_suffix(".dot")
-        dot_path.write_text(text + "\n")
+        dot_path = str(pathlib.Path(output).with_suffix(".dot"))
+        write_output(dot_path, text + "\n", "the plan")
         print(f"warning: Graphviz `dot` not found: wrote {dot_path} instead of {output} (install Graphviz: "
               f"apt-get install graphviz, brew install graphviz, or conda install graphviz)", file=sys.stderr)
         return 0
     fmt = pathlib.Path(output).suffix.lstrip(".") or "png"
-    subprocess.run([dot, f"-T{fmt}", "-o", output], input=text.encode(), check=True, timeout=120)
+    with writing(output, "the drawing of the plan"):  # its folder
+        done = subprocess.run([dot, f"-T{fmt}", "-o", output], input=text.encode(), capture_output=True,
+                              timeout=120, check=False)
+    if done.returncode != 0:
+        said = next(iter(done.stderr.decode(errors="replace").strip().splitlines()), f"exit code {done.returncode}")
+        if said.startswith("Format:"):  # Graphviz knows no such format: the -o name's suffix is wrong
+            raise ConfigError(f"-o {output}: {said}")
+        raise DataError(f"{output}: Graphviz `dot` could not write it: {said}")
     print(f"wrote {output}")
     return 0
 
@@ -301,13 +315,13 @@ def cmd_examples(args) -> int:
     import shutil
 
     out = pathlib.Path(args.dir)
-    out.mkdir(parents=True, exist_ok=True)
     for conf in sorted(EXAMPLES.glob("*.conf")) + sorted(EXAMPLES.glob("*.py")):
         target = out / conf.name
         if target.exists() and not args.overwrite:
             print(f"kept {target} (it exists; --overwrite replaces it)")
             continue
-        shutil.copyfile(conf, target)
+        with writing(str(target), "an example job"):
+            shutil.copyfile(conf, target)
         print(f"wrote {target}")
     return 0
 
@@ -677,7 +691,12 @@ def writable_path(text: str) -> str:
     path = pathlib.Path(text)
     if not text:
         raise argparse.ArgumentTypeError("'': expected a file or folder name")
-    if path.exists():
+    try:
+        exists = path.exists()
+    except OSError as err:  # a name too long for the file system, a loop of links
+        raise argparse.ArgumentTypeError(f"{text}: {err.strerror or err}: expected a path the file system "
+                                         f"can hold") from None
+    if exists:
         if not os.access(path, os.W_OK):
             raise argparse.ArgumentTypeError(f"{text}: cannot be written (permission denied or a read-only "
                                              f"file system): expected a path you can write")

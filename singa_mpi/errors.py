@@ -1,7 +1,10 @@
 """Exceptions that reach the user as one line, without a traceback."""
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+from typing import Iterator
 
 # C0 and C1 controls and the Unicode line separators: what str.splitlines() would break a line at
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -66,6 +69,30 @@ class LayerFailure(SingaError):
         super().__init__(prefix + detail)
         self.layer, self.direction = layer, direction
         self.exit_code = getattr(cause, "exit_code", 1)
+
+
+class Unwritable(DataError):
+    """An output the file system refused, as one line (exit code 3): the path, what it was to hold, the
+    OS's reason and, when it is another path (a folder on the way), that path."""
+
+    def __init__(self, path: str, err: OSError, what: str):
+        self.path, self.what = path, what
+        self.reason = err.strerror or " ".join(str(err).split())
+        failed = os.fsdecode(err.filename) if err.filename is not None else None
+        where = f" ({failed})" if failed and os.path.abspath(failed) != os.path.abspath(path) else ""
+        super().__init__(f"{path}: cannot write {what}: {self.reason}{where}: expected a path whose folders exist "
+                         f"or can be made, on a file system you can write")
+
+
+@contextlib.contextmanager
+def writing(path: str, what: str) -> Iterator[str]:
+    """Write ``path`` (a file, or a folder of files) in the block: its folder is made first, and an
+    OSError on the way is :class:`Unwritable`.  Yields ``path``."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        yield path
+    except OSError as err:
+        raise Unwritable(path, err, what) from None
 
 
 def one_line(text: str) -> str:

@@ -20,7 +20,7 @@ from singa_mpi.algorithms.base import forward_pass
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import JobConfig, layers_for_phase, load_job, parse_job
 from singa_mpi.config.validate import validate
-from singa_mpi.errors import ConfigError, DataError, SingaError
+from singa_mpi.errors import ConfigError, DataError, SingaError, writing
 from singa_mpi.launcher import check_inputs
 from singa_mpi.layers.base import layer_class_of, layer_type_name
 from singa_mpi.net import build_serial_net
@@ -120,7 +120,9 @@ def draw_filters(path: str, output: str | None = None, param: str | None = None,
         log(f"drawing {name} {ckpt.params[name].shape}, the checkpoint's first 2-D parameter (--param picks another)")
     weight = ckpt.params[name].T if is_transposed(ckpt, name) else ckpt.params[name]
     output = output or os.path.join(os.path.dirname(path), f"{_stem(path)}_{name}_filters.png")
-    filters_figure(weight, f"{name} {ckpt.params[name].shape}", shape, limit).savefig(output)
+    figure = filters_figure(weight, f"{name} {ckpt.params[name].shape}", shape, limit)
+    with writing(output, "the picture"):
+        figure.savefig(output)
     return output
 
 
@@ -190,7 +192,9 @@ def draw_reconstructions(job: str, path: str, workspace_of: Callable[[JobConfig]
     ckpt = read_checkpoint(path)
     inputs, outputs = reconstructions(cfg, ckpt, workspace_of(cfg), phase, n)
     output = output or os.path.join(os.path.dirname(path), f"{_stem(path)}_reconstructions.png")
-    reconstructions_figure(inputs, outputs, f"{cfg.proto.name or _stem(job)} step {ckpt.step}", shape).savefig(output)
+    figure = reconstructions_figure(inputs, outputs, f"{cfg.proto.name or _stem(job)} step {ckpt.step}", shape)
+    with writing(output, "the picture"):
+        figure.savefig(output)
     return output
 
 

@@ -17,7 +17,7 @@ import json
 import os
 
 from singa_mpi import profiling
-from singa_mpi.errors import DataError, SingaError
+from singa_mpi.errors import DataError, SingaError, writing
 
 INSTALL = "pip install 'singa_mpi[plot]'"
 NOT_METRICS = {"step", "phase", "elapsed", "samples_per_s", "comm_share"}
@@ -61,7 +61,9 @@ def metric_names(runs: dict[str, list[dict]]) -> list[str]:
 def plot_metrics(workspaces: list[str], output: str) -> str:
     """Loss/accuracy/... against step and elapsed seconds, every workspace overlaid, into ``output``."""
     figure_class()  # the install hint before anything is read
-    metrics_figure({workspace: read_metrics(workspace) for workspace in workspaces}).savefig(output)
+    figure = metrics_figure({workspace: read_metrics(workspace) for workspace in workspaces})
+    with writing(output, "the plot"):
+        figure.savefig(output)
     return output
 
 
@@ -106,7 +108,9 @@ def plot_profile(workspace: str, output: str) -> str:
         raise DataError(f"{path}: no such file: expected the workspace of a finished `singa-mpi train` run") from None
     except ValueError:
         raise DataError(f"{path}: not valid JSON: expected the profile a run writes at its end") from None
-    profile_figure(profile, workspace).savefig(output)
+    figure = profile_figure(profile, workspace)
+    with writing(output, "the plot"):
+        figure.savefig(output)
     return output
 
 

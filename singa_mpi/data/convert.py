@@ -19,7 +19,7 @@ import numpy as np
 
 from singa_mpi.data.shard import mean_record_bytes
 from singa_mpi.data.stores import KVFileWriter, check_backend, open_store
-from singa_mpi.errors import ConfigError, DataError
+from singa_mpi.errors import ConfigError, DataError, writing
 from singa_mpi.proto import job_pb2
 
 IDX_IMAGES, IDX_LABELS = 2051, 2049  # MNIST: unsigned bytes, 3 and 1 dimensions
@@ -30,34 +30,35 @@ EXTENSIONS = {"hdf5": ".h5", "kvfile": ".bin", "textfile": ".csv", "shard": "_sh
 
 
 @contextlib.contextmanager
-def atomic_path(out_path: str) -> Iterator[str]:
+def atomic_path(out_path: str, what: str = "the store") -> Iterator[str]:
     """A temporary path to write (a file or a DataShard folder); renamed to ``out_path`` on
-    success (replacing what was there), removed on failure."""
-    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+    success (replacing what was there), removed on failure.  Its folder is made; a file system
+    that refuses is a DataError naming ``out_path`` and ``what`` it was to hold (exit code 3)."""
     tmp = f"{out_path}.tmp{os.getpid()}"
     try:
-        yield tmp
-        if os.path.isdir(tmp) and os.path.isdir(out_path):
-            shutil.rmtree(out_path)  # a folder is not replaced by a rename
-        os.replace(tmp, out_path)
+        with writing(out_path, what):
+            yield tmp
+            if os.path.isdir(tmp) and os.path.isdir(out_path):
+                shutil.rmtree(out_path)  # a folder is not replaced by a rename
+            os.replace(tmp, out_path)
     finally:
         if os.path.isdir(tmp):
-            shutil.rmtree(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
         elif os.path.exists(tmp):
             os.remove(tmp)
 
 
 def write_store(out_path: str, backend: str, data: np.ndarray, labels: np.ndarray | None,
-                pixels: bool = False) -> str:
+                pixels: bool = False, what: str = "the store") -> str:
     """Write all of (data (N, *shape), labels (N,) or None) as one store, atomically.
 
     uint8 data (or any data with ``pixels=True``, cast to uint8) is stored as
-    pixel bytes; anything else as float32.
+    pixel bytes; anything else as float32.  ``what``: the store, for an error that it cannot be written.
     """
     check_backend(backend)
     if pixels:
         data = np.asarray(data).astype(np.uint8, copy=False)
-    with atomic_path(out_path) as tmp:
+    with atomic_path(out_path, what) as tmp:
         with open_store(backend, tmp, "w") as writer:
             writer.write_batch(data, labels)
     return out_path
@@ -130,7 +131,7 @@ def read_cifar10(batch_files: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
 def write_mean_file(path: str, mean: np.ndarray, backend: str = "kvfile") -> str:
     """SINGA's image_mean.bin: a kvfile with one record "mean" whose float data is the mean (v0.2+),
     or for DataShard users (``backend`` "shard") v0.1's one serialized record."""
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "the mean file") as tmp:
         if backend == "shard":
             with open(tmp, "wb") as f:
                 f.write(mean_record_bytes(mean))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from singa_mpi.data.convert import EXTENSIONS, convert_digits
-from singa_mpi.errors import DataError
+from singa_mpi.errors import DataError, Unwritable
 from singa_mpi.proto import job_pb2
 
 INPUT_TYPES = (job_pb2.kRecordInput, job_pb2.kCSVInput)
@@ -105,7 +105,6 @@ def prepare_digits(path: str, store: job_pb2.StoreProto) -> list[str]:
     folder = os.path.dirname(os.path.normpath(path)) or "."
     try:
         return convert_digits(folder, backend=_backend(store))
-    except OSError as err:  # below a regular file, a read-only folder, a full disk
-        raise DataError(f"{err.filename or folder}: cannot prepare scikit-learn's digits for {path}: "
-                        f"{err.strerror or err}: expected a folder you can write (or make the store with "
-                        f"`singa-mpi data digits --out DIR`)") from None
+    except Unwritable as err:  # below a regular file, a read-only folder, a full disk
+        raise DataError(f"{err.path}: cannot prepare scikit-learn's digits for {path}: {err.reason}: expected a "
+                        f"folder you can write (or make the store with `singa-mpi data digits --out DIR`)") from None

@@ -22,7 +22,7 @@ from singa_mpi.data.convert import atomic_path, write_mean_file, write_store
 from singa_mpi.data.shard import known_shape
 from singa_mpi.data.stores import KVFileWriter
 from singa_mpi.data.text import read_bytes, read_vocab
-from singa_mpi.errors import ConfigError, DataError
+from singa_mpi.errors import ConfigError, DataError, Unwritable
 from singa_mpi.proto import job_pb2
 
 TEXT_SYMBOLS = b"\n abcdefghijklmnopqrstuvwxyz.,:()=_"  # a random text's alphabet, in this order
@@ -39,9 +39,10 @@ def write_synthetic(job_path: str, count: int = 1000, classes: int = 10, seed: i
     cfg = load_job(job_path)
     try:
         return _write_inputs(cfg.proto.neuralnet.layer, np.random.default_rng(seed), count, classes, overwrite)
-    except OSError as err:  # a store path below a file, in a read-only folder, a full disk
-        where = err.filename or job_path
-        raise DataError(f"{where}: cannot write a synthetic store for {job_path}: {err.strerror or err}") from None
+    except (OSError, Unwritable) as err:  # a store path below a file, in a read-only folder, a full disk
+        where = err.path if isinstance(err, Unwritable) else err.filename or job_path
+        reason = err.reason if isinstance(err, Unwritable) else err.strerror or err
+        raise DataError(f"{where}: cannot write a synthetic store for {job_path}: {reason}") from None
 
 
 def _write_inputs(layers, rng: np.random.Generator, count: int, classes: int, overwrite: bool) -> list[str]:

@@ -77,7 +77,7 @@ def write_text_corpus(out_dir: str, files: Sequence[str] | None = None,
     written = []
     for name, blob in ((INPUT_FILE, text), (VOCAB_FILE, vocab)):
         path = os.path.join(out_dir, name)
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        with atomic_path(path, "the text" if name == INPUT_FILE else "the vocabulary") as tmp, open(tmp, "wb") as f:
             f.write(blob)
         written.append(path)
     return written
