@@ -403,10 +403,26 @@ def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
     return err.exit_code
 
 
-def resume_command(trainer: Trainer, options: RunOptions) -> str:
-    """The command that continues this run from its newest checkpoint (it may run on any number of ranks)."""
+def launcher_name(environ) -> str:
+    """The command that launched this process, by what it announced: ``mpirun`` for Open MPI's launcher
+    (OMPI_COMM_WORLD_SIZE; mpirun and mpiexec are one program there, the name typed is not known),
+    ``mpiexec`` for MPICH's hydra (MPI_LOCALNRANKS, also when its proxies run in a Slurm step), ``srun``
+    for a Slurm job step (SLURM_STEP_ID a number, with PMI-2 or PMIx), else ``mpiexec``."""
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return "mpirun"
+    if "MPI_LOCALNRANKS" in environ:
+        return "mpiexec"
+    if environ.get("SLURM_STEP_ID", "").isdigit() and "SLURM_STEP_NUM_TASKS" in environ:
+        return "srun"
+    return "mpiexec"
+
+
+def resume_command(trainer: Trainer, options: RunOptions, environ=None) -> str:
+    """The command that continues this run from its newest checkpoint (it may run on any number of
+    ranks), with the launcher that started this one (``environ``: default this process's)."""
     size = trainer.runtime.size
-    words = ["mpiexec", "-n", str(size), "python", "-m", "singa_mpi"] if size > 1 else ["singa-mpi"]
+    launcher = launcher_name(os.environ if environ is None else environ)
+    words = [launcher, "-n", str(size), "python", "-m", "singa_mpi"] if size > 1 else ["singa-mpi"]
     words += ["train", trainer.cfg.path, "--workspace", trainer.workspace]
     for flag, value in (("--steps", options.steps), ("--seed", options.seed), ("--keep", options.keep),
                         ("--workers", options.workers)):

@@ -7,8 +7,10 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import nets
+import pytest
 from singa_mpi import cli
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.trainer import Trainer
@@ -131,3 +133,34 @@ def test_ctrl_c_under_mpiexec_checkpoints_once(tmp_path):
         assert out.rstrip().splitlines()[-1] == "resume with: " + shlex.join(
             ["mpiexec", "-n", "2", "python", "-m", "singa_mpi", "train", conf, "--workspace", str(ws), "--resume"])
         assert "Traceback" not in err, err[-3000:]
+
+
+# ------------------------------------------------------------------ the resume hint names the launcher
+
+@pytest.mark.parametrize("env, word", [
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}, "mpirun"),  # Open MPI's mpirun/mpiexec
+    ({"OMPI_COMM_WORLD_SIZE": "2", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}, "mpirun"),  # in sbatch
+    ({"PMI_SIZE": "2", "PMI_RANK": "0", "MPI_LOCALNRANKS": "2"}, "mpiexec"),  # MPICH's hydra
+    ({"PMI_SIZE": "2", "MPI_LOCALNRANKS": "1", "SLURM_STEP_ID": "0"}, "mpiexec"),  # hydra's proxies via srun
+    ({"PMI_SIZE": "2", "PMI_RANK": "1", "SLURM_STEP_ID": "3", "SLURM_STEP_NUM_TASKS": "2"}, "srun"),  # --mpi=pmi2
+    ({"PMIX_RANK": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"}, "srun"),  # --mpi=pmix
+    ({"SLURM_STEP_ID": "batch", "SLURM_STEP_NUM_TASKS": "1", "PMI_SIZE": "2"}, "mpiexec"),
+    ({}, "mpiexec"),  # nothing announced: the MPI standard's name
+])
+def test_the_launcher_is_told_by_what_it_announced(env, word):
+    from singa_mpi.launcher import launcher_name
+
+    assert launcher_name(env) == word
+
+
+def test_the_resume_hint_names_the_launcher_that_started_the_job():
+    from singa_mpi.launcher import RunOptions, resume_command
+
+    trainer = types.SimpleNamespace(runtime=types.SimpleNamespace(size=2), cfg=types.SimpleNamespace(path="j.conf"),
+                                    workspace="ws")
+    tail = ["python", "-m", "singa_mpi", "train", "j.conf", "--workspace", "ws", "--resume"]
+    assert resume_command(trainer, RunOptions(), {"OMPI_COMM_WORLD_SIZE": "2"}) == shlex.join(["mpirun", "-n", "2", *tail])
+    assert resume_command(trainer, RunOptions(), {"PMI_SIZE": "2", "MPI_LOCALNRANKS": "2"}) == \
+        shlex.join(["mpiexec", "-n", "2", *tail])
+    trainer.runtime.size = 1
+    assert resume_command(trainer, RunOptions(), {}) == shlex.join(["singa-mpi", *tail[3:]])
