@@ -28,6 +28,15 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+def eta(steps: int, seconds: float, left: int, least: int = 2) -> float | None:
+    """Seconds for ``left`` more steps at the pace of the last ``steps`` (taking ``seconds``); None until
+    ``least`` steps are timed (the pace is timed from the end of a run's first step, whose start-up,
+    first batches and step-0 test would make a short job's first ETA hours long)."""
+    if steps < least:
+        return None
+    return seconds / steps * left
+
+
 class LiveBar:
     """A tqdm bar over the training steps; lines printed through :meth:`write` stay above it."""
 

@@ -101,6 +101,7 @@ class Trainer:
         self._comm_at_start = runtime.comm_seconds()  # the runtime's setup communicated already
         self._mark = (self.start_time, self._comm_at_start)  # the last progress line: time, comm seconds
         self._steps_timed = [0.0, 0.0]  # this run's seconds in training steps, and in communication within them
+        self.pace_mark: tuple[float, int] | None = None  # (time, steps done) when this run's first step ended
         self.keep: int | None = None  # checkpoints to keep (None: all)
         self.stop_requested = False  # set by a signal handler: checkpoint and stop after this step
         self.stopped = False
@@ -229,6 +230,8 @@ class Trainer:
             self._steps_timed[0] += time.perf_counter() - began
             self._steps_timed[1] += tracer.seconds("comm") - comm
             steps_since += 1
+            if self.pace_mark is None:  # the pace (ETA) is timed from here: the first step had start-up costs
+                self.pace_mark = (time.perf_counter(), step + 1)
             if bar is not None:
                 bar.advance()
             # one vote a step, on stop signals and non-finite values; every rank stops after the same step
@@ -358,7 +361,8 @@ class Trainer:
     def progress_line(self, entry: dict, metrics: dict[str, float], now: float) -> str:
         """``step   20/100  train  loss 0.6931  accuracy 0.5000  1,234 samples/s  comm 12%  elapsed 3.2s  ETA 12.8s``.
 
-        ETA: the steps left at this run's mean pace so far (tests, validation and checkpoints included)."""
+        ETA: the steps left at this run's mean pace since its first step ended (tests, validation and
+        checkpoints included; the first step carries the start-up): none before two steps after it."""
         step, total = entry["step"], self.train_steps
         where = f"step {step:>{len(str(total))}}/{total}" if step <= total else f"step {step}"  # `test` of a longer run
         parts = [where, f"{entry['phase']:<5}"]
@@ -369,7 +373,9 @@ class Trainer:
             parts.append(f"comm {100 * entry['comm_share']:.0f}%")
         parts.append(f"elapsed {progress.format_seconds(entry['elapsed'])}")
         done = step + (entry["phase"] == "train")  # a train line comes after its step, test/val before
-        if self.start_step < done < total:
-            pace = (now - self.start_time) / (done - self.start_step)
-            parts.append(f"ETA {progress.format_seconds(pace * (total - done))}")
+        if self.pace_mark is not None and done < total:
+            since, first = self.pace_mark
+            left = progress.eta(done - first, now - since, total - done)
+            if left is not None:
+                parts.append(f"ETA {progress.format_seconds(left)}")
         return "  ".join(parts)

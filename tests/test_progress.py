@@ -13,6 +13,7 @@ import pytest
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.errors import ConfigError
+from singa_mpi import progress
 from singa_mpi.progress import format_seconds, summary_lines
 from singa_mpi.trainer import Trainer
 from test_mpi_suites import mpi_env, mpiexec_command
@@ -63,16 +64,30 @@ def test_progress_lines_show_step_of_total_rate_elapsed_and_eta(tmp_path, capsys
         assert (rate is not None) == (phase == "train") and comm is None  # one process: no communication
         assert elapsed == format_seconds(entry["elapsed"])
         done = int(step) + (phase == "train")  # a train line comes after its step
-        assert (eta is not None) == (0 < done < 6), line.group(0)
+        # no ETA until two steps after the first are timed (the first carries start-up and step 0's test)
+        assert (eta is not None) == (3 <= done < 6), line.group(0)
 
 
-def test_eta_is_the_steps_left_at_this_runs_pace():
-    fake = types.SimpleNamespace(train_steps=100, start_step=20, start_time=1000.0)
-    entry = {"step": 29, "phase": "train", "elapsed": 65.0, "samples_per_s": 1234.4}
-    line = Trainer.progress_line(fake, entry, {"loss": 0.5}, now=1020.0)  # 10 steps in 20 s, 70 to go
-    assert line == "step  29/100  train  loss 0.5000  1,234 samples/s  elapsed 1m05s  ETA 2m20s"
+def test_eta_is_the_steps_left_at_the_pace_since_the_first_step():
+    """The pace is timed from the end of this run's first step: a 40 s job once showed "ETA 5h28m" on its
+    first lines, its step 0 carrying the start-up, the first batches and the step-0 test."""
+    fake = types.SimpleNamespace(train_steps=100, start_step=20, start_time=900.0, pace_mark=(1000.0, 21))
+    entry = {"step": 30, "phase": "train", "elapsed": 65.0, "samples_per_s": 1234.4}
+    line = Trainer.progress_line(fake, entry, {"loss": 0.5}, now=1020.0)  # 10 steps in 20 s, 69 to go
+    assert line == "step  30/100  train  loss 0.5000  1,234 samples/s  elapsed 1m05s  ETA 2m18s"
     test = {"step": 130, "phase": "test", "elapsed": 3.0}  # `singa-mpi test` of a longer run: no N/total
     assert Trainer.progress_line(fake, test, {}, now=1020.0) == "step 130  test   elapsed 3.0s"
+    first = {"step": 21, "phase": "train", "elapsed": 40.0}  # one step after the first (20): no pace yet
+    assert Trainer.progress_line(fake, first, {}, now=1002.0) == "step  21/100  train  elapsed 40.0s"
+    fake.pace_mark = None  # before the first step ends (a step-0 test line)
+    assert "ETA" not in Trainer.progress_line(fake, dict(first, phase="test"), {}, now=1002.0)
+
+
+def test_eta_needs_two_steps_after_the_first():
+    assert progress.eta(steps=0, seconds=5.0, left=10) is None
+    assert progress.eta(steps=1, seconds=5.0, left=10) is None
+    assert progress.eta(steps=2, seconds=5.0, left=10) == 25.0
+    assert progress.eta(steps=4, seconds=2.0, left=0) == 0.0
 
 
 def test_format_seconds():
