@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import os
+import re
 import struct
 import warnings
 from typing import Callable, Sequence
@@ -265,9 +266,17 @@ def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> Ar
 HDF5_DAMAGE = (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError, OverflowError)
 
 
-def _one_line(err: BaseException) -> str:
-    """``Type: message`` on one line (HDF5's messages can span several)."""
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+# HDF5's messages, as h5py passes them on: "Unable to synchronously open file (file signature not found)"
+_HDF5_REASON = re.compile(r"^(?:Unable to|Can't) [^(]*\((.+)\)$")
+HDF5_EXPECTED = "expected an HDF5 file with a 'data' dataset of records (N, *shape), as `singa-mpi data` writes"
+
+
+def _hdf5_reason(err: BaseException) -> str:
+    """`` (HDF5: <its reason>)`` when HDF5 said what it found wrong, else nothing: the exception's class
+    and h5py's own wording (an object of an unexpected kind) tell a user nothing about the file."""
+    text = " ".join(str(err).split()).strip("'\"")  # on one line; a KeyError quotes its message
+    found = _HDF5_REASON.match(text)
+    return f" (HDF5: {found.group(1)})" if found else ""
 
 
 class HDF5Store(RecordStore):
@@ -289,8 +298,8 @@ class HDF5Store(RecordStore):
             raise
         except HDF5_DAMAGE as err:
             self._release()
-            raise DataError(f"{path}: cannot read it as a hdf5 store: damaged, or not an HDF5 file "
-                            f"({_one_line(err)})") from None
+            raise DataError(f"{path}: cannot read it as a hdf5 store: damaged, or not an HDF5 file"
+                            f"{_hdf5_reason(err)}: {HDF5_EXPECTED}") from None
 
     def _open_datasets(self) -> None:
         path = self.path
@@ -320,7 +329,8 @@ class HDF5Store(RecordStore):
             data = np.asarray(self._data[pick], np.float32)
             labels = None if self._labels is None else np.asarray(self._labels[pick], np.int32)
         except HDF5_DAMAGE as err:
-            raise DataError(f"{self.path}: damaged HDF5 store: cannot read records ({_one_line(err)})") from None
+            raise DataError(f"{self.path}: damaged HDF5 store: cannot read its records{_hdf5_reason(err)}: expected "
+                            f"records HDF5 can read: write it again (`singa-mpi data`)") from None
         return data, labels
 
     def _release(self) -> None:
