@@ -125,6 +125,33 @@ def peak_rss() -> int | None:
         return None
 
 
+# rows of the communication table that are the run's own bookkeeping, not a cost a user can change:
+# exchanges of Python objects (verdicts, checkpoints' pieces, summaries), barriers, communicator and
+# shared-memory set-up, the vote on stop signals each step, rank 0's choices sent to the others
+BOOKKEEPING_ROWS = frozenset({"allgather(objects)", "gather(objects)", "barrier", "communicators", "shared memory",
+                              "stop-signal vote", "partition_dim: auto", "prediction", "calibrate",
+                              "calibrate(hosts)"})
+
+
+def communication_table(rows: list[dict[str, tuple[int, int, float]]], steps: int, debug: bool = False) -> str:
+    """The end-of-run communication table: per row (a connection layer, the parameter sync, the metrics'
+    reduction) and worker, MiB sent+received and ms per step.  ``rows``: per worker {label: (calls,
+    bytes, seconds)}; the run's bookkeeping rows (``BOOKKEEPING_ROWS``) only with ``debug``."""
+    labels = sorted({label for per_rank in rows for label in per_rank})
+    shown = labels if debug else [label for label in labels if label not in BOOKKEEPING_ROWS]
+    lines = [f"communication per step over {steps} steps (per worker: MiB sent+received / ms):",
+             f"  {'layer':<38}" + "".join(f"{'worker ' + str(r):>18}" for r in range(len(rows)))]
+    for label in shown:
+        cells = []
+        for per_rank in rows:
+            calls, nbytes, seconds = per_rank.get(label, (0, 0, 0.0))
+            cells.append(f"{nbytes / steps / 2**20:>9.2f} /{1e3 * seconds / steps:>6.2f}" if calls else f"{'-':>16}")
+        lines.append(f"  {label:<38}" + "".join(f"{c:>18}" for c in cells))
+    if len(shown) < len(labels):
+        lines.append(f"  ({len(labels) - len(shown)} rows of the run's own bookkeeping not shown: --debug shows them)")
+    return "\n".join(lines)
+
+
 def summary_lines(run: dict, ranks: list[dict]) -> list[str]:
     """The end-of-run block.
 

@@ -107,6 +107,7 @@ class Trainer:
         self.stopped = False
         self._layer_types: dict[str, list] = {}  # phase -> its layer classes (their `report`)
         self.print_profile = False  # --profile: print the per-layer table at the end of the run
+        self.debug = False  # --debug: the communication table shows the run's bookkeeping rows too
         self.evaluation_totals: dict = {}  # tracer totals of test/validation passes (kept out of profile.json)
         self.finite = NonFiniteCheck(cfg, runtime.rank)  # NaN/inf stop the run (switch_off: --no-check-finite)
 
@@ -265,7 +266,7 @@ class Trainer:
         path = self.save_checkpoint(self.train_steps, final=True)
         if self.test_net is not None:
             final = self.evaluate(self.test_net, job.test_steps, "test", self.train_steps)
-        table = self.runtime.report(self.train_steps - self.start_step)
+        table = self.runtime.report(self.train_steps - self.start_step, debug=self.debug)
         if table:
             self.log(table)
         self.summarize_run(self.train_steps, path)

@@ -278,3 +278,39 @@ def test_summary_lines_give_each_ranks_peak_memory():
     assert "  peak memory     300.0 MiB resident on rank 0 (ranks: 280.0 MiB-300.0 MiB)" in summary_lines(run, ranks)
     assert format_bytes(512) == "512 B" and format_bytes(3 * 2**30) == "3.0 GiB"
     assert peak_rss() > 10 * 2**20  # this Python process, numpy loaded
+
+
+# ------------------------------------------------------------------ the communication table
+
+TABLE_ROWS = [  # per worker: label -> (calls, bytes, seconds) over 20 steps, as WorkerRuntime.measured
+    {"concate(split(act1))": (40, 20 * 2**20, 0.2), "shm(gradients)": (20, 0, 0.05), "metrics": (20, 0, 0.1),
+     "allgather(objects)": (3, 0, 0.23), "stop-signal vote": (20, 0, 0.1), "partition_dim: auto": (1, 0, 0.01),
+     "communicators": (4, 0, 0.3), "barrier": (2, 0, 0.0), "gather(objects)": (2, 0, 0.01),
+     "shared memory": (2, 0, 0.02)},
+    {"concate(split(act1))": (40, 20 * 2**20, 0.3), "shm(gradients)": (20, 0, 0.08), "metrics": (20, 0, 0.1),
+     "stop-signal vote": (20, 0, 0.04)},
+]
+
+
+def test_the_communication_table_shows_what_a_user_can_act_on():
+    """Connection layers, the parameter sync and the metrics' reduction (disp_freq); not the run's
+    bookkeeping (the stop-signal vote, object exchanges, communicator set-up, `partition_dim: auto`'s
+    choice for a job without auto), which --debug adds."""
+    table = progress.communication_table(TABLE_ROWS, 20).splitlines()
+    assert table[0] == "communication per step over 20 steps (per worker: MiB sent+received / ms):"
+    assert [line.split()[0] for line in table[2:-1]] == ["concate(split(act1))", "metrics", "shm(gradients)"]
+    assert table[2].split() == ["concate(split(act1))", "1.00", "/", "10.00", "1.00", "/", "15.00"]
+    assert table[-1] == "  (7 rows of the run's own bookkeeping not shown: --debug shows them)"
+    for internal in ("stop-signal vote", "allgather(objects)", "partition_dim: auto", "communicators"):
+        assert internal not in "\n".join(table)
+    everything = progress.communication_table(TABLE_ROWS, 20, debug=True).splitlines()
+    assert len(everything) == 2 + 10 and "not shown" not in everything[-1]
+    assert "  stop-signal vote" in "\n".join(everything) and "  partition_dim: auto" in "\n".join(everything)
+    vote = next(line for line in everything if line.startswith("  stop-signal vote"))
+    assert vote.split()[2:] == ["0.00", "/", "5.00", "0.00", "/", "2.00"]
+
+
+def test_a_row_a_worker_did_not_use_is_a_dash():
+    table = progress.communication_table(TABLE_ROWS, 20, debug=True).splitlines()
+    vote = next(line for line in table if line.strip().startswith("allgather(objects)"))
+    assert vote.split()[-1] == "-"

@@ -49,8 +49,8 @@ class Runtime(Protocol):
 
     def comm_seconds(self) -> float: ...
 
-    def report(self, steps: int) -> str | None:
-        """The end-of-run communication table (root), or None."""
+    def report(self, steps: int, debug: bool = False) -> str | None:
+        """The end-of-run communication table (root; the run's bookkeeping rows with ``debug``), or None."""
 
     def predict_step(self):
         """The cost model's step for this run's plan on the root (``--profile``), a line saying why there

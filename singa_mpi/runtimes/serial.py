@@ -60,7 +60,7 @@ class SerialRuntime:
     def comm_seconds(self) -> float:
         return 0.0
 
-    def report(self, steps: int) -> str | None:
+    def report(self, steps: int, debug: bool = False) -> str | None:
         return None
 
     def predict_step(self) -> Prediction | str:

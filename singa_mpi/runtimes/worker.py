@@ -27,6 +27,7 @@ from singa_mpi.layers.base import Layer, LayerContext, layer_class_of
 from singa_mpi.layers.connection import ExchangeLayer
 from singa_mpi.net import Net, Wire
 from singa_mpi.params import GradientQueue, Param, make_param
+from singa_mpi.progress import communication_table
 from singa_mpi.planner import ALLREDUCE, METHODS, SHARED_MEMORY, partition, verify
 from singa_mpi.planner.plan import Plan, SubLayer, untrained_params
 from singa_mpi.planner.schedule import digest, schedule_lines, table_label
@@ -383,23 +384,15 @@ class WorkerRuntime:
             merged[key] = (calls + total.calls, nbytes + total.bytes, seconds + total.seconds)
         return merged
 
-    def report(self, steps: int) -> str | None:
+    def report(self, steps: int, debug: bool = False) -> str | None:
         """Per connection layer and sync: MiB and ms per step on each worker (the table printed at
-        the end of a run, also written to WORKSPACE/communication.json; collective, root returns it)."""
+        the end of a run, its bookkeeping rows only with ``debug``; every row is written to
+        WORKSPACE/communication.json; collective, root returns it)."""
         rows = self.gather_object(self.measured())
         if rows is None or steps <= 0 or not self.is_root:
             return None
-        labels = sorted({label for per_rank in rows for label in per_rank})
         self._write_measured(rows, steps)
-        lines = [f"communication per step over {steps} steps (per worker: MiB sent+received / ms):",
-                 f"  {'layer':<38}" + "".join(f"{'worker ' + str(r):>18}" for r in range(len(rows)))]
-        for label in labels:
-            cells = []
-            for per_rank in rows:
-                calls, nbytes, seconds = per_rank.get(label, (0, 0, 0.0))
-                cells.append(f"{nbytes / steps / 2**20:>9.2f} /{1e3 * seconds / steps:>6.2f}" if calls else f"{'-':>16}")
-            lines.append(f"  {label:<38}" + "".join(f"{c:>18}" for c in cells))
-        return "\n".join(lines)
+        return communication_table(rows, steps, debug)
 
     def _write_measured(self, rows: list[dict], steps: int) -> None:
         table = {"steps": steps, "method": self.method,
