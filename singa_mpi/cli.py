@@ -12,7 +12,8 @@ Launch examples::
 
 Errors reach the user as one line on stderr and a non-zero exit code
 (2 for a bad configuration, 3 for bad data, 5 for a NaN or infinity in training (see
-``train --no-check-finite``), 6 out of memory); ``--debug`` (alias ``--traceback``) shows the stack.
+``train --no-check-finite``), 6 out of memory); ``--debug`` (alias ``--traceback``) shows the stack
+before that line, with the same exit code.
 Bad option values are refused before anything runs, on one line.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import pathlib
 import socket
 import sys
+import traceback
 import warnings
 
 from singa_mpi import __version__, threads
@@ -739,8 +741,9 @@ def main(argv: list[str] | None = None) -> int:
         with threads.blas_threads(warn=lambda line: print(f"warning: {line}", file=sys.stderr, flush=True)):
             return args.func(args)
     except (SingaError, MemoryError) as err:
-        if args.debug:
-            raise
+        if args.debug:  # the stack as well; the exit code stays the error's own (1 is for bugs)
+            traceback.print_exc()
+            sys.stderr.flush()
         if isinstance(err, MemoryError):  # a job too big for the machine is no bug: one line, exit 6
             err = out_of_memory(err)
         print(f"singa-mpi: error: {one_line(str(err))}", file=sys.stderr, flush=True)

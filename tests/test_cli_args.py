@@ -137,9 +137,11 @@ def test_digits_that_cannot_be_prepared_are_one_line(tmp_path):
 # ------------------------------------------------------------------ --debug
 
 @pytest.mark.parametrize("flag", ["--debug", "--traceback"])
-def test_debug_shows_the_traceback(flag, tmp_path):
-    with pytest.raises(ConfigError, match="cannot read job configuration"):
-        cli.main([flag, "check", str(tmp_path / "missing.conf")])
+def test_debug_shows_the_traceback(flag, tmp_path, capsys):
+    """The traceback, then the line, with the error's own exit code (tests/test_cli_debug.py)."""
+    assert cli.main([flag, "check", str(tmp_path / "missing.conf")]) == ConfigError.exit_code
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last):" in err and "cannot read job configuration" in err
 
 
 def test_without_debug_an_error_is_one_line(capsys, tmp_path):
