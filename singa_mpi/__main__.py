@@ -7,6 +7,9 @@ from singa_mpi.early_signals import catch_for_command
 
 def run() -> int:
     catch_for_command(sys.argv[1:])  # before the heavy imports: a SIGTERM meanwhile must not be lost
+    from singa_mpi.communication.liveness import start_early
+
+    start_early(sys.argv[1:])  # nor a rank killed meanwhile: its guardian names it
     from singa_mpi.cli import main
 
     try:

@@ -124,6 +124,10 @@ def _rank_life(stall_timeout: float | None, rank: int | None = None, size: int |
             return None, None
         rank, size = launched
     tracer = tracer or Tracer(rank)
+    early = liveness.take_early(rank, size)  # begun at the entry point, before the heavy imports
+    if early is not None:
+        early.adopt(tracer, stall_timeout)
+        return early, tracer
     try:
         return liveness.RankLife(rank, size, tracer, stall_timeout), tracer
     except OSError:

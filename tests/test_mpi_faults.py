@@ -227,6 +227,45 @@ def test_a_rank_killed_while_the_root_writes_a_checkpoint_is_named(tmp_path):
     assert re.search(rf"rank 0 \(pid {pids[0]} on \S+\) at step (29|30) \(checkpoint", named[0]), named[0]
 
 
+def _maps(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def test_a_rank_killed_while_python_loads_the_package_is_named(tmp_path):
+    """SIGKILL while the rank imports numpy (its first second: long before MPI_Init), not after some
+    fixed time, which a busy machine would turn into a kill before Python runs a line: the line names
+    rank 1, alone or among the candidates."""
+    conf = job(tmp_path, steps=5)
+    proc = launch(2, conf, tmp_path)
+    pid = pids_of(conf, 2)[1]
+    deadline = time.monotonic() + 60
+    while "numpy" not in _maps(pid):  # numpy's own libraries: the package is loading
+        if time.monotonic() > deadline or proc.poll() is not None:
+            pytest.fail("rank 1 was not seen loading numpy")
+        time.sleep(0.001)
+    os.kill(pid, signal.SIGKILL)
+    code, _, err = finish(proc, 30)
+    named = [line for line in singa_lines(err) if "vanished" in line]
+    assert code != 0 and len(named) == 1, err[-3000:]
+    assert named[0].startswith(f"singa-mpi: rank 1 (pid {pid}") or "one of ranks 0, 1 " in named[0], named[0]
+
+
+def test_a_rank_that_leaves_before_the_launcher_dismisses_its_early_guardian(tmp_path):
+    """The guardian begun at the entry point, for a rank whose command line is refused (exit 2, before
+    the launcher takes the guardian over): no "vanished" line, and the status record is removed."""
+    env = dict(mpi_env(), PMI_RANK="1", PMI_SIZE="2")
+    done = subprocess.run([sys.executable, "-m", "singa_mpi", "train", "--no-such-option"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--no-such-option" in done.stderr, done.stderr[-2000:]
+    assert "vanished" not in done.stderr  # (the guardian shares the rank's stderr: run() waited for it)
+    folders = glob.glob(f"/dev/shm/singa-mpi-{os.getuid()}-{os.getpid()}-*")  # this test process launched it
+    assert not any(os.path.exists(os.path.join(folder, "rank1")) for folder in folders), folders
+
+
 # ------------------------------------------------------------------ stalls: the one not responding is named
 
 def test_a_rank_stopped_in_its_first_second_is_caught_and_named(tmp_path):

@@ -190,17 +190,26 @@ def guard(folder: str, rank: int, pid: int, stall_timeout: float) -> None:
 
 
 def _wait_for_the_end(folder: str, rank: int, pid: int, stall_timeout: float) -> bytes:
-    """What the rank said before its pipe closed.  Meanwhile, with a stall timeout, watch its wait in
-    MPI_Init, which the rank's own watchdog cannot: mpi4py holds the interpreter there."""
-    said, watch = b"", _InitWatch(folder, rank, pid, stall_timeout) if stall_timeout > 0 else None
+    """What the rank said before its pipe closed ("exit", "abort").  Meanwhile, with a stall timeout
+    (from the command line, or a line "stall SECONDS" from a rank whose guardian started before it had
+    read its own), watch its wait in MPI_Init, which the rank's own watchdog cannot: mpi4py holds the
+    interpreter there."""
+    said, line = b"", b""
+    watch = _InitWatch(folder, rank, pid, stall_timeout) if stall_timeout > 0 else None
     while True:
         if watch is not None and not select.select([0], [], [], 0.1)[0]:
             watch = watch if watch.still_waiting() else None
             continue
         chunk = os.read(0, 256)
         if not chunk:
-            return said
-        said += chunk
+            return said + line
+        *complete, line = (line + chunk).split(b"\n")
+        for words in complete:
+            if words.startswith(b"stall "):
+                timeout = float(words.split()[1])
+                watch = _InitWatch(folder, rank, pid, timeout) if timeout > 0 else None
+            else:
+                said += words + b"\n"
 
 
 class _InitWatch:

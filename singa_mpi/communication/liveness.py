@@ -22,8 +22,11 @@ starts a checkpoint write is reported as writing it) and what it did inside that
 0.1 s before; no second line is printed for the ranks the launcher ended afterwards; a stall is
 named from MPI_Init on. Not guaranteed: which rank was first when several vanish within a few
 milliseconds and no guardian looked in between (a node short of cores): the line then names all of
-them as candidates; a rank killed before it opened its record (its first second: Python starting) is
-named by the launcher alone; ranks on other nodes are not seen (each node's guardians report what
+them as candidates; the record and the guardian begin at the entry point, before the package's heavy
+imports (:func:`start_early`), so a rank killed while Python loads numpy or MPI is named or listed too,
+but one killed before the interpreter runs its first line (its first tens of milliseconds, a few
+tenths of a second on a node short of cores), when no rank of the node has begun yet, is named by the
+launcher alone; ranks on other nodes are not seen (each node's guardians report what
 they saw: ranks that all ended together are reported as ended by the launcher); under hydra the line
 comes after the launcher's banner, as hydra forwards output until every process holding the ranks'
 stderr has ended. Records exist under MPI only; Linux's /proc and a writable /dev/shm (else the
@@ -31,14 +34,13 @@ temporary folder) are assumed, and without them less is told.
 """
 from __future__ import annotations
 
-import dataclasses
+import atexit
+import collections
 import mmap
 import os
-import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -52,21 +54,13 @@ RUNNING, SETUP, IN_MPI_INIT = 0, 1, 2  # IN_MPI_INIT: mpi4py holds the interpret
 LIFE_LIMIT = 2.0  # seconds without a heartbeat (written every 0.1 s) that mean "stopped or frozen"
 
 
-@dataclasses.dataclass
-class Status:
-    """One rank's record as read by another process."""
+class Status(collections.namedtuple("Status", "rank size local pid state in_comm step alive_at progress_at host "
+                                                "activity")):
+    """One rank's record as read by another process: ``local``, the ranks the launcher started on this
+    node (0: unknown); ``alive_at``, the time.time() of its last heartbeat; ``progress_at``, when what it
+    does last changed.  (A named tuple, not a dataclass: the entry point imports this module first.)"""
 
-    rank: int
-    size: int
-    local: int  # ranks the launcher started on this node (0: unknown)
-    pid: int
-    state: int
-    in_comm: bool
-    step: int
-    alive_at: float  # time.time() of its last heartbeat
-    progress_at: float  # when what it does last changed
-    host: str
-    activity: str
+    __slots__ = ()
 
     def who(self) -> str:
         return f"rank {self.rank} (pid {self.pid} on {self.host})"
@@ -99,7 +93,12 @@ def launch_folder() -> str:
             started = f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         started = "0"
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    if os.access("/dev/shm", os.W_OK):
+        base = "/dev/shm"
+    else:
+        import tempfile  # (not at the top: the entry point imports this module before anything heavy)
+
+        base = tempfile.gettempdir()
     return os.path.join(base, f"singa-mpi-{os.getuid()}-{parent}-{started}")
 
 
@@ -137,7 +136,7 @@ class StatusRecord:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         self.folder, self.rank, self.size = folder, rank, size
         self.path = record_path(folder, rank)
-        self.pid, self.host = os.getpid(), socket.gethostname()
+        self.pid, self.host = os.getpid(), os.uname().nodename  # gethostname(), without importing socket
         self.local = local_size()
         self._lock = threading.Lock()
         self._seq = 0
@@ -347,6 +346,15 @@ class Guardian:
         finally:
             os.close(read_end)
 
+    def watch_init(self, stall_timeout: float) -> None:
+        """From now on, watch the rank's wait in MPI_Init with this timeout (a guardian started before
+        the command line was read has none)."""
+        if self._write_end is not None:
+            try:
+                os.write(self._write_end, f"stall {stall_timeout:g}\n".encode())
+            except OSError:
+                pass
+
     def finish(self, how: str = "exit") -> None:
         """``exit``: the rank ends normally; ``abort``: it ends the job after printing why."""
         fd, self._write_end = self._write_end, None
@@ -422,7 +430,8 @@ class Watchdog(threading.Thread):
         return now < self._quiet_until
 
     def beat(self) -> None:
-        key, text, in_comm = activity_of(self.tracer, self.note)
+        key, text, in_comm = activity_of(self.tracer, self.note) if self.tracer is not None else \
+            (self.note, self.note, False)
         if self.waiting is not None and not in_comm:
             text, in_comm = f"{self.note + ': ' if self.note else ''}{self.waiting[1]}", True
         if self.role:  # a job of several worker groups or with servers: which one this rank is
@@ -432,7 +441,7 @@ class Watchdog(threading.Thread):
         self._last_key = key
 
     def _pending(self) -> tuple[float, str, list[int]] | None:
-        span = self.tracer.pending("comm")
+        span = self.tracer.pending("comm") if self.tracer is not None else None
         others = [r for r in range(self.life.size) if r != self.life.rank]
         if span is not None and (span.args or {}).get("patient"):
             return None  # a wait that may last (a server between messages, a group done before the others)
@@ -463,9 +472,11 @@ class RankLife:
     """One rank's status record, guardian and watchdog, from before MPI_Init to the end of the run.
 
     ``abort(code)`` ends the whole job; until :meth:`attach` gives it MPI_Abort it exits this process,
-    which makes the launcher end the others."""
+    which makes the launcher end the others.  Begun at the entry point (:func:`start_early`, without a
+    tracer or a stall timeout: the command line is not read yet), it is taken over by the launcher
+    (:func:`take_early`, :meth:`adopt`)."""
 
-    def __init__(self, rank: int, size: int, tracer, stall_timeout: float | None):
+    def __init__(self, rank: int, size: int, tracer=None, stall_timeout: float | None = None):
         self.rank, self.size = rank, size
         self.folder = launch_folder()
         sweep_stale(os.path.dirname(self.folder))
@@ -476,8 +487,18 @@ class RankLife:
             self.guardian = None
         self.abort = self._exit
         self.watchdog = Watchdog(self, tracer, stall_timeout)
-        tracer.on_phase = self.watchdog.beat
+        if tracer is not None:
+            tracer.on_phase = self.watchdog.beat
         self.watchdog.start()
+
+    def adopt(self, tracer, stall_timeout: float | None) -> None:
+        """The launcher takes over a life begun at the entry point: the activity from ``tracer`` from
+        now on, and the stall timeout for the watchdog and for the guardian's watch of MPI_Init."""
+        self.watchdog.tracer, self.watchdog.note = tracer, ""
+        tracer.on_phase = self.watchdog.beat
+        self.watchdog.timeout = stall_timeout
+        if stall_timeout and self.guardian is not None:
+            self.guardian.watch_init(stall_timeout)
 
     @staticmethod
     def _exit(code: int) -> None:
@@ -529,6 +550,39 @@ class RankLife:
         if self.guardian is not None:
             self.guardian.finish("exit")
         self.record.close()
+
+
+# ------------------------------------------------------------------ from the first moments
+
+_EARLY: list[RankLife] = []  # the life start_early began, until the launcher takes it
+_WATCHED_COMMANDS = ("train", "test")  # the commands whose runs the launcher watches (RankLife)
+
+
+def start_early(argv: list[str]) -> None:
+    """At the entry point, before the heavy imports (numpy, h5py, MPI: a second or more, longer on a
+    busy node): under a launcher of several ranks, this rank's status record, guardian and heartbeat
+    from now on, so that a rank killed while Python loads the package is named, or listed among the
+    candidates, as one killed later is.  For ``train`` and ``test`` (``argv``: the command line without
+    the program); a process that leaves before the launcher takes over (a bad command line) dismisses
+    its guardian at exit.  Standard library only, as everything this module imports."""
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    launched = launched_rank()
+    if command not in _WATCHED_COMMANDS or launched is None or launched[1] <= 1 or _EARLY:
+        return
+    try:
+        life = RankLife(*launched)
+    except OSError:  # no shared memory to write: the launcher tries again, and says less without it
+        return
+    life.set_note("starting: Python loads the package")
+    _EARLY.append(life)
+    atexit.register(life.close)
+
+
+def take_early(rank: int, size: int) -> RankLife | None:
+    """The life :func:`start_early` began for this rank of this world, once; None if there is none."""
+    if _EARLY and (_EARLY[0].rank, _EARLY[0].size) == (rank, size):
+        return _EARLY.pop()
+    return None
 
 
 # ------------------------------------------------------------------ clean-up
