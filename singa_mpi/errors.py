@@ -31,6 +31,18 @@ class DataError(SingaError):
     exit_code = 3
 
 
+class MissingDependency(SingaError):
+    """A command needs an optional extra this installation lacks (``plot`` and ``draw``: matplotlib): a
+    command line it cannot run (exit code 2), as a ``--plugin`` module that is not installed.  The line
+    says what to install.  Extras that only add something fall back instead (no tqdm: no progress bar;
+    no Graphviz: ``plan`` writes the .dot file)."""
+
+    exit_code = 2
+
+    def __init__(self, command: str, module: str, install: str):
+        super().__init__(f"singa-mpi {command} needs {module}, which is not installed: {install}")
+
+
 class NonFiniteError(SingaError):
     """A NaN or an infinity in an input batch, a reported metric or a gradient (exit code 5).
 

@@ -20,7 +20,7 @@ from singa_mpi.algorithms.base import forward_pass
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import JobConfig, layers_for_phase, load_job, parse_job
 from singa_mpi.config.validate import validate
-from singa_mpi.errors import ConfigError, DataError, SingaError, writing
+from singa_mpi.errors import ConfigError, DataError, MissingDependency, writing
 from singa_mpi.launcher import check_inputs
 from singa_mpi.layers.base import layer_class_of, layer_type_name
 from singa_mpi.net import build_serial_net
@@ -38,8 +38,7 @@ def figure_class():
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise SingaError(f"singa-mpi draw needs matplotlib, which is not installed: {INSTALL} "
-                         f"(or pip install matplotlib)") from None
+        raise MissingDependency("draw", "matplotlib", f"{INSTALL} (or pip install matplotlib)") from None
     return Figure
 
 

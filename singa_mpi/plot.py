@@ -17,7 +17,7 @@ import json
 import os
 
 from singa_mpi import profiling
-from singa_mpi.errors import DataError, SingaError, writing
+from singa_mpi.errors import DataError, MissingDependency, writing
 
 INSTALL = "pip install 'singa_mpi[plot]'"
 NOT_METRICS = {"step", "phase", "elapsed", "samples_per_s", "comm_share"}
@@ -30,8 +30,7 @@ def figure_class():
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise SingaError(f"singa-mpi plot needs matplotlib, which is not installed: {INSTALL} "
-                         f"(or pip install matplotlib)") from None
+        raise MissingDependency("plot", "matplotlib", f"{INSTALL} (or pip install matplotlib)") from None
     return Figure
 
 
