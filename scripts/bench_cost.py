@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_scaling import NETS, launch, measure, partitioned  # noqa: E402 - scripts/ is on the path from here on
 from bench_serial import job_on_synthetic_data  # noqa: E402
+from benchkit import blas_threads_as_train  # noqa: E402
 
 SCHEMES = ["data", "feature", "hybrid", "pipeline"]
 
@@ -46,15 +47,17 @@ def predicted(net: str, scheme: str, ranks: int, kernels, rates, method: str = "
         return predict(the_plan, method, kernels, rates).step
 
 
-def row(net: str, scheme: str, ranks: int, guess: float, measured: float) -> dict:
+def row(net: str, scheme: str, ranks: int, guess: float, measured: float, blas: list[int] | None = None) -> dict:
     return {"net": net, "scheme": scheme, "ranks": ranks, "predicted_ms": 1e3 * guess, "measured_ms": 1e3 * measured,
-            "ratio": guess / measured, "oversubscribed": ranks > (os.cpu_count() or 1)}
+            "ratio": guess / measured, "oversubscribed": ranks > (os.cpu_count() or 1), "blas_threads": blas}
 
 
 def print_row(r: dict, where: str = "") -> None:
     print(f"{r['net']:<16} {r['scheme']:<9} n={r['ranks']}{'*' if r['oversubscribed'] else ' '}{where} "
           f"predicted {r['predicted_ms']:8.2f} ms  measured {r['measured_ms']:8.2f} ms  "
-          f"predicted/measured {r['ratio']:.2f}", flush=True)
+          f"predicted/measured {r['ratio']:.2f}"
+          + (f"  BLAS threads per rank {', '.join(map(str, r['blas_threads']))}" if r.get("blas_threads") else ""),
+          flush=True)
 
 
 def in_job(args) -> list[dict]:
@@ -91,7 +94,8 @@ def in_job(args) -> list[dict]:
         steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
         results = [measure(net, scheme, steps) for _ in range(args.repeat)]
         if world.rank == 0:
-            rows.append(row(net, scheme, world.size, guess, statistics.median(r["step_ms"] for r in results) / 1e3))
+            rows.append(row(net, scheme, world.size, guess, statistics.median(r["step_ms"] for r in results) / 1e3,
+                            results[-1]["blas_threads"]))
             print_row(rows[-1], f" ({nodes} node(s))")
     return rows if world.rank == 0 else []
 
@@ -107,6 +111,7 @@ def main() -> int:
     parser.add_argument("--in-job", action="store_true",
                         help="run under mpiexec: every net and scheme on the launched ranks (--ranks ignored)")
     args = parser.parse_args()
+    blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
     if args.in_job:
         rows = in_job(args)
         if args.json and rows:

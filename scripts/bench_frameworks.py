@@ -56,7 +56,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchkit import train_subprocess  # noqa: E402 - scripts/ is on the path from here on
+from benchkit import blas_threads_as_train, train_subprocess  # noqa: E402 - scripts/ is on the path from here on
 
 TEST_FRACTION, SPLIT_SEED = 0.2, 0
 DISPLAY_EVERY, TEST_EVERY = 10, 20  # steps of a single worker group; Downpour's groups divide them
@@ -320,6 +320,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
     targets = parse_targets(args.target, args.nets)
     work = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="bench_frameworks_")).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -44,6 +44,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/benchkit.py, however run
 from benchkit import (
     bench_env,
+    blas_threads_as_train,
     train_subprocess,
     verdict,
 )
@@ -238,6 +239,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be at least 1")
+    blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
     if args.torch_worker:
         return torch_worker(args)
     if importlib.util.find_spec("torch") is None:

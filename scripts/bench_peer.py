@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_scaling import NETS, launch as launch_singa  # noqa: E402 - scripts/ is on the path from here on
-from benchkit import bench_env, mpiexec_command  # noqa: E402
+from benchkit import bench_env, blas_threads_as_train, mpiexec_command  # noqa: E402
 
 # The update rule of each example conf (conf/mnist_mlp.conf, conf/cifar10_convnet.conf).
 SGD = {"mnist_mlp": dict(lr=0.001, momentum=0.0, weight_decay=0.0),
@@ -192,6 +192,7 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true", help="run PyTorch's side in this MPI world")
     parser.add_argument("--net", choices=list(NETS))
     args = parser.parse_args()
+    blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
     if args.worker:
         return torch_worker(args)
     try:

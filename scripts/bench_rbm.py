@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/benchkit.py, however run
 from benchkit import (
+    blas_threads_as_train,
     train_subprocess,
     verdict,
 )
@@ -208,6 +209,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds of every run; samples/s: their median")
     parser.add_argument("--keep", help="work in this folder and keep it (default: a temporary one, removed)")
     args = parser.parse_args()
+    blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
     folder = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="bench_rbm_"))
     folder.mkdir(parents=True, exist_ok=True)
     try:

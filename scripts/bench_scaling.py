@@ -39,7 +39,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchkit import bench_env, mpiexec_command  # noqa: E402 - scripts/ is on the path from here on
+from benchkit import bench_env, blas_threads_as_train, mpiexec_command  # noqa: E402 - scripts/ is on the path
 
 NETS = {"mnist_mlp": ("mnist_mlp.conf", (784,), 64), "cifar10_convnet": ("cifar10_convnet.conf", (3, 32, 32), 100)}
 SCHEMES = {"mnist_mlp": ["data", "feature", "hybrid", "auto"], "cifar10_convnet": ["data", "feature", "hybrid", "auto"]}
@@ -125,10 +125,12 @@ def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False, dim
 
 def measure(net: str, scheme: str, steps: int, weak: bool = False, dims: dict | None = None) -> dict | None:
     """Under mpiexec: time the training step of one net and scheme in the current world; rank 0 gets
-    the result (the others None)."""
+    the result (the others None).  Each rank runs with the BLAS threads `singa-mpi train` would give it
+    (one when launched by this script: bench_env)."""
     from singa_mpi.progress import peak_rss
 
     world, folder, runtime, trainer = trainer_on_world(net, scheme, "bench_scaling", weak, dims)
+    blas = world.allgather_object(blas_threads_as_train(trainer.cfg, runtime.size))
     for step in range(3):
         trainer.train_one_batch(step)
     world.barrier()
@@ -153,7 +155,8 @@ def measure(net: str, scheme: str, steps: int, weak: bool = False, dims: dict | 
     return {"net": net, "scheme": scheme, "ranks": world.size, "batch": batch,
             "step_ms": 1e3 * slowest, "samples_per_s": batch / slowest,
             "exposed_comm_share": max(shares) / slowest, "bytes_per_step": moved,
-            "cores": os.cpu_count(), "weak": bool(weak), "peak_rss_max": max(peaks) if peaks else None}
+            "cores": os.cpu_count(), "weak": bool(weak), "peak_rss_max": max(peaks) if peaks else None,
+            "blas_threads": blas}
 
 
 def worker(args) -> int:
@@ -289,7 +292,8 @@ def main() -> int:
     parser.add_argument("--collect", help="print the table of the JSON results in this folder")
     parser.add_argument("--plot", help="also draw the speed-ups into this PNG (needs matplotlib)")
     args = parser.parse_args()
-    if args.worker:
+    blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
+    if args.worker:  # measure() sets the job's own
         return worker(args)
     if args.collect:
         runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path(args.collect).glob("*.json"))]

@@ -33,6 +33,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from benchkit import blas_threads_as_train  # noqa: E402 - scripts/ is on the path from here on
 from singa_mpi.communication.launchers import find_launcher  # noqa: E402
 
 JOBS = {"digits_mlp": ((64,), 1437, 200), "mnist_mlp": ((784,), 2048, 20), "cifar10_convnet": ((3, 32, 32), 1000, 8)}
@@ -141,8 +142,9 @@ def main() -> int:
     parser.add_argument("--setting")
     parser.add_argument("--steps", type=int)
     args = parser.parse_args()
-    if args.worker:
+    if args.worker:  # sets its own threads: the setting it measures
         return worker(args)
+    blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
     runs = []
     for repeat in range(args.repeat):
         for job in args.jobs:

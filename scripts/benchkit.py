@@ -1,9 +1,11 @@
-"""What the benchmark scripts share: launching singa_mpi in a subprocess, serially or on N ranks.
+"""What the benchmark scripts share: launching singa_mpi in a subprocess, serially or on N ranks, and
+giving a script's own process the BLAS threads `singa-mpi train` would.
 
     from benchkit import train_subprocess, verdict      (the scripts run with scripts/ on sys.path)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import subprocess
@@ -16,6 +18,38 @@ def bench_env() -> dict[str, str]:
     """One BLAS thread per process, and what the launcher's MPI needs (as tests/test_mpi_suites.py)."""
     return find_launcher().environ(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                                    PYTHONUNBUFFERED="1")
+
+
+_THREADS = contextlib.ExitStack()  # the limit blas_threads_as_train set, held until the process ends
+
+
+def blas_threads_as_train(cfg=None, nworkers: int = 1) -> int:
+    """Give this process the BLAS threads `singa-mpi train` would give a rank of ``cfg`` on ``nworkers``
+    workers (``singa_mpi.threads.blas_threads``): the user's OMP_NUM_THREADS & co. when set, else this
+    node's cores shared among the ranks the launcher started on it (one thread for a small job), and one
+    for a BLAS that scipy bundles.  Without ``cfg`` (a script of several jobs) the cores' share.
+
+    Call it at the start of a script that computes, before the numpy work: ranks under mpiexec that
+    keep OpenBLAS's default (a thread per core, in numpy's and scipy's BLAS both) oversubscribe the cores
+    (``mpiexec -n 2 profile_step.py`` on 2 cores: 486 ms a step instead of 34).  Held until the process
+    ends; a later call replaces it.  Returns the threads of the largest BLAS/OpenMP pool now.
+    """
+    from singa_mpi import threads
+
+    def warn(line: str) -> None:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+
+    _THREADS.close()
+    work = threads.work_per_step(cfg, nworkers) if cfg is not None else None
+    _THREADS.enter_context(threads.blas_threads(warn=warn, work=work))
+    return blas_threads_now()
+
+
+def blas_threads_now() -> int:
+    """The most threads any BLAS or OpenMP library loaded in this process will use (threadpoolctl)."""
+    from threadpoolctl import threadpool_info
+
+    return max((lib["num_threads"] for lib in threadpool_info()), default=1)
 
 
 def mpiexec_command(n: int) -> list[str]:

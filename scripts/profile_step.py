@@ -7,7 +7,8 @@ JOB --profile``): it prints the same table at the end of the run and writes it t
 WORKSPACE/profile.json.  This script is the quick variant for the two example nets: synthetic
 data, the partitioning scheme of ``bench_scaling.py``, warm-up steps left out, ranks lined up by
 a barrier before every step (left out of the table).  Compare with ``-n 1`` to see which phase
-scales badly.  Set one BLAS thread per rank (OMP_NUM_THREADS=1) as bench_scaling does.
+scales badly.  Each rank gets the BLAS threads `singa-mpi train` would give it (OMP_NUM_THREADS & co.
+when set, else the node's cores shared among its ranks); the header says how many.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import sys
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
 from bench_scaling import NETS, trainer_on_world  # noqa: E402
+from benchkit import blas_threads_as_train  # noqa: E402
 from singa_mpi import profiling  # noqa: E402
 
 
@@ -29,6 +31,7 @@ def main() -> int:
     args = parser.parse_args()
 
     world, folder, runtime, trainer = trainer_on_world(args.net, args.scheme, "profile")
+    blas = world.gather_object(blas_threads_as_train(trainer.cfg, runtime.size))  # before the first step
     tracer, warmup = runtime.tracer, 3
     for step in range(warmup + args.steps):
         if step == warmup:
@@ -39,7 +42,8 @@ def main() -> int:
     part["train"] = [row for row in part["train"] if row["name"] != "barrier"]  # this script's own
     parts = world.gather_object(part)
     if world.rank == 0:
-        print(f"{args.net} {args.scheme} on {world.size} rank(s)")
+        print(f"{args.net} {args.scheme} on {world.size} rank(s); BLAS threads per rank: "
+              f"{', '.join(str(n) for n in blas)}")
         print(profiling.format_table(profiling.build(parts)))
     runtime.close()
     shutil.rmtree(folder, ignore_errors=True)
