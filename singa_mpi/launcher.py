@@ -68,6 +68,7 @@ class RunOptions:
     trace: str | None = None  # FILE: every rank's timeline as Chrome-trace JSON (singa_mpi.timeline)
     profile: bool = False  # print the per-layer compute/communication table at the end
     check_finite: bool = True  # stop at the first NaN/inf in inputs, metrics or gradients (exit 5)
+    debug: bool = False  # --debug: also the communication table's bookkeeping rows
 
 
 def mpi_world(tracer=None, life=None):
@@ -369,6 +370,7 @@ def _train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint
     the signals :class:`StopSignals` caught); returns the exit code."""
     trainer.keep = options.keep
     trainer.print_profile = options.profile
+    trainer.debug = options.debug
     if not options.check_finite:
         trainer.finite.switch_off(list(trainer.nets().values()))
     if options.trace:
