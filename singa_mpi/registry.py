@@ -144,6 +144,10 @@ class Registry(Generic[T]):
                     f"the name of a plugin's {self.kind} (no loaded plugin registers one: --plugin MODULE_OR_FILE)")
         return f"one of {', '.join(self.names()) or '(none registered)'}"
 
+    def _expected_builtin(self) -> str:
+        """For an enum field (``type``, ``alg``): the built-ins, which alone it selects."""
+        return f"one of {', '.join(self.builtin_names()) or '(none registered)'}"
+
     def select(self, conf, field: str = "type", user_field: str = "user_type", where: str = "") -> T:
         """The entry ``conf`` selects (:func:`selected_name`): by its ``user_field`` among the plugins'
         names, else by its enum among the built-ins.  An unknown user name is reported as
@@ -153,8 +157,11 @@ class Registry(Generic[T]):
             return self.get(name, f"{where}{user_field}", user=True)
         if not conf.HasField(field) and name not in self._entries:
             # neither written: the enum's default (kUserInit, kUserLayer) is a value the user never wrote
-            raise ConfigError(f"{self.field} = missing: expected {self._expected(False)}")
-        return self.get(name)
+            raise ConfigError(f"{self.field} = missing: expected {self._expected_builtin()}")
+        try:
+            return self.get(name)
+        except ConfigError:  # a plugin's names are written in user_field, never offered for the enum
+            raise ConfigError(f"{self.field} = {name}: expected {self._expected_builtin()}") from None
 
     def unregister(self, name: str) -> None:
         """Forget a plugin's ``name`` (a plugin whose import failed half way takes back what it registered)."""
@@ -167,6 +174,10 @@ class Registry(Generic[T]):
     def user_names(self) -> list[str]:
         """The names plugins registered, sorted."""
         return sorted(self._user)
+
+    def builtin_names(self) -> list[str]:
+        """The names singa_mpi's own modules registered, sorted: what an enum field (``type``, ``alg``) may name."""
+        return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self._entries or name in self._user)

@@ -23,6 +23,15 @@ _NO_FIELD = re.compile(r'Message type "([\w.]+)" has no field named "([^"]+)"\.$
 _NO_EXTENSION = re.compile(r'Extension "([\w.]+)" not registered')
 _TWICE = re.compile(r'Message type "([\w.]+)" should not have multiple "([^"]+)" fields\.$')
 _STRAY_BRACE = re.compile(r"Expected identifier or number, got [}>]\.$")
+# enums whose values select built-ins, beside a string field that selects a plugin's entry (SINGA's
+# user_type, user_alg): enum -> (the registry's kind, that field, what the user calls an entry)
+_PLUGGABLE = {
+    "singa.LayerType": ("layer type", "user_type", "layer"),
+    "singa.UpdaterType": ("updater", "user_type", "updater"),
+    "singa.ChangeMethod": ("learning rate schedule", "user_type", "learning rate schedule"),
+    "singa.InitMethod": ("init method", "user_type", "init method"),
+    "singa.AlgType": ("algorithm", "user_alg", "algorithm"),
+}
 _VALUE_ERRORS = [  # (protobuf's complaint about a scalar value, what the field expects)
     (re.compile(r"Couldn't parse integer: (.*)$"), "an integer"),
     (re.compile(r"Couldn't parse (?:float|double): (.*)$"), "a number"),
@@ -75,6 +84,10 @@ def _explain(message: str, source: SourceMap, block: tuple, line: int, col: int)
     if enum and enum.group(1) == "singa.LayerType" and enum.group(2) in RETIRED_LAYER_TYPES:
         return f"{name} = {enum.group(2)}: expected {RETIRED_LAYER_TYPES[enum.group(2)]}"
     if enum:
+        plugged = _plugin_entry(enum.group(1), enum.group(2), source)
+        if plugged:  # the enum field takes built-ins only, as SINGA's factories kept the two apart
+            user_field, noun = plugged
+            return f'{name} = {enum.group(2)}: {enum.group(2)} is a plugin {noun}: write {user_field}: "{enum.group(2)}"'
         choices = _enum_choices(enum.group(1))
         close = _closest(enum.group(2), choices)
         hint = f" (did you mean '{close}'?)" if close else ""
@@ -136,10 +149,35 @@ def _field_name(path: tuple, base: tuple) -> str:
 
 
 def _enum_choices(enum_name: str) -> list[str]:
-    """Values worth suggesting: implemented layer types; otherwise the enum minus kUser* placeholders."""
+    """Values worth suggesting: implemented layer types; otherwise the enum minus kUser* placeholders.
+    Only the enum's own values: a plugin's names go in ``user_type``, never here."""
+    enum = job_pb2.DESCRIPTOR.pool.FindEnumTypeByName(enum_name)
     if enum_name == "singa.LayerType":
         from singa_mpi.layers.base import LAYERS  # deferred: reading a job file needs no layers (nor numpy)
 
-        return LAYERS.names()
-    enum = job_pb2.DESCRIPTOR.pool.FindEnumTypeByName(enum_name)
+        return [name for name in LAYERS.names() if name in enum.values_by_name]
     return [value.name for value in enum.values if not value.name.startswith("kUser")]
+
+
+def _plugin_entry(enum_name: str, value: str, source: SourceMap) -> tuple[str, str] | None:
+    """(the field to write, what it names) when ``value`` of an enum field is what a plugin registered.
+    The job's plugins load after it parses: here first (``--plugin``, entry points, its ``plugin:``
+    lines), as they would next; one that cannot load leaves the job's own error to be reported."""
+    pluggable = _PLUGGABLE.get(enum_name)
+    if pluggable is None:
+        return None
+    from singa_mpi import plugins  # deferred: reading a job file imports no plugin machinery unless needed
+    from singa_mpi.registry import all_registries
+
+    specs, k = [], 0
+    while ("plugin", k) in source.values:
+        specs.append(source.values[("plugin", k)])
+        k += 1
+    try:
+        plugins.load_for_job(job_pb2.JobProto(plugin=specs), source.path)
+    except ConfigError:  # a plugin that does not load: its own line comes once the job parses
+        pass
+    kind, user_field, noun = pluggable
+    if any(registry.kind == kind and value in registry.user_names() for registry in all_registries()):
+        return user_field, noun
+    return None

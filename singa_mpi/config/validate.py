@@ -165,7 +165,7 @@ def _check_algorithm_written(cfg: JobConfig) -> None:
     """A job without train_one_batch (or with an empty one) selects no algorithm: say that, rather than
     name kUserAlg, the placeholder protobuf reads for an unset ``alg``."""
     job = cfg.proto
-    others = ", ".join(name for name in ALGORITHMS.names() if name != "kBP")
+    others = ", ".join(name for name in ALGORITHMS.builtin_names() if name != "kBP")  # what `alg:` may name
     if not job.HasField("train_one_batch"):
         raise _fail(cfg, (), f"train_one_batch: missing: expected train_one_batch {{ alg: kBP }} (or {others})")
     written = job.train_one_batch
