@@ -9,6 +9,9 @@ Each configuration of scripts/bench_scaling.py (synthetic data, one BLAS thread 
 with singa_mpi.cost (the plan `singa-mpi plan --cost` prints) and then measured under mpiexec; the
 table gives both step times and predicted / measured.  The goal (issue #20) is within 20 % at 1-4 ranks
 on a machine with a core per rank.
+
+Each row prints as it is measured; Ctrl-C or SIGTERM (a time limit) prints the summary of the rows
+done.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_scaling import NETS, launch, measure, partitioned  # noqa: E402 - scripts/ is on the path from here on
 from bench_serial import job_on_synthetic_data  # noqa: E402
-from benchkit import blas_threads_as_train  # noqa: E402
+from benchkit import blas_threads_as_train, report_if_cut_short  # noqa: E402
 
 SCHEMES = ["data", "feature", "hybrid", "pipeline"]
 
@@ -122,11 +125,22 @@ def main() -> int:
     from singa_mpi.cost import rates as rate_module
     from singa_mpi.cost.kernels import KernelTimes, corunners_for
 
-    with threads.limit_blas(1):
+    rows: list[dict] = []
+
+    def report() -> None:  # the rows were printed as they were measured: the summary of them
+        within = [r for r in rows if not r["oversubscribed"]]
+        if within:
+            worst = max(within, key=lambda r: abs(r["ratio"] - 1))
+            print(f"largest error where every rank has a core: {100 * (worst['ratio'] - 1):+.0f}% "
+                  f"({worst['net']} {worst['scheme']} n={worst['ranks']}; {len(rows)} row(s))")
+        print("* oversubscribed: more ranks than cores (the model assumes a core per rank)")
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+    with threads.limit_blas(1), report_if_cut_short(report):
         kernel_sets: dict[int, KernelTimes] = {}  # by co-runners: kernels timed beside the other ranks
         rates = rate_module.load()
         print(f"communicator rates: {rates.source}")
-        rows = []
         for net in args.nets:
             for scheme in args.schemes:
                 for ranks in args.ranks:
@@ -143,14 +157,7 @@ def main() -> int:
                     rows.append(row(net, scheme, ranks, guess, measured))
                     print_row(rows[-1])
                     kernels.save()
-    within = [r for r in rows if not r["oversubscribed"]]
-    if within:
-        worst = max(within, key=lambda r: abs(r["ratio"] - 1))
-        print(f"largest error where every rank has a core: {100 * (worst['ratio'] - 1):+.0f}% "
-              f"({worst['net']} {worst['scheme']} n={worst['ranks']})")
-    print("* oversubscribed: more ranks than cores (the model assumes a core per rank)")
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    report()
     return 0
 
 

@@ -37,6 +37,9 @@ logs at half the step interval), so every framework trains on the same number of
 This machine has 2 cores: the 3-rank runs (sandblaster, downpour) oversubscribe them, so their
 samples/s understate what the frameworks do with a core per rank; read those rows for accuracy and
 for the cost of the extra rank, not for speed.
+
+Each run prints a line as it ends, each repeat the table so far; Ctrl-C or SIGTERM (a time limit)
+prints the table of the runs done.
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchkit import blas_threads_as_train, train_subprocess  # noqa: E402 - scripts/ is on the path from here on
+from benchkit import blas_threads_as_train, report_if_cut_short, train_subprocess  # noqa: E402 - scripts/ on the path
 
 TEST_FRACTION, SPLIT_SEED = 0.2, 0
 DISPLAY_EVERY, TEST_EVERY = 10, 20  # steps of a single worker group; Downpour's groups divide them
@@ -325,25 +328,39 @@ def main() -> int:
     work = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="bench_frameworks_")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     began, runs = time.perf_counter(), []
+
+    def report() -> None:
+        if not runs:
+            print("no run finished yet")
+            return
+        rows = summarize(runs)
+        print_table(rows, targets)
+        print(f"total time {time.perf_counter() - began:.0f}s")
+        if args.json:
+            write_json(args.json, rows)
+        if args.plot:
+            plot(args.plot, rows, targets)
+
     try:
-        for net in args.nets:
-            stores = write_digit_stores(work / "data" / net, net)
-            steps = args.steps or NETS[net].steps
-            for repeat in range(args.repeat):
-                for framework in args.frameworks:
-                    runs.append(run_once(work, net, framework, stores, steps, targets[net], repeat))
-                    print(f"  ran {net} {framework} ({repeat + 1}/{args.repeat}): "
-                          f"{runs[-1]['samples_per_s']:,.0f} samples/s", flush=True)
+        with report_if_cut_short(report):
+            for net in args.nets:
+                stores = write_digit_stores(work / "data" / net, net)
+                steps = args.steps or NETS[net].steps
+                for repeat in range(args.repeat):
+                    for framework in args.frameworks:
+                        runs.append(run_once(work, net, framework, stores, steps, targets[net], repeat))
+                        reached = runs[-1]["time_to_accuracy"]
+                        print(f"  ran {net} {framework} ({repeat + 1}/{args.repeat}): "
+                              f"{runs[-1]['samples_per_s']:,.0f} samples/s, time to {targets[net]:.2f}: "
+                              f"{'not reached' if reached is None else f'{reached:.1f}s'}, "
+                              f"final accuracy {runs[-1]['final_accuracy']:.4f}", flush=True)
+                    if (net, repeat + 1) != (args.nets[-1], args.repeat):
+                        print("the table so far:")
+                        print_table(summarize(runs), targets)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    rows = summarize(runs)
-    print_table(rows, targets)
-    print(f"total time {time.perf_counter() - began:.0f}s")
-    if args.json:
-        write_json(args.json, rows)
-    if args.plot:
-        plot(args.plot, rows, targets)
+    report()
     return 0
 
 

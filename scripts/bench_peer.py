@@ -14,6 +14,9 @@ Strong scaling (default) splits the example's batch over the ranks; --weak gives
 batch.  The table prints samples/s of both and the ratio singa_mpi / PyTorch (> 1: singa_mpi ahead).
 Timing as in bench_scaling: warm-up steps, then the median step time of the slowest rank, each step
 started at a barrier.
+
+Each run prints a line as it ends, each repeat the table so far; Ctrl-C or SIGTERM (a time limit)
+prints the table of the runs done.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_scaling import NETS, launch as launch_singa  # noqa: E402 - scripts/ is on the path from here on
-from benchkit import bench_env, blas_threads_as_train, mpiexec_command  # noqa: E402
+from benchkit import bench_env, blas_threads_as_train, mpiexec_command, report_if_cut_short  # noqa: E402
 
 # The update rule of each example conf (conf/mnist_mlp.conf, conf/cifar10_convnet.conf).
 SGD = {"mnist_mlp": dict(lr=0.001, momentum=0.0, weight_decay=0.0),
@@ -200,24 +203,36 @@ def main() -> int:
     except ImportError:
         print(NO_TORCH, file=sys.stderr)
         return 3
-    runs = []
-    for repeat in range(args.repeat):
-        for net in args.nets:
-            steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
-            for ranks in args.ranks:
-                for scheme in args.schemes:
-                    runs.append(dict(launch_singa(net, scheme, ranks, steps, args.weak), impl="singa_mpi"))
-                try:
-                    runs.append(launch_torch(net, ranks, steps, args.weak))
-                except RuntimeError as err:  # keep what was measured; the row says n/a
-                    print(f"  PyTorch {net} n={ranks} failed: {str(err).splitlines()[-1][:200]}", flush=True)
-                mine = [r for r in runs if (r["net"], r["ranks"]) == (net, ranks)][-len(args.schemes) - 1:]
-                print(f"  measured {net} n={ranks} ({repeat + 1}/{args.repeat}): " + ", ".join(
-                    f"{r.get('scheme', r['impl'])} {r['samples_per_s']:,.0f}" for r in mine) + " samples/s", flush=True)
-    rows = compare(runs)
-    print_table(rows, args.weak)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"table": rows, "runs": runs}, indent=1) + "\n")
+    runs: list[dict] = []
+
+    def report() -> None:
+        if not runs:
+            print("no run finished yet")
+            return
+        rows = compare(runs)
+        print_table(rows, args.weak)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps({"table": rows, "runs": runs}, indent=1) + "\n")
+
+    with report_if_cut_short(report):
+        for repeat in range(args.repeat):
+            for net in args.nets:
+                steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
+                for ranks in args.ranks:
+                    for scheme in args.schemes:
+                        runs.append(dict(launch_singa(net, scheme, ranks, steps, args.weak), impl="singa_mpi"))
+                    try:
+                        runs.append(launch_torch(net, ranks, steps, args.weak))
+                    except RuntimeError as err:  # keep what was measured; the row says n/a
+                        print(f"  PyTorch {net} n={ranks} failed: {str(err).splitlines()[-1][:200]}", flush=True)
+                    mine = [r for r in runs if (r["net"], r["ranks"]) == (net, ranks)][-len(args.schemes) - 1:]
+                    print(f"  measured {net} n={ranks} ({repeat + 1}/{args.repeat}): " + ", ".join(
+                        f"{r.get('scheme', r['impl'])} {r['samples_per_s']:,.0f}" for r in mine) + " samples/s",
+                        flush=True)
+            if repeat + 1 < args.repeat:
+                print(f"after {repeat + 1} of {args.repeat} repeats:")
+                print_table(compare(runs), args.weak)
+    report()
     return 0
 
 

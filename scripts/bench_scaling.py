@@ -21,6 +21,9 @@ element-wise layers after them partition_dim 1 (LRN, loss and input stay on the 
 convolution part on the batch, inner products on features (for the MLP: the first three layers on
 the batch, the last three on features); pipeline (not run by default: it cannot scale, one worker
 waits while the other computes) = whole layers, the first half on worker 0 and the rest on worker 1.
+
+Each run prints a line as it ends, each scheme once measured the table so far; Ctrl-C or SIGTERM
+(a time limit) prints the table of the runs done.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchkit import bench_env, blas_threads_as_train, mpiexec_command  # noqa: E402 - scripts/ is on the path
+from benchkit import bench_env, blas_threads_as_train, mpiexec_command, report_if_cut_short  # noqa: E402
 
 NETS = {"mnist_mlp": ("mnist_mlp.conf", (784,), 64), "cifar10_convnet": ("cifar10_convnet.conf", (3, 32, 32), 100)}
 SCHEMES = {"mnist_mlp": ["data", "feature", "hybrid", "auto"], "cifar10_convnet": ["data", "feature", "hybrid", "auto"]}
@@ -306,24 +309,36 @@ def main() -> int:
         if args.plot:
             plot(rows, args.plot)
         return 0
-    runs = []
-    for net in args.nets:
-        for scheme in (s for s in SCHEMES[net] if s in args.schemes):
-            for repeat in range(args.repeat):
-                for ranks in args.ranks:
-                    refused = refusal(net, scheme, ranks, args.weak)
-                    if refused:
-                        print(f"  {net} {scheme} n={ranks}: refused by the planner ({refused})", flush=True)
-                        continue
-                    runs.append(launch(net, scheme, ranks, args.steps if net == "mnist_mlp" else max(5, args.steps // 2),
-                                       args.weak))
-                    print(f"  measured {net} {scheme} n={ranks} ({repeat + 1}/{args.repeat})", flush=True)
-    rows = summarize(runs)
-    print_table(rows)
-    if args.plot:
-        plot(rows, args.plot)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"summary": rows, "runs": runs}, indent=1) + "\n")
+    runs: list[dict] = []
+
+    def report() -> None:
+        if not runs:
+            print("no run finished yet")
+            return
+        rows = summarize(runs)
+        print_table(rows)
+        if args.plot:
+            plot(rows, args.plot)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps({"summary": rows, "runs": runs}, indent=1) + "\n")
+
+    with report_if_cut_short(report):
+        for net in args.nets:
+            for scheme in (s for s in SCHEMES[net] if s in args.schemes):
+                for repeat in range(args.repeat):
+                    for ranks in args.ranks:
+                        refused = refusal(net, scheme, ranks, args.weak)
+                        if refused:
+                            print(f"  {net} {scheme} n={ranks}: refused by the planner ({refused})", flush=True)
+                            continue
+                        steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
+                        runs.append(launch(net, scheme, ranks, steps, args.weak))
+                        print(f"  measured {net} {scheme} n={ranks} ({repeat + 1}/{args.repeat}): "
+                              f"{runs[-1]['samples_per_s']:,.1f} samples/s, {runs[-1]['step_ms']:.2f} ms/step",
+                              flush=True)
+                print(f"{net} {scheme} done; the table so far:")
+                print_table(summarize(runs))
+    report()
     return 0
 
 

@@ -1,6 +1,6 @@
 """BLAS threads per rank: ms per training step of each job under each thread setting, serially and on 2 ranks.
 
-    python scripts/bench_threads.py [--ranks 1 2] [--repeat 3] [--json out.json]
+    python scripts/bench_threads.py [--ranks 1 2] [--repeat 3] [--budget 3] [--json out.json]
 
 Jobs (synthetic data of the right shape): digits_mlp (the default job, batch 64), mnist_mlp (batch 64)
 and cifar10_convnet (batch 100); on several ranks every layer is partitioned on the batch.  Settings:
@@ -15,6 +15,11 @@ Each cell is the median (first table) or the fastest (second) over ``--repeat`` 
 time (the slowest rank's); the last column is the default's time over the best setting's.  The runs
 of one repeat go back to back.  On a shared machine, equal settings (``default`` and ``gemm=1`` on
 2 ranks of 2 cores) differ by the noise, often 10-30%: compare the fastest runs as well.
+
+Each run prints a line as it ends (ms/step, steps timed, seconds with start-up), each repeat the table
+so far; Ctrl-C or SIGTERM prints the table of the runs done.  A run stops timing after ``--budget``
+seconds of timed steps (at least 3 steps): the settings that oversubscribe the cores run 5-20x slower
+and would otherwise take most of the time.
 """
 from __future__ import annotations
 
@@ -33,12 +38,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchkit import blas_threads_as_train  # noqa: E402 - scripts/ is on the path from here on
+from benchkit import blas_threads_as_train, report_if_cut_short  # noqa: E402 - scripts/ is on the path from here on
 from singa_mpi.communication.launchers import find_launcher  # noqa: E402
 
 JOBS = {"digits_mlp": ((64,), 1437, 200), "mnist_mlp": ((784,), 2048, 20), "cifar10_convnet": ((3, 32, 32), 1000, 8)}
 SETTINGS = ["env=1", "env=2", "gemm=1", "gemm=2", "default"]
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# Timed steps per run stop after BUDGET seconds (at least MIN_STEPS): a setting that oversubscribes the cores
+# (2 ranks x 2 threads in numpy's and scipy's OpenBLAS on 2 cores) runs its steps 5-20x slower, and those
+# few runs took most of the time of a --repeat 5 (past 10 minutes); a few steps show the slowdown as well.
+BUDGET, MIN_STEPS = 3.0, 3
+LEGEND = ("env=N: OMP/OPENBLAS/MKL_NUM_THREADS=N; gemm=N: numpy's BLAS N threads, scipy's 1; "
+          "default: no variables set (singa_mpi's choice)")
 
 
 def worker(args) -> int:
@@ -53,16 +64,17 @@ def worker(args) -> int:
             return threads.limit_blas(int(args.setting[5:]))
         return threads.blas_threads(work=threads.work_per_step(trainer.cfg, trainer.runtime.size))
 
-    step_ms, world, blas = _time_steps(args.job, args.steps, setting, threadpool_info)
+    step_ms, steps, world, blas = _time_steps(args.job, args.steps, args.budget, setting, threadpool_info)
     if world is None or world.rank == 0:
         print(json.dumps({"job": args.job, "setting": args.setting, "ranks": 1 if world is None else world.size,
-                          "step_ms": step_ms, "blas_threads": blas}))
+                          "step_ms": step_ms, "steps": steps, "blas_threads": blas}))
     return 0
 
 
-def _time_steps(job: str, steps: int, setting, threadpool_info):
-    """(median ms per step of the slowest rank, the MPI world or None, {BLAS library: threads}) of
-    ``job`` on synthetic data, timed inside ``setting(trainer)``."""
+def _time_steps(job: str, steps: int, budget: float, setting, threadpool_info):
+    """(median ms per step of the slowest rank, steps timed, the MPI world or None, {BLAS library: threads})
+    of ``job`` on synthetic data, timed inside ``setting(trainer)``: ``steps`` steps, fewer (at least
+    MIN_STEPS) once the timed ones took ``budget`` seconds on some rank."""
     from bench_scaling import partitioned
     from bench_serial import job_on_synthetic_data
 
@@ -87,8 +99,12 @@ def _time_steps(job: str, steps: int, setting, threadpool_info):
         for step in range(3):
             trainer.train_one_batch(step)
         for step in range(steps):
+            spent = len(times) >= MIN_STEPS and sum(times) > budget
             if world is not None:
+                spent = any(world.allgather_object(spent))  # every rank stops after the same step
                 world.barrier()
+            if spent:
+                break
             start = time.perf_counter()
             trainer.train_one_batch(3 + step)
             times.append(time.perf_counter() - start)
@@ -97,21 +113,23 @@ def _time_steps(job: str, steps: int, setting, threadpool_info):
         step_ms = max(world.allgather_object(step_ms))
         runtime.close()
     shutil.rmtree(folder, ignore_errors=True)
-    return step_ms, world, blas
+    return step_ms, len(times), world, blas
 
 
-def launch(job: str, setting: str, ranks: int, steps: int) -> dict:
+def launch(job: str, setting: str, ranks: int, steps: int, budget: float) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     if setting.startswith("env="):
         env.update({name: setting[4:] for name in THREAD_VARIABLES})
     env = find_launcher().environ(env)  # what the launcher's MPI needs (SINGA_MPI_FLAVOR=openmpi|mpich)
-    cmd = [sys.executable, __file__, "--worker", "--job", job, "--setting", setting, "--steps", str(steps)]
+    cmd = [sys.executable, __file__, "--worker", "--job", job, "--setting", setting, "--steps", str(steps),
+           "--budget", str(budget)]
     if ranks > 1:
         cmd = find_launcher().command(ranks) + cmd
+    began = time.perf_counter()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"{job} {setting} on {ranks} rank(s) failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]), wall_s=time.perf_counter() - began)
 
 
 def print_table(runs: list[dict], settings: list[str], stat=statistics.median) -> None:
@@ -141,23 +159,39 @@ def main() -> int:
     parser.add_argument("--job", choices=list(JOBS))
     parser.add_argument("--setting")
     parser.add_argument("--steps", type=int)
+    parser.add_argument("--budget", type=float, default=BUDGET,
+                        help=f"seconds of timed steps per run, after at least {MIN_STEPS} (default {BUDGET:g})")
     args = parser.parse_args()
     if args.worker:  # sets its own threads: the setting it measures
         return worker(args)
     blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
-    runs = []
-    for repeat in range(args.repeat):
-        for job in args.jobs:
-            for ranks in args.ranks:
-                for setting in args.settings:
-                    runs.append(launch(job, setting, ranks, JOBS[job][2]))
-        print(f"  repeat {repeat + 1}/{args.repeat} done", flush=True)
-    print("env=N: OMP/OPENBLAS/MKL_NUM_THREADS=N; gemm=N: numpy's BLAS N threads, scipy's 1; "
-          "default: no variables set (singa_mpi's choice)")
-    print_table(runs, args.settings)
-    print_table(runs, args.settings, min)
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(runs, indent=1) + "\n")
+    runs: list[dict] = []
+
+    def report() -> None:
+        if not runs:
+            print("no run finished yet")
+            return
+        print(LEGEND)
+        print_table(runs, args.settings)
+        print_table(runs, args.settings, min)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(runs, indent=1) + "\n")
+
+    began = time.perf_counter()
+    with report_if_cut_short(report):
+        for repeat in range(args.repeat):
+            for job in args.jobs:
+                for ranks in args.ranks:
+                    for setting in args.settings:
+                        runs.append(launch(job, setting, ranks, JOBS[job][2], args.budget))
+                        r = runs[-1]
+                        print(f"  {job} n={ranks} {setting}: {r['step_ms']:.2f} ms/step ({r['steps']} steps, "
+                              f"{r['wall_s']:.0f}s) [{repeat + 1}/{args.repeat}]", flush=True)
+            if repeat + 1 < args.repeat:
+                print(f"after {repeat + 1} of {args.repeat} repeats:")
+                print_table(runs, args.settings)
+    report()
+    print(f"total time {time.perf_counter() - began:.0f}s")
     return 0
 
 

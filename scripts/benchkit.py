@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
+import signal
 import subprocess
 import sys
+from typing import Callable, Iterator
 
 from singa_mpi.communication.launchers import find_launcher
 
@@ -66,6 +68,31 @@ def train_subprocess(conf: pathlib.Path, workspace: pathlib.Path, ranks: int) ->
     if out.returncode != 0:
         raise RuntimeError(f"singa_mpi on {ranks} rank(s) failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
     return [json.loads(line) for line in (workspace / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+class _Terminated(BaseException):
+    """SIGTERM (a time limit, `timeout`) as an exception, so that the loop unwinds (and
+    ``subprocess.run`` kills the run under way) like on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def report_if_cut_short(report: Callable[[], None]) -> Iterator[None]:
+    """Run a benchmark's loop; if Ctrl-C or SIGTERM ends it early, print what was measured so far
+    (``report()``: the table of the runs done) and exit 130 (Ctrl-C) or 143 (SIGTERM)."""
+    def terminate(signum, frame):
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except (KeyboardInterrupt, _Terminated) as err:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one report
+        how = "SIGTERM" if isinstance(err, _Terminated) else "Ctrl-C"
+        print(f"\ncut short ({how}): the table of the runs done so far", flush=True)
+        report()
+        raise SystemExit(143 if isinstance(err, _Terminated) else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def verdict(ok: bool) -> str:

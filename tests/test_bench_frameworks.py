@@ -25,3 +25,18 @@ def test_bench_frameworks_prints_one_row_per_framework(tmp_path):
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [r["framework"] for r in rows] == list(FRAMEWORK_RANKS)
     assert all(r["final_accuracy"] > 0.2 for r in rows), rows  # every framework learned something
+
+
+def test_each_run_and_the_table_so_far_are_printed_before_the_end(tmp_path):
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_frameworks.py"), "--nets", "mnist_mlp", "--frameworks",
+           "serial", "--steps", "10", "--repeat", "2", "--target", "0.2"]
+    out = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    ran = [i for i, line in enumerate(lines) if re.match(
+        r"  ran mnist_mlp serial \([12]/2\): [\d,]+ samples/s, time to 0.20: (\d+\.\ds|not reached), "
+        r"final accuracy [01]\.\d{4}$", line)]
+    assert len(ran) == 2, out.stdout
+    partial = lines.index("the table so far:")
+    assert ran[0] < partial < ran[1], out.stdout
+    assert re.match(r"^mnist_mlp\s+serial\s+1\s+[\d,]+", lines[partial + 2]), out.stdout
