@@ -11,6 +11,7 @@
 The MPI tests launch real ``mpiexec -n N python -m singa_mpi train`` processes with bounded waits;
 the pure parts of :mod:`singa_mpi.communication.liveness` are tested in one process first.
 """
+import contextlib
 import glob
 import os
 import re
@@ -108,6 +109,14 @@ def test_blame_names_the_silent_rank_before_the_busy_and_the_waiting_ones():
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_patient_wait_ends_only_on_a_rank_without_a_sign_of_life_for_the_whole_timeout():
+    records = {1: status(1, alive_ago=0.1), 2: status(2, alive_ago=6.0), 3: status(3, alive_ago=9.0,
+                                                                                 state=liveness.IN_MPI_INIT)}
+    now = time.time()
+    assert liveness.lifeless(records, [1, 2, 3, 4], now, 5.0) == [2]  # 3 in MPI_Init, 4 on another node
+    assert liveness.lifeless(records, [1, 2], now, 10.0) == []  # rank 0 timing kernels for minutes is alive
 
 
 def test_a_wait_on_ranks_still_setting_up_is_not_a_stall():
@@ -287,6 +296,42 @@ def test_a_rank_stopped_in_its_first_second_is_caught_and_named(tmp_path):
     assert len(stalled) == 1, err[-3000:]
     assert re.search(rf"not responding: rank 2 \(pid {pid}( on \S+)?\) is stopped \(SIGSTOP", stalled[0]), stalled[0]
     assert "(--stall-timeout 5s)" in stalled[0] and not [line for line in singa_lines(err) if "vanished" in line]
+
+
+def _record_of(pid: int, rank: int):
+    for folder in glob.glob(f"/dev/shm/singa-mpi-{os.getuid()}-*"):
+        status = liveness.read_record(os.path.join(folder, f"rank{rank}"))
+        if status is not None and status.pid == pid:
+            return status
+    return None
+
+
+def test_rank_0_stopped_while_it_reads_the_job_is_named(tmp_path):
+    """Rank 0 stopped after MPI_Init, as it reads the job for partition_dim: auto, which the others
+    wait for patiently (rank 0 may time kernels for long): a rank that shows no sign of life for the
+    whole --stall-timeout is no patient wait; it hung until the fuzz suite's 35 s bound."""
+    conf = job(tmp_path)
+    proc = launch(3, conf, tmp_path, "--stall-timeout", "5")
+    pid = pids_of(conf, 3)[0]
+    deadline = time.monotonic() + 60
+    while True:
+        status = _record_of(pid, 0)
+        if status is not None and "reading and planning" in status.activity:
+            os.kill(pid, signal.SIGSTOP)
+            break
+        if time.monotonic() > deadline or proc.poll() is not None:
+            pytest.fail("rank 0 was not seen reading the job")
+        time.sleep(0.001)
+    stopped_at = time.monotonic()
+    try:
+        code, _, err = finish(proc, 40)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert code in (4, 9, 137) and time.monotonic() - stopped_at < 20, (code, err[-3000:])
+    stalled = [line for line in singa_lines(err) if ": stalled: " in line]
+    assert len(stalled) == 1, err[-3000:]
+    assert re.search(rf"not responding: rank 0 \(pid {pid} on \S+\) is stopped \(SIGSTOP", stalled[0]), stalled[0]
 
 
 def test_a_stall_in_training_names_the_stopped_rank(tmp_path):

@@ -309,6 +309,14 @@ def holds_up_setup(records: dict[int, Status], awaited: list[int], now: float) -
                                for s in found)
 
 
+def lifeless(records: dict[int, Status], awaited: list[int], now: float, limit: float) -> list[int]:
+    """The awaited ranks of this node that have shown no sign of life for ``limit`` seconds (stopped,
+    frozen): what ends even a patient wait.  A rank without a record here (another node) is not judged;
+    one in MPI_Init beats no heart."""
+    return [rank for rank in awaited if rank in records and records[rank].state != IN_MPI_INIT
+            and now - records[rank].alive_at > limit]
+
+
 # ------------------------------------------------------------------ the verdict: who speaks for the job
 
 def claim_verdict(folder: str, note: str) -> bool:
@@ -440,17 +448,19 @@ class Watchdog(threading.Thread):
         self.life.record.publish(text, in_comm, progressed=key != self._last_key, state=state)
         self._last_key = key
 
-    def _pending(self) -> tuple[float, str, list[int]] | None:
+    def _pending(self) -> tuple[float, str, list[int], bool] | None:
+        """(since, what, the ranks awaited, whether a long wait is normal) of this rank's wait, if any."""
         span = self.tracer.pending("comm") if self.tracer is not None else None
         others = [r for r in range(self.life.size) if r != self.life.rank]
-        if span is not None and (span.args or {}).get("patient"):
-            return None  # a wait that may last (a server between messages, a group done before the others)
         if span is not None:
-            awaits = (span.args or {}).get("awaits")
-            return span.started, span.describe(), [r for r in (awaits or others) if r != self.life.rank]
+            args = span.args or {}
+            awaits = [r for r in (args.get("awaits") or others) if r != self.life.rank]
+            # patient: a wait that may last (rank 0 timing kernels, a server between messages, a group
+            # done before the others), as long as the ranks it waits for show signs of life
+            return span.started, span.describe(), awaits, bool(args.get("patient"))
         if self.waiting is not None:
             since, what = self.waiting
-            return since, f"{what} for {time.perf_counter() - since:.1f}s", others
+            return since, f"{what} for {time.perf_counter() - since:.1f}s", others, False
         return None
 
     def check(self) -> None:
@@ -458,6 +468,8 @@ class Watchdog(threading.Thread):
         if pending is None or time.perf_counter() - pending[0] <= self.timeout:
             return
         records, now = read_all(self.life.folder), time.time()
+        if pending[3] and not lifeless(records, pending[2], now, self.timeout):
+            return
         if self.note and holds_up_setup(records, pending[2], now):
             return
         unrecorded = unrecorded_ranks(self.life.folder, records) if set(pending[2]) - set(records) else {}

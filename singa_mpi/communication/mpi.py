@@ -345,7 +345,7 @@ class MPIComm:
         (the cost model choosing a partitioning), and ranks spinning in a blocking call would take
         the cores, or the hyperthreads, it is timing on (they made the timings 1.2-1.7x too slow)."""
         start = self.tracer.begin(label, "comm", {"op": "Ibarrier", "peer": "group", "tag": None,
-                                                  "awaits": (self.world_ranks[0],), "patient": True})
+                                                  "awaits": self._others, "patient": True})
         arrived = self.comm.Ibarrier()
         while not arrived.Test():
             time.sleep(0.002)
