@@ -5,10 +5,12 @@ of size 1) and the worker runtime of :mod:`singa_mpi.runtimes.worker` when
 launched on several ranks.  Under MPI a job fails in one of two ways, and
 neither hangs:
 
-* before any communication (reading, validating and planning the job, which
-  every rank does by itself): the ranks exchange their verdicts once, rank 0
-  prints the first error, and every rank exits with its code;
-* after that (a data file missing on one rank, a bug, a signal): the failing
+* before any communication (reading, validating and planning the job, reading
+  its checkpoint_path files and the first batch of its data, which every rank
+  does by itself: :func:`check_first_batches`): the ranks exchange their
+  verdicts once, rank 0 prints the first error (naming the rank when not every
+  rank met it), and every rank exits with its code;
+* after that (a bad label at step 40, a bug, a signal): the failing
   rank prints what failed where (rank, layer, step) and calls MPI_Abort, which
   ends every rank promptly.  A rank that stops responding is caught by the
   ``--stall-timeout`` watchdog, from MPI_Init on, which names it.
