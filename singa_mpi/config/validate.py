@@ -2,7 +2,8 @@
 
 Every message names the file, line and column, the layer (name, index in the
 file, type), the field, the bad value and what was expected.  Nothing here
-opens a data file (missing data is a warning), touches MPI or allocates params.
+opens a data file (missing data, or a missing checkpoint_path, is a warning), touches MPI or
+allocates params.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 
 from singa_mpi.algorithms import ALGORITHMS, algorithm_class, algorithm_name
 from singa_mpi.config import unroll
+from singa_mpi.config.checkpoint_paths import missing_checkpoint_paths
 from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
 from singa_mpi.data.prepare import how_to_make, is_bundled_digits
@@ -65,6 +67,7 @@ def validate(cfg: JobConfig) -> Summary:
     summaries, params, warnings = [], {}, []
     for phase in phases:
         summaries.append(_check_phase(cfg, phase, params, warnings))
+    warnings += missing_checkpoint_paths(cfg)  # a job of a chain before the one it starts from ran
     from singa_mpi.updaters import make_updater  # deferred: keeps `check` light
 
     if not is_test_only(job):
