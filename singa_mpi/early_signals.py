@@ -5,10 +5,14 @@ or more before the launcher installs its handlers.  A SIGTERM (a scheduler's pre
 Ctrl-C in that time would end the rank at once, silently, with a signal's exit instead of 75.  So the
 entry point calls :func:`catch_for_command` before any other import; the launcher's ``StopSignals``
 takes the remembered signal over (:func:`early_stop_signal`) and the job stops before training with
-the usual one line and exit 75.  Other commands (check, plan, data) keep Python's defaults.
+the usual one line and exit 75.  Rank 0 (or a single process) also says so on stderr at once: under
+Open MPI's mpirun, whose SIGKILL follows its SIGTERM after ``odls_base_sigkill_timeout`` seconds (1 by
+default), a rank still loading is killed before the launcher could print anything.  Other commands
+(check, plan, data) keep Python's defaults.
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -30,12 +34,24 @@ def catch_stop_signals_early() -> None:
     def remember(signum, frame):
         if signum == signal.SIGINT and _early_signals:
             raise KeyboardInterrupt("second Ctrl-C")
+        if not _early_signals and _launched_rank() in (None, 0):  # raw write: a handler may interrupt a print
+            os.write(2, f"singa-mpi: {signal.Signals(signum).name} while starting: stopping before training; "
+                        f"nothing is written\n".encode())
         _early_signals.append(signum)
 
     remember.early = True  # what the launcher restores is Python's default, not this
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             signal.signal(signum, remember)
+
+
+def _launched_rank() -> int | None:
+    """This process's rank as the launcher announced it (MPICH, Open MPI, Slurm), None if none did."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 def early_stop_signal() -> int | None:

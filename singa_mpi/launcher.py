@@ -36,7 +36,7 @@ import traceback
 import warnings
 from typing import Callable, Sequence
 
-from singa_mpi import plugins, threads, timeline
+from singa_mpi import plugins, progress, threads, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.config.load import JobConfig, effective_partition_dim, layers_for_phase, load_job
@@ -46,7 +46,7 @@ from singa_mpi.errors import (ConfigError, DataError, NonFiniteError, PeerLost, 
 from singa_mpi.layers.output import output_files
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.topology import SERVER, check_supported, topology
-from singa_mpi.trainer import Trainer
+from singa_mpi.trainer import STOP_NOTE, Trainer, signal_name, write_stop_note
 
 EXIT_ABORT = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
@@ -167,8 +167,12 @@ def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
                               f"expected train_steps to train it; run it with singa-mpi test")
         initial["params"] = read_checkpoint_paths(cfg, workspace_of(cfg), options.resume)
 
-    return _launch(job, workspace_of, options.seed, options.stall_timeout, train, steps=options.steps, check=trains,
-                   claim=claim, agree=_options_to_agree(options))
+    from singa_mpi.communication.liveness import launched_rank
+
+    # a launcher that stops reading the ranks' output (Open MPI's mpirun, signalled) must not stop the run
+    with progress.forwarded_stdout(launched=launched_rank() is not None):
+        return _launch(job, workspace_of, options.seed, options.stall_timeout, train, steps=options.steps,
+                       check=trains, claim=claim, agree=_options_to_agree(options))
 
 
 # options that may differ between ranks: each rank's own watchdog, the root's pruning and printing
@@ -256,7 +260,7 @@ def _archive_run(workspace: str, outputs: Sequence[str] = ()) -> tuple[list[str]
     (``outputs``) to ``WORKSPACE/previous-<time>/``; returns (what moved, where).  Other files (logs) stay.
     An output file keeps its path under the workspace; one outside it goes there by its name."""
     names = [name for name in (os.path.basename(checkpoint.checkpoint_dir(workspace)), "metrics.jsonl",
-                               "communication.json") if os.path.exists(os.path.join(workspace, name))]
+                               "communication.json", STOP_NOTE) if os.path.exists(os.path.join(workspace, name))]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target, n = os.path.join(workspace, f"previous-{stamp}"), 1
     while os.path.exists(target):
@@ -387,7 +391,11 @@ def _train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint
         return 0
     if trainer.runtime.any(trainer.stop_requested):  # a signal during setup (StopSignals): stop before step 1
         trainer.log(STOPPED_BEFORE_TRAINING)
+        if trainer.runtime.is_root:
+            write_stop_note(trainer.workspace, [STOPPED_BEFORE_TRAINING])
         return checkpoint.EXIT_CHECKPOINTED
+    trainer.training = True  # a stop signal from now on: after the step, with a checkpoint
+    trainer.resume_hint = f"resume with: {resume_command(trainer, options)}"  # for a stop's note too
     try:
         trainer.run()
     except NonFiniteError as err:
@@ -395,7 +403,9 @@ def _train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint
     if options.trace:
         trainer.log(timeline.finish(trainer.runtime, options.trace))  # collective
     if trainer.stopped:
-        trainer.log(f"resume with: {resume_command(trainer, options)}")
+        trainer.log(trainer.resume_hint)
+        if trainer.runtime.is_root:
+            progress.also_on_stderr(trainer.resume_hint)
         return checkpoint.EXIT_CHECKPOINTED
     return 0
 
@@ -515,7 +525,12 @@ class StopSignals:
 
     Under MPICH's mpiexec a Ctrl-C reaches every rank (hydra forwards SIGINT; its own second Ctrl-C
     kills the job); a signal that reaches only some ranks still stops all of them after the same
-    step (or before the first), as the ranks vote on it."""
+    step (or before the first), as the ranks vote on it.  Open MPI's mpirun, on SIGTERM or SIGINT, sends
+    the ranks SIGCONT, reads none of their output any more, sends SIGTERM ``odls_base_sigkill_timeout``
+    seconds later (1 by default) and SIGKILL as long after that, then exits 1: the ranks stop on that
+    SIGTERM, their stdout never blocks them (:class:`singa_mpi.progress.ForwardedOutput`), and what the
+    stop saved is in WORKSPACE/stopped.txt and, while stdout is not read, on stderr.  The root
+    acknowledges the first signal on stderr at once and notes the pending stop in stopped.txt."""
 
     def __init__(self, is_root: bool = True):
         self.is_root = is_root
@@ -537,6 +552,7 @@ class StopSignals:
         self.trainer = trainer
         if self.received is not None:
             trainer.stop_requested = True
+            trainer.stop_signal = self.received
 
     def restore(self, keep_ignoring: bool) -> None:
         for signum, handler in self._previous.items():
@@ -546,16 +562,36 @@ class StopSignals:
     def _request_stop(self, signum, frame) -> None:
         if self.finished:
             return
-        if signum == signal.SIGINT:
-            if self.received is not None or (self.trainer is not None and self.trainer.stop_requested):
-                raise KeyboardInterrupt("second Ctrl-C: stopped without a checkpoint")
-            if self.is_root:  # raw write: a handler may interrupt a print
-                os.write(2, b"singa-mpi: Ctrl-C: stopping after this step and writing a checkpoint "
-                            b"(Ctrl-C again to abort without one)\n")
+        asked = self.received is not None or (self.trainer is not None and self.trainer.stop_requested)
+        if signum == signal.SIGINT and asked:
+            raise KeyboardInterrupt("second Ctrl-C: stopped without a checkpoint")
         if self.received is None:
             self.received = signum
         if self.trainer is not None:
             self.trainer.stop_requested = True
+            self.trainer.stop_signal = self.trainer.stop_signal or signum
+        if self.is_root and not asked:
+            self._acknowledge(signum)
+
+    def _acknowledge(self, signum: int) -> None:
+        """Root, on the first stop signal: one line on stderr at once (raw write: a handler may interrupt
+        a print), and while training the pending stop in WORKSPACE/stopped.txt, naming the newest
+        checkpoint there is, in case the launcher ends the run before the stop's checkpoint is written."""
+        name = "Ctrl-C" if signum == signal.SIGINT else signal_name(signum)
+        again = " (Ctrl-C again to abort without one)" if signum == signal.SIGINT else ""
+        trainer = self.trainer
+        if trainer is None or not trainer.training:  # setting up: the run stops before training
+            os.write(2, f"singa-mpi: {name}: stopping before training starts; nothing is written\n".encode())
+            return
+        step = trainer.runtime.tracer.step
+        newest = checkpoint.listed(trainer.workspace)
+        there = (f"the newest checkpoint is {newest[0][1]} (step {newest[0][0]})" if newest else
+                 "there is no checkpoint (the run would start again at step 0)")
+        note = write_stop_note(trainer.workspace, [
+            f"{signal_name(signum)} at step {step}: stopping after this step and writing a checkpoint; if the run "
+            f"ends before it is written, {there}"])
+        said = f"; what was saved: {note}" if note else ""
+        os.write(2, f"singa-mpi: {name}: stopping after this step and writing a checkpoint{again}{said}\n".encode())
 
 
 def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases, agree,

@@ -9,12 +9,22 @@ The summary block is built from plain data, so it can be tested without a run::
 
     summary_lines(run={"start": 0, "end": 100, "total": 100, "wall": 12.3, ...},
                   ranks=[{"rank": 0, "wall": 12.3, "comm": 1.2, "steps": 100, "step": 9.1, "step_comm": 1.0}, ...])
+
+On a rank that a launcher started, stdout goes through :class:`ForwardedOutput`: the launcher forwards
+it, and a launcher that stops reading must not stop the run (Open MPI's mpirun reads nothing from the
+moment it is signalled until it has killed the ranks; a rank blocked on a full buffer never reaches the
+stop vote).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import io
+import os
 import sys
-from typing import Callable
+import threading
+import time
+from typing import Callable, Iterator
 
 
 def format_seconds(seconds: float) -> str:
@@ -35,6 +45,129 @@ def eta(steps: int, seconds: float, left: int, least: int = 2) -> float | None:
     if steps < least:
         return None
     return seconds / steps * left
+
+
+class ForwardedOutput(io.TextIOBase):
+    """``sys.stdout`` of a launched rank: :meth:`write` queues the text and returns at once; a thread
+    writes it to ``stream``'s file descriptor (with no lock a blocked write could hold at exit).
+
+    Why: the launcher forwards this output and may stop reading it.  Open MPI's mpirun, once signalled,
+    reads nothing until it has killed the ranks: a progress line per step filled the terminal buffer
+    between them, rank 0 blocked in write() before the stop vote, the other ranks waited for it, and the
+    run was lost without a checkpoint.  Lines still queued when the process ends are lost; what matters
+    is said on stderr too while stdout is :meth:`stalled`, and kept in the workspace (stopped.txt)."""
+
+    STALLED = 0.5  # seconds one write may take before the reader counts as gone
+    LIMIT = 100_000  # queued pieces kept while nobody reads (the newest; the count dropped is told)
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
+        self.fd = stream.fileno()
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+        self._queue: collections.deque[str] = collections.deque()
+        self._dropped = 0
+        self._ready = threading.Condition()
+        self._writing_since: float | None = None  # when the write under way began
+        self._closed = False
+        self._thread = threading.Thread(target=self._drain, name="singa-mpi stdout", daemon=True)
+        self._thread.start()
+
+    @property
+    def encoding(self) -> str:
+        return self._encoding
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False  # the launcher forwards it: no live bar (Open MPI gives the ranks a pseudo-terminal)
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, text: str) -> int:
+        with self._ready:
+            if len(self._queue) >= self.LIMIT:
+                self._queue.popleft()
+                self._dropped += 1
+            self._queue.append(text)
+            self._ready.notify()
+        return len(text)
+
+    def flush(self) -> None:
+        pass  # the thread writes as soon as it can; waiting here would block on a launcher that reads nothing
+
+    def stalled(self) -> bool:
+        """Whether the reader has not taken a write for ``STALLED`` seconds (the launcher stopped reading)."""
+        since = self._writing_since
+        return since is not None and time.monotonic() - since > self.STALLED
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Let the queue drain for up to ``timeout`` seconds, not at all while stalled; then stop."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.stalled():
+            with self._ready:
+                if not self._queue and self._writing_since is None:
+                    break
+            time.sleep(0.01)
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        super().close()
+
+    def _drain(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if not self._queue:
+                    return
+                text, self._queue = "".join(self._queue), collections.deque()
+                if self._dropped:
+                    text = f"[singa-mpi: {self._dropped} earlier output pieces dropped: nobody read them]\n" + text
+                    self._dropped = 0
+                self._writing_since = time.monotonic()
+            data = text.encode(self._encoding, "replace")
+            try:
+                while data:
+                    data = data[os.write(self.fd, data):]
+            except OSError:  # the reader is gone (EPIPE, EIO): nothing more can be shown
+                return
+            finally:
+                self._writing_since = None
+
+
+@contextlib.contextmanager
+def forwarded_stdout(launched: bool) -> Iterator[ForwardedOutput | None]:
+    """On a rank a launcher started (``launched``), ``sys.stdout`` is a :class:`ForwardedOutput` inside."""
+    if not launched or isinstance(sys.stdout, ForwardedOutput) or not hasattr(sys.stdout, "fileno"):
+        yield None
+        return
+    original = sys.stdout
+    try:
+        original.flush()
+        output = ForwardedOutput(original)
+    except (OSError, ValueError, io.UnsupportedOperation):  # no file descriptor (captured in a test)
+        yield None
+        return
+    sys.stdout = output
+    try:
+        yield output
+    finally:
+        sys.stdout = original
+        output.close()
+
+
+def stdout_stalled() -> bool:
+    """Whether this process's stdout is a :class:`ForwardedOutput` nobody has read for a while."""
+    return isinstance(sys.stdout, ForwardedOutput) and sys.stdout.stalled()
+
+
+def also_on_stderr(line: str) -> None:
+    """``line`` on stderr too when stdout is stalled (what a stop saved must not be lost with it)."""
+    if stdout_stalled():
+        os.write(2, f"singa-mpi: {line}\n".encode(errors="replace"))
 
 
 class LiveBar:

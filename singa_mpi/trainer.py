@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Callable
 
@@ -70,6 +71,30 @@ def summarize(metrics: dict[str, float]) -> dict[str, float]:
     return means
 
 
+STOP_NOTE = "stopped.txt"  # in the workspace: what the last stop saved (or, while it runs, what there is)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def write_stop_note(workspace: str, lines: list[str]) -> str | None:
+    """WORKSPACE/stopped.txt with ``lines`` (written whole, then renamed); its path, or None where the
+    workspace cannot be written (the stop goes on: this note is not worth failing it)."""
+    path = os.path.join(workspace, STOP_NOTE)
+    try:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write("".join(f"{line}\n" for line in lines))
+        os.replace(tmp, path)
+    except OSError:
+        return None
+    return path
+
+
 class Trainer:
     """Runs a job: builds the nets of each phase, trains, tests, logs metrics."""
 
@@ -104,6 +129,9 @@ class Trainer:
         self.pace_mark: tuple[float, int] | None = None  # (time, steps done) when this run's first step ended
         self.keep: int | None = None  # checkpoints to keep (None: all)
         self.stop_requested = False  # set by a signal handler: checkpoint and stop after this step
+        self.stop_signal: int | None = None  # the signal that asked for it, when this process got one
+        self.training = False  # the steps have begun: a stop now writes a checkpoint (else none)
+        self.resume_hint: str | None = None  # "resume with: ...", for WORKSPACE/stopped.txt
         self.stopped = False
         self._layer_types: dict[str, list] = {}  # phase -> its layer classes (their `report`)
         self.print_profile = False  # --profile: print the per-layer table at the end of the run
@@ -259,6 +287,7 @@ class Trainer:
                 self.runtime.sync().training_done(stopped=True)
                 path = self.save_checkpoint(done, final=True)
                 self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")
+                self.note_stop(done, path)
                 self.stopped = True
                 self.summarize_run(done, path)
                 return final
@@ -271,6 +300,17 @@ class Trainer:
             self.log(table)
         self.summarize_run(self.train_steps, path)
         return final
+
+    def note_stop(self, done: int, path: str | None) -> None:
+        """Root: what the stop saved, in WORKSPACE/stopped.txt (its first line also on stderr while
+        stdout is not being read: Open MPI's mpirun, signalled, forwards nothing more before it kills
+        the ranks)."""
+        if not self.runtime.is_root or path is None:
+            return
+        name = f" ({signal_name(self.stop_signal)})" if self.stop_signal else ""
+        line = f"stopped on a signal{name} after {done} steps: checkpoint {path}"
+        write_stop_note(self.workspace, [line] + ([self.resume_hint] if self.resume_hint else []))
+        progress.also_on_stderr(line)
 
     def summarize_run(self, end: int, checkpoint_path: str | None) -> None:
         """Log the end-of-run block (:func:`progress.summary_lines`).  Collective: every rank's

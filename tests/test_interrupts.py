@@ -164,3 +164,221 @@ def test_the_resume_hint_names_the_launcher_that_started_the_job():
         shlex.join(["mpiexec", "-n", "2", *tail])
     trainer.runtime.size = 1
     assert resume_command(trainer, RunOptions(), {}) == shlex.join(["singa-mpi", *tail[3:]])
+
+
+# ------------------------------------------------------------------ what was saved, in every case
+
+def test_a_stop_leaves_what_it_saved_in_the_workspace(tmp_path, monkeypatch, capfd):
+    """WORKSPACE/stopped.txt: the stop's outcome where output can be lost (Open MPI's mpirun stops
+    forwarding the ranks' output when it is signalled); the acknowledgement on stderr names it."""
+    conf, ws = job_file(tmp_path, steps=20), tmp_path / "ws"
+    interrupt_at(monkeypatch, 4, times=1)
+    assert cli.main(["train", conf, "--workspace", str(ws)]) == checkpoint.EXIT_CHECKPOINTED
+    out, err = capfd.readouterr()
+    (_, path), = checkpoint.listed(str(ws))
+    resume = "resume with: " + shlex.join(["singa-mpi", "train", conf, "--workspace", str(ws), "--resume"])
+    assert (ws / "stopped.txt").read_text().splitlines() == [f"stopped on a signal (SIGINT) after 5 steps: checkpoint "
+                                                            f"{path}", resume]
+    assert f"what was saved: {ws / 'stopped.txt'}" in err
+
+
+def test_a_stop_that_is_cut_short_has_said_what_there_was(tmp_path, monkeypatch):
+    """Before the checkpoint is written (the launcher may kill the ranks first), stopped.txt names the
+    newest checkpoint there is."""
+    from singa_mpi.launcher import StopSignals
+
+    conf, ws = job_file(tmp_path, steps=20, extra="checkpoint_freq: 3\n"), tmp_path / "ws"
+    seen = []
+    original = Trainer.train_one_batch
+
+    def train_one_batch(self, s):
+        original(self, s)
+        if s == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+            seen.append((ws / "stopped.txt").read_text())
+
+    monkeypatch.setattr(Trainer, "train_one_batch", train_one_batch)
+    assert cli.main(["train", conf, "--workspace", str(ws)]) == checkpoint.EXIT_CHECKPOINTED
+    assert seen == [f"SIGTERM at step 4: stopping after this step and writing a checkpoint; if the run ends before it "
+                    f"is written, the newest checkpoint is {ws / 'checkpoint' / 'step3.h5'} (step 3)\n"]
+    assert StopSignals  # the handler that wrote it
+
+
+def fill(fd: int) -> None:
+    """Fill a pipe's buffer, as a launcher that stopped reading leaves it."""
+    os.set_blocking(fd, False)
+    try:
+        while True:
+            os.write(fd, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(fd, True)
+
+
+def test_a_rank_does_not_wait_for_a_launcher_that_stopped_reading():
+    """Open MPI's mpirun reads none of the ranks' output from the moment it is signalled until it has
+    killed them: a progress line per step filled the terminal buffer and rank 0 hung in write(), so no
+    rank reached the stop vote, nothing was saved. On a launched rank stdout never blocks the run."""
+    from singa_mpi import progress
+
+    reader, writer = os.pipe()
+    fill(writer)
+    stream = open(writer, "w", closefd=False)
+    output = progress.ForwardedOutput(stream)
+    began = time.monotonic()
+    for n in range(2000):
+        print(f"step {n}", file=output, flush=True)
+    assert time.monotonic() - began < 1.0 and not output.isatty()
+    deadline = time.monotonic() + 5
+    while not output.stalled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert output.stalled()
+    began = time.monotonic()
+    output.close(timeout=30)  # gives up at once on a launcher that does not read
+    assert time.monotonic() - began < 2.0
+    os.close(reader)  # the blocked write fails (EPIPE) and the writer thread ends
+    os.close(writer)
+
+
+def test_forwarded_output_keeps_the_order_of_the_lines():
+    from singa_mpi import progress
+
+    reader, writer = os.pipe()
+    output = progress.ForwardedOutput(open(writer, "w", closefd=False))
+    lines = [f"line {n} é" for n in range(3000)]  # more than the pipe holds: the reader drains it
+    got = []
+    import threading
+
+    drain = threading.Thread(target=lambda: got.append(b"".join(iter(lambda: os.read(reader, 65536), b""))))
+    drain.start()
+    for line in lines:
+        output.write(line)
+        output.write("\n")
+    output.close(timeout=30)
+    os.close(writer)
+    drain.join(timeout=30)
+    assert got[0].decode().splitlines() == lines
+
+
+def open_mpi_or_skip():
+    from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
+
+    try:
+        return find_launcher("openmpi")
+    except LauncherNotFound as err:
+        pytest.skip(str(err))
+
+
+def test_the_launcher_helper_gives_open_mpi_ranks_time_to_checkpoint():
+    """Open MPI's mpirun sends SIGTERM odls_base_sigkill_timeout seconds after it is signalled and SIGKILL
+    as long again after that (default 1 s: too short to be sure of a checkpoint)."""
+    from singa_mpi.communication import launchers
+
+    env = open_mpi_or_skip().environ({})
+    assert int(env["OMPI_MCA_odls_base_sigkill_timeout"]) == launchers.OPEN_MPI_SIGKILL_TIMEOUT >= 5
+    assert open_mpi_or_skip().environ({"OMPI_MCA_odls_base_sigkill_timeout": "30"})[
+        "OMPI_MCA_odls_base_sigkill_timeout"] == "30"  # the user's choice wins
+
+
+CHATTY = '''
+from singa_mpi.layers import LAYERS, Layer
+
+@LAYERS.register("kChatty")
+class Chatty(Layer):
+    """Passes its input on and prints 2 KB a batch on every rank: a job whose output outruns the buffer
+    between a rank and a launcher that stopped reading it."""
+
+    def setup(self, src_shapes):
+        return tuple(src_shapes[0])
+
+    def forward(self, inputs, train):
+        print("chatty " + "x" * 2000, flush=True)
+        return inputs[0]
+
+    def backward(self, grad, need):
+        return [grad if need[0] else None]
+'''
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_to_open_mpis_mpirun_saves_a_checkpoint_and_says_so(tmp_path, stop):
+    """`mpirun -n 2 ... train`, SIGTERM or SIGINT to mpirun: it sends the ranks SIGCONT, stops forwarding
+    their output, SIGTERM after odls_base_sigkill_timeout seconds, SIGKILL as long after.  The run was
+    lost silently (no checkpoint, no line, exit 1): a rank blocked writing to the full terminal buffer
+    never reached the stop vote.  Now the ranks checkpoint in that time and the outcome is in
+    WORKSPACE/stopped.txt and on stderr."""
+    open_mpi = open_mpi_or_skip()
+    plugin, data = tmp_path / "chatty.py", str(tmp_path / "data.h5")
+    plugin.write_text(CHATTY)
+    nets.make_data(data, 64, (12,), 5)
+    layers = [nets._data_layer(data, 7, (12,)), nets._ip("fc1", "data", 16),
+              'layer { name: "chatty" user_type: "kChatty" srclayers: "fc1" }', nets._act("act1", "chatty", "kSTanh"),
+              nets._ip("fc3", "act1", 5), nets._loss("fc3")]
+    conf, ws = tmp_path / "job.conf", tmp_path / "ws"
+    conf.write_text(nets.job_text(layers, steps=100000))
+    cmd = open_mpi.command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf), "--workspace", str(ws),
+                                 "--plugin", str(plugin)]
+    env = open_mpi.environ(mpi_env(), OMP_NUM_THREADS="1", OMPI_MCA_odls_base_sigkill_timeout="4")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_for_progress(ws, lines=20)
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    listed = checkpoint.listed(str(ws))
+    assert len(listed) == 1, err[-3000:]
+    (stopped, path), = listed
+    assert 20 <= stopped < 100000
+    resume = "resume with: " + shlex.join(["mpirun", "-n", "2", "python", "-m", "singa_mpi", "train", str(conf),
+                                           "--workspace", str(ws), "--plugin", str(plugin), "--resume"])
+    # the ranks get SIGTERM from mpirun whichever signal mpirun got
+    assert (ws / "stopped.txt").read_text().splitlines() == [
+        f"stopped on a signal (SIGTERM) after {stopped} steps: checkpoint {path}", resume]
+    said = out + err  # the stop's line on stdout, or on stderr when mpirun no longer read stdout
+    assert f"stopped on a signal after {stopped} steps (checkpoint {path})" in out or \
+        f"singa-mpi: stopped on a signal (SIGTERM) after {stopped} steps: checkpoint {path}" in err, said[-3000:]
+    assert f"stopping after this step and writing a checkpoint" in err and f"what was saved: {ws / 'stopped.txt'}" in err
+    assert "Traceback" not in said
+
+
+@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
+def test_a_stop_signal_while_the_package_loads_is_acknowledged_at_once(rank, said):
+    """Under Open MPI's default (SIGKILL 1 s after the SIGTERM) a rank still loading the package is killed
+    before the launcher could say anything: rank 0 says at once that the run stops before training."""
+    code = ("import os, signal\n"
+            "from singa_mpi import early_signals as early\n"
+            "early.catch_for_command(['train', 'job.conf'])\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "import time; time.sleep(0.05)\n"
+            "print(early.early_stop_signal() == signal.SIGTERM)\n")
+    env = dict(os.environ, OMPI_COMM_WORLD_RANK=rank, OMPI_COMM_WORLD_SIZE="2")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.split() == ["True"], proc.stderr[-2000:]
+    line = "singa-mpi: SIGTERM while starting: stopping before training; nothing is written"
+    assert proc.stderr.splitlines() == ([line] if said else [])
+
+
+def test_a_signal_before_training_is_acknowledged_as_such(tmp_path, monkeypatch, capfd):
+    """A stop signal once the nets are built but before the first step: the run stops there, and the
+    acknowledgement says so (it said "writing a checkpoint")."""
+    from singa_mpi import launcher
+
+    conf, ws = job_file(tmp_path, steps=20), tmp_path / "ws"
+    original = launcher._load_initial_state
+
+    def load_then_signal(trainer, *args, **kwargs):
+        original(trainer, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+
+    monkeypatch.setattr(launcher, "_load_initial_state", load_then_signal)
+    assert cli.main(["train", conf, "--workspace", str(ws)]) == checkpoint.EXIT_CHECKPOINTED
+    out, err = capfd.readouterr()
+    assert "singa-mpi: SIGTERM: stopping before training starts; nothing is written" in err.splitlines()
+    assert (ws / "stopped.txt").read_text().splitlines() == [launcher.STOPPED_BEFORE_TRAINING]
+    assert checkpoint.listed(str(ws)) == []

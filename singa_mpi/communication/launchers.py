@@ -25,6 +25,11 @@ import sys
 
 FLAVORS = ("mpich", "openmpi")
 FLAVOR_VARIABLE = "SINGA_MPI_FLAVOR"
+# Open MPI's mpirun, on SIGTERM or SIGINT, sends the ranks SIGCONT, forwards none of their output,
+# sends SIGTERM this many seconds later and SIGKILL as long again after that (its default: 1 s, too
+# short to be sure of a checkpoint); aborts take as long when a rank cannot act on the SIGTERM
+OPEN_MPI_SIGKILL_TIMEOUT = 5
+SIGKILL_TIMEOUT_VARIABLE = "OMPI_MCA_odls_base_sigkill_timeout"
 
 
 class LauncherNotFound(RuntimeError):
@@ -38,7 +43,8 @@ class Launcher:
     options: tuple[str, ...] = ()
     variables: tuple[tuple[str, str], ...] = ()  # what mpi4py needs to load this MPI's library
     # what to send the launcher so that every rank checkpoints and exits 75: hydra forwards SIGTERM;
-    # Open MPI's mpirun turns SIGTERM into SIGTERM then SIGKILL one second later, but passes SIGUSR1
+    # Open MPI's mpirun passes SIGUSR1 on at once, but a SIGTERM only after OPEN_MPI_SIGKILL_TIMEOUT
+    # seconds, with SIGKILL as long after it, and then exits 1 whatever the ranks did
     stop_signal: str = "SIGTERM"
 
     def command(self, nranks: int) -> list[str]:
@@ -48,9 +54,12 @@ class Launcher:
     def environ(self, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
         """``base`` (default: this process's environment) with this MPI's variables and ``extra``.
         UCX (the MPICH wheel's transport) is kept to shared memory on one machine unless set:
-        its address exchange fails intermittently on hosts with odd interfaces (pmodels/mpich#7417)."""
+        its address exchange fails intermittently on hosts with odd interfaces (pmodels/mpich#7417).
+        Open MPI's ranks get OPEN_MPI_SIGKILL_TIMEOUT seconds to checkpoint on a SIGTERM unless set."""
         env = dict(os.environ if base is None else base, **dict(self.variables), **extra)
         env.setdefault("UCX_TLS", "self,sm")
+        if self.flavor == "openmpi":
+            env.setdefault(SIGKILL_TIMEOUT_VARIABLE, str(OPEN_MPI_SIGKILL_TIMEOUT))
         return env
 
 
