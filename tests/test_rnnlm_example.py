@@ -73,7 +73,7 @@ def create_data():
 def rnnlm():
     """The plugin loaded in this process (conftest forgets it after the test)."""
     plugin = plugins.load(str(PLUGIN))
-    assert plugin.names == {"layer type": ["kData", "kEmbedding", "kHidden", "kLoss"]}, plugin.names
+    assert plugin.names == {"layer type": ["kData", "kEmbedding", "kHidden", "kLabel", "kLoss"]}, plugin.names
     return sys.modules[plugin.module]
 
 
@@ -418,6 +418,67 @@ def test_loss_gradient_with_classes_of_one_word(rnnlm):
     check_layer_gradients(Objective(layer), [h, rows], check_inputs=[0])
 
 
+# ------------------------------------------------------------------ kLabel: SINGA 0.1's label source of kLoss
+
+def label_layer(batch: int = 7):
+    return build_layer('name: "label" user_type: "kLabel" srclayers: "data"', [(6,)], batch=batch)
+
+
+def test_label_rows_are_the_next_words_class_range_index_and_class(rnnlm):
+    """SINGA 0.1's LabelLayer: row t holds word t+1's class start, class end, index and class (kData's
+    row t already holds word t+1), and here whether row t lies in the window; no gradient, no params."""
+    layer = label_layer()
+    assert layer.out_shape == (5,) and not layer.params
+    rows = window([(1, 3), (3, 0), (0, 7), (7, 3), (3, 5)], invalid=[4, 0])
+    labels = layer.forward([rows], True)
+    expected = [(2, 5, 3, 1, 1), (0, 2, 0, 0, 1), (5, 8, 7, 2, 1), (2, 5, 3, 1, 1), (5, 8, 5, 2, 1),
+                (0, 0, 0, 0, 0), (0, 0, 0, 0, 0)]
+    np.testing.assert_array_equal(labels, expected)
+    assert layer.backward(np.ones_like(labels), [True]) == [None]
+
+
+def test_label_takes_a_data_layer(rnnlm):
+    from singa_mpi.layers import LayerConfigError
+
+    with pytest.raises(LayerConfigError, match=r"srclayers\[0\] = \(5,\): expected the kData layer"):
+        build_layer('name: "label" user_type: "kLabel" srclayers: "embedding"', [(5,)], batch=3)
+
+
+def test_loss_on_labels_is_loss_on_data_rows(rnnlm):
+    """0.1's kLoss (srclayers: hidden, label) and 0.3's (hidden, data): the same probabilities and gradients."""
+    rows = window([(1, 3), (3, 0), (0, 7), (7, 3), (3, 5)], invalid=[0, 0])
+    h = np.random.default_rng(7).standard_normal((7, 5))
+    on_data = loss_layer()
+    on_labels = build_layer(f'name: "loss" user_type: "kLoss" srclayers: "hidden" srclayers: "label" '
+                            f'[loss_conf] {{ nclass: 3 vocab_size: 8 }} '
+                            f'param {{ name: "w3" {UNIFORM} }} param {{ name: "w4" {UNIFORM} }}', [(5,), (5,)], batch=7)
+    for mine, theirs in zip(on_labels.params, on_data.params):
+        mine.data[...] = theirs.data
+    labels = label_layer().forward([rows], True)
+    np.testing.assert_array_equal(on_labels.forward([h, labels], True), on_data.forward([h, rows], True))
+    assert on_labels.metrics() == on_data.metrics()
+    for layer in (on_labels, on_data):
+        for param in layer.params:
+            param.grad[...] = 0
+    dh_labels, none = on_labels.backward(None, [True, False])
+    dh_data, _ = on_data.backward(None, [True, False])
+    assert none is None
+    np.testing.assert_array_equal(dh_labels, dh_data)
+    for mine, theirs in zip(on_labels.params, on_data.params):
+        np.testing.assert_array_equal(mine.grad, theirs.grad)
+    check_layer_gradients(Objective(on_labels), [h, labels], check_inputs=[0])
+
+
+def test_loss_refuses_a_second_source_of_another_shape(rnnlm):
+    from singa_mpi.layers import LayerConfigError
+
+    with pytest.raises(LayerConfigError, match=r"srclayers\[1\] = \(4,\): expected the kData layer \(rows of 6 "
+                                               r"values\) or SINGA 0\.1's kLabel layer \(rows of 5\)"):
+        build_layer('name: "loss" user_type: "kLoss" srclayers: "hidden" srclayers: "x" '
+                    f'[loss_conf] {{ nclass: 3 vocab_size: 8 }} '
+                    f'param {{ name: "w3" {UNIFORM} }} param {{ name: "w4" {UNIFORM} }}', [(5,), (4,)], batch=3)
+
+
 # ------------------------------------------------------------------ a small job: workers as serially
 
 def small_corpus(rng, sentences: int, words: int = 40) -> list[list[str]]:
@@ -470,6 +531,29 @@ def test_a_small_rnnlm_job_trains_on_2_and_3_workers_as_serially(tmp_path, rnnlm
     assert all(np.isfinite(metrics["loss"])) and all(0 < loss < 10 for loss in metrics["loss"])
 
 
+def as_singa_0_1(job: pathlib.Path) -> pathlib.Path:
+    """The job in SINGA 0.1's shape: a kLabel layer over the data, and kLoss on hidden and label."""
+    text = job.read_text()
+    text, made = re.subn(r'(layer\s*\{\s*name:\s*"loss"\s*user_type:\s*"kLoss"\s*srclayers:\s*"hidden"\s*)'
+                         r'srclayers:\s*"data"', r'\1srclayers: "label"', text)
+    assert made == 1
+    text = text.replace('layer{\n  name: "loss"', 'layer { name: "label" user_type: "kLabel" srclayers: "data" }\n'
+                                                  'layer{\n  name: "loss"', 1)
+    assert '"kLabel"' in text
+    path = job.with_name("job_0_1.conf")
+    path.write_text(text)
+    return path
+
+
+def test_singa_0_1s_shape_of_the_job_trains_as_0_3s(tmp_path, rnnlm, create_data):
+    """kLabel between kData and kLoss changes nothing: the same losses step by step, on 2 workers as serially."""
+    job = small_job(create_data, tmp_path, steps=5)
+    old = as_singa_0_1(job)
+    metrics = check_equivalence(str(old), workers=(2,), steps=5)
+    assert len(metrics["loss"]) == 5 and all(np.isfinite(metrics["loss"]))
+    np.testing.assert_allclose(metrics["loss"], check_equivalence(str(job), workers=(), steps=5)["loss"], rtol=1e-6)
+
+
 # ------------------------------------------------------------------ the real thing, as a user runs it
 
 def test_check_passes_singas_job_conf_with_the_plugin_and_names_data_conf_without():
@@ -481,7 +565,7 @@ def test_check_passes_singas_job_conf_with_the_plugin_and_names_data_conf_withou
     done = check("--plugin", "examples/rnnlm/rnnlm.py")
     assert done.returncode == 0, done.stderr
     assert "job 'rnnlm'" in done.stdout and "batch 10" in done.stdout, done.stdout
-    assert "layer type: kData, kEmbedding, kHidden, kLoss" in done.stdout, done.stdout
+    assert "layer type: kData, kEmbedding, kHidden, kLabel, kLoss" in done.stdout, done.stdout
     refused = check()
     lines = refused.stderr.splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr

@@ -5,9 +5,9 @@ Each file either
 * passes ``singa-mpi check``, plans on 1-4 workers, and trains 3 steps serially and on 2 workers with
   equal losses, on synthetic data of its input layers' shapes (:data:`RUNS`); or
 * passes ``check`` and plans on 1-4 workers with the example plugin that ports its user layers
-  (:data:`PLUGINS`: SINGA 0.3's rnnlm, examples/rnnlm; tests/test_rnnlm_example.py trains it on its
-  own data); or
-* is of a family not supported yet, and ``check`` says so in one line (:data:`NOT_YET`); or
+  (:data:`PLUGINS`: SINGA's rnnlm, examples/rnnlm, 0.3's and 0.1's with its kLabel layer;
+  tests/test_rnnlm_example.py trains it on its own data); or
+* is of a family not supported yet, and ``check`` says so in one line (:data:`NOT_YET`: none now); or
 * is stale in SINGA itself (``mnist/rbm_job.conf`` wraps the job in a ``model`` field that SINGA's
   job.proto of the time rejects), and ``check`` rejects it naming the field (:data:`REJECTED`).
 
@@ -44,17 +44,12 @@ FILES = sorted(set(MANIFEST.values()))
 
 RNNLM = r"layer 'data' \(#0\): \[data_conf\]: no loaded plugin declares this extension: expected a plugin that does .*"
 # file -> the plugin (relative to the repository) that ports its user layers: `check --plugin` passes.
-# v0.2.0's rnnlm is v0.3.0-rc3's too (one stored copy), and examples/rnnlm/job.conf byte for byte
-PLUGINS = {"v0.2.0/examples/rnnlm/job.conf": "examples/rnnlm/rnnlm.py"}
-NOT_YET = {  # file -> (why, the one-line error `check` gives: a regex of what follows "FILE:LINE:COL: ")
-    # without a plugin, as every user layer job; with examples/rnnlm's: RNNLM_01_WITH_0_3_PLUGIN
-    "v0.1.0/examples/rnnlm/job.conf": (("SINGA 0.1's rnnlm is another program (its own kLabel user layer over "
-                                        "DataShards): not ported; examples/rnnlm ports 0.3's"), RNNLM),
-}
-# 0.3's plugin on 0.1's job: 0.1's user_type "kLabel" is a user layer 0.3's plugin does not have (a user_type
-# never selects a built-in: singa_mpi's own kLabel is `type: kLabel`)
-RNNLM_01_WITH_0_3_PLUGIN = (r"layer 'label' \(#2, kLabel\): user_type = kLabel: expected one of the plugins' layers "
-                            r"kData, kEmbedding, kHidden, kLoss \(a built-in layer is selected by type, not user_type\)")
+# v0.2.0's rnnlm is v0.3.0-rc3's too (one stored copy), and examples/rnnlm/job.conf byte for byte; v0.1.0's
+# puts a kLabel user layer (the plugin's too) between its data and its loss
+PLUGINS = {"v0.1.0/examples/rnnlm/job.conf": "examples/rnnlm/rnnlm.py",
+           "v0.2.0/examples/rnnlm/job.conf": "examples/rnnlm/rnnlm.py"}
+NOT_YET: dict[str, tuple[str, str]] = {}  # file -> (why, the one-line error `check` gives: a regex of what follows
+#                                           "FILE:LINE:COL: ")
 REJECTED = {  # SINGA's own job.proto of the time has no `model` field either
     "v0.1.0/examples/mnist/rbm_job.conf": "model: unknown field of JobProto",
     "v0.2.0/examples/mnist/rbm_job.conf": "model: unknown field of JobProto",
@@ -66,8 +61,8 @@ RUNS = [name for name in FILES
         if name not in NOT_YET and name not in REJECTED and name not in TEST_ONLY and name not in PLUGINS]
 PATHS, DISTINCT = 45, 28
 # the distinct files by what `check` does: "runs" = passes; "runs with a plugin" = passes with its PLUGINS entry
-COUNTS = {"runs": 23, "runs with a plugin": 1, "test only": 1, "not yet": 1, "rejected": 2}
-COUNTS_BY_PATH = {"runs": 37, "runs with a plugin": 2, "test only": 2, "not yet": 1,
+COUNTS = {"runs": 23, "runs with a plugin": 2, "test only": 1, "rejected": 2}
+COUNTS_BY_PATH = {"runs": 37, "runs with a plugin": 3, "test only": 2,
                   "rejected": 3}  # the same over the 45 paths of the three tags
 
 STEPS = 3
@@ -150,24 +145,13 @@ def test_a_ported_user_layer_job_needs_its_plugin(name, capfd):
     with plugins.isolated():
         assert cli.main(["check", path, *plugin_args(name)]) == 0, capfd.readouterr().err
         out = capfd.readouterr().out
-        assert "plugin " in out and "kData, kEmbedding, kHidden, kLoss" in out, out
+        assert "plugin " in out and "kData, kEmbedding, kHidden, kLabel, kLoss" in out, out
         for n in (1, 2, 3, 4):
             assert cli.main(["plan", path, "-n", str(n), *plugin_args(name)]) == 0
             out = capfd.readouterr().out
             assert f"rank {n - 1}:" in out and f"rank {n}:" not in out, out
             assert len(re.findall(r"^    hidden\b", out, re.MULTILINE)) == 1, out  # whole, on one rank
             assert cli.main(["check", path, "-n", str(n), *plugin_args(name)]) == 0, capfd.readouterr().err
-
-
-def test_singa_0_1_rnnlm_fails_check_in_one_line_with_0_3s_plugin_too(capfd):
-    name = "v0.1.0/examples/rnnlm/job.conf"
-    path = path_of(name)
-    with plugins.isolated():
-        assert cli.main(["check", path, "--plugin", str(ROOT / PLUGINS["v0.2.0/examples/rnnlm/job.conf"])]) == 2
-    err = capfd.readouterr().err
-    lines = err.splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert re.fullmatch(rf"singa-mpi: error: {re.escape(path)}:\d+:\d+: {RNNLM_01_WITH_0_3_PLUGIN}", lines[0]), lines[0]
 
 
 def category(name: str, capsys) -> str:

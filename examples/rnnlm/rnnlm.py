@@ -6,7 +6,11 @@ SINGA's job.conf runs unchanged but for its data paths::
     python examples/rnnlm/create_data.py --python-docs --out examples/rnnlm   # the corpus
     singa-mpi train examples/rnnlm/job.conf --plugin examples/rnnlm/rnnlm.py
 
-The four user layers keep SINGA's names (``user_type``) and configuration (``[data_conf]``,
+SINGA 0.1's job.conf (tests/config/singa_examples/v0.1.0/examples/rnnlm) checks and plans with this
+plugin too: it puts a kLabel layer between kData and kLoss.  Its data was a DataShard of SINGA 0.1's
+Records, which kData does not read: make the kvfile with create_data.py and point ``[data_conf]`` at it.
+
+The five user layers keep SINGA's names (``user_type``) and configuration (``[data_conf]``,
 ``[embedding_conf]``, ``[loss_conf]``, declared in rnnlm.proto):
 
 * kData: one window of words per step, read from a kvfile of WordRecords (create_data.py); a window
@@ -14,13 +18,14 @@ The four user layers keep SINGA's names (``user_type``) and configuration (``[da
   words further.
 * kEmbedding: a word's vector, a row of a (vocab_size, word_dim) table.
 * kHidden: h[t] = sigmoid(h[t-1]·W + x[t]), h[-1] = 0, within the window.
+* kLabel (SINGA 0.1): the word each row predicts, its class and its class's words, from kData's rows.
 * kLoss: p(next word w) = p(class(w) | h[t]) · p(w | class(w), h[t]), two softmaxes: over the
-  classes, and over the words of w's class only.  Reports the loss (nats per word) and SINGA's
-  perplexity, 10^(-mean log10 p) = exp(loss).
+  classes, and over the words of w's class only; the next word from kData (0.3) or kLabel (0.1).
+  Reports the loss (nats per word) and SINGA's perplexity, 10^(-mean log10 p) = exp(loss).
 
 The rows of every array are the ``max_window`` time steps of the window (SINGA's blobs have one
 row per step too); rows past the window's end are marked invalid by the data layer and carry no
-loss and no gradient.  The rows of kData, kEmbedding and kLoss are independent, so the net's
+loss and no gradient.  The rows of kData, kEmbedding, kLabel and kLoss are independent, so the net's
 ``partition_dim: 0`` splits them over the workers; kHidden's rows are one sequence, so it runs whole
 (``batch_split_refusal``) and the planner moves its input and output between the workers.
 
@@ -44,6 +49,11 @@ from singa_mpi.layers.input import find_file
 
 # the columns of kData's rows
 INPUT, TARGET, CLASS, CLASS_START, CLASS_END, VALID = range(6)
+# the columns of kLabel's rows (SINGA 0.1's order), and where kLoss finds each field in either source
+LABEL_COLUMNS = (CLASS_START, CLASS_END, TARGET, CLASS, VALID)  # kData's columns, in kLabel's order
+FIELDS = ("target", "class", "class start", "class end", "valid")
+SOURCE_COLUMNS = {6: dict(zip(FIELDS, (TARGET, CLASS, CLASS_START, CLASS_END, VALID))),
+                  5: dict(zip(FIELDS, (2, 3, 0, 1, 4)))}
 CREATE = "make it with `python examples/rnnlm/create_data.py --python-docs --out DIR` (or --train FILE)"
 
 
@@ -198,6 +208,22 @@ class Hidden(_Window):
         return [pre if need[0] else None]
 
 
+@LAYERS.register("kLabel")
+class NextWord(_Window):
+    """SINGA 0.1's label source of kLoss: row t = [class start, class end, index, class] of word t+1 (the
+    word to predict; kData's row t holds it), then 1 where row t lies in the window, else a row of zeros
+    (0.1 passed the window's length beside its rows).  0.3 folded these into kData's rows; kLoss takes
+    either as its second source.  No params; nothing flows back to kData."""
+
+    def setup(self, src_shapes):
+        if tuple(src_shapes[0]) != (6,):
+            raise LayerConfigError("srclayers[0]", tuple(src_shapes[0]), "the kData layer (rows of 6 values)")
+        return (len(LABEL_COLUMNS),)
+
+    def forward(self, inputs, train):
+        return inputs[0][:, LABEL_COLUMNS]  # rows past the window's end are zero in kData already
+
+
 @LAYERS.register("kLoss")
 class ClassFactoredLoss(_Window):
     """-log p(w) with p(w) = softmax over classes [class(w)] · softmax over class(w)'s words [w]."""
@@ -211,8 +237,10 @@ class ClassFactoredLoss(_Window):
             raise LayerConfigError("[loss_conf]", f"vocab_size {conf.vocab_size}, nclass {conf.nclass}",
                                    "a positive vocab_size and nclass")
         (dim,) = src_shapes[0]
-        if src_shapes[1] != (6,):
-            raise LayerConfigError("srclayers[1]", src_shapes[1], "the kData layer (rows of 6 values)")
+        self.columns = SOURCE_COLUMNS.get(src_shapes[1][0]) if len(src_shapes[1]) == 1 else None
+        if self.columns is None:
+            raise LayerConfigError("srclayers[1]", tuple(src_shapes[1]), "the kData layer (rows of 6 values) or "
+                                   "SINGA 0.1's kLabel layer (rows of 5)")
         self.vocab_size, self.nclass = conf.vocab_size, conf.nclass
         self.declare_param(0, "word weight", (conf.vocab_size, dim), None)
         self.declare_param(1, "class weight", (conf.nclass, dim), None)
@@ -222,9 +250,8 @@ class ClassFactoredLoss(_Window):
     def forward(self, inputs, train):
         h, rows = inputs
         words, classes = self.params[0].data, self.params[1].data
-        valid = rows[:, VALID] > 0
-        target, cls = rows[:, TARGET].astype(np.int64), rows[:, CLASS].astype(np.int64)
-        first, end = rows[:, CLASS_START].astype(np.int64), rows[:, CLASS_END].astype(np.int64)
+        target, cls, first, end = (rows[:, self.columns[field]].astype(np.int64) for field in FIELDS[:4])
+        valid = rows[:, self.columns["valid"]] > 0
         if valid.any():
             self._check(target[valid], cls[valid], first[valid], end[valid])
         width = int(max((end - first)[valid].max(), 1)) if valid.any() else 1
