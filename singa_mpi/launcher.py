@@ -892,6 +892,7 @@ def _abort(world, message: str, code: int, life=None, traceback_text: str = "") 
     os.write(2, f"singa-mpi: rank {world.rank}: error at step {step}: {shown}\n".encode())
     if life is not None:
         life.explained()  # the guardians need not name this rank: it said why it ends the job
+    progress.drain_stdout()  # what this rank printed before it ends the job
     world.abort(code)
 
 

@@ -103,14 +103,18 @@ class ForwardedOutput(io.TextIOBase):
         since = self._writing_since
         return since is not None and time.monotonic() - since > self.STALLED
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Let the queue drain for up to ``timeout`` seconds, not at all while stalled; then stop."""
+    def drain(self, timeout: float = 5.0) -> None:
+        """Wait until the queue is written, for up to ``timeout`` seconds, not at all while stalled."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.stalled():
             with self._ready:
                 if not self._queue and self._writing_since is None:
-                    break
+                    return
             time.sleep(0.01)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """:meth:`drain`, then stop the writer."""
+        self.drain(timeout)
         with self._ready:
             self._closed = True
             self._ready.notify()
@@ -162,6 +166,12 @@ def forwarded_stdout(launched: bool) -> Iterator[ForwardedOutput | None]:
 def stdout_stalled() -> bool:
     """Whether this process's stdout is a :class:`ForwardedOutput` nobody has read for a while."""
     return isinstance(sys.stdout, ForwardedOutput) and sys.stdout.stalled()
+
+
+def drain_stdout(timeout: float = 2.0) -> None:
+    """Before this process ends abruptly (MPI_Abort): let a :class:`ForwardedOutput` write what it holds."""
+    if isinstance(sys.stdout, ForwardedOutput):
+        sys.stdout.drain(timeout)
 
 
 def also_on_stderr(line: str) -> None:

@@ -382,3 +382,19 @@ def test_a_signal_before_training_is_acknowledged_as_such(tmp_path, monkeypatch,
     assert "singa-mpi: SIGTERM: stopping before training starts; nothing is written" in err.splitlines()
     assert (ws / "stopped.txt").read_text().splitlines() == [launcher.STOPPED_BEFORE_TRAINING]
     assert checkpoint.listed(str(ws)) == []
+
+
+def test_what_a_rank_printed_is_written_before_it_aborts_the_job():
+    """MPI_Abort ends the process at once: the forwarded output is drained first."""
+    from singa_mpi import progress
+
+    code = ("import os, sys\n"
+            "from singa_mpi import progress\n"
+            "with progress.forwarded_stdout(launched=True):\n"
+            "    for n in range(20000):\n"
+            "        print(f'line {n}')\n"
+            "    progress.drain_stdout()\n"
+            "    os._exit(3)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and proc.stdout.splitlines()[-1] == "line 19999", proc.stderr[-2000:]
+    assert progress.drain_stdout() is None  # no forwarded output here: nothing to wait for
