@@ -288,9 +288,10 @@ def _render_dot(text: str, output: str) -> int:
               f"apt-get install graphviz, brew install graphviz, or conda install graphviz)", file=sys.stderr)
         return 0
     fmt = pathlib.Path(output).suffix.lstrip(".") or "png"
-    with writing(output, "the drawing of the plan"):  # its folder
-        done = subprocess.run([dot, f"-T{fmt}", "-o", output], input=text.encode(), capture_output=True,
-                              timeout=120, check=False)
+    with writing(output, "the drawing of the plan"):
+        pass  # its folder made, for Graphviz to write into
+    done = subprocess.run([dot, f"-T{fmt}", "-o", output], input=text.encode(), capture_output=True, timeout=120,
+                          check=False)
     if done.returncode != 0:
         said = next(iter(done.stderr.decode(errors="replace").strip().splitlines()), f"exit code {done.returncode}")
         if said.startswith("Format:"):  # Graphviz knows no such format: the -o name's suffix is wrong
