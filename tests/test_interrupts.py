@@ -159,7 +159,8 @@ def test_the_resume_hint_names_the_launcher_that_started_the_job():
     trainer = types.SimpleNamespace(runtime=types.SimpleNamespace(size=2), cfg=types.SimpleNamespace(path="j.conf"),
                                     workspace="ws")
     tail = ["python", "-m", "singa_mpi", "train", "j.conf", "--workspace", "ws", "--resume"]
-    assert resume_command(trainer, RunOptions(), {"OMPI_COMM_WORLD_SIZE": "2"}) == shlex.join(["mpirun", "-n", "2", *tail])
+    assert resume_command(trainer, RunOptions(), {"OMPI_COMM_WORLD_SIZE": "2"}) == \
+        shlex.join(["mpirun", "-n", "2", *tail])
     assert resume_command(trainer, RunOptions(), {"PMI_SIZE": "2", "MPI_LOCALNRANKS": "2"}) == \
         shlex.join(["mpiexec", "-n", "2", *tail])
     trainer.runtime.size = 1
@@ -341,7 +342,8 @@ def test_sigterm_or_ctrl_c_to_open_mpis_mpirun_saves_a_checkpoint_and_says_so(tm
     said = out + err  # the stop's line on stdout, or on stderr when mpirun no longer read stdout
     assert f"stopped on a signal after {stopped} steps (checkpoint {path})" in out or \
         f"singa-mpi: stopped on a signal (SIGTERM) after {stopped} steps: checkpoint {path}" in err, said[-3000:]
-    assert f"stopping after this step and writing a checkpoint" in err and f"what was saved: {ws / 'stopped.txt'}" in err
+    assert "stopping after this step and writing a checkpoint" in err
+    assert f"what was saved: {ws / 'stopped.txt'}" in err
     assert "Traceback" not in said
 
 
