@@ -1,6 +1,7 @@
 """Checkpoint integrity and identity: flipped bytes, an edited header, another job's checkpoint,
 files of the previous format, and temporary files of killed writers."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -69,6 +70,8 @@ def verdict(path: str, good: checkpoint.Checkpoint) -> str:
         got = checkpoint.read(path)
     except DataError as err:
         assert str(err).startswith(path) and "\n" not in str(err), str(err)
+        # what is wrong with the file, in words: no Python exception class names (h5py's RuntimeError...)
+        assert not re.search(r"\b[A-Z]\w*(Error|Exception)\b", str(err)), str(err)
         return "damage"
     assert same_content(got, good), f"{path} read without error but with other content"
     return "same"

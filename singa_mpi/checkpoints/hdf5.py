@@ -243,6 +243,17 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
+# HDF5's messages, as h5py passes them on: "Unable to synchronously open file (bad superblock version number)"
+_HDF5_REASON = re.compile(r"^(?:Unable to|Can't) [^(]*\((.+)\)$")
+
+
+def _hdf5_reason(err: BaseException) -> str:
+    """`` (HDF5: <its reason>)`` when HDF5 said what it found wrong, else nothing: the exception's class
+    and h5py's wording about objects of an unexpected kind tell a user nothing about the file."""
+    found = _HDF5_REASON.match(" ".join(str(err).split()).strip("'\""))
+    return f" (HDF5: {found.group(1)})" if found else ""
+
+
 def disk_problem(err: OSError) -> str:
     """``<the OS's words>: <what to do>`` for an OSError from writing into a workspace."""
     reason = err.strerror or " ".join(str(err).split())
@@ -355,8 +366,8 @@ def read(path: str) -> Checkpoint:
     except DataError:
         raise
     except DAMAGE as err:
-        raise DataError(f"{path}: not a readable singa_mpi checkpoint, damaged or of another kind "
-                        f"({one_line(err)})") from None
+        raise DataError(f"{path}: not a readable singa_mpi checkpoint, damaged or of another kind"
+                        f"{_hdf5_reason(err)}") from None
     return ckpt
 
 
