@@ -100,6 +100,7 @@ def cmd_train(args) -> int:
     options.allow_other_job = args.allow_other_job
     options.check_finite = args.check_finite
     options.workers = args.workers
+    options.debug = args.debug  # the communication table's bookkeeping rows too
     return run_training(str(job_path), lambda cfg: resolve_workspace(cfg, args.workspace), options)
 
 

@@ -61,3 +61,14 @@ def test_a_bug_is_exit_1_with_its_traceback_with_or_without_debug(monkeypatch, t
     for argv in (["--debug", "check", "job.conf"], ["check", "job.conf"]):
         with pytest.raises(ZeroDivisionError):  # __main__ lets it reach Python: traceback, exit 1
             cli.main(argv)
+
+
+@pytest.mark.parametrize("flag, shown", [([], False), (["--debug"], True)])
+def test_train_passes_debug_on_to_the_run(monkeypatch, flag, shown):
+    """--debug also shows the communication table's bookkeeping rows: the run must be told."""
+    from singa_mpi import launcher
+
+    seen = {}
+    monkeypatch.setattr(launcher, "run_training", lambda job, workspace, options: seen.setdefault("debug", options.debug) and 0)
+    cli.main([*flag, "train", "conf/digits_mlp.conf", "--steps", "1"])
+    assert seen == {"debug": shown}
