@@ -172,7 +172,7 @@ FIRST_STEP_FAULTS = {  # case: what the one line says
     "shape": "records of shape (7,), but store_conf.shape is (12,)",
     "labels": "expected a class index in 0..4 (5 classes), in the first batch of layer 'data' read from",
     "no-labels": "has no labels",
-    "checkpoint": "no such checkpoint",
+    "checkpoint": "/rbm1/checkpoint/step10-worker0' not found: ",
 }
 
 

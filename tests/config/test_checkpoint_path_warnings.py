@@ -109,3 +109,17 @@ def test_train_gets_the_same_line(chain):
     assert missing_checkpoint_paths(cfg) == [
         f"conf/rbm_mnist_3.conf:{line}:1: checkpoint_path 'workspace/rbm_mnist_{k}' not found: run "
         f"conf/rbm_mnist_{k}.conf first (workspace/rbm_mnist_{k} is its workspace)" for line, k in ((17, 2), (18, 1))]
+
+
+def test_train_refuses_with_the_line_that_names_the_job(tmp_path):
+    """The training error says which job to run first, as check's warning does (digits: no data to fetch)."""
+    (tmp_path / "conf").mkdir()
+    for path in sorted((REPO / "conf").glob("rbm_digits_*.conf")):
+        shutil.copy(path, tmp_path / "conf" / path.name)
+    done = subprocess.run([sys.executable, "-m", "singa_mpi", "train", "conf/rbm_digits_2.conf", "--steps", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "singa-mpi: error: conf/rbm_digits_2.conf:16:1: checkpoint_path 'workspace/rbm_digits_1' not found: run "
+        "conf/rbm_digits_1.conf first (workspace/rbm_digits_1 is its workspace)"], done.stderr
