@@ -730,7 +730,8 @@ def _check_data_args(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    warnings.simplefilter("default")
+    # the process's warning filters are the caller's (Python's defaults show every UserWarning, the only
+    # kind singa_mpi gives): a program or a test suite calling main keeps what it ignores ignored
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
     if getattr(args, "plugin", None):
         from singa_mpi import plugins

@@ -106,3 +106,17 @@ def test_output_into_a_pipe_its_reader_closed_is_no_traceback():
     result = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)
     assert result.stdout.startswith("cluster: Sandblaster") and result.stderr == "" and result.returncode == 0
+
+
+def test_main_in_process_keeps_the_callers_warning_filters(tmp_path, capsys):
+    """A program (or test suite) that calls cli.main and ignores a warning keeps it ignored: main must
+    not reset the process's warning filters (the suite's filter of SINGA's `gpu:` warning did not hold)."""
+    import warnings
+
+    job = tmp_path / "gpu.conf"
+    job.write_text(pathlib.Path("conf/digits_mlp.conf").read_text() + "\ngpu: 0\n")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message=".*gpu. .0. ignored")
+        assert cli.main(["check", str(job)]) == 0
+    assert [str(w.message) for w in seen] == []
