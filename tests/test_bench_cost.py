@@ -5,9 +5,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_bench_cost_prints_predicted_and_measured(tmp_path):
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_cost.py"), "--ranks", "1", "2", "--nets",

@@ -6,10 +6,13 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FRAMEWORK_RANKS = {"serial": 1, "allreduce": 2, "sandblaster": 3, "downpour": 3}
 
 
+@pytest.mark.slow
 def test_bench_frameworks_prints_one_row_per_framework(tmp_path):
     # a low target: 20 steps reach about 0.7 test accuracy, so every row has a time
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_frameworks.py"), "--nets", "mnist_mlp", "--steps", "20",
@@ -27,6 +30,7 @@ def test_bench_frameworks_prints_one_row_per_framework(tmp_path):
     assert all(r["final_accuracy"] > 0.2 for r in rows), rows  # every framework learned something
 
 
+@pytest.mark.slow
 def test_each_run_and_the_table_so_far_are_printed_before_the_end(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_frameworks.py"), "--nets", "mnist_mlp", "--frameworks",
            "serial", "--steps", "10", "--repeat", "2", "--target", "0.2"]

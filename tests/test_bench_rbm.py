@@ -4,9 +4,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_bench_rbm_prints_table_and_ratios(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_rbm.py"), "--epochs", "1", "--hidden", "8", "--batch", "50",
            "--ranks", "1", "--repeat", "1", "--keep", str(tmp_path / "work")]

@@ -4,9 +4,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_each_run_and_the_table_so_far_are_printed_before_the_end(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_scaling.py"), "--ranks", "1", "--repeat", "1", "--steps", "2",
            "--nets", "mnist_mlp", "--schemes", "data", "feature", "--json", str(tmp_path / "runs.json")]

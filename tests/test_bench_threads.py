@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICK = [sys.executable, str(ROOT / "scripts" / "bench_threads.py"), "--jobs", "digits_mlp", "--ranks", "1",
          "--settings", "gemm=1", "default"]
@@ -19,6 +21,7 @@ def env() -> dict[str, str]:
                                                              "MKL_NUM_THREADS")}
 
 
+@pytest.mark.slow
 def test_each_run_is_printed_as_it_is_made_and_the_table_after_each_repeat():
     out = subprocess.run(QUICK + ["--repeat", "2"], env=env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -31,6 +34,7 @@ def test_each_run_is_printed_as_it_is_made_and_the_table_after_each_repeat():
     assert any(line.startswith("ms/step, fastest of 2 runs") for line in lines[runs[-1]:]), out.stdout
 
 
+@pytest.mark.slow
 def test_a_run_cut_short_by_sigterm_prints_the_table_of_the_runs_done():
     proc = subprocess.Popen(QUICK + ["--repeat", "50"], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -44,6 +48,7 @@ def test_a_run_cut_short_by_sigterm_prints_the_table_of_the_runs_done():
     assert re.search(r"^digits_mlp\s+1\s+[\d.]+", rest, re.M), rest  # a row of the table
 
 
+@pytest.mark.slow
 def test_a_run_stops_timing_after_its_budget_on_every_rank():
     """Oversubscribed settings run 5-20x slower: their timed steps end after --budget seconds (at least 3)."""
     from test_mpi_suites import mpi_env, mpiexec_command

@@ -48,6 +48,7 @@ def test_resume_mid_text_is_bitwise(tmp_path):
     np.testing.assert_array_equal(a.carried["train"]["0#gru1"]["hidden"], b.carried["train"]["0#gru1"]["hidden"])
 
 
+@pytest.mark.slow
 def test_resume_on_other_rank_counts_continues_within_float_noise(tmp_path):
     conf = job_file(tmp_path, batch=4, size=160)
     assert train(conf, tmp_path / "serial") == 0

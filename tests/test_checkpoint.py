@@ -200,6 +200,7 @@ def mpi_train(n, conf, workspace, *args, timeout=300):
     return result
 
 
+@pytest.mark.slow
 def test_resume_across_rank_counts_and_partitionings(tmp_path):
     """6 steps on 1 rank (batch split), 2 ranks (features split), 3 ranks (hybrid), 3 ranks (pipeline)."""
     confs = {s: job_file(tmp_path, s, steps=24, name=s) for s in ("data", "feature", "hybrid", "pipeline")}
@@ -216,6 +217,7 @@ def test_resume_across_rank_counts_and_partitionings(tmp_path):
         assert float(np.abs(moved.params[name] - value).max()) / scale < 1e-5, name
 
 
+@pytest.mark.slow
 def test_exact_resume_on_the_same_ranks_is_bitwise(tmp_path):
     conf = job_file(tmp_path, "feature", steps=16)
     mpi_train(2, conf, tmp_path / "straight")
@@ -227,6 +229,7 @@ def test_exact_resume_on_the_same_ranks_is_bitwise(tmp_path):
 
 
 @pytest.mark.parametrize("nranks", [1, 2])
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_the_resumed_run_continues_the_curve(tmp_path, nranks):
     total = 3000
     conf = job_file(tmp_path, steps=total)

@@ -77,6 +77,7 @@ def verdict(path: str, good: checkpoint.Checkpoint) -> str:
     return "same"
 
 
+@pytest.mark.slow
 def test_every_flipped_byte_reads_the_same_or_is_reported_and_resume_falls_back(trained, tmp_path):
     """Bytes all over a real checkpoint, flipped one at a time: every 13th of the first 2 KiB (HDF5's
     superblock, object headers, heaps), every 97th beyond (SINGA_MPI_FUZZ=long: every byte for the

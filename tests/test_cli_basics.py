@@ -78,6 +78,7 @@ def test_help_texts_have_no_rest_markup():
             assert markup not in text, text
 
 
+@pytest.mark.slow
 def test_mpi_tests_create_their_scratch_folder(tmp_path):
     """The README's by-hand command names a folder that need not exist yet."""
     scratch = tmp_path / "fresh" / "t"

@@ -195,6 +195,7 @@ def test_a_name_too_long_for_the_file_system_is_refused_up_front(capsys, tmp_pat
     ["data", "digits", "--out", "/proc/singa-mpi-test-digits"],
     ["examples", "/proc/singa-mpi-test-conf"],
 ])
+@pytest.mark.slow
 def test_proc_refuses_the_write_in_one_line(tmp_path, argv):
     done = subprocess.run([sys.executable, "-m", "singa_mpi", *argv], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)

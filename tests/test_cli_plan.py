@@ -69,6 +69,7 @@ def run_cached(cache, *args, timeout=300):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_plan_cost_predicts_every_layer_and_caches_the_kernels(tmp_path):
     out = run_cached(tmp_path, "plan", "conf/cifar10_convnet.conf", "-n", "2", "--cost")
     assert out.returncode == 0, out.stderr
@@ -82,6 +83,7 @@ def test_plan_cost_predicts_every_layer_and_caches_the_kernels(tmp_path):
     assert again.returncode == 0 and "timed now" not in again.stdout  # read back from the cache
 
 
+@pytest.mark.slow
 def test_plan_auto_writes_a_job_the_planner_accepts(tmp_path):
     chosen = tmp_path / "chosen.conf"
     out = run_cached(tmp_path, "plan", "conf/digits_mlp.conf", "-n", "2", "--auto", "-o", str(chosen))
@@ -101,6 +103,7 @@ def test_calibrate_needs_two_ranks():
     assert out.returncode == 2 and "mpiexec -n 2" in out.stderr and out.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_plan_cost_prices_a_job_of_hundreds_of_ranks_without_launching_it(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_planner import net_text
@@ -117,6 +120,7 @@ def test_plan_cost_prices_a_job_of_hundreds_of_ranks_without_launching_it(tmp_pa
     assert float(rows["fc1"][0]) < float(rows["fc2"][0]) and float(rows["fc0"][0]) < float(rows["fc2"][0])
 
 
+@pytest.mark.slow
 def test_calibrate_on_two_ranks_saves_the_node_rates_that_plan_cost_then_uses(tmp_path):
     from test_mpi_suites import mpi_env, mpiexec_command
 

@@ -152,6 +152,7 @@ def fill(folder, leave: int) -> None:
 
 
 @pytest.mark.parametrize("nranks", [1, 2])
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint(tmp_path, nranks):
     """A 256 KiB tmpfs: the first run's checkpoint fits; with ~8 KiB left, the next one (24 KiB) cannot."""
     conf = job(tmp_path, steps=2)

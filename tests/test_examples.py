@@ -96,6 +96,7 @@ def test_a_location_beyond_the_launched_ranks_names_the_layer(tmp_path):
         launcher._topology(cfg, 2)
 
 
+@pytest.mark.slow
 def test_a_pinned_job_runs_on_3_ranks(tmp_path):
     data = nets.make_data(str(tmp_path / "data.h5"), 64, (12,), 5)
     conf = tmp_path / "pinned.conf"

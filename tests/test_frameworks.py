@@ -78,6 +78,7 @@ HOGWILD = "nworker_groups: 2 nserver_groups: 2"
                                        (HOGWILD + " share_memory: false", 2),
                                        (HOGWILD + " share_memory: false nworkers_per_group: 2", 4)],
                          ids=["downpour", "ssp1", "hogwild-in-memory", "hogwild", "hogwild-2-workers"])
+@pytest.mark.slow
 def test_asynchronous_groups_reach_the_serial_accuracy_with_as_many_samples(tmp_path, serial_accuracy, cluster, n):
     steps = int(1.2 * SERIAL_STEPS / 2)  # per group: 1.2x the serial run's samples in all
     code, out, err = run(n, digits_job(tmp_path, "async", cluster, steps, test_freq=15), tmp_path)
@@ -120,6 +121,7 @@ SLOW = textwrap.dedent('''\
 
 
 @pytest.mark.parametrize("staleness", [None, 2])
+@pytest.mark.slow
 def test_a_slow_group_does_not_hold_the_other_back_unless_staleness_is_bounded(tmp_path, staleness):
     (tmp_path / "slow.py").write_text(SLOW)
     cluster = DOWNPOUR + (f" max_staleness: {staleness}" if staleness is not None else "")
@@ -140,6 +142,7 @@ def test_a_slow_group_does_not_hold_the_other_back_unless_staleness_is_bounded(t
 @pytest.mark.parametrize("cluster,victim,role", [(SANDBLASTER, 2, "server 0 of server group 0"),
                                                  (DOWNPOUR, 1, "worker 0 of worker group 1")],
                          ids=["sandblaster-server", "downpour-worker"])
+@pytest.mark.slow
 def test_a_killed_server_or_worker_rank_ends_the_job_and_is_named_with_its_role(tmp_path, cluster, victim, role):
     conf = digits_job(tmp_path, "kill", cluster, 100000)
     cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws")]
@@ -156,6 +159,7 @@ def test_a_killed_server_or_worker_rank_ends_the_job_and_is_named_with_its_role(
     assert f"rank {victim} (pid {pid}" in named[0] and role in named[0], named[0]
 
 
+@pytest.mark.slow
 def test_a_downpour_checkpoint_resumes_under_other_frameworks_and_back(tmp_path):
     down = digits_job(tmp_path, "down", DOWNPOUR + ' workspace: "x"', 20, extra="checkpoint_freq: 10\n")
     code, out, err = run(3, down, tmp_path)
@@ -191,6 +195,7 @@ def test_a_cluster_that_cannot_run_is_one_line_before_any_communication(tmp_path
 @pytest.mark.parametrize("name,n,roles", [
     ("sandblaster", 5, "server group 0: ranks 3..4"), ("allreduce", 3, None),
     ("downpour", 6, "worker group 1: ranks 2..3"), ("hogwild", 3, "worker group 2: ranks 2")])
+@pytest.mark.slow
 def test_singas_four_framework_examples_run_with_the_ranks_they_imply(tmp_path, name, n, roles):
     conf = os.path.join(ROOT, "conf", f"digits_{name}.conf")
     plan = subprocess.run([sys.executable, "-m", "singa_mpi", "plan", conf], cwd=tmp_path, capture_output=True,
@@ -205,6 +210,7 @@ def test_singas_four_framework_examples_run_with_the_ranks_they_imply(tmp_path, 
     assert entries(tmp_path, "test")[-1]["accuracy"] > 0.5
 
 
+@pytest.mark.slow
 def test_a_non_finite_gradient_of_one_group_ends_every_group_in_one_line_without_a_checkpoint(tmp_path):
     """The server refuses the sum and tells every group; the group that found it says where."""
     conf = digits_job(tmp_path, "nan", DOWNPOUR, 100, extra="checkpoint_freq: 50\n")
@@ -219,6 +225,7 @@ def test_a_non_finite_gradient_of_one_group_ends_every_group_in_one_line_without
     assert os.listdir(tmp_path / "ws" / "checkpoint") == ["step0.h5"]  # the initial values, nothing after
 
 
+@pytest.mark.slow
 def test_waits_of_asynchronous_groups_are_no_stall_but_a_stopped_server_is(tmp_path):
     """--stall-timeout: a group done long before the other, and servers between messages, wait as they
     should; a server stopped with SIGSTOP holds its workers' replies and is named."""
@@ -250,6 +257,7 @@ def test_waits_of_asynchronous_groups_are_no_stall_but_a_stopped_server_is(tmp_p
     assert f"rank 2 (pid {pid}" in stalled[0] and "stopped" in stalled[0], stalled[0]
 
 
+@pytest.mark.slow
 def test_singa_mpi_test_runs_a_framework_job_as_one_group_on_any_rank_count(tmp_path):
     code, _, err = run(3, digits_job(tmp_path, "trained", DOWNPOUR, 20), tmp_path)
     assert code == 0, err[-3000:]

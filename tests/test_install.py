@@ -9,6 +9,8 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -18,6 +20,7 @@ def run(cmd, cwd, env=None, timeout=300):
     return result
 
 
+@pytest.mark.slow
 def test_wheel_in_a_fresh_venv_trains_the_default_job_from_an_empty_folder(tmp_path):
     # the sources a build reads, copied so that building leaves nothing in the checkout
     src = tmp_path / "src"

@@ -115,6 +115,7 @@ def ranks_of(pid: int) -> dict[int, int]:
     return ranks
 
 
+@pytest.mark.slow
 def test_ctrl_c_under_mpiexec_checkpoints_once(tmp_path):
     """SIGINT to mpiexec (hydra forwards it to every rank): one checkpoint, exit 75, and the resume
     command; then SIGINT to rank 1 alone: the vote stops rank 0 after the same step too."""
@@ -303,6 +304,7 @@ class Chatty(Layer):
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_sigterm_or_ctrl_c_to_open_mpis_mpirun_saves_a_checkpoint_and_says_so(tmp_path, stop):
     """`mpirun -n 2 ... train`, SIGTERM or SIGINT to mpirun: it sends the ranks SIGCONT, stops forwarding
     their output, SIGTERM after odls_base_sigkill_timeout seconds, SIGKILL as long after.  The run was

@@ -26,6 +26,7 @@ def _test_entries(workspace, name="metrics.jsonl"):
     return [entry for entry in map(json.loads, lines) if entry["phase"] == "test"]
 
 
+@pytest.mark.slow
 def test_test_command_under_mpiexec_runs_the_test_phase_once_partitioned(tmp_path):
     conf = job_file(tmp_path, "feature", steps=6, extra=TEST_PHASE)
     workspace = tmp_path / "ws"
@@ -49,6 +50,7 @@ def test_test_command_under_mpiexec_runs_the_test_phase_once_partitioned(tmp_pat
     assert " test " in serial.stdout
 
 
+@pytest.mark.slow
 def test_pipeline_run_ends_without_leftover_mpi_objects(tmp_path):
     """Bridges' last sends are completed and every communicator made for the run is freed, so
     MPI_Finalize has nothing to complain about."""

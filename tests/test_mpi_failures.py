@@ -91,6 +91,7 @@ def test_sigkill_of_one_rank_ends_the_job(tmp_path):
     assert time.monotonic() - killed_at < 30
 
 
+@pytest.mark.slow
 def test_sigstop_is_caught_by_the_watchdog(tmp_path):
     conf = long_job(tmp_path)
     proc = start(conf, tmp_path, "--stall-timeout", "10")

@@ -203,6 +203,7 @@ def singa_lines(text):
 # ------------------------------------------------------------------ a killed rank is named
 
 @pytest.mark.parametrize("n,victim", [(2, 1), (3, 2), (4, 1)])
+@pytest.mark.slow
 def test_a_killed_rank_is_named_by_the_survivors(tmp_path, n, victim):
     conf = job(tmp_path)
     proc = launch(n, conf, tmp_path)
@@ -219,6 +220,7 @@ def test_a_killed_rank_is_named_by_the_survivors(tmp_path, n, victim):
     assert named[0].startswith(f"singa-mpi: rank {victim} (pid {pid}") or "one of ranks" in named[0], named[0]
 
 
+@pytest.mark.slow
 def test_a_rank_killed_while_the_root_writes_a_checkpoint_is_named(tmp_path):
     conf = job(tmp_path, wide=True, extra="checkpoint_freq: 30\n")
     proc = launch(2, conf, tmp_path)
@@ -277,6 +279,7 @@ def test_a_rank_that_leaves_before_the_launcher_dismisses_its_early_guardian(tmp
 
 # ------------------------------------------------------------------ stalls: the one not responding is named
 
+@pytest.mark.slow
 def test_a_rank_stopped_in_its_first_second_is_caught_and_named(tmp_path):
     """Stopped before MPI_Init, which waits for every rank: the others' guardians watch that wait."""
     conf = job(tmp_path)
@@ -306,6 +309,7 @@ def _record_of(pid: int, rank: int):
     return None
 
 
+@pytest.mark.slow
 def test_rank_0_stopped_while_it_reads_the_job_is_named(tmp_path):
     """Rank 0 stopped after MPI_Init, as it reads the job for partition_dim: auto, which the others
     wait for patiently (rank 0 may time kernels for long): a rank that shows no sign of life for the
@@ -334,6 +338,7 @@ def test_rank_0_stopped_while_it_reads_the_job_is_named(tmp_path):
     assert re.search(rf"not responding: rank 0 \(pid {pid} on \S+\) is stopped \(SIGSTOP", stalled[0]), stalled[0]
 
 
+@pytest.mark.slow
 def test_a_stall_in_training_names_the_stopped_rank(tmp_path):
     conf = job(tmp_path)
     proc = launch(3, conf, tmp_path, "--stall-timeout", "5")
@@ -428,6 +433,7 @@ class SlowSetup(Layer):
 
 
 @pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.slow
 def test_sigterm_while_setting_up_stops_before_training(tmp_path, n):
     plugin, marks = tmp_path / "slow_setup.py", tmp_path / "marks"
     plugin.write_text(SLOW_SETUP)

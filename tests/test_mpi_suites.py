@@ -37,6 +37,7 @@ def mpiexec_command(n: int) -> list[str]:
 
 @pytest.mark.parametrize("nranks,shm", [(1, "1"), (2, "1"), (3, "1"), (4, "1"), (2, "0"), (3, "0")],
                          ids=["n1", "n2", "n3", "n4", "n2-allreduce", "n3-allreduce"])
+@pytest.mark.slow
 def test_mpi_suite(nranks, shm, tmp_path):
     """shm "0": replicated gradients go through bucketed Iallreduce instead of node-shared memory."""
     env = mpi_env(SINGA_MPI_TEST_TMP=str(tmp_path), SINGA_MPI_SHM=shm)

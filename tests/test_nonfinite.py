@@ -176,6 +176,7 @@ def first_nonfinite_step(workspace) -> int:
     return min(bad_loss + bad_values)
 
 
+@pytest.mark.slow
 def test_a_diverging_learning_rate_stops_at_the_first_nonfinite_step(tmp_path):
     conf = job(tmp_path, store(tmp_path), lr=1e6)
     unchecked = train(conf, tmp_path / "unchecked", "--no-check-finite", steps=10)
@@ -240,6 +241,7 @@ def test_two_ranks_stop_together_and_rank_0_prints_once(tmp_path, scheme):
         assert "(train) on rank 1:" in line, line
 
 
+@pytest.mark.slow
 def test_two_ranks_stop_a_divergence_at_its_first_nonfinite_step(tmp_path):
     conf = job(tmp_path, store(tmp_path), lr=1e6)
     unchecked = train(conf, tmp_path / "unchecked", "--no-check-finite", ranks=2, steps=10)

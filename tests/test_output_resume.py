@@ -4,6 +4,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import nets
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.launcher import RunOptions, run_training
@@ -108,6 +110,7 @@ def mpi_train(n, conf, workspace, *args):
     return result
 
 
+@pytest.mark.slow
 def test_under_mpi_the_rank_that_writes_resumes_its_files(tmp_path):
     """The writers on rank 1 (location: 1) of a data-parallel job: rank 0 gathers their state into the
     checkpoint and rank 1 continues from it; --overwrite (rank 0) archives the files."""

@@ -45,6 +45,7 @@ def _run(*args, timeout=300) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("scheme", ["data", "feature", "hybrid", "pipeline"])
 @pytest.mark.parametrize("net", ["mnist_mlp", "cifar10_convnet"])
+@pytest.mark.slow
 def test_plan_predicts_the_measured_bytes(tmp_path, net, scheme):
     job = _job(tmp_path, net, scheme)
     planned = _run(sys.executable, "-m", "singa_mpi", "plan", str(job), "-n", "2", "--format", "json")

@@ -94,6 +94,7 @@ def test_format_seconds():
     assert [format_seconds(s) for s in (0.04, 3.24, 59.9, 245, 7620)] == ["0.0s", "3.2s", "59.9s", "4m05s", "2h07m"]
 
 
+@pytest.mark.slow
 def test_comm_share_is_the_share_of_each_interval_at_3_ranks(tmp_path):
     """Each line's share: seconds inside communication calls since the previous line over the wall time
     since then (the first test line once read 146%, comm accumulated since MPI_Init over the trainer's clock)."""

@@ -33,6 +33,7 @@ def errors(out: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^  (rbm_\S+\.conf)\s+([0-9.]+)", out, re.M)}
 
 
+@pytest.mark.slow
 def test_digits_chain_loads_each_stage_into_the_next_and_reports_the_error(tmp_path):
     out = run_chain(tmp_path, "--steps", "8")
     found = errors(out)
@@ -47,6 +48,7 @@ def test_digits_chain_loads_each_stage_into_the_next_and_reports_the_error(tmp_p
             np.testing.assert_array_equal(stages[k - 1].params[f"b{j}2"], stages[j - 1].params[f"b{j}2"])
 
 
+@pytest.mark.slow
 def test_autoencoder_starts_from_the_rbms(tmp_path):
     """With zero fine-tuning steps the autoencoder's weights are the RBMs' (decoder tied to the encoder)."""
     run_chain(tmp_path, "--steps", "3")
@@ -61,6 +63,7 @@ def test_autoencoder_starts_from_the_rbms(tmp_path):
 
 
 @pytest.mark.parametrize("ranks", [2])
+@pytest.mark.slow
 def test_mnist_chain_runs_on_synthetic_data_on_ranks(tmp_path, monkeypatch, ranks):
     """SINGA's sizes (784-1000-500-250-30), a step of each job, every job on two ranks."""
     monkeypatch.chdir(tmp_path)  # the confs' relative store paths land here

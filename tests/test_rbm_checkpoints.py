@@ -35,6 +35,7 @@ def test_rbm_resume_is_bitwise(tmp_path):
     assert_bitwise(final(tmp_path / "straight", 16), final(tmp_path / "split", 16))
 
 
+@pytest.mark.slow
 def test_rbm_resume_on_the_same_ranks_is_bitwise_and_on_others_within_float_noise(tmp_path):
     """2 ranks with hidden units split, resumed on 2 ranks (bitwise), and a run moved 1 -> 3 -> 2 ranks
     across data, location and feature schemes (within 1e-5 of the serial run)."""

@@ -581,6 +581,7 @@ def metrics_of(workspace: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in (workspace / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_singa_job_conf_trains_on_the_python_docs_serially_and_on_2_ranks(tmp_path):
     """SINGA's own job.conf with only its data paths changed (the workspace, examples/rnnlm/, is relative
     to the working directory: here tmp_path), trained like a user does: create_data.py, then

@@ -139,6 +139,7 @@ def test_a_net_without_a_gru_below_the_logits_is_refused(trained, capfd, tmp_pat
     assert code == 2 and "no kGRU layer below the logits 'ip1'" in err
 
 
+@pytest.mark.slow
 def test_the_example_trains_on_a_small_corpus_and_samples(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
     conf = str(ROOT / "conf" / "char_rnn.conf")

@@ -50,6 +50,7 @@ def train(conf: pathlib.Path, workspace: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in (workspace / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_v01_mnist_job_trains_to_the_v03_jobs_losses(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the jobs' data paths are bare names
     make_mnist_stores(tmp_path)

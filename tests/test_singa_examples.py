@@ -252,6 +252,7 @@ def three_steps(trainer: Trainer) -> list[dict[str, float]]:
 
 
 @pytest.mark.parametrize("name", RUNS)
+@pytest.mark.slow
 def test_example_trains_3_steps_on_2_workers_as_serially(name, tmp_path, monkeypatch, capsys):
     checked(name, capsys)
     monkeypatch.chdir(tmp_path)  # the files' relative data paths land here

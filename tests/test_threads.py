@@ -224,6 +224,7 @@ def test_a_bound_rank_gets_the_threads_of_its_own_cores(monkeypatch):
         assert count == 4
 
 
+@pytest.mark.slow
 def test_no_oversubscription_warning_under_open_mpis_default_binding(tmp_path):
     """`mpirun -n 2` of Open MPI binds each rank to a core: no warning (it said "2 rank(s) x 1 BLAS
     thread(s) on 1 core(s) oversubscribe this node")."""

@@ -179,6 +179,7 @@ def test_profile_json_without_flags_and_no_trace_unless_asked(tmp_path, capsys):
     assert profile["steps"] == 3 and profile["ranks"][0]
 
 
+@pytest.mark.slow
 def test_two_ranks_write_one_trace_on_one_clock(tmp_path):
     conf = job_file(tmp_path, "hybrid", steps=6, extra=TEST_PHASE)
     workspace, path = tmp_path / "ws", tmp_path / "trace.json"

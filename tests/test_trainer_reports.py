@@ -146,6 +146,7 @@ def test_checkpoint_after_0_writes_step_0_and_a_resume_does_not_rewrite_its_star
     assert listed() == [0, 3, 6]
 
 
+@pytest.mark.slow
 def test_a_stop_signal_names_one_step_in_the_log_the_checkpoint_and_the_resume(tmp_path):
     """stepN.h5 holds the state after N batches (steps 0..N-1); the log and --resume say N too."""
     import signal

@@ -463,6 +463,7 @@ def _check_message(text: str) -> str | None:
 
 
 @pytest.mark.parametrize("conf", MUTATED, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.slow
 def test_mutated_jobs_fail_on_one_line_that_names_the_place(conf):
     """Every error `check` gives a mutant starts with FILE:LINE:COL, or with FILE alone for a block the
     mutant no longer has (``FILE: updater: missing: ...``, ``FILE: train_steps = missing: ...``); nothing but a

@@ -45,6 +45,7 @@ def test_auto_layers_follow_the_net_default_and_keep_written_ones(tmp_path):
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.slow
 def test_an_auto_job_trains(tmp_path, ranks):
     from singa_mpi.communication.launchers import find_launcher
 

@@ -455,6 +455,7 @@ def with_examples(cases):
 @fz.fuzz_settings(ci=150, long=1200)
 @with_examples(KNOWN_CHECK_CASES)
 @given(job=any_mutated_job())
+@pytest.mark.slow
 def test_check_ends_with_ok_or_one_error_line(job):
     seed, applied, text = job
     with fz.case(__file__), tempfile.TemporaryDirectory(prefix="fuzz-check-") as folder:
@@ -516,6 +517,7 @@ def long_by_request(text: bytes) -> bool:
 @given(job=st.one_of(mutated_jobs(seeds=tuple(QUICK), mutations=tuple(SEMANTIC), most=2),
                      edited_jobs(seeds=tuple(name for name in QUICK if name in PARSED)),
                      edited_jobs(seeds=tuple(name for name in QUICK if name in PARSED))))
+@pytest.mark.slow
 def test_a_job_check_accepts_trains_or_fails_in_one_line(job):
     seed, applied, text = job
     with fz.case(__file__), tempfile.TemporaryDirectory(prefix="fuzz-train-") as folder:
@@ -555,6 +557,7 @@ OVERSIZED = {"nesting": [99, 2_000, 20_000] + ([200_000] if fz.LONG else []),
 @fz.timeout(3600)
 @fz.fuzz_settings(ci=5, long=30)
 @given(kind_size=st.sampled_from([(kind, size) for kind, sizes in OVERSIZED.items() for size in sizes]))
+@pytest.mark.slow
 def test_oversized_jobs_end_within_time_and_memory(kind_size):
     """In a process of its own with 2 GiB of address space: accepted, or refused in one line (a limit
     that names itself), in time linear in the file."""

@@ -199,6 +199,7 @@ KNOWN_FAULTS = [  # the issue's cases, whatever the draw
 @example(case=KNOWN_FAULTS[2])
 @example(case=KNOWN_FAULTS[3])
 @given(case=faults())
+@pytest.mark.slow
 def test_a_fault_in_one_rank_ends_the_job_clearly_and_resume_goes_on(case):
     with fz.case(__file__), tempfile.TemporaryDirectory(prefix="fuzz-fault-") as folder:
         folder = pathlib.Path(folder)
@@ -258,6 +259,7 @@ def disagreeing_command(folder: pathlib.Path, nranks: int, odd_rank: int, how: s
 @fz.timeout(3600)
 @fz.fuzz_settings(ci=3, long=30)
 @given(nranks=st.sampled_from([2, 3]), odd=st.integers(0, 2), how=st.sampled_from(DISAGREEMENTS))
+@pytest.mark.slow
 def test_ranks_started_with_different_jobs_or_options_are_refused_in_one_line(nranks, odd, how):
     odd %= nranks
     with fz.case(__file__), tempfile.TemporaryDirectory(prefix="fuzz-disagree-") as folder:

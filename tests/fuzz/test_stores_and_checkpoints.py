@@ -219,6 +219,7 @@ def data_error_problems(err: DataError, path: str) -> list[str]:
 @fz.timeout(3600)
 @fz.fuzz_settings(ci=150, long=600)
 @given(data=st.data())
+@pytest.mark.slow
 def test_a_damaged_store_reads_or_raises_one_data_error(data):
     with fz.case(__file__), tempfile.TemporaryDirectory(prefix="fuzz-store-") as folder:
         backend, path, what = damaged_store(data.draw, folder)
@@ -389,6 +390,7 @@ def damage_checkpoint(draw, path: str) -> str:
 @fz.timeout(7200)
 @fz.fuzz_settings(ci=120, long=500)
 @given(data=st.data())
+@pytest.mark.slow
 def test_a_damaged_checkpoint_reads_as_written_or_raises_one_data_error(trained, data):
     workspace, originals = trained.workspace, trained.originals
     source = data.draw(st.sampled_from(sorted(originals)))
@@ -493,6 +495,7 @@ def same_content_as_read(path: str, original: checkpoint.Checkpoint) -> list[str
 @fz.timeout(7200)
 @fz.fuzz_settings(ci=10, long=100)
 @given(data=st.data())
+@pytest.mark.slow
 def test_resume_continues_from_the_newest_good_checkpoint(trained, data):
     """Some checkpoints damaged, maybe a foreign one newest, a dead writer's temporary file: --resume
     starts at the newest one that reads (or afresh), refuses a foreign one in one line, and runs on."""
