@@ -120,11 +120,17 @@ def test_from_the_command_line_too(tmp_path, plugin_file, case, how):
     assert done.stderr.rstrip("\n").endswith(": " + expected_line(case)), done.stderr
 
 
-def test_an_unknown_type_lists_only_built_in_layers(tmp_path, plugin_file, monkeypatch):
+def digits_with_the_plugin(tmp_path, plugin_file, monkeypatch, old: str, new: str):
+    """The digits job with its first `old` replaced by `new`, and the plugin loaded (its names registered)."""
     monkeypatch.setattr(sys, "path", list(sys.path))
     plugins.load(str(plugin_file))
     job = tmp_path / "job.conf"
-    job.write_text(DIGITS.replace("type: kInnerProduct", "type: kInnerProdct", 1))
+    job.write_text(DIGITS.replace(old, new, 1))
+    return job
+
+
+def test_an_unknown_type_lists_only_built_in_layers(tmp_path, plugin_file, monkeypatch):
+    job = digits_with_the_plugin(tmp_path, plugin_file, monkeypatch, "type: kInnerProduct", "type: kInnerProdct")
     with pytest.raises(ConfigError) as err:
         load_job(job)
     message = str(err.value)
@@ -136,10 +142,7 @@ def test_an_unknown_type_lists_only_built_in_layers(tmp_path, plugin_file, monke
 def test_an_enum_layer_type_without_an_implementation_lists_only_built_ins(tmp_path, plugin_file, monkeypatch,
                                                                           unported):
     """These parse (they are SINGA's enum values) and are refused when the job is validated."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    plugins.load(str(plugin_file))
-    job = tmp_path / "job.conf"
-    job.write_text(DIGITS.replace("type: kInnerProduct", f"type: {unported}", 1))
+    job = digits_with_the_plugin(tmp_path, plugin_file, monkeypatch, "type: kInnerProduct", f"type: {unported}")
     with pytest.raises(ConfigError) as err:
         validate(load_job(job))
     message = str(err.value)
@@ -147,10 +150,7 @@ def test_an_enum_layer_type_without_an_implementation_lists_only_built_ins(tmp_p
 
 
 def test_a_missing_algorithm_offers_only_built_in_ones(tmp_path, plugin_file, monkeypatch):
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    plugins.load(str(plugin_file))
-    job = tmp_path / "job.conf"
-    job.write_text(DIGITS.replace("train_one_batch { alg: kBP }", "", 1))
+    job = digits_with_the_plugin(tmp_path, plugin_file, monkeypatch, "train_one_batch { alg: kBP }", "")
     with pytest.raises(ConfigError) as err:
         validate(load_job(job))
     assert str(err.value).endswith("train_one_batch: missing: expected train_one_batch { alg: kBP } (or kBPTT, kCD)")
