@@ -154,6 +154,7 @@ def start(runtime) -> None:
     allgather = getattr(runtime, "allgather_object", None)
     host, origin = allgather(mine)[0] if allgather is not None else mine
     if host == mine[0]:
+        runtime.tracer.restart_clock()  # the exchange above was recorded on this rank's own clock
         runtime.tracer.origin = origin
 
 

@@ -128,6 +128,31 @@ def test_start_records_from_a_barrier_on():
     assert recording and runtime.tracer.origin >= left and runtime.tracer.events == []
 
 
+def test_taking_rank_0s_origin_leaves_no_span_on_the_old_clock():
+    """A rank on rank 0's node takes rank 0's origin after the exchange of origins; that exchange was
+    recorded on the rank's own clock, so it must not stay in the timeline: with rank 0's origin later
+    by more than the exchange lasted, the exchange overlapped the first step's spans on the
+    communication track (seen in CI: 'stop-signal vote' overlapping 'allgather(objects)')."""
+    import socket
+
+    class Runtime:
+        tracer = Tracer(record=False)
+
+        def barrier(self):
+            pass
+
+        def allgather_object(self, value):
+            with self.tracer.span("allgather(objects)", "comm", {"op": "allgather"}):
+                return [(socket.gethostname(), self.tracer.origin + 0.5), value]  # rank 0 left later
+
+    runtime = Runtime()
+    timeline.start(runtime)
+    with runtime.tracer.span("stop-signal vote", "comm", {"op": "Allreduce"}):
+        pass
+    assert [e.name for e in runtime.tracer.events] == ["stop-signal vote"]
+    assert runtime.tracer.by_name("comm")["allgather(objects)"].calls == 1  # still counted in the totals
+
+
 # ---------------------------------------------------------------- serial and 2-rank runs
 
 def test_serial_trace_and_profile(tmp_path, capsys, monkeypatch):
