@@ -62,6 +62,18 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
   rm -f /usr/sbin/policy-rc.d.singa
 fi
 
+# Debian's Slurm pmix plugin dlopens the unversioned libpmix.so by its build-time path, which only
+# libpmix-dev ships: without it `srun --mpi=pmix` fails with "can not load PMIx library" before any
+# Python runs (Open MPI's ranks under SINGA_LAUNCHER=srun need that plugin)
+PMIX_SO=/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so
+if [ -e /usr/lib/x86_64-linux-gnu/slurm-wlm/mpi_pmix.so ] && [ ! -e "$PMIX_SO" ]; then
+  say "installing libpmix-dev (Slurm's pmix plugin loads $PMIX_SO)"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 300 apt-get install -y -qq --no-install-recommends libpmix-dev >/dev/null || \
+    { timeout 300 apt-get update -qq && \
+      timeout 300 apt-get install -y -qq --no-install-recommends libpmix-dev >/dev/null; }
+fi
+
 # --------------------------------------------------------------- configure
 HOST=$(hostname -s)
 getent hosts "$HOST" >/dev/null || echo "127.0.0.1 $HOST" >> /etc/hosts
