@@ -112,6 +112,7 @@ def cmd_test(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    from singa_mpi.algorithms import make_algorithm
     from singa_mpi.config.load import load_job
     from singa_mpi.config.validate import validate
     from singa_mpi.planner import plan, render
@@ -121,13 +122,14 @@ def cmd_plan(args) -> int:
     if args.auto:
         return auto_partition(cfg, plan_workers(cfg, args.n), args)
     cfg = resolve_auto(cfg, plan_workers(cfg, args.n), args.sync)
-    the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase, method=args.sync)
-    renderers = {"json": render.to_json, "dot": render.to_dot,
-                 "text": lambda p, sync: render.to_text(p, sync, full=args.full)}
+    algorithm = make_algorithm(cfg.proto.train_one_batch)
+    the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase, method=args.sync, algorithm=algorithm)
+    renderers = {"json": render.to_json, "dot": render.to_dot, "program": render.to_program,
+                 "text": lambda p, sync, algorithm: render.to_text(p, sync, full=args.full, algorithm=algorithm)}
     if args.cost:  # the prediction instead of the plan (at 1,024 ranks the plan is 100,000 lines)
         text = "\n".join(cost_lines(the_plan, args.sync, args.recalibrate, args.nodes))
     else:
-        text = renderers[args.format](the_plan, args.sync)
+        text = renderers[args.format](the_plan, args.sync, algorithm=algorithm)
     if args.format == "text" and not args.cost:
         text = "\n".join(roles_lines(cfg, the_plan) + [text])
     if args.output and args.format == "dot" and not args.output.endswith(".dot"):
@@ -483,7 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--workers", dest="n", type=positive_int,
                    help="number of workers (MPI ranks); overrides cluster.nworkers_per_group, the default")
     p.add_argument("--phase", default="train", choices=["train", "test", "val"])
-    p.add_argument("--format", default="text", choices=["text", "json", "dot"])
+    p.add_argument("--format", default="text", choices=["text", "json", "dot", "program"],
+                   help="program: each rank's step as the ordered actions the runtime executes")
     p.add_argument("--full", action="store_true", help="an unrolled net: list every time step's copies "
                                                         "(default: time step 0's, with their count)")
     p.add_argument("--sync", default="shared_memory", choices=["shared_memory", "allreduce"],

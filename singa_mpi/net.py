@@ -32,10 +32,17 @@ class Net:
     """Layers in execution order, wired to their sources.  An algorithm
     (:mod:`singa_mpi.algorithms`) decides the passes over them."""
 
-    def __init__(self, wires: list[Wire], tracer: Tracer | None = None):
+    def __init__(self, wires: list[Wire], tracer: Tracer | None = None, names: list[str] | None = None):
         self.wires = wires
         self.tracer = tracer if tracer is not None else NullTracer()
         self.layers = [w.layer for w in wires]
+        # the names the step program calls the layers by (a rank's sub-layers: "fc1@0")
+        self.names = list(names) if names is not None else [w.layer.name for w in wires]
+        self.by_name = dict(zip(self.names, wires))
+        self.queue = None  # weight gradients to compute while an exchange travels (set by the runtime)
+        self.units = None  # this net's units as its programs see them (set by the runtime; else derived)
+        self.program = None  # this net's step program (set by the runtime; else the algorithm's passes)
+        self._open: dict[int, object] = {}  # connection layers' backward exchanges in flight: their spans
         self._wire_by_layer = {id(w.layer): w for w in wires}
         self._mark_needs_grad()
         # which inputs of each wire need a gradient: fixed once the graph is built
@@ -97,12 +104,56 @@ class Net:
             raise LayerFailure(layer.name, "backward", err) from err
         finally:
             self.tracer.end(span)
+        self._add_grads(wire, grads)
+
+    def _add_grads(self, wire: Wire, grads) -> None:
         for src, g in zip(wire.srcs, grads):
             if g is None:
                 continue
             # the first gradient is taken as is; later ones make a new sum so
             # that no layer's cached array is modified behind its back
             src.grad = g if src.grad is None else src.grad + g
+
+    def start_exchange(self, wire: Wire) -> None:
+        """Start a connection layer's backward exchange (non-blocking); :meth:`finish_exchange` ends it."""
+        layer = wire.layer
+        span = self.tracer.begin(layer.name, "backward")
+        try:
+            layer.start_backward(layer.grad, self._need[id(layer)])
+        except LayerFailure:
+            self.tracer.end(span)
+            raise
+        except Exception as err:
+            self.tracer.end(span)
+            raise LayerFailure(layer.name, "backward", err) from err
+        self._open[id(layer)] = span
+
+    def finish_exchange(self, wire: Wire) -> None:
+        """Wait for the exchange :meth:`start_exchange` began; its gradients go to the sources."""
+        layer = wire.layer
+        span = self._open.pop(id(layer))
+        try:
+            grads = layer.finish_backward()
+        except LayerFailure:
+            raise
+        except Exception as err:
+            raise LayerFailure(layer.name, "backward", err) from err
+        finally:
+            self.tracer.end(span)
+        self._add_grads(wire, grads)
+
+    def run_queued(self) -> None:
+        """The queued weight-gradient products (while an exchange is in flight)."""
+        if self.queue is not None:
+            self.queue.run()
+
+    def step_units(self):
+        """This net's units for its programs (the runtime's, or derived from the layers)."""
+        if self.units is None:
+            from singa_mpi.program.units import units_of_net
+
+            self.units = units_of_net(self)
+        return self.units
 
     def run_param_gradients(self, wire: Wire) -> None:
         """Let ``wire``'s layer add its param gradients from what its passes kept (CD)."""

@@ -40,6 +40,21 @@ def test_plan_json_and_dot(tmp_path):
     assert text.startswith("digraph plan") and "cluster_rank1" in text and "fillcolor" in text
 
 
+def test_plan_program_prints_each_ranks_step_in_order():
+    """The hybrid convnet on 2 workers: forward, the concat's Alltoallv, backward with the exchange's
+    non-blocking return trip hiding the queued gradients, then the sync and the update."""
+    out = run("plan", "conf/cifar10_hybrid.conf", "--format", "program")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.startswith("programs: phase train, 2 worker(s)") and "\nrank 1:\n" in text
+    rank0 = text.split("\nrank 1:")[0].splitlines()
+    steps = [line.split(None, 1)[1] for line in rank0 if line.startswith("  ")]
+    assert steps[0] == "zero-grads" and steps[-1].startswith(("update", "params Barrier(shm)"))
+    start = next(i for i, s in enumerate(steps) if s.startswith("start backward Ialltoallv"))
+    assert steps[start + 1] == "queued weight gradients" and steps[start + 2].startswith("wait Ialltoallv")
+    assert steps.index("forward conv1@0") < start < steps.index("sync gradients")
+
+
 def test_plan_workers_override_the_cluster():
     out = run("plan", "conf/cifar10_hybrid.conf", "-n", "3")  # the job pins 2 workers; -n overrides
     assert out.returncode == 0, out.stderr

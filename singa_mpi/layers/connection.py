@@ -13,9 +13,12 @@ kConcate           Allgatherv                  Reduce_scatter (sum)
 kConcate           Alltoallv                   Alltoallv
 =================  ==========================  =================================
 
-Backward exchanges are started non-blocking; while they are in flight the
-rank computes the weight gradients queued by the layers above (see
-:class:`~singa_mpi.params.GradientQueue`), then waits.
+The layer does not choose its calls: the rank's step program names each one (operation, peer,
+root, tag: :func:`singa_mpi.program.build.exchange_calls`) and the runtime hands the layer its
+forward and backward call.  Backward exchanges are started non-blocking
+(:meth:`ExchangeLayer.start_backward`); while they are in flight the rank computes the weight
+gradients queued by the layers above (see :class:`~singa_mpi.params.GradientQueue`), then waits
+(:meth:`ExchangeLayer.finish_backward`), as the program orders.
 
 Every exchange is a list of pieces (rows x features of the source layer's
 logical output) that rank ``src`` sends to rank ``dst``; the MPI operation only
@@ -32,7 +35,6 @@ import numpy as np
 
 from singa_mpi.layers.base import Layer
 from singa_mpi.params import GradientQueue
-from singa_mpi.planner.plan import SubLayer
 from singa_mpi.planner.regions import Piece, Region
 
 
@@ -50,8 +52,11 @@ class ExchangeLayer(Layer):
 
     num_srcs = (0, 1)
 
-    def __init__(self, sub: SubLayer, comm, conf):
+    def __init__(self, sub, comm, conf, calls: dict):
+        """``sub``: the plan's entry; ``calls``: the program's call for each direction ("forward",
+        and "backward" when gradients flow back)."""
         super().__init__(conf)
+        self.calls = calls
         # weight-gradient GEMMs to run while a backward exchange is in flight (set by the runtime)
         self.queue: GradientQueue | None = None
         ex = sub.exchange
@@ -71,6 +76,7 @@ class ExchangeLayer(Layer):
         # Reduce_scatter: the gradient blocks of every holder, in rank order
         self.held_blocks = [Piece(r, self.rank, region) for r, region in sorted(ex.holders.items())]
         self._requests: list = []
+        self._pending: tuple | None = None  # a backward call started and not yet waited for
         self._buffers: dict[str, np.ndarray] = {}
         self._layouts: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
 
@@ -161,18 +167,18 @@ class ExchangeLayer(Layer):
         return out
 
     def _exchange_forward(self, x: np.ndarray | None) -> np.ndarray:
-        op, root, role = self.ex.forward_op, self._root(), self.sub.role
+        call = self.calls["forward"]
         out = self._empty(self.need)
-        if role == "bridge_src":
-            self._requests.append(self.comm.Isend(x, self.sends[0].dst, 2 * self.ex.id, self.name))
-        elif role == "bridge_dst":
-            self.comm.Recv(out, self.recvs[0].src, 2 * self.ex.id, self.name)
-        elif op == "Bcast":
-            if self.rank == root:
+        if call.op == "Isend":
+            self._requests.append(self.comm.Isend(x, call.peer, call.tag, self.name))
+        elif call.op == "Recv":
+            self.comm.Recv(out, call.peer, call.tag, self.name)
+        elif call.op == "Bcast":
+            if self.rank == call.root:
                 out[...] = x
-            self.comm.Bcast(out, self.members.index(root), self.name)
+            self.comm.Bcast(out, self.members.index(call.root), self.name)
         else:
-            self._collective_forward(op, x, out, root)
+            self._collective_forward(call.op, x, out, call.root)
         return out
 
     def _collective_forward(self, op: str, x: np.ndarray | None, out: np.ndarray, root: int | None) -> None:
@@ -196,36 +202,40 @@ class ExchangeLayer(Layer):
         if self.need is not None:
             self._unpack(recv, self.recvs, out, self.need, add=False)
 
-    def _root(self) -> int | None:
-        op = self.ex.forward_op
-        if op in ("Bcast", "Scatterv"):
-            return next(iter(self.ex.holders))
-        if op == "Gatherv":
-            return next(iter(self.ex.needs))
-        return None
-
     # ------------------------------------------------------------- backward
     def backward(self, grad: np.ndarray | None, need: list[bool]) -> list[np.ndarray | None]:
+        """The whole return trip at once (the executor splits it, to hide queued work behind it)."""
+        self.start_backward(grad, need)
+        if self.queue is not None and self._pending is not None and self._pending[0] is not None:
+            self.queue.run()
+        return self.finish_backward()
+
+    def start_backward(self, grad: np.ndarray | None, need: list[bool]) -> None:
+        """Start the program's backward call (non-blocking): the gradients of what this rank needed
+        travel back to the holders; :meth:`finish_backward` waits and unpacks."""
         self._wait_sends()
         if not self.ex.with_backward:
-            return [None] * len(need)
+            self._pending = (None, None, None, [None] * len(need))
+            return
+        call = self.calls["backward"]
         # the gradient of what this rank held: written by the one receive that fills it, or summed
         gx = self._buffer("grad_in", self._shape(self.held), np.float32) if self.held is not None else None
         g = grad if grad is not None else (np.zeros(self._shape(self.need), np.float32) if self.need else None)
         g = np.ascontiguousarray(g, np.float32) if g is not None else None
-        op, root, name = self.ex.backward_op, self._root(), self.name
+        op, name = call.op, self.name
+        groot = self.members.index(call.root) if call.root is not None else None
         request, unpack = None, None
-        if self.sub.role == "bridge_dst":
-            self._requests.append(self.comm.Isend(g, self.recvs[0].src, 2 * self.ex.id + 1, name))
-        elif self.sub.role == "bridge_src":
-            request = self.comm.Irecv(gx, self.sends[0].dst, 2 * self.ex.id + 1, name)
-        elif op == "Reduce":
-            request = self.comm.Ireduce(g, gx if self.rank == root else None, self.members.index(root), name)
-        elif op == "Reduce_scatter":
+        if op == "Isend":
+            self._requests.append(self.comm.Isend(g, call.peer, call.tag, name))
+        elif op == "Irecv":
+            request = self.comm.Irecv(gx, call.peer, call.tag, name)
+        elif op == "Ireduce":
+            request = self.comm.Ireduce(g, gx if self.rank == call.root else None, groot, name)
+        elif op == "Ireduce_scatter":
             send, counts, _ = self._pack(g, self.need, self.held_blocks, "src", "grad_send")
             recv = gx.reshape(-1) if gx is not None else np.empty(0, np.float32)
             request = self.comm.Ireduce_scatter(send, recv, counts, name)
-        else:  # Gatherv, Scatterv, Alltoallv: the forward pieces travel back, and add up
+        else:  # Igatherv, Iscatterv, Ialltoallv: the forward pieces travel back, and add up
             if gx is not None:
                 gx.fill(0.0)
             if g is not None:
@@ -234,19 +244,22 @@ class ExchangeLayer(Layer):
                 send, scounts, sdispls = np.empty(0, np.float32), [0] * len(self.members), [0] * len(self.members)
             rcounts, rdispls = self._layout(self.sends, "dst")
             recv = self._buffer("grad_recv", sum(rcounts), np.float32)
-            groot = self.members.index(root) if root is not None else None
-            if op == "Gatherv":
+            if op == "Igatherv":
                 request = self.comm.Igatherv(send, recv, rcounts, rdispls, groot, name)
-            elif op == "Scatterv":
+            elif op == "Iscatterv":
                 request = self.comm.Iscatterv(send, scounts, sdispls, recv, groot, name)
             else:
                 request = self.comm.Ialltoallv(send, scounts, sdispls, recv, rcounts, rdispls, name)
             if gx is not None:
                 unpack = lambda: self._unpack(recv, self.sends, gx, self.held, add=True)  # noqa: E731
+        self._pending = (request, unpack, op, [gx] if need else [])
+
+    def finish_backward(self) -> list[np.ndarray | None]:
+        """Wait for the call :meth:`start_backward` started; the gradients for this layer's sources."""
+        request, unpack, op, grads = self._pending
+        self._pending = None
         if request is not None:
-            if self.queue is not None:
-                self.queue.run()  # weight gradients of the layers above, while the exchange is in flight
-            self.comm.Wait(request, name, f"Wait(I{op if self.sub.role != 'bridge_src' else 'recv'})")
+            self.comm.Wait(request, self.name, f"Wait({op})")
         if unpack is not None:
             unpack()
-        return [gx] if need else []
+        return grads

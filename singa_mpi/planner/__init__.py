@@ -1,7 +1,7 @@
 """Partition planning: pure functions from a job and a worker count to a Plan (no MPI).
 
 :func:`plan` partitions the net (:mod:`.plan`) and proves the resulting
-communication schedule safe (:mod:`.schedule`) for the sync method the
+ranks' step programs safe (:mod:`.schedule`, :mod:`singa_mpi.program`) for the sync method the
 runtime will use (:mod:`.syncs`).
 """
 from singa_mpi.planner.chunk import chunk, chunks
@@ -10,10 +10,11 @@ from singa_mpi.planner.schedule import verify
 from singa_mpi.planner.syncs import ALLREDUCE, METHODS, SHARED_MEMORY
 
 
-def plan(cfg, nworkers: int, phase: str = "train", method: str = SHARED_MEMORY) -> Plan:
-    """Partition the ``phase`` net of ``cfg`` over ``nworkers``; ConfigError if impossible or unsafe."""
+def plan(cfg, nworkers: int, phase: str = "train", method: str = SHARED_MEMORY, algorithm=None) -> Plan:
+    """Partition the ``phase`` net of ``cfg`` over ``nworkers``; ConfigError if impossible or unsafe
+    (the ranks' programs for ``algorithm``, the job's; None: BP)."""
     the_plan = partition(cfg, nworkers, phase)
-    verify(the_plan, method)
+    verify(the_plan, method, algorithm)
     return the_plan
 
 

@@ -1,11 +1,11 @@
-"""A plan as text (per rank), JSON (for tools) or Graphviz dot (like seed 002's figures)."""
+"""A plan as text (per rank), JSON (for tools), Graphviz dot (like seed 002's figures), or each\nrank's step program (``plan --format program``)."""
 from __future__ import annotations
 
 import json
 import re
 
 from singa_mpi.planner.plan import Plan
-from singa_mpi.planner.schedule import BACKWARD, FORWARD, PARAMS, predicted_bytes, schedules
+from singa_mpi.planner.schedule import BACKWARD, FORWARD, PARAMS, predicted_bytes, schedules, step_programs
 from singa_mpi.planner.syncs import SHARED_MEMORY
 
 # one colour per rank (ColorBrewer Set3-like, readable on white)
@@ -21,10 +21,10 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def traffic(plan: Plan, method: str = SHARED_MEMORY) -> dict[int, dict[str, int]]:
+def traffic(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> dict[int, dict[str, int]]:
     """Bytes each rank sends and receives per step, by direction (forward/backward/params)."""
     out = {}
-    for rank, ops in schedules(plan, method).items():
+    for rank, ops in schedules(plan, method, algorithm).items():
         row = {f"{d}_{k}": 0 for d in (FORWARD, BACKWARD, PARAMS) for k in ("sent", "received")}
         for op in ops:
             row[f"{op.direction}_sent"] += op.send_bytes
@@ -46,11 +46,20 @@ def _time_copies(plan: Plan) -> dict[str, int]:
     return counts
 
 
-def to_text(plan: Plan, method: str = SHARED_MEMORY, full: bool = False) -> str:
+def to_program(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> str:
+    """Each rank's step program, one action per line (what the runtime executes, in order)."""
+    lines = [f"programs: phase {plan.phase}, {plan.nranks} worker(s), param sync {method}"]
+    for rank, prog in step_programs(plan, method, algorithm).items():
+        lines.append(f"\nrank {rank}:")
+        lines += [f"  {i:>4}  {line}" for i, line in enumerate(prog.lines())]
+    return "\n".join(lines)
+
+
+def to_text(plan: Plan, method: str = SHARED_MEMORY, full: bool = False, algorithm=None) -> str:
     """Per rank, its sub-layers with shapes, shards and exchanges; an unrolled net shows only the first
     time step's copies (marked with their count) unless ``full``."""
     lines = [f"plan: phase {plan.phase}, {plan.nranks} worker(s), batch {plan.batch}, param sync {method}"]
-    volume = traffic(plan, method)
+    volume = traffic(plan, method, algorithm)
     copies = {} if full else _time_copies(plan)
     for rank in range(plan.nranks):
         lines.append(f"\nrank {rank}:")
@@ -90,7 +99,7 @@ def to_text(plan: Plan, method: str = SHARED_MEMORY, full: bool = False) -> str:
     return "\n".join(lines)
 
 
-def to_json(plan: Plan, method: str = SHARED_MEMORY) -> str:
+def to_json(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> str:
     subs = [{
         "name": s.name, "type": s.type, "rank": s.rank, "origin": s.origin, "srcs": s.srcs,
         "partition_dim": s.pdim if s.origin else None,
@@ -107,18 +116,19 @@ def to_json(plan: Plan, method: str = SHARED_MEMORY) -> str:
     } for e in plan.exchanges]
     sched = {str(rank): [{"op": o.op, "peer": o.peer, "group": list(o.group), "root": o.root, "tag": o.tag,
                           "shape": list(o.shape), "dtype": o.dtype, "layer": o.layer, "direction": o.direction}
-                         for o in ops] for rank, ops in schedules(plan, method).items()}
+                         for o in ops] for rank, ops in schedules(plan, method, algorithm).items()}
     params = [{"name": p.name, "offsets": [list(o) for o in p.offsets], "ranks": list(p.ranks), "size": p.size}
               for p in plan.param_syncs]
     return json.dumps({"phase": plan.phase, "nranks": plan.nranks, "batch": plan.batch, "sublayers": subs,
                        "exchanges": exchanges, "schedule": sched, "param_syncs": params,
                        "sync_method": method,
-                       "traffic": {str(k): v for k, v in traffic(plan, method).items()},
+                       "traffic": {str(k): v for k, v in traffic(plan, method, algorithm).items()},
                        # bytes per step (sent + received) of each row of the end-of-run communication table
-                       "predicted_bytes": {str(k): v for k, v in predicted_bytes(plan, method).items()}}, indent=1)
+                       "predicted_bytes": {str(k): v for k, v in predicted_bytes(plan, method, algorithm).items()}},
+                      indent=1)
 
 
-def to_dot(plan: Plan, method: str = SHARED_MEMORY) -> str:
+def to_dot(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> str:
     lines = ["digraph plan {", "  rankdir=BT;", '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
     for rank in range(plan.nranks):
         lines.append(f'  subgraph cluster_rank{rank} {{ label="worker {rank}"; style=dashed;')

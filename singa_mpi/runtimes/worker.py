@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from singa_mpi import plugins
-from singa_mpi.algorithms import frozen_params
+from singa_mpi.algorithms import frozen_params, make_algorithm
 from singa_mpi.config.load import JobConfig
 from singa_mpi.cost.beside import Prediction, predict_plan
 from singa_mpi.errors import ConfigError, SingaError
@@ -32,6 +32,9 @@ from singa_mpi.planner import ALLREDUCE, METHODS, SHARED_MEMORY, partition, veri
 from singa_mpi.planner.plan import Plan, SubLayer, untrained_params
 from singa_mpi.planner.schedule import digest, schedule_lines, table_label
 from singa_mpi.planner.syncs import buckets, factored_rows, shared_memory_syncs
+from singa_mpi.program.build import SERVERS, program
+from singa_mpi.program.passes import connection_calls
+from singa_mpi.program.units import units_of_plan
 from singa_mpi.proto import job_pb2
 from singa_mpi.sync.allreduce import AllreduceSync
 from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
@@ -101,10 +104,11 @@ class WorkerRuntime:
         """Plan every phase and prove its schedule safe for either sync method
         (pure, no communication: the launcher calls it before any MPI call)."""
         plans = {}
+        algorithm = make_algorithm(cfg.proto.train_one_batch)
         for phase in phases:
             the_plan = partition(cfg, nworkers, phase)
             for method in METHODS:
-                verify(the_plan, method)
+                verify(the_plan, method, algorithm)
             plans[phase] = the_plan
         return plans
 
@@ -122,8 +126,10 @@ class WorkerRuntime:
         communication schedule of each sync method (pure: the launcher's phase-1 vote compares them)."""
         job = hashlib.sha256(cfg.proto.SerializeToString(deterministic=True)).hexdigest()[:16]
         facts = list(options) + [("the job", job), ("the plugins loaded", ", ".join(plugins.fingerprints()) or "none")]
+        algorithm = make_algorithm(cfg.proto.train_one_batch)
         for method in METHODS:
-            lines = [line for _, the_plan in sorted(plans.items()) for line in schedule_lines(the_plan, method)]
+            lines = [line for _, the_plan in sorted(plans.items())
+                     for line in schedule_lines(the_plan, method, algorithm)]
             facts.append((f"the communication schedule ({method})", digest(lines)))
         return facts
 
@@ -147,8 +153,9 @@ class WorkerRuntime:
     def check_agreement(self) -> None:
         """All workers must hold the same plan, computed by the same plugins: compare the plugins'
         fingerprints and the schedule digests before step 1, and on a mismatch name what differs."""
-        method = self.method or SHARED_MEMORY
-        lines = [line for _, the_plan in sorted(self.plans.items()) for line in schedule_lines(the_plan, method)]
+        method, algorithm = self.method or SHARED_MEMORY, make_algorithm(self.cfg.proto.train_one_batch)
+        lines = [line for _, the_plan in sorted(self.plans.items())
+                 for line in schedule_lines(the_plan, method, algorithm)]
         mine = (plugins.fingerprints(), digest(lines))
         everyone = self.comm.allgather_object(mine)
         for rank, (loaded, _) in enumerate(everyone):
@@ -185,17 +192,22 @@ class WorkerRuntime:
             if sub.rank != self.rank:
                 continue
             if sub.origin is None:
-                layer = ExchangeLayer(sub, self.comm, job_pb2.LayerProto(name=sub.name))
+                layer = ExchangeLayer(sub, self.comm, job_pb2.LayerProto(name=sub.name), connection_calls(sub))
             else:
                 layer = self._instantiate(the_plan, sub)
             by_name[sub.name] = layer
             wires.append(Wire(layer, [by_name[s] for s in sub.srcs], list(sub.kinds), needs_grad=sub.needs_grad))
-        net = Net(wires, self.tracer)
+        net = Net(wires, self.tracer, names=list(by_name))
+        net.units = units_of_plan(the_plan, self.rank)
         self.nets.append(net)
         if phase == "train":
             self.method = self._choose_method()
             self._sync = self._make_sync(net, the_plan)
             self._setup_queue(net, the_plan)
+        # the step this rank runs: the same program the pre-flight checks proved and digested
+        servers = self.place is not None and self.place.has_servers
+        net.program = program(the_plan, self.rank, make_algorithm(self.cfg.proto.train_one_batch),
+                              SERVERS if servers else self.method or SHARED_MEMORY)
         return net
 
     def _instantiate(self, the_plan: Plan, sub: SubLayer) -> Layer:
@@ -304,9 +316,7 @@ class WorkerRuntime:
         for param in net.params:
             if (param.name, param.shard) not in synced and param.factors is None:
                 param.queue = queue
-        for layer in net.layers:
-            if isinstance(layer, ExchangeLayer):
-                layer.queue = queue
+        net.queue = queue
 
     # -------------------------------------------------------------- steps
     def sync(self) -> Synchronizer:

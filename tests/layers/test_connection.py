@@ -15,6 +15,7 @@ from singa_mpi.communication.local import run_ranks
 from singa_mpi.layers.connection import ExchangeLayer
 from singa_mpi.planner import partition
 from singa_mpi.planner.schedule import predicted_bytes, table_label
+from singa_mpi.program.passes import connection_calls
 from singa_mpi.proto import job_pb2
 
 BATCH = 7  # uneven over 2, 3 and 4 ranks
@@ -104,7 +105,7 @@ def run_exchange(plan, ex, values: np.ndarray, grads: dict[int, np.ndarray]) -> 
     def rank(comm):
         received = gradient = None
         for sub in (s for s in subs if s.rank == comm.rank):
-            layer = ExchangeLayer(sub, comm, job_pb2.LayerProto(name=sub.name))
+            layer = ExchangeLayer(sub, comm, job_pb2.LayerProto(name=sub.name), connection_calls(sub))
             holds = comm.rank in ex.holders and bool(sub.srcs)
             out = layer.forward([part(values, ex.holders[comm.rank])] if holds else [], True)
             if comm.rank in ex.needs:
@@ -188,7 +189,7 @@ def test_a_second_step_reuses_buffers_and_still_adds_up(paths):
 
     def rank(comm):
         sub = next(s for s in subs if s.rank == comm.rank)
-        layer = ExchangeLayer(sub, comm, job_pb2.LayerProto(name=sub.name))
+        layer = ExchangeLayer(sub, comm, job_pb2.LayerProto(name=sub.name), connection_calls(sub))
         seen = []
         for values, grads in steps:
             out = layer.forward([part(values, ex.holders[comm.rank])], True).copy()

@@ -13,6 +13,7 @@ import numpy as np
 import nets
 from conftest import agree
 from singa_mpi.layers.connection import ExchangeLayer
+from singa_mpi.program.actions import Comm, RunQueued
 from singa_mpi.runtimes.worker import WorkerRuntime
 from singa_mpi.sync.shared_memory import SharedMemorySync
 from singa_mpi.trainer import Trainer
@@ -63,13 +64,19 @@ def test_feature_parallel_gradients_queue_for_the_backward_exchanges(world):
     net = trainer.train_net
     queues = {id(p.queue) for p in net.params}
     exchanges = [layer for layer in net.layers if isinstance(layer, ExchangeLayer)]
+    actions = list(net.program.actions)
+    started = [i for i, a in enumerate(actions) if isinstance(a, Comm) and a.by == "exchange" and not a.blocking]
     problems = []
     if None in (p.queue for p in net.params):
         problems.append(f"params without a queue: {[p.name for p in net.params if p.queue is None]}")
     elif len(queues) != 1:
         problems.append(f"{len(queues)} queues, expected one per net")
-    if any(id(layer.queue) not in queues for layer in exchanges):
-        problems.append("an exchange layer does not hold the params' queue")
+    if world.size > 1 and not started:
+        problems.append("a feature split made no backward exchange")
+    if exchanges and id(net.queue) not in queues:
+        problems.append("the net that runs the exchanges does not hold the params' queue")
+    if any(not isinstance(actions[i + 1], RunQueued) for i in started):
+        problems.append("the program does not compute the queued gradients while each backward exchange travels")
     leftover = [len(p.queue.items) for p in net.params if p.queue is not None]
     if any(leftover):
         problems.append(f"products left in the queue after the step: {leftover}")

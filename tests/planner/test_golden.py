@@ -88,9 +88,9 @@ def test_scheme3_location_2_workers():
     ]
     ops = schedules(the_plan)
     assert [(o.op, o.peer, o.direction) for o in ops[0]] == [
-        ("Send", 1, "forward"), ("Send", 1, "forward"), ("Recv", 1, "backward")]
+        ("Isend", 1, "forward"), ("Isend", 1, "forward"), ("Irecv", 1, "backward")]
     assert [(o.op, o.peer, o.direction) for o in ops[1]] == [
-        ("Recv", 0, "forward"), ("Recv", 0, "forward"), ("Send", 0, "backward")]
+        ("Recv", 0, "forward"), ("Recv", 0, "forward"), ("Isend", 0, "backward")]
 
 
 def test_scheme4_hybrid_2_workers():

@@ -18,6 +18,7 @@ from singa_mpi.errors import ConfigError
 from singa_mpi.layers.base import layer_class
 from singa_mpi.planner import plan
 from singa_mpi.planner.schedule import schedules
+from singa_mpi.program.verify import RECEIVES, SENDS
 
 ELEMENTWISE = ["kReLU", "kSigmoid", "kSTanh"]
 
@@ -129,8 +130,8 @@ def check_plan(the_plan):
                                                            if (p.src, p.dst) == (rank, peer))
     # the schedule pairs up
     sched = schedules(the_plan)
-    sends = sorted((o.rank, o.peer, o.tag, math.prod(o.shape)) for ops in sched.values() for o in ops if o.op == "Send")
-    recvs = sorted((o.peer, o.rank, o.tag, math.prod(o.shape)) for ops in sched.values() for o in ops if o.op == "Recv")
+    sends = sorted((o.rank, o.peer, o.tag, math.prod(o.shape)) for ops in sched.values() for o in ops if o.op in SENDS)
+    recvs = sorted((o.peer, o.rank, o.tag, math.prod(o.shape)) for ops in sched.values() for o in ops if o.op in RECEIVES)
     assert sends == recvs
 
 

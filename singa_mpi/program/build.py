@@ -1,0 +1,103 @@
+"""Programs: each rank's ordered actions for one phase of one algorithm, from a plan (pure, no MPI).
+
+The algorithm's passes over the rank's units (:mod:`.passes`), and in training the sync
+strategy's calls (:func:`sync_tail`): each gradient bucket started where backward finishes its
+params, then the sums' waits, the update and the node-shared memory's fences, as laid out by
+:mod:`singa_mpi.planner.syncs`.  Rules (tags, roots, ring bytes) come from :mod:`.rules`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from singa_mpi.planner.syncs import buckets, shared_memory_bytes, shared_memory_syncs
+from singa_mpi.program import rules
+from singa_mpi.program.actions import PARAMS, Action, Comm, GradsFinal, SyncGradients, Update, Wait
+from singa_mpi.program.passes import number_calls, passes
+from singa_mpi.program.units import units_of_plan
+
+SERVERS = "servers"  # the sync of workers beside server ranks (Sandblaster, Downpour)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One rank's actions for one phase, in order."""
+
+    phase: str
+    rank: int
+    actions: tuple[Action, ...]
+
+    def calls(self) -> list[Comm]:
+        """The communication calls, in order."""
+        return [a for a in self.actions if isinstance(a, Comm)]
+
+    def lines(self) -> list[str]:
+        return [str(a) for a in self.actions]
+
+
+def sync_tail(plan, rank: int, method: str, actions: list[Action]) -> list[Action]:
+    """``actions`` with the sync strategy's calls: each gradient bucket started after the last
+    ``GradsFinal`` of its params on this rank, then the sums' waits, the update and, with node-shared
+    memory, its fences (:mod:`singa_mpi.planner.syncs` lays the buckets out).
+
+    ``method`` SERVERS (workers beside parameter-server ranks): the sums are the servers'; a
+    worker's messages to them (:mod:`singa_mpi.sync.servers`) answer whichever server replies
+    first, so they are no fixed list, and the tail is the sync's wait and the update alone."""
+    if method == SERVERS:
+        return list(actions) + [SyncGradients(), Update()]
+    mine = [b for b in buckets(plan, method) if rank in b.ranks]
+    last_use: dict[int, int] = {}  # bucket index -> position of its last GradsFinal
+    params_of = {u.name: set(u.params) for u in units_of_plan(plan, rank)}
+    for position, action in enumerate(actions):
+        if isinstance(action, GradsFinal):
+            for bucket in mine:
+                if params_of.get(action.layer, set()) & set(bucket.shards):
+                    last_use[bucket.index] = position
+    starts: dict[int, list[Comm]] = {}
+    for bucket in mine:
+        moved = rules.ring_bytes(4 * bucket.size, len(bucket.ranks))
+        call = Comm(rank, "Iallreduce", None, bucket.ranks, None, None, (bucket.size,), "float32", bucket.label,
+                    PARAMS, f"params:{bucket.label}", moved, moved, blocking=False, by="sync")
+        starts.setdefault(last_use.get(bucket.index, len(actions) - 1), []).append(call)
+    result: list[Action] = []
+    for position, action in enumerate(actions):
+        result.append(action)
+        result += starts.get(position, [])
+    if not actions:
+        result += [c for calls in starts.values() for c in calls]
+    result.append(SyncGradients())
+    shm = shared_memory_syncs(plan, method)
+    if shm:
+        everyone = tuple(range(plan.nranks))
+        size = sum(s.size for s in shm)
+        result.append(_fence(rank, everyone, size, "shm(gradients)"))
+        result.append(Comm(rank, "sum(shm)", None, (rank,), None, None, (size,), "float32", "shm(gradients)", PARAMS,
+                           f"params:shm-sum@{rank}", 0, shared_memory_bytes(plan, rank), by="sync"))
+    result += [Wait(b.label, "Iallreduce") for b in mine]
+    result.append(Update())
+    if shm:
+        result.append(_fence(rank, everyone, size, "shm(values)"))
+    return result
+
+
+def _fence(rank: int, everyone: tuple[int, ...], size: int, label: str) -> Comm:
+    return Comm(rank, "Barrier(shm)", None, everyone, None, None, (size,), "float32", label, PARAMS,
+                f"params:{label}", 0, 0, by="sync")
+
+
+# ---------------------------------------------------------------- whole programs
+
+def program(plan, rank: int, algorithm, method: str) -> Program:
+    """``rank``'s program for ``plan``'s phase: the algorithm's passes, in training with the sync."""
+    units = units_of_plan(plan, rank)
+    train = plan.phase == "train"
+    actions = number_calls(passes(algorithm, units, train))
+    if train:
+        actions = sync_tail(plan, rank, method, actions)
+    return Program(plan.phase, rank, tuple(actions))
+
+
+def programs(plan, algorithm, method: str) -> dict[int, Program]:
+    return {rank: program(plan, rank, algorithm, method) for rank in range(plan.nranks)}
+
+
+__all__ = ["Program", "program", "programs", "sync_tail", "SERVERS"]

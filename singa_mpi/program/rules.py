@@ -1,0 +1,34 @@
+"""The rules of a step's communication, each defined once (every reader of a program imports them).
+
+* tags: a bridge's forward message carries ``2 * exchange id``, its gradient ``2 * id + 1``, so
+  the two directions of one bridge, and different bridges between the same pair, never match each
+  other;
+* roots: a Bcast or Scatterv starts at the exchange's (only) holder, a Gatherv ends at its (only)
+  receiver; the backward of each uses the same root;
+* bytes: a ring Allreduce of N bytes over n ranks moves ``2 N (n - 1) / n`` each way per rank:
+  the communicator's own counting rule (:func:`singa_mpi.communication.base.ring_bytes`), which
+  programs and the cost model price with.
+"""
+from __future__ import annotations
+
+from singa_mpi.communication.base import ring_bytes
+
+FORWARD, BACKWARD, PARAMS = "forward", "backward", "params"
+ROOTED = ("Bcast", "Scatterv", "Gatherv")
+
+
+def tag(exchange_id: int, direction: str) -> int:
+    """The MPI tag of a bridge's message in ``direction`` (forward data or backward gradient)."""
+    return 2 * exchange_id + (1 if direction == BACKWARD else 0)
+
+
+def root(exchange) -> int | None:
+    """The world rank at the root of ``exchange``'s rooted collective (both directions), else None."""
+    if exchange.forward_op in ("Bcast", "Scatterv"):
+        return next(iter(exchange.holders))
+    if exchange.forward_op == "Gatherv":
+        return next(iter(exchange.needs))
+    return None
+
+
+__all__ = ["tag", "root", "ring_bytes", "FORWARD", "BACKWARD", "PARAMS", "ROOTED"]
