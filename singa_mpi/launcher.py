@@ -45,7 +45,7 @@ from singa_mpi.errors import (ConfigError, DataError, NonFiniteError, PeerLost, 
                               out_of_memory)
 from singa_mpi.layers.output import output_files
 from singa_mpi.runtimes.serial import SerialRuntime
-from singa_mpi.topology import SERVER, check_supported, topology
+from singa_mpi.topology import check_supported, topology
 from singa_mpi.trainer import STOP_NOTE, Trainer, signal_name, write_stop_note
 
 EXIT_ABORT = 1
@@ -601,7 +601,7 @@ class StopSignals:
 
 def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases, agree,
                   stops: StopSignals, life) -> int:
-    from singa_mpi.runtimes.server import ServerRuntime
+    from singa_mpi.runtimes.roles import RoleHooks, RoleJob, run_role
     from singa_mpi.runtimes.worker import WorkerRuntime
 
     # -- phase 1: every rank reads, validates and plans alone; then one vote (errors, stop signals, and
@@ -619,7 +619,6 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         if check is not None:
             check(cfg)
         topo = _topology(cfg, world.size, log=print if world.rank == 0 else None)
-        role = topo.role(world.rank)
         workspace = workspace_of(cfg)
         check_inputs(cfg, workspace, phases or _phases(cfg), log=print if world.rank == 0 else None)
         check_first_batches(cfg, workspace, phases or _phases(cfg))  # what step 0 would meet, voted
@@ -643,30 +642,10 @@ def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, ch
         if world.rank == 0:
             make_workspace(workspace)
         world.barrier()
-        # the worker runtime sees its group's communicator; the world only through its servers and peers
-        server = role.kind == SERVER
-        group = world.split(len(topo.worker_groups) + role.group if server else role.group, role.index)
-        place = _place(world, topo, role, cfg.proto.cluster)
-        if place is not None and life is not None:  # a dead or stalled rank is named with its role
-            life.set_role(f"{role.kind} {role.index} of {role.kind} group {role.group}")
-        if server:
-            _note(life, "")
-            with threads.limit_blas(1):  # element-wise updates: one thread each, beside the workers' BLAS
-                ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
-            group.free()
-            world.barrier(patient=True)
-            return 0
-        runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans, place)
-        trainer = Trainer(cfg, workspace, runtime, train_steps=steps)
-        stops.attach(trainer)
-        _note(life, "")
-        try:
-            code = body(trainer)
-        finally:
-            stops.finished = True
-        runtime.close()
-        world.barrier(patient=place is not None)  # a worker group may finish well before the others
-        return code
+        hooks = RoleHooks(note=lambda text: _note(life, text),
+                          named=life.set_role if life is not None else (lambda name: None),
+                          attach=stops.attach, finished=lambda: setattr(stops, "finished", True))
+        return run_role(world, RoleJob(cfg, topo, plans, workspace, steps), body, hooks)
     except PeerLost as err:  # the dead rank's guardian names it: say nothing over it, then end the job
         time.sleep(1.0)
         if life is None or not life.guardian:
@@ -833,25 +812,6 @@ def with_workers(job: str | JobConfig, workers: int | None):
         return cfg
 
     return load
-
-
-def _place(world, topo, role, cluster):
-    """The worker's place among several groups or beside servers (None: one group, no servers).
-    Collective over the world for Hogwild: its exchange communicators, and whether the job is on one
-    node (in-memory Hogwild: ``share_memory``, one worker per group, all on one node)."""
-    from singa_mpi.runtimes.worker import Place
-
-    groups = len(topo.worker_groups)
-    if groups == 1 and not topo.servers_separate:
-        return None
-    if topo.servers_separate:
-        return Place(world, topo, role)
-    in_memory = (cluster.share_memory and topo.workers_per_group == 1
-                 and os.environ.get("SINGA_MPI_SHM", "1") != "0")
-    in_memory = in_memory and world.on_one_node()  # (a collective: every rank asks)
-    if in_memory:
-        return Place(world, topo, role, node=world)
-    return Place(world, topo, role, peers=world.split(role.index, role.group), sync_freq=cluster.sync_freq)
 
 
 def _topology(cfg: JobConfig, size: int, log: Callable[[str], None] | None = None):

@@ -54,10 +54,24 @@ class LocalAbort(RuntimeError):
 
 
 class _Request:
-    """A started operation; ``Wait`` finishes it once (and returns what it produced)."""
+    """A started operation; ``Wait`` finishes it once (and returns what it produced).
 
-    def __init__(self, finish: Callable[[], Any] | None = None):
+    ``ready()`` (called holding the group's lock): whether ``Wait`` would return at once;
+    ``source``: the member a receive takes its message from."""
+
+    def __init__(self, finish: Callable[[], Any] | None = None, ready: Callable[[], bool] | None = None,
+                 source: int | None = None):
         self._finish = finish
+        self.ready = ready if ready is not None else (lambda: True)
+        self.source = source
+
+    @property
+    def active(self) -> bool:
+        """Started and neither waited for nor cancelled (MPI: not yet MPI_REQUEST_NULL)."""
+        return self._finish is not None
+
+    def cancel(self) -> None:
+        self._finish = None
 
     def Wait(self) -> Any:
         finish, self._finish = self._finish, None
@@ -256,7 +270,7 @@ class LocalComm:
                     del hub.slots[index]
                 return finish({r: p for r, (_, _, p) in slot["parts"].items()}, slot)
 
-        return _Request(wait)
+        return _Request(wait, lambda: len(slot["parts"]) == hub.size)
 
     def _send(self, array: np.ndarray, dest: int, tag: int) -> None:
         """Eager: the message is copied into the receiver's mailbox now."""
@@ -285,7 +299,7 @@ class LocalComm:
                 message = self.hub.mail.pop(key + (nth,))
             _put(into, message, what)
 
-        return _Request(wait)
+        return _Request(wait, lambda: key + (nth,) in self.hub.mail, source)
 
     def _peer(self, rank: int) -> None:
         if not 0 <= rank < self.size:
@@ -318,6 +332,57 @@ class LocalComm:
         span = self._enter(what, layer, "request")
         request.Wait()
         self._leave(span, 0)
+
+    def Waitany(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None,
+                patient: bool = False) -> tuple[int, int | None]:
+        """(index, source member) of the first active request of ``requests`` that is ready (a
+        server's loop over every worker's messages); ``awaits`` and ``patient`` as MPIComm's (they
+        name the ranks its watchdog would blame; threads need no watchdog)."""
+        span = self._enter("Waitany", layer, "any rank")
+        with self.group.cond:
+            self.group.wait(lambda: any(r.active and r.ready() for r in requests),
+                            f"rank {self.rank}: Waitany over {len(requests)} requests")
+            index = next(i for i, r in enumerate(requests) if r.active and r.ready())
+            requests[index].Wait()  # the lock is re-entrant: the receive takes its message now
+        self._leave(span, 0)
+        return index, requests[index].source
+
+    def Waitall(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None) -> None:
+        span = self._enter("Waitall", layer, "servers")
+        for request in requests:
+            request.Wait()
+        self._leave(span, 0)
+
+    def Cancel(self, requests: list, label: str) -> None:
+        """Withdraw receives that will never be matched (a server's, once every worker said BYE)."""
+        for request in requests:
+            request.cancel()
+
+    # ------------------------------------------------------------- objects, point to point
+    def send_object(self, value, dest: int, tag: int, label: str) -> None:
+        """A Python object to one member, pickled (setup, control messages and checkpoints)."""
+        self._peer(dest)
+        span = self._enter("send", label, f"to rank {dest}", tag)
+        with self.group.cond:
+            self._check()
+            key = ("object", self.rank, dest, tag)
+            self.hub.mail[key + (self.hub.sent[key],)] = pickle.dumps(value)
+            self.hub.sent[key] += 1
+            self.group.cond.notify_all()
+        self._leave(span, 0)
+
+    def recv_object(self, source: int, tag: int, label: str, patient: bool = False):
+        """The next object ``source`` sends with ``tag`` (``patient`` as MPIComm's)."""
+        self._peer(source)
+        span = self._enter("recv", label, f"from rank {source}", tag)
+        key = ("object", source, self.rank, tag)
+        with self.group.cond:
+            self._check()
+            nth, self._posted[key] = self._posted[key], self._posted[key] + 1
+            self.group.wait(lambda: key + (nth,) in self.hub.mail, f"rank {self.rank}: recv_object from rank {source}")
+            value = pickle.loads(self.hub.mail.pop(key + (nth,)))
+        self._leave(span, 0)
+        return value
 
     # ------------------------------------------------------------- collectives
     # Each ``_start_*`` deposits this member's part and returns (request, bytes as MPIComm counts

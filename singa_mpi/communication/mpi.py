@@ -153,11 +153,6 @@ class MPIComm:
 
     # ------------------------------------------------------------- servers: any source, many requests
     # A server waits for whichever worker's message comes first; a worker for all of a step's replies.
-    def Irecv_any(self, array: np.ndarray, tag: int, layer: str):
-        """A receive from whichever member sends ``tag`` first (MPI_ANY_SOURCE)."""
-        return self._start("Irecv", layer, "from any rank", 0,
-                           lambda: self.comm.Irecv(self._buf(array), source=MPI.ANY_SOURCE, tag=tag))
-
     def Waitany(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None,
                 patient: bool = False) -> tuple[int, int]:
         """(index, source member) of the first of ``requests`` to complete; ``awaits``: the members

@@ -411,3 +411,36 @@ def test_a_lone_endpoint_times_out_instead_of_hanging():
     np.testing.assert_array_equal(got, 1)
     with pytest.raises(TimeoutError, match="Recv from rank 0 tag 2"):
         comm.Recv(got, 0, 2, "self")
+
+
+# ------------------------------------------------------------------ what a server's loop uses
+
+def test_waitany_returns_the_ready_receive_and_its_source_and_cancel_withdraws_the_rest():
+    import numpy as np
+
+    from singa_mpi.communication.local import run_ranks
+
+    def rank(comm):
+        if comm.rank == 0:
+            boxes = {r: np.zeros(2, np.float32) for r in (1, 2)}
+            requests = [comm.Irecv(boxes[r], r, 7, "t") for r in (1, 2)]
+            order = []
+            for _ in range(2):
+                index, source = comm.Waitany(requests, "t")
+                order.append((index, source, boxes[source].tolist()))
+            late = [comm.Irecv(np.zeros(2, np.float32), 1, 8, "t")]
+            comm.Cancel(late, "t")
+            comm.Waitall(late, "t")  # a cancelled request needs no message
+            comm.send_object({"done": order}, 1, 9, "t")
+            return order
+        if comm.rank == 2:
+            comm.Send(np.full(2, 2.0, np.float32), 0, 7, "t")  # before rank 1 sends: it is first
+            comm.sub((1, 2)).barrier()
+            return None
+        comm.sub((1, 2)).barrier()
+        comm.Send(np.full(2, 1.0, np.float32), 0, 7, "t")
+        return comm.recv_object(0, 9, "t")
+
+    results = run_ranks(3, rank, timeout=20)
+    assert results[0] == [(1, 2, [2.0, 2.0]), (0, 1, [1.0, 1.0])]
+    assert results[1] == {"done": results[0]}

@@ -39,7 +39,7 @@ def with_servers(text: str, workspace: str, world, nservers: int) -> Trainer | N
     (ranks 0..) and ``nservers`` server ranks after them (collective).  A worker gets its trainer,
     ready to train; a server serves until every worker has closed its runtime (``finish``) and gets
     None."""
-    from singa_mpi.launcher import _place
+    from singa_mpi.runtimes.roles import place_of
     from singa_mpi.runtimes.server import ServerRuntime
     from singa_mpi.topology import SERVER, topology
 
@@ -55,7 +55,7 @@ def with_servers(text: str, workspace: str, world, nservers: int) -> Trainer | N
         ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
         group.free()
         return None
-    runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans, _place(world, topo, role, cluster))
+    runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans, place_of(world, topo, role, cluster))
     trainer = Trainer(cfg, workspace, runtime, log=lambda line: None)
     runtime.begin_training(None, True)
     return trainer

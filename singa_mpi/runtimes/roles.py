@@ -1,0 +1,89 @@
+"""One rank's part of a job once its world communicator exists: serve as a parameter server, or
+build a worker's runtime and trainer and run the body (training, the ``test`` command) on it.
+
+The launcher calls :func:`run_role` in phase 2, after the vote; a test calls it on threads with the
+single-process communicator, so Sandblaster, Downpour and both Hogwilds run without MPI too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable
+
+from singa_mpi import threads
+from singa_mpi.config.load import JobConfig
+from singa_mpi.runtimes.server import ServerRuntime
+from singa_mpi.runtimes.worker import Place, WorkerRuntime
+from singa_mpi.topology import SERVER, Topology
+from singa_mpi.trainer import Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleJob:
+    """What every rank of the job agreed on in phase 1."""
+
+    cfg: JobConfig
+    topo: Topology
+    plans: dict  # phase -> the plan of one worker group
+    workspace: str
+    steps: int | None = None  # --steps, else the job's train_steps
+
+
+@dataclasses.dataclass
+class RoleHooks:
+    """What the launcher watches a rank with (all optional): ``note`` says what the rank is doing
+    (its liveness record), ``named`` gives it its role's name, ``attach`` hands the trainer to the
+    stop signals, ``finished`` says the body has returned."""
+
+    note: Callable[[str], None] = lambda text: None
+    named: Callable[[str], None] = lambda name: None
+    attach: Callable[[Trainer], None] = lambda trainer: None
+    finished: Callable[[], None] = lambda: None
+
+
+def run_role(world, job: RoleJob, body: Callable[[Trainer], int], hooks: RoleHooks | None = None) -> int:
+    """Serve, or train with ``body(trainer)``; the exit code.  Collective over ``world``."""
+    hooks = hooks if hooks is not None else RoleHooks()
+    topo, cfg = job.topo, job.cfg
+    role = topo.role(world.rank)
+    server = role.kind == SERVER
+    # the worker runtime sees its group's communicator; the world only through its servers and peers
+    group = world.split(len(topo.worker_groups) + role.group if server else role.group, role.index)
+    place = place_of(world, topo, role, cfg.proto.cluster)
+    if place is not None:  # a dead or stalled rank is named with its role
+        hooks.named(f"{role.kind} {role.index} of {role.kind} group {role.group}")
+    if server:
+        hooks.note("")
+        with threads.limit_blas(1):  # element-wise updates: one thread each, beside the workers' BLAS
+            ServerRuntime(cfg, cfg.proto.seed, world, topo, role, job.plans).serve()
+        group.free()
+        world.barrier(patient=True)
+        return 0
+    runtime = WorkerRuntime(cfg, cfg.proto.seed, job.workspace, group, job.plans, place)
+    trainer = Trainer(cfg, job.workspace, runtime, train_steps=job.steps)
+    hooks.attach(trainer)
+    hooks.note("")
+    try:
+        code = body(trainer)
+    finally:
+        hooks.finished()
+    runtime.close()
+    world.barrier(patient=place is not None)  # a worker group may finish well before the others
+    return code
+
+
+def place_of(world, topo: Topology, role, cluster) -> Place | None:
+    """The worker's place among several groups or beside servers (None: one group, no servers).
+    Collective over the world for Hogwild: its exchange communicators, and whether the job is on one
+    node (in-memory Hogwild: ``share_memory``, one worker per group, all on one node)."""
+    groups = len(topo.worker_groups)
+    if groups == 1 and not topo.servers_separate:
+        return None
+    if topo.servers_separate:
+        return Place(world, topo, role)
+    in_memory = (cluster.share_memory and topo.workers_per_group == 1
+                 and os.environ.get("SINGA_MPI_SHM", "1") != "0")
+    in_memory = in_memory and world.on_one_node()  # (a collective: every rank asks)
+    if in_memory:
+        return Place(world, topo, role, node=world)
+    return Place(world, topo, role, peers=world.split(role.index, role.group), sync_freq=cluster.sync_freq)

@@ -1,0 +1,105 @@
+"""SINGA's server frameworks in one process: every rank a thread on the single-process communicator
+(LocalComm), each running its role as the launcher does (:func:`singa_mpi.runtimes.roles.run_role`).
+
+Sandblaster (one synchronous group beside server ranks) must train the serial run's numbers; the
+asynchronous frameworks cannot (their updates interleave as the threads run), so Downpour and both
+Hogwilds (distributed: groups exchange their changes; in memory: groups share one copy) must
+converge: over the same number of steps, their training loss must fall at least half as far as the
+serial run's.  Their MPI tests are
+tests/test_frameworks.py and tests/mpi/test_servers.py.
+"""
+import pathlib
+
+import numpy as np
+import pytest
+
+from singa_mpi.communication.local import run_ranks
+from singa_mpi.config.load import load_job
+from singa_mpi.launcher import _topology, check_inputs, make_workspace
+from singa_mpi.runtimes.roles import RoleJob, run_role
+from singa_mpi.runtimes.serial import SerialRuntime
+from singa_mpi.runtimes.worker import WorkerRuntime
+from singa_mpi.trainer import Trainer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+STEPS = 120  # of each worker group (the asynchronous ones)
+
+
+def framework_job(name: str, steps: int, workspace: pathlib.Path, share_memory: bool | None = None):
+    """conf/digits_<name>.conf training ``steps`` steps without tests or checkpoints, its digits
+    prepared under the current folder."""
+    cfg = load_job(ROOT / "conf" / f"digits_{name}.conf")
+    job = cfg.proto
+    job.train_steps, job.test_steps, job.validate_steps, job.disp_freq = steps, 0, 0, 1
+    job.ClearField("checkpoint_freq")
+    if share_memory is not None:
+        job.cluster.share_memory = share_memory
+    check_inputs(cfg, str(workspace), ["train"], log=None)
+    make_workspace(str(workspace))
+    return cfg
+
+
+def run_in_threads(cfg, workspace: pathlib.Path) -> list:
+    """Every rank of the job's cluster as a thread; each worker's trainer (None for a server)."""
+    size = cfg.proto.cluster.nworker_groups * cfg.proto.cluster.nworkers_per_group
+    if cfg.proto.cluster.server_worker_separate:
+        size += cfg.proto.cluster.nserver_groups * cfg.proto.cluster.nservers_per_group
+    topo = _topology(cfg, size)
+    job = RoleJob(cfg, topo, WorkerRuntime.plan_phases(cfg, topo.workers_per_group, ["train"]), str(workspace))
+    trainers = [None] * size
+
+    def rank(comm):
+        def body(trainer: Trainer) -> int:
+            trainers[comm.rank] = trainer
+            trainer.log, trainer.live_bar = (lambda line: None), False
+            trainer.runtime.begin_training(None, True)
+            trainer.run()
+            return 0
+        return run_role(comm, job, body)
+
+    assert run_ranks(size, rank, timeout=240.0) == [0] * size
+    return trainers
+
+
+def losses(trainer: Trainer) -> list[float]:
+    return [entry["loss"] for entry in trainer.history if entry.get("phase") == "train" and "loss" in entry]
+
+
+def serial_run(cfg, workspace: pathlib.Path) -> Trainer:
+    make_workspace(str(workspace))
+    serial = Trainer(cfg, str(workspace), SerialRuntime(cfg, cfg.proto.seed, str(workspace)), log=lambda line: None)
+    serial.live_bar = False
+    serial.run()
+    return serial
+
+
+def test_sandblaster_in_process_trains_the_serial_numbers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job("sandblaster", 4, tmp_path / "ws")
+    trainers = run_in_threads(cfg, tmp_path / "ws")
+    workers = [t for t in trainers if t is not None]
+    assert len(workers) == cfg.proto.cluster.nworkers_per_group
+    serial = serial_run(cfg, tmp_path / "serial")
+    assert np.allclose(losses(workers[0]), losses(serial), rtol=1e-4, atol=1e-5), (losses(workers[0]), losses(serial))
+    # the servers' values came back to every worker: each holds the serial run's params
+    expected = {p.name: p.data for p in serial.train_net.params}
+    for worker in workers:
+        for param in worker.train_net.params:
+            whole = expected[param.name][tuple(slice(lo, hi) for lo, hi in param.shard)] if param.shard else \
+                expected[param.name]
+            np.testing.assert_allclose(param.data, whole, rtol=1e-4, atol=1e-5, err_msg=param.name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, share_memory", [("downpour", None), ("hogwild", True), ("hogwild", False)],
+                         ids=["downpour", "hogwild-in-memory", "hogwild-distributed"])
+def test_asynchronous_frameworks_in_process_converge(tmp_path, monkeypatch, name, share_memory):
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job(name, STEPS, tmp_path / "ws", share_memory)
+    trainers = run_in_threads(cfg, tmp_path / "ws")
+    group_zero = next(t for t in trainers if t is not None and t.runtime.is_root)
+    curve, reference = losses(group_zero), losses(serial_run(cfg, tmp_path / "serial"))
+    assert len(curve) == len(reference) == STEPS
+    fell, serial_fell = np.mean(curve[:5]) - np.mean(curve[-5:]), np.mean(reference[:5]) - np.mean(reference[-5:])
+    assert serial_fell > 0.5 and fell > 0.5 * serial_fell, \
+        f"{name}: the loss fell by {fell:.3f} over {STEPS} steps, the serial run's by {serial_fell:.3f}"
