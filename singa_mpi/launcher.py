@@ -328,11 +328,12 @@ def _auto_dims(world, job, seed) -> dict[str, int] | None:
     if world.rank == 0:
         try:
             from singa_mpi.cost.auto import auto_layers, choose_for_job
+            from singa_mpi.sync.shared_memory import shared_memory_enabled
 
             cfg = _prepare(job, seed)
             if auto_layers(cfg):
                 workers = _topology(cfg, world.size).workers_per_group
-                method = "allreduce" if os.environ.get("SINGA_MPI_SHM") == "0" else "shared_memory"
+                method = "shared_memory" if shared_memory_enabled() else "allreduce"
                 dims = choose_for_job(cfg, workers, method, nodes=nodes).dims
         except (SingaError, MemoryError):
             dims = None
@@ -382,9 +383,8 @@ def _train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint
     if options.trace:
         timeline.start(trainer.runtime)  # record from here on, one clock on every rank
     _load_initial_state(trainer, options, initial)
-    begin = getattr(trainer.runtime, "begin_training", None)
-    if begin is not None:  # server ranks wait for their initial state before anything else
-        begin(trainer.loaded, trainer.finite.enabled)
+    # server ranks wait for their initial state before anything else
+    trainer.runtime.begin_training(trainer.loaded, trainer.finite.enabled)
     if trainer.start_step > 0 and trainer.start_step >= trainer.train_steps:
         trainer.log(f"nothing to do: the checkpoint is at step {trainer.start_step}, "
                     f"train_steps is {trainer.train_steps}")

@@ -150,7 +150,7 @@ class NonFiniteCheck:
         if not found:  # several worker groups stop together: the finding was another group's
             raise NonFiniteError(f"non-finite value at step {step} ({phase}) in another worker group: stopped "
                                  f"without checkpointing it; {DIVERGED}")
-        elsewhere = f" in worker group {runtime.group}" if getattr(runtime, "group", 0) else ""
+        elsewhere = f" in worker group {runtime.group}" if runtime.group else ""
         first = min(found)
         on_rank = f" on rank {first.rank}" if runtime.size > 1 else ""
         newest = checkpoint.listed(workspace)

@@ -151,8 +151,7 @@ def start(runtime) -> None:
     runtime.barrier()
     runtime.tracer.restart_clock()
     mine = (socket.gethostname(), runtime.tracer.origin)
-    allgather = getattr(runtime, "allgather_object", None)
-    host, origin = allgather(mine)[0] if allgather is not None else mine
+    host, origin = runtime.allgather_object(mine)[0]
     if host == mine[0]:
         runtime.tracer.restart_clock()  # the exchange above was recorded on this rank's own clock
         runtime.tracer.origin = origin

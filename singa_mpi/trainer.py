@@ -111,7 +111,7 @@ class Trainer:
         self.updater = make_updater(self.job.updater)
         load_blas()  # before the clock starts
         self.train_net = runtime.build_net("train")
-        evaluates = getattr(runtime, "evaluates", True)  # several worker groups: group 0 alone
+        evaluates = runtime.evaluates  # several worker groups: group 0 alone
         self.test_net = runtime.build_net("test") if self.job.test_steps > 0 and evaluates else None
         self.val_net = runtime.build_net("val") if self.job.validate_steps > 0 and evaluates else None
         self.loaded = None  # (checkpoint, full) restored before training, for the servers
@@ -264,8 +264,7 @@ class Trainer:
             if bar is not None:
                 bar.advance()
             # one vote a step, on stop signals and non-finite values; every rank stops after the same step
-            vote = getattr(self.runtime, "vote_to_stop", self.runtime.any)
-            halt = vote(self.stop_requested or self.finite.found is not None or self.runtime.sync().stop_asked())
+            halt = self.runtime.vote_to_stop(self.stop_requested or self.finite.found is not None or self.runtime.sync().stop_asked())
             if halt:  # a NaN stops here, before its progress line and with no checkpoint
                 self.finite.look_at_values(self.runtime.sync())  # a stop writes one
                 self.finite.raise_if_found(self.runtime, step, "train", self.workspace)
@@ -343,7 +342,7 @@ class Trainer:
         of several groups, it waits for every group to finish)."""
         from singa_mpi.checkpoints.snapshot import collect
 
-        if not getattr(self.runtime, "evaluates", True):
+        if not self.runtime.evaluates:
             return None
         with self.runtime.tracer.span("checkpoint", "step"):
             ckpt = collect(self, step, final)

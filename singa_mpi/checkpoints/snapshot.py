@@ -116,8 +116,7 @@ def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | 
     everyone = trainer.runtime.gather_object(local_pieces(trainer))
     if everyone is None:
         return None
-    served = getattr(trainer.runtime, "server_state", None)
-    served = served(final) if served is not None else None
+    served = trainer.runtime.server_state(final)
     if served is not None:  # after the workers' pieces: the servers' values are the job's
         everyone = everyone + [{"params": part["params"], "states": part["states"], "readers": {},
                                 "counters": part["counters"], "carried": []} for part in served]

@@ -19,6 +19,8 @@ class Runtime(Protocol):
     size: int
     is_root: bool  # logs, writes metrics and checkpoints
     tracer: Tracer
+    group: int  # this worker's group (several groups: Downpour, Hogwild); 0 otherwise
+    evaluates: bool  # runs the test and validation phases and writes checkpoints (group 0's workers)
 
     def build_net(self, phase: str) -> Net:
         """This worker's part of the ``phase`` net (params allocated, shared across phases)."""
@@ -34,6 +36,18 @@ class Runtime(Protocol):
         """Whether this worker is the one that reports ``param``'s shard in a checkpoint."""
 
     def begin_step(self, step: int) -> None: ...
+
+    def begin_training(self, loaded, check_finite: bool) -> None:
+        """Before the first step (with servers: the job's root gives them their initial state)."""
+
+    def server_state(self, final: bool) -> list[dict] | None:
+        """The servers' params and updater state for a checkpoint (root), or None without servers."""
+
+    def vote_to_stop(self, flag: bool) -> bool:
+        """The trainer's vote after each step: True on every worker that must stop with the others."""
+
+    def allgather_object(self, value) -> list:
+        """Every worker's ``value`` on every worker of the group."""
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Sums over the group's workers (every worker gets them)."""

@@ -7,13 +7,13 @@ single-process communicator, so Sandblaster, Downpour and both Hogwilds run with
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable
 
 from singa_mpi import threads
 from singa_mpi.config.load import JobConfig
 from singa_mpi.runtimes.server import ServerRuntime
 from singa_mpi.runtimes.worker import Place, WorkerRuntime
+from singa_mpi.sync.shared_memory import shared_memory_enabled
 from singa_mpi.topology import SERVER, Topology
 from singa_mpi.trainer import Trainer
 
@@ -81,8 +81,7 @@ def place_of(world, topo: Topology, role, cluster) -> Place | None:
         return None
     if topo.servers_separate:
         return Place(world, topo, role)
-    in_memory = (cluster.share_memory and topo.workers_per_group == 1
-                 and os.environ.get("SINGA_MPI_SHM", "1") != "0")
+    in_memory = cluster.share_memory and topo.workers_per_group == 1 and shared_memory_enabled()
     in_memory = in_memory and world.on_one_node()  # (a collective: every rank asks)
     if in_memory:
         return Place(world, topo, role, node=world)

@@ -16,6 +16,7 @@ class SerialRuntime:
     """One process: the whole net, every param updated here."""
 
     rank, size, is_root = 0, 1, True
+    group, evaluates = 0, True
 
     def __init__(self, cfg: JobConfig, seed: int, workspace: str, tracer: Tracer | None = None):
         self.cfg, self.seed, self.workspace = cfg, seed, workspace
@@ -44,6 +45,18 @@ class SerialRuntime:
 
     def begin_step(self, step: int) -> None:
         self.tracer.step = step
+
+    def begin_training(self, loaded, check_finite: bool) -> None:
+        pass
+
+    def server_state(self, final: bool) -> list[dict] | None:
+        return None
+
+    def vote_to_stop(self, flag: bool) -> bool:
+        return flag
+
+    def allgather_object(self, value) -> list:
+        return [value]
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         return metrics

@@ -24,7 +24,7 @@ from singa_mpi.config.load import JobConfig
 from singa_mpi.cost.beside import Prediction, predict_plan
 from singa_mpi.errors import ConfigError, SingaError
 from singa_mpi.layers.base import Layer, LayerContext, layer_class_of
-from singa_mpi.layers.connection import ExchangeLayer
+from singa_mpi.runtimes.exchange import ExchangeLayer
 from singa_mpi.net import Net, Wire
 from singa_mpi.params import GradientQueue, Param, make_param
 from singa_mpi.progress import communication_table
@@ -40,7 +40,7 @@ from singa_mpi.sync.allreduce import AllreduceSync
 from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
 from singa_mpi.sync.hogwild import GroupDeltaSync, SharedHogwild
 from singa_mpi.sync.servers import ServerSync
-from singa_mpi.sync.shared_memory import SharedMemorySync
+from singa_mpi.sync.shared_memory import SharedMemorySync, shared_memory_enabled
 from singa_mpi.topology import Role, Topology
 
 
@@ -115,7 +115,7 @@ class WorkerRuntime:
     def _choose_method(self) -> str:
         """Shared memory when every worker of the group is on this node (collective).  Not for a group
         of distributed Hogwild: its exchanges write every replica, which node-shared chunks cannot take."""
-        if os.environ.get("SINGA_MPI_SHM", "1") == "0" or (self.place is not None and self.place.hogwild):
+        if not shared_memory_enabled() or (self.place is not None and self.place.hogwild):
             return ALLREDUCE
         return SHARED_MEMORY if self.comm.on_one_node() else ALLREDUCE
 

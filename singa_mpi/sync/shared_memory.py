@@ -23,12 +23,20 @@ The summed gradient of a chunk comes from one of two places:
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from singa_mpi.params import Param
 from singa_mpi.planner.chunk import chunk
 from singa_mpi.sync.base import first_nonfinite
 
+
+
+def shared_memory_enabled() -> bool:
+    """Whether node-shared memory may be used at all (``SINGA_MPI_SHM=0`` turns it off: gradient sums
+    by bucketed Allreduce, Hogwild's groups without one shared copy).  The one reader of the variable."""
+    return os.environ.get("SINGA_MPI_SHM", "1") != "0"
 
 class ChunkView(Param):
     """The flat chunk [lo, hi) of a param that this rank sums and updates."""

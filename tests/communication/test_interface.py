@@ -14,7 +14,7 @@ from singa_mpi.communication.mpi import MPIComm
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "singa_mpi"
 USERS = ["runtimes/worker.py", "runtimes/server.py", "sync/allreduce.py", "sync/shared_memory.py",
-         "sync/servers.py", "sync/hogwild.py", "layers/connection.py"]
+         "sync/servers.py", "sync/hogwild.py", "runtimes/exchange.py"]
 RECEIVERS = {"comm", "world", "peers", "node", "group"}  # the names communicators go by in those modules
 
 

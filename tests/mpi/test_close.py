@@ -4,7 +4,7 @@ import os
 import nets
 from conftest import agree
 from singa_mpi.communication.mpi import MPI
-from singa_mpi.layers.connection import ExchangeLayer
+from singa_mpi.runtimes.exchange import ExchangeLayer
 from singa_mpi.runtimes.worker import WorkerRuntime
 from singa_mpi.trainer import Trainer
 

@@ -12,7 +12,7 @@ import numpy as np
 
 import nets
 from conftest import agree
-from singa_mpi.layers.connection import ExchangeLayer
+from singa_mpi.runtimes.exchange import ExchangeLayer
 from singa_mpi.program.actions import Comm, RunQueued
 from singa_mpi.runtimes.worker import WorkerRuntime
 from singa_mpi.sync.shared_memory import SharedMemorySync

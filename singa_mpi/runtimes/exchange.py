@@ -1,4 +1,5 @@
-"""Connection layers: the planner's exchanges executed with a communicator.
+"""Connection layers: the planner's exchanges executed with a communicator (a runtime's part, not
+layer maths: they see ranks, which no layer in :mod:`singa_mpi.layers` does).
 
 Forward and backward are mirror pairs (as in ChainerMN):
 

@@ -12,7 +12,7 @@ import pytest
 import nets
 from nets import _act, _data_layer, _ip, _loss, job_text
 from singa_mpi.communication.local import run_ranks
-from singa_mpi.layers.connection import ExchangeLayer
+from singa_mpi.runtimes.exchange import ExchangeLayer
 from singa_mpi.planner import partition
 from singa_mpi.planner.schedule import predicted_bytes, table_label
 from singa_mpi.program.passes import connection_calls
