@@ -22,7 +22,6 @@ import argparse
 import math
 import os
 import pathlib
-import socket
 import sys
 import traceback
 import warnings
@@ -105,7 +104,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_test(args) -> int:
-    from singa_mpi.launcher import run_test
+    from singa_mpi.test_command import run_test
 
     return run_test(args.job, lambda cfg: resolve_workspace(cfg, args.workspace), checkpoints=args.checkpoint,
                     workers=args.workers)
@@ -127,11 +126,13 @@ def cmd_plan(args) -> int:
     renderers = {"json": render.to_json, "dot": render.to_dot, "program": render.to_program,
                  "text": lambda p, sync, algorithm: render.to_text(p, sync, full=args.full, algorithm=algorithm)}
     if args.cost:  # the prediction instead of the plan (at 1,024 ranks the plan is 100,000 lines)
+        from singa_mpi.cost.beside import cost_lines
+
         text = "\n".join(cost_lines(the_plan, args.sync, args.recalibrate, args.nodes))
     else:
         text = renderers[args.format](the_plan, args.sync, algorithm=algorithm)
     if args.format == "text" and not args.cost:
-        text = "\n".join(roles_lines(cfg, the_plan) + [text])
+        text = "\n".join(render.roles_lines(cfg, the_plan) + [text])
     if args.output and args.format == "dot" and not args.output.endswith(".dot"):
         return _render_dot(text, args.output)
     if args.output:
@@ -149,56 +150,25 @@ def write_output(path: str, text: str, what: str) -> None:
         pathlib.Path(path).write_text(text)
 
 
-def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str]:
-    """``plan --cost``: the predicted ms per layer and per step (kernels timed here, once per machine)."""
-    from singa_mpi.cost.beside import predict_plan
-
-    prediction = predict_plan(the_plan, method, nodes, recalibrate)
-    cost = prediction.cost
-    return ([prediction.header(), f"communicator rates: {cost.rates_source}"] + cost.table()
-            + [f"predicted {the_plan.batch / cost.step:,.0f} samples/s"])
-
-
 def resolve_auto(cfg, nworkers: int, method: str = "shared_memory"):
     """The job with its `partition_dim: auto` layers chosen by the cost model (a line says what)."""
-    from singa_mpi.cost.auto import auto_layers, choose_for_job, resolved
+    from singa_mpi.cost.auto import resolve_auto_layers
 
-    free = auto_layers(cfg)
-    if not free:
-        return cfg
-    choice = choose_for_job(cfg, nworkers, method) if nworkers > 1 else None
-    dims = choice.dims if choice is not None else {name: 0 for name in free}
-    chosen = ", ".join(f"{name} {dims[name]}" for name in dict.fromkeys(free))
-    predicted = f" (predicted step {1e3 * choice.step:.2f} ms)" if choice is not None else ""
-    print(f"partition_dim: auto on {nworkers} worker(s) chose: {chosen}{predicted}")
-    return resolved(cfg, dims)
+    cfg, line = resolve_auto_layers(cfg, nworkers, method)
+    if line:
+        print(line)
+    return cfg
 
 
 def auto_partition(cfg, nworkers: int, args) -> int:
     """``plan --auto``: choose every layer's partition_dim by predicted step time; -o writes the job."""
-    from google.protobuf import text_format
+    from singa_mpi.cost.auto import auto_report
 
-    from singa_mpi.cost.auto import choose_for_job, original_dims, with_dims
-
-    limit = args.memory_limit * 2**20 if args.memory_limit else None
-    choice = choose_for_job(cfg, nworkers, args.sync, every_layer=True, memory_limit=limit,
-                            recalibrate=args.recalibrate, nodes=args.nodes)
-    names = {"0": "batch", "1": "features", "-1": "whole (worker 0)"}
-    before = original_dims(cfg)
-    method = "allreduce" if args.nodes > 1 else args.sync  # as choose_for_job prices it
-    print(f"automatic partitioning of {cfg.path} over {nworkers} worker(s), param sync {method}: "
-          f"{choice.evaluated} plans priced (communicator rates: {choice.rates_source})")
-    for name, dim in choice.dims.items():
-        mark = "" if before.get(name) == dim else f"   (the job: {before.get(name)})"
-        print(f"  {name:<24} partition_dim {dim:>2}  {names[str(dim)]}{mark}")
-    data = f"{1e3 * choice.data_parallel:.2f} ms" if choice.data_parallel is not None else "refused by the planner"
-    print(f"predicted step {1e3 * choice.step:.2f} ms ("
-          f"peak {choice.memory / 2**20:.1f} MiB on the fullest rank); every layer on the batch: {data}")
+    lines, job_text = auto_report(cfg, nworkers, args.sync, memory_limit=args.memory_limit * 2**20
+                                  if args.memory_limit else None, recalibrate=args.recalibrate, nodes=args.nodes)
+    print("\n".join(lines))
     if args.output:
-        chosen = with_dims(cfg, choice.dims)
-        write_output(args.output, f"# {cfg.path} with partition_dim chosen by `singa-mpi plan --auto -n {nworkers}` "
-                                  f"(predicted {1e3 * choice.step:.2f} ms a step)\n"
-                                  + text_format.MessageToString(chosen.proto), "the job")
+        write_output(args.output, job_text, "the job")
         print(f"wrote {args.output}")
     return 0
 
@@ -206,65 +176,15 @@ def auto_partition(cfg, nworkers: int, args) -> int:
 def cmd_calibrate(args) -> int:
     """Under mpiexec: measure the communicator's latency and bandwidth for ``plan --cost``."""
     from singa_mpi.communication import mpi as comm_module
-    from singa_mpi.cost import rates
+    from singa_mpi.cost.calibrate import calibrate
 
     world = comm_module.world()
     if world.size < 2:
         raise ConfigError("calibrate measures messages between ranks: launch it with mpiexec -n 2 (or more)")
-    flavor = "openmpi" if "Open MPI" in comm_module.library() else "mpich"
-    hosts = world.allgather_object(socket.gethostname(), "calibrate(hosts)")
-    # several nodes: the network's rates from rank 0 to a rank elsewhere and over everyone, then the
-    # node's own among the ranks on rank 0's node (plan --cost --nodes N mixes the two)
-    runs = [("one node", world, 1, 1)]  # (what, communicator, ping-pong partner of rank 0, nodes)
-    if not world.on_one_node():
-        elsewhere = next((r for r, host in enumerate(hosts) if host != hosts[0]), world.size - 1)
-        runs = [("between nodes", world, elsewhere, 2)]
-        neighbours = tuple(r for r, host in enumerate(hosts) if host == hosts[0])
-        if len(neighbours) > 1 and world.rank in neighbours:
-            runs.append(("within rank 0's node", world.sub(neighbours), 1, 1))
-    for where, comm, peer, nodes in runs:
-        with threads.limit_blas(1):
-            entry = rates.calibrate_comm(comm, peer=peer)
-        if entry is not None:
-            rates.save(entry, flavor, nodes)
-            print(f"calibrated {comm_module.library()} on {comm.size} ranks ({where}): point-to-point "
-                  f"{1e6 * entry['p2p']['latency']:.1f} us + {entry['p2p']['bandwidth'] / 1e9:.2f} GB/s, "
-                  f"Allreduce ring step {1e6 * entry['allreduce']['latency']:.1f} us + "
-                  f"{entry['allreduce']['bandwidth'] / 1e9:.2f} GB/s, Allgatherv "
-                  f"{1e6 * entry['collective']['latency']:.1f} us + {entry['collective']['bandwidth'] / 1e9:.2f} GB/s, "
-                  f"Alltoallv {1e6 * entry['alltoall']['latency']:.1f} us + "
-                  f"{entry['alltoall']['bandwidth'] / 1e9:.2f} GB/s, "
-                  f"memory {entry['memory'] / 1e9:.1f} GB/s; saved in {rates.rates_path()}", flush=True)
+    for line in calibrate(world, comm_module.library()):
+        print(line, flush=True)
     world.root_value(None, "calibrate")  # the ranks off rank 0's node wait asleep while it calibrates there
     return 0
-
-
-def roles_lines(cfg, the_plan) -> list[str]:
-    """For ``plan`` of a job with several worker groups or server ranks: SINGA's framework, which
-    rank is which worker or server, and which server holds which slice of which param."""
-    from singa_mpi.algorithms import frozen_params
-    from singa_mpi.planner.plan import untrained_params
-    from singa_mpi.planner.servers import describe, server_ranges, trained_params
-    from singa_mpi.topology import ranks_needed, topology
-
-    cluster = type(cfg.proto.cluster)()
-    cluster.CopyFrom(cfg.proto.cluster)
-    if cluster.nworker_groups <= 1 and not cluster.server_worker_separate:
-        return []
-    cluster.nworkers_per_group = the_plan.nranks
-    topo = topology(ranks_needed(cluster), cluster, where=cfg.where("cluster"))
-    lines = [f"cluster: {topo.describe()} (launch with mpirun -n {topo.world_size})"]
-    if topo.servers_separate:
-        frozen = frozen_params(cfg.proto) | untrained_params(the_plan.sublayers)
-        ranges = server_ranges(trained_params(the_plan, frozen), len(topo.server_groups[0]))
-        lines += ["  param slices (SINGA's slicing rule):"] + describe(ranges, topo.server_groups[0])
-        lines.append("  each worker sends the servers its gradient pieces of these slices and takes the values "
-                     "back: the servers replace the param sync the plan below lists")
-    elif topo.framework == "Hogwild":
-        shared = "in node-shared memory when on one node" if cluster.share_memory and topo.workers_per_group == 1 \
-            else f"exchanged every {cluster.sync_freq} update(s)"
-        lines.append(f"  each group updates its own copy of the params, {shared}")
-    return lines + [""]
 
 
 def plan_workers(cfg, n: int | None) -> int:

@@ -27,14 +27,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-import shutil
-import signal
 import sys
-import threading
 import time
 import traceback
 import warnings
-from typing import Callable, Sequence
+from typing import Callable
 
 from singa_mpi import plugins, progress, threads, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
@@ -46,12 +43,12 @@ from singa_mpi.errors import (ConfigError, DataError, NonFiniteError, PeerLost, 
 from singa_mpi.layers.output import output_files
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.topology import check_supported, topology
-from singa_mpi.trainer import STOP_NOTE, Trainer, signal_name, write_stop_note
+from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING, StopSignals
+from singa_mpi.trainer import Trainer, write_stop_note
+from singa_mpi.workspace import claim_workspace, make_workspace
 
 EXIT_ABORT = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-TEST_RESULTS = "test_results.jsonl"  # one line per `singa-mpi test` run, in the workspace
 
 
 @dataclasses.dataclass
@@ -185,104 +182,6 @@ def _options_to_agree(options: RunOptions) -> list[tuple[str, str]]:
     pairs = [(f"--{name.replace('_', '-')}", str(value)) for name, value in dataclasses.asdict(options).items()
              if name not in PER_RANK_OPTIONS]
     return pairs + [("--trace", "on" if options.trace else "off")]
-
-
-def claim_workspace(workspace: str, options: RunOptions, is_root: bool, outputs: Sequence[str] = ()) -> None:
-    """Before any communication: refuse a workspace that holds another run's checkpoints unless the
-    run continues it (``--resume``) or moves it aside (``--overwrite``, done by the root, with the
-    files of the job's output layers, ``outputs``).  The root
-    also makes sure it can write there (:func:`make_workspace`) and removes the temporary files of
-    checkpoint writers that were killed (a one-line note says which)."""
-    if options.resume and options.overwrite:
-        raise ConfigError("--resume and --overwrite together: expected one of them (--resume continues the "
-                          "run in the workspace, --overwrite moves it aside)")
-    found = [] if options.resume else checkpoint.listed(workspace)
-    if found and not options.overwrite:
-        raise ConfigError(f"{workspace} holds another run's checkpoints (newest {found[0][1]}): expected "
-                          f"--resume to continue that run, or --overwrite to move it to {workspace}/previous-<time>/")
-    if not is_root:
-        return
-    make_workspace(workspace)
-    removed = checkpoint.remove_stale_temporaries(workspace)
-    if removed:
-        print(f"note: removed {len(removed)} temporary file(s) of an interrupted checkpoint write: "
-              f"{', '.join(removed)}", flush=True)
-    if options.overwrite:
-        try:
-            moved, target = _archive_run(workspace, outputs)
-        except OSError as err:
-            raise DataError(f"--overwrite: could not move the previous run in {workspace} aside: "
-                            f"{checkpoint.disk_problem(err)}") from None
-        if moved:
-            print(f"--overwrite: moved the previous run ({', '.join(moved)}) to {target}", flush=True)
-
-
-def make_workspace(workspace: str) -> None:
-    """Create the workspace and prove it writable, and its checkpoint folder if there is one: a
-    DataError naming the path and what to do otherwise (a file in the way, a read-only or full disk,
-    a name too long), before any work is done."""
-    folder = workspace
-    try:
-        os.makedirs(workspace, exist_ok=True)
-        _probe_write(workspace)
-        folder = checkpoint.checkpoint_dir(workspace)
-        if os.path.lexists(folder):  # else the first checkpoint creates it
-            _probe_write(folder)
-    except OSError as err:
-        blocker = _file_in_the_way(folder)
-        if blocker:
-            raise DataError(f"{folder}: cannot create this workspace folder: {blocker} is a file, not a folder: "
-                            f"move that file or choose another --workspace") from None
-        raise DataError(f"{folder}: cannot write into this workspace folder: {checkpoint.disk_problem(err)}") from None
-
-
-def _probe_write(folder: str) -> None:
-    probe = os.path.join(folder, f".singa-mpi-write-test-{os.getpid()}")
-    with open(probe, "wb"):
-        pass
-    os.remove(probe)
-
-
-def _file_in_the_way(path: str) -> str | None:
-    """The nearest of ``path`` and its parents that exists and is not a folder, if any."""
-    path = os.path.abspath(path)
-    while True:
-        if os.path.lexists(path):
-            return None if os.path.isdir(path) else path
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
-        path = parent
-
-
-def _archive_run(workspace: str, outputs: Sequence[str] = ()) -> tuple[list[str], str]:
-    """Move a previous run's checkpoint folder, metrics.jsonl, communication.json and output layers' files
-    (``outputs``) to ``WORKSPACE/previous-<time>/``; returns (what moved, where).  Other files (logs) stay.
-    An output file keeps its path under the workspace; one outside it goes there by its name."""
-    names = [name for name in (os.path.basename(checkpoint.checkpoint_dir(workspace)), "metrics.jsonl",
-                               "communication.json", STOP_NOTE) if os.path.exists(os.path.join(workspace, name))]
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target, n = os.path.join(workspace, f"previous-{stamp}"), 1
-    while os.path.exists(target):
-        n += 1
-        target = os.path.join(workspace, f"previous-{stamp}-{n}")
-    if names:
-        os.makedirs(target)
-        for name in names:
-            os.replace(os.path.join(workspace, name), os.path.join(target, name))
-    for path in outputs:
-        if os.path.isfile(path):
-            inside = os.path.relpath(path, workspace)
-            name = inside if not inside.startswith(os.pardir) else path
-            where = os.path.join(target, inside if name == inside else os.path.basename(path))
-            (stem, ext), n = os.path.splitext(where), 1
-            while os.path.exists(where):  # two outside outputs of one name
-                n += 1
-                where = f"{stem}-{n}{ext}"
-            os.makedirs(os.path.dirname(where), exist_ok=True)
-            shutil.move(path, where)
-            names.append(name)
-    return names, target
 
 
 def _launch(job, workspace_of, seed: int | None, stall_timeout: float | None,
@@ -514,89 +413,6 @@ def _check_job_identity(trainer: Trainer, ckpt: checkpoint.Checkpoint, allow_oth
                           f"--allow-other-job (params taken by name), or start afresh with --overwrite")
     if mismatch:
         trainer.log(f"note: --allow-other-job: {mismatch}")
-
-
-STOPPED_BEFORE_TRAINING = ("stopped on a signal before training started: no checkpoint written; run the same "
-                           "command again to start")
-
-
-class StopSignals:
-    """SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (Slurm's warning before the time limit) from the start of a
-    run to its end: finish the step, checkpoint, stop (exit 75); before training starts, stop there
-    (exit 75, nothing written, STOPPED_BEFORE_TRAINING).  A second SIGTERM or SIGUSR1 changes nothing
-    (the checkpoint under way is finished); a second Ctrl-C aborts at once: KeyboardInterrupt, exit 130.
-    Once the run is over, signals are ignored; under MPI they stay ignored after a stop, until the
-    process exits, so that a late signal cannot turn exit 75 into a death by signal.
-
-    Under MPICH's mpiexec a Ctrl-C reaches every rank (hydra forwards SIGINT; its own second Ctrl-C
-    kills the job); a signal that reaches only some ranks still stops all of them after the same
-    step (or before the first), as the ranks vote on it.  Open MPI's mpirun, on SIGTERM or SIGINT, sends
-    the ranks SIGCONT, reads none of their output any more, sends SIGTERM ``odls_base_sigkill_timeout``
-    seconds later (1 by default) and SIGKILL as long after that, then exits 1: the ranks stop on that
-    SIGTERM, their stdout never blocks them (:class:`singa_mpi.progress.ForwardedOutput`), and what the
-    stop saved is in WORKSPACE/stopped.txt and, while stdout is not read, on stderr.  The root
-    acknowledges the first signal on stderr at once and notes the pending stop in stopped.txt."""
-
-    def __init__(self, is_root: bool = True):
-        self.is_root = is_root
-        self.received: int | None = None  # the first stop signal, if any
-        self.trainer: Trainer | None = None
-        self.finished = False  # the run is over: ignore whatever comes
-        self._previous: dict = {}
-
-    def install(self) -> None:
-        from singa_mpi.early_signals import early_stop_signal, python_default
-
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {signum: python_default(signum, signal.signal(signum, self._request_stop))
-                              for signum in STOP_SIGNALS}
-            self.received = early_stop_signal()  # one that came while the package loaded (the CLI's)
-
-    def attach(self, trainer: Trainer) -> None:
-        """From now on a signal asks ``trainer`` to stop after its step (one received already: at once)."""
-        self.trainer = trainer
-        if self.received is not None:
-            trainer.stop_requested = True
-            trainer.stop_signal = self.received
-
-    def restore(self, keep_ignoring: bool) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, signal.SIG_IGN if keep_ignoring else handler)
-        self._previous = {}
-
-    def _request_stop(self, signum, frame) -> None:
-        if self.finished:
-            return
-        asked = self.received is not None or (self.trainer is not None and self.trainer.stop_requested)
-        if signum == signal.SIGINT and asked:
-            raise KeyboardInterrupt("second Ctrl-C: stopped without a checkpoint")
-        if self.received is None:
-            self.received = signum
-        if self.trainer is not None:
-            self.trainer.stop_requested = True
-            self.trainer.stop_signal = self.trainer.stop_signal or signum
-        if self.is_root and not asked:
-            self._acknowledge(signum)
-
-    def _acknowledge(self, signum: int) -> None:
-        """Root, on the first stop signal: one line on stderr at once (raw write: a handler may interrupt
-        a print), and while training the pending stop in WORKSPACE/stopped.txt, naming the newest
-        checkpoint there is, in case the launcher ends the run before the stop's checkpoint is written."""
-        name = "Ctrl-C" if signum == signal.SIGINT else signal_name(signum)
-        again = " (Ctrl-C again to abort without one)" if signum == signal.SIGINT else ""
-        trainer = self.trainer
-        if trainer is None or not trainer.training:  # setting up: the run stops before training
-            os.write(2, f"singa-mpi: {name}: stopping before training starts; nothing is written\n".encode())
-            return
-        step = trainer.runtime.tracer.step
-        newest = checkpoint.listed(trainer.workspace)
-        there = (f"the newest checkpoint is {newest[0][1]} (step {newest[0][0]})" if newest else
-                 "there is no checkpoint (the run would start again at step 0)")
-        note = write_stop_note(trainer.workspace, [
-            f"{signal_name(signum)} at step {step}: stopping after this step and writing a checkpoint; if the run "
-            f"ends before it is written, {there}"])
-        said = f"; what was saved: {note}" if note else ""
-        os.write(2, f"singa-mpi: {name}: stopping after this step and writing a checkpoint{again}{said}\n".encode())
 
 
 def _run_parallel(world, job, workspace_of, seed, stall_timeout, body, steps, check, claim, phases, agree,
@@ -859,62 +675,3 @@ def _abort(world, message: str, code: int, life=None, traceback_text: str = "") 
         life.explained()  # the guardians need not name this rank: it said why it ends the job
     progress.drain_stdout()  # what this rank printed before it ends the job
     world.abort(code)
-
-
-def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: list[str] | None = None,
-             workers: int | None = None) -> int:
-    """Load parameters from checkpoints (default: the newest good one in the workspace) and run the
-    test phase once, partitioned like training when launched on several ranks (``workers``:
-    overrides cluster.nworkers_per_group)."""
-
-    def needs_test_steps(cfg: JobConfig) -> None:
-        if cfg.proto.test_steps <= 0:
-            raise ConfigError(f"{cfg.path}: test_steps = {cfg.proto.test_steps}: expected test_steps > 0 for `test`")
-
-    def test(trainer: Trainer) -> int:
-        ckpt = _read_for_test(trainer.workspace, checkpoints, trainer.runtime.is_root)
-        used = ", ".join(checkpoints) if checkpoints else ckpt.path
-        trainer.log(f"testing {used} (step {ckpt.step})")
-        # metrics.jsonl is the training's record: a test run's result goes to its own file
-        trainer.metrics_path = os.path.join(trainer.workspace, TEST_RESULTS)
-        trainer.tags = {"checkpoint": used}
-        trainer.restore(ckpt, full=False)
-        trainer.evaluate(trainer.test_net, trainer.job.test_steps, "test", ckpt.step)
-        return 0
-
-    return _launch(as_one_group(with_workers(job, workers)), workspace_of, None, None, test, check=needs_test_steps,
-                   phases=["test"], catch_signals=False)
-
-
-GROUP_FIELDS = ("nworker_groups", "nserver_groups", "nservers_per_group", "server_worker_separate", "sync_freq",
-                "max_staleness")
-
-
-def as_one_group(job):
-    """``test`` needs neither servers nor several groups: the job with every launched rank a worker of
-    one group (the checkpoint holds the params, whichever framework trained them)."""
-    def load() -> JobConfig:
-        cfg = job() if callable(job) else job if isinstance(job, JobConfig) else load_job(job)
-        cluster = cfg.proto.cluster
-        if cluster.nworker_groups > 1 or cluster.server_worker_separate:
-            if cfg.workers is None:  # a group's count of a framework is not the launched count
-                cluster.ClearField("nworkers_per_group")
-            for field in GROUP_FIELDS:
-                cluster.ClearField(field)
-        return cfg
-    return load
-
-
-def _read_for_test(workspace: str, checkpoints: list[str] | None, is_root: bool) -> checkpoint.Checkpoint:
-    if checkpoints:
-        ckpt = checkpoint.read(checkpoints[0])
-        for path in checkpoints[1:]:  # later files override earlier ones (SINGA)
-            ckpt.params.update(checkpoint.read(path).params)
-        return ckpt
-    with warnings.catch_warnings():
-        if not is_root:
-            warnings.simplefilter("ignore")  # one report of a damaged file is enough
-        ckpt = checkpoint.newest_good(workspace)
-    if ckpt is None:
-        raise DataError(f"{workspace}: no checkpoint found: expected `--checkpoint FILE` or a trained workspace")
-    return ckpt

@@ -187,7 +187,7 @@ def test_a_stop_leaves_what_it_saved_in_the_workspace(tmp_path, monkeypatch, cap
 def test_a_stop_that_is_cut_short_has_said_what_there_was(tmp_path, monkeypatch):
     """Before the checkpoint is written (the launcher may kill the ranks first), stopped.txt names the
     newest checkpoint there is."""
-    from singa_mpi.launcher import StopSignals
+    from singa_mpi.stop_signals import StopSignals
 
     conf, ws = job_file(tmp_path, steps=20, extra="checkpoint_freq: 3\n"), tmp_path / "ws"
     seen = []

@@ -27,7 +27,7 @@ from test_mpi_suites import launcher, mpi_env, mpiexec_command
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.communication import guardian, liveness
-from singa_mpi.launcher import STOPPED_BEFORE_TRAINING
+from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
 from singa_mpi.runtimes.worker import first_disagreement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

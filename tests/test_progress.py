@@ -253,7 +253,7 @@ def test_a_checkpoint_without_elapsed_reads_as_zero(tmp_path):
 
 
 def test_test_names_its_checkpoint_and_leaves_metrics_jsonl_alone(tmp_path, capsys):
-    from singa_mpi.launcher import run_test
+    from singa_mpi.test_command import run_test
 
     conf = job_file(tmp_path, steps=4, extra=TEST_PHASE)
     ws = tmp_path / "ws"

@@ -177,3 +177,41 @@ def resolved(cfg: JobConfig, dims: dict[str, int] | None) -> JobConfig:
         raise ConfigError(f"{cfg.path}: partition_dim: auto was not resolved for {', '.join(free)}: expected the "
                           "cost model's choice (it failed on rank 0; see its message)")
     return with_dims(cfg, {name: dims[name] for name in free})
+
+
+def resolve_auto_layers(cfg, nworkers: int, method: str = "shared_memory"):
+    """The job with its `partition_dim: auto` layers chosen by the cost model, and a line saying what
+    was chosen (None when the job has no such layer)."""
+    free = auto_layers(cfg)
+    if not free:
+        return cfg, None
+    choice = choose_for_job(cfg, nworkers, method) if nworkers > 1 else None
+    dims = choice.dims if choice is not None else {name: 0 for name in free}
+    chosen = ", ".join(f"{name} {dims[name]}" for name in dict.fromkeys(free))
+    predicted = f" (predicted step {1e3 * choice.step:.2f} ms)" if choice is not None else ""
+    return resolved(cfg, dims), f"partition_dim: auto on {nworkers} worker(s) chose: {chosen}{predicted}"
+
+
+def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalibrate: bool, nodes: int
+                ) -> tuple[list[str], str]:
+    """``plan --auto``: every layer's partition_dim chosen by predicted step time, as lines to print,
+    and the job with those choices as text (for ``-o``)."""
+    from google.protobuf import text_format
+
+    choice = choose_for_job(cfg, nworkers, sync, every_layer=True, memory_limit=memory_limit,
+                            recalibrate=recalibrate, nodes=nodes)
+    names = {"0": "batch", "1": "features", "-1": "whole (worker 0)"}
+    before = original_dims(cfg)
+    method = "allreduce" if nodes > 1 else sync  # as choose_for_job prices it
+    lines = [f"automatic partitioning of {cfg.path} over {nworkers} worker(s), param sync {method}: "
+             f"{choice.evaluated} plans priced (communicator rates: {choice.rates_source})"]
+    for name, dim in choice.dims.items():
+        mark = "" if before.get(name) == dim else f"   (the job: {before.get(name)})"
+        lines.append(f"  {name:<24} partition_dim {dim:>2}  {names[str(dim)]}{mark}")
+    data = f"{1e3 * choice.data_parallel:.2f} ms" if choice.data_parallel is not None else "refused by the planner"
+    lines.append(f"predicted step {1e3 * choice.step:.2f} ms ("
+                 f"peak {choice.memory / 2**20:.1f} MiB on the fullest rank); every layer on the batch: {data}")
+    chosen = with_dims(cfg, choice.dims)
+    job_text = (f"# {cfg.path} with partition_dim chosen by `singa-mpi plan --auto -n {nworkers}` "
+                f"(predicted {1e3 * choice.step:.2f} ms a step)\n" + text_format.MessageToString(chosen.proto))
+    return lines, job_text

@@ -79,7 +79,7 @@ def _measured(profile: dict, layers: list[str]) -> tuple[dict[str, dict[str, flo
 
 def beside_lines(profile: dict, prediction: Prediction) -> list[str]:
     """The comparison table, ms per step."""
-    cost, the_plan = prediction.cost, prediction.plan
+    cost = prediction.cost
     names = [layer.name for layer in cost.layers]
     measured, connections, step = _measured(profile, names)
     width = max([len("connection layers")] + [len(name) for name in names])
@@ -102,3 +102,11 @@ def beside_lines(profile: dict, prediction: Prediction) -> list[str]:
                  f"{1e3 * cost.sync:.2f}), measured {1e3 * step:.2f} ms over {profile['steps']} steps "
                  f"(the slowest worker's train_one_batch + sync + update){ratio}")
     return lines
+
+
+def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str]:
+    """``plan --cost``: the predicted ms per layer and per step (kernels timed here, once per machine)."""
+    prediction = predict_plan(the_plan, method, nodes, recalibrate)
+    cost = prediction.cost
+    return ([prediction.header(), f"communicator rates: {cost.rates_source}"] + cost.table()
+            + [f"predicted {the_plan.batch / cost.step:,.0f} samples/s"])

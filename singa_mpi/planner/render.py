@@ -154,3 +154,31 @@ def to_dot(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> str:
                 lines.append(f'  "{src.name}" -> "{dst.name}" [style=dashed, color=gray40];')
     lines.append("}")
     return "\n".join(lines)
+
+
+def roles_lines(cfg, the_plan) -> list[str]:
+    """For ``plan`` of a job with several worker groups or server ranks: SINGA's framework, which
+    rank is which worker or server, and which server holds which slice of which param."""
+    from singa_mpi.algorithms import frozen_params
+    from singa_mpi.planner.plan import untrained_params
+    from singa_mpi.planner.servers import describe, server_ranges, trained_params
+    from singa_mpi.topology import ranks_needed, topology
+
+    cluster = type(cfg.proto.cluster)()
+    cluster.CopyFrom(cfg.proto.cluster)
+    if cluster.nworker_groups <= 1 and not cluster.server_worker_separate:
+        return []
+    cluster.nworkers_per_group = the_plan.nranks
+    topo = topology(ranks_needed(cluster), cluster, where=cfg.where("cluster"))
+    lines = [f"cluster: {topo.describe()} (launch with mpirun -n {topo.world_size})"]
+    if topo.servers_separate:
+        frozen = frozen_params(cfg.proto) | untrained_params(the_plan.sublayers)
+        ranges = server_ranges(trained_params(the_plan, frozen), len(topo.server_groups[0]))
+        lines += ["  param slices (SINGA's slicing rule):"] + describe(ranges, topo.server_groups[0])
+        lines.append("  each worker sends the servers its gradient pieces of these slices and takes the values "
+                     "back: the servers replace the param sync the plan below lists")
+    elif topo.framework == "Hogwild":
+        shared = "in node-shared memory when on one node" if cluster.share_memory and topo.workers_per_group == 1 \
+            else f"exchanged every {cluster.sync_freq} update(s)"
+        lines.append(f"  each group updates its own copy of the params, {shared}")
+    return lines + [""]

@@ -15,7 +15,8 @@ import pytest
 
 from singa_mpi.communication.local import run_ranks
 from singa_mpi.config.load import load_job
-from singa_mpi.launcher import _topology, check_inputs, make_workspace
+from singa_mpi.launcher import _topology, check_inputs
+from singa_mpi.workspace import make_workspace
 from singa_mpi.runtimes.roles import RoleJob, run_role
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.runtimes.worker import WorkerRuntime

@@ -1,0 +1,111 @@
+"""A run's workspace: claimed before any communication (another run's checkpoints are refused unless
+the run continues them or moves them aside), created and proved writable, a previous run archived.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import Sequence
+
+from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.errors import ConfigError, DataError
+from singa_mpi.trainer import STOP_NOTE
+
+
+def claim_workspace(workspace: str, options, is_root: bool, outputs: Sequence[str] = ()) -> None:
+    """Before any communication (``options``: the run's ``resume`` and ``overwrite``): refuse a workspace that holds another run's checkpoints unless the
+    run continues it (``--resume``) or moves it aside (``--overwrite``, done by the root, with the
+    files of the job's output layers, ``outputs``).  The root
+    also makes sure it can write there (:func:`make_workspace`) and removes the temporary files of
+    checkpoint writers that were killed (a one-line note says which)."""
+    if options.resume and options.overwrite:
+        raise ConfigError("--resume and --overwrite together: expected one of them (--resume continues the "
+                          "run in the workspace, --overwrite moves it aside)")
+    found = [] if options.resume else checkpoint.listed(workspace)
+    if found and not options.overwrite:
+        raise ConfigError(f"{workspace} holds another run's checkpoints (newest {found[0][1]}): expected "
+                          f"--resume to continue that run, or --overwrite to move it to {workspace}/previous-<time>/")
+    if not is_root:
+        return
+    make_workspace(workspace)
+    removed = checkpoint.remove_stale_temporaries(workspace)
+    if removed:
+        print(f"note: removed {len(removed)} temporary file(s) of an interrupted checkpoint write: "
+              f"{', '.join(removed)}", flush=True)
+    if options.overwrite:
+        try:
+            moved, target = archive_run(workspace, outputs)
+        except OSError as err:
+            raise DataError(f"--overwrite: could not move the previous run in {workspace} aside: "
+                            f"{checkpoint.disk_problem(err)}") from None
+        if moved:
+            print(f"--overwrite: moved the previous run ({', '.join(moved)}) to {target}", flush=True)
+
+
+def make_workspace(workspace: str) -> None:
+    """Create the workspace and prove it writable, and its checkpoint folder if there is one: a
+    DataError naming the path and what to do otherwise (a file in the way, a read-only or full disk,
+    a name too long), before any work is done."""
+    folder = workspace
+    try:
+        os.makedirs(workspace, exist_ok=True)
+        _probe_write(workspace)
+        folder = checkpoint.checkpoint_dir(workspace)
+        if os.path.lexists(folder):  # else the first checkpoint creates it
+            _probe_write(folder)
+    except OSError as err:
+        blocker = _file_in_the_way(folder)
+        if blocker:
+            raise DataError(f"{folder}: cannot create this workspace folder: {blocker} is a file, not a folder: "
+                            f"move that file or choose another --workspace") from None
+        raise DataError(f"{folder}: cannot write into this workspace folder: {checkpoint.disk_problem(err)}") from None
+
+
+def _probe_write(folder: str) -> None:
+    probe = os.path.join(folder, f".singa-mpi-write-test-{os.getpid()}")
+    with open(probe, "wb"):
+        pass
+    os.remove(probe)
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The nearest of ``path`` and its parents that exists and is not a folder, if any."""
+    path = os.path.abspath(path)
+    while True:
+        if os.path.lexists(path):
+            return None if os.path.isdir(path) else path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
+def archive_run(workspace: str, outputs: Sequence[str] = ()) -> tuple[list[str], str]:
+    """Move a previous run's checkpoint folder, metrics.jsonl, communication.json and output layers' files
+    (``outputs``) to ``WORKSPACE/previous-<time>/``; returns (what moved, where).  Other files (logs) stay.
+    An output file keeps its path under the workspace; one outside it goes there by its name."""
+    names = [name for name in (os.path.basename(checkpoint.checkpoint_dir(workspace)), "metrics.jsonl",
+                               "communication.json", STOP_NOTE) if os.path.exists(os.path.join(workspace, name))]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = os.path.join(workspace, f"previous-{stamp}"), 1
+    while os.path.exists(target):
+        n += 1
+        target = os.path.join(workspace, f"previous-{stamp}-{n}")
+    if names:
+        os.makedirs(target)
+        for name in names:
+            os.replace(os.path.join(workspace, name), os.path.join(target, name))
+    for path in outputs:
+        if os.path.isfile(path):
+            inside = os.path.relpath(path, workspace)
+            name = inside if not inside.startswith(os.pardir) else path
+            where = os.path.join(target, inside if name == inside else os.path.basename(path))
+            (stem, ext), n = os.path.splitext(where), 1
+            while os.path.exists(where):  # two outside outputs of one name
+                n += 1
+                where = f"{stem}-{n}{ext}"
+            os.makedirs(os.path.dirname(where), exist_ok=True)
+            shutil.move(path, where)
+            names.append(name)
+    return names, target
