@@ -6,6 +6,7 @@ connection layers), so forward/backward below is the one execution engine.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, Iterable
 
@@ -79,31 +80,32 @@ class Net:
         """Compute ``wire``'s output for the algorithm's pass ``phase`` ("forward" for BP)."""
         layer = wire.layer
         inputs = [s.aux if k == "aux" else s.data for s, k in zip(wire.srcs, wire.kinds)]
-        span = self.tracer.begin(layer.name, phase)
         try:
-            # a pass may read what came down to the layer (an RBM's top-down message); the
-            # gradient of the next backward pass starts afresh after it
-            layer.data = layer.compute(phase, inputs, train)
-        except LayerFailure:
-            raise
-        except Exception as err:  # name the layer in the one-line report (the cause stays chained)
-            raise LayerFailure(layer.name, phase, err) from err
+            with self._traced(layer, phase, self.tracer.begin(layer.name, phase)):
+                # a pass may read what came down to the layer (an RBM's top-down message); the
+                # gradient of the next backward pass starts afresh after it
+                layer.data = layer.compute(phase, inputs, train)
         finally:
             layer.grad = None
+
+    @contextlib.contextmanager
+    def _traced(self, layer: Layer, pass_: str, span):
+        """End ``span`` however ``layer``'s ``pass_`` ends; a failure names the layer and the pass in the
+        one-line report (the cause stays chained)."""
+        try:
+            yield
+        except LayerFailure:
+            raise
+        except Exception as err:
+            raise LayerFailure(layer.name, pass_, err) from err
+        finally:
             self.tracer.end(span)
 
     def run_backward(self, wire: Wire) -> None:
         """Back-propagate through ``wire``: its input gradients are added to its sources' ``grad``."""
         layer = wire.layer
-        span = self.tracer.begin(layer.name, "backward")
-        try:
+        with self._traced(layer, "backward", self.tracer.begin(layer.name, "backward")):
             grads = layer.backward(layer.grad, self._need[id(layer)])
-        except LayerFailure:
-            raise
-        except Exception as err:
-            raise LayerFailure(layer.name, "backward", err) from err
-        finally:
-            self.tracer.end(span)
         self._add_grads(wire, grads)
 
     def _add_grads(self, wire: Wire, grads) -> None:
@@ -131,15 +133,8 @@ class Net:
     def finish_exchange(self, wire: Wire) -> None:
         """Wait for the exchange :meth:`start_exchange` began; its gradients go to the sources."""
         layer = wire.layer
-        span = self._open.pop(id(layer))
-        try:
+        with self._traced(layer, "backward", self._open.pop(id(layer))):
             grads = layer.finish_backward()
-        except LayerFailure:
-            raise
-        except Exception as err:
-            raise LayerFailure(layer.name, "backward", err) from err
-        finally:
-            self.tracer.end(span)
         self._add_grads(wire, grads)
 
     def run_queued(self) -> None:
@@ -158,15 +153,8 @@ class Net:
     def run_param_gradients(self, wire: Wire) -> None:
         """Let ``wire``'s layer add its param gradients from what its passes kept (CD)."""
         layer = wire.layer
-        span = self.tracer.begin(layer.name, "gradients")
-        try:
+        with self._traced(layer, "gradients", self.tracer.begin(layer.name, "gradients")):
             layer.param_gradients()
-        except LayerFailure:
-            raise
-        except Exception as err:
-            raise LayerFailure(layer.name, "gradients", err) from err
-        finally:
-            self.tracer.end(span)
 
     def set_step(self, step: int) -> None:
         """Tell every layer the training step (random masks and readers key on it)."""
