@@ -424,20 +424,20 @@ def test_waitany_returns_the_ready_receive_and_its_source_and_cancel_withdraws_t
         if comm.rank == 0:
             boxes = {r: np.zeros(2, np.float32) for r in (1, 2)}
             requests = [comm.Irecv(boxes[r], r, 7, "t") for r in (1, 2)]
-            order = []
-            for _ in range(2):
-                index, source = comm.Waitany(requests, "t")
-                order.append((index, source, boxes[source].tolist()))
+            index, source = comm.Waitany(requests, "t")  # only rank 2 has sent: rank 1 waits for "go"
+            order = [(index, source, boxes[source].tolist())]
+            comm.send_object("go", 1, 8, "t")
+            index, source = comm.Waitany(requests, "t")  # the one still active
+            order.append((index, source, boxes[source].tolist()))
             late = [comm.Irecv(np.zeros(2, np.float32), 1, 8, "t")]
             comm.Cancel(late, "t")
             comm.Waitall(late, "t")  # a cancelled request needs no message
             comm.send_object({"done": order}, 1, 9, "t")
             return order
         if comm.rank == 2:
-            comm.Send(np.full(2, 2.0, np.float32), 0, 7, "t")  # before rank 1 sends: it is first
-            comm.sub((1, 2)).barrier()
+            comm.Send(np.full(2, 2.0, np.float32), 0, 7, "t")
             return None
-        comm.sub((1, 2)).barrier()
+        assert comm.recv_object(0, 8, "t") == "go"
         comm.Send(np.full(2, 1.0, np.float32), 0, 7, "t")
         return comm.recv_object(0, 9, "t")
 
