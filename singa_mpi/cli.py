@@ -1,4 +1,6 @@
-"""Command line: ``singa-mpi {train,test,check,plan,data,ckpt} ...`` (also ``python -m singa_mpi``).
+"""The command line: parses ``singa-mpi {train,test,check,plan,data,ckpt} ...`` and calls the package.
+
+Also ``python -m singa_mpi``.
 
 Launch examples::
 
@@ -77,13 +79,13 @@ def cmd_check(args) -> int:
     for plugin in plugins.loaded():
         print(f"  {plugin.summary()}")
     if args.n is not None:
-        from singa_mpi.runtimes.worker import WorkerRuntime
+        from singa_mpi.program.job import job_programs
         from singa_mpi.topology import check_launch
 
         phases = [phase.phase for phase in summary.phases]
         per_group = check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # as a launch on N refuses
         cfg = resolve_auto(cfg, per_group)
-        WorkerRuntime.plan_phases(cfg, per_group, phases)  # partition + verify, as a launch on N ranks does
+        job_programs(cfg, per_group, phases)  # plans and proved programs, as a launch on N ranks has
         print(f"  plans on {per_group} worker(s){' per group' if per_group != args.n else ''}: "
               f"{', '.join(phases)} OK")
     return 0

@@ -21,7 +21,7 @@ from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import JobConfig, layers_for_phase, load_job, parse_job
 from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError, DataError, MissingDependency, writing
-from singa_mpi.launcher import check_inputs
+from singa_mpi.launcher.checks import check_inputs
 from singa_mpi.layers.base import layer_class_of, layer_type_name
 from singa_mpi.net import build_serial_net
 from singa_mpi.plot import INSTALL

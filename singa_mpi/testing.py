@@ -112,7 +112,7 @@ def check_equivalence(job: str, workers: Iterable[int] = (2,), steps: int = 3, p
     from singa_mpi.communication.local import run_ranks
     from singa_mpi.config.load import load_job, parse_job
     from singa_mpi.config.validate import validate
-    from singa_mpi.launcher import check_inputs
+    from singa_mpi.launcher.checks import check_inputs
     from singa_mpi.runtimes.serial import SerialRuntime
     from singa_mpi.runtimes.worker import WorkerRuntime
     from singa_mpi.trainer import Trainer, summarize

@@ -10,12 +10,13 @@ import sys
 import pytest
 
 import nets
-from singa_mpi import cli, launcher, plugins
+from singa_mpi import cli, plugins
 from singa_mpi.config.load import load_job
 from singa_mpi.data.prepare import how_to_make
 from singa_mpi.data.synthetic import write_synthetic
 from singa_mpi.errors import ConfigError
-from singa_mpi.launcher import RunOptions, run_training
+from singa_mpi.launcher import Request, RunOptions, run_training
+from singa_mpi.launcher.describe import World, describe, read_job
 from test_mpi_suites import mpi_env, mpiexec_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -75,25 +76,28 @@ def test_a_pinned_worker_count_follows_the_launched_ranks():
     """cluster.nworkers_per_group is SINGA's process count: another launched count runs, with a note;
     --workers N states the count explicitly and must match the ranks."""
     conf = str(ROOT / "conf" / "cifar10_hybrid.conf")  # cluster { nworkers_per_group: 2 }
-    notes = []
-    cfg = launcher._prepare(conf, None)
-    topo = launcher._topology(cfg, 3, log=notes.append)
-    assert [topo.role(rank).index for rank in range(3)] == [0, 1, 2]
-    assert notes[0].startswith(f"note: {conf}:") and notes[0].endswith(
+    launch = _described(conf, 3)
+    assert [launch.topo.role(rank).index for rank in range(3)] == [0, 1, 2]
+    assert launch.cfg.proto.cluster.nworkers_per_group == 3
+    assert launch.notes[0].startswith(f"note: {conf}:") and launch.notes[0].endswith(
         "cluster.nworkers_per_group = 2 in the job; running on the 3 launched rank(s)")
-    cfg = launcher._prepare(launcher.with_workers(conf, 4), None)
     with pytest.raises(ConfigError, match=r"--workers 4: expected the number of MPI ranks \(3\)"):
-        launcher._topology(cfg, 3)
+        _described(conf, 3, RunOptions(workers=4))
+
+
+def _described(conf: str, ranks: int, options=None):
+    """The launch description every one of ``ranks`` launched ranks computes for ``conf``."""
+    request = Request(conf, lambda _: "ws", options or RunOptions())
+    return describe(read_job(request), World(ranks), request)
 
 
 def test_a_location_beyond_the_launched_ranks_names_the_layer(tmp_path):
     data = nets.make_data(str(tmp_path / "data.h5"), 64, (12,), 5)
     conf = tmp_path / "placed.conf"
     conf.write_text(nets.mlp(data, 7, "pipeline", 3, steps=4) + "\ncluster { nworkers_per_group: 3 }\n")
-    cfg = launcher._prepare(str(conf), None)
     with pytest.raises(ConfigError, match=r"placed.conf:\d+:\d+: layer '\w+': location = 2: expected a worker "
                                           r"below 2, the number of MPI ranks .* launch with mpirun -n 3"):
-        launcher._topology(cfg, 2)
+        _described(str(conf), 2)
 
 
 @pytest.mark.slow

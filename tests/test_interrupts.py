@@ -149,13 +149,14 @@ def test_ctrl_c_under_mpiexec_checkpoints_once(tmp_path):
     ({}, "mpiexec"),  # nothing announced: the MPI standard's name
 ])
 def test_the_launcher_is_told_by_what_it_announced(env, word):
-    from singa_mpi.launcher import launcher_name
+    from singa_mpi.launcher.train import launcher_name
 
     assert launcher_name(env) == word
 
 
 def test_the_resume_hint_names_the_launcher_that_started_the_job():
-    from singa_mpi.launcher import RunOptions, resume_command
+    from singa_mpi.launcher import RunOptions
+    from singa_mpi.launcher.train import resume_command
 
     trainer = types.SimpleNamespace(runtime=types.SimpleNamespace(size=2), cfg=types.SimpleNamespace(path="j.conf"),
                                     workspace="ws")
@@ -370,21 +371,22 @@ def test_a_stop_signal_while_the_package_loads_is_acknowledged_at_once(rank, sai
 def test_a_signal_before_training_is_acknowledged_as_such(tmp_path, monkeypatch, capfd):
     """A stop signal once the nets are built but before the first step: the run stops there, and the
     acknowledgement says so (it said "writing a checkpoint")."""
-    from singa_mpi import launcher
+    from singa_mpi.launcher import train as training
+    from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
 
     conf, ws = job_file(tmp_path, steps=20), tmp_path / "ws"
-    original = launcher._load_initial_state
+    original = training._load_initial_state
 
     def load_then_signal(trainer, *args, **kwargs):
         original(trainer, *args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.01)
 
-    monkeypatch.setattr(launcher, "_load_initial_state", load_then_signal)
+    monkeypatch.setattr(training, "_load_initial_state", load_then_signal)
     assert cli.main(["train", conf, "--workspace", str(ws)]) == checkpoint.EXIT_CHECKPOINTED
     out, err = capfd.readouterr()
     assert "singa-mpi: SIGTERM: stopping before training starts; nothing is written" in err.splitlines()
-    assert (ws / "stopped.txt").read_text().splitlines() == [launcher.STOPPED_BEFORE_TRAINING]
+    assert (ws / "stopped.txt").read_text().splitlines() == [STOPPED_BEFORE_TRAINING]
     assert checkpoint.listed(str(ws)) == []
 
 

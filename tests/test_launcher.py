@@ -71,7 +71,7 @@ def test_pipeline_run_ends_without_leftover_mpi_objects(tmp_path):
 ])
 def test_a_world_of_one_under_a_launcher_of_n_is_refused(environ, refused):
     from singa_mpi.errors import ConfigError
-    from singa_mpi.launcher import refuse_launcher_mix_up
+    from singa_mpi.launcher.start import refuse_launcher_mix_up
 
     if refused is None:
         refuse_launcher_mix_up(environ, "MPICH Version: 5.0.2")
@@ -120,7 +120,7 @@ def test_the_first_batch_of_every_phase_is_read_before_any_communication(tmp_pat
     """Phase 1's look at the data (every rank, before the vote): the loss's labels of the first global
     batch are checked, and the message names the store they came from."""
     from singa_mpi.errors import DataError
-    from singa_mpi.launcher import check_first_batches
+    from singa_mpi.launcher.checks import check_first_batches
 
     cfg, _ = _first_batch_job(tmp_path, 5)
     check_first_batches(cfg, str(tmp_path), ["train"])  # 5 classes for a net of 5: nothing to say
@@ -133,7 +133,7 @@ def test_the_first_batch_of_every_phase_is_read_before_any_communication(tmp_pat
 
 def test_checkpoint_path_is_read_in_phase_one_unless_resume_continues_the_workspace(tmp_path):
     from singa_mpi.errors import DataError
-    from singa_mpi.launcher import read_checkpoint_paths
+    from singa_mpi.launcher.checks import read_checkpoint_paths
 
     cfg, _ = _first_batch_job(tmp_path, 5, f'checkpoint_path: "{tmp_path}/pre/checkpoint/step3.h5"\n')
     assert read_checkpoint_paths(_first_batch_job(tmp_path, 5)[0], str(tmp_path / "ws"), resume=False) is None
@@ -147,7 +147,7 @@ def test_labels_that_a_kLabel_layer_takes_from_a_shard_are_checked_too(tmp_path)
     """SINGA 0.1's pipeline: kShardData -> kLabel -> the loss; the line names the shard."""
     from singa_mpi.data import convert
     from singa_mpi.errors import DataError
-    from singa_mpi.launcher import check_first_batches
+    from singa_mpi.launcher.checks import check_first_batches
     from test_singa01_pipeline import v01_job
 
     import nets

@@ -28,7 +28,7 @@ from test_mpi_suites import launcher, mpi_env, mpiexec_command
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.communication import guardian, liveness
 from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
-from singa_mpi.runtimes.worker import first_disagreement
+from singa_mpi.launcher.vote import first_disagreement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -470,8 +470,9 @@ def test_a_stop_signal_while_the_package_loads_is_kept_for_the_launcher():
             "from singa_mpi import early_signals as early\n"
             "early.catch_for_command(['--debug', 'train', 'job.conf'])\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"
-            "import singa_mpi.launcher as launcher\n"
-            "stops = launcher.StopSignals()\n"
+            "import singa_mpi.launcher\n"
+            "from singa_mpi.stop_signals import StopSignals\n"
+            "stops = StopSignals()\n"
             "stops.install()\n"
             "print(stops.received == signal.SIGTERM, early.early_stop_signal())\n"
             "stops.restore(keep_ignoring=False)\n"

@@ -7,7 +7,6 @@ that fails is rejected with a ConfigError naming the layers (:mod:`singa_mpi.pro
 """
 from __future__ import annotations
 
-import hashlib
 import re
 
 from singa_mpi.planner.plan import Plan
@@ -15,6 +14,7 @@ from singa_mpi.planner.syncs import SHARED_MEMORY
 from singa_mpi.program import verify as proof
 from singa_mpi.program.actions import BACKWARD, FORWARD, PARAMS, Comm
 from singa_mpi.program.build import Program, programs
+from singa_mpi.program.rules import schedule_digest as digest
 
 CommOp = Comm  # one communication call on one rank (the name the schedule used before programs)
 
@@ -60,11 +60,6 @@ def predicted_bytes(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> 
             label = table_label(op.layer)
             row[label] = row.get(label, 0) + op.send_bytes + op.recv_bytes
     return result
-
-
-def digest(lines: list[str]) -> str:
-    """A short digest of schedule lines, identical on every rank of a consistent job."""
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
 def verify(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> None:

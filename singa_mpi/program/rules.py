@@ -7,9 +7,12 @@
   receiver; the backward of each uses the same root;
 * bytes: a ring Allreduce of N bytes over n ranks moves ``2 N (n - 1) / n`` each way per rank:
   the communicator's own counting rule (:func:`singa_mpi.communication.base.ring_bytes`), which
-  programs and the cost model price with.
+  programs and the cost model price with;
+* the schedule's digest: what the pre-flight vote compares.
 """
 from __future__ import annotations
+
+import hashlib
 
 from singa_mpi.communication.base import ring_bytes
 
@@ -32,3 +35,9 @@ def root(exchange) -> int | None:
 
 
 __all__ = ["tag", "root", "ring_bytes", "FORWARD", "BACKWARD", "PARAMS", "ROOTED"]
+
+
+def schedule_digest(lines: list[str]) -> str:
+    """A short digest of schedule lines (one per call), identical on every rank of a consistent job:
+    what the pre-flight vote compares."""
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]

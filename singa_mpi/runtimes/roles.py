@@ -11,6 +11,7 @@ from typing import Callable
 
 from singa_mpi import threads
 from singa_mpi.config.load import JobConfig
+from singa_mpi.program.job import JobPrograms
 from singa_mpi.runtimes.server import ServerRuntime
 from singa_mpi.runtimes.worker import Place, WorkerRuntime
 from singa_mpi.sync.shared_memory import shared_memory_enabled
@@ -24,9 +25,13 @@ class RoleJob:
 
     cfg: JobConfig
     topo: Topology
-    plans: dict  # phase -> the plan of one worker group
+    programs: JobPrograms  # each phase's plan of one worker group and every rank's proved program
     workspace: str
     steps: int | None = None  # --steps, else the job's train_steps
+
+    @property
+    def plans(self) -> dict:
+        return dict(self.programs.plans)
 
 
 @dataclasses.dataclass
@@ -59,7 +64,7 @@ def run_role(world, job: RoleJob, body: Callable[[Trainer], int], hooks: RoleHoo
         group.free()
         world.barrier(patient=True)
         return 0
-    runtime = WorkerRuntime(cfg, cfg.proto.seed, job.workspace, group, job.plans, place)
+    runtime = WorkerRuntime(cfg, cfg.proto.seed, job.workspace, group, job.programs, place)
     trainer = Trainer(cfg, job.workspace, runtime, train_steps=job.steps)
     hooks.attach(trainer)
     hooks.note("")

@@ -12,7 +12,6 @@ otherwise and for shards a subset of the workers holds.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 
@@ -28,11 +27,12 @@ from singa_mpi.runtimes.exchange import ExchangeLayer
 from singa_mpi.net import Net, Wire
 from singa_mpi.params import GradientQueue, Param, make_param
 from singa_mpi.progress import communication_table
-from singa_mpi.planner import ALLREDUCE, METHODS, SHARED_MEMORY, partition, verify
+from singa_mpi.planner import ALLREDUCE, SHARED_MEMORY, partition
 from singa_mpi.planner.plan import Plan, SubLayer, untrained_params
 from singa_mpi.planner.schedule import digest, schedule_lines, table_label
 from singa_mpi.planner.syncs import buckets, factored_rows, shared_memory_syncs
 from singa_mpi.program.build import SERVERS, program
+from singa_mpi.program.job import JobPrograms, job_programs
 from singa_mpi.program.passes import connection_calls
 from singa_mpi.program.units import units_of_plan
 from singa_mpi.proto import job_pb2
@@ -83,7 +83,7 @@ class WorkerRuntime:
     its params synchronised among its workers).  Only group 0 evaluates and writes: its root is
     the job's root."""
 
-    def __init__(self, cfg: JobConfig, seed: int, workspace: str, comm, plans: dict[str, Plan] | None = None,
+    def __init__(self, cfg: JobConfig, seed: int, workspace: str, comm, programs: JobPrograms | None = None,
                  place: Place | None = None):
         self.cfg, self.seed, self.workspace, self.comm = cfg, seed, workspace, comm
         self.rank, self.size = comm.rank, comm.size
@@ -93,63 +93,14 @@ class WorkerRuntime:
         self.is_root = self.rank == 0 and self.group == 0
         self.tracer = comm.tracer
         self.shared: dict[tuple, Param] = {}
-        self.plans: dict[str, Plan] = dict(plans or {})
+        # the launch's plans and proved programs (a worker built by hand plans its phases itself)
+        self.programs = programs
+        self.plans: dict[str, Plan] = dict(programs.plans) if programs is not None else {}
         self.method: str | None = None  # how world-replicated params sync; chosen in build_net("train")
         self._sync: Synchronizer | None = None
         self.nets: list[Net] = []
 
-    # -------------------------------------------------------------- planning
-    @staticmethod
-    def plan_phases(cfg: JobConfig, nworkers: int, phases: list[str]) -> dict[str, Plan]:
-        """Plan every phase and prove its schedule safe for either sync method
-        (pure, no communication: the launcher calls it before any MPI call)."""
-        plans = {}
-        algorithm = make_algorithm(cfg.proto.train_one_batch)
-        for phase in phases:
-            the_plan = partition(cfg, nworkers, phase)
-            for method in METHODS:
-                verify(the_plan, method, algorithm)
-            plans[phase] = the_plan
-        return plans
-
-    def _choose_method(self) -> str:
-        """Shared memory when every worker of the group is on this node (collective).  Not for a group
-        of distributed Hogwild: its exchanges write every replica, which node-shared chunks cannot take."""
-        if not shared_memory_enabled() or (self.place is not None and self.place.hogwild):
-            return ALLREDUCE
-        return SHARED_MEMORY if self.comm.on_one_node() else ALLREDUCE
-
-    @staticmethod
-    def agreement(cfg: JobConfig, plans: dict[str, Plan], options: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """What every rank must share before any collective, as (what, value) pairs compared in this
-        order: the run's options (seed, steps, workers...), the whole job, the plugins' code, and the
-        communication schedule of each sync method (pure: the launcher's phase-1 vote compares them)."""
-        job = hashlib.sha256(cfg.proto.SerializeToString(deterministic=True)).hexdigest()[:16]
-        facts = list(options) + [("the job", job), ("the plugins loaded", ", ".join(plugins.fingerprints()) or "none")]
-        algorithm = make_algorithm(cfg.proto.train_one_batch)
-        for method in METHODS:
-            lines = [line for _, the_plan in sorted(plans.items())
-                     for line in schedule_lines(the_plan, method, algorithm)]
-            facts.append((f"the communication schedule ({method})", digest(lines)))
-        return facts
-
-    @staticmethod
-    def job_details(cfg: JobConfig) -> list[tuple[str, str]]:
-        """The job field by field (each layer apart), for naming where two ranks' jobs differ."""
-        details = []
-        for field, value in cfg.proto.ListFields():
-            if field.name != "neuralnet":
-                details.append((f"the job's {field.name}", _short(value, field)))
-        net = cfg.proto.neuralnet
-        details.append(("the number of layers", str(len(net.layer))))
-        for index, layer in enumerate(net.layer):
-            for field, value in layer.ListFields():
-                details.append((f"layer #{index} '{layer.name}' {field.name}", _short(value, field)))
-        for field, value in net.ListFields():
-            if field.name != "layer":
-                details.append((f"neuralnet.{field.name}", _short(value, field)))
-        return details
-
+    # -------------------------------------------------------------- agreement
     def check_agreement(self) -> None:
         """All workers must hold the same plan, computed by the same plugins: compare the plugins'
         fingerprints and the schedule digests before step 1, and on a mismatch name what differs."""
@@ -184,7 +135,7 @@ class WorkerRuntime:
 
     def build_net(self, phase: str) -> Net:
         if phase not in self.plans:
-            self.plans.update(self.plan_phases(self.cfg, self.size, [phase]))
+            self.plans.update(job_programs(self.cfg, self.size, [phase]).plans)
         the_plan = self.plans[phase]
         by_name: dict[str, Layer] = {}
         wires = []
@@ -204,11 +155,26 @@ class WorkerRuntime:
             self.method = self._choose_method()
             self._sync = self._make_sync(net, the_plan)
             self._setup_queue(net, the_plan)
-        # the step this rank runs: the same program the pre-flight checks proved and digested
-        servers = self.place is not None and self.place.has_servers
-        net.program = program(the_plan, self.rank, make_algorithm(self.cfg.proto.train_one_batch),
-                              SERVERS if servers else self.method or SHARED_MEMORY)
+        net.program = self._program(phase, the_plan)
         return net
+
+    def _program(self, phase: str, the_plan: Plan):
+        """The step this rank runs: the program the pre-flight checks proved and digested."""
+        servers = self.place is not None and self.place.has_servers
+        method = SERVERS if servers else self.method or SHARED_MEMORY
+        if self.programs is not None and (phase, method) in self.programs.programs:
+            return self.programs.program(phase, method, self.rank)
+        return program(the_plan, self.rank, make_algorithm(self.cfg.proto.train_one_batch), method)
+
+    def _choose_method(self) -> str:
+        """The launch's choice; a worker built by hand asks its group: shared memory when every
+        worker of the group is on this node (collective).  Not for a group of distributed Hogwild:
+        its exchanges write every replica, which node-shared chunks cannot take."""
+        if self.programs is not None and self.programs.method not in (None, SERVERS):
+            return self.programs.method
+        if not shared_memory_enabled() or (self.place is not None and self.place.hogwild):
+            return ALLREDUCE
+        return SHARED_MEMORY if self.comm.on_one_node() else ALLREDUCE
 
     def _instantiate(self, the_plan: Plan, sub: SubLayer) -> Layer:
         """The sub-layer from its spec: class, context (slices), setup, params."""
@@ -426,36 +392,3 @@ class WorkerRuntime:
         if self.place is not None and self.place.peers is not None:
             self.place.peers.free()
         self.comm.free()
-
-
-def first_disagreement(everyone: list[list[tuple[str, str]]]) -> tuple[int, str, str, str] | None:
-    """(rank, what, its value, rank 0's value) for the first rank whose (what, value) facts differ
-    from rank 0's, at the first fact that differs (in rank 0's order; "(not set)" where one lacks it);
-    None when all agree."""
-    reference = dict(everyone[0])
-    for rank, facts in enumerate(everyone[1:], start=1):
-        theirs = dict(facts)
-        for what in list(reference) + [w for w in theirs if w not in reference]:
-            value, ours = theirs.get(what, "(not set)"), reference.get(what, "(not set)")
-            if value != ours:
-                return rank, what, value, ours
-    return None
-
-
-def _short(value, field) -> str:
-    """A field's value as it would read in a job file, if short; else a digest of it."""
-    from google.protobuf import text_format
-
-    if field.enum_type is not None and isinstance(value, int):
-        value = field.enum_type.values_by_number[value].name if value in field.enum_type.values_by_number else value
-
-    if not isinstance(value, (str, bytes)) and hasattr(value, "__iter__") and not hasattr(value, "ListFields"):
-        text = "; ".join(text_format.MessageToString(v, as_one_line=True) if hasattr(v, "ListFields") else str(v)
-                         for v in value)
-    elif hasattr(value, "ListFields"):
-        text = text_format.MessageToString(value, as_one_line=True)
-    else:
-        text = str(value)
-    if len(text) <= 120:
-        return f"{{ {text} }}" if hasattr(value, "ListFields") else text
-    return f"{{ ... }} (digest {hashlib.sha256(text.encode()).hexdigest()[:12]})"

@@ -512,7 +512,7 @@ def test_a_dangling_duplicate_layer_trains_serially_and_partitioned(tmp_path, la
     or on the features, like the job without it (the campaign saw a TypeError in backward)."""
     import nets
     from singa_mpi.launcher import RunOptions, run_training
-    from singa_mpi.runtimes.worker import WorkerRuntime
+    from singa_mpi.program.job import job_programs
     from singa_mpi.testing import check_equivalence
 
     data = nets.make_data(str(tmp_path / "d.h5"), 48, (12,), 5)
@@ -520,6 +520,6 @@ def test_a_dangling_duplicate_layer_trains_serially_and_partitioned(tmp_path, la
     cfg = parse_job(text, "job.conf")
     summary = validate(cfg)
     assert f"{layer}_dup" in [name for name, _, _ in summary.phases[0].layers]
-    WorkerRuntime.plan_phases(cfg, 2, ["train"])  # what `check -n 2` and `plan -n 2` do
+    job_programs(cfg, 2, ["train"])  # what `check -n 2` and `plan -n 2` do
     assert run_training(cfg, lambda _: str(tmp_path / "ws"), RunOptions()) == 0
     check_equivalence(text, workers=(2, 3), steps=2, partition_dims=(0, 1))

@@ -39,6 +39,7 @@ def with_servers(text: str, workspace: str, world, nservers: int) -> Trainer | N
     (ranks 0..) and ``nservers`` server ranks after them (collective).  A worker gets its trainer,
     ready to train; a server serves until every worker has closed its runtime (``finish``) and gets
     None."""
+    from singa_mpi.program.job import job_programs
     from singa_mpi.runtimes.roles import place_of
     from singa_mpi.runtimes.server import ServerRuntime
     from singa_mpi.topology import SERVER, topology
@@ -49,13 +50,13 @@ def with_servers(text: str, workspace: str, world, nservers: int) -> Trainer | N
     cluster.nworkers_per_group, cluster.nservers_per_group = world.size - nservers, nservers
     topo = topology(world.size, cluster)
     role = topo.role(world.rank)
-    plans = WorkerRuntime.plan_phases(cfg, topo.workers_per_group, ["train"])
+    programs = job_programs(cfg, topo.workers_per_group, ["train"], servers=True)
     group = world.split(1 if role.kind == SERVER else 0, role.index)
     if role.kind == SERVER:
-        ServerRuntime(cfg, cfg.proto.seed, world, topo, role, plans).serve()
+        ServerRuntime(cfg, cfg.proto.seed, world, topo, role, dict(programs.plans)).serve()
         group.free()
         return None
-    runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, plans, place_of(world, topo, role, cluster))
+    runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, group, programs, place_of(world, topo, role, cluster))
     trainer = Trainer(cfg, workspace, runtime, log=lambda line: None)
     runtime.begin_training(None, True)
     return trainer

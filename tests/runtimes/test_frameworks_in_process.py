@@ -15,11 +15,12 @@ import pytest
 
 from singa_mpi.communication.local import run_ranks
 from singa_mpi.config.load import load_job
-from singa_mpi.launcher import _topology, check_inputs
+from singa_mpi.launcher.checks import check_inputs
+from singa_mpi.launcher.describe import World, describe, read_job
+from singa_mpi.launcher.options import Request
 from singa_mpi.workspace import make_workspace
 from singa_mpi.runtimes.roles import RoleJob, run_role
 from singa_mpi.runtimes.serial import SerialRuntime
-from singa_mpi.runtimes.worker import WorkerRuntime
 from singa_mpi.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -45,8 +46,9 @@ def run_in_threads(cfg, workspace: pathlib.Path) -> list:
     size = cfg.proto.cluster.nworker_groups * cfg.proto.cluster.nworkers_per_group
     if cfg.proto.cluster.server_worker_separate:
         size += cfg.proto.cluster.nserver_groups * cfg.proto.cluster.nservers_per_group
-    topo = _topology(cfg, size)
-    job = RoleJob(cfg, topo, WorkerRuntime.plan_phases(cfg, topo.workers_per_group, ["train"]), str(workspace))
+    request = Request(cfg, lambda _: str(workspace))
+    launch = describe(read_job(request), World(size), request)  # as every launched rank computes it
+    job = RoleJob(launch.cfg, launch.topo, launch.programs, launch.workspace)
     trainers = [None] * size
 
     def rank(comm):

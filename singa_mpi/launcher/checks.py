@@ -1,0 +1,160 @@
+"""What a rank reads before any communication, so that a missing or damaged file is one voted line
+rather than every rank's abort at step 0: the input layers' files and first batches, the job's
+checkpoint_path files (``train``) or the checkpoints to test (``test``).  Each rank reads by itself."""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Callable
+
+from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.checkpoints.tools import read_initial
+from singa_mpi.config.load import JobConfig, layers_for_phase
+from singa_mpi.errors import DataError
+from singa_mpi.launcher.describe import Launch
+from singa_mpi.launcher.options import Request
+
+
+def read_before_start(launch: Launch, request: Request, is_root: bool,
+                      log: Callable[[str], None] | None) -> checkpoint.Checkpoint | None:
+    """Check the input files of every phase (``log``: this rank's notes, None to say nothing) and,
+    under MPI, the first batches; return the parameters the run starts from: the job's
+    checkpoint_path files (None without them, or when --resume finds the workspace's own), or for
+    ``test`` the checkpoints to test."""
+    check_inputs(launch.cfg, launch.workspace, list(launch.phases), log)
+    if launch.topo is not None:  # under MPI: what step 0 would meet, voted (serially step 0 says it)
+        check_first_batches(launch.cfg, launch.workspace, list(launch.phases))
+    if request.trains:
+        return read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume)
+    return checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root)
+
+
+def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callable[[str], None] | None) -> None:
+    """Every file the input layers of ``phases`` read exists (as written, else under the workspace);
+    scikit-learn's digits are prepared wherever a job asks for them (``log`` says so).  A missing
+    file is a DataError naming the command that makes it."""
+    from singa_mpi.data import prepare
+    from singa_mpi.layers.input import resolve_path
+
+    seen = set()
+    for phase in phases:
+        for index, layer in layers_for_phase(cfg.proto, phase):
+            for field, path in prepare.store_files(layer):
+                if path in seen or resolve_path(path, workspace) is not None:
+                    continue
+                seen.add(path)
+                if field == "path" and prepare.is_bundled_digits(path, layer.store_conf):
+                    if log is not None:
+                        log(f"preparing scikit-learn's digits in {os.path.dirname(path)}/ (first use)")
+                    prepare.prepare_digits(path, layer.store_conf)
+                    continue
+                todo = prepare.how_to_make(path, field, layer.store_conf, cfg.path)
+                raise _missing(_naming(cfg, index, layer.name, "store_conf", field), path, workspace, todo)
+            for conf, field, path, todo in prepare.reader_files(layer, cfg.path):  # DataShards, char-rnn text
+                if path not in seen and resolve_path(path, workspace) is None:
+                    raise _missing(_naming(cfg, index, layer.name, conf, field), path, workspace, todo)
+
+
+def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str]) -> None:
+    """What the first step of each phase would find wrong with the data, found before any communication
+    (every rank runs this in phase 1, so that data that every rank reads alike fails as one voted line):
+    every input layer opens its data and reads the first global batch (all ranks' rows: the store
+    decodes only these), label sources (kLabel) take their labels, and every loss layer looks at them.
+    The layers are throw-away serial instances without parameters; a DataError says what the first
+    step would have said."""
+    import numpy as np
+
+    from singa_mpi.layers.base import LayerContext
+    from singa_mpi.net import global_batch_size, instantiate, phase_nodes
+
+    for phase in phases:
+        nodes = phase_nodes(cfg, phase)
+        batch, train = global_batch_size(cfg, nodes), phase == "train"
+        built = instantiate(cfg, nodes, lambda node: LayerContext(global_batch=batch, seed=cfg.proto.seed,
+                                                                   workspace=workspace, phase=phase))
+        by_name = {node.name: layer for node, layer, _ in built}
+        read: dict[str, np.ndarray] = {}  # the output of each layer that read (input layers, label sources)
+        try:
+            for node, layer, kinds in built:
+                srcs = [by_name[name] for name in node.conf.srclayers if name in by_name]
+                if layer.is_input and not srcs:
+                    if hasattr(layer, "open"):
+                        layer.open(cache=False)
+                    read[node.name] = layer.forward([], train)
+                elif getattr(layer, "provides_labels", False) and srcs and all(s.name in read for s in srcs):
+                    read[node.name] = layer.forward([s.aux if k == "aux" else read[s.name]
+                                                     for s, k in zip(srcs, kinds)], train)
+                elif layer.is_loss and "aux" in kinds[:len(srcs)]:
+                    labels = srcs[kinds.index("aux")]
+                    if labels.name in read and labels.aux is not None:  # scores of the right shape, and these labels
+                        scores = np.zeros((len(labels.aux),) + srcs[kinds.index("data")].out_shape, np.float32)
+                        try:
+                            layer.forward([labels.aux if k == "aux" else scores for k in kinds[:len(srcs)]], train)
+                        except DataError as err:
+                            raise DataError(f"{err}, in the first batch{_read_from(labels, by_name)}") from None
+        finally:
+            for layer in by_name.values():
+                store = getattr(layer, "store", None)
+                if store is not None:
+                    store.close()
+
+
+def _read_from(layer, layers: dict) -> str:
+    """" of layer 'data' read from PATH": the input layer (and its store) that ``layer``'s labels come from."""
+    while getattr(layer, "store", None) is None and layer.conf.srclayers and layer.conf.srclayers[0] in layers:
+        layer = layers[layer.conf.srclayers[0]]  # a label source (kLabel) takes them from its input layer
+    store = getattr(layer, "store", None)
+    return f" of layer '{layer.name}'" + (f" read from {store.path}" if store is not None else "")
+
+
+def _naming(cfg: JobConfig, index: int, name: str, conf: str, field: str) -> str:
+    """FILE:LINE:COL: layer 'NAME': CONF.FIELD, of the field that names a file (``index``: the layer's
+    in the file; ``name``: the layer's, an unrolled copy's own)."""
+    return f"{cfg.layer_where(index, conf, field)}: layer '{name}': {conf}.{field}"
+
+
+def _missing(naming: str, path: str, workspace: str, todo: str) -> DataError:
+    """One line: where the job names the file, which layer, where it was looked for, how to make it."""
+    where = "" if workspace in ("", ".") else f" or in the workspace {workspace}"
+    return DataError(f"{naming} {path}: no such file (looked in the current folder {os.getcwd()}{where}): {todo}")
+
+
+def read_checkpoint_paths(cfg: JobConfig, workspace: str, resume: bool) -> checkpoint.Checkpoint | None:
+    """The job's checkpoint_path files, read in phase 1 so that a missing or damaged one is a voted error
+    (one line from rank 0) rather than every rank's abort at step 0; None when the job names none, or
+    when --resume continues from the workspace's own checkpoints."""
+    from singa_mpi.config.checkpoint_paths import missing_checkpoint_paths
+
+    if not cfg.proto.checkpoint_path or (resume and checkpoint.listed(workspace)):
+        return None
+    missing = missing_checkpoint_paths(cfg)  # a line that names the job writing it, where one does
+    if missing:
+        raise DataError(missing[0])
+    return merged_checkpoint_paths(cfg.proto.checkpoint_path)
+
+
+def merged_checkpoint_paths(paths) -> checkpoint.Checkpoint:
+    """SINGA: params matched by name; later files override earlier ones."""
+    merged = read_initial(paths[0])
+    for path in paths[1:]:
+        merged.params.update(read_initial(path).params)
+        merged.path = path
+    return merged
+
+
+
+def checkpoints_to_test(workspace: str, checkpoints: list[str] | None, is_root: bool) -> checkpoint.Checkpoint:
+    """The --checkpoint files (later ones override earlier ones, as in SINGA), else the workspace's
+    newest good checkpoint; DataError when there is none."""
+    if checkpoints:
+        ckpt = checkpoint.read(checkpoints[0])
+        for path in checkpoints[1:]:  # later files override earlier ones (SINGA)
+            ckpt.params.update(checkpoint.read(path).params)
+        return ckpt
+    with warnings.catch_warnings():
+        if not is_root:
+            warnings.simplefilter("ignore")  # one report of a damaged file is enough
+        ckpt = checkpoint.newest_good(workspace)
+    if ckpt is None:
+        raise DataError(f"{workspace}: no checkpoint found: expected `--checkpoint FILE` or a trained workspace")
+    return ckpt

@@ -1,0 +1,56 @@
+"""What the user asked for: the job, the command (train or test) and its options."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from singa_mpi.config.load import JobConfig
+
+TRAIN, TEST = "train", "test"
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """How to run beyond the job file: ``singa-mpi train`` options."""
+
+    seed: int | None = None
+    steps: int | None = None
+    stall_timeout: float | None = None
+    resume: bool = False
+    workers: int | None = None  # overrides cluster.nworkers_per_group (--workers N)
+    overwrite: bool = False  # move another run's checkpoints and metrics aside (WORKSPACE/previous-<time>/)
+    keep: int | None = None
+    allow_partial: bool = False
+    allow_other_job: bool = False  # --resume from a checkpoint another job wrote (its identity differs)
+    trace: str | None = None  # FILE: every rank's timeline as Chrome-trace JSON (singa_mpi.timeline)
+    profile: bool = False  # print the per-layer compute/communication table at the end
+    check_finite: bool = True  # stop at the first NaN/inf in inputs, metrics or gradients (exit 5)
+    debug: bool = False  # --debug: also the communication table's bookkeeping rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One run as asked for: ``job`` (a path, or a config already read), where it writes
+    (``workspace_of(cfg)``), the command and its options; ``checkpoints``: `test --checkpoint` files."""
+
+    job: str | JobConfig
+    workspace_of: Callable[[JobConfig], str]
+    options: RunOptions = dataclasses.field(default_factory=RunOptions)
+    command: str = TRAIN
+    checkpoints: tuple[str, ...] = ()
+
+    @property
+    def trains(self) -> bool:
+        return self.command == TRAIN
+
+
+# options that may differ between ranks: each rank's own watchdog, the root's pruning and printing
+PER_RANK_OPTIONS = {"seed", "steps", "workers", "stall_timeout", "keep", "profile", "trace", "debug"}
+
+
+def options_to_agree(options: RunOptions) -> list[tuple[str, str]]:
+    """The run options every rank must share (seed, steps and workers are compared from the job as
+    each rank reads it); --trace's file is the root's, but recording is collective."""
+    pairs = [(f"--{name.replace('_', '-')}", str(value)) for name, value in dataclasses.asdict(options).items()
+             if name not in PER_RANK_OPTIONS]
+    return pairs + [("--trace", "on" if options.trace else "off")]

@@ -1,0 +1,154 @@
+"""The ``train`` command: start from the job's checkpoint files or resume the workspace's newest
+checkpoint, train (stopping on the signals caught), and say how to resume."""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import warnings
+from typing import Callable
+
+from singa_mpi import plugins, progress, timeline
+from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.config.load import JobConfig
+from singa_mpi.errors import ConfigError, NonFiniteError
+from singa_mpi.launcher.checks import merged_checkpoint_paths
+from singa_mpi.launcher.options import Request, RunOptions
+from singa_mpi.launcher.run import launch
+from singa_mpi.runtimes.serial import SerialRuntime
+from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
+from singa_mpi.trainer import Trainer, write_stop_note
+
+
+def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
+                 options: RunOptions | None = None) -> int:
+    """Train ``job``; ``workspace_of(cfg)`` names the output folder.  Returns the exit code:
+    0 when done, ``checkpoint.EXIT_CHECKPOINTED`` (75) when stopped by SIGINT/SIGTERM/SIGUSR1 after
+    writing a checkpoint."""
+    from singa_mpi.communication.liveness import launched_rank
+
+    request = Request(job, workspace_of, options or RunOptions())
+    # a launcher that stops reading the ranks' output (Open MPI's mpirun, signalled) must not stop the run
+    with progress.forwarded_stdout(launched=launched_rank() is not None):
+        return launch(request, lambda trainer, initial: train(trainer, request.options, initial))
+
+
+def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint | None = None) -> int:
+    """Initialise (``initial``: the job's checkpoint_path files, already read) or resume, run (stopping on
+    the signals :class:`StopSignals` caught); returns the exit code."""
+    trainer.keep = options.keep
+    trainer.print_profile = options.profile
+    trainer.debug = options.debug
+    if not options.check_finite:
+        trainer.finite.switch_off(list(trainer.nets().values()))
+    if options.trace:
+        timeline.start(trainer.runtime)  # record from here on, one clock on every rank
+    _load_initial_state(trainer, options, initial)
+    # server ranks wait for their initial state before anything else
+    trainer.runtime.begin_training(trainer.loaded, trainer.finite.enabled)
+    if trainer.start_step > 0 and trainer.start_step >= trainer.train_steps:
+        trainer.log(f"nothing to do: the checkpoint is at step {trainer.start_step}, "
+                    f"train_steps is {trainer.train_steps}")
+        return 0
+    if trainer.runtime.any(trainer.stop_requested):  # a signal during setup (StopSignals): stop before step 1
+        trainer.log(STOPPED_BEFORE_TRAINING)
+        if trainer.runtime.is_root:
+            write_stop_note(trainer.workspace, [STOPPED_BEFORE_TRAINING])
+        return checkpoint.EXIT_CHECKPOINTED
+    trainer.training = True  # a stop signal from now on: after the step, with a checkpoint
+    trainer.resume_hint = f"resume with: {resume_command(trainer, options)}"  # for a stop's note too
+    try:
+        trainer.run()
+    except NonFiniteError as err:
+        return _stopped_on_nonfinite(trainer, err)
+    if options.trace:
+        trainer.log(timeline.finish(trainer.runtime, options.trace))  # collective
+    if trainer.stopped:
+        trainer.log(trainer.resume_hint)
+        if trainer.runtime.is_root:
+            progress.also_on_stderr(trainer.resume_hint)
+        return checkpoint.EXIT_CHECKPOINTED
+    return 0
+
+
+def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
+    """Every rank raised ``err`` at the same step (the verdict is voted): under MPI the root prints
+    the one line and all ranks exit with its code, with no abort; serially the CLI reports it."""
+    if isinstance(trainer.runtime, SerialRuntime):
+        raise err
+    # the root of the group that found it prints (other groups' roots hold a pointer to it)
+    if trainer.runtime.rank == 0 and "another worker group" not in str(err) and "see rank 0" not in str(err):
+        print(f"singa-mpi: error: {err}", file=sys.stderr, flush=True)
+    return err.exit_code
+
+
+def launcher_name(environ) -> str:
+    """The command that launched this process, by what it announced: ``mpirun`` for Open MPI's launcher
+    (OMPI_COMM_WORLD_SIZE; mpirun and mpiexec are one program there, the name typed is not known),
+    ``mpiexec`` for MPICH's hydra (MPI_LOCALNRANKS, also when its proxies run in a Slurm step), ``srun``
+    for a Slurm job step (SLURM_STEP_ID a number, with PMI-2 or PMIx), else ``mpiexec``."""
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return "mpirun"
+    if "MPI_LOCALNRANKS" in environ:
+        return "mpiexec"
+    if environ.get("SLURM_STEP_ID", "").isdigit() and "SLURM_STEP_NUM_TASKS" in environ:
+        return "srun"
+    return "mpiexec"
+
+
+def resume_command(trainer: Trainer, options: RunOptions, environ=None) -> str:
+    """The command that continues this run from its newest checkpoint (it may run on any number of
+    ranks), with the launcher that started this one (``environ``: default this process's)."""
+    size = trainer.runtime.size
+    launcher = launcher_name(os.environ if environ is None else environ)
+    words = [launcher, "-n", str(size), "python", "-m", "singa_mpi"] if size > 1 else ["singa-mpi"]
+    words += ["train", trainer.cfg.path, "--workspace", trainer.workspace]
+    for flag, value in (("--steps", options.steps), ("--seed", options.seed), ("--keep", options.keep),
+                        ("--workers", options.workers)):
+        if value is not None:
+            words += [flag, str(value)]
+    for spec in plugins.requested():  # the job cannot be read without them
+        words += ["--plugin", spec]
+    if not options.check_finite:
+        words.append("--no-check-finite")
+    return shlex.join(words + ["--resume"])
+
+
+def _load_initial_state(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint | None = None) -> None:
+    """--resume: the newest good checkpoint of the workspace; else the job's checkpoint_path files
+    (``initial`` when :func:`read_checkpoint_paths` read them before)."""
+    job = trainer.job
+    if options.resume:
+        with warnings.catch_warnings():
+            if not trainer.runtime.is_root:
+                warnings.simplefilter("ignore")  # one report of a damaged file is enough
+            ckpt = checkpoint.newest_good(trainer.workspace)
+        if ckpt is not None:
+            _check_job_identity(trainer, ckpt, options.allow_other_job)
+            trainer.log(f"resuming from {ckpt.path} (step {ckpt.step})")
+            trainer.restore(ckpt, full=True, allow_partial=options.allow_partial)
+            return
+        trainer.log(f"note: no checkpoint in {checkpoint.checkpoint_dir(trainer.workspace)}: starting at step 0")
+    if job.checkpoint_path:  # a fresh start (a first --resume of a requeued job included)
+        merged = initial or merged_checkpoint_paths(job.checkpoint_path)
+        trainer.log(f"initialising parameters from {', '.join(job.checkpoint_path)}")
+        trainer.restore(merged, full=False, allow_partial=options.allow_partial)
+
+
+def _check_job_identity(trainer: Trainer, ckpt: checkpoint.Checkpoint, allow_other_job: bool) -> None:
+    """--resume: refuse another job's checkpoint (ConfigError) unless --allow-other-job.  The root alone
+    decides, as its error ends every rank and the others would print the same line."""
+    from singa_mpi.checkpoints.snapshot import other_job
+
+    if not trainer.runtime.is_root:
+        return
+    if not ckpt.job_identity:
+        trainer.log(f"note: {ckpt.path} has no job identity (format {ckpt.format_version}, or converted): "
+                    f"not checked that this job wrote it")
+        return
+    mismatch = other_job(trainer.cfg, ckpt)
+    if mismatch and not allow_other_job:
+        raise ConfigError(f"{mismatch}: expected this job's checkpoint: resume from it anyway with "
+                          f"--allow-other-job (params taken by name), or start afresh with --overwrite")
+    if mismatch:
+        trainer.log(f"note: --allow-other-job: {mismatch}")
