@@ -36,8 +36,8 @@ from typing import Callable
 from singa_mpi import plugins, progress, threads, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
-from singa_mpi.config.load import JobConfig, effective_partition_dim, layers_for_phase, load_job
-from singa_mpi.config.validate import is_test_only, validate
+from singa_mpi.checks.job import validate
+from singa_mpi.config.load import JobConfig, effective_partition_dim, is_test_only, layers_for_phase, load_job
 from singa_mpi.errors import (ConfigError, DataError, NonFiniteError, PeerLost, ResourceError, SingaError, one_line,
                               out_of_memory)
 from singa_mpi.layers.output import output_files
@@ -265,7 +265,7 @@ def _in_blas_threads(body: Callable[[Trainer], int]) -> Callable[[Trainer], int]
         print(f"warning: {line}", file=sys.stderr, flush=True)
 
     def run(trainer: Trainer) -> int:
-        work = threads.work_per_step(trainer.cfg, trainer.runtime.size)
+        work = threads.work_per_step(trainer.cfg, validate(trainer.cfg), trainer.runtime.size)
         with threads.blas_threads(warn=warn if trainer.runtime.is_root else None, work=work):
             return body(trainer)
     return run
@@ -274,6 +274,7 @@ def _in_blas_threads(body: Callable[[Trainer], int]) -> Callable[[Trainer], int]
 def _train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint | None = None) -> int:
     """Initialise (``initial``: the job's checkpoint_path files, already read) or resume, run (stopping on
     the signals :class:`StopSignals` caught); returns the exit code."""
+    trainer.job_params = dict(validate(trainer.cfg).params)  # its checkpoints' job identity
     trainer.keep = options.keep
     trainer.print_profile = options.profile
     trainer.debug = options.debug
@@ -377,7 +378,7 @@ def read_checkpoint_paths(cfg: JobConfig, workspace: str, resume: bool) -> check
     """The job's checkpoint_path files, read in phase 1 so that a missing or damaged one is a voted error
     (one line from rank 0) rather than every rank's abort at step 0; None when the job names none, or
     when --resume continues from the workspace's own checkpoints."""
-    from singa_mpi.config.checkpoint_paths import missing_checkpoint_paths
+    from singa_mpi.checks.checkpoint_paths import missing_checkpoint_paths
 
     if not cfg.proto.checkpoint_path or (resume and checkpoint.listed(workspace)):
         return None
@@ -407,7 +408,7 @@ def _check_job_identity(trainer: Trainer, ckpt: checkpoint.Checkpoint, allow_oth
         trainer.log(f"note: {ckpt.path} has no job identity (format {ckpt.format_version}, or converted): "
                     f"not checked that this job wrote it")
         return
-    mismatch = other_job(trainer.cfg, ckpt)
+    mismatch = other_job(trainer.cfg, trainer.job_params, ckpt)
     if mismatch and not allow_other_job:
         raise ConfigError(f"{mismatch}: expected this job's checkpoint: resume from it anyway with "
                           f"--allow-other-job (params taken by name), or start afresh with --overwrite")
