@@ -57,12 +57,14 @@ def worker(args) -> int:
     from threadpoolctl import threadpool_info
 
     from singa_mpi import threads
+    from singa_mpi.checks.job import validate
 
     def setting(trainer):
         """What the setting changes; ``default``: what the launcher does for `singa-mpi train`."""
         if args.setting.startswith("gemm="):
             return threads.limit_blas(int(args.setting[5:]))
-        return threads.blas_threads(work=threads.work_per_step(trainer.cfg, trainer.runtime.size))
+        work = threads.work_per_step(trainer.cfg, validate(trainer.cfg), trainer.runtime.size)
+        return threads.blas_threads(work=work)
 
     step_ms, steps, world, blas = _time_steps(args.job, args.steps, args.budget, setting, threadpool_info)
     if world is None or world.rank == 0:

@@ -37,12 +37,13 @@ def blas_threads_as_train(cfg=None, nworkers: int = 1) -> int:
     ends; a later call replaces it.  Returns the threads of the largest BLAS/OpenMP pool now.
     """
     from singa_mpi import threads
+    from singa_mpi.checks.job import validate
 
     def warn(line: str) -> None:
         print(f"warning: {line}", file=sys.stderr, flush=True)
 
     _THREADS.close()
-    work = threads.work_per_step(cfg, nworkers) if cfg is not None else None
+    work = threads.work_per_step(cfg, validate(cfg), nworkers) if cfg is not None else None
     _THREADS.enter_context(threads.blas_threads(warn=warn, work=work))
     return blas_threads_now()
 

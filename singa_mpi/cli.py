@@ -56,8 +56,8 @@ def resolve_workspace(cfg, override: str | None) -> str:
 # ------------------------------------------------------------------ commands
 
 def cmd_check(args) -> int:
+    from singa_mpi.checks.job import validate
     from singa_mpi.config.load import load_job
-    from singa_mpi.config.validate import validate
 
     cfg = load_job(args.job)
     if args.print_workspace:  # for batch scripts: where this job writes
@@ -114,8 +114,8 @@ def cmd_test(args) -> int:
 
 def cmd_plan(args) -> int:
     from singa_mpi.algorithms import make_algorithm
+    from singa_mpi.checks.job import validate
     from singa_mpi.config.load import load_job
-    from singa_mpi.config.validate import validate
     from singa_mpi.planner import plan, render
 
     cfg = load_job(args.job)

@@ -18,8 +18,8 @@ import numpy as np
 
 from singa_mpi.algorithms.base import forward_pass
 from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.checks.job import validate
 from singa_mpi.config.load import JobConfig, layers_for_phase, load_job, parse_job
-from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError, DataError, MissingDependency, writing
 from singa_mpi.launcher.checks import check_inputs
 from singa_mpi.layers.base import layer_class_of, layer_type_name

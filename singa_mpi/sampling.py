@@ -19,8 +19,8 @@ from collections.abc import Callable
 import numpy as np
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.checks.job import validate
 from singa_mpi.config.load import JobConfig, layers_for_phase, load_job
-from singa_mpi.config.validate import validate
 from singa_mpi.data.text import read_vocab, show_byte
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.layers.base import layer_class_of

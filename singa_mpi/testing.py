@@ -109,9 +109,9 @@ def check_equivalence(job: str, workers: Iterable[int] = (2,), steps: int = 3, p
     ``rtol`` relative to each value; params to ``rtol`` relative to the param's largest magnitude
     (plus ``atol``), as float32 sums over a different split of the rows differ in the last bits."""
     from singa_mpi.checkpoints.snapshot import collect
+    from singa_mpi.checks.job import validate
     from singa_mpi.communication.local import run_ranks
     from singa_mpi.config.load import load_job, parse_job
-    from singa_mpi.config.validate import validate
     from singa_mpi.launcher.checks import check_inputs
     from singa_mpi.runtimes.serial import SerialRuntime
     from singa_mpi.runtimes.worker import WorkerRuntime

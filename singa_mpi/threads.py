@@ -110,14 +110,14 @@ def choose_threads(cores: int, ranks: int, env: Mapping[str, str], work: float |
     return max(1, cores // max(1, ranks))
 
 
-def work_per_step(cfg, nworkers: int = 1) -> float | None:
+def work_per_step(cfg, summary, nworkers: int = 1) -> float | None:
     """Multiply-adds of the train net's forward pass per worker: each weight's size times the output
     positions it is applied at (1 for an inner product, height x width for a convolution), times the
     batch, over ``nworkers`` (data or feature partitioning splits the work either way).  None when
-    the job has no train net."""
-    from singa_mpi.config.validate import validate
+    the job has no train net.
 
-    summary = validate(cfg)
+    ``summary``: what checking the job found (:class:`singa_mpi.checks.job.Summary`): each phase's
+    layers with their output shapes and batch, and the params' logical shapes."""
     train = next((phase for phase in summary.phases if phase.phase == "train"), None)
     if train is None:
         return None

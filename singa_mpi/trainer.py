@@ -115,6 +115,9 @@ class Trainer:
         self.test_net = runtime.build_net("test") if self.job.test_steps > 0 and evaluates else None
         self.val_net = runtime.build_net("val") if self.job.validate_steps > 0 and evaluates else None
         self.loaded = None  # (checkpoint, full) restored before training, for the servers
+        # the job's params -> logical shape, as checking the job found them (checks.job.Summary.params), for
+        # its checkpoints' job identity; the launch sets them (None: checkpoints are written without one)
+        self.job_params: dict[str, tuple[int, ...]] | None = None
         self.batch = self.train_net_batch()
         self.metrics_path = os.path.join(workspace, "metrics.jsonl")
         self.history: list[dict] = []

@@ -3,7 +3,9 @@
 * the import-linter contracts of pyproject.toml (only the MPI communicator
   imports mpi4py; layers, planner, algorithms, sync strategies, checkpoints and
   the trainer never import a communicator implementation or a runtime; the
-  communicators know nothing of layers or training);
+  communicators know nothing of layers or training; parsing (``config``)
+  imports no layer, net, plan or run, nor the checks; nothing from the planner
+  down imports the checks);
 * no import cycle between modules of the package (function-level imports
   count too), found with grimp, import-linter's import graph.
 """

@@ -7,8 +7,8 @@ import pytest
 
 import nets
 from singa_mpi import cli
+from singa_mpi.checks.job import validate
 from singa_mpi.config.load import parse_job
-from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.trainer import Trainer

@@ -141,8 +141,8 @@ def test_checkpoint_path_params_it_lacks_keep_their_init_a_misfit_is_an_error(tm
 
 def test_param_without_init_must_come_from_checkpoint_path(tmp_path):
     """SINGA's rbm2.conf names w1 without init: its values can only come from checkpoint_path."""
+    from singa_mpi.checks.job import validate
     from singa_mpi.config.load import parse_job
-    from singa_mpi.config.validate import validate
     from singa_mpi.errors import ConfigError
 
     conf = job_file(tmp_path, steps=1)

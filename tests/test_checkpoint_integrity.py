@@ -13,6 +13,7 @@ import pytest
 
 import nets
 from singa_mpi.checkpoints import hdf5 as checkpoint, snapshot
+from singa_mpi.checks.job import validate
 from singa_mpi.config.load import parse_job
 from singa_mpi.errors import ConfigError, DataError
 from test_checkpoint import job_file, train
@@ -180,11 +181,16 @@ def test_every_part_of_the_file_is_covered_by_a_checksum(trained, tmp_path, dama
 
 # ------------------------------------------------------------------ identity
 
+def identity_of(cfg) -> str:
+    """The job identity a run of ``cfg`` writes: from the param shapes checking the job finds."""
+    return snapshot.job_identity(cfg, dict(validate(cfg).params))
+
+
 def test_identity_ignores_the_run_and_the_partitioning_but_not_the_net(tmp_path):
     data = str(tmp_path / "d.h5")
 
     def identity(text: str) -> str:
-        return snapshot.job_identity(parse_job(text, "x.conf"))
+        return identity_of(parse_job(text, "x.conf"))
 
     base = nets.mlp(data, 7, "data")
     same = [nets.mlp(data, 7, scheme) for scheme in ("feature", "hybrid", "pipeline")]
@@ -197,13 +203,20 @@ def test_identity_ignores_the_run_and_the_partitioning_but_not_the_net(tmp_path)
     assert len({identity(text) for text in other} | {identity(base)}) == 4
 
 
+def test_the_identity_of_an_example_job_is_what_earlier_versions_wrote():
+    """A checkpoint written before keeps resuming: the identity of conf/digits_mlp.conf as its
+    checkpoints carry it (to change only with that job's net)."""
+    conf = os.path.join(os.path.dirname(__file__), "..", "conf", "digits_mlp.conf")
+    assert identity_of(parse_job(open(conf).read(), conf)) == "e5359a1b25e2e789"
+
+
 def test_resuming_another_jobs_checkpoint_is_refused_unless_asked(tmp_path):
     conf = job_file(tmp_path, steps=2)
     assert train(conf, tmp_path / "ws") == 0
     other = tmp_path / "other.conf"
     other.write_text(open(conf).read().replace("kSTanh", "kSigmoid"))  # the same param shapes
-    mine = snapshot.job_identity(parse_job(open(conf).read(), conf))
-    theirs = snapshot.job_identity(parse_job(other.read_text(), str(other)))
+    mine = identity_of(parse_job(open(conf).read(), conf))
+    theirs = identity_of(parse_job(other.read_text(), str(other)))
     with pytest.raises(ConfigError) as err:
         train(str(other), tmp_path / "ws", resume=True, steps=4)
     message = str(err.value)

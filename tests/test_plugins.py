@@ -28,9 +28,9 @@ from test_mpi_suites import mpi_env, mpiexec_command
 
 from singa_mpi import cli, plugins
 from singa_mpi.algorithms import ALGORITHMS
+from singa_mpi.checks.job import validate
 from singa_mpi.communication.local import run_ranks
 from singa_mpi.config.load import load_job, parse_job
-from singa_mpi.config.validate import validate
 from singa_mpi.data.convert import convert_digits
 from singa_mpi.errors import ConfigError
 from singa_mpi.launcher import RunOptions, run_training

@@ -163,6 +163,19 @@ def test_built_in_layers_are_all_there_and_match_their_decorators():
     assert layer_class("kCudnnConv") is conv.Convolution is layer_class("kConvolution")
 
 
+def test_parsing_suggests_the_built_in_layers_without_importing_them():
+    """A misspelt ``type`` lists the layer types a job may write: the LayerType values the built-in
+    layers register.  Parsing knows them from the enum (it imports no layer): the enum less the
+    kUser placeholder, the retired types and those no job writes."""
+    from singa_mpi.config.parse_errors import _enum_choices
+    from singa_mpi.layers.base import LAYERS
+    from singa_mpi.proto import job_pb2
+
+    enum = job_pb2.LayerType.keys()
+    assert _enum_choices("singa.LayerType") == [name for name in LAYERS.builtin_names() if name in enum]
+    assert set(_enum_choices("singa.LayerType")) == LAYER_TYPES
+
+
 def test_other_built_ins_are_all_there():
     from singa_mpi.algorithms import ALGORITHMS
     from singa_mpi.algorithms.bp import BackPropagation

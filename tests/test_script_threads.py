@@ -24,10 +24,12 @@ def train_choice(net: str, ranks: int, tmp_path) -> int:
     """What `singa-mpi train` gives each of ``ranks`` ranks on this node for the example net."""
     from bench_scaling import NETS, partitioned
     from bench_serial import job_on_synthetic_data
+    from singa_mpi.checks.job import validate
 
     conf, shape, _ = NETS[net]
     cfg = partitioned(job_on_synthetic_data(conf, str(tmp_path), shape, 16), "data")
-    return threads.choose_threads(threads.cores_available(), ranks, {}, threads.work_per_step(cfg, ranks))
+    work = threads.work_per_step(cfg, validate(cfg), ranks)
+    return threads.choose_threads(threads.cores_available(), ranks, {}, work)
 
 
 def test_the_helper_chooses_as_train_for_the_ranks_on_this_node(tmp_path):

@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 
 from singa_mpi import cli, plugins
+from singa_mpi.checks.job import validate
 from singa_mpi.communication.local import run_ranks
 from singa_mpi.config.load import JobConfig, load_job
-from singa_mpi.config.validate import validate
 from singa_mpi.data.synthetic import write_synthetic
 from singa_mpi.proto import job_pb2
 from singa_mpi.runtimes.serial import SerialRuntime

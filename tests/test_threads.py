@@ -48,12 +48,14 @@ def test_small_jobs_get_one_thread(cores, ranks, env, work, expected):
 @pytest.mark.parametrize("conf, small", [("digits_mlp.conf", True), ("mnist_mlp.conf", False),
                                          ("cifar10_convnet.conf", False)])
 def test_work_per_step_of_the_examples(conf, small):
+    from singa_mpi.checks.job import validate
     from singa_mpi.config.load import load_job
 
     cfg = load_job(str(ROOT / "conf" / conf))
-    work = threads.work_per_step(cfg)
+    summary = validate(cfg)
+    work = threads.work_per_step(cfg, summary)
     assert (work < threads.SMALL_WORK) == small
-    assert threads.work_per_step(cfg, 2) == work / 2
+    assert threads.work_per_step(cfg, summary, 2) == work / 2
     if conf == "digits_mlp.conf":
         assert work == 64 * (64 * 256 + 256 * 128 + 128 * 10)  # batch x weights of the inner products
     if conf == "cifar10_convnet.conf":  # convolutions count every output position

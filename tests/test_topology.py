@@ -94,8 +94,8 @@ def test_describe_names_groups_and_ranks():
 
 def test_check_rejects_cluster_shapes_not_built_yet_with_file_and_line(tmp_path):
     """`singa-mpi check` and serial runs refuse them too (no world size needed)."""
+    from singa_mpi.checks.job import validate
     from singa_mpi.config.load import parse_job
-    from singa_mpi.config.validate import validate
     import nets
 
     data = nets.make_data(str(tmp_path / "d.h5"), 16, (12,), 5)

@@ -56,8 +56,8 @@ def with_accuracy(conf_path):
 
 def test_each_metric_is_the_mean_over_the_rows_that_produced_it(tmp_path):
     from singa_mpi.algorithms import make_algorithm
+    from singa_mpi.checks.job import validate
     from singa_mpi.config.load import load_job
-    from singa_mpi.config.validate import validate
     from singa_mpi.net import build_serial_net
     from singa_mpi.trainer import summarize
 
@@ -226,8 +226,8 @@ def test_output_files_are_closed_when_training_fails(tmp_path, monkeypatch):
 
 
 def test_an_output_batchsize_must_agree_with_the_input_batch(tmp_path):
+    from singa_mpi.checks.job import validate
     from singa_mpi.config.load import load_job
-    from singa_mpi.config.validate import validate
     from singa_mpi.errors import ConfigError
 
     conf = with_output(job_file(tmp_path))

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import effective_partition_dim, layers_for_phase
 from singa_mpi.errors import DataError
+from singa_mpi.registry import selected_name
+
+ParamShapes = Mapping[str, Sequence[int]]  # the job's params (owners) -> logical shape, as checking found them
 
 
 def _index(array_shape: tuple, region: tuple):
@@ -49,38 +53,35 @@ def plan_summary(cfg, nranks: int) -> dict:
     return {"nranks": nranks, "layers": layers}
 
 
-def identity_parts(cfg) -> dict:
-    """What defines a job's params: their names and logical shapes (owners), and the train net's layers
-    (name, type, sources).  Not the step, seed, learning rate, updater, batch, data or partitioning: a
-    job may go on from its checkpoint with any of those changed."""
-    from singa_mpi.config.validate import validate  # the params' logical shapes, without building a net
-
-    summary = validate(cfg)
-    types = {name: kind for name, kind, _ in summary.phases[0].layers}  # phases[0] is "train"
-    layers = [[layer.name, types.get(layer.name, ""), list(layer.srclayers)]
+def identity_parts(cfg, params: ParamShapes) -> dict:
+    """What defines a job's params: their names and logical shapes (owners; ``params``, which checking
+    the job found: ``dict(checks.job.validate(cfg).params)``), and the train net's layers (name, type,
+    sources).  Not the step, seed, learning rate, updater, batch, data or partitioning: a job may go
+    on from its checkpoint with any of those changed."""
+    layers = [[layer.name, selected_name(layer), list(layer.srclayers)]
               for _, layer in layers_for_phase(cfg.proto, "train")]
-    return {"params": [[name, list(shape)] for name, shape in summary.params], "layers": layers}
+    return {"params": [[name, list(shape)] for name, shape in sorted(params.items())], "layers": layers}
 
 
-def job_identity(cfg) -> str:
+def job_identity(cfg, params: ParamShapes) -> str:
     """16 hex digits of a hash of :func:`identity_parts`: equal for the same net, whatever the run."""
-    text = json.dumps(identity_parts(cfg), sort_keys=True)
+    text = json.dumps(identity_parts(cfg, params), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def other_job(cfg, ckpt: checkpoint.Checkpoint) -> str | None:
+def other_job(cfg, params: ParamShapes, ckpt: checkpoint.Checkpoint) -> str | None:
     """How ``ckpt`` shows it was written by another job than ``cfg`` (its identity differs), else None.
     A file without an identity (format 2, converted from SINGA) is taken as this job's."""
-    mine = job_identity(cfg)
+    mine = job_identity(cfg, params)
     if not ckpt.job_identity or ckpt.job_identity == mine:
         return None
     return (f"{ckpt.path}: written by another job ('{ckpt.job_name}', identity {ckpt.job_identity}) than "
-            f"{cfg.path} ('{cfg.proto.name}', identity {mine}): {_difference(cfg, ckpt)}")
+            f"{cfg.path} ('{cfg.proto.name}', identity {mine}): {_difference(params, ckpt)}")
 
 
-def _difference(cfg, ckpt: checkpoint.Checkpoint) -> str:
+def _difference(params: ParamShapes, ckpt: checkpoint.Checkpoint) -> str:
     """The first few params that differ by name or shape, else that the layers differ."""
-    mine = {name: tuple(shape) for name, shape in identity_parts(cfg)["params"]}
+    mine = {name: tuple(shape) for name, shape in params.items()}
     theirs = {name: tuple(value.shape) for name, value in ckpt.params.items()}
     lines = [f"{name} {theirs.get(name, 'absent')} there, {mine.get(name, 'absent')} here"
              for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
@@ -112,7 +113,8 @@ def local_pieces(trainer) -> dict:
 
 def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | None:
     """The whole job's state at ``step`` on rank 0 (None elsewhere).  Collective.  With server ranks
-    the params and updater state are theirs (``final``: once every worker group has finished)."""
+    the params and updater state are theirs (``final``: once every worker group has finished).  Its job
+    identity comes from ``trainer.job_params`` (the launch sets them)."""
     everyone = trainer.runtime.gather_object(local_pieces(trainer))
     if everyone is None:
         return None
@@ -120,9 +122,11 @@ def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | 
     if served is not None:  # after the workers' pieces: the servers' values are the job's
         everyone = everyone + [{"params": part["params"], "states": part["states"], "readers": {},
                                 "counters": part["counters"], "carried": []} for part in served]
+    known = trainer.job_params  # None: a trainer built without them (a test's, a script's) writes no identity
     ckpt = checkpoint.Checkpoint(step=step, params={}, job_name=trainer.job.name, job_config=trainer.cfg.text,
                                  plan=plan_summary(trainer.cfg, trainer.runtime.size), seed=trainer.job.seed,
-                                 nranks=trainer.runtime.size, job_identity=job_identity(trainer.cfg))
+                                 nranks=trainer.runtime.size,
+                                 job_identity=job_identity(trainer.cfg, known) if known is not None else "")
     for pieces in everyone:
         for name, shape, region, value in pieces["params"]:
             target = ckpt.params.setdefault(name, np.zeros(shape, np.float32))

@@ -1,9 +1,9 @@
 """Read a job configuration: text format -> JobProto, with positions for errors.
 
 Parse errors become ``FILE:LINE:COL: message`` (worded by
-:mod:`singa_mpi.config.parse_errors`).  Semantic checks live in
-:mod:`singa_mpi.config.validate`; this module only parses and selects layers
-by phase.
+:mod:`singa_mpi.config.parse_errors`).  Checking what the job means (layers,
+shapes, params) is :mod:`singa_mpi.checks`, above the layers it builds; this
+module only parses and selects layers by phase.
 """
 from __future__ import annotations
 
@@ -153,3 +153,9 @@ def effective_partition_dim(job: job_pb2.JobProto, layer: job_pb2.LayerProto) ->
     if layer.HasField("partition_dim"):
         return layer.partition_dim
     return job.neuralnet.partition_dim
+
+
+def is_test_only(job: job_pb2.JobProto) -> bool:
+    """A job that only tests, run by SINGA with ``-test`` (char-rnn's sample.conf): no train_steps,
+    test_steps > 0; no updater or test_freq needed.  ``singa-mpi test`` runs it, ``train`` refuses it."""
+    return not job.HasField("train_steps") and job.test_steps > 0

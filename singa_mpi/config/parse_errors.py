@@ -13,7 +13,7 @@ import re
 
 from google.protobuf import text_format
 
-from singa_mpi.config.retired import RETIRED_LAYER_TYPES
+from singa_mpi.config.retired import RETIRED_LAYER_TYPES, UNWRITTEN_LAYER_TYPES
 from singa_mpi.config.source import SourceMap
 from singa_mpi.errors import ConfigError
 from singa_mpi.proto import job_pb2
@@ -149,13 +149,12 @@ def _field_name(path: tuple, base: tuple) -> str:
 
 
 def _enum_choices(enum_name: str) -> list[str]:
-    """Values worth suggesting: implemented layer types; otherwise the enum minus kUser* placeholders.
-    Only the enum's own values: a plugin's names go in ``user_type``, never here."""
+    """Values worth suggesting: implemented layer types (sorted); otherwise the enum minus kUser*
+    placeholders.  Only the enum's own values: a plugin's names go in ``user_type``, never here."""
     enum = job_pb2.DESCRIPTOR.pool.FindEnumTypeByName(enum_name)
-    if enum_name == "singa.LayerType":
-        from singa_mpi.layers.base import LAYERS  # deferred: reading a job file needs no layers (nor numpy)
-
-        return [name for name in LAYERS.names() if name in enum.values_by_name]
+    if enum_name == "singa.LayerType":  # from the enum: reading a job file imports no layer (nor numpy)
+        return sorted(name for name in enum.values_by_name if not name.startswith("kUser")
+                      and name not in RETIRED_LAYER_TYPES and name not in UNWRITTEN_LAYER_TYPES)
     return [value.name for value in enum.values if not value.name.startswith("kUser")]
 
 

@@ -13,3 +13,9 @@ RETIRED_LAYER_TYPES: dict[str, str] = {
                  "PrefetchLayer was never implemented (its ComputeFeature aborted), and reading here needs no "
                  "prefetch thread",
 }
+
+# LayerType values no job writes, though SINGA's enum lists them: the connection layers the planner
+# inserts where partitions meet, and kDummy (a layer of SINGA's unit tests).  The enum less these, the
+# retired types and kUserLayer is what the built-in layers register (tests/test_registry.py checks it),
+# so parsing can name the valid types without importing a layer.
+UNWRITTEN_LAYER_TYPES = frozenset({"kBridgeDst", "kBridgeSrc", "kConcate", "kSlice", "kSplit", "kDummy"})

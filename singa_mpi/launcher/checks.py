@@ -123,7 +123,7 @@ def read_checkpoint_paths(cfg: JobConfig, workspace: str, resume: bool) -> check
     """The job's checkpoint_path files, read in phase 1 so that a missing or damaged one is a voted error
     (one line from rank 0) rather than every rank's abort at step 0; None when the job names none, or
     when --resume continues from the workspace's own checkpoints."""
-    from singa_mpi.config.checkpoint_paths import missing_checkpoint_paths
+    from singa_mpi.checks.checkpoint_paths import missing_checkpoint_paths
 
     if not cfg.proto.checkpoint_path or (resume and checkpoint.listed(workspace)):
         return None

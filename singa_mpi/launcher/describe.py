@@ -14,8 +14,8 @@ import hashlib
 from typing import Mapping
 
 from singa_mpi import plugins
-from singa_mpi.config.load import JobConfig, effective_partition_dim, load_job
-from singa_mpi.config.validate import Summary, is_test_only, validate
+from singa_mpi.checks.job import Summary, validate
+from singa_mpi.config.load import JobConfig, effective_partition_dim, is_test_only, load_job
 from singa_mpi.errors import ConfigError
 from singa_mpi.launcher.options import TEST, Request, options_to_agree
 from singa_mpi.planner.syncs import ALLREDUCE, METHODS, SHARED_MEMORY

@@ -84,7 +84,7 @@ def run_serial(request: Request, body: Body, stops: StopSignals) -> int:
                       train_steps=the_launch.steps)
     stops.attach(trainer)
     try:
-        return _in_blas_threads(trainer, lambda: body(trainer, initial))
+        return _run_body(trainer, the_launch, lambda: body(trainer, initial))
     finally:
         stops.finished = True
 
@@ -121,7 +121,8 @@ def run_parallel(world, request: Request, body: Body, stops: StopSignals, life) 
                           named=life.set_role if life is not None else (lambda name: None),
                           attach=stops.attach, finished=lambda: setattr(stops, "finished", True))
         job = RoleJob(the_launch.cfg, the_launch.topo, the_launch.programs, the_launch.workspace, the_launch.steps)
-        return run_role(world, job, lambda trainer: _in_blas_threads(trainer, lambda: body(trainer, initial)), hooks)
+        return run_role(world, job, lambda trainer: _run_body(trainer, the_launch, lambda: body(trainer, initial)),
+                        hooks)
     except PeerLost as err:  # the dead rank's guardian names it: say nothing over it, then end the job
         time.sleep(1.0)
         if life is None or not life.guardian:
@@ -184,12 +185,14 @@ def _claim(the_launch: Launch, request: Request, is_root: bool) -> None:
                         outputs=output_files(the_launch.cfg.proto, the_launch.workspace))
 
 
-def _in_blas_threads(trainer: Trainer, run: Callable[[], int]) -> int:
-    """``run()`` with the BLAS threads chosen for this rank and the job's size (singa_mpi.threads)."""
+def _run_body(trainer: Trainer, the_launch: Launch, run: Callable[[], int]) -> int:
+    """``run()`` with the BLAS threads chosen for this rank and the job's size (singa_mpi.threads), the
+    trainer told the params' logical shapes (its checkpoints' job identity): both from the launch."""
     def warn(line: str) -> None:
         print(f"warning: {line}", file=sys.stderr, flush=True)
 
-    work = threads.work_per_step(trainer.cfg, trainer.runtime.size)
+    trainer.job_params = dict(the_launch.summary.params)
+    work = threads.work_per_step(trainer.cfg, the_launch.summary, trainer.runtime.size)
     with threads.blas_threads(warn=warn if trainer.runtime.is_root else None, work=work):
         return run()
 

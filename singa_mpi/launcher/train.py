@@ -146,7 +146,7 @@ def _check_job_identity(trainer: Trainer, ckpt: checkpoint.Checkpoint, allow_oth
         trainer.log(f"note: {ckpt.path} has no job identity (format {ckpt.format_version}, or converted): "
                     f"not checked that this job wrote it")
         return
-    mismatch = other_job(trainer.cfg, ckpt)
+    mismatch = other_job(trainer.cfg, trainer.job_params, ckpt)
     if mismatch and not allow_other_job:
         raise ConfigError(f"{mismatch}: expected this job's checkpoint: resume from it anyway with "
                           f"--allow-other-job (params taken by name), or start afresh with --overwrite")

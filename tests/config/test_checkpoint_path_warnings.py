@@ -1,7 +1,7 @@
 """A job's checkpoint_path that is not there yet (SINGA's stacked RBMs: conf/rbm_mnist_2.conf before
 rbm_mnist_1 ran): `check` warns in one line and passes (exit 0, as for missing data), naming the job that
 writes it when one of the job files beside the job trains into that workspace, else what file was expected.
-:func:`singa_mpi.config.checkpoint_paths.missing_checkpoint_paths` gives the same line to `train`."""
+:func:`singa_mpi.checks.checkpoint_paths.missing_checkpoint_paths` gives the same line to `train`."""
 from __future__ import annotations
 
 import os
@@ -103,7 +103,7 @@ def test_a_missing_file_named_directly(chain):
 
 
 def test_train_gets_the_same_line(chain):
-    from singa_mpi.config.checkpoint_paths import missing_checkpoint_paths
+    from singa_mpi.checks.checkpoint_paths import missing_checkpoint_paths
 
     cfg = load_job("conf/rbm_mnist_3.conf")
     assert missing_checkpoint_paths(cfg) == [

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from singa_mpi.checks.job import validate
 from singa_mpi.config import limits
 from singa_mpi.config.load import load_job, parse_job
 from singa_mpi.config.unroll import MAX_UNROLLED_LAYERS
-from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

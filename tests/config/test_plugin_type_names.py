@@ -17,8 +17,8 @@ import textwrap
 import pytest
 
 from singa_mpi import plugins
+from singa_mpi.checks.job import validate
 from singa_mpi.config.load import load_job
-from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

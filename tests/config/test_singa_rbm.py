@@ -10,8 +10,8 @@ import warnings
 import pytest
 
 from singa_mpi import cli
+from singa_mpi.checks.job import validate
 from singa_mpi.config.load import load_job
-from singa_mpi.config.validate import validate
 from singa_mpi.planner import partition
 
 FILES = pathlib.Path(__file__).parent / "singa03_rbm"

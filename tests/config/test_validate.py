@@ -13,8 +13,8 @@ import warnings
 
 import pytest
 
+from singa_mpi.checks.job import validate
 from singa_mpi.config.load import load_job, parse_job
-from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError
 
 HERE = pathlib.Path(__file__).parent

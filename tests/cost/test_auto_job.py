@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import nets
+from singa_mpi.checks.job import validate
 from singa_mpi.config.load import AUTO, effective_partition_dim, parse_job
-from singa_mpi.config.validate import validate
 from singa_mpi.cost.auto import auto_layers, resolved
 from singa_mpi.errors import ConfigError
 

@@ -4,8 +4,8 @@ import pytest
 from google.protobuf import text_format
 
 from singa_mpi.testing import build_layer
+from singa_mpi.checks.job import validate
 from singa_mpi.config.load import parse_job
-from singa_mpi.config.validate import validate
 from singa_mpi.data import convert
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.layers.base import LayerConfigError, LayerContext

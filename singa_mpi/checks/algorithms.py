@@ -1,0 +1,77 @@
+"""What an algorithm needs of the net: kCD trains RBM pairs (one hdim, one shared W, split together);
+kBPTT over text streams carries a recurrent layer's hidden state, which a split of its hidden units cannot.
+"""
+from __future__ import annotations
+
+from singa_mpi.algorithms import algorithm_name
+from singa_mpi.config.load import JobConfig, effective_partition_dim
+from singa_mpi.errors import ConfigError
+from singa_mpi.graph import Node
+from singa_mpi.layers.base import Layer
+from singa_mpi.net import describe, layer_error
+from singa_mpi.proto import job_pb2
+
+
+def check_energy_models(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
+    """RBM pairs (seed 001): kRBMVis lists [input, its kRBMHid], kRBMHid lists [its kRBMVis]; one hdim,
+    one W (the hidden layer's param[0] shares the visible layer's), split together; trained by kCD."""
+    by_name = {node.name: (node, layer) for node, layer in built}
+    alg = algorithm_name(cfg.proto.train_one_batch)
+    pairs = 0
+    for node, layer in built:
+        role = layer.energy_role
+        if not role:
+            continue
+        if alg != "kCD":
+            raise layer_error(cfg, node, "type", node.type_name,
+                              f"a job with train_one_batch {{ alg: kCD }}: RBM layers are trained by contrastive "
+                              f"divergence, this job says alg: {alg}")
+        index, want_role, want_type = (1, "hidden", "kRBMHid") if role == "visible" else (0, "visible", "kRBMVis")
+        partner_name = node.conf.srclayers[index]
+        partner_node, partner = by_name[partner_name]
+        back = partner_node.conf.srclayers[1 - index] if len(partner_node.conf.srclayers) > 1 - index else None
+        if partner.energy_role != want_role or back != node.name:
+            raise ConfigError(f"{cfg.layer_where(node.index, 'srclayers', index)}: {describe(cfg, node)}: "
+                              f"srclayers[{index}] = {partner_name!r}: expected the {want_type} layer of this RBM, "
+                              f"which lists '{node.name}' as its srclayers[{1 - index}]")
+        if role == "visible":
+            continue
+        pairs += 1
+        vis_node = partner_node
+        if node.conf.rbm_conf.hdim != vis_node.conf.rbm_conf.hdim:
+            raise layer_error(cfg, node, "rbm_conf.hdim", node.conf.rbm_conf.hdim,
+                              f"{vis_node.conf.rbm_conf.hdim}, the hdim of its kRBMVis '{vis_node.name}' (one W)")
+        weight = vis_node.conf.param[0].name
+        share = node.conf.param[0].share_from
+        if share != weight:
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', 0)}: {describe(cfg, node)}: "
+                              f"param[0].share_from = {share or 'missing'!r}: expected {weight!r}, the weight of its "
+                              f"kRBMVis '{vis_node.name}' (the two layers of an RBM share one W)")
+        dims = [effective_partition_dim(cfg.proto, n.conf) for n in (vis_node, node)]
+        if (dims[0] == 1) != (dims[1] == 1):
+            raise layer_error(cfg, node, "partition_dim", dims[1],
+                              f"{'1' if dims[0] == 1 else '0 or -1'} like its kRBMVis '{vis_node.name}' "
+                              f"(partition_dim {dims[0]}): an RBM's hidden units are split on both layers or on none")
+    if alg == "kCD" and not pairs:
+        raise ConfigError(f"{cfg.where('train_one_batch', 'alg')}: train_one_batch.alg = kCD: expected a net "
+                          f"with an RBM to train (a kRBMVis and kRBMHid pair)")
+    cd_k = cfg.proto.train_one_batch.cd_conf.cd_k
+    if alg == "kCD" and cd_k < 1:
+        raise ConfigError(f"{cfg.where('train_one_batch', 'cd_conf', 'cd_k')}: "
+                          f"train_one_batch.cd_conf.cd_k = {cd_k}: expected at least 1 Gibbs round")
+
+
+def check_carried_state(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
+    """kBPTT over text streams carries each recurrent layer's hidden state from batch to batch
+    (algorithms/bptt.py): its first copy needs all the units its last copy computed, so a recurrent
+    layer split on its hidden units cannot carry it (that would need an exchange between batches)."""
+    from singa_mpi.algorithms.bptt import sequential_readers
+
+    job = cfg.proto
+    if job.train_one_batch.alg != job_pb2.kBPTT or not sequential_readers(job):
+        return
+    for node, layer in built:
+        if layer.recurrent and effective_partition_dim(job, node.conf) == 1:
+            raise layer_error(cfg, node, "partition_dim", 1,
+                              "0 or -1: its hidden state is carried from batch to batch over the text "
+                              "streams, and a split of its hidden units cannot carry it; split the batch")
