@@ -130,7 +130,7 @@ def cmd_plan(args) -> int:
     if args.cost:  # the prediction instead of the plan (at 1,024 ranks the plan is 100,000 lines)
         from singa_mpi.cost.beside import cost_lines
 
-        text = "\n".join(cost_lines(the_plan, args.sync, args.recalibrate, args.nodes))
+        text = "\n".join(cost_lines(the_plan, args.sync, args.recalibrate, args.nodes, algorithm))
     else:
         text = renderers[args.format](the_plan, args.sync, algorithm=algorithm)
     if args.format == "text" and not args.cost:

@@ -2,5 +2,5 @@
 
 :mod:`.kernels` times each sub-layer's kernels at its own shapes (cached per machine),
 :mod:`.rates` holds the memory bandwidth and the communicator's calibrated latency and bandwidth, and
-:mod:`.model` replays a plan's step with them (``singa-mpi plan JOB -n N --cost``).
+:mod:`.model` walks every rank's program with them (``singa-mpi plan JOB -n N --cost``).
 """

@@ -38,9 +38,11 @@ class Prediction:
                 f"(one BLAS thread per rank{timed}; kernels timed{beside}, cached in {self.cache})")
 
 
-def predict_plan(the_plan: Plan, method: str, nodes: int = 1, recalibrate: bool = False) -> Prediction:
-    """The predicted training step of ``the_plan`` on this machine: kernels timed here (or read from
-    the cache) beside a copy per other rank of the node, with the cached communicator rates."""
+def predict_plan(the_plan: Plan, method: str, nodes: int = 1, recalibrate: bool = False,
+                 algorithm=None) -> Prediction:
+    """The predicted step of ``the_plan`` on this machine (``algorithm``: the job's; None: BP): kernels
+    timed here (or read from the cache) beside a copy per other rank of the node, with the cached
+    communicator rates."""
     from singa_mpi.cost import rates
     from singa_mpi.cost.kernels import KernelTimes, corunners_for
 
@@ -49,7 +51,7 @@ def predict_plan(the_plan: Plan, method: str, nodes: int = 1, recalibrate: bool 
     with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each (bench_env, threads.py)
         kernels = KernelTimes(recalibrate=recalibrate, corunners=corunners_for(-(-the_plan.nranks // nodes)))
         try:
-            cost = predict(the_plan, method, kernels, rates.network(the_plan.nranks, nodes))
+            cost = predict(the_plan, method, kernels, rates.network(the_plan.nranks, nodes), algorithm)
         finally:
             kernels.save()
     return Prediction(cost, the_plan, method, kernels.measured, kernels.corunners, str(kernels.path))
@@ -104,9 +106,9 @@ def beside_lines(profile: dict, prediction: Prediction) -> list[str]:
     return lines
 
 
-def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int) -> list[str]:
+def cost_lines(the_plan, method: str, recalibrate: bool, nodes: int, algorithm=None) -> list[str]:
     """``plan --cost``: the predicted ms per layer and per step (kernels timed here, once per machine)."""
-    prediction = predict_plan(the_plan, method, nodes, recalibrate)
+    prediction = predict_plan(the_plan, method, nodes, recalibrate, algorithm)
     cost = prediction.cost
     return ([prediction.header(), f"communicator rates: {cost.rates_source}"] + cost.table()
             + [f"predicted {the_plan.batch / cost.step:,.0f} samples/s"])

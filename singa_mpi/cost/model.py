@@ -1,41 +1,60 @@
 """Predicted step time of a plan: kernel times and communicator rates in, milliseconds out.  No MPI.
 
-Every rank's step is replayed in the plan's global order (the order the runtime runs it in):
+The model reads every rank's program (:mod:`singa_mpi.program.build`): the actions the runtime
+executes, in its order, the same list the pre-flight proof, the digest and the plan printout read.
+It walks them with a clock per rank:
 
-* a layer adds its measured kernel time (:mod:`.kernels`) to its rank's clock; a layer that reads
-  data adds its output's bytes at the memory bandwidth;
-* a bridge's Send starts when the sender gets there (non-blocking), and the receiver waits for it:
-  ``max(own clock, sender's clock + latency + bytes / bandwidth)``;
-* a collective (slice, concat, split) starts when its last member arrives and ends for all members
-  the calibrated time of the most bytes a member moves later (an Alltoallv's own calibration for
-  Alltoallv, a concat's Allgatherv for the others);
-* backward replays the same in reverse, for the layers and exchanges that carry gradients;
-* parameter sync as the runtime does it (:mod:`singa_mpi.planner.syncs`): a bucket's Allreduce
-  starts when the last of its gradients is ready on every member and runs beside the rest of
-  backward, one bucket after another (ring time from the calibrated rates); node-shared sums start
-  after a barrier, read the other ranks' gradients at the memory bandwidth, update, and end at a
-  barrier; the update reads and writes each param the updater touches.
+* ``Compute``: a layer's forward or backward adds its measured kernel time (:mod:`.kernels`); a layer
+  that reads data adds its output's bytes at the memory bandwidth.  The backward's kernel time holds
+  the weight-gradient products a runtime may defer to ``RunQueued``, which therefore costs nothing;
+* a send (a bridge's Isend) leaves when the sender gets there and costs it the latency; the receive
+  ends at ``max(own clock, sender's clock + latency + bytes / bandwidth)``;
+* a collective starts when its last member arrives and ends for every member its time later: an
+  exchange's from the most bytes a member moves (an Alltoallv at the calibrated Alltoallv's pace, the
+  others at a concat's Allgatherv's), an Allreduce (a gradient bucket, a layer's batch statistics) as
+  a ring of calibrated Allreduce steps, the node-shared memory's barriers at once, and a rank's sum of
+  the others' gradients in node memory by the bytes it reads at the memory bandwidth;
+* a non-blocking call (a backward exchange, a gradient bucket) runs beside what follows it until its
+  ``Wait``; a rank runs one gradient bucket at a time, first come (the earliest ready: every member
+  has started it), first served;
+* ``Update`` reads and writes each param this rank updates (``UPDATE_PASSES`` passes).
 
-On several nodes (``rates`` a :class:`~singa_mpi.cost.rates.Network`), a bridge, collective or bucket
-whose ranks span nodes takes the network's calibrated rates, one within a node the node's own.
+On several nodes (``rates`` a :class:`~singa_mpi.cost.rates.Network`), a call whose ranks span nodes
+takes the network's calibrated rates, one within a node the node's own.
 
-The step is the last rank's clock.  What this leaves out, so where the prediction can be wrong: the
-cores a rank shares with others (a 2-core machine at 4 ranks), the Python between layers (a few µs
-each), MPI progress of non-blocking calls (modelled as fully overlapped) and the cache effects of
-running layers in sequence rather than one at a time.
+The step is the last rank's clock.  Priced are the passes kernels are timed for, forward and backward:
+BP's steps and BPTT's (BP over the unrolled copies).  CD's positive, negative, top-down and gradient
+passes are not timed, so a CD program is refused (:class:`NotPriced`).  What this leaves out, so where
+the prediction can be wrong: the cores a rank shares with others (a 2-core machine at 4 ranks), the
+Python between layers (a few µs each), MPI progress of non-blocking calls (modelled as fully
+overlapped) and the cache effects of running layers in sequence rather than one at a time.
 """
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
+
+import numpy as np
 
 from singa_mpi.cost.kernels import KernelTimes, is_source
 from singa_mpi.cost.rates import Network, Rates
-from singa_mpi.planner.plan import Exchange, Plan, SubLayer
-from singa_mpi.planner.syncs import buckets, shared_memory_bytes, shared_memory_syncs
+from singa_mpi.errors import SingaError
 from singa_mpi.planner.chunk import chunk
+from singa_mpi.planner.plan import Plan
+from singa_mpi.planner.syncs import shared_memory_syncs
+from singa_mpi.program.actions import Action, Comm, Compute, SyncGradients, Update, Wait
+from singa_mpi.program.build import programs
+from singa_mpi.program.passes import NON_BLOCKING
+from singa_mpi.program.verify import RECEIVES, SENDS
 
 UPDATE_PASSES = 5  # an SGD update with history: read value, grad, history; write value, history
+PRICED = ("forward", "backward")  # the passes kernels are timed for
+BLOCKING = {started: op for op, started in NON_BLOCKING.items()}  # a backward exchange's op, as calibrated
+
+
+class NotPriced(SingaError):
+    """A program with a pass the model has no kernel times for."""
 
 
 @dataclasses.dataclass
@@ -66,118 +85,179 @@ class StepCost:
         return lines
 
 
-def exchange_time(ex: Exchange, rates: Rates) -> float:
-    """A collective's time for the most bytes one member moves: an Alltoallv at the calibrated
-    Alltoallv's pace, the others (Allgatherv, Bcast, Scatterv, Gatherv) at the concat's Allgatherv's."""
-    most = max(max(ex.sent_by(r), ex.received_by(r)) for r in ex.group)
-    return rates.exchange(ex.forward_op).time(most)
-
-
-def bridge_bytes(ex: Exchange) -> int:
-    return ex.sent_by(ex.group[0]) or ex.sent_by(ex.group[-1])
-
-
-def predict(plan: Plan, method: str, kernels: KernelTimes, rates: Rates | Network) -> StepCost:
-    """The predicted training step of ``plan`` under param sync ``method``; ``rates`` of one node, or a
-    :class:`Network` whose messages between nodes take the network's rates."""
+def predict(plan: Plan, method: str, kernels: KernelTimes, rates: Rates | Network, algorithm=None) -> StepCost:
+    """The predicted step of ``plan``'s phase under param sync ``method`` (``algorithm``: the job's;
+    None: BP); ``rates`` of one node, or a :class:`Network` whose messages between nodes take the
+    network's rates.  NotPriced for a program with passes other than forward and backward (CD)."""
     net = rates if isinstance(rates, Network) else Network(rates)
-    rates = net.local  # memory passes: always the node's own
-    n = plan.nranks
-    clock = [0.0] * n
-    busy = [0.0] * n
-    costs: dict[str, LayerCost] = {}
-    cost_of = lambda name: costs.setdefault(name, LayerCost(name))  # noqa: E731 - a lookup with a default
-
-    def compute(sub: SubLayer, seconds: float, field: str) -> None:
-        clock[sub.rank] += seconds
-        busy[sub.rank] += seconds
-        layer = cost_of(sub.origin)
-        setattr(layer, field, max(getattr(layer, field), seconds))
-
-    def replay(subs: list[SubLayer], backward: bool) -> None:
-        sent: dict[int, float] = {}
-        done: set[int] = set()
-        for sub in subs:
-            ex = sub.exchange
-            if ex is None:
-                if backward:
-                    compute(sub, kernels.of(plan, sub).backward, "backward")
-                    finished[(sub.rank, sub.name)] = clock[sub.rank]
-                elif is_source(sub):
-                    compute(sub, rates.copy(2 * 4 * math.prod(sub.out_shape)), "forward")
-                else:
-                    compute(sub, kernels.of(plan, sub).forward, "forward")
-                continue
-            sender = (sub.role == "bridge_src") != backward
-            if sub.role in ("bridge_src", "bridge_dst"):
-                if sender:
-                    sent[ex.id] = clock[sub.rank]
-                    clock[sub.rank] += net.among(ex.group).p2p.latency
-                else:
-                    seconds = net.among(ex.group).p2p.time(bridge_bytes(ex))
-                    clock[sub.rank] = max(clock[sub.rank], sent[ex.id] + seconds)
-                    cost_of(ex.dst_layer).comm += seconds
-            elif ex.id not in done:
-                done.add(ex.id)
-                seconds = exchange_time(ex, net.among(ex.group))
-                end = max(clock[m] for m in ex.group) + seconds
-                for m in ex.group:
-                    clock[m] = end
-                cost_of(ex.dst_layer).comm += seconds
-
-    for sub in plan.sublayers:  # the table lists layers in the net's order
-        if sub.origin is not None:
-            cost_of(sub.origin)
-    finished: dict[tuple[int, str], float] = {}
-    replay(plan.sublayers, backward=False)
-    if plan.phase == "train":
-        replay([s for s in reversed(plan.sublayers)
-                if (s.exchange.with_backward if s.exchange is not None else s.needs_grad)], backward=True)
-        after_backward = max(clock)
-        _sync(plan, method, net, clock, finished)
-        sync = max(clock) - after_backward
-    else:
-        sync = 0.0
-    return StepCost(max(clock), max(busy), sync, list(costs.values()), net.source, clock)
+    actions = {rank: prog.actions for rank, prog in programs(plan, algorithm, method).items()}
+    unpriced = sorted({a.pass_ for steps in actions.values() for a in steps if isinstance(a, Compute)} - set(PRICED))
+    if unpriced:
+        raise NotPriced(f"the cost model times the layers' {' and '.join(PRICED)} passes only; this step also "
+                        f"makes {', '.join(unpriced)} passes")
+    walk = Walk(plan, method, kernels, net)
+    walk.run(actions)
+    step = max(walk.clock)
+    sync = step - max(walk.backward_done) if plan.phase == "train" else 0.0
+    return StepCost(step, max(walk.busy), sync, list(walk.costs.values()), net.source, walk.clock)
 
 
-def _sync(plan: Plan, method: str, net: Network, clock: list[float], finished: dict) -> None:
-    """Advance the clocks over the parameter sync and the update."""
-    rates = net.local
-    holders: dict[tuple, list[SubLayer]] = {}
-    for sub in plan.sublayers:
-        for shard in sub.params:
-            holders.setdefault((shard.name, shard.offsets), []).append(sub)
-    synced: set[tuple] = set()
-    channel = [0.0] * plan.nranks  # when each rank's previous Allreduce ends
-    ends = list(clock)
-    for bucket in buckets(plan, method):
-        ready = max(finished.get((s.rank, s.name), 0.0) for key in bucket.shards for s in holders.get(key, [])
-                    if s.rank in bucket.ranks)
-        start = max([ready] + [channel[r] for r in bucket.ranks])
-        end = start + net.among(bucket.ranks).ring_allreduce(4 * bucket.size, len(bucket.ranks))
-        for r in bucket.ranks:
-            channel[r] = end
-            ends[r] = max(ends[r], end)
-        synced.update(bucket.shards)
-    for r in range(plan.nranks):
-        clock[r] = ends[r]
+def updated_items(plan: Plan, method: str, rank: int) -> int:
+    """Float32 items ``rank``'s update touches: its chunk of each param summed in node memory, and
+    each other trained param it holds, once however many of its sub-layers share it."""
     shm = shared_memory_syncs(plan, method)
-    if shm:
-        start = max(clock)
-        for r in range(plan.nranks):
-            mine = sum(chunk(s.size, plan.nranks, r)[1] - chunk(s.size, plan.nranks, r)[0] for s in shm)
-            read = shared_memory_bytes(plan, r)
-            clock[r] = start + rates.copy(read) + rates.copy(UPDATE_PASSES * 4 * mine)
-        end = max(clock)
-        clock[:] = [end] * plan.nranks
-        synced.update((s.name, s.offsets) for s in shm)
-    # the updates of everything not summed in shared memory: bucketed shards and unshared ones
-    shm_keys = {(s.name, s.offsets) for s in shm}
-    local: list[dict[tuple, int]] = [{} for _ in range(plan.nranks)]  # a shared param is updated once
-    for sub in plan.sublayers:
-        for shard in sub.params:
-            if shard.trained and (shard.name, shard.offsets) not in shm_keys:
-                local[sub.rank][(shard.name, shard.offsets)] = shard.size
-    for r in range(plan.nranks):
-        clock[r] += rates.copy(UPDATE_PASSES * 4 * sum(local[r].values()))
+    in_shm = {(s.name, s.offsets) for s in shm}
+    mine = sum(hi - lo for lo, hi in (chunk(s.size, plan.nranks, rank) for s in shm))
+    local = {(shard.name, shard.offsets): shard.size for sub in plan.on_rank(rank) for shard in sub.params
+             if shard.trained and (shard.name, shard.offsets) not in in_shm}
+    return mine + sum(local.values())
+
+
+class Walk:
+    """Every rank's clock through its program, and what the ranks wait for from each other: the
+    messages sent so far on each channel, the members arrived at each collective.
+
+    The ranks' actions are taken in the order of their clocks, the earliest first, as they would
+    happen: so a collective is priced when its last member arrives, and a gradient bucket after
+    every bucket that was ready before it, behind those of them that share a member (each bucket
+    has its own communicator, and ranks whose backward finishes params in another order start
+    their buckets in another order)."""
+
+    def __init__(self, plan: Plan, method: str, kernels: KernelTimes, net: Network):
+        n = plan.nranks
+        self.plan, self.method, self.kernels, self.net = plan, method, kernels, net
+        self.subs = {sub.name: sub for sub in plan.sublayers}
+        self.clock, self.busy, self.backward_done = [0.0] * n, [0.0] * n, [0.0] * n
+        self.costs = {sub.origin: LayerCost(sub.origin) for sub in plan.sublayers if sub.origin is not None}
+        self.messages: dict[tuple, list[float]] = {}  # (src, dst, tag) -> when each message sent arrives
+        self.receives: dict[tuple, int] = {}  # (src, dst, tag) -> receives started
+        self.arrivals: dict[str, dict[int, tuple[float, Comm]]] = {}  # call key -> member -> (clock, call)
+        self.ends: dict[str, float] = {}  # call key -> when the collective ends (once every member arrived)
+        self.started: dict[tuple[int, str, str], tuple] = {}  # (rank, layer, op) of a non-blocking call -> ticket
+        self.ring_free = [0.0] * n  # when each rank's previous gradient bucket ends
+        self.blocked: dict[tuple, list[int]] = {}  # ("message", channel) or ("collective", key) -> ranks waiting
+        self.woken: list[int] = []  # ranks whose wait the last action may have ended
+
+    def run(self, programs: dict[int, tuple[Action, ...]]) -> None:
+        """Every program to its end, one action at a time, the rank with the earliest clock first."""
+        position = dict.fromkeys(programs, 0)
+        waiting: dict[int, tuple] = {}  # rank -> the ticket of the call it stopped at
+        queue = [(0.0, rank) for rank, actions in programs.items() if actions]
+        while queue:
+            _, rank = heapq.heappop(queue)
+            ticket = waiting.pop(rank, None) or self.start(rank, programs[rank][position[rank]])
+            if ticket is not None and not self.finish(rank, ticket):
+                waiting[rank] = ticket
+                self.blocked.setdefault(ticket[:2], []).append(rank)
+            else:
+                position[rank] += 1
+                if position[rank] < len(programs[rank]):
+                    heapq.heappush(queue, (self.clock[rank], rank))
+            for other in self.woken:
+                heapq.heappush(queue, (self.clock[other], other))
+            self.woken.clear()
+        if waiting:  # the programs were proved deadlock-free: a walk that stops is a bug here
+            raise RuntimeError(f"the cost model's walk is stuck at {waiting}")
+
+    # ---------------------------------------------------------------- one action
+
+    def start(self, rank: int, action: Action) -> tuple | None:
+        """Perform ``action`` on ``rank``'s clock; what it must wait for before it ends (a ticket)."""
+        if isinstance(action, Compute):
+            self.compute(rank, action)
+        elif isinstance(action, Comm):
+            return self.call(rank, action)
+        elif isinstance(action, Wait):
+            return self.started.pop((rank, action.layer, action.op))
+        elif isinstance(action, SyncGradients):
+            self.backward_done[rank] = self.clock[rank]
+        elif isinstance(action, Update):
+            self.clock[rank] += self.net.local.copy(UPDATE_PASSES * 4 * updated_items(self.plan, self.method, rank))
+        return None  # RunQueued (its products are in the backward's kernel time), GradsFinal, Local
+
+    def finish(self, rank: int, ticket: tuple) -> bool:
+        """Whether what ``ticket`` waits for has happened; if so the rank's clock moves to its end."""
+        if ticket[0] == "message":
+            arrived = self.messages.get(ticket[1], [])
+            end = arrived[ticket[2]] if len(arrived) > ticket[2] else None
+        else:
+            end = self.ends.get(ticket[1])
+        if end is None:
+            return False
+        self.clock[rank] = max(self.clock[rank], end)
+        return True
+
+    def wake(self, what: tuple) -> None:
+        self.woken += self.blocked.pop(what, [])
+
+    def compute(self, rank: int, action: Compute) -> None:
+        sub = self.subs[action.layer]
+        if action.pass_ == "backward":
+            seconds = self.kernels.of(self.plan, sub).backward
+        elif is_source(sub):  # a layer that reads data: its output copied once
+            seconds = self.net.local.copy(2 * 4 * math.prod(sub.out_shape))
+        else:
+            seconds = self.kernels.of(self.plan, sub).forward
+        self.clock[rank] += seconds
+        self.busy[rank] += seconds
+        layer = self.costs[sub.origin]
+        setattr(layer, action.pass_, max(getattr(layer, action.pass_), seconds))
+
+    def call(self, rank: int, call: Comm) -> tuple | None:
+        """A send leaves now; a receive or a collective gives the ticket that ends it, which its
+        ``Wait`` takes when the call does not block."""
+        if call.op in SENDS:
+            self.send(rank, call)
+            return None
+        if call.op in RECEIVES:
+            channel = (call.peer, rank, call.tag)
+            ticket = ("message", channel, self.receives.get(channel, 0))
+            self.receives[channel] = ticket[2] + 1
+        else:
+            members = self.arrivals.setdefault(call.key, {})
+            members[rank] = (self.clock[rank], call)
+            if len(members) == len(call.group):
+                self.price(call.key, members)
+            ticket = ("collective", call.key)
+        if call.blocking:
+            return ticket
+        self.started[(rank, call.layer, call.op)] = ticket
+        return None
+
+    def send(self, rank: int, call: Comm) -> None:
+        p2p = self.net.among(call.group).p2p
+        seconds = p2p.time(call.send_bytes)
+        channel = (rank, call.peer, call.tag)
+        self.messages.setdefault(channel, []).append(self.clock[rank] + seconds)
+        self.clock[rank] += p2p.latency
+        self.costs[self.subs[call.layer].exchange.dst_layer].comm += seconds
+        self.wake(("message", channel))
+
+    # ---------------------------------------------------------------- collectives
+
+    def price(self, key: str, members: dict[int, tuple[float, Comm]]) -> None:
+        """When the collective ``key`` ends: its last member arrived just now."""
+        call = next(iter(members.values()))[1]
+        start = max(clock for clock, _ in members.values())
+        if call.op == "Iallreduce":  # a gradient bucket: after the buckets its members run already
+            start = max([start] + [self.ring_free[rank] for rank in call.group])
+        end = self.ends[key] = start + self.seconds(call, [c for _, c in members.values()])
+        if call.op == "Iallreduce":
+            for rank in call.group:
+                self.ring_free[rank] = end
+        self.wake(("collective", key))
+
+    def seconds(self, call: Comm, calls: list[Comm]) -> float:
+        """The time of one collective, from its members' calls (each with its own bytes)."""
+        rates = self.net.among(call.group)
+        if call.op == "Barrier(shm)":
+            return 0.0
+        if call.op == "sum(shm)":  # a rank alone, reading the others' gradients in node memory
+            return self.net.local.copy(call.recv_bytes)
+        if call.op in ("Allreduce", "Iallreduce"):
+            nbytes = np.dtype(call.dtype).itemsize * math.prod(call.shape)
+            return rates.ring_allreduce(nbytes, len(call.group))
+        most = max(max(c.send_bytes, c.recv_bytes) for c in calls)
+        seconds = rates.exchange(BLOCKING.get(call.op, call.op)).time(most)  # Ialltoallv: an Alltoallv's
+        self.costs[self.subs[call.layer].exchange.dst_layer].comm += seconds
+        return seconds

@@ -15,7 +15,8 @@ waits and hands its gradients to the sync strategy, for one phase and one algori
 * :mod:`.execute`: runs a program's passes on a net (every runtime, every algorithm).
 
 The pre-flight proof and digest, the communication table's prediction and the ``plan`` printout
-read the same programs (:mod:`singa_mpi.planner.schedule`).  Not in a program: what several worker
+(:mod:`singa_mpi.planner.schedule`) and the cost model's step (:mod:`singa_mpi.cost.model`) read the
+same programs.  Not in a program: what several worker
 groups do between them (a server answers whichever worker's message comes first; distributed
 Hogwild's groups exchange their changes every ``sync_freq`` steps), which is no fixed per-step
 order.
