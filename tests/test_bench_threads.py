@@ -51,7 +51,7 @@ def test_a_run_cut_short_by_sigterm_prints_the_table_of_the_runs_done():
 @pytest.mark.slow
 def test_a_run_stops_timing_after_its_budget_on_every_rank():
     """Oversubscribed settings run 5-20x slower: their timed steps end after --budget seconds (at least 3)."""
-    from test_mpi_suites import mpi_env, mpiexec_command
+    from mpi_jobs import mpi_env, mpiexec_command
 
     worker = [sys.executable, str(ROOT / "scripts" / "bench_threads.py"), "--worker", "--job", "digits_mlp",
               "--setting", "gemm=1", "--steps", "200"]

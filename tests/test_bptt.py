@@ -12,7 +12,7 @@ from singa_mpi.config.validate import validate
 from singa_mpi.errors import ConfigError
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.trainer import Trainer
-from test_checkpoint import final, mpi_train, train
+from checkpoint_jobs import final, mpi_train, train
 
 
 def job_file(tmp_path, scheme="data", steps=16, name="rnn", batch=3, size=120, nranks=2):

@@ -1,6 +1,5 @@
 """Checkpoints: exact resume, resume on other rank counts and partitionings, crash safety, damage, signals."""
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -9,32 +8,11 @@ import time
 import numpy as np
 import pytest
 
-import nets
 from singa_mpi.checkpoints import hdf5 as checkpoint, tools as ckpt_tools
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
-from singa_mpi.launcher import RunOptions, run_training
-from test_mpi_suites import launcher, mpi_env, mpiexec_command
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def job_file(tmp_path, scheme="data", steps=20, batch=7, name="job", extra=""):
-    data = tmp_path / "data.h5"
-    if not data.exists():
-        nets.make_data(str(data), 64, (12,), 5)
-    text = nets.mlp(str(data), batch, scheme, 3).replace("train_steps: 20", f"train_steps: {steps}")
-    path = tmp_path / f"{name}.conf"
-    path.write_text(text + extra)
-    return str(path)
-
-
-def train(conf, workspace, **options):
-    return run_training(conf, lambda cfg: str(workspace), RunOptions(**options))
-
-
-def final(workspace, step):
-    return checkpoint.read(checkpoint.checkpoint_path(str(workspace), step))
+from checkpoint_jobs import ROOT, final, job_file, mpi_train, train
+from mpi_jobs import launcher, mpi_env, mpiexec_command
 
 
 def test_exact_resume_is_bitwise(tmp_path):
@@ -190,15 +168,6 @@ def test_no_pickle_in_checkpoint_code():
 
 
 # ------------------------------------------------------------------ under MPI
-
-def mpi_train(n, conf, workspace, *args, timeout=300):
-    env = mpi_env()
-    cmd = mpiexec_command(n) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(workspace),
-                                *args]
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
 
 @pytest.mark.slow
 def test_resume_across_rank_counts_and_partitionings(tmp_path):

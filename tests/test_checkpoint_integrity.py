@@ -15,8 +15,8 @@ import nets
 from singa_mpi.checkpoints import hdf5 as checkpoint, snapshot
 from singa_mpi.config.load import parse_job
 from singa_mpi.errors import ConfigError, DataError
-from test_checkpoint import job_file, train
-from test_mpi_suites import mpi_env, mpiexec_command
+from checkpoint_jobs import job_file, train, write_format_2
+from mpi_jobs import mpi_env, mpiexec_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG = os.environ.get("SINGA_MPI_FUZZ") == "long"  # the nightly size: every byte, many more examples
@@ -226,26 +226,6 @@ def test_another_jobs_checkpoint_under_mpi_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if "written by another job" in line]
     assert len(lines) == 1 and "--allow-other-job" in lines[0], result.stderr[-2000:]
-
-
-def write_format_2(path: str, ckpt: checkpoint.Checkpoint) -> None:
-    """The previous format as singa_mpi wrote it: no job identity, no header checksum, /job_config and
-    /plan without checksums."""
-    with h5py.File(path, "w") as f:
-        f.attrs.update(format_version=2, step=ckpt.step, job_name=ckpt.job_name, seed=ckpt.seed,
-                       nranks=ckpt.nranks, elapsed=ckpt.elapsed, complete=0)
-        f.create_dataset("job_config", data=ckpt.job_config)
-        f.create_dataset("plan", data="{}")
-        for name, value in ckpt.params.items():
-            f.create_dataset(f"params/{name}", data=value).attrs["crc32"] = checkpoint.crc(value)
-        for name, slots in ckpt.updater.items():
-            for slot, value in slots.items():
-                f.create_dataset(f"updater/{name}/{slot}", data=value).attrs["crc32"] = checkpoint.crc(value)
-            f[f"updater/{name}"].attrs.update(ckpt.counters.get(name, {}))
-        for phase, layers in ckpt.readers.items():
-            for layer, state in layers.items():
-                f.create_group(f"readers/{phase}/{layer}").attrs.update(state)
-        f.attrs["complete"] = 1
 
 
 def test_format_2_checkpoints_are_read_and_resumed_with_a_note(trained, tmp_path, capsys):

@@ -137,7 +137,7 @@ def test_plan_cost_prices_a_job_of_hundreds_of_ranks_without_launching_it(tmp_pa
 
 @pytest.mark.slow
 def test_calibrate_on_two_ranks_saves_the_node_rates_that_plan_cost_then_uses(tmp_path):
-    from test_mpi_suites import mpi_env, mpiexec_command
+    from mpi_jobs import mpi_env, mpiexec_command
 
     env = mpi_env(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path))
     out = subprocess.run(mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "calibrate"], cwd=ROOT, env=env,

@@ -21,7 +21,7 @@ from singa_mpi import cli
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.errors import DataError
 from singa_mpi.launcher import RunOptions, run_training
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import mpi_env, mpiexec_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,7 +16,7 @@ from singa_mpi.data.prepare import how_to_make
 from singa_mpi.data.synthetic import write_synthetic
 from singa_mpi.errors import ConfigError
 from singa_mpi.launcher import RunOptions, run_training
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import mpi_env, mpiexec_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "conf").glob("*.conf"))

@@ -20,8 +20,7 @@ import time
 import pytest
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
-from test_mpi_failures import finish, rank_pids, wait_for_progress
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import finish, mpi_env, mpiexec_command, rank_pids, wait_for_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGITS = open(os.path.join(ROOT, "conf", "digits_mlp.conf")).read()

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import nets
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import finish, mpi_env, mpiexec_command, rank_pids, wait_for_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,50 +32,11 @@ def env():
     return mpi_env()
 
 
-def rank_pids(marker: str) -> dict[int, int]:
-    """PIDs of the singa_mpi processes whose command line contains ``marker``, by MPI rank."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            if b"singa_mpi" not in cmdline or not any(marker.encode() in c for c in cmdline):
-                continue
-            environ = dict(e.split(b"=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in e)
-        except OSError:
-            continue
-        for key in (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK"):
-            if key in environ:
-                found[int(environ[key])] = int(pid)
-    return found
-
-
 def start(conf, tmp_path, *args):
     cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf),
                                 "--workspace", str(tmp_path / "ws"), *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-
-
-def wait_for_progress(proc, tmp_path, timeout=120):
-    metrics = tmp_path / "ws" / "metrics.jsonl"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"job ended early:\n{proc.stdout.read()}\n{proc.stderr.read()}")
-        if metrics.exists() and metrics.read_text().count("\n") >= 2:
-            return
-        time.sleep(0.2)
-    pytest.fail("no training progress within the time limit")
-
-
-def finish(proc, limit):
-    try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"job did not end within {limit}s:\n{out[-2000:]}\n{err[-2000:]}")
-    return proc.returncode, out, err
 
 
 def test_sigkill_of_one_rank_ends_the_job(tmp_path):

@@ -22,8 +22,7 @@ import time
 
 import nets
 import pytest
-from test_mpi_failures import finish, rank_pids, wait_for_progress
-from test_mpi_suites import launcher, mpi_env, mpiexec_command
+from mpi_jobs import finish, launcher, mpi_env, mpiexec_command, rank_pids, wait_for_progress
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.communication import guardian, liveness

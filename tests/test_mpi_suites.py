@@ -3,36 +3,16 @@
 Four ranks oversubscribe a 2-core machine: fine for correctness.  Each run has
 a hard timeout, so a hang fails the test instead of the CI job.
 """
-import functools
 import os
 import subprocess
 import sys
 
 import pytest
 
-from singa_mpi.communication.launchers import Launcher, LauncherNotFound, find_launcher
+from mpi_jobs import mpi_env, mpiexec_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-@functools.cache
-def launcher() -> Launcher:
-    """The MPI the MPI tests run under: $SINGA_MPI_FLAVOR (mpich or openmpi), else MPICH."""
-    try:
-        return find_launcher()
-    except LauncherNotFound as err:
-        pytest.fail(str(err))
-
-
-def mpi_env(**extra: str) -> dict[str, str]:
-    """Environment for launching test ranks on this one machine: one BLAS thread per rank, and what
-    the launcher's MPI needs (singa_mpi.communication.launchers)."""
-    return launcher().environ(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
-
-
-def mpiexec_command(n: int) -> list[str]:
-    return launcher().command(n)
 
 
 @pytest.mark.parametrize("nranks,shm", [(1, "1"), (2, "1"), (3, "1"), (4, "1"), (2, "0"), (3, "0")],

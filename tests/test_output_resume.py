@@ -9,7 +9,7 @@ import pytest
 import nets
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.launcher import RunOptions, run_training
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import mpi_env, mpiexec_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUTPUTS = ('layer {{ name: "csv" type: kCSVOutput srclayers: "fc3" partition_dim: -1 {where} '

@@ -10,7 +10,7 @@ import pytest
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.data.synthetic import write_synthetic
-from test_mpi_suites import mpi_env
+from mpi_jobs import mpi_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "rbm_chain.py"

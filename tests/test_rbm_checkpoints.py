@@ -7,7 +7,7 @@ from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
-from test_checkpoint import final, mpi_train, train
+from checkpoint_jobs import final, mpi_train, train
 
 
 def rbm_job(tmp_path, scheme="data", steps=16, name="rbm", cd_k=2, nranks=2):

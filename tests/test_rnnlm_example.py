@@ -34,7 +34,7 @@ from singa_mpi import cli, plugins  # plugins maps job_pb2, which rnnlm_pb2 impo
 from singa_mpi.data.stores import KVFileWriter, scan_kvfile
 from singa_mpi.layers.base import LayerContext
 from singa_mpi.testing import build_layer, check_equivalence, check_layer_gradients
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import mpi_env, mpiexec_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "rnnlm"

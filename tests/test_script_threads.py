@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from singa_mpi import threads
-from test_mpi_suites import launcher, mpiexec_command
+from mpi_jobs import launcher, mpiexec_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
