@@ -17,7 +17,7 @@ from singa_mpi.communication.launchers import find_launcher
 
 
 def bench_env() -> dict[str, str]:
-    """One BLAS thread per process, and what the launcher's MPI needs (as tests/test_mpi_suites.py)."""
+    """One BLAS thread per process, and what the launcher's MPI needs (as tests/mpi_jobs.py)."""
     return find_launcher().environ(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                                    PYTHONUNBUFFERED="1")
 

@@ -7,7 +7,7 @@ lists, plus untracked ones git does not ignore: what a clone holds once the work
 The table SUBSTITUTIONS just below is the only difference between what runs and what a user
 types: it shortens runs, fills placeholders with files made here and keeps the user's caches out.
 
-How a page talks to this test (tests/test_docs_commands.py checks that it parses):
+How a page talks to this test (tests/end_to_end/test_docs_commands.py checks that it parses):
 
 * a ```bash block whose previous non-blank line is ``<!-- not run by the docs test: REASON -->`` is
   skipped and reported with its reason;

@@ -314,3 +314,25 @@ def gru_on_records(path: str, batch: int, split_gru: bool = True, steps: int = 2
                "learning_rate { type: kFixed base_lr: 0.05 } }")
     text = job_text(layers, steps, name="gru", updater=updater)
     return text.replace("neuralnet { partition_dim: 0", f"neuralnet {{ partition_dim: 0 unroll_len: {unroll}")
+
+
+def v01_job(shard: str, fc1: str = "", label: str = "") -> str:
+    """A small v0.1 net: 8x8 images, one hidden layer; ``fc1`` and ``label`` add placement fields."""
+    def param(name: str) -> str:
+        return f'param {{ name: "{name}" init {{ type: kUniform low: -0.3 high: 0.3 }} }}'
+
+    return f"""name: "v01" seed: 3 train_steps: 5 disp_freq: 1
+train_one_batch {{ alg: kBP }}
+updater {{ type: kSGD momentum: 0.9 learning_rate {{ type: kFixed base_lr: 0.05 }} }}
+neuralnet {{
+  layer {{ name: "data" type: kShardData sharddata_conf {{ path: "{shard}" batchsize: 7 random_skip: 4 }} }}
+  layer {{ name: "mnist" type: kMnist srclayers: "data" mnist_conf {{ norm_a: 255 norm_b: 0.5 }} }}
+  layer {{ name: "label" type: kLabel srclayers: "data" {label} }}
+  layer {{ name: "fc1" type: kInnerProduct srclayers: "mnist" {fc1} innerproduct_conf {{ num_output: 9 }}
+          {param("w1")} {param("b1")} }}
+  layer {{ name: "tanh" type: kSTanh srclayers: "fc1" }}
+  layer {{ name: "fc2" type: kInnerProduct srclayers: "tanh" innerproduct_conf {{ num_output: 4 }}
+          {param("w2")} {param("b2")} }}
+  layer {{ name: "loss" type: kSoftmaxLoss srclayers: "fc2" srclayers: "label" }}
+}}
+"""

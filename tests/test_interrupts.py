@@ -14,7 +14,7 @@ import pytest
 from singa_mpi import cli
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.trainer import Trainer
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import mpi_env, mpiexec_command, ranks_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -88,31 +88,6 @@ def wait_for_progress(ws, lines=20, timeout=60):
     while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < lines):
         time.sleep(0.05)
     assert metrics.exists(), "the run never started"
-
-
-def ranks_of(pid: int) -> dict[int, int]:
-    """{MPI rank: pid} of the processes below ``pid`` (mpiexec -> hydra proxy -> ranks), from /proc."""
-    parents = {}
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    below, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - below
-        below |= frontier
-    ranks = {}
-    for child in below:
-        try:
-            env = pathlib.Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        rank = [v.split(b"=", 1)[1] for v in env if v.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))]
-        if rank and b"python" in pathlib.Path(f"/proc/{child}/cmdline").read_bytes():
-            ranks[int(rank[0])] = child
-    return ranks
 
 
 @pytest.mark.slow

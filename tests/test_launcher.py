@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from test_checkpoint import ROOT, job_file, train
-from test_mpi_suites import mpi_env, mpiexec_command
+from checkpoint_jobs import ROOT, job_file, train
+from mpi_jobs import mpi_env, mpiexec_command
 
 TEST_PHASE = "\ntest_steps: 3\ntest_freq: 100\n"
 
@@ -148,7 +148,7 @@ def test_labels_that_a_kLabel_layer_takes_from_a_shard_are_checked_too(tmp_path)
     from singa_mpi.data import convert
     from singa_mpi.errors import DataError
     from singa_mpi.launcher.checks import check_first_batches
-    from test_singa01_pipeline import v01_job
+    from nets import v01_job
 
     import nets
 

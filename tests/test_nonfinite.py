@@ -27,7 +27,7 @@ from singa_mpi.trainer import Trainer
 from singa_mpi.sync.allreduce import AllreduceSync
 from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer, first_nonfinite
 from singa_mpi.sync.shared_memory import SharedMemorySync
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import mpi_env, mpiexec_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BAD_RECORD, BAD_VALUE, BAD_STEP = 104, 3, 1  # row 40 of global batch 1 (batches of 64, file order)

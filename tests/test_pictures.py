@@ -180,5 +180,5 @@ def test_one_line_errors(rbm, tmp_path, capsys):
 def test_without_matplotlib_one_line_says_how_to_install_it(rbm, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` raises ImportError
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    err = one_line_error(capsys, ["draw", "filters", rbm[2]], 2)  # as tests/test_cli_optional.py
+    err = one_line_error(capsys, ["draw", "filters", rbm[2]], 2)  # as tests/cli/test_cli_optional.py
     assert "singa-mpi draw needs matplotlib" in err and "pip install 'singa_mpi[plot]'" in err

@@ -89,7 +89,7 @@ def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path, monkeypatc
     a = write_metrics(tmp_path / "a", [2.0, 1.0])
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` raises ImportError
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    assert cli.main(["plot", a]) == 2  # a command line this installation cannot run (tests/test_cli_optional.py)
+    assert cli.main(["plot", a]) == 2  # a command line this installation cannot run (tests/cli/test_cli_optional.py)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "matplotlib" in err and "pip install 'singa_mpi[plot]'" in err, err
     assert cli.main(["plot", "--profile", a]) == 2

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 from google.protobuf.descriptor import FieldDescriptor
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import mpi_env, mpiexec_command
 
 from singa_mpi import cli, plugins
 from singa_mpi.algorithms import ALGORITHMS

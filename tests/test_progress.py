@@ -16,8 +16,8 @@ from singa_mpi.errors import ConfigError
 from singa_mpi import progress
 from singa_mpi.progress import format_seconds, summary_lines
 from singa_mpi.trainer import Trainer
-from test_mpi_suites import mpi_env, mpiexec_command
-from test_trainer_reports import ROOT, job_file, metrics, train
+from mpi_jobs import mpi_env, mpiexec_command
+from report_jobs import ROOT, job_file, metrics, train
 
 TEST_PHASE = "test_steps: 2 test_freq: 3\n"
 DURATION = r"(?:\d+\.\ds|\d+m\d\ds|\d+h\d\dm)"
@@ -244,7 +244,7 @@ def test_a_checkpoint_without_elapsed_reads_as_zero(tmp_path):
     assert train(conf, tmp_path / "ws") == 0
     path = checkpoint.checkpoint_path(str(tmp_path / "ws"), 2)
     assert checkpoint.read(path).elapsed > 0
-    from test_checkpoint_integrity import write_format_2
+    from checkpoint_jobs import write_format_2
 
     write_format_2(path, checkpoint.read(path))  # as written before the attribute existed (format 2)
     with h5py.File(path, "r+") as f:

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from test_checkpoint import ROOT, job_file
-from test_mpi_suites import mpi_env, mpiexec_command
+from checkpoint_jobs import ROOT, job_file
+from mpi_jobs import mpi_env, mpiexec_command
 
 from singa_mpi import cli, timeline
 from singa_mpi.tracing import Tracer

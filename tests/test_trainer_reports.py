@@ -1,36 +1,13 @@
 """What the training loop reports and writes: metrics.jsonl values, means, rates, checkpoints, stop messages."""
-import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-import nets
-from singa_mpi.launcher import RunOptions, run_training
-from test_mpi_suites import mpi_env, mpiexec_command
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def job_file(tmp_path, steps=6, batch=8, scheme="data", nranks=2, extra="", name="job"):
-    data = tmp_path / "data.h5"
-    if not data.exists():
-        nets.make_data(str(data), 40, (12,), 5)
-    text = nets.mlp(str(data), batch, scheme, nranks).replace("train_steps: 20", f"train_steps: {steps}")
-    path = tmp_path / f"{name}.conf"
-    path.write_text(text + extra)
-    return str(path)
-
-
-def train(conf, workspace, **options):
-    return run_training(conf, lambda cfg: str(workspace), RunOptions(**options))
-
-
-def metrics(workspace):
-    return [json.loads(line) for line in (workspace / "metrics.jsonl").read_text().splitlines()]
+from mpi_jobs import mpi_env, mpiexec_command
+from report_jobs import ROOT, job_file, metrics, train
 
 
 def test_metrics_jsonl_keeps_full_precision_and_progress_lines_stay_rounded(tmp_path, capsys):

@@ -6,7 +6,7 @@ import nets
 from singa_mpi.cost.beside import Prediction, beside_lines
 from singa_mpi.cost.model import predict
 from singa_mpi.planner import SHARED_MEMORY, plan
-from test_cost import RowKernels, rates
+from cost_support import RowKernels, rates
 
 
 def row(cat, name, seconds):
@@ -73,7 +73,7 @@ def test_a_cd_job_says_why_it_has_no_prediction(tmp_path, capsys, monkeypatch):
 
 def test_a_prediction_that_cannot_be_cached_is_a_line_and_the_run_still_succeeds(tmp_path, capsys, monkeypatch):
     from singa_mpi import cli
-    from test_checkpoint import job_file
+    from checkpoint_jobs import job_file
 
     (tmp_path / "not_a_folder").write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not_a_folder"))  # the kernel cache cannot be written

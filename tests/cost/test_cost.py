@@ -11,27 +11,13 @@ import numpy as np
 import pytest
 
 import nets
+from cost_support import RowKernels, rates
 from singa_mpi.cost import rates as rate_module
 from singa_mpi.cost.auto import choose, with_dims
-from singa_mpi.cost.kernels import KernelTime, KernelTimes, signature
+from singa_mpi.cost.kernels import KernelTimes, signature
 from singa_mpi.cost.model import UPDATE_PASSES, predict
-from singa_mpi.cost.rates import Link, Network, Rates
+from singa_mpi.cost.rates import Link, Network
 from singa_mpi.planner import ALLREDUCE, SHARED_MEMORY, plan
-
-
-class RowKernels:
-    """Forward and backward of a layer cost ``per_item`` seconds per output number (deterministic)."""
-
-    def __init__(self, per_item=1e-6):
-        self.per_item = per_item
-
-    def of(self, the_plan, sub):
-        t = self.per_item * math.prod(sub.out_shape)
-        return KernelTime(t, t)
-
-
-def rates(p2p_bw=1e9, allreduce_bw=1e9, latency=1e-5, memory=1e10):
-    return Rates(memory, Link(latency, p2p_bw), Link(latency, allreduce_bw), Link(latency, p2p_bw), "test")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from singa_mpi.cost.kernels import KernelTime
 from singa_mpi.cost.model import NotPriced, predict
 from singa_mpi.cost.rates import Link, Rates
 from singa_mpi.planner import ALLREDUCE, SHARED_MEMORY, plan, syncs
-from test_cost import RowKernels
+from cost_support import RowKernels
 
 FREE = Link(0.0, 1e30)  # a link that costs nothing
 ENDLESS_MEMORY = 1e30  # bytes/s: data copies and updates cost nothing

@@ -12,7 +12,7 @@ import nets
 from singa_mpi.data.stores import open_store
 from singa_mpi.errors import DataError, SingaError
 from singa_mpi.launcher import RunOptions, run_training
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import mpi_env, mpiexec_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LONG = os.environ.get("SINGA_MPI_FUZZ") == "long"  # the nightly size: every byte, many more examples

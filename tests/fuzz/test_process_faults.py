@@ -34,8 +34,7 @@ from hypothesis import strategies as st
 import fuzz_support as fz
 import nets
 from singa_mpi.checkpoints import hdf5 as checkpoint
-from test_interrupts import ranks_of  # {MPI rank: pid} below mpiexec, from /proc
-from test_mpi_suites import mpi_env, mpiexec_command
+from mpi_jobs import mpi_env, mpiexec_command, ranks_of  # ranks_of: {MPI rank: pid} below mpiexec, from /proc
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.mpi]
 STALL_TIMEOUT = 5  # seconds: --stall-timeout of every run here

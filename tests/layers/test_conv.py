@@ -4,7 +4,7 @@ import pytest
 
 from singa_mpi.testing import build_layer, check_layer_gradients
 from singa_mpi.layers.base import LayerConfigError, LayerContext
-from test_neuron import conf, rand
+from layer_support import conf, rand
 
 WB = 'param { name: "w" init { type: kGaussian std: 0.5 } } param { name: "b" init { type: kGaussian } }'
 

@@ -1,24 +1,13 @@
 """Neuron layers: numerical gradient checks, reference values, partition equivalence."""
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
+from layer_support import conf, rand
 from singa_mpi.testing import build_layer, check_layer_gradients
 from singa_mpi.errors import DataError
 from singa_mpi.layers.base import LayerConfigError, LayerContext, layer_class
-from singa_mpi.proto import job_pb2
 
 PARAMS = 'param { name: "w" init { type: kGaussian std: 0.5 } } param { name: "b" init { type: kGaussian } }'
-
-
-def conf(text: str) -> job_pb2.LayerProto:
-    layer = job_pb2.LayerProto()
-    text_format.Parse(text, layer)
-    return layer
-
-
-def rand(*shape, seed=0):
-    return np.random.default_rng(seed).normal(0, 1, shape)
 
 
 @pytest.mark.parametrize("transpose", [False, True])

@@ -1,6 +1,6 @@
 """MPI test helpers: these tests run under `mpiexec -n N python -m pytest tests/mpi`.
 
-tests/test_mpi_suites.py launches them for N = 1..4 from a plain pytest run.
+tests/communication/test_mpi_suites.py launches them for N = 1..4 from a plain pytest run.
 Every assertion goes through :func:`agree`, which allreduces the verdict so
 that all ranks fail (or pass) together: a failure never leaves a rank waiting.
 """

@@ -6,7 +6,7 @@ asynchronous frameworks cannot (their updates interleave as the threads run), so
 Hogwilds (distributed: groups exchange their changes; in memory: groups share one copy) must
 converge: over the same number of steps, their training loss must fall at least half as far as the
 serial run's.  Their MPI tests are
-tests/test_frameworks.py and tests/mpi/test_servers.py.
+tests/runtimes/test_frameworks.py and tests/mpi/test_servers.py.
 """
 import pathlib
 

@@ -1,0 +1,225 @@
+"""Checkpoints: exact resume, resume on other rank counts and partitionings, crash safety, damage, signals."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from singa_mpi.checkpoints import hdf5 as checkpoint, tools as ckpt_tools
+from singa_mpi.errors import DataError
+from singa_mpi.proto import job_pb2
+from checkpoint_jobs import ROOT, final, job_file, mpi_train, train
+from mpi_jobs import launcher, mpi_env, mpiexec_command
+
+
+def test_exact_resume_is_bitwise(tmp_path):
+    conf = job_file(tmp_path)
+    assert train(conf, tmp_path / "straight") == 0
+    assert train(conf, tmp_path / "split", steps=10) == 0
+    assert train(conf, tmp_path / "split", resume=True) == 0
+    a, b = final(tmp_path / "straight", 20), final(tmp_path / "split", 20)
+    assert sorted(a.params) == sorted(b.params)
+    for name in a.params:
+        np.testing.assert_array_equal(a.params[name], b.params[name])
+        for slot in a.updater[name]:
+            np.testing.assert_array_equal(a.updater[name][slot], b.updater[name][slot])
+    assert a.readers == b.readers == {"train": {"data": {"batches": 20}}}
+
+
+def test_interrupted_write_leaves_the_previous_checkpoint(tmp_path):
+    conf = job_file(tmp_path, steps=4)
+    train(conf, tmp_path / "ws")
+    good = final(tmp_path / "ws", 4)
+    target = checkpoint.checkpoint_path(str(tmp_path / "ws"), 4)
+    with pytest.raises(OSError, match="injected fault"):
+        checkpoint.write(target, checkpoint.Checkpoint(step=4, params={k: v * 0 for k, v in good.params.items()}),
+                         fault_after=2)
+    again = checkpoint.read(target)
+    for name in good.params:
+        np.testing.assert_array_equal(again.params[name], good.params[name])
+    assert not [p for p in os.listdir(os.path.dirname(target)) if ".tmp" in p]
+
+
+def test_truncated_checkpoint_is_detected_and_resume_falls_back(tmp_path):
+    conf = job_file(tmp_path, steps=10, extra="checkpoint_freq: 5\n")
+    train(conf, tmp_path / "ws")
+    newest = checkpoint.checkpoint_path(str(tmp_path / "ws"), 10)
+    size = os.path.getsize(newest)
+    with open(newest, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(DataError, match=r"step10\.h5"):
+        checkpoint.read(newest)
+    with pytest.warns(UserWarning, match=r"skipping damaged checkpoint: .*step10\.h5"):
+        assert checkpoint.newest_good(str(tmp_path / "ws")).step == 5
+    with pytest.raises(DataError, match=r"step10\.h5: DAMAGED: "):
+        ckpt_tools.inspect(newest)
+
+
+def test_corrupted_dataset_fails_its_checksum(tmp_path):
+    import h5py
+
+    conf = job_file(tmp_path, steps=2)
+    train(conf, tmp_path / "ws")
+    path = checkpoint.checkpoint_path(str(tmp_path / "ws"), 2)
+    with h5py.File(path, "r+") as f:
+        f["params/w_fc1"][0, 0] += 1
+    with pytest.raises(DataError, match="fails its whole-file checksum"):
+        checkpoint.read(path)
+    with open(path, "rb") as f:  # sealed anew, as if damaged before the write: the dataset's own crc32
+        image = checkpoint.seal(f.read())
+    with open(path, "wb") as f:
+        f.write(image)
+    with pytest.raises(DataError, match="params/w_fc1 fails its checksum"):
+        checkpoint.read(path)
+
+
+def test_keep_prunes_old_checkpoints(tmp_path):
+    conf = job_file(tmp_path, steps=12, extra="checkpoint_freq: 3\n")
+    train(conf, tmp_path / "ws", keep=2)
+    assert [step for step, _ in checkpoint.listed(str(tmp_path / "ws"))] == [12, 9]
+
+
+def test_checkpoint_path_initialises_params_by_name(tmp_path):
+    conf = job_file(tmp_path, steps=3)
+    train(conf, tmp_path / "pre")
+    pre = final(tmp_path / "pre", 3)
+    init = job_file(tmp_path, steps=1, name="init",
+                    extra=f'checkpoint_path: "{checkpoint.checkpoint_path(str(tmp_path / "pre"), 3)}"\n')
+    train(init, tmp_path / "post", steps=0)  # zero steps: the final checkpoint holds the loaded values
+    post = final(tmp_path / "post", 0)
+    for name in pre.params:
+        np.testing.assert_array_equal(post.params[name], pre.params[name])
+
+
+def test_checkpoint_path_params_it_lacks_keep_their_init_a_misfit_is_an_error(tmp_path):
+    """SINGA's stacked-RBM use: a checkpoint initialises the params it holds, the job's own init
+    the rest (listed in a note); a param of another shape is an error unless --allow-partial."""
+    conf = job_file(tmp_path, steps=1)
+    train(conf, tmp_path / "pre")
+    path = checkpoint.checkpoint_path(str(tmp_path / "pre"), 1)
+    ckpt = checkpoint.read(path)
+    w_fc2 = ckpt.params.pop("w_fc2")
+    checkpoint.write(path, ckpt)
+    init = job_file(tmp_path, steps=1, name="init", extra=f'checkpoint_path: "{path}"\n')
+    assert train(init, tmp_path / "fresh", steps=0) == 0
+    assert train(init, tmp_path / "post", steps=0) == 0
+    started = final(tmp_path / "post", 0)
+    np.testing.assert_array_equal(started.params["w_fc1"], ckpt.params["w_fc1"])
+    np.testing.assert_array_equal(started.params["w_fc2"], final(tmp_path / "fresh", 0).params["w_fc2"])
+    assert not np.array_equal(started.params["w_fc2"], w_fc2)
+    ckpt.params["w_fc2"], ckpt.params["b_fc1"] = w_fc2, np.zeros(3, np.float32)
+    checkpoint.write(path, ckpt)
+    with pytest.raises(DataError, match=r"'b_fc1' has shape \(3,\), the net expects \(16,\)"):
+        train(init, tmp_path / "post2")
+    assert train(init, tmp_path / "post3", allow_partial=True) == 0
+
+
+def test_param_without_init_must_come_from_checkpoint_path(tmp_path):
+    """SINGA's rbm2.conf names w1 without init: its values can only come from checkpoint_path."""
+    from singa_mpi.checks.job import validate
+    from singa_mpi.config.load import parse_job
+    from singa_mpi.errors import ConfigError
+
+    conf = job_file(tmp_path, steps=1)
+    train(conf, tmp_path / "pre")
+    path = checkpoint.checkpoint_path(str(tmp_path / "pre"), 1)
+    text = open(conf).read()
+    no_init = text.replace('name: "w_fc2"  init { type: kGaussian std: 0.3 }', 'name: "w_fc2"', 1)
+    assert no_init != text
+    with pytest.raises(ConfigError, match=r"param\[0\]\.init = missing: expected init \{ type: \.\.\. \}"):
+        validate(parse_job(no_init, "no_init.conf"))
+    loaded = tmp_path / "loaded.conf"
+    loaded.write_text(no_init + f'checkpoint_path: "{path}"\n')
+    assert train(str(loaded), tmp_path / "post", steps=0) == 0
+    np.testing.assert_array_equal(final(tmp_path / "post", 0).params["w_fc2"], final(tmp_path / "pre", 1).params["w_fc2"])
+    ckpt = checkpoint.read(path)
+    del ckpt.params["w_fc2"]
+    checkpoint.write(path, ckpt)
+    with pytest.raises(DataError, match=r"no parameter 'w_fc2' \(shape \(10, 16\)\): expected it there, as the "
+                                        r"job gives it no init"):
+        train(str(loaded), tmp_path / "post2", steps=0)
+
+
+def test_inspect_and_convert_singa_checkpoints(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 3)).astype(np.float32)
+    for worker, rows in ((0, w[:2]), (1, w[2:])):
+        blobs = job_pb2.BlobProtos(name=["0#w1", "0#b1"], version=[10, 10])
+        blobs.blob.add(shape=[2, 3], data=rows.reshape(-1).tolist())
+        blobs.blob.add(shape=[2], data=[1.0, 2.0])
+        (tmp_path / f"step10-worker{worker}").write_bytes(blobs.SerializeToString())
+    out = str(tmp_path / "converted.h5")
+    message = ckpt_tools.convert_singa([str(tmp_path / "step10-worker1"), str(tmp_path / "step10-worker0")], out)
+    assert "2 params" in message and "step 10" in message
+    ckpt = checkpoint.read(out)
+    np.testing.assert_allclose(ckpt.params["w1"], w)  # feature parts joined in worker order
+    np.testing.assert_allclose(ckpt.params["b1"], [1, 2])
+    text = ckpt_tools.inspect(out)
+    assert "step 10" in text and "w1" in text and "[4, 3]" in text and "checksums OK" in text
+
+
+def test_no_pickle_in_checkpoint_code():
+    for module in ("checkpoints/hdf5.py", "checkpoints/tools.py", "checkpoints/snapshot.py"):
+        source = (ROOT / "singa_mpi" / module).read_text()
+        assert "pickle" not in source.replace("never unpickles", ""), module
+
+
+# ------------------------------------------------------------------ under MPI
+
+@pytest.mark.slow
+def test_resume_across_rank_counts_and_partitionings(tmp_path):
+    """6 steps on 1 rank (batch split), 2 ranks (features split), 3 ranks (hybrid), 3 ranks (pipeline)."""
+    confs = {s: job_file(tmp_path, s, steps=24, name=s) for s in ("data", "feature", "hybrid", "pipeline")}
+    assert train(confs["data"], tmp_path / "serial") == 0
+    ws = tmp_path / "moving"
+    mpi_train(1, confs["data"], ws, "--steps", "6")
+    out = mpi_train(2, confs["feature"], ws, "--steps", "12", "--resume")
+    assert "different partitioning" in out.stdout and "workers: 1 -> 2" in out.stdout
+    mpi_train(3, confs["hybrid"], ws, "--steps", "18", "--resume")
+    mpi_train(3, confs["pipeline"], ws, "--resume")
+    reference, moved = final(tmp_path / "serial", 24), final(ws, 24)
+    for name, value in reference.params.items():
+        scale = max(float(np.abs(value).max()), 1e-6)
+        assert float(np.abs(moved.params[name] - value).max()) / scale < 1e-5, name
+
+
+@pytest.mark.slow
+def test_exact_resume_on_the_same_ranks_is_bitwise(tmp_path):
+    conf = job_file(tmp_path, "feature", steps=16)
+    mpi_train(2, conf, tmp_path / "straight")
+    mpi_train(2, conf, tmp_path / "split", "--steps", "8")
+    mpi_train(2, conf, tmp_path / "split", "--resume")
+    a, b = final(tmp_path / "straight", 16), final(tmp_path / "split", 16)
+    for name in a.params:
+        np.testing.assert_array_equal(a.params[name], b.params[name])
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_the_resumed_run_continues_the_curve(tmp_path, nranks):
+    total = 3000
+    conf = job_file(tmp_path, steps=total)
+    reference = tmp_path / "reference"
+    mpi_train(nranks, conf, reference)
+    ws = tmp_path / "ws"
+    env = mpi_env()
+    cmd = mpiexec_command(nranks) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(ws)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = ws / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 20):
+        time.sleep(0.05)
+    proc.send_signal(signal.Signals[launcher().stop_signal])  # SIGTERM to MPICH's mpiexec, SIGUSR1 to Open MPI's
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == checkpoint.EXIT_CHECKPOINTED, err[-2000:]
+    stopped = checkpoint.listed(str(ws))[0][0]
+    assert 0 < stopped < total
+    mpi_train(nranks, conf, ws, "--resume")
+    ref_lines = [line for line in (reference / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+    got_lines = [line for line in metrics.read_text().splitlines() if '"train"' in line]
+    strip = lambda line: {k: v for k, v in __import__("json").loads(line).items()  # noqa: E731
+                          if k in ("step", "loss", "accuracy")}
+    assert [strip(x) for x in got_lines][-(total - stopped):] == [strip(x) for x in ref_lines][stopped:]

@@ -1,0 +1,192 @@
+"""Disk trouble ends with one line naming the path and what to do, exit code 3 (DataError), serially
+and under `mpiexec -n 2`: a full disk while writing a checkpoint (the previous checkpoints intact, no
+part of the new one left), a read-only checkpoint folder or file system, a workspace under a regular
+file or with a name too long.  Problems knowable before training are found before any communication.
+
+The full and read-only disks are real where this process may mount a tmpfs (root with CAP_SYS_ADMIN,
+as in the project's containers); elsewhere those tests are skipped and the monkeypatched ones stand in.
+"""
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import nets
+from singa_mpi import cli
+from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.errors import DataError
+from singa_mpi.launcher import RunOptions, run_training
+from mpi_jobs import mpi_env, mpiexec_command
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def job(tmp_path, steps: int = 4, extra: str = "") -> str:
+    data = tmp_path / "data.h5"
+    if not data.exists():
+        nets.make_data(str(data), 64, (12,), 5)
+    conf = tmp_path / "job.conf"
+    conf.write_text(nets.mlp(str(data), 8, "data", steps=steps) + extra)
+    return str(conf)
+
+
+def cli_train(nranks: int, conf: str, workspace, *args: str) -> subprocess.CompletedProcess:
+    launcher = mpiexec_command(nranks) if nranks > 1 else []
+    cmd = launcher + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(workspace), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=180)
+
+
+def one_error_line(result: subprocess.CompletedProcess, *words: str) -> str:
+    """The run ended with exit code 3 and one error line holding ``words``, and no traceback."""
+    assert result.returncode == DataError.exit_code, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("singa-mpi:")]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert all(word in lines[0] for word in words), lines[0]
+    return lines[0]
+
+
+def snapshot_of(workspace) -> dict:
+    """Every checkpoint file's bytes, and the names of any other files in the checkpoint folder."""
+    folder = checkpoint.checkpoint_dir(str(workspace))
+    files = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            files[name] = f.read()
+    return files
+
+
+# ------------------------------------------------------------------ a failing write, simulated
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES], ids=["full", "read-only", "denied"])
+def test_a_checkpoint_write_the_disk_refuses_is_one_line_and_leaves_the_old_ones(tmp_path, monkeypatch, capsys,
+                                                                                  code):
+    conf = job(tmp_path, steps=2, extra="checkpoint_after: 2 checkpoint_freq: 2\n")
+    ws = tmp_path / "ws"
+    assert run_training(conf, lambda cfg: str(ws), RunOptions()) == 0
+    before = snapshot_of(ws)
+    real_fsync = os.fsync
+
+    def refusing_fsync(fd):  # the data is written; the disk refuses it when flushed
+        if ".tmp" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(code, os.strerror(code))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", refusing_fsync)
+    assert cli.main(["train", conf, "--workspace", str(ws), "--resume", "--steps", "4"]) == DataError.exit_code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"singa-mpi: error: {checkpoint.checkpoint_path(str(ws), 4)}: cannot write the "
+                               f"checkpoint: {os.strerror(code)}: ")
+    assert "--workspace" in lines[0] and "previous checkpoints are intact" in lines[0]
+    assert snapshot_of(ws) == before  # step 2 as it was; no step4.h5, no .tmp file
+
+
+def test_an_interrupted_in_memory_write_touches_nothing(tmp_path):
+    """The file is built in memory: a failure while building it leaves the folder untouched."""
+    ckpt = checkpoint.Checkpoint(step=3, params={"w": np.ones((2, 2), np.float32), "b": np.zeros(2, np.float32)})
+    target = checkpoint.checkpoint_path(str(tmp_path), 3)
+    with pytest.raises(OSError, match="injected fault"):
+        checkpoint.write(target, ckpt, fault_after=1)
+    assert not os.path.exists(checkpoint.checkpoint_dir(str(tmp_path)))
+
+
+# ------------------------------------------------------------------ workspaces that cannot be used
+
+def bad_workspace(tmp_path, kind: str):
+    """A workspace path under a regular file, or with a component too long for any file system."""
+    if kind == "under a file":
+        (tmp_path / "a_file").write_text("not a folder")
+        return tmp_path / "a_file" / "ws", ["a_file is a file, not a folder", "choose another --workspace"]
+    return tmp_path / ("w" * 300), ["File name too long", "choose a shorter --workspace"]
+
+
+@pytest.mark.parametrize("kind", ["under a file", "name too long"])
+def test_an_unusable_workspace_is_one_line_before_training(tmp_path, capsys, kind):
+    conf = job(tmp_path)
+    workspace, words = bad_workspace(tmp_path, kind)
+    with pytest.raises(DataError) as err:
+        run_training(conf, lambda cfg: str(workspace), RunOptions())
+    assert all(word in str(err.value) for word in words) and "\n" not in str(err.value), str(err.value)
+    assert "step " not in capsys.readouterr().out  # no training step ran
+    assert cli.main(["train", conf, "--workspace", str(workspace)]) == DataError.exit_code
+
+
+@pytest.mark.parametrize("kind", ["under a file", "name too long"])
+def test_an_unusable_workspace_under_mpi_is_one_line_from_phase_1(tmp_path, kind):
+    conf = job(tmp_path)
+    workspace, words = bad_workspace(tmp_path, kind)
+    line = one_error_line(cli_train(2, conf, workspace), *words)
+    assert line.startswith("singa-mpi: error") and "rank 1" not in line  # the vote, not an abort
+
+
+# ------------------------------------------------------------------ real full and read-only disks
+
+@contextlib.contextmanager
+def mounted(target, *mount_args: str):
+    """``mount *mount_args target`` for the duration, or skip where this process may not mount."""
+    os.makedirs(target, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a file system needs root")
+    result = subprocess.run(["mount", *mount_args, str(target)], capture_output=True, text=True)
+    if result.returncode:
+        pytest.skip(f"cannot mount here: {result.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def fill(folder, leave: int) -> None:
+    """Fill the file system of ``folder`` but for about ``leave`` bytes."""
+    stat = os.statvfs(folder)
+    free = stat.f_bavail * stat.f_frsize
+    with open(os.path.join(folder, "filler"), "wb") as f:
+        f.write(b"\0" * max(free - leave, 0))
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+@pytest.mark.slow
+def test_a_full_disk_during_a_checkpoint(tmp_path, nranks):
+    """A 256 KiB tmpfs: the first run's checkpoint fits; with ~8 KiB left, the next one (24 KiB) cannot."""
+    conf = job(tmp_path, steps=2)
+    with mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=256k", "tmpfs") as disk:
+        ws = disk / "ws"
+        assert cli_train(nranks, conf, ws).returncode == 0
+        before = snapshot_of(ws)
+        fill(disk, leave=8192)
+        line = one_error_line(cli_train(nranks, conf, ws, "--resume", "--steps", "4"),
+                              "step4.h5: cannot write the checkpoint: No space left on device", "the disk is full")
+        assert snapshot_of(ws) == before, line  # step 2 intact; no step4.h5, no .tmp file
+        os.remove(disk / "filler")
+        assert cli_train(nranks, conf, ws, "--resume", "--steps", "4").returncode == 0  # room again: goes on
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_a_read_only_checkpoint_folder_is_found_before_training(tmp_path, nranks):
+    conf = job(tmp_path, steps=2)
+    ws = tmp_path / "ws"
+    assert cli_train(1, conf, ws).returncode == 0
+    before = snapshot_of(ws)
+    folder = checkpoint.checkpoint_dir(str(ws))
+    with mounted(folder, "--bind", folder):
+        subprocess.run(["mount", "-o", "remount,bind,ro", folder], check=True)
+        result = cli_train(nranks, conf, ws, "--resume", "--steps", "4")
+        one_error_line(result, f"{folder}: cannot write into this workspace folder: Read-only file system",
+                       "choose a --workspace on a writable one")
+        assert "step 2/4" not in result.stdout  # found in phase 1: no step trained
+    assert snapshot_of(ws) == before
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_a_workspace_on_a_read_only_file_system(tmp_path, nranks):
+    conf = job(tmp_path)
+    with mounted(tmp_path / "ro", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs") as disk:
+        one_error_line(cli_train(nranks, conf, disk / "ws"), f"{disk / 'ws'}: cannot write into this workspace "
+                       f"folder: Read-only file system", "choose a --workspace on a writable one")

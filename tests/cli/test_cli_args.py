@@ -1,0 +1,206 @@
+"""Option values the command line refuses before anything runs: one line on stderr, exit code 2, nothing
+written (`--steps -5` once wrote step-5.h5, `--keep -1` deleted the only checkpoint, `--seed 2**70` and
+unwritable output paths gave tracebacks); `--debug` (alias `--traceback`) shows the stack."""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from singa_mpi import cli
+from singa_mpi.errors import ConfigError, DataError
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DIGITS = str(REPO / "conf" / "digits_mlp.conf")
+
+
+def refused(capsys, *argv: str) -> str:
+    """The one error line of ``singa-mpi ARGV``, which must exit with code 2 before running anything."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(list(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("option,value,expected", [
+    ("--steps", "-5", "argument --steps: -5: expected an integer >= 0"),
+    ("--steps", "ten", "argument --steps: 'ten': expected an integer"),
+    ("--keep", "-1", "argument --keep: -1: expected a count of at least 1"),
+    ("--stall-timeout", "-5", "argument --stall-timeout: -5: expected a finite number of seconds > 0"),
+    ("--stall-timeout", "nan", "argument --stall-timeout: nan: expected a finite number of seconds > 0"),
+    ("--stall-timeout", "inf", "argument --stall-timeout: inf: expected a finite number of seconds > 0"),
+    ("--seed", str(2 ** 70), (f"argument --seed: {2 ** 70}: expected a seed between -9223372036854775808 and "
+                             f"9223372036854775807 (64 bits)")),
+    ("--seed", str(-2 ** 63 - 1), "expected a seed between"),
+])
+def test_train_values_are_refused_before_the_run(capsys, tmp_path, option, value, expected):
+    workspace = tmp_path / "ws"
+    line = refused(capsys, "train", DIGITS, "--workspace", str(workspace), option, value)
+    assert line.startswith("singa-mpi train: error: ") and expected in line
+    assert line.endswith("(see singa-mpi train -h)")
+    assert not workspace.exists()
+
+
+@pytest.mark.parametrize("value", [str(2 ** 63 - 1), str(-2 ** 63), "0"])
+def test_every_int64_seed_is_a_seed(value):
+    assert cli.job_seed(value) == int(value)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["data", "synthetic", "--like", DIGITS, "--count", "-5"], "argument --count: -5: expected a count of at least 1"),
+    (["data", "synthetic", "--like", DIGITS, "--classes", "0"],
+     "argument --classes: 0: expected a count of at least 1"),
+    (["data", "digits", "--out", "d", "--seed", "-1"], "argument --seed: -1: expected a seed >= 0"),
+    (["sample", DIGITS, "--temperature", "0"], "argument --temperature: 0: expected a finite number > 0"),
+    (["sample", DIGITS, "-n", "-3"], "argument -n: -3: expected an integer >= 0"),
+    (["ckpt", "convert", "a.bin", "--out", "b.h5", "--step", "-2"], "argument --step: -2: expected an integer >= 0"),
+])
+def test_other_commands_refuse_bad_counts_and_seeds(capsys, argv, expected):
+    line = refused(capsys, *argv)
+    assert expected in line
+
+
+def test_an_unknown_command_is_one_line_too(capsys):
+    assert "argument command: invalid choice: 'trian'" in refused(capsys, "trian")
+
+
+# ------------------------------------------------------------------ outputs that cannot be written
+
+@pytest.fixture
+def below_a_file(tmp_path) -> pathlib.Path:
+    """A path whose parent is a regular file: nothing can be created there (even by root)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    return blocker / "out"
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", DIGITS, "-n", "2", "-o", "{out}.txt"],
+    ["data", "digits", "--out", "{out}"],
+    ["data", "synthetic", "--like", DIGITS, "--out", "{out}"],
+    ["ckpt", "convert", "a.bin", "--out", "{out}.h5"],
+    ["train", DIGITS, "--trace", "{out}.json"],
+    ["plot", "ws", "-o", "{out}.png"],
+    ["draw", "filters", "c.h5", "-o", "{out}.png"],
+    ["examples", "{out}"],
+])
+def test_unwritable_outputs_are_refused_before_anything_runs(capsys, below_a_file, argv):
+    argv = [arg.replace("{out}", str(below_a_file)) for arg in argv]
+    line = refused(capsys, *argv)
+    assert f"{below_a_file}" in line and f"{below_a_file.parent} is a file, not a folder: expected a path below a " \
+                                          f"folder" in line
+
+
+def test_an_existing_folder_is_no_output_file(capsys, tmp_path):
+    line = refused(capsys, "plan", DIGITS, "-n", "2", "-o", str(tmp_path))
+    assert f"argument -o/--output: {tmp_path}: is a folder: expected a file name" in line
+
+
+def test_a_writable_output_is_accepted(capsys, tmp_path):
+    out = tmp_path / "new" / "plan.txt"  # its folder is made when written
+    assert cli.writable_file(str(out)) == str(out)
+    assert cli.main(["plan", DIGITS, "-n", "2", "-o", str(tmp_path / "plan.txt")]) == 0
+    assert (tmp_path / "plan.txt").read_text().strip()
+
+
+# ------------------------------------------------------------------ the library under the options
+
+def test_synthetic_data_refuses_bad_counts_and_unwritable_stores(tmp_path):
+    from singa_mpi.data.synthetic import write_synthetic
+
+    with pytest.raises(ConfigError, match="^data synthetic: --count 0: expected at least 1$"):
+        write_synthetic(DIGITS, count=0)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    job = tmp_path / "job.conf"
+    job.write_text(pathlib.Path(DIGITS).read_text().replace("data/digits/", f"{blocker}/digits/"))
+    with pytest.raises(DataError) as err:
+        write_synthetic(str(job), count=5)
+    assert str(err.value).startswith(f"{blocker}") and "cannot write a synthetic store" in str(err.value)
+
+
+def test_digits_that_cannot_be_prepared_are_one_line(tmp_path):
+    from singa_mpi.data.prepare import prepare_digits
+    from singa_mpi.proto import job_pb2
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    path = str(blocker / "digits" / "train.h5")
+    with pytest.raises(DataError) as err:
+        prepare_digits(path, job_pb2.StoreProto(backend="hdf5", path=path))
+    assert f"cannot prepare scikit-learn's digits for {path}" in str(err.value)
+
+
+# ------------------------------------------------------------------ --debug
+
+@pytest.mark.parametrize("flag", ["--debug", "--traceback"])
+def test_debug_shows_the_traceback(flag, tmp_path, capsys):
+    """The traceback, then the line, with the error's own exit code (tests/cli/test_cli_debug.py)."""
+    assert cli.main([flag, "check", str(tmp_path / "missing.conf")]) == ConfigError.exit_code
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last):" in err and "cannot read job configuration" in err
+
+
+def test_without_debug_an_error_is_one_line(capsys, tmp_path):
+    assert cli.main(["check", str(tmp_path / "missing.conf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("singa-mpi: error: ") and "Traceback" not in err
+
+
+def test_a_job_file_that_is_not_utf8_is_one_line(capsys, tmp_path):
+    conf = tmp_path / "job.conf"
+    conf.write_bytes(b"name: \"\xff\"\n")
+    assert cli.main(["check", str(conf)]) == 2
+    assert capsys.readouterr().err == (f"singa-mpi: error: {conf}: byte 8 (line 1): not UTF-8 text: expected a text "
+                                       f"file in UTF-8 (0xff cannot start or continue a UTF-8 character here; a "
+                                       f"binary file, or text in another encoding such as Latin-1?)\n")
+
+
+# ------------------------------------------------------------------ check -n N refuses what train on N refuses
+
+def test_check_on_n_workers_refuses_a_cluster_a_launch_on_n_refuses(capsys, tmp_path):
+    """Co-located servers beyond the workers need more ranks: `train` on 2 refused them, `check -n 2` passed."""
+    conf = tmp_path / "job.conf"
+    conf.write_text(pathlib.Path(DIGITS).read_text().replace('cluster { workspace: "workspace/digits_mlp" }',
+                                                             "cluster { nservers_per_group: 3 }"))
+    assert cli.main(["check", "-n", "2", str(conf)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"singa-mpi: error: {conf}:68:1: 1 worker group(s) x 2 worker(s) with 3 co-located "
+                          f"server(s) (cluster.nservers_per_group) need 3 ranks, launched with 2: expected mpirun -n 3")
+    assert cli.main(["check", "-n", "3", str(conf)]) == 0
+
+
+@pytest.mark.parametrize("written,shown", [("fc\\nb", "fc\\nb"), ("fc\u0085b", "fc\\x85b"), ("fc\u2028b", "fc\\u2028b")])
+def test_a_name_with_a_line_break_stays_on_one_error_line(capsys, tmp_path, written, shown):
+    """A layer named with a newline (an escape in the file), NEL or LINE SEPARATOR (UTF-8 in the file)
+    is shown escaped: the error listing the known layers was two lines."""
+    text = pathlib.Path(DIGITS).read_text().replace('name: "fc2"', f'name: "{written}"', 1)
+    job = tmp_path / "job.conf"
+    job.write_text(text, encoding="utf-8")
+    assert cli.main(["check", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and shown in err, err
+
+
+def test_a_job_bigger_than_memory_is_one_line_exit_6(tmp_path):
+    """An allocation the machine refuses (here: 2 GiB of address space for a 96 GiB weight) is exit 6 and
+    one line saying how much, for what, and what to do; it was a MemoryError traceback (exit 1)."""
+    import subprocess
+    import sys
+
+    import nets
+
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    job = tmp_path / "job.conf"
+    job.write_text(nets.mlp(data, 8, "data", steps=2).replace("num_output: 16", "num_output: 2147483647", 1))
+    capped = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+              "runpy.run_module('singa_mpi', run_name='__main__', alter_sys=True)")
+    proc = subprocess.run([sys.executable, "-c", capped, "train", str(job), "--workspace", str(tmp_path / "ws")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 6 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("singa-mpi: error: out of memory (Unable to allocate 96.0 GiB") and \
+        "lower the batch size" in lines[0], lines[0]

@@ -1,0 +1,269 @@
+"""SINGA's frameworks under mpiexec: Downpour, bounded staleness and Hogwild converge, a slow group
+holds nobody back, a dead server is named, checkpoints move between frameworks, bad clusters are
+refused.
+
+Asynchronous training cannot equal the serial run, so its test is convergence: on the digits job,
+Downpour (2 groups of 1 worker, 1 server), stale synchronous parallel, in-memory and distributed
+Hogwild, with 1.2x the serial run's samples, reach the serial run's final test accuracy (less one
+test image of 359) at one of group 0's tests.  Sandblaster's equality
+with the serial run is tests/mpi/test_servers.py.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from singa_mpi.checkpoints import hdf5 as checkpoint
+from mpi_jobs import finish, mpi_env, mpiexec_command, rank_pids, wait_for_progress
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIGITS = open(os.path.join(ROOT, "conf", "digits_mlp.conf")).read()
+SERIAL_STEPS = 300
+
+
+def digits_job(tmp_path, name: str, cluster: str, steps: int, extra: str = "", layers: str = "",
+               test_freq: int | None = None) -> str:
+    """conf/digits_mlp.conf with ``cluster`` and ``steps`` (test at the end, or every ``test_freq``),
+    data prepared beside it."""
+    text = re.sub(r"(?m)^cluster \{.*\}$", f"cluster {{ {cluster} }}", DIGITS)
+    text = re.sub(r"train_steps: \d+", f"train_steps: {steps}", text)
+    text = re.sub(r"test_freq: \d+", f"test_freq: {test_freq or steps}", text)
+    text = re.sub(r"disp_freq: \d+", "disp_freq: 10", text)
+    text = text.replace('path: "data/digits/', f'path: "{tmp_path}/data/digits/')
+    if layers:  # between the input and fc1
+        text = text.replace('srclayers: "data"\n    innerproduct_conf { num_output: 256 }',
+                            'srclayers: "slow"\n    innerproduct_conf { num_output: 256 }')
+        text = text.replace("neuralnet {", "neuralnet {\n" + layers, 1)
+    path = tmp_path / f"{name}.conf"
+    path.write_text(extra + text)
+    return str(path)
+
+
+def run(n, conf, tmp_path, *args, limit=240, env=None):
+    cmd = ([sys.executable] if n == 0 else mpiexec_command(n) + [sys.executable]) + \
+        ["-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws"), *args]
+    result = subprocess.run(cmd, cwd=ROOT, env=env or mpi_env(), capture_output=True, text=True, timeout=limit)
+    return result.returncode, result.stdout, result.stderr
+
+
+def entries(tmp_path, phase):
+    lines = (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["phase"] == phase]
+
+
+DOWNPOUR = "nworker_groups: 2 nworkers_per_group: 1 nserver_groups: 1 nservers_per_group: 1 server_worker_separate: true"
+SANDBLASTER = "nworkers_per_group: 2 nserver_groups: 1 nservers_per_group: 1 server_worker_separate: true"
+
+
+@pytest.fixture(scope="module")
+def serial_accuracy(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("serial")
+    conf = digits_job(tmp_path, "serial", "", SERIAL_STEPS)
+    code, out, err = run(0, conf, tmp_path)
+    assert code == 0, err
+    return entries(tmp_path, "test")[-1]["accuracy"]
+
+
+HOGWILD = "nworker_groups: 2 nserver_groups: 2"
+
+
+@pytest.mark.parametrize("cluster,n", [(DOWNPOUR, 3), (DOWNPOUR + " max_staleness: 1", 3), (HOGWILD, 2),
+                                       (HOGWILD + " share_memory: false", 2),
+                                       (HOGWILD + " share_memory: false nworkers_per_group: 2", 4)],
+                         ids=["downpour", "ssp1", "hogwild-in-memory", "hogwild", "hogwild-2-workers"])
+@pytest.mark.slow
+def test_asynchronous_groups_reach_the_serial_accuracy_with_as_many_samples(tmp_path, serial_accuracy, cluster, n):
+    steps = int(1.2 * SERIAL_STEPS / 2)  # per group: 1.2x the serial run's samples in all
+    code, out, err = run(n, digits_job(tmp_path, "async", cluster, steps, test_freq=15), tmp_path)
+    assert code == 0, err[-3000:]
+    tests = entries(tmp_path, "test")  # group 0's, every 15 of its steps (about 30 of the serial run's)
+    best = max(e["accuracy"] for e in tests)
+    assert best >= serial_accuracy - 1 / 359, ([round(e["accuracy"], 4) for e in tests], serial_accuracy)
+    trains = entries(tmp_path, "train")
+    if "server_worker_separate" not in cluster:
+        return  # Hogwild: no servers, no staleness to report
+    assert all("staleness" in e and "slowest_group" in e for e in trains)
+    if "max_staleness: 1" in cluster:
+        assert max(e["fastest_group"] - e["slowest_group"] for e in trains) <= 2  # per range, one step in flight
+    assert re.search(r"staleness \d\.\d{4}  staleness_max \d+  slowest_group \d+  fastest_group \d+", out)
+
+
+SLOW = textwrap.dedent('''\
+    """Test plugin: a pass-through layer that sleeps in forward on the world ranks listed in SLOW_RANKS."""
+    import os
+    import time
+
+    from singa_mpi.layers import LAYERS, Layer
+
+
+    @LAYERS.register("kSlowOnSomeRanks")
+    class Slow(Layer):
+        def setup(self, src_shapes):
+            rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+            self.pause = float(os.environ.get("SLOW_SECONDS", "0")) if rank in os.environ.get("SLOW_RANKS", "").split(",") else 0
+            return tuple(src_shapes[0])
+
+        def forward(self, inputs, train):
+            if train and self.pause:
+                time.sleep(self.pause)
+            return inputs[0]
+
+        def backward(self, grad, need):
+            return [grad if need[0] else None]
+    ''')
+
+
+@pytest.mark.parametrize("staleness", [None, 2])
+@pytest.mark.slow
+def test_a_slow_group_does_not_hold_the_other_back_unless_staleness_is_bounded(tmp_path, staleness):
+    (tmp_path / "slow.py").write_text(SLOW)
+    cluster = DOWNPOUR + (f" max_staleness: {staleness}" if staleness is not None else "")
+    layer = '  layer { name: "slow" type: kUserLayer user_type: "kSlowOnSomeRanks" srclayers: "data" }\n'
+    conf = digits_job(tmp_path, "slow", cluster, 40, extra=f'plugin: "{tmp_path}/slow.py"\n', layers=layer)
+    began = time.monotonic()
+    code, out, err = run(3, conf, tmp_path, env=mpi_env(SLOW_RANKS="1", SLOW_SECONDS="0.1"))
+    wall = time.monotonic() - began
+    assert code == 0, err[-3000:]
+    group0_done = entries(tmp_path, "train")[-1]["elapsed"]  # group 0's step 30 (disp_freq 10)
+    assert wall > 40 * 0.1  # group 1 did sleep through its 40 steps
+    if staleness is None:
+        assert group0_done < 0.4 * 30 * 0.1, (group0_done, wall)  # group 0 ran ahead at its own pace
+    else:
+        assert group0_done > (30 - staleness - 1) * 0.1, (group0_done, wall)  # held within 2 updates
+
+
+@pytest.mark.parametrize("cluster,victim,role", [(SANDBLASTER, 2, "server 0 of server group 0"),
+                                                 (DOWNPOUR, 1, "worker 0 of worker group 1")],
+                         ids=["sandblaster-server", "downpour-worker"])
+@pytest.mark.slow
+def test_a_killed_server_or_worker_rank_ends_the_job_and_is_named_with_its_role(tmp_path, cluster, victim, role):
+    conf = digits_job(tmp_path, "kill", cluster, 100000)
+    cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_for_progress(proc, tmp_path)
+    pid = rank_pids(conf)[victim]
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    code, _, err = finish(proc, 30)
+    assert code != 0 and time.monotonic() - killed < 30
+    named = [line for line in err.splitlines() if line.startswith("singa-mpi: ") and "vanished" in line]
+    assert len(named) == 1, err[-3000:]
+    assert f"rank {victim} (pid {pid}" in named[0] and role in named[0], named[0]
+
+
+@pytest.mark.slow
+def test_a_downpour_checkpoint_resumes_under_other_frameworks_and_back(tmp_path):
+    down = digits_job(tmp_path, "down", DOWNPOUR + ' workspace: "x"', 20, extra="checkpoint_freq: 10\n")
+    code, out, err = run(3, down, tmp_path)
+    assert code == 0, err[-3000:]
+    written = checkpoint.read(str(tmp_path / "ws" / "checkpoint" / "step20.h5"))
+    assert sorted(written.params) == ["b1", "b2", "b3", "w1", "w2", "w3"]
+    assert sorted(written.updater) == sorted(written.params)  # momentum history, from the server
+    assert all(slots["history"].any() for slots in written.updater.values())
+    for n, cluster, steps in [(3, SANDBLASTER, 30), (2, "", 40), (0, "", 50), (3, DOWNPOUR, 60),
+                              (2, HOGWILD + " share_memory: false", 70), (2, HOGWILD, 80), (0, "", 90)]:
+        conf = digits_job(tmp_path, f"resume{steps}", cluster, steps, extra="checkpoint_freq: 10\n")
+        code, out, err = run(n, conf, tmp_path, "--resume")
+        assert code == 0, (cluster, err[-3000:])
+        assert f"resuming from {tmp_path}/ws/checkpoint/step{steps - 10}.h5 (step {steps - 10})" in out, out
+        assert entries(tmp_path, "train")[-1]["step"] >= steps - 10
+        assert entries(tmp_path, "test")[-1]["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("cluster,n,expected", [
+    (DOWNPOUR, 2, "2 worker group(s) x 1 worker(s) + 1 server group(s) x 1 server(s) need 3 ranks, launched with 2: "
+                  "expected mpirun -n 3"),
+    (SANDBLASTER.replace("nservers_per_group: 1", "nservers_per_group: 0"), 3,
+     "cluster.nservers_per_group = 0: expected at least 1"),
+    ("nworker_groups: 3 nserver_groups: 2", 3, "nworker_groups: 3 cannot be divided among nserver_groups: 2"),
+])
+def test_a_cluster_that_cannot_run_is_one_line_before_any_communication(tmp_path, cluster, n, expected):
+    code, out, err = run(n, digits_job(tmp_path, "bad", cluster, 10), tmp_path)
+    lines = [line for line in err.splitlines() if line.startswith("singa-mpi: error")]
+    assert code == 2 and len(lines) == 1 and expected in lines[0], err[-3000:]
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name,n,roles", [
+    ("sandblaster", 5, "server group 0: ranks 3..4"), ("allreduce", 3, None),
+    ("downpour", 6, "worker group 1: ranks 2..3"), ("hogwild", 3, "worker group 2: ranks 2")])
+@pytest.mark.slow
+def test_singas_four_framework_examples_run_with_the_ranks_they_imply(tmp_path, name, n, roles):
+    conf = os.path.join(ROOT, "conf", f"digits_{name}.conf")
+    plan = subprocess.run([sys.executable, "-m", "singa_mpi", "plan", conf], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    if roles:
+        assert roles in plan.stdout and f"launch with mpirun -n {n}" in plan.stdout, plan.stdout
+    cmd = mpiexec_command(n) + [sys.executable, "-m", "singa_mpi", "train", conf, "--steps", "20",
+                                "--workspace", str(tmp_path / "ws")]
+    result = subprocess.run(cmd, cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert entries(tmp_path, "test")[-1]["accuracy"] > 0.5
+
+
+@pytest.mark.slow
+def test_a_non_finite_gradient_of_one_group_ends_every_group_in_one_line_without_a_checkpoint(tmp_path):
+    """The server refuses the sum and tells every group; the group that found it says where."""
+    conf = digits_job(tmp_path, "nan", DOWNPOUR, 100, extra="checkpoint_freq: 50\n")
+    text = open(conf).read().replace("base_lr: 0.05", "base_lr: 1e8")
+    open(conf, "w").write(text)
+    code, out, err = run(3, conf, tmp_path)
+    lines = [line for line in err.splitlines() if line.startswith("singa-mpi: ")]
+    # the group that found it says so; group 0 may also find it first in its test on the servers' values
+    assert code == 5 and 1 <= len(lines) <= 2, err[-3000:]
+    assert all("non-finite value at step" in line for line in lines), err[-3000:]
+    assert "Traceback" not in err
+    assert os.listdir(tmp_path / "ws" / "checkpoint") == ["step0.h5"]  # the initial values, nothing after
+
+
+@pytest.mark.slow
+def test_waits_of_asynchronous_groups_are_no_stall_but_a_stopped_server_is(tmp_path):
+    """--stall-timeout: a group done long before the other, and servers between messages, wait as they
+    should; a server stopped with SIGSTOP holds its workers' replies and is named."""
+    (tmp_path / "slow.py").write_text(SLOW)
+    layer = '  layer { name: "slow" type: kUserLayer user_type: "kSlowOnSomeRanks" srclayers: "data" }\n'
+    conf = digits_job(tmp_path, "patient", DOWNPOUR, 12, extra=f'plugin: "{tmp_path}/slow.py"\n', layers=layer)
+    code, out, err = run(3, conf, tmp_path, "--stall-timeout", "1.5", env=mpi_env(SLOW_RANKS="1", SLOW_SECONDS="0.4"))
+    assert code == 0 and "stalled" not in err, err[-3000:]
+
+    second = tmp_path / "second"
+    second.mkdir()
+    conf = digits_job(second, "stopped", SANDBLASTER, 100000)
+    cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(second / "ws"),
+                                "--stall-timeout", "3"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_for_progress(proc, second)
+    pid = rank_pids(conf)[2]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        code, _, err = finish(proc, 60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    stalled = [line for line in err.splitlines() if "stalled" in line]
+    assert code != 0 and stalled, err[-3000:]
+    assert f"rank 2 (pid {pid}" in stalled[0] and "stopped" in stalled[0], stalled[0]
+
+
+@pytest.mark.slow
+def test_singa_mpi_test_runs_a_framework_job_as_one_group_on_any_rank_count(tmp_path):
+    code, _, err = run(3, digits_job(tmp_path, "trained", DOWNPOUR, 20), tmp_path)
+    assert code == 0, err[-3000:]
+    conf = str(tmp_path / "trained.conf")
+    for n in (0, 2):
+        cmd = ([sys.executable] if n == 0 else mpiexec_command(n) + [sys.executable]) + \
+            ["-m", "singa_mpi", "test", conf, "--workspace", str(tmp_path / "ws")]
+        result = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and "testing " in result.stdout and "step20.h5 (step 20)" in result.stdout, \
+            result.stdout[-2000:] + result.stderr[-2000:]
