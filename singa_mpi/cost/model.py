@@ -39,7 +39,7 @@ import numpy as np
 
 from singa_mpi.cost.kernels import KernelTimes, is_source
 from singa_mpi.cost.rates import Network, Rates
-from singa_mpi.errors import SingaError
+from singa_mpi.errors import ConfigError
 from singa_mpi.planner.chunk import chunk
 from singa_mpi.planner.plan import Plan
 from singa_mpi.planner.syncs import shared_memory_syncs
@@ -53,8 +53,9 @@ PRICED = ("forward", "backward")  # the passes kernels are timed for
 BLOCKING = {started: op for op, started in NON_BLOCKING.items()}  # a backward exchange's op, as calibrated
 
 
-class NotPriced(SingaError):
-    """A program with a pass the model has no kernel times for."""
+class NotPriced(ConfigError):
+    """A program with a pass the model has no kernel times for (a request the model cannot answer:
+    one line, the configuration's exit code)."""
 
 
 @dataclasses.dataclass
@@ -94,7 +95,7 @@ def predict(plan: Plan, method: str, kernels: KernelTimes, rates: Rates | Networ
     unpriced = sorted({a.pass_ for steps in actions.values() for a in steps if isinstance(a, Compute)} - set(PRICED))
     if unpriced:
         raise NotPriced(f"the cost model times the layers' {' and '.join(PRICED)} passes only; this step also "
-                        f"makes {', '.join(unpriced)} passes")
+                        f"makes {', '.join(unpriced)} passes: expected a BP or BPTT job (kBP, kBPTT)")
     walk = Walk(plan, method, kernels, net)
     walk.run(actions)
     step = max(walk.clock)

@@ -1,5 +1,4 @@
 """`partition_dim: auto` in a job file: read, validated, chosen once (rank 0) and trained."""
-import os
 import pathlib
 import subprocess
 import sys

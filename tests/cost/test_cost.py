@@ -7,7 +7,6 @@ import dataclasses
 import math
 import os
 
-import numpy as np
 import pytest
 
 import nets
