@@ -206,7 +206,7 @@ def test_identity_ignores_the_run_and_the_partitioning_but_not_the_net(tmp_path)
 def test_the_identity_of_an_example_job_is_what_earlier_versions_wrote():
     """A checkpoint written before keeps resuming: the identity of conf/digits_mlp.conf as its
     checkpoints carry it (to change only with that job's net)."""
-    conf = os.path.join(os.path.dirname(__file__), "..", "conf", "digits_mlp.conf")
+    conf = os.path.join(os.path.dirname(__file__), "..", "..", "conf", "digits_mlp.conf")
     assert identity_of(parse_job(open(conf).read(), conf)) == "e5359a1b25e2e789"
 
 
