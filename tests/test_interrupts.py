@@ -124,7 +124,7 @@ def test_ctrl_c_under_mpiexec_checkpoints_once(tmp_path):
     ({}, "mpiexec"),  # nothing announced: the MPI standard's name
 ])
 def test_the_launcher_is_told_by_what_it_announced(env, word):
-    from singa_mpi.launcher.train import launcher_name
+    from singa_mpi.launcher.start import launcher_name
 
     assert launcher_name(env) == word
 

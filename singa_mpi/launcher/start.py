@@ -1,5 +1,6 @@
-"""Starting a rank: its liveness record and watchdog before MPI_Init, the world communicator, and
-the world's facts the launch description needs (size, nodes, node-shared memory)."""
+"""Starting a rank: its liveness record and watchdog before MPI_Init, the world communicator, which
+launcher started it (read from the environment here only), and the world's facts the launch
+description needs (size, nodes, node-shared memory)."""
 from __future__ import annotations
 
 import os
@@ -32,13 +33,33 @@ ANNOUNCED_WORLD = (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM
                    ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"))
 
 
+def launcher_name(environ) -> str:
+    """The command that launched this process, by what it announced: ``mpirun`` for Open MPI's launcher
+    (OMPI_COMM_WORLD_SIZE; mpirun and mpiexec are one program there, the name typed is not known),
+    ``mpiexec`` for MPICH's hydra (MPI_LOCALNRANKS, also when its proxies run in a Slurm step), ``srun``
+    for a Slurm job step (SLURM_STEP_ID a number, with PMI-2 or PMIx), else ``mpiexec``."""
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return "mpirun"
+    if "MPI_LOCALNRANKS" in environ:
+        return "mpiexec"
+    if in_slurm_step(environ) and "SLURM_STEP_NUM_TASKS" in environ:
+        return "srun"
+    return "mpiexec"
+
+
+def in_slurm_step(environ) -> bool:
+    """Whether srun started this process as part of a job step (SLURM_STEP_ID a number), not the
+    batch script's own step."""
+    return environ.get("SLURM_STEP_ID", "").isdigit()
+
+
 def refuse_launcher_mix_up(environ, library: str) -> None:
     """An MPI world of 1 where the environment says the launcher started N > 1 processes: a launcher
     of one MPI with mpi4py on another (one venv's mpiexec first on PATH) runs N serial copies of the
     job into one workspace.  ConfigError on the process the launcher calls rank 0; the others leave
     quietly with the same code (one line for the job, not N)."""
     for size_variable, rank_variable in ANNOUNCED_WORLD:
-        if size_variable.startswith("SLURM") and not environ.get("SLURM_STEP_ID", "").isdigit():
+        if size_variable.startswith("SLURM") and not in_slurm_step(environ):
             continue  # the batch script's own step, not processes srun started
         size = environ.get(size_variable, "")
         if size.isdigit() and int(size) > 1:

@@ -15,6 +15,7 @@ from singa_mpi.errors import ConfigError, NonFiniteError
 from singa_mpi.launcher.checks import merged_checkpoint_paths
 from singa_mpi.launcher.options import Request, RunOptions
 from singa_mpi.launcher.run import launch
+from singa_mpi.launcher.start import launcher_name
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
 from singa_mpi.trainer import Trainer, write_stop_note
@@ -80,20 +81,6 @@ def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
     if trainer.runtime.rank == 0 and "another worker group" not in str(err) and "see rank 0" not in str(err):
         print(f"singa-mpi: error: {err}", file=sys.stderr, flush=True)
     return err.exit_code
-
-
-def launcher_name(environ) -> str:
-    """The command that launched this process, by what it announced: ``mpirun`` for Open MPI's launcher
-    (OMPI_COMM_WORLD_SIZE; mpirun and mpiexec are one program there, the name typed is not known),
-    ``mpiexec`` for MPICH's hydra (MPI_LOCALNRANKS, also when its proxies run in a Slurm step), ``srun``
-    for a Slurm job step (SLURM_STEP_ID a number, with PMI-2 or PMIx), else ``mpiexec``."""
-    if "OMPI_COMM_WORLD_SIZE" in environ:
-        return "mpirun"
-    if "MPI_LOCALNRANKS" in environ:
-        return "mpiexec"
-    if environ.get("SLURM_STEP_ID", "").isdigit() and "SLURM_STEP_NUM_TASKS" in environ:
-        return "srun"
-    return "mpiexec"
 
 
 def resume_command(trainer: Trainer, options: RunOptions, environ=None) -> str:
