@@ -1,6 +1,6 @@
 """Scaling benchmark: samples/s of the example nets under data, feature and hybrid partitioning.
 
-    python scripts/bench_scaling.py [--ranks 1 2 4] [--steps 30] [--repeat 3] [--json results.json]
+    python scripts/bench_scaling.py [--ranks 1 2 4] [--steps 30] [--repeat 3] [--weak [ROWS]] [--json results.json]
 
 For mnist_mlp (batch 64) and cifar10_convnet (batch 100) on synthetic data, each scheme runs under
 `mpiexec -n N` (one BLAS thread per rank) and reports samples/s, the speed-up over N = 1, the share
@@ -82,16 +82,33 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None):
     return cfg
 
 
-def weak_batch(cfg, ranks: int) -> None:
-    """Weak scaling: the training batch grows with the ranks (each rank keeps the 1-rank batch)."""
+ONE_RANK_BATCH = -1  # --weak without a number: every rank keeps the 1-rank batch
+
+
+def weak_rows(weak) -> int:
+    """Rows per rank of weak scaling: ``weak`` is 0 (strong scaling), ONE_RANK_BATCH or True (the
+    1-rank batch), or a row count."""
+    return ONE_RANK_BATCH if weak is True else int(weak)
+
+
+def weak_flag(weak) -> list[str]:
+    """The worker's --weak option for ``weak`` (see :func:`weak_rows`)."""
+    rows = weak_rows(weak)
+    return [] if rows == 0 else ["--weak"] if rows == ONE_RANK_BATCH else ["--weak", str(rows)]
+
+
+def weak_batch(cfg, ranks: int, weak=ONE_RANK_BATCH) -> None:
+    """Weak scaling: the training batch grows with the ranks, each rank taking the 1-rank batch or
+    ``weak`` rows (:func:`weak_rows`)."""
+    rows = weak_rows(weak)
     for layer in cfg.proto.neuralnet.layer:
         if layer.HasField("store_conf"):  # batchsize is repeated in SINGA's schema (one per split)
-            sizes = [size * ranks for size in layer.store_conf.batchsize]
+            sizes = [(rows if rows > 0 else size) * ranks for size in layer.store_conf.batchsize]
             del layer.store_conf.batchsize[:]
             layer.store_conf.batchsize.extend(sizes)
 
 
-def auto_dims(net: str, ranks: int, weak: bool = False) -> dict[str, int]:
+def auto_dims(net: str, ranks: int, weak: int = 0) -> dict[str, int]:
     """The cost model's choice (singa_mpi.cost.auto) for ``net`` on ``ranks`` ranks of this machine."""
     from singa_mpi.cost.auto import choose_for_job
     from singa_mpi.planner import SHARED_MEMORY
@@ -101,13 +118,13 @@ def auto_dims(net: str, ranks: int, weak: bool = False) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as folder:
         cfg = job_on_synthetic_data(conf, folder, shape, 16)
         if weak:
-            weak_batch(cfg, ranks)
+            weak_batch(cfg, ranks, weak)
         return choose_for_job(cfg, ranks, SHARED_MEMORY, every_layer=True).dims
 
 
-def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False, dims: dict | None = None):
+def trainer_on_world(net: str, scheme: str, prefix: str, weak: int = 0, dims: dict | None = None):
     """(world, scratch folder, runtime, trainer) of an example net on synthetic data, partitioned
-    by ``scheme`` over the MPI world (call under mpiexec); ``weak``: the batch times the ranks."""
+    by ``scheme`` over the MPI world (call under mpiexec); ``weak``: weak scaling (:func:`weak_rows`)."""
     from bench_serial import job_on_synthetic_data
     from singa_mpi.communication import mpi as comm_module
     from singa_mpi.runtimes.worker import WorkerRuntime
@@ -121,12 +138,12 @@ def trainer_on_world(net: str, scheme: str, prefix: str, weak: bool = False, dim
     cfg = partitioned(job_on_synthetic_data(conf, folder, shape, (2048 if net == "mnist_mlp" else 1000)
                                             * (world.size if weak else 1)), scheme, dims)
     if weak:
-        weak_batch(cfg, world.size)
+        weak_batch(cfg, world.size, weak)
     runtime = WorkerRuntime(cfg, 1, folder, world)
     return world, folder, runtime, Trainer(cfg, folder, runtime, log=lambda line: None)
 
 
-def measure(net: str, scheme: str, steps: int, weak: bool = False, dims: dict | None = None) -> dict | None:
+def measure(net: str, scheme: str, steps: int, weak: int = 0, dims: dict | None = None) -> dict | None:
     """Under mpiexec: time the training step of one net and scheme in the current world; rank 0 gets
     the result (the others None).  Each rank runs with the BLAS threads `singa-mpi train` would give it
     (one when launched by this script: bench_env)."""
@@ -175,7 +192,7 @@ def worker(args) -> int:
     return 0
 
 
-def refusal(net: str, scheme: str, ranks: int, weak: bool = False) -> str | None:
+def refusal(net: str, scheme: str, ranks: int, weak: int = 0) -> str | None:
     """Why the planner refuses the scheme on ``ranks`` ranks (e.g. 10 outputs split 16 ways), else None."""
     from singa_mpi.errors import ConfigError
     from singa_mpi.planner import plan
@@ -187,7 +204,7 @@ def refusal(net: str, scheme: str, ranks: int, weak: bool = False) -> str | None
     with tempfile.TemporaryDirectory() as folder:
         cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 16), scheme)
         if weak:
-            weak_batch(cfg, ranks)
+            weak_batch(cfg, ranks, weak)
         try:
             plan(cfg, ranks)
         except ConfigError as err:
@@ -195,10 +212,10 @@ def refusal(net: str, scheme: str, ranks: int, weak: bool = False) -> str | None
     return None
 
 
-def launch(net: str, scheme: str, ranks: int, steps: int, weak: bool = False) -> dict:
+def launch(net: str, scheme: str, ranks: int, steps: int, weak: int = 0) -> dict:
     env = bench_env()  # one BLAS thread per rank; the launcher's MPI (SINGA_MPI_FLAVOR=openmpi|mpich)
     cmd = mpiexec_command(ranks) + [sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
-                                    "--steps", str(steps)] + (["--weak"] if weak else [])
+                                    "--steps", str(steps)] + weak_flag(weak)
     if scheme == "auto":  # chosen once, here, so that every rank runs the same plan
         cmd += ["--dims", json.dumps(auto_dims(net, ranks, weak))]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
@@ -283,8 +300,9 @@ def main() -> int:
     parser.add_argument("--schemes", nargs="+", default=["data", "feature", "hybrid"],
                         choices=["data", "feature", "hybrid", "auto"],
                         help="auto: each layer's partition_dim chosen by the cost model (singa-mpi plan --auto)")
-    parser.add_argument("--weak", action="store_true",
-                        help="weak scaling: every rank keeps the 1-rank batch (the global batch grows with N)")
+    parser.add_argument("--weak", type=int, nargs="?", const=ONE_RANK_BATCH, default=0, metavar="ROWS",
+                        help="weak scaling: every rank keeps the 1-rank batch, or ROWS rows (the global batch "
+                             "grows with N)")
     parser.add_argument("--json")
     parser.add_argument("--worker", action="store_true",
                         help="run one --net/--scheme in the current MPI world (under mpiexec/srun)")

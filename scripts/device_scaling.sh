@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Scaling where HPC users run it: singa_mpi at 1-16 ranks on a 16-core machine, beside PyTorch DDP, the
+# cost model's predictions beside the measurements, and one 16-rank convnet step profiled per layer.
+# Made for the device tool's window (15 minutes of machine time, no network there): two calls of at
+# at most 4.5 minutes each, leaving time for the machine's start.
+#
+#   here, once:     bash scripts/device_wheels.sh                 (wheels/: what that machine lacks)
+#   there:          bash scripts/device_scaling.sh scaling        (strong and weak scaling, auto)
+#                   bash scripts/device_scaling.sh peer-cost      (PyTorch DDP, predicted vs measured,
+#                                                                  the 16-rank profile)
+#                   (the device tool: run(command="bash scripts/device_scaling.sh scaling",
+#                    carry=["wheels"]); the results come back from $OUT)
+#   rehearsal here: SINGA_DEVICE_DRY_RUN=1 bash scripts/device_scaling.sh all   (1-2 ranks, ~2 minutes)
+#                   bash scripts/device_scaling.sh check-wheels   (are the carried wheels all there?)
+#
+# Environment:
+#   SINGA_DEVICE_OUT     where the log, machine.json and each stage's JSON go (default: $OUT when the
+#                        device tool runs it, else bench-results/device-TIME)
+#   SINGA_DEVICE_BUDGET  seconds for this call (default 270); each stage gets at most what is left, and
+#                        a stage cut short still prints and keeps what it measured (the bench scripts
+#                        report on SIGTERM), the next stages are skipped and said so
+#   SINGA_DEVICE_WHEELS  the carried wheels (default wheels/)
+#   SINGA_DEVICE_COMMIT  the commit measured, for machine.json (default: git's, where .git is there)
+#   SINGA_DEVICE_DRY_RUN=1: ranks 1-2, two timed steps, the MLP only, in this environment (no install)
+#
+# One BLAS thread per rank; MPICH (the mpich wheel) launches the ranks.  Exit 0 when no stage failed
+# (stages cut short by the budget are not failures), 1 otherwise, 2 when the wheels are missing.
+set -uo pipefail  # not -e: a stage that fails is reported and the next one runs
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+part=${1:-all}
+dry=${SINGA_DEVICE_DRY_RUN:-0}
+wheels=${SINGA_DEVICE_WHEELS:-wheels}
+out=${SINGA_DEVICE_OUT:-${OUT:-bench-results/device-$(date +%Y%m%d-%H%M%S)}}
+budget=${SINGA_DEVICE_BUDGET:-270}
+deadline=$(( $(date +%s) + budget ))
+
+if [ "$dry" = 1 ]; then
+  ranks=(1 2) cost_ranks=(2) profile_ranks=2 nets=(mnist_mlp) steps=(--steps 2)
+else
+  ranks=(1 2 4 8 16) cost_ranks=(4 8 16) profile_ranks=16 nets=(mnist_mlp cifar10_convnet) steps=(--steps 20)
+fi
+weak_rows=64  # rows per rank in weak scaling
+
+check_wheels() {  # every wheel this machine's Python needs from the carried folder (exit 2 otherwise)
+  local tag missing=()
+  tag=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  for pattern in "mpich-*.whl" "threadpoolctl-*.whl" "protobuf-*.whl" "mpi4py-*-$tag-*.whl"; do
+    compgen -G "$wheels/$pattern" > /dev/null || missing+=("$pattern")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "device_scaling: missing in $wheels/ for this machine's Python ($tag): ${missing[*]}: expected" \
+         "the wheels of bash scripts/device_wheels.sh, run where PyPI is reachable and carried here" >&2
+    return 2
+  fi
+  echo "device_scaling: the wheels for $tag are all in $wheels/"
+}
+
+if [ "$part" = check-wheels ]; then
+  check_wheels
+  exit $?
+fi
+case $part in
+  scaling|peer-cost|all) ;;
+  *) echo "device_scaling: unknown part '$part': expected scaling, peer-cost, all or check-wheels" >&2; exit 2 ;;
+esac
+
+mkdir -p "$out"
+exec > >(tee -a "$out/device_scaling.log") 2>&1
+echo "== device_scaling $part ($(date -u +%FT%TZ)), budget ${budget}s, results in $out"
+
+# --- the environment: this one for a dry run; else a venv over the machine's Python with the wheels ---
+if [ "$dry" != 1 ]; then
+  check_wheels || exit 2
+  venv=/tmp/singa-device-venv  # kept while the machine stays warm: the second call reuses it
+  if [ ! -x "$venv/bin/mpiexec" ]; then
+    python3 -m venv --system-site-packages "$venv" &&
+      "$venv/bin/python" -m pip install -q --no-index --find-links "$wheels" --no-deps \
+        mpich mpi4py protobuf threadpoolctl || { echo "device_scaling: installing the wheels failed" >&2; exit 2; }
+  fi
+  # shellcheck disable=SC1091
+  source "$venv/bin/activate"
+fi
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} SINGA_MPI_FLAVOR=mpich PYTHONUNBUFFERED=1 \
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+commit=${SINGA_DEVICE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+python3 - "$out/machine.json" "$commit" <<'EOF' || { echo "device_scaling: this Python cannot run singa_mpi (above)" >&2; exit 2; }
+import importlib.metadata as metadata, json, os, platform, sys
+need = {"numpy": (1, 25), "scipy": (1, 10), "h5py": (3, 8), "scikit-learn": (1, 2), "mpi4py": (4, 0)}
+facts = {"commit": sys.argv[2], "python": platform.python_version(), "cores": os.cpu_count(),
+         "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                      if line.startswith("model name")), platform.processor())}
+for name, least in need.items():
+    try:
+        version = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        sys.exit(f"{name} is not installed in this Python: singa_mpi needs it (the wheels carry only mpich, "
+                 f"mpi4py, protobuf and threadpoolctl)")
+    facts[name] = version
+    if tuple(int(p) for p in version.split(".")[:2]) < least:
+        sys.exit(f"{name} {version} is older than singa_mpi needs ({'.'.join(map(str, least))})")
+from mpi4py import MPI
+facts["mpi"] = " ".join(MPI.Get_library_version().split("\n")[0].split())
+try:
+    import torch
+    facts["torch"] = torch.__version__
+except ImportError:
+    facts["torch"] = None
+json.dump(facts, open(sys.argv[1], "w"), indent=1)
+print("machine: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
+EOF
+
+# --- the stages ---
+done_stages=() cut=() failed=() skipped=()
+stage() {  # NAME CAP COMMAND...: run COMMAND for at most CAP seconds and what is left of the budget
+  local name=$1 cap=$2 left code
+  shift 2
+  left=$(( deadline - $(date +%s) ))
+  (( left > cap )) && left=$cap
+  if (( left < 20 )); then
+    echo "== $name: skipped: the call's budget is spent"
+    skipped+=("$name")
+    return
+  fi
+  echo "== $name ($(date +%T), at most ${left}s): $*"
+  timeout --signal=TERM --kill-after=15 "$left" "$@"
+  code=$?
+  case $code in
+    0) done_stages+=("$name") ;;
+    124|137) echo "== $name: cut short after ${left}s (the table above has what it measured)"; cut+=("$name") ;;
+    *) echo "== $name: failed (exit $code)"; failed+=("$name") ;;
+  esac
+}
+
+if [ "$part" = scaling ] || [ "$part" = all ]; then
+  stage strong 130 python3 scripts/bench_scaling.py --ranks "${ranks[@]}" --nets "${nets[@]}" --schemes data feature hybrid \
+    --repeat 1 "${steps[@]}" --json "$out/strong.json"
+  stage weak 50 python3 scripts/bench_scaling.py --weak "$weak_rows" --ranks "${ranks[@]}" --nets "${nets[@]}" --schemes data \
+    --repeat 1 "${steps[@]}" --json "$out/weak.json"
+  stage auto 90 python3 scripts/bench_scaling.py --ranks "${ranks[@]}" --nets "${nets[@]}" --schemes auto \
+    --repeat 1 "${steps[@]}" --json "$out/auto.json"
+fi
+if [ "$part" = peer-cost ] || [ "$part" = all ]; then
+  stage calibrate 30 mpiexec -n 2 python3 -m singa_mpi calibrate
+  stage profile 40 mpiexec -n "$profile_ranks" python3 scripts/profile_step.py --net "${nets[-1]}" --scheme data \
+    --steps 10
+  if python3 -c "import torch" 2> /dev/null; then
+    stage peer 110 python3 scripts/bench_peer.py --ranks "${ranks[@]}" --nets "${nets[@]}" --repeat 1 "${steps[@]}" \
+      --json "$out/peer.json"
+  else
+    echo "== peer: skipped: PyTorch is not importable here (pip install -e '.[bench]')"
+    skipped+=(peer)
+  fi
+  stage cost 90 python3 scripts/bench_cost.py --ranks "${cost_ranks[@]}" --nets "${nets[@]}" --schemes data feature hybrid \
+    --repeat 1 "${steps[@]}" --json "$out/cost.json"
+fi
+
+echo "== device_scaling $part: done [${done_stages[*]}], cut short [${cut[*]}], failed [${failed[*]}]," \
+     "skipped [${skipped[*]}]; files: $(cd "$out" && ls | tr '\n' ' ')"
+[ "${#failed[@]}" -eq 0 ]

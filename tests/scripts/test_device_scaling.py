@@ -1,0 +1,73 @@
+"""scripts/device_scaling.sh: the 16-core measurement, rehearsed here (its dry run), and its check of
+the carried wheels; bench_scaling.py's weak scaling at a given number of rows per rank."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "device_scaling.sh"
+TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+
+
+def run_script(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    environ = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **env)
+    return subprocess.run(["bash", str(SCRIPT)] + args, cwd=ROOT, env=environ, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_wheel_check_names_what_is_missing_for_this_python(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "mpich-5.0.2-py3-none-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    (wheels / "mpi4py-4.1.2-cp39-cp39-manylinux1_x86_64.whl").write_bytes(b"")  # another Python's
+    proc = run_script(["check-wheels"], {"SINGA_DEVICE_WHEELS": str(wheels)}, 60)
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert line.startswith(f"device_scaling: missing in {wheels}/ for this machine's Python ({TAG}): ")
+    assert "threadpoolctl-*.whl protobuf-*.whl mpi4py-*-" + TAG + "-*.whl: expected" in line
+    assert "mpich" not in line.split("): ", 1)[1]
+    for name in ("threadpoolctl-3.8.0-py3-none-any.whl", "protobuf-7.36.2-cp310-abi3-manylinux2014_x86_64.whl",
+                 f"mpi4py-4.1.2-{TAG}-{TAG}-manylinux1_x86_64.whl"):
+        (wheels / name).write_bytes(b"")
+    proc = run_script(["check-wheels"], {"SINGA_DEVICE_WHEELS": str(wheels)}, 60)
+    assert proc.returncode == 0 and "the wheels for " + TAG + " are all in" in proc.stdout
+
+
+def test_an_unknown_part_is_one_line():
+    proc = run_script(["everything"], {}, 60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("device_scaling: unknown part 'everything': expected scaling, peer-cost, all "
+                                   "or check-wheels")
+
+
+@pytest.mark.slow
+def test_the_dry_run_runs_every_stage_and_keeps_its_results(tmp_path):
+    """The rehearsal: every stage at 1-2 ranks on the MLP, each stage's JSON written, the log's last
+    line saying what was done (PyTorch's stage is skipped where PyTorch is not installed)."""
+    out = tmp_path / "out"
+    proc = run_script(["all"], {"SINGA_DEVICE_DRY_RUN": "1", "SINGA_DEVICE_OUT": str(out), "SINGA_DEVICE_BUDGET": "600",
+                                "XDG_CACHE_HOME": str(tmp_path / "cache")}, 900)  # calibrate and kernels: not the user's
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    machine = json.loads((out / "machine.json").read_text())
+    assert machine["cores"] == os.cpu_count() and machine["mpi"] and machine["numpy"]
+    strong = json.loads((out / "strong.json").read_text())["summary"]
+    assert {(row["scheme"], row["ranks"]) for row in strong} == {(s, n) for s in ("data", "feature", "hybrid")
+                                                                  for n in (1, 2)}
+    weak = json.loads((out / "weak.json").read_text())["summary"]
+    assert {row["ranks"]: row["batch"] for row in weak} == {1: 64, 2: 128}  # 64 rows per rank
+    assert {row["ranks"] for row in json.loads((out / "auto.json").read_text())["summary"]} == {1, 2}
+    cost = json.loads((out / "cost.json").read_text())
+    assert cost and all(row["ranks"] == 2 for row in cost)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("== device_scaling all: done [strong weak auto calibrate ")
+    assert "profile" in last.split("], cut short")[0] and "failed []" in last
+    assert (out / "device_scaling.log").read_text().strip().splitlines()[-1] == last
+    if machine["torch"] is None:
+        assert "== peer: skipped: PyTorch is not importable here" in proc.stdout
+    else:
+        assert (out / "peer.json").exists()
+    assert "train" in proc.stdout and "rank(s); BLAS threads per rank" in proc.stdout  # the profile's table
