@@ -15,6 +15,7 @@ from singa_mpi.program import verify as proof
 from singa_mpi.program.actions import BACKWARD, FORWARD, PARAMS, Comm
 from singa_mpi.program.build import Program, programs
 from singa_mpi.program.rules import schedule_digest as digest
+from singa_mpi.program.rules import schedule_line
 
 CommOp = Comm  # one communication call on one rank (the name the schedule used before programs)
 
@@ -41,7 +42,7 @@ def rank_schedule(plan: Plan, rank: int, method: str = SHARED_MEMORY, algorithm=
 
 def schedule_lines(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> list[str]:
     """The whole job's schedule (every rank's calls), one line per call."""
-    return [f"{plan.phase}: rank {op.rank}: {op.describe()}" for ops in schedules(plan, method, algorithm).values()
+    return [schedule_line(plan.phase, op) for ops in schedules(plan, method, algorithm).values()
             for op in ops]
 
 

@@ -15,7 +15,7 @@ from singa_mpi.planner.plan import Plan, partition
 from singa_mpi.planner.syncs import METHODS
 from singa_mpi.program import verify as proof
 from singa_mpi.program.build import SERVERS, Program, programs
-from singa_mpi.program.rules import schedule_digest
+from singa_mpi.program.rules import schedule_digest, schedule_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +34,8 @@ class JobPrograms:
 
     def schedule_lines(self, method: str) -> list[str]:
         """Every phase's communication calls under ``method``, one line each (what the vote digests)."""
-        return [f"{phase}: rank {rank}: {call.describe()}" for phase in sorted(self.plans)
-                for rank, prog in self.programs[(phase, method)].items() for call in prog.calls()]
+        return [schedule_line(phase, call) for phase in sorted(self.plans)
+                for prog in self.programs[(phase, method)].values() for call in prog.calls()]
 
     def digest(self, method: str) -> str:
         return schedule_digest(self.schedule_lines(method))

@@ -37,6 +37,11 @@ def root(exchange) -> int | None:
 __all__ = ["tag", "root", "ring_bytes", "FORWARD", "BACKWARD", "PARAMS", "ROOTED"]
 
 
+def schedule_line(phase: str, call) -> str:
+    """One communication call of a rank's program as the schedule lists and digests it."""
+    return f"{phase}: rank {call.rank}: {call.describe()}"
+
+
 def schedule_digest(lines: list[str]) -> str:
     """A short digest of schedule lines (one per call), identical on every rank of a consistent job:
     what the pre-flight vote compares."""
