@@ -80,6 +80,28 @@ def job_text(layers: list[str], steps: int = 20, net_pdim: int = 0, name: str = 
             f'neuralnet {{ partition_dim: {net_pdim}\n' + "\n".join(layers) + "\n}\n")
 
 
+def in_stages(layers: list[str], nranks: int, first: int = 0) -> list[str]:
+    """``layers`` from ``first`` on placed whole (``partition_dim: -1``) in contiguous runs over the
+    ``nranks`` workers (a pipeline's stages: layer i on worker i * nranks // count); the layers
+    before ``first`` as they are."""
+    count = len(layers) - first
+    placed = []
+    for i, layer in enumerate(layers):
+        if i >= first:
+            where = f" partition_dim: -1 location: {(i - first) * nranks // count}"
+            name_end = layer.index('"', layer.index('name: "') + 7) + 1
+            layer = layer[:name_end] + where + layer[name_end:]
+        placed.append(layer)
+    return placed
+
+
+def pipelined(text: str, micro_batches: int, schedule: str = "1f1b") -> str:
+    """``text`` (a job of :func:`job_text`) with its training step pipelined over ``micro_batches``."""
+    head = "neuralnet { "
+    assert head in text
+    return text.replace(head, f'{head}pipeline {{ micro_batches: {micro_batches} schedule: "{schedule}" }}\n', 1)
+
+
 def mlp(path: str, batch: int, scheme: str, nranks: int = 2, steps: int = 20, updater: str = UPDATER) -> str:
     """A 12-16-10-5 MLP under one of the partitioning schemes of the equivalence matrix."""
     if scheme == "data":
@@ -100,6 +122,14 @@ def mlp(path: str, batch: int, scheme: str, nranks: int = 2, steps: int = 20, up
                   _act("act1", "fc1", "kSTanh", none, loc(1)), _ip("fc2", "act1", 10, none, loc=loc(1)),
                   _act("act2", "fc2", pdim=none, loc=loc(2)), _ip("fc3", "act2", 5, none, loc=loc(3)),
                   _loss("fc3", none, loc(3))]
+    elif scheme == "stages":  # a pipeline: contiguous runs of layers, one per worker
+        layers = in_stages([_data_layer(path, batch, (12,)), _ip("fc1", "data", 16), _act("act1", "fc1", "kSTanh"),
+                            _ip("fc2", "act1", 10), _act("act2", "fc2"), _ip("fc3", "act2", 5), _loss("fc3")],
+                           nranks)
+    elif scheme == "stages-hybrid":  # the first stage split on the batch over every worker, then stages
+        layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 16), _act("act1", "fc1", "kSTanh")]
+        layers = in_stages(layers + [_ip("fc2", "act1", 10), _act("act2", "fc2"), _ip("fc3", "act2", 5),
+                                     _loss("fc3")], nranks, first=3)
     elif scheme == "hybrid":  # the first layer on the batch, the rest on features
         one = "partition_dim: 1"
         layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 16), _act("act1", "fc1", "kSTanh"),
@@ -138,14 +168,14 @@ def mlp_dropout(path: str, batch: int, scheme: str, ratio: float = 0.3, steps: i
 
 
 def convnet(path: str, batch: int, scheme: str = "hybrid", steps: int = 20, lrn: bool = False,
-            pool: str = "MAX", act: str = "kReLU", updater: str = UPDATER, bn: bool = False) -> str:
+            pool: str = "MAX", act: str = "kReLU", updater: str = UPDATER, bn: bool = False, nranks: int = 2) -> str:
     """conv(6@3x3) - [bn] - relu - maxpool - [lrn] - conv(4@3x3) - avgpool - ip(5) - loss on (2, 8, 8) samples.
 
     hybrid: ip on features, the rest on the batch; data: all on the batch; filters: both convolutions,
     the activation and both poolings split on filters (channels), LRN (which cannot be) and ip on the
-    batch.  ``pool: "AVG"`` and ``act: "kSTanh"`` make the net smooth (no decision near a tie).
+    batch; stages: contiguous runs of layers on the ``nranks`` workers (a pipeline).  ``pool: "AVG"`` and ``act: "kSTanh"`` make the net smooth (no decision near a tie).
     """
-    if scheme not in ("hybrid", "data", "filters"):
+    if scheme not in ("hybrid", "data", "filters", "stages"):
         raise ValueError(scheme)
     ip_pdim = "partition_dim: 1" if scheme == "hybrid" else ""
     split = "partition_dim: 1" if scheme == "filters" else ""
@@ -172,6 +202,8 @@ def convnet(path: str, batch: int, scheme: str = "hybrid", steps: int = 20, lrn:
         _ip("ip1", "pool2", 5, ip_pdim),
         _loss("ip1"),
     ]
+    if scheme == "stages":  # a pipeline over the workers (``nranks`` of them)
+        layers = in_stages(layers, nranks)
     return job_text(layers, steps, updater=updater)
 
 

@@ -15,6 +15,7 @@ import math
 from singa_mpi.algorithms import ALGORITHMS, algorithm_class, algorithm_name
 from singa_mpi.checks.checkpoint_paths import missing_checkpoint_paths
 from singa_mpi.checks.phase import PhaseSummary, check_phase
+from singa_mpi.checks.pipeline import check_pipeline
 from singa_mpi.config import unroll
 from singa_mpi.config.load import AUTO, JobConfig, is_test_only
 from singa_mpi.errors import ConfigError
@@ -60,6 +61,7 @@ def validate(cfg: JobConfig) -> Summary:
     summaries, params, warnings = [], {}, []
     for phase in phases:
         summaries.append(check_phase(cfg, phase, params, warnings))
+    check_pipeline(cfg)
     warnings += missing_checkpoint_paths(cfg)  # a job of a chain before the one it starts from ran
     from singa_mpi.updaters import make_updater  # deferred: keeps `check` light
 

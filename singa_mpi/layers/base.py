@@ -202,6 +202,9 @@ class Layer:
     # Computes statistics over the whole batch: split on the batch, its sub-layers sum them over
     # the workers through ``ctx.allreduce`` (the planner schedules those sums).
     batch_statistics: ClassVar[bool] = False
+    # Why this layer cannot run on micro-batches of a pipelined step (each block of rows on its own,
+    # one after another): set, ``check`` refuses a pipelined net that holds it, naming the layer.
+    micro_batch_refusal: ClassVar[str] = ""
 
     def __init__(self, conf: job_pb2.LayerProto, ctx: LayerContext | None = None):
         self.conf = conf

@@ -33,6 +33,8 @@ from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, Shape
 class BatchNorm(Layer):
     # the statistics of a batch split over workers are summed over them (see the module docstring)
     batch_statistics = True
+    micro_batch_refusal = ("it normalises by the mean and variance of the whole batch, which no micro-batch "
+                           "holds (statistics summed over micro-batches would stall the pipeline)")
 
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         shape = tuple(src_shapes[0])

@@ -95,6 +95,7 @@ class _StoreOutput(Layer):
     """
 
     feature_partitionable = False
+    micro_batch_refusal = "it writes whole batches to one file"
     backend = ""
     key_format = "{:05d}"
 

@@ -36,6 +36,7 @@ from singa_mpi.graph import Node
 from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, LayerContext
 from singa_mpi.net import global_batch_size, instantiate, layer_error, phase_nodes
 from singa_mpi.planner.chunk import chunk
+from singa_mpi.planner.pipeline import Pipeline, join_blocks, pipeline_of
 from singa_mpi.planner.regions import (Piece, Region, as_array, classify, overlap_sizes, pieces, pieces_from,
                                       pieces_to)
 
@@ -152,6 +153,7 @@ class SubLayer:
     # a layer with batch statistics split on the batch: the workers whose rows it sums over
     # (forward and backward of a training step), ascending; empty otherwise
     row_group: tuple[int, ...] = ()
+    micro: int = 0  # the micro-batch it computes, in a pipelined plan (:mod:`.pipeline`)
 
 
 @dataclasses.dataclass
@@ -178,6 +180,7 @@ class Plan:
     param_syncs: list[ParamSync]
     origins: dict[str, Node]  # original layer name -> node
     shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # logical per-sample outputs
+    pipeline: Pipeline | None = None  # micro-batches and their schedule (a pipelined training step)
 
     def on_rank(self, rank: int) -> list[SubLayer]:
         """``rank``'s sub-layers in execution order (indexed once: every rank's schedule asks)."""
@@ -204,15 +207,8 @@ class _Placed:
     layers: dict[int, Layer]  # rank -> set-up layer instance (shapes, param specs)
     regions: dict[int, Region]
     out_shape: tuple[int, ...]  # logical per-sample shape
+    rows: tuple[int, int]  # the rows of the batch this plan computes: all, or one micro-batch's
     needs_grad: bool = False
-
-    @property
-    def batch(self) -> int:
-        """Rows of the logical output (kept: asked once per receiving rank of every edge)."""
-        rows = self.__dict__.get("_rows")
-        if rows is None:
-            rows = self.__dict__["_rows"] = max(region.rows[1] for region in self.regions.values())
-        return rows
 
 
 def partition(cfg: JobConfig, nranks: int, phase: str = "train") -> Plan:
@@ -227,21 +223,31 @@ def partition(cfg: JobConfig, nranks: int, phase: str = "train") -> Plan:
     batch = global_batch_size(cfg, nodes)
     built = instantiate(cfg, nodes, lambda n: LayerContext(global_batch=batch, phase=phase))
     order = [node for node, _, _ in built]
-    placed: dict[str, _Placed] = {}
-    base_ctx = LayerContext(global_batch=batch, phase=phase)
-    for node, logical, _ in built:
-        placed[node.name] = _place(cfg, node, logical, nranks, base_ctx, placed)
-    _mark_needs_grad(order, placed)
-    sublayers, exchanges = _connect(cfg, order, placed, nranks, batch)
+    pipe = pipeline_of(cfg.proto, phase, nranks)
+    blocks = []  # per micro-batch (one: the whole batch), its sub-layers and exchanges
+    for rows in pipe.blocks(batch) if pipe is not None else [(0, batch)]:
+        placed: dict[str, _Placed] = {}
+        base_ctx = LayerContext(global_batch=batch, phase=phase)
+        for node, logical, _ in built:
+            placed[node.name] = _place(cfg, node, logical, nranks, base_ctx, placed, rows)
+        _mark_needs_grad(order, placed)
+        blocks.append(_connect(cfg, order, placed, nranks))
+    sublayers, exchanges = blocks[0] if pipe is None else join_blocks(blocks)
     _check_every_rank_busy(sublayers, nranks, order)
     plan_ = Plan(phase, nranks, batch, sublayers, exchanges, _param_syncs(cfg, placed, sublayers),
-                 {n.name: n for n in order}, {n.name: placed[n.name].out_shape for n in order})
+                 {n.name: n for n in order}, {n.name: placed[n.name].out_shape for n in order}, pipe)
     return plan_
 
 
 def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: LayerContext,
-           placed: dict[str, _Placed]) -> _Placed:
-    batch = base_ctx.global_batch
+           placed: dict[str, _Placed], block: tuple[int, int]) -> _Placed:
+    """``node``'s sub-layers over ``nranks`` workers for the rows ``block`` of the batch (all of it, or a
+    micro-batch's: a layer not split on the batch then computes the block's rows, one split on it
+    splits them)."""
+    batch = block[1] - block[0]
+    whole = None if block == (0, base_ctx.global_batch) else block  # a whole layer's batch_slice
+    of_what = f"batch is {batch}" if whole is None else \
+        f"a micro-batch of neuralnet.pipeline holds {batch}"
     pdim = effective_partition_dim(cfg.proto, node.conf)
     cls = type(logical)
     out_shape = logical.out_shape
@@ -262,26 +268,26 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
         if node.conf.location >= nranks:
             raise layer_error(cfg, node, "location", node.conf.location,
                               f"a worker id below the number of workers ({nranks})")
-        ranks = {node.conf.location: (None, None)}
+        ranks = {node.conf.location: (whole, None)}
     elif pdim == 0:
         if batch < nranks:
             raise layer_error(cfg, node, "partition_dim", 0,
-                              f"a batch of at least {nranks} rows to split over {nranks} workers (batch is {batch})")
-        ranks = {r: (chunk(batch, nranks, r), None) for r in range(nranks)}
+                              f"a batch of at least {nranks} rows to split over {nranks} workers ({of_what})")
+        ranks = {r: (_rows_of(block, nranks, r), None) for r in range(nranks)}
     elif cls.feature_split_rows:  # e.g. an RBM's visible layer: the partner's units split, its rows here
         units = logical.feature_units()
         if units < nranks or batch < nranks:
             raise layer_error(cfg, node, "partition_dim", 1,
                               f"at least {nranks} hidden units and batch rows to split over {nranks} workers "
-                              f"(has {units} units, batch {batch})")
-        ranks = {r: (chunk(batch, nranks, r), chunk(units, nranks, r)) for r in range(nranks)}
+                              f"(has {units} units; {of_what})")
+        ranks = {r: (_rows_of(block, nranks, r), chunk(units, nranks, r)) for r in range(nranks)}
     else:
         if cls.connection != ONE_TO_ALL:
             _check_one_to_one_features(cfg, node, nfeat, placed)
         # fewer outputs than workers (10 classes on 16 ranks): split over the first ``nfeat`` workers, one
         # feature each; the others hold none of this layer (the exchanges around it say who has what)
         over = min(nranks, nfeat)
-        ranks = {r: (None, chunk(nfeat, over, r)) for r in range(over)}
+        ranks = {r: (whole, chunk(nfeat, over, r)) for r in range(over)}
     layers, regions = {}, {}
     src_shapes = _src_shapes(node, placed, cls)
     for rank, (rows, feats) in ranks.items():
@@ -293,8 +299,14 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
             raise layer_error(cfg, node, err.field, err.value, err.expected) from None
         layers[rank] = layer
         held = (0, nfeat) if cls.feature_split_rows else feats or (0, nfeat)
-        regions[rank] = Region(rows or (0, batch), held)
-    return _Placed(node, pdim, layers, regions, out_shape)
+        regions[rank] = Region(rows or block, held)
+    return _Placed(node, pdim, layers, regions, out_shape, block)
+
+
+def _rows_of(block: tuple[int, int], nranks: int, rank: int) -> tuple[int, int]:
+    """``rank``'s share of the rows ``block`` split over ``nranks`` workers."""
+    lo, hi = chunk(block[1] - block[0], nranks, rank)
+    return block[0] + lo, block[0] + hi
 
 
 def _why_not_feature(cls: type[Layer]) -> str:
@@ -344,7 +356,7 @@ def _needed_region(dst: _Placed, rank: int, src: _Placed, kind: str) -> Region:
     slice if dst is a OneToOne layer split on features, else all (OneToAll).
     """
     splits_rows = dst.pdim == 0 or (dst.pdim == 1 and type(dst.layers[rank]).feature_split_rows)
-    rows = dst.regions[rank].rows if splits_rows else (0, src.batch)
+    rows = dst.regions[rank].rows if splits_rows else src.rows
     if kind == "aux":
         return Region(rows, (0, 1))
     if dst.pdim == 1 and type(dst.layers[rank]).connection != ONE_TO_ALL:
@@ -358,7 +370,7 @@ def _holder_regions(src: _Placed, kind: str) -> dict[int, Region]:
     return {rank: Region(region.rows, (0, 1)) for rank, region in src.regions.items()}
 
 
-def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nranks: int, batch: int
+def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nranks: int
              ) -> tuple[list[SubLayer], list[Exchange]]:
     sublayers: list[SubLayer] = []
     exchanges: list[Exchange] = []
@@ -414,7 +426,7 @@ def _shard(spec) -> ParamShard:
 def _make_exchange(eid: int, src: _Placed, dst: _Placed, kind: str, holders: dict[int, Region],
                    needs: dict[int, Region], used_names: set[str]) -> tuple[Exchange, list[SubLayer]]:
     nfeat = src.out_shape[0] if (src.out_shape and kind == "data") else 1
-    full = Region((0, src.batch), (0, nfeat))
+    full = Region(src.rows, (0, nfeat))
     type_name, fwd, bwd = classify(holders, needs, full)
     rest = tuple(src.out_shape[1:]) if kind == "data" else ()
     group = tuple(sorted(set(holders) | set(needs)))

@@ -13,6 +13,7 @@ from singa_mpi.planner.syncs import buckets, shared_memory_bytes, shared_memory_
 from singa_mpi.program import rules
 from singa_mpi.program.actions import PARAMS, Action, Comm, GradsFinal, SyncGradients, Update, Wait
 from singa_mpi.program.passes import number_calls, passes
+from singa_mpi.program.schedules import pipelined_train
 from singa_mpi.program.units import units_of_plan
 
 SERVERS = "servers"  # the sync of workers beside server ranks (Sandblaster, Downpour)
@@ -90,7 +91,10 @@ def program(plan, rank: int, algorithm, method: str) -> Program:
     """``rank``'s program for ``plan``'s phase: the algorithm's passes, in training with the sync."""
     units = units_of_plan(plan, rank)
     train = plan.phase == "train"
-    actions = number_calls(passes(algorithm, units, train))
+    if train and plan.pipeline is not None:  # micro-batches in the schedule's order (BP only: the check)
+        actions = number_calls(pipelined_train(plan, rank, units))
+    else:
+        actions = number_calls(passes(algorithm, units, train))
     if train:
         actions = sync_tail(plan, rank, method, actions)
     return Program(plan.phase, rank, tuple(actions))

@@ -11,6 +11,8 @@ import dataclasses
 from typing import Mapping
 
 from singa_mpi.algorithms import make_algorithm
+from singa_mpi.errors import ConfigError
+from singa_mpi.planner.pipeline import refused_schedule
 from singa_mpi.planner.plan import Plan, partition
 from singa_mpi.planner.syncs import METHODS
 from singa_mpi.program import verify as proof
@@ -52,7 +54,10 @@ def job_programs(cfg, nworkers: int, phases, servers: bool = False, method: str 
         plans[phase] = partition(cfg, nworkers, phase)
         for each in methods:
             built[(phase, each)] = programs(plans[phase], algorithm, each)
-            proof.verify({rank: list(prog.actions) for rank, prog in built[(phase, each)].items()})
+            try:
+                proof.verify({rank: list(prog.actions) for rank, prog in built[(phase, each)].items()})
+            except ConfigError as err:
+                raise refused_schedule(cfg, plans[phase], err) from None
     return JobPrograms(plans, built, method)
 
 

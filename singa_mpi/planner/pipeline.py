@@ -1,0 +1,79 @@
+"""Micro-batched pipelines in the plan: the job's setting and a plan cut into micro-batches (pure).
+
+A pipelined training step cuts the batch into ``M`` contiguous row blocks (``chunk(B, M, m)``).  The
+plan of block ``m`` is the unpipelined plan of those rows over the same ranks (the same placement and
+partitioning, each data-split stage splitting the block's rows), so the pipelined plan is the ``M``
+block plans side by side: every sub-layer and connection layer once per block, named with the block
+(``fc1@0/mb1``, ``bridge_src(fc1->fc2)/mb1``), every exchange its own (its own tags), and the params
+as before (a rank's blocks of one layer share its params; their gradients add up to the whole batch's
+before the one sync and update of the step).  In which order a rank runs its blocks' passes is the
+schedule's (:mod:`singa_mpi.program.schedules`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from singa_mpi.errors import ConfigError
+from singa_mpi.planner.chunk import chunk
+
+GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
+SCHEDULES = (GPIPE, ONE_F_ONE_B)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """``micro_batches`` row blocks per step, run in the order of ``schedule``."""
+
+    micro_batches: int
+    schedule: str
+
+    def blocks(self, batch: int) -> list[tuple[int, int]]:
+        """Rows ``[lo, hi)`` of each micro-batch of a batch of ``batch`` rows."""
+        return [chunk(batch, self.micro_batches, m) for m in range(self.micro_batches)]
+
+
+def pipeline_of(proto, phase: str, nranks: int) -> Pipeline | None:
+    """The job's pipeline for ``phase`` on ``nranks`` workers, or None: only a training step on
+    several workers is pipelined (one worker has no stages to overlap; evaluation runs whole batches),
+    and one micro-batch is the unpipelined step."""
+    net = proto.neuralnet
+    if phase != "train" or nranks < 2 or not net.HasField("pipeline") or net.pipeline.micro_batches < 2:
+        return None
+    return Pipeline(net.pipeline.micro_batches, net.pipeline.schedule)
+
+
+def micro_name(name: str, micro: int) -> str:
+    """A sub-layer's name in micro-batch ``micro`` (``fc1@0/mb1``)."""
+    return f"{name}/mb{micro}"
+
+
+def join_blocks(blocks: list) -> tuple[list, list]:
+    """The sub-layers and exchanges of the block plans as one plan's: names and sources marked with
+    the block, exchange ids renumbered (a bridge's tags follow its id: every block its own).
+    ``blocks``: per micro-batch, (sub-layers, exchanges) of its plan."""
+    sublayers, exchanges = [], []
+    for micro, (subs, exs) in enumerate(blocks):
+        for ex in exs:
+            ex.id = len(exchanges)
+            exchanges.append(ex)
+        for sub in subs:
+            sublayers.append(dataclasses.replace(sub, name=micro_name(sub.name, micro),
+                                                 srcs=[micro_name(s, micro) for s in sub.srcs], micro=micro))
+    return sublayers, exchanges
+
+
+def refused_schedule(cfg, plan, err: ConfigError) -> ConfigError:
+    """The proof's refusal; of a pipelined step's programs, as the pipeline's: its schedule is what
+    made the calls cross (the unpipelined step of the same plan never does)."""
+    if plan.pipeline is None:
+        return err
+    pipe = plan.pipeline
+    other = GPIPE if pipe.schedule != GPIPE else None
+    advice = f", or schedule: \"{other}\"" if other else ""
+    return ConfigError(f"{cfg.where('neuralnet', 'pipeline', 'schedule')}: neuralnet.pipeline.schedule = "
+                       f"{pipe.schedule!r} with {pipe.micro_batches} micro-batches on {plan.nranks} workers: {err}: "
+                       f"expected a placement where each worker holds one contiguous run of layers{advice}")
+
+
+__all__ = ["Pipeline", "pipeline_of", "micro_name", "join_blocks", "refused_schedule", "SCHEDULES", "GPIPE",
+           "ONE_F_ONE_B"]

@@ -1,0 +1,82 @@
+"""Pipeline schedules: the order in which a rank runs its micro-batches' passes in a training step (pure).
+
+A pipelined plan (:mod:`singa_mpi.planner.pipeline`) holds every sub-layer once per micro-batch; a
+schedule orders a rank's forward (``F m``) and backward (``B m``) slots over its stage's layers:
+
+* GPipe: ``F 0 .. F M-1``, then ``B 0 .. B M-1``: every stage holds the activations of all ``M``
+  micro-batches until its backward;
+* 1F1B (PipeDream-flush): stage ``s`` of ``S`` first runs ``min(S - 1 - s, M)`` forwards, then one
+  forward and one backward in turn, then the backwards left: at most ``S - s`` micro-batches'
+  activations held at once.
+
+Both leave every stage idle for the same share of the step, ``(S - 1) / (M + S - 1)`` with equal
+stages (the bubble).  The gradients of the micro-batches add up in each param (a layer's blocks
+share its params) and the sync strategy's calls follow the last of them, so the step's one sync and
+update see the whole batch's gradient, as unpipelined.  A rank's stage is where its first layer sits
+in the net's order; ranks whose first layer is the same (a data-split stage) share a stage.  The
+proof (:mod:`.verify`) then checks the schedule like any other program: one whose sends and
+receives would cross is refused before a rank starts.
+"""
+from __future__ import annotations
+
+from singa_mpi.planner.pipeline import GPIPE, ONE_F_ONE_B
+from singa_mpi.program.actions import Action, Local
+from singa_mpi.program.passes import backward_pass, forward_pass
+from singa_mpi.program.units import Unit
+
+FORWARD_SLOT, BACKWARD_SLOT = "F", "B"
+
+
+def slots(schedule: str, micro_batches: int, stage: int, stages: int) -> list[tuple[str, int]]:
+    """The (F or B, micro-batch) slots of stage ``stage`` of ``stages`` in order."""
+    forwards = [(FORWARD_SLOT, m) for m in range(micro_batches)]
+    backwards = [(BACKWARD_SLOT, m) for m in range(micro_batches)]
+    if schedule == GPIPE:
+        return forwards + backwards
+    if schedule != ONE_F_ONE_B:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}")
+    warmup = min(stages - 1 - stage, micro_batches)
+    order = forwards[:warmup]
+    for i in range(micro_batches - warmup):
+        order += [forwards[warmup + i], backwards[i]]
+    return order + backwards[micro_batches - warmup:]
+
+
+def stages_of(plan) -> dict[int, int]:
+    """Each rank's pipeline stage: the position, among the ranks' first layers in the net's order,
+    of its own first layer (micro-batch 0's).  Ranks that meet in a collective (a stage split over
+    them, or an exchange between a split stage and its neighbour) take the earliest stage among them:
+    a collective's members must reach their micro-batches' calls in one order."""
+    order = {name: i for i, name in enumerate(plan.origins)}
+    first: dict[int, int] = {}
+    for sub in plan.sublayers:
+        if sub.origin is not None and sub.micro == 0:
+            first.setdefault(sub.rank, order[sub.origin])
+    changed = True
+    while changed:  # the earliest start spreads over chains of collectives
+        changed = False
+        for ex in plan.exchanges:
+            if len(ex.group) > 2 or ex.forward_op != "Send":
+                earliest = min(first[rank] for rank in ex.group)
+                for rank in ex.group:
+                    if first[rank] != earliest:
+                        first[rank], changed = earliest, True
+    starts = sorted(set(first.values()))
+    return {rank: starts.index(start) for rank, start in first.items()}
+
+
+def pipelined_train(plan, rank: int, units: list[Unit]) -> list[Action]:
+    """BP's training step of ``rank`` over micro-batches, in the order of ``plan.pipeline``'s schedule."""
+    by_micro: dict[int, list[Unit]] = {}
+    for unit in units:
+        by_micro.setdefault(unit.sub.micro, []).append(unit)
+    stage = stages_of(plan)
+    order = slots(plan.pipeline.schedule, plan.pipeline.micro_batches, stage[rank], max(stage.values()) + 1)
+    actions: list[Action] = [Local("zero-grads")]
+    for kind, micro in order:
+        mine = by_micro.get(micro, [])
+        actions += forward_pass(mine, "forward", train=True) if kind == FORWARD_SLOT else backward_pass(mine)
+    return actions + [Local("finish-grads")]
+
+
+__all__ = ["slots", "stages_of", "pipelined_train", "FORWARD_SLOT", "BACKWARD_SLOT"]

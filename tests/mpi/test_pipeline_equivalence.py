@@ -1,0 +1,56 @@
+"""Pipelined steps train the serial numbers: GPipe and 1F1B over 1, 2, 3 and 8 micro-batches.
+
+Every rank trains the job pipelined over the world and alone in one process (the serial oracle, which
+runs whole batches): the per-step losses and the final params must agree within a relative 1e-5, with
+a batch the micro-batches divide and one they do not.  Layouts: the MLP and the (smooth) convnet in
+contiguous stages, one per worker, and the MLP whose first stage is split on the batch over every
+worker.  On one rank there is no pipeline (a single stage): the jobs then run unpipelined, as
+``neuralnet.pipeline`` says, and must still agree.
+"""
+import os
+
+import pytest
+
+import nets
+import oracle
+from conftest import agree
+
+RTOL = 1e-5
+STEPS = 8
+MICRO_BATCHES = [1, 2, 3, 8]
+
+
+def _trains_as_serial(world, text: str, label: str) -> None:
+    workspace = oracle.scratch(f"ws_pipe_{label}", world.rank)
+    parallel, serial = oracle.partitioned(text, workspace, world), oracle.serial(text, workspace)
+    problems = oracle.compare_losses(oracle.train(parallel), oracle.train(serial), RTOL, STEPS)
+    problems += oracle.compare_checkpoints(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS), RTOL,
+                                           state=False)
+    agree(world, not problems, f"{label}: " + "; ".join(problems))
+
+
+def _data(world, shape: tuple[int, ...]) -> str:
+    tmp = os.environ["SINGA_MPI_TEST_TMP"]
+    return nets.make_data(os.path.join(tmp, f"pipe_data_{len(shape)}_r{world.rank}.h5"), 64, shape, 5)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("micro", MICRO_BATCHES)
+@pytest.mark.parametrize("batch", [16, 19])
+def test_pipelined_mlp_matches_serial(world, schedule, micro, batch):
+    text = nets.mlp(_data(world, (12,)), batch, "stages", world.size, steps=STEPS)
+    _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"mlp_{schedule}_{micro}_{batch}")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("micro", [2, 3])
+def test_pipelined_hybrid_mlp_matches_serial(world, schedule, micro):
+    """The first stage split on the batch over every worker (each micro-batch's rows split again)."""
+    text = nets.mlp(_data(world, (12,)), 4 * world.size + 1, "stages-hybrid", world.size, steps=STEPS)
+    _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"hybrid_{schedule}_{micro}")
+
+
+@pytest.mark.parametrize("schedule,micro", [("gpipe", 3), ("1f1b", 2), ("1f1b", 8)])
+def test_pipelined_convnet_matches_serial(world, schedule, micro):
+    text = nets.convnet(_data(world, (2, 8, 8)), 17, "stages", STEPS, pool="AVG", act="kSTanh", nranks=world.size)
+    _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"convnet_{schedule}_{micro}")
