@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -45,12 +46,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from benchkit import bench_env, blas_threads_as_train, mpiexec_command, report_if_cut_short  # noqa: E402
 
 NETS = {"mnist_mlp": ("mnist_mlp.conf", (784,), 64), "cifar10_convnet": ("cifar10_convnet.conf", (3, 32, 32), 100)}
-SCHEMES = {"mnist_mlp": ["data", "feature", "hybrid", "auto"], "cifar10_convnet": ["data", "feature", "hybrid", "auto"]}
+SCHEME_NAMES = ["data", "feature", "hybrid", "pipeline", "auto"]
 FEATURE_TYPES = {"kInnerProduct", "kConvolution", "kCConvolution", "kReLU", "kSTanh", "kPooling", "kCPooling"}
 
 
-def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None):
-    """Set partition_dim per layer for the scheme (in place); ``auto``: as ``dims`` says."""
+def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: int = 2):
+    """Set partition_dim per layer for the scheme (in place); ``auto``: as ``dims`` says; ``pipeline``,
+    ``gpipe-M``, ``1f1b-M``: whole layers in ``stages`` stages (M micro-batches)."""
     from singa_mpi.proto import job_pb2
 
     layers = list(cfg.proto.neuralnet.layer)
@@ -65,9 +67,8 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None):
         type_name = job_pb2.LayerType.Name(layer.type)
         if scheme == "data":
             layer.partition_dim = 0
-        elif scheme == "pipeline":  # whole layers: the first half on worker 0, the rest on worker 1
+        elif scheme == "pipeline" or pipeline_of_scheme(scheme):  # whole layers in stages, one per worker
             layer.partition_dim = -1
-            layer.location = 0 if layers.index(layer) < len(layers) // 2 else 1
         elif scheme == "feature":
             layer.partition_dim = 1 if type_name in FEATURE_TYPES else 0
         else:  # hybrid
@@ -79,7 +80,55 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None):
                 idx = layers.index(layer)
                 follows = idx > 0 and layers[idx - 1].name in second_half and type_name in FEATURE_TYPES
                 layer.partition_dim = 1 if (layer.name in second_half or follows) else 0
+    if scheme == "pipeline" or pipeline_of_scheme(scheme):
+        place_in_stages(cfg, stages)
+        micro = pipeline_of_scheme(scheme)
+        if micro:
+            cfg.proto.neuralnet.pipeline.schedule, cfg.proto.neuralnet.pipeline.micro_batches = micro
     return cfg
+
+
+def pipeline_of_scheme(scheme: str) -> tuple[str, int] | None:
+    """("gpipe" or "1f1b", micro-batches) of a scheme named ``gpipe-M`` or ``1f1b-M``, else None."""
+    name, _, count = scheme.partition("-")
+    return (name, int(count)) if name in ("gpipe", "1f1b") and count.isdigit() and int(count) > 0 else None
+
+
+def scheme_name(text: str) -> str:
+    """An argparse type: one of SCHEME_NAMES, or a pipelined scheme (gpipe-M, 1f1b-M)."""
+    if text in SCHEME_NAMES or pipeline_of_scheme(text):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(SCHEME_NAMES)}, gpipe-M or 1f1b-M")
+
+
+def place_in_stages(cfg, stages: int) -> None:
+    """Each layer whole on one of ``stages`` workers, in contiguous runs of about equal work: a layer's
+    work taken as its weights times its output positions (a convolution's pixels), the runs chosen
+    to make the largest as small as it can be."""
+    from singa_mpi.planner import partition
+
+    plan = partition(cfg, 1, "train")
+    layers = list(cfg.proto.neuralnet.layer)
+    subs = {sub.origin: sub for sub in plan.sublayers if sub.origin is not None}
+    work = [sum(s.size for s in subs[layer.name].params) * math.prod(subs[layer.name].out_shape[2:])
+            if layer.name in subs else 0 for layer in layers]
+    cuts = best_cuts(work, min(stages, len(layers)))
+    for index, layer in enumerate(layers):
+        layer.location = sum(1 for cut in cuts if index >= cut)
+
+
+def best_cuts(work: list[int], stages: int) -> list[int]:
+    """Where ``stages`` contiguous runs of ``work`` start (the first at 0 left out), the largest run as
+    small as it can be (exhaustive over the few layers of an example net)."""
+    import itertools
+
+    best, best_cost = [], None
+    for cuts in itertools.combinations(range(1, len(work)), stages - 1):
+        bounds = (0,) + cuts + (len(work),)
+        cost = max(sum(work[a:b]) for a, b in zip(bounds, bounds[1:]))
+        if best_cost is None or cost < best_cost:
+            best, best_cost = list(cuts), cost
+    return best
 
 
 ONE_RANK_BATCH = -1  # --weak without a number: every rank keeps the 1-rank batch
@@ -136,7 +185,7 @@ def trainer_on_world(net: str, scheme: str, prefix: str, weak: int = 0, dims: di
         dims = world.root_value(auto_dims(net, world.size, weak) if world.rank == 0 else None, "auto")
     folder = tempfile.mkdtemp(prefix=f"{prefix}_r{world.rank}_")
     cfg = partitioned(job_on_synthetic_data(conf, folder, shape, (2048 if net == "mnist_mlp" else 1000)
-                                            * (world.size if weak else 1)), scheme, dims)
+                                            * (world.size if weak else 1)), scheme, dims, world.size)
     if weak:
         weak_batch(cfg, world.size, weak)
     runtime = WorkerRuntime(cfg, 1, folder, world)
@@ -202,7 +251,7 @@ def refusal(net: str, scheme: str, ranks: int, weak: int = 0) -> str | None:
         return None  # the search only returns plans the planner accepts
     conf, shape, _ = NETS[net]
     with tempfile.TemporaryDirectory() as folder:
-        cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 16), scheme)
+        cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 16), scheme, stages=ranks)
         if weak:
             weak_batch(cfg, ranks, weak)
         try:
@@ -298,8 +347,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration (medians are reported)")
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     parser.add_argument("--schemes", nargs="+", default=["data", "feature", "hybrid"],
-                        choices=["data", "feature", "hybrid", "auto"],
-                        help="auto: each layer's partition_dim chosen by the cost model (singa-mpi plan --auto)")
+                        type=scheme_name, metavar="SCHEME",
+                        help="data, feature, hybrid, auto (each layer's partition_dim chosen by the cost model, "
+                             "singa-mpi plan --auto), pipeline (whole layers in stages of about equal work, one "
+                             "per rank), gpipe-M or 1f1b-M (that pipeline over M micro-batches)")
     parser.add_argument("--weak", type=int, nargs="?", const=ONE_RANK_BATCH, default=0, metavar="ROWS",
                         help="weak scaling: every rank keeps the 1-rank batch, or ROWS rows (the global batch "
                              "grows with N)")
@@ -307,7 +358,7 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true",
                         help="run one --net/--scheme in the current MPI world (under mpiexec/srun)")
     parser.add_argument("--net", choices=list(NETS))
-    parser.add_argument("--scheme", choices=["data", "feature", "hybrid", "pipeline", "auto"])
+    parser.add_argument("--scheme", type=scheme_name)
     parser.add_argument("--dims", help="--worker --scheme auto: the chosen partition_dim per layer (JSON)")
     parser.add_argument("--out", help="--worker: also write the JSON result here")
     parser.add_argument("--collect", help="print the table of the JSON results in this folder")
@@ -342,7 +393,7 @@ def main() -> int:
 
     with report_if_cut_short(report):
         for net in args.nets:
-            for scheme in (s for s in SCHEMES[net] if s in args.schemes):
+            for scheme in args.schemes:
                 for repeat in range(args.repeat):
                     for ranks in args.ranks:
                         refused = refusal(net, scheme, ranks, args.weak)

@@ -163,9 +163,20 @@ class GradientQueue:
         self.items.append((param, a, b))
 
     def run(self) -> None:
+        """Every queued product, those of one param as one GEMM over all their rows
+        ([a1 a2 ...] @ [b1; b2; ...]: a pipeline's micro-batches add their weight gradients at the
+        whole batch's GEMM speed; a single product as it is)."""
         items, self.items = self.items, []
-        for param, a, b in items:
-            param.accumulate(a, b)
+        by_param: dict[int, list[tuple[Param, np.ndarray, np.ndarray]]] = {}
+        for item in items:
+            by_param.setdefault(id(item[0]), []).append(item)
+        for queued in by_param.values():
+            param = queued[0][0]
+            if len(queued) == 1:
+                param.accumulate(queued[0][1], queued[0][2])
+            else:
+                param.accumulate(np.concatenate([a for _, a, _ in queued], axis=1),
+                                 np.concatenate([b for _, _, b in queued], axis=0))
 
 
 # ---------------------------------------------------------------- init methods

@@ -333,6 +333,10 @@ class LocalComm:
         request.Wait()
         self._leave(span, 0)
 
+    def progress(self, requests: list) -> list:
+        """In one process every message is delivered as it is sent: nothing stays under way."""
+        return []
+
     def Waitany(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None,
                 patient: bool = False) -> tuple[int, int | None]:
         """(index, source member) of the first active request of ``requests`` that is ready (a

@@ -151,6 +151,12 @@ class MPIComm:
         request.Wait()
         self._leave(start, layer, 0)
 
+    def progress(self, requests: list) -> list:
+        """Let the library move the started ``requests`` on without blocking; those still under way.
+        A large message (rendezvous) leaves only while its sender is inside the library: a rank that
+        computes on after an Isend would hold its receiver until its next call."""
+        return [request for request in requests if not request.Test()]
+
     # ------------------------------------------------------------- servers: any source, many requests
     # A server waits for whichever worker's message comes first; a worker for all of a step's replies.
     def Waitany(self, requests: list, layer: str, awaits: tuple[int, ...] | None = None,

@@ -20,7 +20,7 @@ receives would cross is refused before a rank starts.
 from __future__ import annotations
 
 from singa_mpi.planner.pipeline import GPIPE, ONE_F_ONE_B
-from singa_mpi.program.actions import Action, Local
+from singa_mpi.program.actions import Action, Local, RunQueued
 from singa_mpi.program.passes import backward_pass, forward_pass
 from singa_mpi.program.units import Unit
 
@@ -72,10 +72,17 @@ def pipelined_train(plan, rank: int, units: list[Unit]) -> list[Action]:
         by_micro.setdefault(unit.sub.micro, []).append(unit)
     stage = stages_of(plan)
     order = slots(plan.pipeline.schedule, plan.pipeline.micro_batches, stage[rank], max(stage.values()) + 1)
+    last = order[-1][1]  # the micro-batch whose backward ends the rank's step
     actions: list[Action] = [Local("zero-grads")]
     for kind, micro in order:
         mine = by_micro.get(micro, [])
-        actions += forward_pass(mine, "forward", train=True) if kind == FORWARD_SLOT else backward_pass(mine)
+        if kind == FORWARD_SLOT:
+            actions += forward_pass(mine, "forward", train=True)
+        else:
+            # the weight gradients wait for the last backward's exchanges, then run as one GEMM per
+            # param over every micro-batch queued so far: one product of a few rows costs nearly what
+            # the whole batch's does, and that exchange is where a stage waits for the next one
+            actions += [a for a in backward_pass(mine) if micro == last or not isinstance(a, RunQueued)]
     return actions + [Local("finish-grads")]
 
 

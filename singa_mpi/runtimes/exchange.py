@@ -154,6 +154,11 @@ class ExchangeLayer(Layer):
         """Complete the sends of the last pass (their requests would outlive MPI_Finalize)."""
         self._wait_sends()
 
+    def poll(self) -> bool:
+        """Move this layer's sends on without waiting; True once none is under way."""
+        self._requests = self.comm.progress(self._requests)
+        return not self._requests
+
     # ------------------------------------------------------------- forward
     def setup(self, src_shapes):
         return self._shape(self.need)[1:] if self.need else ()
