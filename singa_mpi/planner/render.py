@@ -7,6 +7,7 @@ import re
 from singa_mpi.planner.plan import Plan
 from singa_mpi.planner.schedule import BACKWARD, FORWARD, PARAMS, predicted_bytes, schedules, step_programs
 from singa_mpi.planner.syncs import SHARED_MEMORY
+from singa_mpi.program.schedules import timeline
 
 # one colour per rank (ColorBrewer Set3-like, readable on white)
 COLOURS = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#d9d9d9",
@@ -61,9 +62,12 @@ def to_text(plan: Plan, method: str = SHARED_MEMORY, full: bool = False, algorit
     lines = [f"plan: phase {plan.phase}, {plan.nranks} worker(s), batch {plan.batch}, param sync {method}"]
     volume = traffic(plan, method, algorithm)
     copies = {} if full else _time_copies(plan)
+    one_micro = plan.pipeline is not None and not full
     for rank in range(plan.nranks):
         lines.append(f"\nrank {rank}:")
         for sub in plan.on_rank(rank):
+            if one_micro and sub.micro > 0:
+                continue  # a later micro-batch's copy: like micro-batch 0's
             m = _COPY.search(sub.name)
             if copies and m and int(m.group(1)) > 0:
                 continue  # a later time step's copy: like copy 0
@@ -89,6 +93,11 @@ def to_text(plan: Plan, method: str = SHARED_MEMORY, full: bool = False, algorit
     if copies:
         lines.append("\n(unrolled: only time step 0's copies are listed, each with its number of time steps; "
                      "plan --full lists every copy)")
+    if plan.pipeline is not None:
+        if one_micro:
+            lines.append(f"\n(pipelined: only micro-batch 0's sub-layers are listed, the traffic is of all "
+                         f"{plan.pipeline.micro_batches}; plan --full lists every micro-batch's)")
+        lines += [""] + timeline(plan)
     total = {k: sum(v[k] for v in volume.values()) for k in next(iter(volume.values()))}
     inserted = sum(1 for s in plan.sublayers if s.origin is None)
     lines.append(f"\ntotal: {len(plan.sublayers)} sub-layers ({inserted} inserted), "

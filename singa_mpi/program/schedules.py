@@ -86,4 +86,52 @@ def pipelined_train(plan, rank: int, units: list[Unit]) -> list[Action]:
     return actions + [Local("finish-grads")]
 
 
-__all__ = ["slots", "stages_of", "pipelined_train", "FORWARD_SLOT", "BACKWARD_SLOT"]
+def slot_times(schedule: str, micro_batches: int, stages: int) -> dict[int, list[tuple[int, str, int]]]:
+    """Per stage, its slots as (time, F or B, micro-batch) when every slot takes one unit of time: a
+    forward after the same micro-batch's forward on the stage before, a backward after its backward on
+    the stage after (the last stage: after its own forward).  The picture of the schedule that
+    ``plan`` prints; its idle units are the bubble."""
+    orders = {s: slots(schedule, micro_batches, s, stages) for s in range(stages)}
+    ends: dict[tuple[str, int, int], int] = {}  # (F or B, stage, micro-batch) -> when it ends
+    placed: dict[int, list[tuple[int, str, int]]] = {s: [] for s in range(stages)}
+    clock = dict.fromkeys(range(stages), 0)
+    progress = True
+    while progress:
+        progress = False
+        for s in range(stages):
+            while len(placed[s]) < len(orders[s]):
+                kind, micro = orders[s][len(placed[s])]
+                if kind == FORWARD_SLOT:
+                    before = ("F", s - 1, micro) if s > 0 else None
+                else:
+                    before = ("B", s + 1, micro) if s < stages - 1 else ("F", s, micro)
+                if before is not None and before not in ends:
+                    break
+                start = max(clock[s], ends[before] if before is not None else 0)
+                placed[s].append((start, kind, micro))
+                clock[s] = ends[(kind, s, micro)] = start + 1
+                progress = True
+    return placed
+
+
+def timeline(plan) -> list[str]:
+    """A pipelined plan's schedule as text: a row per rank, a column per unit of time, ``F3``/``B3``
+    the forward/backward of micro-batch 3 over the rank's layers, ``.`` idle."""
+    pipe = plan.pipeline
+    stage = stages_of(plan)
+    stages = max(stage.values()) + 1
+    placed = slot_times(pipe.schedule, pipe.micro_batches, stages)
+    length = max(t + 1 for row in placed.values() for t, _, _ in row)
+    width = max(3, len(str(pipe.micro_batches - 1)) + 2)
+    lines = [f"pipeline: schedule {pipe.schedule}, {pipe.micro_batches} micro-batches over {stages} stage(s); "
+             f"idle share with equal stages {(stages - 1) / (pipe.micro_batches + stages - 1):.0%} "
+             f"(the bubble: (S-1)/(M+S-1))"]
+    for rank in sorted(stage):
+        cells = ["."] * length
+        for t, kind, micro in placed[stage[rank]]:
+            cells[t] = f"{kind}{micro}"
+        lines.append(f"  rank {rank:<3} stage {stage[rank]:<3}" + "".join(c.ljust(width) for c in cells).rstrip())
+    return lines
+
+
+__all__ = ["slots", "stages_of", "pipelined_train", "slot_times", "timeline", "FORWARD_SLOT", "BACKWARD_SLOT"]

@@ -1,0 +1,120 @@
+"""Pipeline schedules as programs (no MPI): the slot orders of GPipe and 1F1B, each rank's stage, the
+pipelined plan's programs (proved like any other), and a placement whose 1F1B calls would cross,
+which the proof refuses in one line before any rank starts."""
+import collections
+
+import pytest
+
+import nets
+from singa_mpi.errors import ConfigError
+from singa_mpi.planner import plan as make_plan
+from singa_mpi.planner import partition
+from singa_mpi.program.actions import Compute, GradsFinal, RunQueued
+from singa_mpi.program.build import programs
+from singa_mpi.program.job import job_programs
+from singa_mpi.program.schedules import slot_times, slots, stages_of, timeline
+
+
+def test_gpipe_runs_every_forward_then_every_backward():
+    assert slots("gpipe", 3, 0, 2) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+
+
+@pytest.mark.parametrize("stage,expected", [
+    (0, "F0 F1 F2 F3 B0 F4 B1 B2 B3 B4"),  # warm-up of S-1-s = 3 forwards
+    (2, "F0 F1 B0 F2 B1 F3 B2 F4 B3 B4"),
+    (3, "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4"),  # the last stage alternates from the start
+])
+def test_1f1b_warms_up_then_alternates(stage, expected):
+    assert " ".join(f"{k}{m}" for k, m in slots("1f1b", 5, stage, 4)) == expected
+
+
+def test_1f1b_holds_at_most_stages_minus_stage_micro_batches():
+    for stage in range(4):
+        held = peak = 0
+        for kind, _ in slots("1f1b", 8, stage, 4):
+            held += 1 if kind == "F" else -1
+            peak = max(peak, held)
+        assert peak == 4 - stage
+        assert max(1 if k == "F" else 0 for k, _ in slots("gpipe", 8, stage, 4)) == 1
+
+
+def test_the_bubble_of_equal_stages_is_s_minus_1_over_m_plus_s_minus_1():
+    for schedule in ("gpipe", "1f1b"):
+        placed = slot_times(schedule, 4, 3)
+        length = max(t for row in placed.values() for t, _, _ in row) + 1
+        busy = sum(len(row) for row in placed.values())
+        assert length == 2 * (4 + 3 - 1)  # (M + S - 1) forward and as many backward units
+        assert 1 - busy / (3 * length) == pytest.approx((3 - 1) / (4 + 3 - 1))
+
+
+def _mlp(nranks, micro, schedule, scheme="stages", batch=19):
+    return nets.job(nets.pipelined(nets.mlp("/tmp/unused.h5", batch, scheme, nranks, steps=2), micro, schedule))
+
+
+def test_a_pipelined_plan_holds_each_sub_layer_and_exchange_once_per_micro_batch():
+    plain = partition(_mlp(3, 1, "1f1b"), 3)
+    piped = partition(_mlp(3, 4, "1f1b"), 3)
+    assert plain.pipeline is None and piped.pipeline.micro_batches == 4
+    assert len(piped.sublayers) == 4 * len(plain.sublayers)
+    assert len(piped.exchanges) == 4 * len(plain.exchanges)
+    assert [e.id for e in piped.exchanges] == list(range(len(piped.exchanges)))  # each its own tags
+    rows = collections.defaultdict(list)
+    for sub in piped.sublayers:
+        if sub.origin == "fc1":
+            rows[sub.micro].append(sub.batch_slice)
+    assert [rows[m] for m in range(4)] == [[(0, 5)], [(5, 10)], [(10, 15)], [(15, 19)]]  # contiguous blocks
+    assert piped.param_syncs == plain.param_syncs  # a rank's micro-batches share its params
+
+
+def test_each_rank_s_stage_is_where_its_layers_start():
+    assert stages_of(partition(_mlp(4, 2, "1f1b"), 4)) == {0: 0, 1: 1, 2: 2, 3: 3}
+    # the first layers split on the batch over every worker: the workers meet in collectives, one stage
+    assert set(stages_of(partition(_mlp(2, 2, "1f1b", "stages-hybrid"), 2)).values()) == {0}
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_pipelined_programs_are_proved_and_sum_every_micro_batch(schedule, nranks):
+    cfg = _mlp(nranks, 3, schedule)
+    built = job_programs(cfg, nranks, ["train"])  # proved, or it raises
+    for rank, prog in built.programs[("train", "shared_memory")].items():
+        computes = [a for a in prog.actions if isinstance(a, Compute)]
+        layers = {a.layer.rsplit("/mb", 1)[0] for a in computes}
+        for layer in layers:  # every micro-batch's forward of each of the rank's layers
+            assert sorted(a.layer for a in computes if a.pass_ == "forward" and a.layer.startswith(layer + "/")) \
+                == [f"{layer}/mb{m}" for m in range(3)]
+        queued = [i for i, a in enumerate(prog.actions) if isinstance(a, RunQueued)]
+        finals = [i for i, a in enumerate(prog.actions) if isinstance(a, GradsFinal)]
+        assert all(q > finals[0] for q in queued) if finals else True  # weight gradients wait for the last backward
+
+
+def test_1f1b_over_workers_holding_non_adjacent_stages_is_refused_by_the_proof():
+    """Layer i on worker i mod 2: each worker holds two stages; 1F1B would make worker 0 wait for
+    micro-batch 1's forward while worker 1 waits for micro-batch 0's gradient."""
+    cfg = _mlp(2, 2, "1f1b", "pipeline", batch=16)
+    with pytest.raises(ConfigError) as err:
+        make_plan(cfg, 2)
+    message = str(err.value)
+    assert message.startswith("<test>:") and "neuralnet.pipeline.schedule = '1f1b' with 2 micro-batches" in message
+    assert "would deadlock" in message and 'schedule: "gpipe"' in message
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match="would deadlock"):
+        job_programs(cfg, 2, ["train"])
+    make_plan(_mlp(2, 2, "gpipe", "pipeline", batch=16), 2)  # GPipe's order cannot cross there
+
+
+def test_the_plan_shows_the_schedule_as_a_timeline():
+    lines = timeline(partition(_mlp(2, 3, "1f1b"), 2))
+    assert lines[0].startswith("pipeline: schedule 1f1b, 3 micro-batches over 2 stage(s)")
+    assert lines[1].split() == ["rank", "0", "stage", "0", "F0", "F1", ".", "B0", "F2", "B1", ".", "B2"]
+    assert lines[2].split() == ["rank", "1", "stage", "1", ".", "F0", "B0", "F1", "B1", "F2", "B2", "."]
+
+
+def test_evaluation_and_one_worker_are_not_pipelined_and_every_message_has_its_own_tag():
+    assert partition(_mlp(1, 4, "1f1b"), 1).pipeline is None
+    cfg = _mlp(2, 4, "1f1b")
+    assert partition(cfg, 2, "test").pipeline is None
+    sends = [c for prog in programs(partition(cfg, 2), None, "shared_memory").values() for c in prog.calls()
+             if c.op == "Isend"]
+    assert len(sends) == 4 * 3  # per micro-batch: an activation and the labels forward, a gradient back
+    assert len({c.tag for c in sends}) == len(sends)
