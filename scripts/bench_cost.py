@@ -1,7 +1,7 @@
 """How good the cost model is: predicted against measured step time, per net, scheme and rank count.
 
     mpiexec -n 2 singa-mpi calibrate        (once per machine; else the communicator's rates are assumed)
-    python scripts/bench_cost.py [--ranks 1 2 4] [--schemes data feature hybrid pipeline] [--repeat 3]
+    python scripts/bench_cost.py [--ranks 1 2 4] [--schemes data feature hybrid pipeline 1f1b-2] [--repeat 3]
     mpiexec -n N python scripts/bench_cost.py --in-job     (every scheme in the launched world: e.g.
         across nodes, sudo scripts/two_nodes.sh --ranks-per-node 1 -- python scripts/bench_cost.py --in-job)
 
@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_scaling import NETS, launch, measure, partitioned  # noqa: E402 - scripts/ is on the path from here on
+from bench_scaling import NETS, launch, measure, partitioned, scheme_name  # noqa: E402 - scripts/ is on the path
 from bench_serial import job_on_synthetic_data  # noqa: E402
 from benchkit import blas_threads_as_train, report_if_cut_short  # noqa: E402
 
@@ -42,7 +42,7 @@ def predicted(net: str, scheme: str, ranks: int, kernels, rates, method: str = "
 
     conf, shape, _ = NETS[net]
     with tempfile.TemporaryDirectory() as folder:
-        cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 256), scheme)
+        cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 256), scheme, stages=ranks)
         try:
             the_plan = plan(cfg, ranks, method=method)
         except ConfigError:
@@ -107,7 +107,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
-    parser.add_argument("--schemes", nargs="+", default=SCHEMES, choices=SCHEMES)
+    parser.add_argument("--schemes", nargs="+", default=SCHEMES, type=scheme_name, metavar="SCHEME",
+                        help="as bench_scaling.py's: data, feature, hybrid, pipeline, gpipe-M, 1f1b-M")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run (the convnet: half)")
     parser.add_argument("--repeat", type=int, default=3, help="measured runs per configuration (median)")
     parser.add_argument("--json", help="write the rows here")
