@@ -44,6 +44,7 @@ class Net:
         self.units = None  # this net's units as its programs see them (set by the runtime; else derived)
         self.program = None  # this net's step program (set by the runtime; else the algorithm's passes)
         self._open: dict[int, object] = {}  # connection layers' backward exchanges in flight: their spans
+        self.sending: list[Layer] = []  # connection layers whose sends are under way (the executor's)
         self._wire_by_layer = {id(w.layer): w for w in wires}
         self._mark_needs_grad()
         # which inputs of each wire need a gradient: fixed once the graph is built
@@ -140,7 +141,13 @@ class Net:
     def run_queued(self) -> None:
         """The queued weight-gradient products (while an exchange is in flight)."""
         if self.queue is not None:
-            self.queue.run()
+            self.queue.run(self.poll_sends)
+
+    def poll_sends(self) -> None:
+        """Move the sends under way on (between layers and GEMMs): a large message leaves only while
+        its sender calls the MPI library, and its receiver, the next stage, waits for it."""
+        if self.sending:
+            self.sending = [layer for layer in self.sending if not layer.poll()]
 
     def step_units(self):
         """This net's units for its programs (the runtime's, or derived from the layers)."""
@@ -166,7 +173,9 @@ class Net:
             p.zero_grad()
 
     def finish_grads(self) -> None:
-        """After backward: params that got no gradient this step hold an explicit zero."""
+        """After backward: the queued weight gradients (moving the last sends on between them), and
+        params that got no gradient this step hold an explicit zero."""
+        self.run_queued()
         for p in self.params:
             p.finish_grad()
 

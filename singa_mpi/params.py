@@ -120,7 +120,7 @@ class Param:
         elif b is None:
             self._grad += a
         else:
-            self._grad += a @ b
+            gemm_add(a, b, self._grad)
 
     def grad_for_scatter(self) -> np.ndarray:
         """The gradient array for in-place scatter-adds (zeroed first if nothing was added yet)."""
@@ -145,6 +145,40 @@ class Param:
         return f"Param({self.name!r}, shape={self.data.shape}, logical={self.logical_shape})"
 
 
+def gemm_add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out += a @ b in one pass over ``out`` (BLAS ?gemm with beta 1): numpy's ``out += a @ b`` writes the
+    product to a temporary and adds it, two more passes over a gradient of tens of MB (a pipeline's
+    micro-batches add their weight gradients so).  numpy's way where BLAS cannot take the arrays."""
+    gemm = _gemm_for(out.dtype) if out.flags.c_contiguous and a.dtype == b.dtype == out.dtype else None
+    if gemm is None:
+        out += a @ b
+        return
+    # out (m, n) in C order is out.T (n, m) in Fortran order: out.T += b.T @ a.T
+    x, trans_x = _fortran(b.T)
+    y, trans_y = _fortran(a.T)
+    gemm(1.0, x, y, beta=1.0, c=out.T, trans_a=trans_x, trans_b=trans_y, overwrite_c=1)
+
+
+def _fortran(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """(array, trans): ``array`` in Fortran order, ``op(array)`` equal to ``x``."""
+    if x.flags.f_contiguous:
+        return x, 0
+    if x.flags.c_contiguous:
+        return x.T, 1
+    return np.asfortranarray(x), 0
+
+
+_GEMM: dict = {}
+
+
+def _gemm_for(dtype: np.dtype):
+    if not _GEMM:
+        from scipy.linalg.blas import dgemm, sgemm
+
+        _GEMM.update({np.dtype(np.float32): sgemm, np.dtype(np.float64): dgemm})
+    return _GEMM.get(np.dtype(dtype))
+
+
 class GradientQueue:
     """Weight-gradient products ``a @ b`` waiting to be computed.
 
@@ -162,15 +196,17 @@ class GradientQueue:
     def push(self, param: Param, a: np.ndarray, b: np.ndarray) -> None:
         self.items.append((param, a, b))
 
-    def run(self) -> None:
+    def run(self, between: Callable[[], None] | None = None) -> None:
         """Every queued product, those of one param as one GEMM over all their rows
         ([a1 a2 ...] @ [b1; b2; ...]: a pipeline's micro-batches add their weight gradients at the
-        whole batch's GEMM speed; a single product as it is)."""
+        whole batch's GEMM speed; a single product as it is); ``between``: called before each GEMM."""
         items, self.items = self.items, []
         by_param: dict[int, list[tuple[Param, np.ndarray, np.ndarray]]] = {}
         for item in items:
             by_param.setdefault(id(item[0]), []).append(item)
         for queued in by_param.values():
+            if between is not None:
+                between()
             param = queued[0][0]
             if len(queued) == 1:
                 param.accumulate(queued[0][1], queued[0][2])

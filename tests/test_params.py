@@ -131,3 +131,19 @@ def test_products_from_several_users_are_summed_as_one_gemm_when_read():
     param.zero_grad()
     param.finish_grad()
     assert not param.grad.any()  # nothing added this step: an explicit zero
+
+
+def test_gemm_add_adds_a_product_in_place_for_every_layout():
+    from singa_mpi.params import gemm_add
+
+    rng = np.random.default_rng(4)
+    for a, b in [(rng.standard_normal((6, 3)), rng.standard_normal((3, 5))),
+                 (rng.standard_normal((3, 6)).T, rng.standard_normal((5, 3)).T),  # transposed views
+                 (rng.standard_normal((6, 6))[:, ::2], rng.standard_normal((3, 5)))]:  # neither order
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        out = rng.standard_normal((6, 5)).astype(np.float32)
+        expected = out + a @ b
+        before = out.__array_interface__["data"][0]
+        gemm_add(a, b, out)
+        assert out.__array_interface__["data"][0] == before
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

@@ -23,18 +23,16 @@ LayerDone = Callable[[Layer], None]
 def execute(actions: Iterable, net: Net, on_layer_done: LayerDone | None = None) -> None:
     """Perform ``actions`` on ``net`` in order (``on_layer_done``: the sync strategy's hook)."""
     skipped: set[str] = set()
-    sending: list = []  # connection layers whose sends are under way
     for action in actions:
         kind = type(action)
         if kind is Compute:
             _compute(action, net, skipped)
-            if sending:  # between layers: a large message leaves only while its sender calls the library
-                sending = [layer for layer in sending if not layer.poll()]
+            net.poll_sends()
         elif kind is Comm:
             if action.by == "exchange":
                 _exchange(action, net)
                 if action.op == "Isend":
-                    sending.append(net.by_name[action.layer].layer)
+                    net.sending.append(net.by_name[action.layer].layer)
         elif kind is Wait:
             if action.layer in net.by_name:
                 net.finish_exchange(net.by_name[action.layer])
