@@ -216,6 +216,7 @@ def measure(net: str, scheme: str, steps: int, weak: int = 0, dims: dict | None 
     slowest = max(world.allgather_object(statistics.median(times)))
     shares = world.allgather_object(comm_s)
     peaks = [p for p in world.allgather_object(peak_rss()) if p]
+    step_memory = world.allgather_object(step_allocations(trainer, 3 + steps))
     batch = trainer.batch
     runtime.close()
     shutil.rmtree(folder, ignore_errors=True)
@@ -225,7 +226,21 @@ def measure(net: str, scheme: str, steps: int, weak: int = 0, dims: dict | None 
             "step_ms": 1e3 * slowest, "samples_per_s": batch / slowest,
             "exposed_comm_share": max(shares) / slowest, "bytes_per_step": moved,
             "cores": os.cpu_count(), "weak": bool(weak), "peak_rss_max": max(peaks) if peaks else None,
-            "blas_threads": blas}
+            "blas_threads": blas, "step_allocations": step_memory}
+
+
+def step_allocations(trainer, step: int) -> int:
+    """Peak bytes one more training step allocates beyond what it starts with (tracemalloc, which numpy
+    reports its arrays to): the step's activations, gradients passed down and temporaries.  After the
+    timed steps (tracing slows allocations)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    trainer.train_one_batch(step)
+    peak = tracemalloc.get_traced_memory()[1] - start
+    tracemalloc.stop()
+    return peak
 
 
 def worker(args) -> int:
@@ -288,6 +303,9 @@ def summarize(runs: list[dict]) -> list[dict]:
                for key in ("step_ms", "samples_per_s", "exposed_comm_share", "bytes_per_step")}
         peaks = [r["peak_rss_max"] for r in group if r.get("peak_rss_max")]
         row["peak_rss_max"] = max(peaks) if peaks else None
+        if all(r.get("step_allocations") for r in group):  # per rank, the median over the repeats
+            row["step_alloc_mib"] = [statistics.median(r["step_allocations"][i] for r in group) / 2**20
+                                     for i in range(ranks)]
         best_base = max((b["samples_per_s"] for b in base), default=float("nan"))
         row.update(net=net, scheme=scheme, weak=weak, ranks=ranks, batch=group[0]["batch"], repeats=len(group),
                    speedup=row["samples_per_s"] / reference,
@@ -330,10 +348,12 @@ def print_table(rows: list[dict]) -> None:
         best = f"x{r['speedup_best']:.2f}" if known else "n/a"
         memory = f"{r['peak_rss_max'] / 2**20:>6.0f} MiB peak" if r.get("peak_rss_max") else "  n/a MiB peak"
         scheme = r["scheme"] + (" weak" if r.get("weak") else "")
+        allocates = (f"  step allocates {' / '.join(f'{m:.1f}' for m in r['step_alloc_mib'])} MiB"
+                     if r.get("step_alloc_mib") else "")
         print(f"{r['net']:<16} {scheme:<11} n={r['ranks']}{'*' if r['oversubscribed'] else ' '} "
               f"{r['samples_per_s']:>9.1f} samples/s  {speedup} {spread:<11} best {best}  "
               f"exposed comm {100 * r['exposed_comm_share']:>4.1f}%  "
-              f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step  {memory}  [{r['repeats']} runs]", flush=True)
+              f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step  {memory}{allocates}  [{r['repeats']} runs]", flush=True)
     print("* oversubscribed: more ranks than cores; correctness only, not speed")
     if missing:
         print("no 1-rank run for " + ", ".join(f"{net} {scheme}" for net, scheme in missing)

@@ -333,4 +333,16 @@ def summary_lines(run: dict, ranks: list[dict]) -> list[str]:
         (busy, total, rank), (fast, _, fast_rank) = max(per_step), min(per_step)
         lines.append(f"  slowest rank    {rank}: {1e3 * busy:.1f} ms/step outside communication, "
                      f"{1e3 * total:.1f} ms/step in all (fastest: rank {fast_rank}, {1e3 * fast:.1f} ms)")
+    if run.get("pipeline"):
+        lines.append(pipeline_line(run["pipeline"], ranks))
     return lines
+
+
+def pipeline_line(pipeline: tuple[str, int, int], ranks: list[dict]) -> str:
+    """A pipelined run's measured idle share per rank: the part of its training steps spent waiting
+    in communication (for the other stages' micro-batches), beside the bubble of equal stages."""
+    schedule, micro, stages = pipeline
+    idle = [r["step_comm"] / max(r["step"], 1e-9) for r in ranks]
+    return (f"  pipeline        {schedule}, {micro} micro-batches, {stages} stages: idle {100 * idle[0]:.0f}% of "
+            f"step time on rank 0 (ranks: {', '.join(f'{100 * share:.0f}%' for share in idle)}; the bubble of "
+            f"equal stages: {100 * (stages - 1) / (micro + stages - 1):.0f}%)")

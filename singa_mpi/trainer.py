@@ -328,7 +328,7 @@ class Trainer:
         run = {"start": self.start_step, "end": end, "total": self.train_steps, "wall": wall,
                "elapsed": self.elapsed(), "samples": (end - self.start_step) * self.batch,
                "test": [e for e in entries if e["phase"] == "test"], "val": [e for e in entries if e["phase"] == "val"],
-               "checkpoint": checkpoint_path, "stopped": self.stopped}
+               "checkpoint": checkpoint_path, "stopped": self.stopped, "pipeline": self.runtime.pipeline()}
         self.log("\n".join(progress.summary_lines(run, ranks)))
 
     def _run_entries(self) -> list[dict]:

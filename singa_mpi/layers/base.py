@@ -205,6 +205,9 @@ class Layer:
     # Why this layer cannot run on micro-batches of a pipelined step (each block of rows on its own,
     # one after another): set, ``check`` refuses a pipelined net that holds it, naming the layer.
     micro_batch_refusal: ClassVar[str] = ""
+    # The arrays a forward pass keeps for its backward (besides ``data``, ``grad`` and ``aux``):
+    # :meth:`release` drops them once a pipeline's micro-batch is done with this layer.
+    per_batch: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, conf: job_pb2.LayerProto, ctx: LayerContext | None = None):
         self.conf = conf
@@ -277,6 +280,13 @@ class Layer:
         and a negative pass); most layers compute the same thing in every pass, so
         only layers whose maths differs per pass (an RBM's) override this."""
         return self.forward(inputs, train)
+
+    def release(self) -> None:
+        """Drop what this batch's passes kept (output, gradient, labels, ``per_batch``): a pipelined step
+        frees a micro-batch's activations after its backward (1F1B then holds only the micro-batches in
+        flight).  The next forward computes them afresh."""
+        for name in ("data", "grad", "aux") + self.per_batch:
+            setattr(self, name, None)
 
     def param_gradients(self) -> None:
         """Add this layer's param gradients from what its passes kept (algorithms whose

@@ -296,6 +296,8 @@ class Pooling(Layer):
     gradient to the first maximum of each window.
     """
 
+    per_batch = ("chosen_at",)
+
     def setup(self, src_shapes):
         conf = self.conf.pooling_conf
         self.kernel, self.pad, self.stride = _pair(conf, "kernel", 3), _pair(conf, "pad", 0), _pair(conf, "stride", 2)
@@ -415,6 +417,7 @@ class LRN(Layer):
     """
 
     feature_partitionable = False
+    per_batch = ("x", "norm")
 
     def setup(self, src_shapes):
         conf = self.conf.lrn_conf

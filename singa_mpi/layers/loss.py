@@ -91,6 +91,7 @@ class SoftmaxLoss(_Loss):
 
     input_kinds = ("data", "aux")
     metric_names = ("loss", "accuracy")
+    per_batch = ("p", "labels")
 
     def setup(self, src_shapes):
         conf = self.conf.softmaxloss_conf
@@ -137,6 +138,8 @@ class EuclideanLoss(_Loss):
     Σ||d||² / batch, twice this loss (v0.1 used 2·d / batch as the gradient).
     Here the reported loss is the objective whose gradient is computed.
     """
+
+    per_batch = ("d",)
 
     def setup(self, src_shapes):
         if int(np.prod(src_shapes[0])) != int(np.prod(src_shapes[1])):

@@ -29,6 +29,7 @@ class InnerProduct(Layer):
     """
 
     connection = ONE_TO_ALL
+    per_batch = ("x",)
 
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         conf = self.conf.innerproduct_conf
@@ -97,6 +98,8 @@ class _Elementwise(Layer):
 class ReLU(_Elementwise):
     """max(x, 0) + negative_slope·min(x, 0)."""
 
+    per_batch = ("mask",)
+
     def setup(self, src_shapes):
         self.slope = self.conf.relu_conf.negative_slope
         return tuple(src_shapes[0])
@@ -116,6 +119,8 @@ class ReLU(_Elementwise):
 
 @LAYERS.register("kSigmoid")
 class Sigmoid(_Elementwise):
+    per_batch = ("y",)
+
     def forward(self, inputs, train):
         x = inputs[0]
         self.y = 0.5 * (np.tanh(0.5 * x) + 1)  # stable logistic, keeps the dtype
@@ -133,6 +138,8 @@ STANH_A, STANH_B = 1.7159047, 0.66666667
 class STanh(_Elementwise):
     """Scaled tanh of LeCun as SINGA computes it: 1.7159047·tanh(0.66666667·x)."""
 
+    per_batch = ("t",)
+
     def forward(self, inputs, train):
         x = inputs[0]
         self.t = np.tanh(x * x.dtype.type(STANH_B))
@@ -145,6 +152,8 @@ class STanh(_Elementwise):
 
 class _Tanh(_Elementwise):
     """tanh(x): only reachable through kActivation (SINGA has no kTanh type)."""
+
+    per_batch = ("y",)
 
     def forward(self, inputs, train):
         self.y = np.tanh(inputs[0])
@@ -173,6 +182,10 @@ class Activation(_Elementwise):
     def input_grad(self, grad):
         return self.impl.input_grad(grad)
 
+    def release(self) -> None:
+        super().release()
+        self.impl.release()
+
 
 @LAYERS.register("kDropout")
 class Dropout(_Elementwise):
@@ -182,6 +195,8 @@ class Dropout(_Elementwise):
     stream keyed by (seed, layer, step) and then sliced to this sub-layer's rows and
     features, so any partitioning drops exactly the units the serial run drops.
     """
+
+    per_batch = ("mask",)
 
     def setup(self, src_shapes):
         ratio = self.conf.dropout_conf.dropout_ratio
@@ -218,6 +233,7 @@ class Softmax(Layer):
 
     connection = ONE_TO_ALL
     feature_partitionable = False
+    per_batch = ("y",)
 
     def setup(self, src_shapes):
         self.groups = self.conf.softmax_conf.num_softmax_per_instance

@@ -20,6 +20,7 @@ action             what the executor does
 ``Local``          bookkeeping without communication (``zero-grads``, ``finish-grads``)
 ``SyncGradients``  every sum this rank needs arrives (the strategy's waits, its ``sync`` calls)
 ``Update``         the updater on the params this rank owns, and the new values published
+``Release``        a pipeline's micro-batch is done: its layers drop what their passes kept
 =================  ===========================================================================
 
 A non-blocking send (a bridge's Isend) completes before its connection layer's next call, or when
@@ -31,7 +32,7 @@ import dataclasses
 
 from singa_mpi.program.rules import BACKWARD, FORWARD, PARAMS
 
-__all__ = ["Compute", "Comm", "RunQueued", "Wait", "GradsFinal", "Local", "SyncGradients", "Update",
+__all__ = ["Compute", "Comm", "RunQueued", "Wait", "GradsFinal", "Local", "SyncGradients", "Update", "Release",
            "FORWARD", "BACKWARD", "PARAMS", "Action"]
 
 FORWARD_PASSES = ("forward", "positive", "negative")  # outputs from inputs
@@ -136,4 +137,16 @@ class Update:
         return "update"
 
 
-Action = Compute | Comm | RunQueued | Wait | GradsFinal | Local | SyncGradients | Update
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """Micro-batch ``micro``'s backward is done on this rank: ``layers`` (its units here) drop their
+    activations, so that a schedule's memory is the micro-batches it holds in flight."""
+
+    micro: int
+    layers: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"release micro-batch {self.micro}"
+
+
+Action = Compute | Comm | RunQueued | Wait | GradsFinal | Local | SyncGradients | Update | Release

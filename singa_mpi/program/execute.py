@@ -14,8 +14,8 @@ from typing import Callable, Iterable
 
 from singa_mpi.layers.base import Layer
 from singa_mpi.net import Net
-from singa_mpi.program.actions import (BACKWARD, BACKWARD_PASSES, Comm, Compute, GradsFinal, Local, RunQueued,
-                                       Wait)
+from singa_mpi.program.actions import (BACKWARD, BACKWARD_PASSES, Comm, Compute, GradsFinal, Local, Release,
+                                       RunQueued, Wait)
 
 LayerDone = Callable[[Layer], None]
 
@@ -43,6 +43,9 @@ def execute(actions: Iterable, net: Net, on_layer_done: LayerDone | None = None)
                 on_layer_done(net.by_name[action.layer].layer)
         elif kind is Local:
             net.zero_grads() if action.what == "zero-grads" else net.finish_grads()
+        elif kind is Release:
+            for name in action.layers:
+                net.by_name[name].layer.release()
 
 
 def _compute(action: Compute, net: Net, skipped: set[str]) -> None:

@@ -20,7 +20,7 @@ receives would cross is refused before a rank starts.
 from __future__ import annotations
 
 from singa_mpi.planner.pipeline import GPIPE, ONE_F_ONE_B
-from singa_mpi.program.actions import Action, Local, RunQueued
+from singa_mpi.program.actions import Action, Local, Release, RunQueued
 from singa_mpi.program.passes import backward_pass, forward_pass
 from singa_mpi.program.units import Unit
 
@@ -73,16 +73,21 @@ def pipelined_train(plan, rank: int, units: list[Unit]) -> list[Action]:
     stage = stages_of(plan)
     order = slots(plan.pipeline.schedule, plan.pipeline.micro_batches, stage[rank], max(stage.values()) + 1)
     last = order[-1][1]  # the micro-batch whose backward ends the rank's step
+    bounded = plan.pipeline.schedule == ONE_F_ONE_B
     actions: list[Action] = [Local("zero-grads")]
     for kind, micro in order:
         mine = by_micro.get(micro, [])
         if kind == FORWARD_SLOT:
             actions += forward_pass(mine, "forward", train=True)
-        else:
-            # the weight gradients wait for the last backward's exchanges, then run as one GEMM per
-            # param over every micro-batch queued so far: one product of a few rows costs nearly what
-            # the whole batch's does, and that exchange is where a stage waits for the next one
-            actions += [a for a in backward_pass(mine) if micro == last or not isinstance(a, RunQueued)]
+            continue
+        # GPipe: the weight gradients wait for the last backward's exchanges, then run as one GEMM per
+        # param over every micro-batch queued so far (one product of a few rows costs nearly what the
+        # whole batch's does, and that exchange is where a stage waits for the next one).  1F1B: each
+        # micro-batch's run at the end of its backward, so that its activations can go
+        actions += [a for a in backward_pass(mine) if micro == last or not isinstance(a, RunQueued)]
+        if bounded and micro != last:
+            actions.append(RunQueued())
+        actions.append(Release(micro, tuple(unit.name for unit in mine)))
     return actions + [Local("finish-grads")]
 
 

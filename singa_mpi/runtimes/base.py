@@ -66,6 +66,9 @@ class Runtime(Protocol):
     def report(self, steps: int, debug: bool = False) -> str | None:
         """The end-of-run communication table (root; the run's bookkeeping rows with ``debug``), or None."""
 
+    def pipeline(self):
+        """(schedule, micro-batches, stages) of a pipelined training step, else None."""
+
     def predict_step(self):
         """The cost model's step for this run's plan on the root (``--profile``), a line saying why there
         is none, or None off the root (collective)."""

@@ -76,6 +76,10 @@ class SerialRuntime:
     def report(self, steps: int, debug: bool = False) -> str | None:
         return None
 
+    def pipeline(self) -> None:
+        """One process runs whole batches: no stages to pipeline."""
+        return None
+
     def predict_step(self) -> Prediction | str:
         """The cost model's training step of the job on one worker (or a line saying why there is none)."""
         try:
