@@ -149,12 +149,13 @@ def mlp(path: str, batch: int, scheme: str, nranks: int = 2, steps: int = 20, up
     return job_text(layers, steps, updater=updater)
 
 
-def mlp_dropout(path: str, batch: int, scheme: str, ratio: float = 0.3, steps: int = 10) -> str:
-    """12-16-10-5 MLP with dropout after each hidden layer; scheme data, feature, or hybrid (fc1 on the
-    batch, fc2 and its dropout on features): the masks must drop the units the serial run drops."""
+def mlp_dropout(path: str, batch: int, scheme: str, ratio: float = 0.3, steps: int = 10, nranks: int = 2) -> str:
+    """12-16-10-5 MLP with dropout after each hidden layer; scheme data, feature, hybrid (fc1 on the
+    batch, fc2 and its dropout on features) or stages (contiguous runs of layers on the ``nranks``
+    workers): the masks must drop the units the serial run drops."""
     first = "partition_dim: 1" if scheme == "feature" else ""
     second = "partition_dim: 1" if scheme in ("feature", "hybrid") else ""
-    if scheme not in ("data", "feature", "hybrid"):
+    if scheme not in ("data", "feature", "hybrid", "stages"):
         raise ValueError(scheme)
 
     def drop(name: str, src: str, pdim: str) -> str:
@@ -164,6 +165,8 @@ def mlp_dropout(path: str, batch: int, scheme: str, ratio: float = 0.3, steps: i
     layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 16, first), _act("act1", "fc1", "kSTanh", first),
               drop("drop1", "act1", first), _ip("fc2", "drop1", 10, second), _act("act2", "fc2", "kSTanh", second),
               drop("drop2", "act2", second), _ip("fc3", "drop2", 5), _loss("fc3")]
+    if scheme == "stages":
+        layers = in_stages(layers, nranks)
     return job_text(layers, steps)
 
 

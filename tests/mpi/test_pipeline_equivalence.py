@@ -2,9 +2,9 @@
 
 Every rank trains the job pipelined over the world and alone in one process (the serial oracle, which
 runs whole batches): the per-step losses and the final params must agree within a relative 1e-5, with
-a batch the micro-batches divide and one they do not.  Layouts: the MLP and the (smooth) convnet in
-contiguous stages, one per worker, and the MLP whose first stage is split on the batch over every
-worker.  On one rank there is no pipeline (a single stage): the jobs then run unpipelined, as
+a batch the micro-batches divide and one they do not.  Layouts: the MLP (with and without dropout) and
+the (smooth) convnet in contiguous stages, one per worker, and the MLP whose first stage is split on
+the batch over every worker.  On one rank there is no pipeline (a single stage): the jobs then run unpipelined, as
 ``neuralnet.pipeline`` says, and must still agree.
 """
 import os
@@ -48,6 +48,14 @@ def test_pipelined_hybrid_mlp_matches_serial(world, schedule, micro):
     """The first stage split on the batch over every worker (each micro-batch's rows split again)."""
     text = nets.mlp(_data(world, (12,)), 4 * world.size + 1, "stages-hybrid", world.size, steps=STEPS)
     _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"hybrid_{schedule}_{micro}")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipelined_dropout_draws_the_serial_masks(world, schedule):
+    """Masks are keyed by the rows' places in the global batch: each micro-batch drops what the whole
+    batch drops there."""
+    text = nets.mlp_dropout(_data(world, (12,)), 4 * world.size + 3, "stages", steps=STEPS, nranks=world.size)
+    _trains_as_serial(world, nets.pipelined(text, 3, schedule), f"dropout_{schedule}")
 
 
 @pytest.mark.parametrize("schedule,micro", [("gpipe", 3), ("1f1b", 2), ("1f1b", 8)])
