@@ -7,7 +7,7 @@ import re
 from singa_mpi.planner.plan import Plan
 from singa_mpi.planner.schedule import BACKWARD, FORWARD, PARAMS, predicted_bytes, schedules, step_programs
 from singa_mpi.planner.syncs import SHARED_MEMORY
-from singa_mpi.program.schedules import timeline
+from singa_mpi.program.schedules import slot_times, stages_of, timeline
 
 # one colour per rank (ColorBrewer Set3-like, readable on white)
 COLOURS = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#d9d9d9",
@@ -138,21 +138,24 @@ def to_json(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> str:
 
 
 def to_dot(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> str:
+    """The sub-layers per worker with their edges (dashed: data moving between workers); a pipelined
+    plan's micro-batch 0, and its schedule as a table of slots per worker."""
+    shown = {s.name for s in plan.sublayers if plan.pipeline is None or s.micro == 0}
     lines = ["digraph plan {", "  rankdir=BT;", '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
     for rank in range(plan.nranks):
         lines.append(f'  subgraph cluster_rank{rank} {{ label="worker {rank}"; style=dashed;')
-        for sub in plan.on_rank(rank):
+        for sub in (s for s in plan.on_rank(rank) if s.name in shown):
             shape = "box" if sub.origin else "ellipse"
             label = sub.name if sub.origin else f"{sub.name}\\n{sub.type} {sub.exchange.forward_op}"
             lines.append(f'    "{sub.name}" [label="{label}", shape={shape}, '
                          f'fillcolor="{COLOURS[rank % len(COLOURS)]}"];')
         lines.append("  }")
     for sub in plan.sublayers:
-        for src in sub.srcs:
+        for src in sub.srcs if sub.name in shown else ():
             lines.append(f'  "{src}" -> "{sub.name}";')
     drawn = set()
     for ex in plan.exchanges:  # dashed edges: data moving between ranks
-        subs = [s for s in plan.sublayers if s.exchange is ex]
+        subs = [s for s in plan.sublayers if s.exchange is ex and s.name in shown]
         for piece in ex.pieces:
             if piece.src == piece.dst:
                 continue
@@ -161,8 +164,27 @@ def to_dot(plan: Plan, method: str = SHARED_MEMORY, algorithm=None) -> str:
             if src and dst and src is not dst and (src.name, dst.name) not in drawn:
                 drawn.add((src.name, dst.name))
                 lines.append(f'  "{src.name}" -> "{dst.name}" [style=dashed, color=gray40];')
+    if plan.pipeline is not None:
+        lines.append(_schedule_table(plan))
     lines.append("}")
     return "\n".join(lines)
+
+
+def _schedule_table(plan: Plan) -> str:
+    """A node drawn as a table: a row per worker, a column per slot of the schedule (:func:`timeline`'s
+    picture), each micro-batch in its colour, F its forward, B its backward, blank idle."""
+    pipe = plan.pipeline
+    stage = stages_of(plan)
+    placed = slot_times(pipe.schedule, pipe.micro_batches, max(stage.values()) + 1)
+    length = max(t + 1 for row in placed.values() for t, _, _ in row)
+    rows = [f'<TR><TD COLSPAN="{length + 1}"><B>{pipe.schedule}: {pipe.micro_batches} micro-batches</B></TD></TR>']
+    for rank in sorted(stage):
+        cells = ['<TD BGCOLOR="white"> </TD>'] * length
+        for t, kind, micro in placed[stage[rank]]:
+            cells[t] = f'<TD BGCOLOR="{COLOURS[micro % len(COLOURS)]}">{kind}{micro}</TD>'
+        rows.append(f"<TR><TD>worker {rank}</TD>{''.join(cells)}</TR>")
+    return ('  schedule [shape=plaintext, style="", label=<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0">'
+            + "".join(rows) + "</TABLE>>];")
 
 
 def roles_lines(cfg, the_plan) -> list[str]:

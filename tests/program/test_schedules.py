@@ -118,3 +118,12 @@ def test_evaluation_and_one_worker_are_not_pipelined_and_every_message_has_its_o
              if c.op == "Isend"]
     assert len(sends) == 4 * 3  # per micro-batch: an activation and the labels forward, a gradient back
     assert len({c.tag for c in sends}) == len(sends)
+
+
+def test_the_dot_picture_draws_micro_batch_0_and_the_schedule_as_a_table():
+    from singa_mpi.planner.render import to_dot
+
+    text = to_dot(partition(_mlp(2, 3, "gpipe"), 2))
+    assert '"fc1/mb0"' in text and "/mb1" not in text
+    table = next(line for line in text.splitlines() if line.lstrip().startswith("schedule "))
+    assert "gpipe: 3 micro-batches" in table and table.count(">F2<") == 2 and table.count(">B0<") == 2
