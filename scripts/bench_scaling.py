@@ -106,29 +106,16 @@ def place_in_stages(cfg, stages: int) -> None:
     work taken as its weights times its output positions (a convolution's pixels), the runs chosen
     to make the largest as small as it can be."""
     from singa_mpi.planner import partition
+    from singa_mpi.planner.pipeline import balanced_cuts
 
     plan = partition(cfg, 1, "train")
     layers = list(cfg.proto.neuralnet.layer)
     subs = {sub.origin: sub for sub in plan.sublayers if sub.origin is not None}
     work = [sum(s.size for s in subs[layer.name].params) * math.prod(subs[layer.name].out_shape[2:])
             if layer.name in subs else 0 for layer in layers]
-    cuts = best_cuts(work, min(stages, len(layers)))
+    cuts = balanced_cuts(work, stages)
     for index, layer in enumerate(layers):
         layer.location = sum(1 for cut in cuts if index >= cut)
-
-
-def best_cuts(work: list[int], stages: int) -> list[int]:
-    """Where ``stages`` contiguous runs of ``work`` start (the first at 0 left out), the largest run as
-    small as it can be (exhaustive over the few layers of an example net)."""
-    import itertools
-
-    best, best_cost = [], None
-    for cuts in itertools.combinations(range(1, len(work)), stages - 1):
-        bounds = (0,) + cuts + (len(work),)
-        cost = max(sum(work[a:b]) for a, b in zip(bounds, bounds[1:]))
-        if best_cost is None or cost < best_cost:
-            best, best_cost = list(cuts), cost
-    return best
 
 
 ONE_RANK_BATCH = -1  # --weak without a number: every rank keeps the 1-rank batch

@@ -13,7 +13,10 @@ search therefore
    lowers the prediction, until a full sweep changes nothing;
 3. keeps pure data parallelism (the plan with the fewest exchanges) unless the best is predicted at
    least MARGIN faster: the model's error is a few percent between two plans of one net, and on the
-   convnet a plan predicted 4% faster ran 3-12% slower.
+   convnet a plan predicted 4% faster ran 3-12% slower;
+4. ``plan --auto`` (every layer free) also prices pipelines: every layer whole, in contiguous stages
+   of about equal predicted time, one per worker, over ``PIPELINE_MICRO_BATCHES`` micro-batches in
+   GPipe and 1F1B order; one is chosen when predicted MARGIN faster than the best of the above.
 
 Plans over the memory limit per rank (params, their updater state and the activations the plan
 holds, as predicted from the plan) are skipped.  The result is a choice per layer, its predicted step,
@@ -33,6 +36,7 @@ from singa_mpi.planner import plan as make_plan
 
 CHOICES = (0, 1, -1)
 MARGIN = 0.10  # a plan other than data parallelism must be predicted this much faster to be chosen
+PIPELINE_MICRO_BATCHES = (2, 4, 8)
 
 
 @dataclasses.dataclass
@@ -43,6 +47,9 @@ class Choice:
     evaluated: int  # plans priced
     memory: int  # predicted peak bytes on the fullest rank
     rates_source: str = ""  # where the communicator's rates came from (calibrated or assumed)
+    locations: dict[str, int] = dataclasses.field(default_factory=dict)  # a pipeline's worker per layer
+    pipeline: tuple[str, int] | None = None  # (schedule, micro-batches) of a chosen pipeline
+    fastest_pipeline: "Choice | None" = None  # the best pipeline priced, chosen or not
 
 
 def with_dims(cfg: JobConfig, dims: dict[str, int]) -> JobConfig:
@@ -57,18 +64,47 @@ def with_dims(cfg: JobConfig, dims: dict[str, int]) -> JobConfig:
     return dataclasses.replace(cfg, proto=proto)
 
 
+def with_choice(cfg: JobConfig, choice: Choice) -> JobConfig:
+    """``cfg`` as ``choice`` says: partition_dims, and for a pipeline each layer's worker and the
+    ``neuralnet.pipeline`` setting."""
+    chosen = with_dims(cfg, choice.dims)
+    if choice.pipeline is None:
+        return chosen
+    for layer in chosen.proto.neuralnet.layer:
+        layer.location = choice.locations.get(layer.name, layer.location)
+    chosen.proto.neuralnet.pipeline.schedule, chosen.proto.neuralnet.pipeline.micro_batches = choice.pipeline
+    return chosen
+
+
 def plan_memory(the_plan) -> int:
     """Bytes on the fullest rank: its param shards with two more arrays each (gradient, updater
-    history) and its sub-layers' outputs with their gradients."""
+    history) and its sub-layers' outputs with their gradients; of a pipeline, the micro-batches a
+    rank holds at once (GPipe: all; 1F1B: at most its stages to go)."""
     per_rank = [0] * the_plan.nranks
     seen: set[tuple] = set()
+    held = _micro_batches_held(the_plan)
     for sub in the_plan.sublayers:
         for shard in sub.params:
             if (sub.rank, shard.name, shard.offsets) not in seen:
                 seen.add((sub.rank, shard.name, shard.offsets))
                 per_rank[sub.rank] += 3 * 4 * shard.size
-        per_rank[sub.rank] += 2 * 4 * math.prod(sub.out_shape)
+        if sub.micro < held.get(sub.rank, sub.micro + 1):
+            per_rank[sub.rank] += 2 * 4 * math.prod(sub.out_shape)
     return max(per_rank)
+
+
+def _micro_batches_held(the_plan) -> dict[int, int]:
+    """Per rank of a 1F1B pipeline, how many micro-batches' activations it holds at most (counted as
+    its first ones: they are the largest); empty otherwise (every sub-layer's output counts)."""
+    from singa_mpi.planner.pipeline import ONE_F_ONE_B
+    from singa_mpi.program.schedules import stages_of
+
+    pipe = the_plan.pipeline
+    if pipe is None or pipe.schedule != ONE_F_ONE_B:
+        return {}
+    stage = stages_of(the_plan)
+    stages = max(stage.values()) + 1
+    return {rank: min(pipe.micro_batches, stages - s) for rank, s in stage.items()}
 
 
 class Search:
@@ -80,16 +116,25 @@ class Search:
         self.prices: dict[tuple, tuple[float, int] | None] = {}
         self.names = [layer.name for layer in cfg.proto.neuralnet.layer]
 
-    def price(self, dims: dict[str, int]) -> float | None:
-        key = tuple(dims[name] for name in self.names)
+    def price(self, dims: dict[str, int], pipeline: Choice | None = None) -> float | None:
+        """The predicted step of ``dims`` (or of the pipeline ``pipeline`` describes), None where the
+        planner refuses it or it does not fit the memory limit."""
+        key = self._key(dims, pipeline)
         if key not in self.prices:
-            self.prices[key] = self._price(dims)
+            cfg = with_dims(self.cfg, dims) if pipeline is None else with_choice(self.cfg, pipeline)
+            self.prices[key] = self._price(cfg)
         found = self.prices[key]
         return None if found is None else found[0]
 
-    def _price(self, dims: dict[str, int]) -> tuple[float, int] | None:
+    def _key(self, dims: dict[str, int], pipeline: Choice | None) -> tuple:
+        key = tuple(dims[name] for name in self.names)
+        if pipeline is not None:
+            key += (tuple(sorted(pipeline.locations.items())), pipeline.pipeline)
+        return key
+
+    def _price(self, cfg: JobConfig) -> tuple[float, int] | None:
         try:
-            the_plan = make_plan(with_dims(self.cfg, dims), self.nranks, method=self.method)
+            the_plan = make_plan(cfg, self.nranks, method=self.method)
         except ConfigError:
             return None  # the planner refuses it (a loss split on features, too few outputs, ...)
         memory = plan_memory(the_plan)
@@ -97,14 +142,15 @@ class Search:
             return None
         return predict(the_plan, self.method, self.kernels, self.rates).step, memory
 
-    def memory(self, dims: dict[str, int]) -> int:
-        return self.prices[tuple(dims[name] for name in self.names)][1]
+    def memory(self, dims: dict[str, int], pipeline: Choice | None = None) -> int:
+        return self.prices[self._key(dims, pipeline)][1]
 
 
 def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limit: int | None = None,
-           free: list[str] | None = None) -> Choice:
+           free: list[str] | None = None, pipelines: bool = False) -> Choice:
     """The partition_dims with the lowest predicted step (see the module docstring).  ``free``: the
-    layers to choose for (default: every layer); the others keep the job's values."""
+    layers to choose for (default: every layer); the others keep the job's values.  ``pipelines``:
+    also price pipelines of the whole net over the workers (step 4)."""
     search = Search(cfg, nranks, method, kernels, rates, memory_limit)
     names = search.names
     free = list(dict.fromkeys(names if free is None else free))
@@ -137,7 +183,37 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
     data_price = search.price(data)
     if data_price is not None and best_price > data_price * (1 - MARGIN):
         best, best_price = data, data_price  # not clearly better: the simplest plan
-    return Choice(best, best_price, data_price, len(search.prices), search.memory(best), rates.source)
+    choice = Choice(best, best_price, data_price, len(search.prices), search.memory(best), rates.source)
+    if pipelines and nranks > 1 and set(free) == set(names):
+        piped = _best_pipeline(search, kernels, rates)
+        choice.fastest_pipeline = piped
+        if piped is not None and piped.step < best_price * (1 - MARGIN):
+            choice = dataclasses.replace(piped, data_parallel=data_price, evaluated=len(search.prices),
+                                         fastest_pipeline=piped)
+    return choice
+
+
+def _best_pipeline(search: Search, kernels, rates) -> Choice | None:
+    """The fastest pipeline: every layer whole, contiguous stages of about equal predicted time (the
+    1-worker plan's forward and backward per layer), one per worker; each schedule and micro-batch
+    count priced."""
+    from singa_mpi.planner import partition
+    from singa_mpi.planner.pipeline import SCHEDULES, balanced_cuts
+
+    whole = {name: -1 for name in search.names}
+    serial = predict(partition(search.cfg, 1, "train"), search.method, kernels, rates)
+    per_layer = {cost.name: cost.forward + cost.backward for cost in serial.layers}
+    work = [per_layer.get(name, 0.0) for name in search.names]
+    cuts = balanced_cuts(work, search.nranks)
+    locations = {name: sum(1 for cut in cuts if index >= cut) for index, name in enumerate(search.names)}
+    best = None
+    for schedule in SCHEDULES:
+        for micro in PIPELINE_MICRO_BATCHES:
+            candidate = Choice(whole, 0.0, None, 0, 0, rates.source, locations, (schedule, micro))
+            price = search.price(whole, candidate)
+            if price is not None and (best is None or price < best.step):
+                best = dataclasses.replace(candidate, step=price, memory=search.memory(whole, candidate))
+    return best
 
 
 def original_dims(cfg: JobConfig) -> dict[str, int]:
@@ -150,9 +226,11 @@ def auto_layers(cfg: JobConfig) -> list[str]:
 
 
 def choose_for_job(cfg: JobConfig, nworkers: int, method: str = "shared_memory", every_layer: bool = False,
-                   memory_limit: int | None = None, recalibrate: bool = False, nodes: int = 1) -> Choice:
-    """The choice on ``nworkers`` for the job's `auto` layers (``every_layer``: for all, as ``plan --auto``),
-    with this machine's kernel times (timed now or read from the cache) and communicator rates."""
+                   memory_limit: int | None = None, recalibrate: bool = False, nodes: int = 1,
+                   pipelines: bool = False) -> Choice:
+    """The choice on ``nworkers`` for the job's `auto` layers (``every_layer``: for all, as ``plan --auto``;
+    ``pipelines``: pipelines priced too), with this machine's kernel times (timed now or read from the
+    cache) and communicator rates."""
     from singa_mpi import threads
     from singa_mpi.cost import rates
     from singa_mpi.cost.kernels import KernelTimes, corunners_for
@@ -162,7 +240,7 @@ def choose_for_job(cfg: JobConfig, nworkers: int, method: str = "shared_memory",
     with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each
         kernels = KernelTimes(recalibrate=recalibrate, corunners=corunners_for(-(-nworkers // nodes)))
         choice = choose(cfg, nworkers, method, kernels, rates.network(nworkers, nodes), memory_limit,
-                        free=None if every_layer else auto_layers(cfg))
+                        free=None if every_layer else auto_layers(cfg), pipelines=pipelines)
     kernels.save()
     return choice
 
@@ -199,7 +277,7 @@ def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalib
     from google.protobuf import text_format
 
     choice = choose_for_job(cfg, nworkers, sync, every_layer=True, memory_limit=memory_limit,
-                            recalibrate=recalibrate, nodes=nodes)
+                            recalibrate=recalibrate, nodes=nodes, pipelines=True)
     names = {"0": "batch", "1": "features", "-1": "whole (worker 0)"}
     before = original_dims(cfg)
     method = "allreduce" if nodes > 1 else sync  # as choose_for_job prices it
@@ -207,11 +285,19 @@ def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalib
              f"{choice.evaluated} plans priced (communicator rates: {choice.rates_source})"]
     for name, dim in choice.dims.items():
         mark = "" if before.get(name) == dim else f"   (the job: {before.get(name)})"
-        lines.append(f"  {name:<24} partition_dim {dim:>2}  {names[str(dim)]}{mark}")
+        where = f"whole on worker {choice.locations[name]}" if choice.pipeline else names[str(dim)]
+        lines.append(f"  {name:<24} partition_dim {dim:>2}  {where}{mark}")
+    if choice.pipeline:
+        lines.append(f"  a pipeline: schedule {choice.pipeline[0]}, {choice.pipeline[1]} micro-batches "
+                     f"(neuralnet.pipeline)")
     data = f"{1e3 * choice.data_parallel:.2f} ms" if choice.data_parallel is not None else "refused by the planner"
     lines.append(f"predicted step {1e3 * choice.step:.2f} ms ("
                  f"peak {choice.memory / 2**20:.1f} MiB on the fullest rank); every layer on the batch: {data}")
-    chosen = with_dims(cfg, choice.dims)
+    piped = choice.fastest_pipeline
+    if piped is not None and choice.pipeline is None:
+        lines.append(f"the fastest pipeline ({piped.pipeline[0]}, {piped.pipeline[1]} micro-batches, stages of about "
+                     f"equal time): {1e3 * piped.step:.2f} ms")
+    chosen = with_choice(cfg, choice)
     job_text = (f"# {cfg.path} with partition_dim chosen by `singa-mpi plan --auto -n {nworkers}` "
                 f"(predicted {1e3 * choice.step:.2f} ms a step)\n" + text_format.MessageToString(chosen.proto))
     return lines, job_text

@@ -42,6 +42,36 @@ def pipeline_of(proto, phase: str, nranks: int) -> Pipeline | None:
     return Pipeline(net.pipeline.micro_batches, net.pipeline.schedule)
 
 
+def balanced_cuts(work: list[float], stages: int) -> list[int]:
+    """Where ``stages`` contiguous runs of ``work`` (per layer, in the net's order) start, the first at 0
+    left out, with the largest run as small as it can be: binary search on that largest run, each
+    candidate checked greedily (linear), then the runs it allows."""
+    stages = max(1, min(stages, len(work)))
+
+    def runs_within(limit: float) -> list[int] | None:
+        cuts, total = [], 0.0
+        for index, w in enumerate(work):
+            if w > limit:
+                return None
+            if total + w > limit:
+                cuts.append(index)
+                total = 0.0
+            total += w
+        return cuts if len(cuts) < stages else None
+
+    lo, hi = max(work, default=0.0), float(sum(work))
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if runs_within(mid) is not None else (mid, hi)
+    cuts = runs_within(hi) or []
+    # every stage holds a layer: split the longest runs until there are ``stages`` of them
+    bounds = [0] + cuts + [len(work)]
+    while len(bounds) - 1 < stages:
+        longest = max(range(len(bounds) - 1), key=lambda i: bounds[i + 1] - bounds[i])
+        bounds.insert(longest + 1, (bounds[longest] + bounds[longest + 1]) // 2)
+    return bounds[1:-1]
+
+
 def micro_name(name: str, micro: int) -> str:
     """A sub-layer's name in micro-batch ``micro`` (``fc1@0/mb1``)."""
     return f"{name}/mb{micro}"
@@ -75,5 +105,6 @@ def refused_schedule(cfg, plan, err: ConfigError) -> ConfigError:
                        f"expected a placement where each worker holds one contiguous run of layers{advice}")
 
 
-__all__ = ["Pipeline", "pipeline_of", "micro_name", "join_blocks", "refused_schedule", "SCHEDULES", "GPIPE",
+__all__ = ["Pipeline", "pipeline_of", "micro_name", "join_blocks", "refused_schedule", "balanced_cuts", "SCHEDULES",
+           "GPIPE",
            "ONE_F_ONE_B"]

@@ -1,0 +1,49 @@
+"""plan --auto prices pipelines (every layer whole, stages of about equal predicted time, GPipe and 1F1B
+over 2, 4 and 8 micro-batches) beside the partitionings, and chooses one only where it is predicted
+clearly faster; the memory it predicts counts what each schedule holds."""
+from google.protobuf import text_format
+
+import nets
+from cost_support import RowKernels
+from singa_mpi.config.load import parse_job
+from singa_mpi.cost.auto import choose, plan_memory, with_choice
+from singa_mpi.cost.rates import Link, Rates
+from singa_mpi.planner import ALLREDUCE, partition
+
+SLOW, FAST = Link(1e-3, 1e5), Link(1e-9, 1e12)
+
+
+def _mlp(tmp_path, scheme="data", batch=32):
+    data = nets.make_data(str(tmp_path / "d.h5"), 64, (12,), 5)
+    return nets.job(nets.mlp(data, batch, scheme, 2))
+
+
+def test_a_pipeline_is_chosen_where_only_point_to_point_messages_are_cheap(tmp_path):
+    """Sums of replicas and collectives dear, messages between two workers cheap: the data split pays
+    the param sync, the feature split its collectives, the pipeline neither."""
+    cfg = _mlp(tmp_path)
+    choice = choose(cfg, 2, ALLREDUCE, RowKernels(), Rates(1e10, FAST, SLOW, SLOW, "test"), pipelines=True)
+    assert choice.pipeline is not None and choice.pipeline[0] in ("gpipe", "1f1b")
+    assert set(choice.dims.values()) == {-1}
+    assert sorted(set(choice.locations.values())) == [0, 1]
+    assert choice.step < 0.9 * min(choice.data_parallel, 1e9)
+    chosen = with_choice(cfg, choice)  # the job it writes: plans, and its text reads back the same
+    assert partition(chosen, 2).pipeline.micro_batches == choice.pipeline[1]
+    again = parse_job(text_format.MessageToString(chosen.proto), "chosen.conf")
+    assert again.proto.neuralnet.pipeline == chosen.proto.neuralnet.pipeline
+
+
+def test_no_pipeline_unless_asked_or_clearly_faster(tmp_path):
+    cfg = _mlp(tmp_path)
+    cheap = Rates(1e10, FAST, FAST, FAST, "test")
+    choice = choose(cfg, 2, ALLREDUCE, RowKernels(), cheap, pipelines=True)
+    assert choice.pipeline is None and choice.fastest_pipeline is not None
+    assert choose(cfg, 2, ALLREDUCE, RowKernels(), Rates(1e10, FAST, SLOW, SLOW, "test")).pipeline is None
+
+
+def test_1f1b_is_predicted_to_hold_fewer_activations_than_gpipe(tmp_path):
+    gpipe = nets.job(nets.pipelined(nets.mlp("/tmp/unused.h5", 64, "stages", 2), 8, "gpipe"))
+    one_f_one_b = nets.job(nets.pipelined(nets.mlp("/tmp/unused.h5", 64, "stages", 2), 8, "1f1b"))
+    plain = nets.job(nets.mlp("/tmp/unused.h5", 64, "stages", 2))
+    assert plan_memory(partition(gpipe, 2)) == plan_memory(partition(plain, 2))  # every micro-batch held
+    assert plan_memory(partition(one_f_one_b, 2)) < plan_memory(partition(gpipe, 2))
