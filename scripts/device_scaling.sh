@@ -8,9 +8,11 @@
 #   there:          bash scripts/device_scaling.sh scaling        (strong and weak scaling, auto)
 #                   bash scripts/device_scaling.sh peer-cost      (PyTorch DDP, predicted vs measured,
 #                                                                  the 16-rank profile)
+#                   bash scripts/device_scaling.sh pipeline       (pipelines of 2 and 4 stages, 1F1B and
+#                                                                  GPipe over 4 and 8 micro-batches)
 #                   (the device tool: run(command="bash scripts/device_scaling.sh scaling",
 #                    carry=["wheels"]); the results come back from $OUT)
-#   rehearsal here: SINGA_DEVICE_DRY_RUN=1 bash scripts/device_scaling.sh all   (1-2 ranks, ~2 minutes)
+#   rehearsal here: SINGA_DEVICE_DRY_RUN=1 bash scripts/device_scaling.sh all   (1-2 ranks, ~1 minute)
 #                   bash scripts/device_scaling.sh check-wheels   (are the carried wheels all there?)
 #
 # Environment:
@@ -36,9 +38,11 @@ budget=${SINGA_DEVICE_BUDGET:-270}
 deadline=$(( $(date +%s) + budget ))
 
 if [ "$dry" = 1 ]; then
-  ranks=(1 2) cost_ranks=(2) profile_ranks=2 nets=(mnist_mlp) steps=(--steps 2)
+  ranks=(1 2) cost_ranks=(2) profile_ranks=2 nets=(mnist_mlp) steps=(--steps 2) pipe_ranks=(1 2)
+  pipe_schemes=(1f1b-4)
 else
   ranks=(1 2 4 8 16) cost_ranks=(4 8 16) profile_ranks=16 nets=(mnist_mlp cifar10_convnet) steps=(--steps 20)
+  pipe_ranks=(1 2 4) pipe_schemes=(pipeline 1f1b-4 gpipe-4 1f1b-8)  # a stage per rank: the nets have 13-14 layers
 fi
 weak_rows=64  # rows per rank in weak scaling
 
@@ -61,8 +65,9 @@ if [ "$part" = check-wheels ]; then
   exit $?
 fi
 case $part in
-  scaling|peer-cost|all) ;;
-  *) echo "device_scaling: unknown part '$part': expected scaling, peer-cost, all or check-wheels" >&2; exit 2 ;;
+  scaling|peer-cost|pipeline|all) ;;
+  *) echo "device_scaling: unknown part '$part': expected scaling, peer-cost, pipeline, all or check-wheels" >&2
+     exit 2 ;;
 esac
 
 mkdir -p "$out"
@@ -153,6 +158,12 @@ if [ "$part" = peer-cost ] || [ "$part" = all ]; then
   fi
   stage cost 90 python3 scripts/bench_cost.py --ranks "${cost_ranks[@]}" --nets "${nets[@]}" --schemes data feature hybrid \
     --repeat 1 "${steps[@]}" --json "$out/cost.json"
+fi
+if [ "$part" = pipeline ] || [ "$part" = all ]; then
+  stage pipelines 200 python3 scripts/bench_scaling.py --ranks "${pipe_ranks[@]}" --nets "${nets[@]}" \
+    --schemes "${pipe_schemes[@]}" --repeat 1 "${steps[@]}" --json "$out/pipelines.json"
+  stage pipeline-cost 60 python3 scripts/bench_cost.py --ranks "${pipe_ranks[@]:1}" --nets "${nets[@]}" \
+    --schemes "${pipe_schemes[@]}" --repeat 1 "${steps[@]}" --json "$out/pipeline-cost.json"
 fi
 
 echo "== device_scaling $part: done [${done_stages[*]}], cut short [${cut[*]}], failed [${failed[*]}]," \

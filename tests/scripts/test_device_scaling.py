@@ -40,8 +40,8 @@ def test_the_wheel_check_names_what_is_missing_for_this_python(tmp_path):
 def test_an_unknown_part_is_one_line():
     proc = run_script(["everything"], {}, 60)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("device_scaling: unknown part 'everything': expected scaling, peer-cost, all "
-                                   "or check-wheels")
+    assert proc.stderr.strip() == ("device_scaling: unknown part 'everything': expected scaling, peer-cost, "
+                                   "pipeline, all or check-wheels")
 
 
 @pytest.mark.slow
@@ -65,6 +65,9 @@ def test_the_dry_run_runs_every_stage_and_keeps_its_results(tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("== device_scaling all: done [strong weak auto calibrate ")
     assert "profile" in last.split("], cut short")[0] and "failed []" in last
+    assert "pipelines pipeline-cost]" in last.split(", cut short")[0]
+    pipelines = json.loads((out / "pipelines.json").read_text())["summary"]
+    assert {(row["scheme"], row["ranks"]) for row in pipelines} == {("1f1b-4", 1), ("1f1b-4", 2)}
     assert (out / "device_scaling.log").read_text().strip().splitlines()[-1] == last
     if machine["torch"] is None:
         assert "== peer: skipped: PyTorch is not importable here" in proc.stdout
