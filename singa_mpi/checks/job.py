@@ -15,12 +15,12 @@ import math
 from singa_mpi.algorithms import ALGORITHMS, algorithm_class, algorithm_name
 from singa_mpi.checks.checkpoint_paths import missing_checkpoint_paths
 from singa_mpi.checks.phase import PhaseSummary, check_phase
-from singa_mpi.checks.pipeline import check_pipeline
 from singa_mpi.config import unroll
 from singa_mpi.config.load import AUTO, JobConfig, is_test_only
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import Node
 from singa_mpi.net import layer_error
+from singa_mpi.planner.pipeline import check_pipeline
 from singa_mpi.proto import job_pb2
 from singa_mpi.registry import selected_name
 from singa_mpi.topology import check_cluster_supported

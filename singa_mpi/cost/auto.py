@@ -51,6 +51,14 @@ class Choice:
     pipeline: tuple[str, int] | None = None  # (schedule, micro-batches) of a chosen pipeline
     fastest_pipeline: "Choice | None" = None  # the best pipeline priced, chosen or not
 
+    def describe(self) -> str:
+        """The line a launch prints about it."""
+        if self.pipeline is not None:
+            stages = len(set(self.locations.values()))
+            return (f"partition_dim: auto chose a pipeline: every layer whole in {stages} stages, schedule "
+                    f"{self.pipeline[0]} over {self.pipeline[1]} micro-batches (predicted step {1e3 * self.step:.2f} ms)")
+        return "partition_dim: auto chose " + ", ".join(f"{name} {dim}" for name, dim in self.dims.items())
+
 
 def with_dims(cfg: JobConfig, dims: dict[str, int]) -> JobConfig:
     """A copy of ``cfg`` whose layers have these partition_dims (names missing keep theirs)."""
@@ -263,7 +271,9 @@ def resolve_auto_layers(cfg, nworkers: int, method: str = "shared_memory"):
     free = auto_layers(cfg)
     if not free:
         return cfg, None
-    choice = choose_for_job(cfg, nworkers, method) if nworkers > 1 else None
+    choice = choose_for_job(cfg, nworkers, method, pipelines=True) if nworkers > 1 else None
+    if choice is not None and choice.pipeline is not None:
+        return with_choice(resolved(cfg, choice.dims), choice), f"{choice.describe()} on {nworkers} worker(s)"
     dims = choice.dims if choice is not None else {name: 0 for name in free}
     chosen = ", ".join(f"{name} {dims[name]}" for name in dict.fromkeys(free))
     predicted = f" (predicted step {1e3 * choice.step:.2f} ms)" if choice is not None else ""

@@ -92,10 +92,11 @@ def _check_command(cfg: JobConfig, request: Request) -> None:
 
 
 def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
-             chosen: dict[str, int] | None = None) -> Launch:
+             chosen=None) -> Launch:
     """The launch of the job ``read`` (:func:`read_job`) on ``world``; ``chosen``: rank 0's
-    partition_dim for each `auto` layer (one worker: every layer on the batch).  Pure."""
-    from singa_mpi.cost.auto import auto_layers, resolved
+    :class:`~singa_mpi.cost.auto.Choice` for the `auto` layers (their partition_dims, or a pipeline of
+    the whole net; one worker: every layer on the batch).  Pure."""
+    from singa_mpi.cost.auto import auto_layers, resolved, with_choice
 
     cfg, summary = read
     phases = tuple(phases_of(cfg) if request.trains else ["test"])
@@ -103,9 +104,11 @@ def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
         cfg = resolved(cfg, {name: 0 for name in auto_layers(cfg)})
         return Launch(cfg, summary, None, phases, None, request.workspace_of(cfg), request.options.steps, ())
     notes = []
-    if chosen:
-        notes.append("partition_dim: auto chose " + ", ".join(f"{name} {dim}" for name, dim in chosen.items()))
-    cfg = _copy(resolved(cfg, chosen))
+    if chosen is not None:
+        notes.append(chosen.describe())
+    cfg = _copy(resolved(cfg, chosen.dims if chosen is not None else None))
+    if chosen is not None and chosen.pipeline is not None:
+        cfg = with_choice(cfg, chosen)
     topo, note = topology_of(cfg, world.size)
     notes += [note] if note else []
     built = job_programs(cfg, topo.workers_per_group, phases, servers=topo.servers_separate,

@@ -158,11 +158,12 @@ def _read_and_claim(the_launch: Launch, request: Request, is_root: bool) -> Chec
     return initial
 
 
-def _auto_dims(world, read, facts: World) -> dict[str, int] | None:
-    """Rank 0's choice for the job's `partition_dim: auto` layers, on every rank (one choice: kernel
-    timings differ between ranks).  Every rank calls this; None where there is nothing to choose or
-    rank 0 could not (its phase-1 error then reaches every rank)."""
-    dims = None
+def _auto_dims(world, read, facts: World):
+    """Rank 0's choice (:class:`~singa_mpi.cost.auto.Choice`) for the job's `partition_dim: auto` layers,
+    on every rank (one choice: kernel timings differ between ranks); a net whose every layer is `auto`
+    may become a pipeline.  Every rank calls this; None where there is nothing to choose or rank 0
+    could not (its phase-1 error then reaches every rank)."""
+    choice = None
     if world.rank == 0 and read is not None:
         try:
             from singa_mpi.cost.auto import auto_layers, choose_for_job
@@ -172,10 +173,10 @@ def _auto_dims(world, read, facts: World) -> dict[str, int] | None:
             if auto_layers(cfg):
                 topo, _ = topology_of(cfg, world.size)
                 method = sync_method(topo, facts)
-                dims = choose_for_job(cfg, topo.workers_per_group, method, nodes=facts.nodes).dims
+                choice = choose_for_job(cfg, topo.workers_per_group, method, nodes=facts.nodes, pipelines=True)
         except (SingaError, MemoryError):
-            dims = None
-    return world.root_value(dims, "partition_dim: auto")
+            choice = None
+    return world.root_value(choice, "partition_dim: auto")
 
 
 def _claim(the_launch: Launch, request: Request, is_root: bool) -> None:

@@ -8,12 +8,18 @@ block plans side by side: every sub-layer and connection layer once per block, n
 as before (a rank's blocks of one layer share its params; their gradients add up to the whole batch's
 before the one sync and update of the step).  In which order a rank runs its blocks' passes is the
 schedule's (:mod:`singa_mpi.program.schedules`).
+
+:func:`check_pipeline` refuses what a pipelined step cannot run (``check`` calls it, and so does the
+planner for any job it pipelines, however the job was made: by hand, by ``plan --auto``).
 """
 from __future__ import annotations
 
 import dataclasses
 
+from singa_mpi.algorithms import algorithm_name
 from singa_mpi.errors import ConfigError
+from singa_mpi.layers.base import layer_class_of
+from singa_mpi.net import global_batch_size, layer_error, phase_nodes
 from singa_mpi.planner.chunk import chunk
 
 GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
@@ -72,6 +78,53 @@ def balanced_cuts(work: list[float], stages: int) -> list[int]:
     return bounds[1:-1]
 
 
+# why each algorithm's step cannot be cut into micro-batches
+_ALGORITHM_REFUSALS = {
+    "kCD": "contrastive divergence runs Gibbs rounds over the whole batch between its passes, no forward "
+           "and backward per block of rows",
+    "kBPTT": "BPTT carries each sequence's hidden state from one batch to the next in its recurrent layers, "
+             "which a pipeline's blocks of rows would each have to carry apart",
+}
+
+
+def check_pipeline(cfg) -> None:
+    """ConfigError (file:line, the field, what was expected) for the first thing a pipelined training
+    step cannot run; nothing without ``neuralnet.pipeline``."""
+    net = cfg.proto.neuralnet
+    if not net.HasField("pipeline"):
+        return
+    conf = net.pipeline
+    if conf.schedule not in SCHEDULES:
+        raise _fail(cfg, "schedule", f"neuralnet.pipeline.schedule = {conf.schedule!r}: expected one of "
+                                     f"{', '.join(repr(s) for s in SCHEDULES)}")
+    micro = conf.micro_batches
+    if micro < 1:
+        raise _fail(cfg, "micro_batches", f"neuralnet.pipeline.micro_batches = {micro}: expected a positive count")
+    if micro == 1:
+        return  # one block: the unpipelined step
+    nodes = phase_nodes(cfg, "train")
+    batch = global_batch_size(cfg, nodes)
+    if micro > batch:
+        raise _fail(cfg, "micro_batches", f"neuralnet.pipeline.micro_batches = {micro}: expected at most the "
+                                          f"training batch's {batch} rows (each micro-batch holds at least one)")
+    alg = algorithm_name(cfg.proto.train_one_batch)
+    if alg in _ALGORITHM_REFUSALS:
+        raise _fail(cfg, "micro_batches", f"neuralnet.pipeline.micro_batches = {micro}: a pipeline cannot run "
+                                          f"{alg}: {_ALGORITHM_REFUSALS[alg]}; expected micro_batches: 1 "
+                                          f"(or no pipeline) for this job")
+    for node in nodes:
+        cls = layer_class_of(node.conf)
+        reason = cls.micro_batch_refusal or cls.batch_split_refusal
+        if reason:
+            raise layer_error(cfg, node, "type", node.type_name,
+                              f"a layer that can run on micro-batches of rows: {reason}; remove "
+                              f"neuralnet.pipeline (or set micro_batches: 1) to train this net")
+
+
+def _fail(cfg, field: str, message: str) -> ConfigError:
+    return ConfigError(f"{cfg.where('neuralnet', 'pipeline', field)}: {message}")
+
+
 def micro_name(name: str, micro: int) -> str:
     """A sub-layer's name in micro-batch ``micro`` (``fc1@0/mb1``)."""
     return f"{name}/mb{micro}"
@@ -105,6 +158,6 @@ def refused_schedule(cfg, plan, err: ConfigError) -> ConfigError:
                        f"expected a placement where each worker holds one contiguous run of layers{advice}")
 
 
-__all__ = ["Pipeline", "pipeline_of", "micro_name", "join_blocks", "refused_schedule", "balanced_cuts", "SCHEDULES",
+__all__ = ["Pipeline", "pipeline_of", "check_pipeline", "micro_name", "join_blocks", "refused_schedule", "balanced_cuts", "SCHEDULES",
            "GPIPE",
            "ONE_F_ONE_B"]

@@ -36,7 +36,7 @@ from singa_mpi.graph import Node
 from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, LayerContext
 from singa_mpi.net import global_batch_size, instantiate, layer_error, phase_nodes
 from singa_mpi.planner.chunk import chunk
-from singa_mpi.planner.pipeline import Pipeline, join_blocks, pipeline_of
+from singa_mpi.planner.pipeline import Pipeline, check_pipeline, join_blocks, pipeline_of
 from singa_mpi.planner.regions import (Piece, Region, as_array, classify, overlap_sizes, pieces, pieces_from,
                                       pieces_to)
 
@@ -224,6 +224,8 @@ def partition(cfg: JobConfig, nranks: int, phase: str = "train") -> Plan:
     built = instantiate(cfg, nodes, lambda n: LayerContext(global_batch=batch, phase=phase))
     order = [node for node, _, _ in built]
     pipe = pipeline_of(cfg.proto, phase, nranks)
+    if pipe is not None:
+        check_pipeline(cfg)  # what a micro-batch cannot run is refused here too, however the job was made
     blocks = []  # per micro-batch (one: the whole batch), its sub-layers and exchanges
     for rows in pipe.blocks(batch) if pipe is not None else [(0, batch)]:
         placed: dict[str, _Placed] = {}

@@ -103,8 +103,9 @@ def test_each_rank_reads_and_checks_the_job_once_and_takes_rank_0s_auto_choice(t
     monkeypatch.setattr(describing, "load_job", lambda path: reads.append(threading.get_ident()) or original_load(path))
     monkeypatch.setattr(describing, "validate", lambda cfg: reads.append(-1) or original_validate(cfg))
 
-    def choose(cfg, nworkers, method, nodes):
+    def choose(cfg, nworkers, method, nodes, pipelines):
         choices.append(nworkers)
+        assert pipelines  # a net whose every layer is auto may become a pipeline
         return Choice({name: 1 if name.startswith(("fc", "act")) else 0 for name in auto_layers(cfg)}, 0.1, None, 1, 0)
     monkeypatch.setattr("singa_mpi.cost.auto.choose_for_job", choose)
     seen = {}
@@ -123,6 +124,35 @@ def test_each_rank_reads_and_checks_the_job_once_and_takes_rank_0s_auto_choice(t
         assert program == launched.program("train", launched.method, rank)
         dims = {layer.name: layer.partition_dim for layer in cfg.proto.neuralnet.layer}
         assert dims["fc1"] == 1 and dims["fc3"] == 1
+
+
+def test_rank_0s_auto_choice_may_be_a_pipeline_that_every_rank_runs(tmp_path, monkeypatch):
+    """A net whose every layer is `auto`, for which the cost model chose a pipeline: every rank plans
+    the stages and micro-batches rank 0 chose and runs its part of the pipelined program."""
+    data = nets.make_data(str(tmp_path / "d.h5"), 32, (12,), 5)
+    conf = tmp_path / "auto.conf"
+    conf.write_text(nets.mlp(data, 8, "data", steps=1).replace("neuralnet { partition_dim: 0",
+                                                               "neuralnet { partition_dim: auto", 1))
+
+    def choose(cfg, nworkers, method, nodes, pipelines):
+        names = [layer.name for layer in cfg.proto.neuralnet.layer]
+        return Choice(dict.fromkeys(names, -1), 0.1, None, 1, 0, "test",
+                      {name: int(i >= 4) for i, name in enumerate(names)}, ("1f1b", 2))
+    monkeypatch.setattr("singa_mpi.cost.auto.choose_for_job", choose)
+    seen = {}
+
+    def body(trainer, initial):
+        net = trainer.runtime.build_net("train")
+        seen[trainer.runtime.rank] = (net.program, trainer.runtime.pipeline())
+        return 0
+
+    request = Request(str(conf), lambda cfg: str(tmp_path / "ws"), RunOptions())
+    codes = run_ranks(2, lambda comm: run_parallel(comm, request, body, StopSignals(), None), timeout=120)
+    assert codes == [0, 0]
+    for rank, (program, pipeline) in seen.items():
+        assert pipeline == ("1f1b", 2, 2)
+        assert any(line.endswith("/mb1") for line in program.lines())
+
 
 
 def test_the_launch_path_takes_few_parameters():

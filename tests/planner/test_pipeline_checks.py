@@ -1,4 +1,5 @@
-"""`check` on neuralnet.pipeline: one line naming file:line, the field or layer, and what was expected."""
+"""`check` on neuralnet.pipeline, and the planner, which refuses the same: one line naming file:line,
+the field or layer, and what was expected."""
 import pytest
 
 import nets
@@ -56,3 +57,11 @@ def test_contrastive_divergence_is_refused_saying_why():
 
 def test_one_micro_batch_is_the_unpipelined_step_and_refuses_nothing():
     validate(nets.job(nets.pipelined(nets.convnet("/tmp/unused.h5", 8, "stages", 2, bn=True), 1)))
+
+
+def test_the_planner_refuses_what_check_refuses_however_the_job_was_made():
+    from singa_mpi.planner import partition
+
+    text = nets.pipelined(nets.convnet("/tmp/unused.h5", 8, "stages", 2, bn=True), 2)
+    with pytest.raises(ConfigError, match="layer 'bn1' .*mean and variance of the whole batch"):
+        partition(nets.job(text), 2)
