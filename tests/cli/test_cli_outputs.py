@@ -144,10 +144,9 @@ def test_the_line_says_what_to_do(capsys, below_a_file, unchecked):
 def test_plan_auto_output_the_file_system_refuses(capsys, below_a_file, unchecked, monkeypatch):
     from singa_mpi.cost import auto
 
-    class Choice:  # the cost model's choice (its own tests time kernels; here only the writing counts)
-        dims, step, memory, evaluated, data_parallel, rates_source = {"fc1": 0}, 1e-3, 2**20, 1, 1e-3, "test"
-
-    monkeypatch.setattr(auto, "choose_for_job", lambda *a, **k: Choice())
+    # the cost model's choice (its own tests time kernels; here only the writing counts)
+    choice = auto.Choice({"fc1": 0}, 1e-3, 1e-3, 1, 2**20, "test")
+    monkeypatch.setattr(auto, "choose_for_job", lambda *a, **k: choice)
     monkeypatch.setattr(auto, "original_dims", lambda cfg: {"fc1": 0})
     monkeypatch.setattr(auto, "with_dims", lambda cfg, dims: cfg)
     line = one_line_exit_3(capsys, ["plan", DIGITS, "-n", "2", "--auto", "-o", f"{below_a_file}/auto.conf"])
