@@ -90,8 +90,10 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: in
 
 def pipeline_of_scheme(scheme: str) -> tuple[str, int] | None:
     """("gpipe" or "1f1b", micro-batches) of a scheme named ``gpipe-M`` or ``1f1b-M``, else None."""
+    from singa_mpi.planner.pipeline import SCHEDULES
+
     name, _, count = scheme.partition("-")
-    return (name, int(count)) if name in ("gpipe", "1f1b") and count.isdigit() and int(count) > 0 else None
+    return (name, int(count)) if name in SCHEDULES and count.isdigit() and int(count) > 0 else None
 
 
 def scheme_name(text: str) -> str:
@@ -106,16 +108,15 @@ def place_in_stages(cfg, stages: int) -> None:
     work taken as its weights times its output positions (a convolution's pixels), the runs chosen
     to make the largest as small as it can be."""
     from singa_mpi.planner import partition
-    from singa_mpi.planner.pipeline import balanced_cuts
+    from singa_mpi.planner.pipeline import balanced_stages
 
     plan = partition(cfg, 1, "train")
     layers = list(cfg.proto.neuralnet.layer)
     subs = {sub.origin: sub for sub in plan.sublayers if sub.origin is not None}
     work = [sum(s.size for s in subs[layer.name].params) * math.prod(subs[layer.name].out_shape[2:])
             if layer.name in subs else 0 for layer in layers]
-    cuts = balanced_cuts(work, stages)
-    for index, layer in enumerate(layers):
-        layer.location = sum(1 for cut in cuts if index >= cut)
+    for layer, stage in zip(layers, balanced_stages(work, stages)):
+        layer.location = stage
 
 
 ONE_RANK_BATCH = -1  # --weak without a number: every rank keeps the 1-rank batch

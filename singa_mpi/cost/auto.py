@@ -206,14 +206,13 @@ def _best_pipeline(search: Search, kernels, rates) -> Choice | None:
     1-worker plan's forward and backward per layer), one per worker; each schedule and micro-batch
     count priced."""
     from singa_mpi.planner import partition
-    from singa_mpi.planner.pipeline import SCHEDULES, balanced_cuts
+    from singa_mpi.planner.pipeline import SCHEDULES, balanced_stages
 
     whole = {name: -1 for name in search.names}
     serial = predict(partition(search.cfg, 1, "train"), search.method, kernels, rates)
     per_layer = {cost.name: cost.forward + cost.backward for cost in serial.layers}
     work = [per_layer.get(name, 0.0) for name in search.names]
-    cuts = balanced_cuts(work, search.nranks)
-    locations = {name: sum(1 for cut in cuts if index >= cut) for index, name in enumerate(search.names)}
+    locations = dict(zip(search.names, balanced_stages(work, search.nranks)))
     best = None
     for schedule in SCHEDULES:
         for micro in PIPELINE_MICRO_BATCHES:

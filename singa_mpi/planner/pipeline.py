@@ -48,10 +48,10 @@ def pipeline_of(proto, phase: str, nranks: int) -> Pipeline | None:
     return Pipeline(net.pipeline.micro_batches, net.pipeline.schedule)
 
 
-def balanced_cuts(work: list[float], stages: int) -> list[int]:
-    """Where ``stages`` contiguous runs of ``work`` (per layer, in the net's order) start, the first at 0
-    left out, with the largest run as small as it can be: binary search on that largest run, each
-    candidate checked greedily (linear), then the runs it allows."""
+def balanced_stages(work: list[float], stages: int) -> list[int]:
+    """The stage of each layer (``work``: per layer, in the net's order) in ``stages`` contiguous runs,
+    the largest run as small as it can be: binary search on that largest run, each candidate checked
+    greedily (linear), then the runs it allows."""
     stages = max(1, min(stages, len(work)))
 
     def runs_within(limit: float) -> list[int] | None:
@@ -75,7 +75,7 @@ def balanced_cuts(work: list[float], stages: int) -> list[int]:
     while len(bounds) - 1 < stages:
         longest = max(range(len(bounds) - 1), key=lambda i: bounds[i + 1] - bounds[i])
         bounds.insert(longest + 1, (bounds[longest] + bounds[longest + 1]) // 2)
-    return bounds[1:-1]
+    return [sum(1 for cut in bounds[1:-1] if index >= cut) for index in range(len(work))]
 
 
 # why each algorithm's step cannot be cut into micro-batches
@@ -158,6 +158,6 @@ def refused_schedule(cfg, plan, err: ConfigError) -> ConfigError:
                        f"expected a placement where each worker holds one contiguous run of layers{advice}")
 
 
-__all__ = ["Pipeline", "pipeline_of", "check_pipeline", "micro_name", "join_blocks", "refused_schedule", "balanced_cuts", "SCHEDULES",
+__all__ = ["Pipeline", "pipeline_of", "check_pipeline", "micro_name", "join_blocks", "refused_schedule", "balanced_stages", "SCHEDULES",
            "GPIPE",
            "ONE_F_ONE_B"]

@@ -46,7 +46,11 @@ def stages_of(plan) -> dict[int, int]:
     """Each rank's pipeline stage: the position, among the ranks' first layers in the net's order,
     of its own first layer (micro-batch 0's).  Ranks that meet in a collective (a stage split over
     them, or an exchange between a split stage and its neighbour) take the earliest stage among them:
-    a collective's members must reach their micro-batches' calls in one order."""
+    a collective's members must reach their micro-batches' calls in one order.  Kept with the plan:
+    every rank's program asks."""
+    kept = plan.__dict__.get("_stages")
+    if kept is not None:
+        return kept
     order = {name: i for i, name in enumerate(plan.origins)}
     first: dict[int, int] = {}
     for sub in plan.sublayers:
@@ -62,7 +66,8 @@ def stages_of(plan) -> dict[int, int]:
                     if first[rank] != earliest:
                         first[rank], changed = earliest, True
     starts = sorted(set(first.values()))
-    return {rank: starts.index(start) for rank, start in first.items()}
+    kept = plan.__dict__["_stages"] = {rank: starts.index(start) for rank, start in first.items()}
+    return kept
 
 
 def pipelined_train(plan, rank: int, units: list[Unit]) -> list[Action]:
