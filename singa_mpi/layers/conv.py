@@ -220,6 +220,11 @@ class Convolution(Layer):
                   bias=self.params[1].data if self.bias else None)
         return y
 
+    def release(self) -> None:
+        super().release()
+        if self.fourier is not None:
+            self.fourier.release()
+
     def backward(self, grad, need):
         if self.via_fourier:
             dw, dx = self.fourier.backward(grad, need[0])
@@ -417,7 +422,7 @@ class LRN(Layer):
     """
 
     feature_partitionable = False
-    per_batch = ("x", "norm")
+    per_batch = ("x", "norm", "scale")
 
     def setup(self, src_shapes):
         conf = self.conf.lrn_conf

@@ -190,3 +190,7 @@ class FourierConvolution:
         dx_hat = np.matmul(self.w_hat, g_hat)  # (bins, C, B)
         dx = self._signal(dx_hat, *self.in_hw, at=self.pad)
         return dw, np.ascontiguousarray(dx, grad.dtype)
+
+    def release(self) -> None:
+        """Drop the spectra kept for backward (a pipelined step frees a micro-batch's after its backward)."""
+        self.x_hat = self.w_hat = None
