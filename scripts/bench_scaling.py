@@ -20,7 +20,10 @@ Schemes: data = every layer partition_dim 0; feature = inner-product/convolution
 element-wise layers after them partition_dim 1 (LRN, loss and input stay on the batch); hybrid =
 convolution part on the batch, inner products on features (for the MLP: the first three layers on
 the batch, the last three on features); pipeline (not run by default: it cannot scale, one worker
-waits while the other computes) = whole layers, the first half on worker 0 and the rest on worker 1.
+waits while the other computes) = whole layers, the first half on worker 0 and the rest on worker 1;
+gpipe-M, 1f1b-M = that pipeline over M micro-batches.  Any scheme followed by ``+det`` (or ``+detN``)
+runs it in deterministic mode with blocks of 16 (N) rows: ``--schemes data data+det`` measures what
+the mode costs, side by side.
 
 Each run prints a line as it ends, each scheme once measured the table so far; Ctrl-C or SIGTERM
 (a time limit) prints the table of the runs done.
@@ -55,6 +58,9 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: in
     ``gpipe-M``, ``1f1b-M``: whole layers in ``stages`` stages (M micro-batches)."""
     from singa_mpi.proto import job_pb2
 
+    scheme, block_rows = deterministic_of_scheme(scheme)
+    if block_rows:
+        cfg.proto.deterministic.block_rows = block_rows
     layers = list(cfg.proto.neuralnet.layer)
     if scheme == "auto":
         for layer in layers:
@@ -96,11 +102,26 @@ def pipeline_of_scheme(scheme: str) -> tuple[str, int] | None:
     return (name, int(count)) if name in SCHEDULES and count.isdigit() and int(count) > 0 else None
 
 
+DETERMINISTIC_SUFFIX = "+det"
+
+
+def deterministic_of_scheme(scheme: str) -> tuple[str, int]:
+    """(the scheme, deterministic mode's block rows or 0) of ``SCHEME+detN`` (N rows per block, default 16):
+    the scheme in deterministic mode (docs/deterministic.md)."""
+    base, _, rows = scheme.partition(DETERMINISTIC_SUFFIX)
+    if base == scheme:
+        return scheme, 0
+    return base, int(rows) if rows.isdigit() and int(rows) > 0 else 16
+
+
 def scheme_name(text: str) -> str:
-    """An argparse type: one of SCHEME_NAMES, or a pipelined scheme (gpipe-M, 1f1b-M)."""
-    if text in SCHEME_NAMES or pipeline_of_scheme(text):
+    """An argparse type: one of SCHEME_NAMES, or a pipelined scheme (gpipe-M, 1f1b-M), any of them with
+    ``+det`` or ``+detN`` (deterministic mode, N rows per block)."""
+    base, rows = deterministic_of_scheme(text)
+    if (base in SCHEME_NAMES or pipeline_of_scheme(base)) and (rows or text == base):
         return text
-    raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(SCHEME_NAMES)}, gpipe-M or 1f1b-M")
+    raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(SCHEME_NAMES)}, gpipe-M or 1f1b-M, "
+                                     f"optionally followed by +det or +detN (deterministic mode)")
 
 
 def place_in_stages(cfg, stages: int) -> None:

@@ -102,6 +102,7 @@ def cmd_train(args) -> int:
     options.check_finite = args.check_finite
     options.workers = args.workers
     options.debug = args.debug  # the communication table's bookkeeping rows too
+    options.deterministic = args.deterministic
     return run_training(str(job_path), lambda cfg: resolve_workspace(cfg, args.workspace), options)
 
 
@@ -376,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="print per-layer compute and communication per step at the end "
                         "(always written to WORKSPACE/profile.json)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="bitwise-identical training on any number of workers (the job's deterministic setting, "
+                        "on; docs/deterministic.md)")
     p.add_argument("--no-check-finite", dest="check_finite", action="store_false",
                    help="do not stop at the first NaN or infinity (by default every step checks the input "
                         "batches, the loss and other metrics, and the gradients before the update; the first "

@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 from typing import Callable, Iterable
 
-from singa_mpi.config.load import JobConfig, layers_for_phase
+from singa_mpi.config.load import JobConfig, deterministic_block_rows, layers_for_phase
 from singa_mpi.errors import ConfigError, LayerFailure
 from singa_mpi.graph import Node, is_back_edge, topological_order
 from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, LayerContext, layer_class_of
@@ -280,9 +280,10 @@ def build_serial_net(cfg: JobConfig, phase: str, seed: int, workspace: str,
     """The whole net of ``phase`` in one process (no partitioning)."""
     nodes = phase_nodes(cfg, phase)
     batch = global_batch_size(cfg, nodes)
+    block_rows = deterministic_block_rows(cfg.proto)
 
     def make_ctx(node: Node) -> LayerContext:
-        return LayerContext(global_batch=batch, seed=seed, workspace=workspace, phase=phase)
+        return LayerContext(global_batch=batch, seed=seed, workspace=workspace, phase=phase, block_rows=block_rows)
 
     built = instantiate(cfg, nodes, make_ctx)
     by_name = {node.name: layer for node, layer, _ in built}

@@ -39,6 +39,11 @@ class Param:
                    :mod:`singa_mpi.sync.shared_memory`).
     queue:         None, or a :class:`GradientQueue` that holds this param's products
                    ``a @ b`` until a runtime has communication to hide them behind.
+    row_terms:     deterministic mode: the step's per-row terms ``(left, right)`` (``add_rows``),
+                   formed into ``grad`` by :func:`rows_product` / :func:`rows_sum` when it is read;
+                   a sync strategy first puts every worker's rows in (the whole batch's).
+    rows_gathered: a sync strategy gathers this param's rows from every worker (deterministic mode):
+                   ``finish_grad`` leaves them for it.
     """
 
     def __init__(self, conf: job_pb2.ParamProto, logical_shape: Shape, shard: tuple[tuple[int, int], ...]):
@@ -55,6 +60,8 @@ class Param:
         self.fresh = False  # True after zero_grad: the next contribution overwrites instead of adding
         self.factors = None
         self.queue: GradientQueue | None = None
+        self.row_terms: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self.rows_gathered = False
         self.from_checkpoint = False  # no init: its values must come from checkpoint_path
 
     def region(self) -> tuple:
@@ -68,12 +75,32 @@ class Param:
     def grad(self) -> np.ndarray | None:
         if self.pending:
             self._flush()
+        if self.row_terms:
+            self._form_rows()
         return self._grad
 
     @grad.setter
     def grad(self, value: np.ndarray | None) -> None:
         self.pending = []
         self._grad = value
+
+    def add_rows(self, left: np.ndarray, right: np.ndarray | None = None) -> None:
+        """Deterministic mode: grad += leftᵀ·right over the rows (an inner product's weight), or the
+        column sums of ``left`` (a bias).  Kept as the rows themselves until the gradient is read, so
+        that a sync strategy can put the whole batch's rows in first: the gradient is then one fixed
+        computation over the batch, whichever worker computed which rows."""
+        self.row_terms.append((left, right))
+
+    def _form_rows(self) -> None:
+        terms, self.row_terms = self.row_terms, []
+        for left, right in terms:
+            if self.fresh:
+                form_rows(left, right, self._grad)
+                self.fresh = False
+            else:
+                term = np.empty_like(self._grad)
+                form_rows(left, right, term)
+                self._grad += term
 
     def _flush(self) -> None:
         """The pending products as one GEMM (a single one as it is: the result is then bitwise what
@@ -90,6 +117,7 @@ class Param:
         """Start a new gradient.  Lazy: the first ``add_grad`` writes instead of adding,
         which saves a pass over memory and a temporary per parameter each step."""
         self.pending = []
+        self.row_terms = []
         self.fresh = True
 
     def add_grad(self, a: np.ndarray, b: np.ndarray | None = None) -> None:
@@ -134,6 +162,10 @@ class Param:
             self.queue.run()
         if self.pending:
             self._flush()
+        if self.rows_gathered:
+            return  # the sync strategy forms it from every worker's rows
+        if self.row_terms:
+            self._form_rows()
         if self.fresh:
             if self.factors is not None:
                 self.factors.clear()
@@ -143,6 +175,19 @@ class Param:
 
     def __repr__(self) -> str:
         return f"Param({self.name!r}, shape={self.data.shape}, logical={self.logical_shape})"
+
+
+def form_rows(left: np.ndarray, right: np.ndarray | None, out: np.ndarray) -> None:
+    """out = leftᵀ·right (rows × any, rows × any), or the column sums of ``left`` without ``right``:
+    deterministic mode's one computation of a gradient from its per-row terms.  Both operands are
+    made C-contiguous first, so that the BLAS call (its shapes, strides and transposition flags) is
+    the same whether the rows are a worker's own or gathered from every worker: the same call on
+    the same numbers gives the same bits (``tests/determinism`` checks that the BLAS in use does)."""
+    left = np.ascontiguousarray(left)
+    if right is None:
+        np.add.reduce(left, axis=0, out=out)
+    else:
+        np.matmul(left.T, np.ascontiguousarray(right), out=out)
 
 
 def gemm_add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

@@ -9,6 +9,7 @@ Rules, measured on a 2-core VM with ``scripts/bench_threads.py`` (it prints the 
   launcher started on this node, unless it bound each rank to cores of its own (Open MPI's default
   ``--bind-to core`` for 2 ranks, ``--bind-to socket`` beyond; :func:`sharing_ranks`).  Serially that is
   a thread per core.
+* Deterministic mode: one thread (:func:`work_per_step`), whatever the cores.
 * Except for small nets: below ``SMALL_WORK`` multiply-adds per forward pass and worker (the default
   job: 3.2 million; mnist_mlp 770 million, the CIFAR-10 convnet 1.1 billion) a step spends little in
   BLAS, so a second thread gains little (0.42 vs 0.45 ms a step, the fastest of 5 runs) and costs
@@ -117,7 +118,13 @@ def work_per_step(cfg, summary, nworkers: int = 1) -> float | None:
     the job has no train net.
 
     ``summary``: what checking the job found (:class:`singa_mpi.checks.job.Summary`): each phase's
-    layers with their output shapes and batch, and the params' logical shapes."""
+    layers with their output shapes and batch, and the params' logical shapes.
+
+    Deterministic mode: 0 (one thread).  OpenBLAS splits a product between its threads in a way that
+    changes its bits (measured: a 16x784 by 784x2500 sgemm differs between 1 and 2 threads), so every
+    rank of every run to be compared computes with one."""
+    if cfg.proto.HasField("deterministic"):
+        return 0.0
     train = next((phase for phase in summary.phases if phase.phase == "train"), None)
     if train is None:
         return None

@@ -250,3 +250,15 @@ def test_no_oversubscription_warning_under_open_mpis_default_binding(tmp_path):
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "oversubscribe" not in out.stderr, out.stderr
+
+
+def test_deterministic_mode_computes_with_one_thread():
+    """OpenBLAS's threads change a product's bits: every rank of a deterministic run uses one."""
+    from singa_mpi.checks.job import validate
+    from singa_mpi.config.load import load_job
+
+    cfg = load_job(str(ROOT / "conf" / "mnist_mlp.conf"))
+    cfg.proto.deterministic.SetInParent()
+    work = threads.work_per_step(cfg, validate(cfg))
+    assert threads.choose_threads(16, 1, {}, work) == 1
+    assert threads.choose_threads(16, 1, {"OMP_NUM_THREADS": "4"}, work) == 4  # the user still wins

@@ -20,6 +20,7 @@ from singa_mpi.config.load import AUTO, JobConfig, is_test_only
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import Node
 from singa_mpi.net import layer_error
+from singa_mpi.planner.deterministic import check_deterministic
 from singa_mpi.planner.pipeline import check_pipeline
 from singa_mpi.proto import job_pb2
 from singa_mpi.registry import selected_name
@@ -62,6 +63,7 @@ def validate(cfg: JobConfig) -> Summary:
     for phase in phases:
         summaries.append(check_phase(cfg, phase, params, warnings))
     check_pipeline(cfg)
+    check_deterministic(cfg)
     warnings += missing_checkpoint_paths(cfg)  # a job of a chain before the one it starts from ran
     from singa_mpi.updaters import make_updater  # deferred: keeps `check` light
 

@@ -155,6 +155,12 @@ def effective_partition_dim(job: job_pb2.JobProto, layer: job_pb2.LayerProto) ->
     return job.neuralnet.partition_dim
 
 
+def deterministic_block_rows(job: job_pb2.JobProto) -> int | None:
+    """Deterministic mode's rows per canonical block, or None when the job does not ask for the mode
+    (`deterministic { ... }`, or `train --deterministic`, which sets it)."""
+    return job.deterministic.block_rows if job.HasField("deterministic") else None
+
+
 def is_test_only(job: job_pb2.JobProto) -> bool:
     """A job that only tests, run by SINGA with ``-test`` (char-rnn's sample.conf): no train_steps,
     test_steps > 0; no updater or test_freq needed.  ``singa-mpi test`` runs it, ``train`` refuses it."""

@@ -18,7 +18,8 @@ from singa_mpi.checks.job import Summary, validate
 from singa_mpi.config.load import JobConfig, effective_partition_dim, is_test_only, load_job
 from singa_mpi.errors import ConfigError
 from singa_mpi.launcher.options import TEST, Request, options_to_agree
-from singa_mpi.planner.syncs import ALLREDUCE, METHODS, SHARED_MEMORY
+from singa_mpi.planner.deterministic import deterministic_of
+from singa_mpi.planner.syncs import ALLREDUCE, DETERMINISTIC, SHARED_MEMORY
 from singa_mpi.program.build import SERVERS
 from singa_mpi.program.job import JobPrograms, job_programs
 from singa_mpi.topology import Topology, check_supported, topology
@@ -67,6 +68,8 @@ def read_job(request: Request) -> tuple[JobConfig, Summary]:
         _as_one_group(cfg)
     if options.seed is not None:
         cfg.proto.seed = options.seed
+    if options.deterministic:
+        cfg.proto.deterministic.SetInParent()  # the job's own block_rows where it sets them
     summary = validate(cfg)
     _check_command(cfg, request)
     return cfg, summary
@@ -112,7 +115,7 @@ def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
     topo, note = topology_of(cfg, world.size)
     notes += [note] if note else []
     built = job_programs(cfg, topo.workers_per_group, phases, servers=topo.servers_separate,
-                         method=sync_method(topo, world))
+                         method=sync_method(topo, world, deterministic_of(cfg.proto) is not None))
     facts = run_facts(cfg, request) + job_facts(cfg, built)
     return Launch(cfg, summary, topo, phases, built, request.workspace_of(cfg), request.options.steps,
                   tuple(facts), tuple(notes))
@@ -126,12 +129,15 @@ def _copy(cfg: JobConfig) -> JobConfig:
     return dataclasses.replace(cfg, proto=proto)
 
 
-def sync_method(topo: Topology, world: World) -> str:
-    """How world-replicated params sync: through the servers beside them; else in node-shared memory
-    when the world offers it; else bucketed Allreduce (always for distributed Hogwild's groups:
-    their exchanges write every replica, which node-shared chunks cannot take)."""
+def sync_method(topo: Topology, world: World, deterministic: bool = False) -> str:
+    """How world-replicated params sync: through the servers beside them; in deterministic mode by
+    gathering their gradient rows; else in node-shared memory when the world offers it; else bucketed
+    Allreduce (always for distributed Hogwild's groups: their exchanges write every replica, which
+    node-shared chunks cannot take)."""
     if topo.servers_separate:
         return SERVERS
+    if deterministic:
+        return DETERMINISTIC
     if world.shared_memory and len(topo.worker_groups) == 1:
         return SHARED_MEMORY
     return ALLREDUCE
@@ -194,4 +200,4 @@ def job_facts(cfg: JobConfig, built: JobPrograms) -> list[tuple[str, str]]:
     """The whole job, the plugins' code, and the communication schedule under each sync method."""
     job = hashlib.sha256(cfg.proto.SerializeToString(deterministic=True)).hexdigest()[:16]
     facts = [("the job", job), ("the plugins loaded", ", ".join(plugins.fingerprints()) or "none")]
-    return facts + [(f"the communication schedule ({method})", built.digest(method)) for method in METHODS]
+    return facts + [(f"the communication schedule ({method})", built.digest(method)) for method in built.methods]

@@ -26,6 +26,7 @@ class RunOptions:
     profile: bool = False  # print the per-layer compute/communication table at the end
     check_finite: bool = True  # stop at the first NaN/inf in inputs, metrics or gradients (exit 5)
     debug: bool = False  # --debug: also the communication table's bookkeeping rows
+    deterministic: bool = False  # --deterministic: the job's deterministic setting, on (its default blocks)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,6 +98,8 @@ def resume_command(trainer: Trainer, options: RunOptions, environ=None) -> str:
         words += ["--plugin", spec]
     if not options.check_finite:
         words.append("--no-check-finite")
+    if options.deterministic:
+        words.append("--deterministic")
     return shlex.join(words + ["--resume"])
 
 

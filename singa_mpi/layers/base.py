@@ -128,6 +128,8 @@ class LayerContext:
     stream:        (g, G): this net belongs to worker group g of G, which reads global batches
                    g, g + G, g + 2G, ... of the data order (each group its own part of the
                    data, as SINGA's groups are); (0, 1) for one group.
+    block_rows:    deterministic mode's canonical blocks of rows (products over rows run one
+                   block at a time, param gradients from per-row terms); None: the default mode.
     """
 
     global_batch: int = 1
@@ -139,6 +141,7 @@ class LayerContext:
     phase: str = "train"
     allreduce: Callable[[np.ndarray], np.ndarray] | None = None
     stream: tuple[int, int] = (0, 1)
+    block_rows: int | None = None
 
     def rows(self) -> tuple[int, int]:
         return self.batch_slice if self.batch_slice is not None else (0, self.global_batch)
@@ -172,6 +175,13 @@ class ParamSpec:
     @property
     def shard_shape(self) -> Shape:
         return tuple(hi - lo for lo, hi in self.shard)
+
+
+def row_blocks(rows: int, block_rows: int) -> list[tuple[int, int]]:
+    """Deterministic mode's canonical blocks of ``rows`` rows that start on a block's first row:
+    ``[lo, hi)`` of each, ``block_rows`` long but the last.  A worker's rows are whole blocks (the
+    planner's split), so a block holds the same rows, and its GEMM the same shapes, on any worker."""
+    return [(lo, min(lo + block_rows, rows)) for lo in range(0, rows, block_rows)]
 
 
 class Layer:
@@ -208,6 +218,12 @@ class Layer:
     # The arrays a forward pass keeps for its backward (besides ``data``, ``grad`` and ``aux``):
     # :meth:`release` drops them once a pipeline's micro-batch is done with this layer.
     per_batch: ClassVar[tuple[str, ...]] = ()
+    # Deterministic mode covers this layer: its outputs and gradients are computed row by row, or
+    # its products over rows block by block (``ctx.block_rows``) and its param gradients as per-row
+    # terms (``Param.add_rows``), so any split of the batch gives the same bits.  Opt in: a layer
+    # that sums over the batch some other way would silently break the mode.
+    deterministic: ClassVar[bool] = False
+    deterministic_refusal: ClassVar[str] = ""  # why not (else a generic reason)
 
     def __init__(self, conf: job_pb2.LayerProto, ctx: LayerContext | None = None):
         self.conf = conf

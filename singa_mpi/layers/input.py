@@ -72,6 +72,8 @@ class RecordInput(Layer):
     kCSVInput defaults ``backend`` to "textfile".
     """
 
+    deterministic = True  # row by row: any split of the batch gives the same bits
+
     is_input = True
     feature_partitionable = False
     num_srcs = (0, 0)
@@ -247,6 +249,8 @@ class ImagePreprocess(Layer):
     SINGA draws offsets in [0, H - cropsize) (never the last one); here the
     range is [0, H - cropsize].
     """
+
+    deterministic = True  # row by row: any split of the batch gives the same bits
 
     input_kinds = ("data",)
     feature_partitionable = False

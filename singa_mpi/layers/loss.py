@@ -23,6 +23,8 @@ from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError
 class _Loss(Layer):
     """Shared by the losses: whole rows only, two sources, running metric sums."""
 
+    deterministic = True  # row by row: any split of the batch gives the same bits
+
     is_loss = True
     feature_partitionable = False
     num_srcs = (2, 2)

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from singa_mpi.errors import DataError
-from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape
+from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape, row_blocks
 from singa_mpi.proto import job_pb2
 
 
@@ -30,6 +30,7 @@ class InnerProduct(Layer):
 
     connection = ONE_TO_ALL
     per_batch = ("x",)
+    deterministic = True
 
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         conf = self.conf.innerproduct_conf
@@ -50,6 +51,15 @@ class InnerProduct(Layer):
         self.in_shape = inputs[0].shape
         x = inputs[0].reshape(len(inputs[0]), -1)  # (batch, in_dim)
         self.x = x
+        if self.ctx.block_rows is None:
+            return self._product(x)
+        w = self.params[0].data
+        y = np.empty((len(x), w.shape[1] if self.transpose else w.shape[0]), x.dtype)
+        for lo, hi in row_blocks(len(x), self.ctx.block_rows):  # deterministic: one GEMM per canonical block
+            y[lo:hi] = self._product(x[lo:hi])
+        return y
+
+    def _product(self, x: np.ndarray) -> np.ndarray:
         w = self.params[0].data
         if self.transpose:
             y = x @ w  # (batch, out)
@@ -68,20 +78,34 @@ class InnerProduct(Layer):
 
     def backward(self, grad: np.ndarray, need: list[bool]) -> list[np.ndarray | None]:
         w = self.params[0]
-        if self.transpose:
-            w.add_grad(self.x.T, grad)  # (in, out)
+        blocks = self.ctx.block_rows
+        if blocks is not None:  # deterministic: the rows themselves, formed once every worker's are in
+            w.add_rows(self.x, grad) if self.transpose else w.add_rows(grad, self.x)
+            if self.bias:
+                self.params[1].add_rows(grad)
         else:
-            w.add_grad(grad.T, self.x)  # (out, in)
-        if self.bias:
-            self.params[1].add_grad(grad.sum(axis=0))
+            if self.transpose:
+                w.add_grad(self.x.T, grad)  # (in, out)
+            else:
+                w.add_grad(grad.T, self.x)  # (out, in)
+            if self.bias:
+                self.params[1].add_grad(grad.sum(axis=0))
         if not need[0]:
             return [None]
-        dx = grad @ w.data.T if self.transpose else grad @ w.data  # (batch, in)
+        wt = w.data.T if self.transpose else w.data
+        if blocks is None:
+            dx = grad @ wt  # (batch, in)
+        else:
+            dx = np.empty((len(grad), wt.shape[1]), grad.dtype)
+            for lo, hi in row_blocks(len(grad), blocks):
+                dx[lo:hi] = grad[lo:hi] @ wt
         return [dx.reshape(self.in_shape)]
 
 
 class _Elementwise(Layer):
     """y = f(x) element by element; any slice of rows or features works unchanged."""
+
+    deterministic = True
 
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         return tuple(src_shapes[0])
@@ -231,6 +255,8 @@ def softmax(x: np.ndarray) -> np.ndarray:
 class Softmax(Layer):
     """Softmax over the flattened features (``num_softmax_per_instance`` groups per row)."""
 
+    deterministic = True
+
     connection = ONE_TO_ALL
     feature_partitionable = False
     per_batch = ("y",)
@@ -329,6 +355,8 @@ class OneHot(Layer):
     that copy t of an unrolled net encodes step t (SINGA's ``src.data(unroll_index)``).
     Split on features, a sub-layer writes columns ``ctx.feature_slice`` of the rows.
     """
+
+    deterministic = True
 
     connection = ONE_TO_ALL  # every column shard needs all the ids
 

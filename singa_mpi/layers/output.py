@@ -26,6 +26,8 @@ class Accuracy(Layer):
     label, accuracy/count = rows.  Output: the predictions, unchanged.
     """
 
+    deterministic = True  # row by row: any split of the batch gives the same bits
+
     input_kinds = ("data", "aux")
     num_srcs = (2, 2)
     feature_partitionable = False
@@ -61,6 +63,8 @@ class ArgSort(Layer):
 
     Ties go to the lower index, like argmax.
     """
+
+    deterministic = True  # row by row: any split of the batch gives the same bits
 
     feature_partitionable = False
 

@@ -102,6 +102,8 @@ class ShardData(RecordInput):
 class _Parser(Layer):
     """A layer of SINGA 0.1's ParserLayer family: one kShardData source, whole rows."""
 
+    deterministic = True  # row by row: any split of the batch gives the same bits
+
     input_kinds = ("data",)
     feature_partitionable = False
     feature_split_refusal = "a parser turns whole records into features and labels"

@@ -36,6 +36,8 @@ from singa_mpi.graph import Node
 from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, LayerContext
 from singa_mpi.net import global_batch_size, instantiate, layer_error, phase_nodes
 from singa_mpi.planner.chunk import chunk
+from singa_mpi.planner.deterministic import (Deterministic, check_deterministic, deterministic_of, refuse_in_plan,
+                                              refuse_summing_exchanges)
 from singa_mpi.planner.pipeline import Pipeline, check_pipeline, join_blocks, pipeline_of
 from singa_mpi.planner.regions import (Piece, Region, as_array, classify, overlap_sizes, pieces, pieces_from,
                                       pieces_to)
@@ -181,6 +183,7 @@ class Plan:
     origins: dict[str, Node]  # original layer name -> node
     shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # logical per-sample outputs
     pipeline: Pipeline | None = None  # micro-batches and their schedule (a pipelined training step)
+    deterministic: Deterministic | None = None  # canonical blocks of rows (deterministic mode)
 
     def on_rank(self, rank: int) -> list[SubLayer]:
         """``rank``'s sub-layers in execution order (indexed once: every rank's schedule asks)."""
@@ -226,18 +229,23 @@ def partition(cfg: JobConfig, nranks: int, phase: str = "train") -> Plan:
     pipe = pipeline_of(cfg.proto, phase, nranks)
     if pipe is not None:
         check_pipeline(cfg)  # what a micro-batch cannot run is refused here too, however the job was made
+    mode = deterministic_of(cfg.proto)
+    if mode is not None:
+        check_deterministic(cfg)  # likewise
     blocks = []  # per micro-batch (one: the whole batch), its sub-layers and exchanges
     for rows in pipe.blocks(batch) if pipe is not None else [(0, batch)]:
         placed: dict[str, _Placed] = {}
-        base_ctx = LayerContext(global_batch=batch, phase=phase)
+        base_ctx = LayerContext(global_batch=batch, phase=phase, block_rows=mode.block_rows if mode else None)
         for node, logical, _ in built:
             placed[node.name] = _place(cfg, node, logical, nranks, base_ctx, placed, rows)
         _mark_needs_grad(order, placed)
         blocks.append(_connect(cfg, order, placed, nranks))
     sublayers, exchanges = blocks[0] if pipe is None else join_blocks(blocks)
     _check_every_rank_busy(sublayers, nranks, order)
+    if mode is not None:
+        refuse_summing_exchanges(cfg, exchanges)
     plan_ = Plan(phase, nranks, batch, sublayers, exchanges, _param_syncs(cfg, placed, sublayers),
-                 {n.name: n for n in order}, {n.name: placed[n.name].out_shape for n in order}, pipe)
+                 {n.name: n for n in order}, {n.name: placed[n.name].out_shape for n in order}, pipe, mode)
     return plan_
 
 
@@ -266,6 +274,7 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
         pdim = -1  # inherited from the net: this layer runs whole on its location, its neighbours split
     if nranks == 1:
         pdim = -1 if pdim == -1 else 0  # one worker: every layer is whole on rank 0
+    refuse_in_plan(cfg, node, pdim, nranks)
     if pdim == -1:
         if node.conf.location >= nranks:
             raise layer_error(cfg, node, "location", node.conf.location,
@@ -275,14 +284,21 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
         if batch < nranks:
             raise layer_error(cfg, node, "partition_dim", 0,
                               f"a batch of at least {nranks} rows to split over {nranks} workers ({of_what})")
-        ranks = {r: (_rows_of(block, nranks, r), None) for r in range(nranks)}
+        if base_ctx.block_rows is not None and -(-batch // base_ctx.block_rows) < nranks:
+            blocks = -(-batch // base_ctx.block_rows)
+            raise layer_error(cfg, node, "partition_dim", 0,
+                              f"at least {nranks} canonical blocks of rows to split over {nranks} workers in "
+                              f"deterministic mode ({of_what}: {blocks} block(s) of deterministic.block_rows = "
+                              f"{base_ctx.block_rows}); set block_rows to at most {batch // nranks} (the same in "
+                              f"every run to be compared)")
+        ranks = {r: (_rows_of(block, nranks, r, base_ctx.block_rows), None) for r in range(nranks)}
     elif cls.feature_split_rows:  # e.g. an RBM's visible layer: the partner's units split, its rows here
         units = logical.feature_units()
         if units < nranks or batch < nranks:
             raise layer_error(cfg, node, "partition_dim", 1,
                               f"at least {nranks} hidden units and batch rows to split over {nranks} workers "
                               f"(has {units} units; {of_what})")
-        ranks = {r: (_rows_of(block, nranks, r), chunk(units, nranks, r)) for r in range(nranks)}
+        ranks = {r: (_rows_of(block, nranks, r, base_ctx.block_rows), chunk(units, nranks, r)) for r in range(nranks)}
     else:
         if cls.connection != ONE_TO_ALL:
             _check_one_to_one_features(cfg, node, nfeat, placed)
@@ -305,9 +321,13 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
     return _Placed(node, pdim, layers, regions, out_shape, block)
 
 
-def _rows_of(block: tuple[int, int], nranks: int, rank: int) -> tuple[int, int]:
-    """``rank``'s share of the rows ``block`` split over ``nranks`` workers."""
-    lo, hi = chunk(block[1] - block[0], nranks, rank)
+def _rows_of(block: tuple[int, int], nranks: int, rank: int, block_rows: int | None = None) -> tuple[int, int]:
+    """``rank``'s share of the rows ``block`` split over ``nranks`` workers (deterministic mode, with
+    ``block_rows``: whole canonical blocks)."""
+    if block_rows is not None:
+        lo, hi = Deterministic(block_rows).rows_of(block[1] - block[0], nranks, rank)
+    else:
+        lo, hi = chunk(block[1] - block[0], nranks, rank)
     return block[0] + lo, block[0] + hi
 
 

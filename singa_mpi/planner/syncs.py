@@ -9,7 +9,10 @@ worker of the group (``ParamSync.ranks`` = all):
   batch-factored weight used once per rank -- its row chunk of the product
   ``a @ b`` over the stacked factors of every rank's batch rows;
 * ``allreduce``: gradients fused into buckets of up to ``BUCKET_BYTES`` and
-  summed with non-blocking Allreduce.
+  summed with non-blocking Allreduce;
+* ``deterministic`` (deterministic mode): no partial sums at all: every worker's per-row gradient
+  terms gathered in batch order by one Allgatherv, and each worker forms every gradient from the
+  whole batch's rows, as one worker alone does (:mod:`singa_mpi.planner.deterministic`).
 
 Shards replicated on a subset of the workers always take the bucket path.
 The runtime lays out its buffers from these functions, and the schedule
@@ -19,12 +22,20 @@ from __future__ import annotations
 
 import dataclasses
 
+from singa_mpi.errors import ConfigError
 from singa_mpi.planner.chunk import chunk
 from singa_mpi.planner.plan import ParamSync, Plan
 
 SHARED_MEMORY = "shared_memory"
 ALLREDUCE = "allreduce"
-METHODS = (SHARED_MEMORY, ALLREDUCE)
+DETERMINISTIC = "deterministic"
+METHODS = (SHARED_MEMORY, ALLREDUCE)  # the ways the default mode may take; deterministic mode has one
+
+
+def methods_of(plan: Plan) -> tuple[str, ...]:
+    """The sync methods a run of ``plan`` may take (the launch picks one from the world it finds)."""
+    return (DETERMINISTIC,) if plan.deterministic is not None else METHODS
+GATHER_LABEL = "allgatherv(gradient rows)"
 
 # gradient fusion: big enough to amortise latency, small enough to overlap with backward
 BUCKET_BYTES = 8 << 20
@@ -75,6 +86,7 @@ def buckets(plan: Plan, method: str) -> list[Bucket]:
 
 def _buckets(plan: Plan, method: str) -> list[Bucket]:
     shm = {(s.name, s.offsets) for s in shared_memory_syncs(plan, method)}
+    shm |= set(gathered_rows(plan, method))
     syncs = [s for s in plan.param_syncs if (s.name, s.offsets) not in shm]
     position = _use_order(plan)
     # reverse of first use: the order in which backward finishes them
@@ -117,6 +129,49 @@ def _factored_rows(plan: Plan) -> dict[ShardKey, list[int]]:
         if all(len(u) == 1 and u[0][1].batch_factored for u in uses):
             result[key] = [u[0][0].region.nrows for u in uses]
     return result
+
+
+def row_width(shape: tuple[int, ...]) -> int:
+    """Floats per batch row of a param's per-row gradient terms in deterministic mode: a 2-D (a, b)
+    param's gradient is leftᵀ·right of rows a and b wide (an inner product's output gradient and
+    input), a 1-D param's the column sums of rows as wide as it (a bias)."""
+    return sum(shape) if len(shape) == 2 else shape[0]
+
+
+def gathered_rows(plan: Plan, method: str) -> dict[ShardKey, list[int]]:
+    """Deterministic mode: the world-replicated shards whose per-row terms are gathered, with each
+    rank's batch rows (the same for all of them: the rows of every layer split on the batch), in the
+    order every rank packs them (sorted by name)."""
+    if method != DETERMINISTIC or plan.deterministic is None:
+        return {}
+    return dict(_kept(plan, ("gathered",), lambda: _gathered_rows(plan)))
+
+
+def _gathered_rows(plan: Plan) -> dict[ShardKey, list[int]]:
+    everyone = tuple(range(plan.nranks))
+    replicated = sorted((s.name, s.offsets) for s in plan.param_syncs if s.ranks == everyone)
+    rows: dict[ShardKey, dict[int, int]] = {key: {} for key in replicated}
+    for sub in plan.sublayers:
+        for shard in sub.params:
+            key = (shard.name, shard.offsets)
+            if key in rows:
+                if sub.rank in rows[key]:
+                    raise ConfigError(f"param {shard.name!r} is used by more than one layer on worker {sub.rank}: "
+                                      f"deterministic mode gathers one set of rows per param and worker so far; "
+                                      f"expected each param in one layer (no share_from) in deterministic mode")
+                rows[key][sub.rank] = sub.region.nrows
+    return {key: [per_rank[r] for r in everyone] for key, per_rank in rows.items()}
+
+
+def gather_counts(plan: Plan, method: str) -> list[int]:
+    """Floats each rank contributes to the step's one Allgatherv of gradient rows (deterministic mode)."""
+    rows = gathered_rows(plan, method)
+    counts = [0] * plan.nranks
+    for key, per_rank in rows.items():
+        width = row_width(tuple(hi - lo for lo, hi in key[1]))
+        for rank, n in enumerate(per_rank):
+            counts[rank] += n * width
+    return counts
 
 
 def shared_memory_bytes(plan: Plan, rank: int) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from singa_mpi.planner.syncs import buckets, shared_memory_bytes, shared_memory_syncs
+from singa_mpi.planner.syncs import (GATHER_LABEL, buckets, gather_counts, shared_memory_bytes,
+                                     shared_memory_syncs)
 from singa_mpi.program import rules
 from singa_mpi.program.actions import PARAMS, Action, Comm, GradsFinal, SyncGradients, Update, Wait
 from singa_mpi.program.passes import number_calls, passes
@@ -40,6 +41,7 @@ def sync_tail(plan, rank: int, method: str, actions: list[Action]) -> list[Actio
     ``GradsFinal`` of its params on this rank, then the sums' waits, the update and, with node-shared
     memory, its fences (:mod:`singa_mpi.planner.syncs` lays the buckets out).
 
+    ``method`` DETERMINISTIC: the gradient rows' one Allgatherv, before the sync's wait.
     ``method`` SERVERS (workers beside parameter-server ranks): the sums are the servers'; a
     worker's messages to them (:mod:`singa_mpi.sync.servers`) answer whichever server replies
     first, so they are no fixed list, and the tail is the sync's wait and the update alone."""
@@ -65,6 +67,7 @@ def sync_tail(plan, rank: int, method: str, actions: list[Action]) -> list[Actio
         result += starts.get(position, [])
     if not actions:
         result += [c for calls in starts.values() for c in calls]
+    result += _gather_rows(plan, rank, method)
     result.append(SyncGradients())
     shm = shared_memory_syncs(plan, method)
     if shm:
@@ -78,6 +81,18 @@ def sync_tail(plan, rank: int, method: str, actions: list[Action]) -> list[Actio
     if shm:
         result.append(_fence(rank, everyone, size, "shm(values)"))
     return result
+
+
+def _gather_rows(plan, rank: int, method: str) -> list[Comm]:
+    """Deterministic mode: the one Allgatherv of every rank's per-row gradient terms (none elsewhere)."""
+    counts = gather_counts(plan, method)
+    if not any(counts):
+        return []
+    everyone = tuple(range(plan.nranks))
+    sent = 4 * counts[rank] * (plan.nranks - 1)
+    received = 4 * (sum(counts) - counts[rank])
+    return [Comm(rank, "Allgatherv", None, everyone, None, None, (counts[rank],), "float32", GATHER_LABEL, PARAMS,
+                 f"params:{GATHER_LABEL}", sent, received, by="sync")]
 
 
 def _fence(rank: int, everyone: tuple[int, ...], size: int, label: str) -> Comm:

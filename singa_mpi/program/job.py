@@ -14,7 +14,7 @@ from singa_mpi.algorithms import make_algorithm
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner.pipeline import refused_schedule
 from singa_mpi.planner.plan import Plan, partition
-from singa_mpi.planner.syncs import METHODS
+from singa_mpi.planner.syncs import methods_of
 from singa_mpi.program import verify as proof
 from singa_mpi.program.build import SERVERS, Program, programs
 from singa_mpi.program.rules import schedule_digest, schedule_line
@@ -30,6 +30,11 @@ class JobPrograms:
     plans: Mapping[str, Plan]
     programs: Mapping[tuple[str, str], Mapping[int, Program]]  # (phase, method) -> rank -> program
     method: str | None = None
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The sync methods programs were built for (servers aside), in the order built."""
+        return tuple(dict.fromkeys(method for _, method in self.programs if method != SERVERS))
 
     def program(self, phase: str, method: str, rank: int) -> Program:
         return self.programs[(phase, method)][rank]
@@ -48,11 +53,10 @@ def job_programs(cfg, nworkers: int, phases, servers: bool = False, method: str 
     program for each sync method (``servers``: also the sync through server ranks).  ConfigError
     naming the layers when a plan cannot run or its programs could deadlock."""
     algorithm = make_algorithm(cfg.proto.train_one_batch)
-    methods = METHODS + ((SERVERS,) if servers else ())
     plans, built = {}, {}
     for phase in phases:
         plans[phase] = partition(cfg, nworkers, phase)
-        for each in methods:
+        for each in methods_of(plans[phase]) + ((SERVERS,) if servers else ()):
             built[(phase, each)] = programs(plans[phase], algorithm, each)
             try:
                 proof.verify({rank: list(prog.actions) for rank, prog in built[(phase, each)].items()})

@@ -30,7 +30,7 @@ from singa_mpi.progress import communication_table
 from singa_mpi.planner import ALLREDUCE, SHARED_MEMORY, partition
 from singa_mpi.planner.plan import Plan, SubLayer, untrained_params
 from singa_mpi.planner.schedule import digest, schedule_lines, table_label
-from singa_mpi.planner.syncs import buckets, factored_rows, shared_memory_syncs
+from singa_mpi.planner.syncs import DETERMINISTIC, buckets, factored_rows, gathered_rows, shared_memory_syncs
 from singa_mpi.program.build import SERVERS, program
 from singa_mpi.program.job import JobPrograms, job_programs
 from singa_mpi.program.passes import connection_calls
@@ -39,6 +39,7 @@ from singa_mpi.program.units import units_of_plan
 from singa_mpi.proto import job_pb2
 from singa_mpi.sync.allreduce import AllreduceSync
 from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
+from singa_mpi.sync.deterministic import DeterministicSync
 from singa_mpi.sync.hogwild import GroupDeltaSync, SharedHogwild
 from singa_mpi.sync.servers import ServerSync
 from singa_mpi.sync.shared_memory import SharedMemorySync, shared_memory_enabled
@@ -173,6 +174,8 @@ class WorkerRuntime:
         its exchanges write every replica, which node-shared chunks cannot take."""
         if self.programs is not None and self.programs.method not in (None, SERVERS):
             return self.programs.method
+        if self.plans.get("train") is not None and self.plans["train"].deterministic is not None:
+            return DETERMINISTIC
         if not shared_memory_enabled() or (self.place is not None and self.place.hogwild):
             return ALLREDUCE
         return SHARED_MEMORY if self.comm.on_one_node() else ALLREDUCE
@@ -183,7 +186,8 @@ class WorkerRuntime:
         ctx = LayerContext(global_batch=the_plan.batch, batch_slice=sub.batch_slice,
                            feature_slice=sub.feature_slice, seed=self.seed, workspace=self.workspace,
                            phase=the_plan.phase,
-                           stream=(self.group, self.place.groups) if self.place is not None else (0, 1))
+                           stream=(self.group, self.place.groups) if self.place is not None else (0, 1),
+                           block_rows=the_plan.deterministic.block_rows if the_plan.deterministic else None)
         if sub.row_group:  # batch statistics summed over the workers holding the batch's rows
             ctx.allreduce = self._row_sum(sub)
         layer = layer_class_of(node.conf)(node.conf, ctx)
@@ -227,6 +231,10 @@ class WorkerRuntime:
             return Synchronizer([SharedHogwild(self.place.node, [p for p in net.params if p.name not in frozen]),
                                  FrozenParams([p for p in net.params if p.name in frozen])], self.tracer)
         strategies = []
+        gathered = gathered_rows(the_plan, self.method)
+        if gathered:
+            keys = [key for key in gathered if key in params]
+            strategies.append(DeterministicSync(self.comm, [params[key] for key in keys], gathered[keys[0]]))
         in_shm = [params[(s.name, s.offsets)] for s in shared_memory_syncs(the_plan, self.method)]
         if in_shm:
             rows = factored_rows(the_plan)
@@ -236,6 +244,7 @@ class WorkerRuntime:
         if bucketed.buckets:
             strategies.append(bucketed)
         synced = {id(p) for p in in_shm} | {id(p) for p in bucketed.params}
+        synced |= {id(params[key]) for key in gathered if key in params}
         frozen = frozen_params(self.cfg.proto) | untrained_params(the_plan.sublayers)  # the plan syncs none
         rest = [p for p in net.params if id(p) not in synced]
         strategies.append(LocalSync([p for p in rest if p.name not in frozen]))

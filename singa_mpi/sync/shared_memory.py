@@ -52,6 +52,7 @@ class ChunkView(Param):
         self.grad = grad
         self.lo, self.hi = lo, hi
         self.factors = self.queue = None
+        self.pending, self.row_terms, self.rows_gathered = [], [], False
 
 
 class FactorSlot:

@@ -1,0 +1,92 @@
+"""Deterministic mode: the same job and seed train the same bits on any number of workers.
+
+Every rank trains the job in deterministic mode partitioned over the world and alone in one process
+(the serial run): after 30 steps the params and the updater's state must be **bitwise** equal (their
+SHA-256 digests), under every scheme the mode accepts (on the batch, whole layers placed on workers,
+a data-split stage before placed layers), with a batch the blocks divide and one they do not, and
+with momentum and an adaptive rule.  A run stopped at step 12 on this many workers and resumed on
+one ends equal to the uninterrupted serial run too.
+"""
+import hashlib
+import os
+
+import pytest
+
+import nets
+import oracle
+from conftest import agree
+
+STEPS = 30
+
+
+def _digests(ckpt) -> dict[str, str]:
+    """SHA-256 of every param and updater-state array (their bytes, not the file's)."""
+    arrays = dict(ckpt.params)
+    arrays.update({f"{name}/{slot}": value for name, slots in ckpt.updater.items() for slot, value in slots.items()})
+    return {name: hashlib.sha256(value.tobytes()).hexdigest()[:16] for name, value in sorted(arrays.items())}
+
+
+def _deterministic(text: str, block_rows: int) -> str:
+    return f"deterministic {{ block_rows: {block_rows} }}\n" + text
+
+
+def _differences(got, want) -> list[str]:
+    if got is None:  # off rank 0: the root compares the whole arrays
+        return []
+    ours, serial = _digests(got), _digests(want)
+    diff = [name for name in serial if ours.get(name) != serial[name]]
+    return [f"not bitwise equal to the serial run: {', '.join(diff)}"] if diff or sorted(ours) != sorted(serial) else []
+
+
+def _data(world, shape=(12,)) -> str:
+    tmp = os.environ["SINGA_MPI_TEST_TMP"]
+    return nets.make_data(os.path.join(tmp, f"det_data_r{world.rank}.h5"), 96, shape, 5)
+
+
+def _trains_serial_bits(world, text: str, label: str) -> None:
+    workspace = oracle.scratch(f"ws_det_{label}", world.rank)
+    parallel, serial = oracle.partitioned(text, workspace, world), oracle.serial(text, workspace)
+    oracle.train(parallel)
+    oracle.train(serial)
+    problems = _differences(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS))
+    agree(world, not problems, f"{label}: " + "; ".join(problems))
+
+
+@pytest.mark.parametrize("batch,block_rows", [(16, 4), (19, 4), (24, 3)])
+@pytest.mark.parametrize("scheme", ["data", "stages", "stages-hybrid", "pipeline"])
+def test_an_mlp_trains_the_serial_bits(world, scheme, batch, block_rows):
+    if scheme in ("stages", "stages-hybrid") and world.size > 1 and batch < world.size:
+        pytest.skip("fewer rows than workers")
+    text = _deterministic(nets.mlp(_data(world), batch, scheme, world.size, STEPS), block_rows)
+    _trains_serial_bits(world, text, f"{scheme}-b{batch}-r{block_rows}")
+
+
+@pytest.mark.parametrize("rule", ["adam", "rmsprop"])
+def test_adaptive_updaters_keep_the_serial_bits(world, rule):
+    text = _deterministic(nets.mlp(_data(world), 19, "data", world.size, STEPS, updater=nets.updater(rule)), 4)
+    _trains_serial_bits(world, text, f"updater-{rule}")
+
+
+def test_dropout_keeps_the_serial_bits(world):
+    text = _deterministic(nets.mlp_dropout(_data(world), 19, "data", steps=STEPS, nranks=world.size), 4)
+    _trains_serial_bits(world, text, "dropout")
+
+
+def test_a_run_resumed_on_one_worker_ends_with_the_serial_bits(world):
+    """Steps 0-11 on this world, a checkpoint, steps 12-29 serially from it: the uninterrupted
+    serial run's bits (what a resume on another rank count does: `train --resume` loads the same)."""
+    text = _deterministic(nets.mlp(_data(world), 19, "data", world.size, STEPS), 4)
+    workspace = oracle.scratch("ws_det_resume", world.rank)
+    first = oracle.partitioned(text, workspace, world)
+    for index in range(12):
+        oracle.step(first, index)
+    middle = world.root_value(oracle.snapshot(first, 12), "checkpoint")
+    first.runtime.close()
+    resumed, straight = oracle.serial(text, workspace + "_b"), oracle.serial(text, workspace + "_c")
+    oracle.load(resumed, middle)
+    for index in range(12, STEPS):
+        oracle.step(resumed, index)
+    for index in range(STEPS):
+        oracle.step(straight, index)
+    problems = _differences(oracle.snapshot(resumed, STEPS), oracle.snapshot(straight, STEPS))
+    agree(world, not problems, "resume: " + "; ".join(problems))

@@ -1,0 +1,105 @@
+"""Deterministic mode in the plan: a worker's rows are whole canonical blocks, and `check` (or the
+planner, for what only a plan shows) refuses what the mode does not cover in one line naming
+file:line, the field or layer, and what was expected."""
+import pytest
+
+import nets
+from singa_mpi.checks.job import validate
+from singa_mpi.errors import ConfigError
+from singa_mpi.planner import partition
+from singa_mpi.planner.deterministic import Deterministic
+from singa_mpi.planner.syncs import DETERMINISTIC, METHODS, buckets, gather_counts, gathered_rows, methods_of
+from singa_mpi.program.build import program
+from singa_mpi.algorithms import make_algorithm
+
+
+def _mode(text: str, block_rows: int = 4) -> str:
+    return f"deterministic {{ block_rows: {block_rows} }}\n" + text
+
+
+def _refusal(text: str, nranks: int | None = None) -> str:
+    with pytest.raises(ConfigError) as err:
+        cfg = nets.job(text, "job.conf")
+        validate(cfg)
+        if nranks is not None:
+            partition(cfg, nranks)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("job.conf:")
+    return message
+
+
+@pytest.mark.parametrize("batch,nranks", [(16, 2), (19, 2), (19, 3), (64, 4), (17, 4), (5, 1)])
+def test_workers_hold_whole_blocks_in_rank_order(batch, nranks):
+    mode = Deterministic(4)
+    rows = [mode.rows_of(batch, nranks, r) for r in range(nranks)]
+    assert rows[0][0] == 0 and rows[-1][1] == batch
+    assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))  # contiguous, in rank order
+    assert all(lo % 4 == 0 and (hi % 4 == 0 or hi == batch) for lo, hi in rows)  # on block boundaries
+    counts = [mode.count(hi - lo) for lo, hi in rows]
+    assert max(counts) - min(counts) <= 1  # the blocks as even as they go
+
+
+def test_a_data_split_plan_splits_on_blocks_and_gathers_every_replicated_param():
+    plan = partition(nets.job(_mode(nets.mlp("/tmp/unused.h5", 19, "data", 3, steps=2))), 3)
+    assert plan.deterministic == Deterministic(4)
+    fc1 = sorted((s.rank, s.batch_slice) for s in plan.sublayers if s.origin == "fc1")
+    assert fc1 == [(0, (0, 8)), (1, (8, 16)), (2, (16, 19))]  # 5 blocks over 3 workers: 2, 2, 1
+    assert methods_of(plan) == (DETERMINISTIC,)
+    rows = gathered_rows(plan, DETERMINISTIC)
+    assert sorted(name for name, _ in rows) == ["b_fc1", "b_fc2", "b_fc3", "w_fc1", "w_fc2", "w_fc3"]
+    assert all(per_rank == [8, 8, 3] for per_rank in rows.values())
+    assert buckets(plan, DETERMINISTIC) == []  # no partial sums at all
+    # per row: w_fc1 16 + 12, b_fc1 16, w_fc2 10 + 16, b_fc2 10, w_fc3 5 + 10, b_fc3 5
+    assert gather_counts(plan, DETERMINISTIC) == [n * 100 for n in (8, 8, 3)]
+    calls = program(plan, 1, make_algorithm(nets.job(_mode(nets.mlp("/tmp/unused.h5", 19, "data", 3))).proto
+                                             .train_one_batch), DETERMINISTIC).calls()
+    sync = [c for c in calls if c.by == "sync"]
+    assert [(c.op, c.shape) for c in sync] == [("Allgatherv", (800,))]
+
+
+def test_the_default_mode_is_unchanged():
+    plan = partition(nets.job(nets.mlp("/tmp/unused.h5", 19, "data", 3, steps=2)), 3)
+    assert plan.deterministic is None and methods_of(plan) == METHODS
+    assert sorted((s.rank, s.batch_slice) for s in plan.sublayers if s.origin == "fc1") == [
+        (0, (0, 7)), (1, (7, 13)), (2, (13, 19))]
+    assert gathered_rows(plan, DETERMINISTIC) == {}
+
+
+def test_fewer_blocks_than_workers_is_refused_saying_what_block_rows_would_do():
+    message = _refusal(_mode(nets.mlp("/tmp/unused.h5", 16, "data", 4, steps=2), 8), nranks=4)
+    assert "partition_dim" in message and "at least 4 canonical blocks" in message
+    assert "set block_rows to at most 4" in message
+
+
+def test_a_feature_split_is_refused_naming_the_layer():
+    message = _refusal(_mode(nets.mlp("/tmp/unused.h5", 16, "hybrid", 2, steps=2)), nranks=2)
+    assert "layer 'fc2'" in message and "partition_dim" in message
+    assert "a split of features cuts the sum of the input gradient" in message
+
+
+def test_a_layer_without_a_canonical_order_is_refused_naming_it():
+    message = _refusal(_mode(nets.convnet("/tmp/unused.h5", 8, "data", steps=2)))
+    assert "kCConvolution has no canonical order for its sums over the batch" in message
+    assert "remove the deterministic setting" in message
+
+
+def test_contrastive_divergence_is_refused():
+    message = _refusal(_mode(nets.rbm("/tmp/unused.h5", 8, "data", steps=2)))
+    assert "train_one_batch.alg = kCD: deterministic mode covers back-propagation (kBP) so far" in message
+
+
+@pytest.mark.parametrize("cluster,what", [("nworker_groups: 2 nserver_groups: 2", "asynchronously"),
+                                          ("server_worker_separate: true nserver_groups: 1", "order they arrive")])
+def test_asynchronous_and_server_frameworks_are_refused(cluster, what):
+    text = _mode(nets.mlp("/tmp/unused.h5", 16, "data", 2, steps=2)) + f"cluster {{ {cluster} }}\n"
+    assert what in _refusal(text)
+
+
+def test_a_pipeline_is_refused():
+    text = _mode(nets.pipelined(nets.mlp("/tmp/unused.h5", 16, "stages", 2, steps=2), 2))
+    assert "pipelines are not deterministic yet" in _refusal(text)
+
+
+def test_block_rows_must_be_positive():
+    assert "deterministic.block_rows = 0: expected a positive number" in _refusal(_mode(
+        nets.mlp("/tmp/unused.h5", 16, "data", 2, steps=2), 0))
