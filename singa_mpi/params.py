@@ -86,7 +86,8 @@ class Param:
 
     def add_rows(self, left: np.ndarray, right: np.ndarray | None = None) -> None:
         """Deterministic mode: grad += leftᵀ·right over the rows (an inner product's weight), or the
-        column sums of ``left`` (a bias).  Kept as the rows themselves until the gradient is read, so
+        column sums of ``left``, each row as many numbers as the gradient (a bias; a convolution's
+        per-block gradients, one row per block).  Kept as the rows themselves until the gradient is read, so
         that a sync strategy can put the whole batch's rows in first: the gradient is then one fixed
         computation over the batch, whichever worker computed which rows."""
         self.row_terms.append((left, right))
@@ -184,8 +185,8 @@ def form_rows(left: np.ndarray, right: np.ndarray | None, out: np.ndarray) -> No
     the same whether the rows are a worker's own or gathered from every worker: the same call on
     the same numbers gives the same bits (``tests/determinism`` checks that the BLAS in use does)."""
     left = np.ascontiguousarray(left)
-    if right is None:
-        np.add.reduce(left, axis=0, out=out)
+    if right is None:  # rows as wide as ``out`` has entries (a bias, or a convolution's per-block terms)
+        np.add.reduce(left, axis=0, out=out.reshape(-1))
     else:
         np.matmul(left.T, np.ascontiguousarray(right), out=out)
 

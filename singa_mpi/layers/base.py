@@ -224,6 +224,10 @@ class Layer:
     # that sums over the batch some other way would silently break the mode.
     deterministic: ClassVar[bool] = False
     deterministic_refusal: ClassVar[str] = ""  # why not (else a generic reason)
+    # What one of its param gradients' terms is: "rows", one per batch row (an inner product's
+    # output-gradient and input rows, grad = Σ leftᵀ·right), or "blocks", one per canonical block
+    # (a convolution's per-block weight gradient, flattened: grad = Σ over the blocks in order).
+    deterministic_terms: ClassVar[str] = "rows"
 
     def __init__(self, conf: job_pb2.LayerProto, ctx: LayerContext | None = None):
         self.conf = conf

@@ -19,7 +19,7 @@ import numpy as np
 
 from singa_mpi.layers import fft_conv
 from singa_mpi.layers.planes import move_planes
-from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape
+from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape, row_blocks
 
 
 def _pair(conf, name: str, default: int) -> tuple[int, int]:
@@ -166,6 +166,9 @@ class Convolution(Layer):
     """
 
     connection = ONE_TO_ALL
+    # deterministic mode: products per canonical block of samples, gradients as one term per block
+    deterministic = True
+    deterministic_terms = "blocks"
 
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         conf = self.conf.convolution_conf
@@ -182,6 +185,7 @@ class Convolution(Layer):
             self.declare_param(1, "bias", (conf.num_filters,), 0)
         self.scratch = _Scratch()
         self.in_hw = tuple(src_shapes[0][1:])
+        self.x = None
         self.fourier: fft_conv.FourierConvolution | None = None
         return (conf.num_filters,) + self.out_hw
 
@@ -200,6 +204,8 @@ class Convolution(Layer):
         batch, channels = x.shape[:2]
         (kh, kw), (ho, wo) = self.kernel, self.out_hw
         w = self.params[0].data
+        if self.ctx.block_rows is not None:
+            return self._forward_blocks(x, w)
         if self._use_fourier(batch, channels, len(w)):
             if self.fourier is None:
                 self.fourier = fft_conv.FourierConvolution(self.kernel, self.pad, self.in_hw, self.out_hw)
@@ -226,6 +232,8 @@ class Convolution(Layer):
             self.fourier.release()
 
     def backward(self, grad, need):
+        if self.ctx.block_rows is not None:
+            return self._backward_blocks(grad, need)
         if self.via_fourier:
             dw, dx = self.fourier.backward(grad, need[0])
             self.params[0].add_grad(dw)
@@ -247,15 +255,24 @@ class Convolution(Layer):
             self.params[1].add_grad(g.sum(axis=1) if g is not None else grad.sum(axis=(0, 2, 3)))
         if not need[0]:
             return [None]
+        return [self._input_grad(grad, g)]
+
+    def _input_grad(self, grad: np.ndarray, g: np.ndarray | None) -> np.ndarray:
+        """dL/dx (B, C, H, W) of the output gradient ``grad`` (B, F, Ho, Wo); ``g``: the same as (F, B·Ho·Wo)
+        when made already (other strides need it)."""
+        w = self.params[0]
+        batch, filters = grad.shape[:2]
         channels, h, wd = self.in_shape[1:]
         (kh, kw), (ph, pw) = self.kernel, self.pad
         if self.stride == (1, 1):
             # dx is the output gradient convolved with the flipped kernel, computed as forward is
             flipped = w.data.reshape(filters, channels, kh, kw)[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
-            dx = np.empty(self.in_shape, grad.dtype)
+            dx = np.empty((batch,) + tuple(self.in_shape[1:]), grad.dtype)
             _convolve(_padded_t(self.scratch, "grad", grad, (kh - 1 - ph, kw - 1 - pw)),
                       flipped.reshape(channels, -1), self.kernel, (1, 1), dx, self.scratch, "backward")
-            return [dx]
+            return dx
+        if g is None:
+            g = np.ascontiguousarray(grad.transpose(1, 0, 2, 3)).reshape(filters, -1)
         # other strides: scatter the column gradients back, one block per kernel offset
         ho, wo = self.out_hw
         dcols = (w.data.T @ g).reshape(channels, kh, kw, batch, ho, wo)
@@ -265,7 +282,39 @@ class Convolution(Layer):
                 rows, columns = _offset_slices(i, j, self.stride, self.out_hw)
                 dxt[:, :, rows, columns] += dcols[:, i, j]
         dxt = dxt[:, :, ph:ph + h, pw:pw + wd]
-        return [np.ascontiguousarray(dxt.transpose(1, 0, 2, 3))]
+        return np.ascontiguousarray(dxt.transpose(1, 0, 2, 3))
+
+    # -- deterministic mode: one canonical block of samples at a time -------------------------------
+    def _forward_blocks(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """im2col + GEMM per canonical block (never the Fourier route, whose per-frequency products
+        run over the whole local batch); the input kept to make each block's columns again in backward."""
+        self.x, self.via_fourier = x, False
+        y = np.empty((len(x), len(w)) + tuple(self.out_hw), x.dtype)
+        bias = self.params[1].data if self.bias else None
+        for lo, hi in row_blocks(len(x), self.ctx.block_rows):
+            xp = _padded_t(self.scratch, "x", x[lo:hi], self.pad)
+            _convolve(xp, w, self.kernel, self.stride, y[lo:hi], self.scratch, "forward", bias=bias)
+        return y
+
+    def _backward_blocks(self, grad: np.ndarray, need: list[bool]) -> list[np.ndarray | None]:
+        """Per canonical block: its weight and bias gradients, kept as one term per block
+        (``Param.add_rows``: summed in block order once every worker's blocks are in), and its rows of
+        the input gradient."""
+        blocks = row_blocks(len(grad), self.ctx.block_rows)
+        w = self.params[0]
+        weights = np.empty((len(blocks), w.data.size), grad.dtype)
+        biases = np.empty((len(blocks), len(w.data)), grad.dtype)
+        dx = np.empty(self.in_shape, grad.dtype) if need[0] else None
+        for k, (lo, hi) in enumerate(blocks):
+            xp = _padded_t(self.scratch, "x", self.x[lo:hi], self.pad)
+            weights[k] = _weight_grad(xp, grad[lo:hi], self.kernel, self.stride, self.scratch).reshape(-1)
+            biases[k] = grad[lo:hi].sum(axis=(0, 2, 3))
+            if dx is not None:
+                dx[lo:hi] = self._input_grad(grad[lo:hi], None)
+        w.add_rows(weights)
+        if self.bias:
+            self.params[1].add_rows(biases)
+        return [dx]
 
 
 def _pixels_first(x: np.ndarray, pad: tuple[int, int], value: float) -> np.ndarray:
@@ -302,6 +351,7 @@ class Pooling(Layer):
     """
 
     per_batch = ("chosen_at",)
+    deterministic = True  # sample by sample: any split of the batch gives the same bits
 
     def setup(self, src_shapes):
         conf = self.conf.pooling_conf
@@ -423,6 +473,7 @@ class LRN(Layer):
 
     feature_partitionable = False
     per_batch = ("x", "norm", "scale")
+    deterministic = True  # sample by sample: any split of the batch gives the same bits
 
     def setup(self, src_shapes):
         conf = self.conf.lrn_conf

@@ -21,8 +21,10 @@ predicts the step's traffic from them, so both describe the same calls.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from singa_mpi.errors import ConfigError
+from singa_mpi.layers.base import layer_class_of
 from singa_mpi.planner.chunk import chunk
 from singa_mpi.planner.plan import ParamSync, Plan
 
@@ -138,39 +140,56 @@ def row_width(shape: tuple[int, ...]) -> int:
     return sum(shape) if len(shape) == 2 else shape[0]
 
 
-def gathered_rows(plan: Plan, method: str) -> dict[ShardKey, list[int]]:
-    """Deterministic mode: the world-replicated shards whose per-row terms are gathered, with each
-    rank's batch rows (the same for all of them: the rows of every layer split on the batch), in the
-    order every rank packs them (sorted by name)."""
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """A param's gradient terms in deterministic mode: ``terms`` per rank, ``width`` floats each;
+    ``kind`` the layer's ``deterministic_terms`` ("rows": per batch row, :func:`row_width`; "blocks":
+    per canonical block, the whole flattened gradient)."""
+
+    terms: tuple[int, ...]
+    width: int
+    kind: str
+
+
+def gathered_rows(plan: Plan, method: str) -> dict[ShardKey, Gathered]:
+    """Deterministic mode: the world-replicated shards whose gradient terms are gathered, in the order
+    every rank packs them (sorted by name)."""
     if method != DETERMINISTIC or plan.deterministic is None:
         return {}
     return dict(_kept(plan, ("gathered",), lambda: _gathered_rows(plan)))
 
 
-def _gathered_rows(plan: Plan) -> dict[ShardKey, list[int]]:
+def _gathered_rows(plan: Plan) -> dict[ShardKey, Gathered]:
     everyone = tuple(range(plan.nranks))
     replicated = sorted((s.name, s.offsets) for s in plan.param_syncs if s.ranks == everyone)
-    rows: dict[ShardKey, dict[int, int]] = {key: {} for key in replicated}
+    terms: dict[ShardKey, dict[int, int]] = {key: {} for key in replicated}
+    kinds: dict[ShardKey, str] = {}
     for sub in plan.sublayers:
         for shard in sub.params:
             key = (shard.name, shard.offsets)
-            if key in rows:
-                if sub.rank in rows[key]:
-                    raise ConfigError(f"param {shard.name!r} is used by more than one layer on worker {sub.rank}: "
-                                      f"deterministic mode gathers one set of rows per param and worker so far; "
-                                      f"expected each param in one layer (no share_from) in deterministic mode")
-                rows[key][sub.rank] = sub.region.nrows
-    return {key: [per_rank[r] for r in everyone] for key, per_rank in rows.items()}
+            if key not in terms:
+                continue
+            if sub.rank in terms[key]:
+                raise ConfigError(f"param {shard.name!r} is used by more than one layer on worker {sub.rank}: "
+                                  f"deterministic mode gathers one set of terms per param and worker so far; "
+                                  f"expected each param in one layer (no share_from) in deterministic mode")
+            kinds[key] = layer_class_of(plan.origins[sub.origin].conf).deterministic_terms
+            rows = sub.region.nrows
+            terms[key][sub.rank] = plan.deterministic.count(rows) if kinds[key] == "blocks" else rows
+    result = {}
+    for key, per_rank in terms.items():
+        shape = tuple(hi - lo for lo, hi in key[1])
+        width = math.prod(shape) if kinds[key] == "blocks" else row_width(shape)
+        result[key] = Gathered(tuple(per_rank[r] for r in everyone), width, kinds[key])
+    return result
 
 
 def gather_counts(plan: Plan, method: str) -> list[int]:
-    """Floats each rank contributes to the step's one Allgatherv of gradient rows (deterministic mode)."""
-    rows = gathered_rows(plan, method)
+    """Floats each rank contributes to the step's one Allgatherv of gradient terms (deterministic mode)."""
     counts = [0] * plan.nranks
-    for key, per_rank in rows.items():
-        width = row_width(tuple(hi - lo for lo, hi in key[1]))
-        for rank, n in enumerate(per_rank):
-            counts[rank] += n * width
+    for spec in gathered_rows(plan, method).values():
+        for rank, n in enumerate(spec.terms):
+            counts[rank] += n * spec.width
     return counts
 
 

@@ -234,7 +234,7 @@ class WorkerRuntime:
         gathered = gathered_rows(the_plan, self.method)
         if gathered:
             keys = [key for key in gathered if key in params]
-            strategies.append(DeterministicSync(self.comm, [params[key] for key in keys], gathered[keys[0]]))
+            strategies.append(DeterministicSync(self.comm, [params[key] for key in keys], [gathered[key] for key in keys]))
         in_shm = [params[(s.name, s.offsets)] for s in shared_memory_syncs(the_plan, self.method)]
         if in_shm:
             rows = factored_rows(the_plan)

@@ -1,9 +1,10 @@
 """Deterministic mode's sync: every worker's per-row gradient terms gathered in batch order, every
 gradient formed from the whole batch's rows, the same computation on every worker as on one.
 
-During backward an inner product in deterministic mode keeps its param gradients as per-row terms
-(``Param.add_rows``: the output gradient and input rows of its weight, the output gradient rows of
-its bias) instead of summing its rows.  After backward this strategy packs its rank's terms of every
+During backward a layer in deterministic mode keeps its param gradients as terms (``Param.add_rows``):
+an inner product per batch row (the output gradient and input rows of its weight, the output
+gradient rows of its bias), a convolution per canonical block (each block's weight and bias
+gradients, a few thousand numbers).  After backward this strategy packs its rank's terms of every
 world-replicated param into one buffer, one Allgatherv brings every rank's (rank order is batch
 order: a worker's rows are whole canonical blocks, in rank order), and each param's terms become
 the whole batch's rows; reading the gradient then forms it (``params.form_rows``) exactly as a run
@@ -18,22 +19,21 @@ from __future__ import annotations
 import numpy as np
 
 from singa_mpi.params import Param
-from singa_mpi.planner.syncs import GATHER_LABEL, row_width
+from singa_mpi.planner.syncs import GATHER_LABEL, Gathered
 from singa_mpi.sync.base import LocalSync
 
 
 class DeterministicSync(LocalSync):
-    """The world-replicated params of a deterministic run; ``rows``: each rank's batch rows."""
+    """The world-replicated params of a deterministic run, each with its terms per rank (``Gathered``)."""
 
-    def __init__(self, comm, params: list[Param], rows: list[int]):
+    def __init__(self, comm, params: list[Param], specs: list[Gathered]):
         super().__init__(params)
         for param in self.params:
             param.rows_gathered = True
         self.comm = comm
-        self.rows = list(rows)
-        self.widths = [row_width(p.data.shape) for p in self.params]
-        width = sum(self.widths)
-        self.counts = [n * width for n in self.rows]
+        self.specs = list(specs)
+        self.widths = [spec.width for spec in self.specs]
+        self.counts = [sum(spec.terms[rank] * spec.width for spec in self.specs) for rank in range(comm.size)]
         self.displs = [int(x) for x in np.cumsum([0] + self.counts[:-1])]
         self.send = np.empty(self.counts[comm.rank], np.float32)
         self.recv = np.empty(sum(self.counts), np.float32)
@@ -43,7 +43,7 @@ class DeterministicSync(LocalSync):
         self.comm.Allgatherv(self.send, self.recv, self.counts, self.displs, GATHER_LABEL)
         self._unpack(splits)
 
-    def _terms(self, param: Param, width: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def _terms(self, param: Param, spec: Gathered) -> tuple[np.ndarray, np.ndarray | None]:
         """``param``'s one term of this step; rows of zeros when nothing contributed to it."""
         if len(param.row_terms) > 1:
             raise RuntimeError(f"param {param.name!r}: {len(param.row_terms)} row terms in one step: expected one "
@@ -53,17 +53,17 @@ class DeterministicSync(LocalSync):
         if not param.fresh:  # a contribution that is no rows: a layer outside the mode's computation
             raise RuntimeError(f"param {param.name!r} received a gradient that is not per-row terms in "
                                f"deterministic mode")
-        rows, shape = self.rows[self.comm.rank], param.data.shape  # no contribution: terms of zeros
-        if len(shape) == 2:
+        rows, shape = spec.terms[self.comm.rank], param.data.shape  # no contribution: terms of zeros
+        if spec.kind == "rows" and len(shape) == 2:
             return np.zeros((rows, shape[0]), np.float32), np.zeros((rows, shape[1]), np.float32)
-        return np.zeros((rows, width), np.float32), None
+        return np.zeros((rows, spec.width), np.float32), None
 
     def _pack(self) -> list[int]:
         """This rank's terms into ``send``, param after param, left rows then right rows; the width
         of each param's left rows (the same on every rank: the same layers)."""
         offset, splits = 0, []
-        for param, width in zip(self.params, self.widths):
-            left, right = self._terms(param, width)
+        for param, spec in zip(self.params, self.specs):
+            left, right = self._terms(param, spec)
             splits.append(left.shape[1])
             for part in (left, right):
                 if part is None:
@@ -76,9 +76,9 @@ class DeterministicSync(LocalSync):
     def _unpack(self, splits: list[int]) -> None:
         """Every param's terms become the whole batch's rows, in rank (= batch) order."""
         offsets = list(self.displs)
-        for param, width, split in zip(self.params, self.widths, splits):
+        for param, width, split, spec in zip(self.params, self.widths, splits, self.specs):
             lefts, rights = [], []
-            for rank, rows in enumerate(self.rows):
+            for rank, rows in enumerate(spec.terms):
                 at = offsets[rank]
                 lefts.append(self.recv[at:at + rows * split].reshape(rows, split))
                 at += rows * split

@@ -3,8 +3,9 @@
 Every rank trains the job in deterministic mode partitioned over the world and alone in one process
 (the serial run): after 30 steps the params and the updater's state must be **bitwise** equal (their
 SHA-256 digests), under every scheme the mode accepts (on the batch, whole layers placed on workers,
-a data-split stage before placed layers), with a batch the blocks divide and one they do not, and
-with momentum and an adaptive rule.  A run stopped at step 12 on this many workers and resumed on
+a data-split stage before placed layers), with a batch the blocks divide and one they do not, for an
+MLP (with dropout too) and a convnet (max and average pooling, LRN), and with momentum and adaptive
+rules.  A run stopped at step 12 on this many workers and resumed on
 one ends equal to the uninterrupted serial run too.
 """
 import hashlib
@@ -40,7 +41,7 @@ def _differences(got, want) -> list[str]:
 
 def _data(world, shape=(12,)) -> str:
     tmp = os.environ["SINGA_MPI_TEST_TMP"]
-    return nets.make_data(os.path.join(tmp, f"det_data_r{world.rank}.h5"), 96, shape, 5)
+    return nets.make_data(os.path.join(tmp, f"det_data_{len(shape)}_r{world.rank}.h5"), 96, shape, 5)
 
 
 def _trains_serial_bits(world, text: str, label: str) -> None:
@@ -59,6 +60,17 @@ def test_an_mlp_trains_the_serial_bits(world, scheme, batch, block_rows):
         pytest.skip("fewer rows than workers")
     text = _deterministic(nets.mlp(_data(world), batch, scheme, world.size, STEPS), block_rows)
     _trains_serial_bits(world, text, f"{scheme}-b{batch}-r{block_rows}")
+
+
+@pytest.mark.parametrize("batch", [16, 19])
+@pytest.mark.parametrize("scheme,lrn,pool", [("data", True, "MAX"), ("data", False, "AVG"), ("stages", False, "MAX")])
+def test_a_convnet_trains_the_serial_bits(world, scheme, lrn, pool, batch):
+    """Convolutions (their products per block of samples, their gradients one term per block),
+    max and average pooling, LRN: a max pooling's choices are where rounding used to flip a run."""
+    if scheme == "stages" and batch < world.size:
+        pytest.skip("fewer rows than workers")
+    text = nets.convnet(_data(world, (2, 8, 8)), batch, scheme, STEPS, lrn=lrn, pool=pool, nranks=world.size)
+    _trains_serial_bits(world, _deterministic(text, 4), f"convnet-{scheme}-{pool}-lrn{lrn}-b{batch}")
 
 
 @pytest.mark.parametrize("rule", ["adam", "rmsprop"])

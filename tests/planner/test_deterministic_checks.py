@@ -47,7 +47,7 @@ def test_a_data_split_plan_splits_on_blocks_and_gathers_every_replicated_param()
     assert methods_of(plan) == (DETERMINISTIC,)
     rows = gathered_rows(plan, DETERMINISTIC)
     assert sorted(name for name, _ in rows) == ["b_fc1", "b_fc2", "b_fc3", "w_fc1", "w_fc2", "w_fc3"]
-    assert all(per_rank == [8, 8, 3] for per_rank in rows.values())
+    assert all(spec.terms == (8, 8, 3) and spec.kind == "rows" for spec in rows.values())
     assert buckets(plan, DETERMINISTIC) == []  # no partial sums at all
     # per row: w_fc1 16 + 12, b_fc1 16, w_fc2 10 + 16, b_fc2 10, w_fc3 5 + 10, b_fc3 5
     assert gather_counts(plan, DETERMINISTIC) == [n * 100 for n in (8, 8, 3)]
@@ -77,9 +77,18 @@ def test_a_feature_split_is_refused_naming_the_layer():
     assert "a split of features cuts the sum of the input gradient" in message
 
 
+def test_a_convolutions_gradients_are_gathered_as_one_term_per_block():
+    plan = partition(nets.job(_mode(nets.convnet("/tmp/unused.h5", 19, "data", steps=2))), 2)
+    rows = gathered_rows(plan, DETERMINISTIC)
+    conv = {name: spec for (name, _), spec in rows.items() if spec.kind == "blocks"}
+    assert conv and all(spec.terms == (3, 2) for spec in conv.values())  # 5 blocks of 4 rows: 12 and 7 rows
+    weight = next(name for name in conv if name.startswith("w"))
+    assert conv[weight].width == next(s.size for s in plan.param_syncs if s.name == weight)
+
+
 def test_a_layer_without_a_canonical_order_is_refused_naming_it():
-    message = _refusal(_mode(nets.convnet("/tmp/unused.h5", 8, "data", steps=2)))
-    assert "kCConvolution has no canonical order for its sums over the batch" in message
+    message = _refusal(_mode(nets.convnet("/tmp/unused.h5", 8, "data", steps=2, bn=True)))
+    assert "kCudnnBM has no canonical order for its sums over the batch" in message
     assert "remove the deterministic setting" in message
 
 
