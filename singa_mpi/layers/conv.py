@@ -185,7 +185,7 @@ class Convolution(Layer):
             self.declare_param(1, "bias", (conf.num_filters,), 0)
         self.scratch = _Scratch()
         self.in_hw = tuple(src_shapes[0][1:])
-        self.x = None
+        self.x, self.spectra = None, []  # deterministic mode: the input, or each block's spectra
         self.fourier: fft_conv.FourierConvolution | None = None
         return (conf.num_filters,) + self.out_hw
 
@@ -228,6 +228,7 @@ class Convolution(Layer):
 
     def release(self) -> None:
         super().release()
+        self.x, self.spectra = None, []
         if self.fourier is not None:
             self.fourier.release()
 
@@ -286,12 +287,22 @@ class Convolution(Layer):
 
     # -- deterministic mode: one canonical block of samples at a time -------------------------------
     def _forward_blocks(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """im2col + GEMM per canonical block (never the Fourier route, whose per-frequency products
-        run over the whole local batch); the input kept to make each block's columns again in backward."""
-        self.x, self.via_fourier = x, False
+        """One canonical block of samples at a time, by im2col + GEMM or through the Fourier transform,
+        whichever :func:`fft_conv.cheaper` picks for a full block (the same choice for every block
+        and on every worker: a function of the job's shapes alone).  Each call has the block's shapes
+        on any worker, so it gives the same bits there.  Kept for backward: the input (im2col makes
+        a block's columns again) or each block's spectra."""
+        self.x, self.spectra = x, []
         y = np.empty((len(x), len(w)) + tuple(self.out_hw), x.dtype)
         bias = self.params[1].data if self.bias else None
+        self.via_fourier = self._use_fourier(self.ctx.block_rows, x.shape[1], len(w))
+        if self.via_fourier and self.fourier is None:
+            self.fourier = fft_conv.FourierConvolution(self.kernel, self.pad, self.in_hw, self.out_hw)
         for lo, hi in row_blocks(len(x), self.ctx.block_rows):
+            if self.via_fourier:
+                y[lo:hi] = self.fourier.forward(x[lo:hi], w, bias)
+                self.spectra.append((self.fourier.x_hat, self.fourier.w_hat))
+                continue
             xp = _padded_t(self.scratch, "x", x[lo:hi], self.pad)
             _convolve(xp, w, self.kernel, self.stride, y[lo:hi], self.scratch, "forward", bias=bias)
         return y
@@ -306,11 +317,18 @@ class Convolution(Layer):
         biases = np.empty((len(blocks), len(w.data)), grad.dtype)
         dx = np.empty(self.in_shape, grad.dtype) if need[0] else None
         for k, (lo, hi) in enumerate(blocks):
-            xp = _padded_t(self.scratch, "x", self.x[lo:hi], self.pad)
-            weights[k] = _weight_grad(xp, grad[lo:hi], self.kernel, self.stride, self.scratch).reshape(-1)
+            if self.via_fourier:
+                self.fourier.x_hat, self.fourier.w_hat = self.spectra[k]
+                dw, dx_block = self.fourier.backward(grad[lo:hi], need[0])
+                weights[k] = dw.reshape(-1)
+                if dx is not None:
+                    dx[lo:hi] = dx_block
+            else:
+                xp = _padded_t(self.scratch, "x", self.x[lo:hi], self.pad)
+                weights[k] = _weight_grad(xp, grad[lo:hi], self.kernel, self.stride, self.scratch).reshape(-1)
+                if dx is not None:
+                    dx[lo:hi] = self._input_grad(grad[lo:hi], None)
             biases[k] = grad[lo:hi].sum(axis=(0, 2, 3))
-            if dx is not None:
-                dx[lo:hi] = self._input_grad(grad[lo:hi], None)
         w.add_rows(weights)
         if self.bias:
             self.params[1].add_rows(biases)

@@ -41,7 +41,8 @@ def sync_tail(plan, rank: int, method: str, actions: list[Action]) -> list[Actio
     ``GradsFinal`` of its params on this rank, then the sums' waits, the update and, with node-shared
     memory, its fences (:mod:`singa_mpi.planner.syncs` lays the buckets out).
 
-    ``method`` DETERMINISTIC: the gradient rows' one Allgatherv, before the sync's wait.
+    ``method`` DETERMINISTIC: the gradient terms' one Allgatherv, the sync's call (its strategy makes
+    it when the sync's wait begins).
     ``method`` SERVERS (workers beside parameter-server ranks): the sums are the servers'; a
     worker's messages to them (:mod:`singa_mpi.sync.servers`) answer whichever server replies
     first, so they are no fixed list, and the tail is the sync's wait and the update alone."""
@@ -67,8 +68,8 @@ def sync_tail(plan, rank: int, method: str, actions: list[Action]) -> list[Actio
         result += starts.get(position, [])
     if not actions:
         result += [c for calls in starts.values() for c in calls]
-    result += _gather_rows(plan, rank, method)
     result.append(SyncGradients())
+    result += _gather_rows(plan, rank, method)
     shm = shared_memory_syncs(plan, method)
     if shm:
         everyone = tuple(range(plan.nranks))

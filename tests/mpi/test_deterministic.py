@@ -62,15 +62,19 @@ def test_an_mlp_trains_the_serial_bits(world, scheme, batch, block_rows):
     _trains_serial_bits(world, text, f"{scheme}-b{batch}-r{block_rows}")
 
 
+@pytest.mark.parametrize("route", ["im2col", "fourier"])
 @pytest.mark.parametrize("batch", [16, 19])
 @pytest.mark.parametrize("scheme,lrn,pool", [("data", True, "MAX"), ("data", False, "AVG"), ("stages", False, "MAX")])
-def test_a_convnet_trains_the_serial_bits(world, scheme, lrn, pool, batch):
-    """Convolutions (their products per block of samples, their gradients one term per block),
-    max and average pooling, LRN: a max pooling's choices are where rounding used to flip a run."""
+def test_a_convnet_trains_the_serial_bits(world, scheme, lrn, pool, batch, route, monkeypatch):
+    """Convolutions (their products per block of samples by either route, their gradients one term
+    per block), max and average pooling, LRN: a max pooling's choices are where rounding used to
+    flip a run."""
     if scheme == "stages" and batch < world.size:
         pytest.skip("fewer rows than workers")
+    # the route is the cost model's choice from the shapes: force each (serial and partitioned alike)
+    monkeypatch.setattr("singa_mpi.layers.fft_conv.cheaper", lambda *args, **kwargs: route == "fourier")
     text = nets.convnet(_data(world, (2, 8, 8)), batch, scheme, STEPS, lrn=lrn, pool=pool, nranks=world.size)
-    _trains_serial_bits(world, _deterministic(text, 4), f"convnet-{scheme}-{pool}-lrn{lrn}-b{batch}")
+    _trains_serial_bits(world, _deterministic(text, 4), f"convnet-{route}-{scheme}-{pool}-lrn{lrn}-b{batch}")
 
 
 @pytest.mark.parametrize("rule", ["adam", "rmsprop"])
