@@ -225,9 +225,16 @@ class Layer:
     deterministic: ClassVar[bool] = False
     deterministic_refusal: ClassVar[str] = ""  # why not (else a generic reason)
     # What one of its param gradients' terms is: "rows", one per batch row (an inner product's
-    # output-gradient and input rows, grad = Σ leftᵀ·right), or "blocks", one per canonical block
-    # (a convolution's per-block weight gradient, flattened: grad = Σ over the blocks in order).
+    # output-gradient and input rows, grad = Σ leftᵀ·right), "pairs", two per batch row (an RBM's
+    # positive and negative phases, row by row), or "blocks", one per canonical block (a
+    # convolution's per-block weight gradient, flattened: grad = Σ over the blocks in order).
     deterministic_terms: ClassVar[str] = "rows"
+
+    @classmethod
+    def terms_for(cls, role: str) -> str:
+        """Deterministic mode: the kind of terms this layer adds to its param of ``role`` ("" for a
+        param it holds but adds nothing to, as an RBM's visible layer its shared weight)."""
+        return cls.deterministic_terms
 
     def __init__(self, conf: job_pb2.LayerProto, ctx: LayerContext | None = None):
         self.conf = conf

@@ -46,7 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
-from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape
+from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape, row_blocks
 from singa_mpi.streams import KeyedStream, rows_block
 
 _PHASE_CODES = {"train": 0, "test": 1, "val": 2}
@@ -60,6 +60,16 @@ def _logistic(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     y += 1
     y *= half
     return y
+
+
+def _by_blocks(x: np.ndarray, w: np.ndarray, block_rows: int | None) -> np.ndarray:
+    """x @ w, in deterministic mode one product per canonical block of rows."""
+    if block_rows is None:
+        return x @ w
+    out = np.empty((len(x), w.shape[1]), np.result_type(x, w))
+    for lo, hi in row_blocks(len(x), block_rows):
+        out[lo:hi] = x[lo:hi] @ w
+    return out
 
 
 def _hdim(layer: Layer) -> int:
@@ -101,6 +111,11 @@ class RBMVis(_RBMLayer):
     input_kinds = ("data",)  # the second source is the declared back edge, not an input
     # partition_dim 1 splits the pair's hidden units: this layer then splits the batch rows
     feature_split_rows = True
+    deterministic = True  # row by row; its one gradient, the visible bias's, one term per row
+
+    @classmethod
+    def terms_for(cls, role: str) -> str:
+        return "" if role == "weight" else "rows"  # W is the hidden layer's to train
 
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         hdim = _hdim(self)
@@ -147,7 +162,10 @@ class RBMVis(_RBMLayer):
         if self.bias:
             scale = self.v_pos.dtype.type(1.0 / self.ctx.global_batch)
             # differences first: the two sums are close, their difference is the signal
-            self.params[1].add_grad((self.v_neg - self.v_pos).sum(axis=0) * scale)
+            if self.ctx.block_rows is not None:  # deterministic: the rows, summed once every worker's are in
+                self.params[1].add_rows((self.v_neg - self.v_pos) * scale)
+            else:
+                self.params[1].add_grad((self.v_neg - self.v_pos).sum(axis=0) * scale)
 
     def metrics(self) -> dict[str, float]:
         out = {}
@@ -170,6 +188,10 @@ class RBMHid(_RBMLayer):
     energy_role = "hidden"
     connection = ONE_TO_ALL
     num_srcs = (1, 1)
+    # deterministic mode: products per canonical block; W's and b_h's terms two per batch row (the
+    # positive and the negative phase's), the same on any worker
+    deterministic = True
+    deterministic_terms = "pairs"
 
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         hdim = _hdim(self)
@@ -186,7 +208,7 @@ class RBMHid(_RBMLayer):
     # -- passes ---------------------------------------------------------------
     def _activate(self, v: np.ndarray) -> np.ndarray:
         w = self.params[0].data  # (hidden units here, vdim)
-        pre = v @ w.T
+        pre = _by_blocks(v, w.T, self.ctx.block_rows)
         if self.bias:
             pre += self.params[1].data
         return pre if self.gaussian else _logistic(pre, out=pre)
@@ -236,12 +258,18 @@ class RBMHid(_RBMLayer):
         (a partial sum over the hidden units when they are split)."""
         if not need[0]:
             return [None]
-        return [self.sample() @ self.params[0].data]
+        return [_by_blocks(self.sample(), self.params[0].data, self.ctx.block_rows)]
 
     def param_gradients(self) -> None:
         """∇W = (h⁻ᵀ·v⁻ − h⁺ᵀ·v⁺)/B as one product over the stacked passes, ∇b_h = colsum(h⁻ − h⁺)/B."""
         h, v = self._h, self._v
         scale = h.dtype.type(1.0 / self.ctx.global_batch)
+        if self.ctx.block_rows is not None:  # deterministic: each row's positive then negative term
+            signed = np.stack([h[0] * -scale, h[1] * scale], axis=1).reshape(-1, h.shape[-1])
+            self.params[0].add_rows(signed, np.stack([v[0], v[1]], axis=1).reshape(-1, v.shape[-1]))
+            if self.bias:
+                self.params[1].add_rows(signed)
+            return
         signed = np.concatenate([h[0] * -scale, h[1] * scale])  # (2·rows, units), matching v's stacking
         self.params[0].add_grad(signed.T, v.reshape(-1, v.shape[-1]))
         if self.bias:

@@ -67,6 +67,8 @@ class CharRNN(Layer):
     reads its rows ``ctx.batch_slice`` of the same global batch: the serial characters.
     """
 
+    deterministic = True  # row by row: any split of the batch gives the same bits
+
     is_input = True
     feature_partitionable = False
     num_srcs = (0, 0)
@@ -138,6 +140,8 @@ class RNNLabel(Layer):
 
     ``aux``: int32 (B_local,), what a loss names in srclayers; output: the same as float32.
     """
+
+    deterministic = True  # row by row: any split of the batch gives the same bits
 
     input_kinds = ("data",)
     feature_partitionable = False

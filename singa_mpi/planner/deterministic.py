@@ -64,8 +64,7 @@ def deterministic_of(proto) -> Deterministic | None:
     return Deterministic(rows) if rows is not None else None
 
 
-# why each algorithm is not covered yet
-_ALGORITHMS = ("kBP",)
+_ALGORITHMS = ("kBP", "kCD", "kBPTT")  # the algorithms the mode covers
 
 
 def check_deterministic(cfg) -> None:
@@ -81,7 +80,7 @@ def check_deterministic(cfg) -> None:
     alg = algorithm_name(job.train_one_batch)
     if alg not in _ALGORITHMS:
         raise ConfigError(f"{cfg.where('train_one_batch')}: train_one_batch.alg = {alg}: deterministic mode "
-                          f"covers back-propagation (kBP) so far; expected kBP, or no deterministic setting")
+                          f"covers {', '.join(_ALGORITHMS)} so far; expected one of them, or no deterministic setting")
     cluster = job.cluster
     if max(1, cluster.nworker_groups) > 1:
         raise ConfigError(f"{cfg.where('cluster', 'nworker_groups')}: cluster.nworker_groups = "
@@ -102,8 +101,10 @@ def check_deterministic(cfg) -> None:
             cls = layer_class_of(node.conf)
             if not cls.deterministic:
                 raise layer_error(cfg, node, "type", node.type_name,
-                                  f"a layer deterministic mode covers (inner product, element-wise, dropout, "
-                                  f"softmax, losses, input and parser layers): {node.type_name} "
+                                  f"a layer deterministic mode covers (inner product, convolution, pooling, LRN, "
+                                  f"RBM, GRU, element-wise, dropout, softmax, losses, input, text and parser "
+                                  f"layers): "
+                                  f"{node.type_name} "
                                   f"{cls.deterministic_refusal or 'has no canonical order for its sums over the batch yet'}; "
                                   f"remove the deterministic setting to train this net")
 

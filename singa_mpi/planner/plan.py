@@ -53,6 +53,7 @@ class ParamShard:
     # the layer adds its gradient as one product over its batch rows (ParamSpec.batch_factored)
     batch_factored: bool = False
     trained: bool = True  # False: state the layer writes (ParamSpec.trained): never synchronised
+    terms: str = "rows"  # deterministic mode: what its gradient terms are (Layer.terms_for: rows, pairs, blocks, "")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -426,7 +427,7 @@ def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nran
             sublayers.append(SubLayer(
                 name=_sub_name(node, rank, dst.pdim), type=node.type_name, rank=rank, origin=node.name,
                 srcs=inputs[rank], kinds=kinds[:len(inputs[rank])], region=region, out_shape=local,
-                pdim=dst.pdim, params=[_shard(spec) for spec in layer.param_specs],
+                pdim=dst.pdim, params=[_shard(spec, cls) for spec in layer.param_specs],
                 needs_grad=dst.needs_grad, batch_slice=layer.ctx.batch_slice,
                 feature_slice=layer.ctx.feature_slice, src_shapes=list(src_shapes),
                 row_group=_row_group(dst, cls)))
@@ -440,9 +441,9 @@ def _row_group(placed: _Placed, cls: type[Layer]) -> tuple[int, ...]:
     return tuple(sorted(placed.layers))
 
 
-def _shard(spec) -> ParamShard:
+def _shard(spec, cls: type[Layer]) -> ParamShard:
     return ParamShard(spec.conf.share_from or spec.conf.name, spec.logical_shape, spec.shard, spec.batch_factored,
-                      spec.trained)
+                      spec.trained, cls.terms_for(spec.role))
 
 
 def _make_exchange(eid: int, src: _Placed, dst: _Placed, kind: str, holders: dict[int, Region],

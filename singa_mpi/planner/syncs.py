@@ -24,7 +24,6 @@ import dataclasses
 import math
 
 from singa_mpi.errors import ConfigError
-from singa_mpi.layers.base import layer_class_of
 from singa_mpi.planner.chunk import chunk
 from singa_mpi.planner.plan import ParamSync, Plan
 
@@ -142,13 +141,15 @@ def row_width(shape: tuple[int, ...]) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Gathered:
-    """A param's gradient terms in deterministic mode: ``terms`` per rank, ``width`` floats each;
-    ``kind`` the layer's ``deterministic_terms`` ("rows": per batch row, :func:`row_width`; "blocks":
-    per canonical block, the whole flattened gradient)."""
+    """A param's gradient terms in deterministic mode: ``uses`` sets of them per rank (the layers that
+    train it there: an unrolled layer's copies), each of ``terms[rank]`` terms of ``width`` floats;
+    ``kind`` the layers' ``deterministic_terms`` ("rows" or "pairs": one or two per batch row,
+    :func:`row_width` each; "blocks": one per canonical block, the whole flattened gradient)."""
 
     terms: tuple[int, ...]
     width: int
     kind: str
+    uses: int = 1
 
 
 def gathered_rows(plan: Plan, method: str) -> dict[ShardKey, Gathered]:
@@ -162,25 +163,27 @@ def gathered_rows(plan: Plan, method: str) -> dict[ShardKey, Gathered]:
 def _gathered_rows(plan: Plan) -> dict[ShardKey, Gathered]:
     everyone = tuple(range(plan.nranks))
     replicated = sorted((s.name, s.offsets) for s in plan.param_syncs if s.ranks == everyone)
-    terms: dict[ShardKey, dict[int, int]] = {key: {} for key in replicated}
-    kinds: dict[ShardKey, str] = {}
+    uses: dict[ShardKey, dict[int, list[tuple[str, int]]]] = {key: {} for key in replicated}
     for sub in plan.sublayers:
         for shard in sub.params:
             key = (shard.name, shard.offsets)
-            if key not in terms:
-                continue
-            if sub.rank in terms[key]:
-                raise ConfigError(f"param {shard.name!r} is used by more than one layer on worker {sub.rank}: "
-                                  f"deterministic mode gathers one set of terms per param and worker so far; "
-                                  f"expected each param in one layer (no share_from) in deterministic mode")
-            kinds[key] = layer_class_of(plan.origins[sub.origin].conf).deterministic_terms
-            rows = sub.region.nrows
-            terms[key][sub.rank] = plan.deterministic.count(rows) if kinds[key] == "blocks" else rows
+            if key in uses and shard.terms:  # "": held by a layer that adds nothing to it
+                rows = sub.region.nrows
+                count = {"blocks": plan.deterministic.count(rows), "pairs": 2 * rows}.get(shard.terms, rows)
+                uses[key].setdefault(sub.rank, []).append((shard.terms, count))
     result = {}
-    for key, per_rank in terms.items():
+    for key, per_rank in uses.items():
+        mine = [per_rank.get(rank, []) for rank in everyone]
+        kinds = {kind for each in mine for kind, _ in each}
+        if len(kinds) != 1 or len({len(each) for each in mine}) != 1 or any(
+                len({count for _, count in each}) != 1 for each in mine):
+            raise ConfigError(f"param {key[0]!r} is trained by layers whose gradient terms differ between or "
+                              f"within the workers: expected every worker's layers that train it to be split "
+                              f"alike in deterministic mode")
         shape = tuple(hi - lo for lo, hi in key[1])
-        width = math.prod(shape) if kinds[key] == "blocks" else row_width(shape)
-        result[key] = Gathered(tuple(per_rank[r] for r in everyone), width, kinds[key])
+        kind = kinds.pop()
+        width = math.prod(shape) if kind == "blocks" else row_width(shape)
+        result[key] = Gathered(tuple(each[0][1] for each in mine), width, kind, len(mine[0]))
     return result
 
 
@@ -189,7 +192,7 @@ def gather_counts(plan: Plan, method: str) -> list[int]:
     counts = [0] * plan.nranks
     for spec in gathered_rows(plan, method).values():
         for rank, n in enumerate(spec.terms):
-            counts[rank] += n * spec.width
+            counts[rank] += spec.uses * n * spec.width
     return counts
 
 

@@ -32,8 +32,8 @@ class DeterministicSync(LocalSync):
             param.rows_gathered = True
         self.comm = comm
         self.specs = list(specs)
-        self.widths = [spec.width for spec in self.specs]
-        self.counts = [sum(spec.terms[rank] * spec.width for spec in self.specs) for rank in range(comm.size)]
+        self.counts = [sum(spec.uses * spec.terms[rank] * spec.width for spec in self.specs)
+                       for rank in range(comm.size)]
         self.displs = [int(x) for x in np.cumsum([0] + self.counts[:-1])]
         self.send = np.empty(self.counts[comm.rank], np.float32)
         self.recv = np.empty(sum(self.counts), np.float32)
@@ -43,47 +43,53 @@ class DeterministicSync(LocalSync):
         self.comm.Allgatherv(self.send, self.recv, self.counts, self.displs, GATHER_LABEL)
         self._unpack(splits)
 
-    def _terms(self, param: Param, spec: Gathered) -> tuple[np.ndarray, np.ndarray | None]:
-        """``param``'s one term of this step; rows of zeros when nothing contributed to it."""
-        if len(param.row_terms) > 1:
-            raise RuntimeError(f"param {param.name!r}: {len(param.row_terms)} row terms in one step: expected one "
-                               f"(deterministic mode gathers one use per param and worker)")
+    def _terms(self, param: Param, spec: Gathered) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """``param``'s terms of this step, one set per use; terms of zeros when nothing contributed."""
         if param.row_terms:
-            return param.row_terms[0]
-        if not param.fresh:  # a contribution that is no rows: a layer outside the mode's computation
+            if len(param.row_terms) != spec.uses:
+                raise RuntimeError(f"param {param.name!r}: {len(param.row_terms)} sets of gradient terms in one "
+                                   f"step, the plan says {spec.uses}")
+            return param.row_terms
+        if not param.fresh:  # a contribution that is no terms: a layer outside the mode's computation
             raise RuntimeError(f"param {param.name!r} received a gradient that is not per-row terms in "
                                f"deterministic mode")
-        rows, shape = spec.terms[self.comm.rank], param.data.shape  # no contribution: terms of zeros
-        if spec.kind == "rows" and len(shape) == 2:
-            return np.zeros((rows, shape[0]), np.float32), np.zeros((rows, shape[1]), np.float32)
-        return np.zeros((rows, spec.width), np.float32), None
+        rows, shape = spec.terms[self.comm.rank], param.data.shape
+        if spec.kind in ("rows", "pairs") and len(shape) == 2:
+            zero = (np.zeros((rows, shape[0]), np.float32), np.zeros((rows, shape[1]), np.float32))
+        else:
+            zero = (np.zeros((rows, spec.width), np.float32), None)
+        return [zero] * spec.uses
 
     def _pack(self) -> list[int]:
-        """This rank's terms into ``send``, param after param, left rows then right rows; the width
-        of each param's left rows (the same on every rank: the same layers)."""
+        """This rank's terms into ``send``: param after param, use after use, left rows then right rows;
+        the width of each param's left rows (the same on every rank: the same layers)."""
         offset, splits = 0, []
         for param, spec in zip(self.params, self.specs):
-            left, right = self._terms(param, spec)
-            splits.append(left.shape[1])
-            for part in (left, right):
-                if part is None:
-                    continue
-                size = part.size
-                self.send[offset:offset + size].reshape(part.shape)[...] = part
-                offset += size
+            terms = self._terms(param, spec)
+            splits.append(terms[0][0].shape[1])
+            for left, right in terms:
+                for part in (left, right):
+                    if part is not None:
+                        self.send[offset:offset + part.size].reshape(part.shape)[...] = part
+                        offset += part.size
         return splits
 
     def _unpack(self, splits: list[int]) -> None:
-        """Every param's terms become the whole batch's rows, in rank (= batch) order."""
+        """Every param's terms become the whole batch's, use by use, in rank (= batch) order; the
+        gradient is then formed from them in the order they were recorded, as on one worker."""
         offsets = list(self.displs)
-        for param, width, split, spec in zip(self.params, self.widths, splits, self.specs):
-            lefts, rights = [], []
+        for param, spec, split in zip(self.params, self.specs, splits):
+            right_width = spec.width - split
+            per_use: list[tuple[list, list]] = [([], []) for _ in range(spec.uses)]
             for rank, rows in enumerate(spec.terms):
                 at = offsets[rank]
-                lefts.append(self.recv[at:at + rows * split].reshape(rows, split))
-                at += rows * split
-                if width > split:
-                    rights.append(self.recv[at:at + rows * (width - split)].reshape(rows, width - split))
-                offsets[rank] = at + rows * (width - split)
-            param.row_terms = [(np.concatenate(lefts), np.concatenate(rights) if rights else None)]
-            param.grad  # formed now, from the whole batch's rows
+                for lefts, rights in per_use:
+                    lefts.append(self.recv[at:at + rows * split].reshape(rows, split))
+                    at += rows * split
+                    if right_width:
+                        rights.append(self.recv[at:at + rows * right_width].reshape(rows, right_width))
+                        at += rows * right_width
+                offsets[rank] = at
+            param.row_terms = [(np.concatenate(lefts), np.concatenate(rights) if rights else None)
+                               for lefts, rights in per_use]
+            param.grad  # formed now, from the whole batch's terms

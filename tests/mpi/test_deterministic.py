@@ -4,8 +4,8 @@ Every rank trains the job in deterministic mode partitioned over the world and a
 (the serial run): after 30 steps the params and the updater's state must be **bitwise** equal (their
 SHA-256 digests), under every scheme the mode accepts (on the batch, whole layers placed on workers,
 a data-split stage before placed layers), with a batch the blocks divide and one they do not, for an
-MLP (with dropout too) and a convnet (max and average pooling, LRN), and with momentum and adaptive
-rules.  A run stopped at step 12 on this many workers and resumed on
+MLP (with dropout too), a convnet (max and average pooling, LRN), an RBM (CD-1, CD-2) and a char-rnn
+GRU (BPTT), and with momentum and adaptive rules.  A run stopped at step 12 on this many workers and resumed on
 one ends equal to the uninterrupted serial run too.
 """
 import hashlib
@@ -47,8 +47,8 @@ def _data(world, shape=(12,)) -> str:
 def _trains_serial_bits(world, text: str, label: str) -> None:
     workspace = oracle.scratch(f"ws_det_{label}", world.rank)
     parallel, serial = oracle.partitioned(text, workspace, world), oracle.serial(text, workspace)
-    oracle.train(parallel)
-    oracle.train(serial)
+    parallel.run()
+    serial.run()
     problems = _differences(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS))
     agree(world, not problems, f"{label}: " + "; ".join(problems))
 
@@ -75,6 +75,28 @@ def test_a_convnet_trains_the_serial_bits(world, scheme, lrn, pool, batch, route
     monkeypatch.setattr("singa_mpi.layers.fft_conv.cheaper", lambda *args, **kwargs: route == "fourier")
     text = nets.convnet(_data(world, (2, 8, 8)), batch, scheme, STEPS, lrn=lrn, pool=pool, nranks=world.size)
     _trains_serial_bits(world, _deterministic(text, 4), f"convnet-{route}-{scheme}-{pool}-lrn{lrn}-b{batch}")
+
+
+@pytest.mark.parametrize("batch", [16, 19])
+@pytest.mark.parametrize("cd_k", [1, 2])
+def test_an_rbm_trains_the_serial_bits_with_contrastive_divergence(world, cd_k, batch):
+    """CD-k: the hidden layer's products per block, its Gibbs samples keyed by row, W's and the
+    biases' gradients as terms per row (two per row for the hidden layer's: the positive and the
+    negative phase)."""
+    text = nets.rbm(_data(world), batch, "data", cd_k, world.size, STEPS)
+    _trains_serial_bits(world, _deterministic(text, 4), f"rbm-cd{cd_k}-b{batch}")
+
+
+@pytest.mark.parametrize("batch", [8, 9])
+def test_a_char_rnn_trains_the_serial_bits_with_bptt(world, batch):
+    """BPTT over a GRU unrolled 5 steps (each copy's products per block, its gradients one set of row
+    terms per copy, summed in the order the copies recorded them), the hidden state carried from
+    batch to batch, RMSProp with clipping."""
+    if batch < 2 * world.size:
+        pytest.skip("fewer blocks than workers")
+    text, vocab = nets.text_data(oracle.scratch(f"det_text_{batch}", world.rank), size=40 * batch)
+    job = nets.char_rnn(text, vocab, batch, "data", world.size, steps=STEPS)
+    _trains_serial_bits(world, _deterministic(job, 2), f"char-rnn-b{batch}")
 
 
 @pytest.mark.parametrize("rule", ["adam", "rmsprop"])

@@ -92,9 +92,18 @@ def test_a_layer_without_a_canonical_order_is_refused_naming_it():
     assert "remove the deterministic setting" in message
 
 
-def test_contrastive_divergence_is_refused():
-    message = _refusal(_mode(nets.rbm("/tmp/unused.h5", 8, "data", steps=2)))
-    assert "train_one_batch.alg = kCD: deterministic mode covers back-propagation (kBP) so far" in message
+def test_an_unrolled_grus_copies_each_add_a_set_of_terms():
+    text = _mode(nets.char_rnn("/tmp/unused/t.txt", "/tmp/unused/v.txt", 6, "data", steps=2, unroll=5), 2)
+    rows = gathered_rows(partition(nets.job(text), 3), DETERMINISTIC)
+    gru = rows[next(key for key in rows if key[0] == "z_hx")]
+    assert (gru.kind, gru.uses, gru.terms) == ("rows", 5, (2, 2, 2))  # five copies, 3 blocks of 2 rows
+
+
+def test_an_rbms_weight_is_trained_by_its_hidden_layer_two_terms_per_row():
+    plan = partition(nets.job(_mode(nets.rbm("/tmp/unused.h5", 19, "data", steps=2))), 2)
+    rows = gathered_rows(plan, DETERMINISTIC)
+    assert {name: (spec.kind, spec.terms) for (name, _), spec in rows.items()} == {
+        "w_rbm": ("pairs", (24, 14)), "b_hid": ("pairs", (24, 14)), "b_vis": ("rows", (12, 7))}
 
 
 @pytest.mark.parametrize("cluster,what", [("nworker_groups: 2 nserver_groups: 2", "asynchronously"),
