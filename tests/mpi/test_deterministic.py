@@ -10,6 +10,8 @@ one ends equal to the uninterrupted serial run too.
 """
 import hashlib
 import os
+import pathlib
+import re
 
 import pytest
 
@@ -97,6 +99,34 @@ def test_a_char_rnn_trains_the_serial_bits_with_bptt(world, batch):
     text, vocab = nets.text_data(oracle.scratch(f"det_text_{batch}", world.rank), size=40 * batch)
     job = nets.char_rnn(text, vocab, batch, "data", world.size, steps=STEPS)
     _trains_serial_bits(world, _deterministic(job, 2), f"char-rnn-b{batch}")
+
+
+# the example jobs: (file, sample shape, rows per batch, rows per block, widths of the shrunk MLP)
+EXAMPLES = {"digits_mlp": ("digits_mlp.conf", (64,), 19, 4, None),
+            "mnist_mlp (shrunk)": ("mnist_mlp.conf", (784,), 16, 4,
+                                   {"2500": "50", "2000": "40", "1500": "30", "1000": "20", "500": "15"}),
+            "cifar10_convnet (small batch)": ("cifar10_convnet.conf", (3, 32, 32), 8, 2, None)}
+
+
+def _example(world, name: str) -> str:
+    """The job of conf/ on synthetic data of its shapes: its stores replaced, a small batch, 30 steps."""
+    conf, shape, batch, block_rows, widths = EXAMPLES[name]
+    text = (pathlib.Path(__file__).resolve().parents[2] / "conf" / conf).read_text()
+    data = nets.make_data(oracle.scratch(f"det_{conf}.h5", world.rank), 4 * batch, shape, 10)
+    text = re.sub(r'backend: "\w+"', 'backend: "hdf5"', text)
+    text = re.sub(r'path: "[^"]*"', f'path: "{data}"', text)
+    text = re.sub(r"(mean_file|std_file): \"[^\"]*\"|random_skip: \d+", "", text)
+    text = re.sub(r"batchsize: \d+", f"batchsize: {batch}", text)
+    for wide, narrow in (widths or {}).items():
+        text = text.replace(f"num_output: {wide} ", f"num_output: {narrow} ")
+    text = re.sub(r"train_steps: \d+", f"train_steps: {STEPS}", text)
+    text = re.sub(r"(test_steps|test_freq|checkpoint_freq|disp_freq): \d+", r"\1: 0", text)
+    return _deterministic(text, block_rows)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_the_example_jobs_train_the_serial_bits(world, name):
+    _trains_serial_bits(world, _example(world, name), name.split()[0])
 
 
 @pytest.mark.parametrize("rule", ["adam", "rmsprop"])
