@@ -40,7 +40,7 @@ class Param:
     queue:         None, or a :class:`GradientQueue` that holds this param's products
                    ``a @ b`` until a runtime has communication to hide them behind.
     row_terms:     deterministic mode: the step's per-row terms ``(left, right)`` (``add_rows``),
-                   formed into ``grad`` by :func:`rows_product` / :func:`rows_sum` when it is read;
+                   formed into ``grad`` by :func:`form_rows` when it is read;
                    a sync strategy first puts every worker's rows in (the whole batch's).
     rows_gathered: a sync strategy gathers this param's rows from every worker (deterministic mode):
                    ``finish_grad`` leaves them for it.
@@ -183,7 +183,7 @@ def form_rows(left: np.ndarray, right: np.ndarray | None, out: np.ndarray) -> No
     deterministic mode's one computation of a gradient from its per-row terms.  Both operands are
     made C-contiguous first, so that the BLAS call (its shapes, strides and transposition flags) is
     the same whether the rows are a worker's own or gathered from every worker: the same call on
-    the same numbers gives the same bits (``tests/determinism`` checks that the BLAS in use does)."""
+    the same numbers gives the same bits (``tests/layers/test_deterministic.py`` checks that the BLAS in use does)."""
     left = np.ascontiguousarray(left)
     if right is None:  # rows as wide as ``out`` has entries (a bias, or a convolution's per-block terms)
         np.add.reduce(left, axis=0, out=out.reshape(-1))

@@ -5,18 +5,20 @@ With ``deterministic { block_rows: b }`` every sum over the batch follows one or
 alone, so that the same job and seed train the same bits on any number of workers:
 
 * the batch is cut into canonical blocks of ``b`` rows (the last one may be shorter); a layer's
-  products over rows (forward, input gradient) run one GEMM per block, and a worker's rows are whole
-  blocks, so a block's GEMM has the same shapes and operands wherever it runs (BLAS gives the same bits
-  for the same shapes and operands: what the mode relies on, and ``tests/determinism`` checks);
-* a param gradient, a sum over every row of the batch, is formed from the whole batch's per-row terms
-  (an inner product's ``gradᵀ·x`` and its bias's column sums) in one fixed computation: the rows are
-  gathered in batch order (:mod:`singa_mpi.sync.deterministic`) and each worker computes exactly what
-  one worker alone computes.  No partial sum crosses a worker boundary, so nothing depends on how the
-  rows were split (a fixed reduction tree of partial sums is the alternative ReproBLAS describes; the
-  gathered rows need no tree, and an inner product's rows are fewer bytes than its gradient).
+  products over rows run one block at a time, and a worker's rows are whole blocks, so a block's
+  computation has the same shapes and operands wherever it runs (BLAS gives the same bits for the
+  same shapes and operands: what the mode relies on, and ``tests/layers/test_deterministic.py``
+  checks);
+* a param gradient, a sum over every row of the batch, is kept as terms the job fixes (per batch row,
+  two per row, or per block: ``Layer.deterministic_terms``) and formed from the whole batch's terms in
+  one fixed computation: the terms are gathered in batch order (:mod:`singa_mpi.sync.deterministic`)
+  and each worker computes exactly what one worker alone computes.  No partial sum crosses a worker
+  boundary, so nothing depends on how the rows were split (of ReproBLAS's two ways to a
+  partition-independent sum, this is the fixed order over canonical blocks; binned summation is not
+  needed).
 
-What is not yet covered is refused by :func:`check_deterministic` (the job) and
-:func:`refuse_in_plan` (a plan's feature splits and summing exchanges), one line each.
+What is not yet covered is refused by :func:`check_deterministic` (the job), :func:`refuse_in_plan`
+(a feature split) and :func:`refuse_summing_exchanges` (an exchange that adds arrays), one line each.
 """
 from __future__ import annotations
 
