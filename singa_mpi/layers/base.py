@@ -184,6 +184,17 @@ def row_blocks(rows: int, block_rows: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + block_rows, rows)) for lo in range(0, rows, block_rows)]
 
 
+def rows_product(a: np.ndarray, b: np.ndarray, block_rows: int | None) -> np.ndarray:
+    """a @ b over the rows of ``a``; in deterministic mode (``block_rows`` set) one product per
+    canonical block, so that a worker's rows give the bits the whole batch gives for them."""
+    if block_rows is None:
+        return a @ b
+    out = np.empty((len(a), b.shape[1]), np.result_type(a, b))
+    for lo, hi in row_blocks(len(a), block_rows):
+        out[lo:hi] = a[lo:hi] @ b
+    return out
+
+
 class Layer:
     """Base class; subclasses implement setup/forward/backward."""
 

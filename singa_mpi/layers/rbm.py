@@ -46,7 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
-from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape, row_blocks
+from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape, rows_product
 from singa_mpi.streams import KeyedStream, rows_block
 
 _PHASE_CODES = {"train": 0, "test": 1, "val": 2}
@@ -60,16 +60,6 @@ def _logistic(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     y += 1
     y *= half
     return y
-
-
-def _by_blocks(x: np.ndarray, w: np.ndarray, block_rows: int | None) -> np.ndarray:
-    """x @ w, in deterministic mode one product per canonical block of rows."""
-    if block_rows is None:
-        return x @ w
-    out = np.empty((len(x), w.shape[1]), np.result_type(x, w))
-    for lo, hi in row_blocks(len(x), block_rows):
-        out[lo:hi] = x[lo:hi] @ w
-    return out
 
 
 def _hdim(layer: Layer) -> int:
@@ -208,7 +198,7 @@ class RBMHid(_RBMLayer):
     # -- passes ---------------------------------------------------------------
     def _activate(self, v: np.ndarray) -> np.ndarray:
         w = self.params[0].data  # (hidden units here, vdim)
-        pre = _by_blocks(v, w.T, self.ctx.block_rows)
+        pre = rows_product(v, w.T, self.ctx.block_rows)
         if self.bias:
             pre += self.params[1].data
         return pre if self.gaussian else _logistic(pre, out=pre)
@@ -258,7 +248,7 @@ class RBMHid(_RBMLayer):
         (a partial sum over the hidden units when they are split)."""
         if not need[0]:
             return [None]
-        return [_by_blocks(self.sample(), self.params[0].data, self.ctx.block_rows)]
+        return [rows_product(self.sample(), self.params[0].data, self.ctx.block_rows)]
 
     def param_gradients(self) -> None:
         """∇W = (h⁻ᵀ·v⁻ − h⁺ᵀ·v⁺)/B as one product over the stacked passes, ∇b_h = colsum(h⁻ − h⁺)/B."""

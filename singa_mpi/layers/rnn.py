@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape, row_blocks
+from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape, rows_product
 
 # conf.param order, as SINGA's GRULayer::Setup reads it
 Z_X, R_X, C_X, Z_H, R_H, C_H, Z_B, R_B, C_B = range(9)
@@ -140,14 +140,7 @@ class GRU(Layer):
         return _logistic(a)
 
     def _product(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """a @ b over the batch rows of ``a``: in deterministic mode one product per canonical block."""
-        block_rows = self.ctx.block_rows
-        if block_rows is None:
-            return a @ b
-        out = np.empty((len(a), b.shape[1]), np.result_type(a, b))
-        for lo, hi in row_blocks(len(a), block_rows):
-            out[lo:hi] = a[lo:hi] @ b
-        return out
+        return rows_product(a, b, self.ctx.block_rows)
 
     def _start(self, x: np.ndarray) -> np.ndarray:
         """h_prev of the first step: the carried state, or zeros (SINGA's only choice)."""
