@@ -94,14 +94,14 @@ class Param:
 
     def _form_rows(self) -> None:
         terms, self.row_terms = self.row_terms, []
+        if self.fresh:
+            form_terms(terms, self._grad)
+            self.fresh = False
+            return
+        term = np.empty_like(self._grad)
         for left, right in terms:
-            if self.fresh:
-                form_rows(left, right, self._grad)
-                self.fresh = False
-            else:
-                term = np.empty_like(self._grad)
-                form_rows(left, right, term)
-                self._grad += term
+            form_rows(left, right, term)
+            self._grad += term
 
     def _flush(self) -> None:
         """The pending products as one GEMM (a single one as it is: the result is then bitwise what
@@ -178,17 +178,49 @@ class Param:
         return f"Param({self.name!r}, shape={self.data.shape}, logical={self.logical_shape})"
 
 
-def form_rows(left: np.ndarray, right: np.ndarray | None, out: np.ndarray) -> None:
+GRADIENT_TILE_ROWS = 128  # rows of a gradient formed by one GEMM in deterministic mode (see gradient_tiles)
+
+
+def gradient_tiles(shape: Shape, paired: bool = True) -> list[tuple[int, int]]:
+    """Deterministic mode's canonical tiles of a gradient formed from per-row terms: row ranges of
+    ``GRADIENT_TILE_ROWS`` of a 2-D gradient formed as leftᵀ·right (``paired``), fixed by the shape
+    alone; the whole gradient for column sums (a bias, a convolution's per-block terms).  A GEMM of
+    one tile's shape gives the same bits wherever it runs, so workers can each form some tiles and
+    exchange them; a run on one worker forms the same tiles (a GEMM over a subset of rows is not bitwise
+    those rows of the whole product, so the tiles are the computation everywhere)."""
+    if not paired or len(shape) != 2:
+        return [(0, shape[0] if shape else 1)]
+    return [(lo, min(lo + GRADIENT_TILE_ROWS, shape[0])) for lo in range(0, shape[0], GRADIENT_TILE_ROWS)]
+
+
+def form_rows(left: np.ndarray, right: np.ndarray | None, out: np.ndarray,
+              tiles: list[tuple[int, int]] | None = None) -> None:
     """out = leftᵀ·right (rows × any, rows × any), or the column sums of ``left`` without ``right``:
-    deterministic mode's one computation of a gradient from its per-row terms.  Both operands are
-    made C-contiguous first, so that the BLAS call (its shapes, strides and transposition flags) is
-    the same whether the rows are a worker's own or gathered from every worker: the same call on
-    the same numbers gives the same bits (``tests/layers/test_deterministic.py`` checks that the BLAS in use does)."""
-    left = np.ascontiguousarray(left)
+    deterministic mode's one computation of a gradient from its per-row terms, tile by tile
+    (:func:`gradient_tiles`; ``tiles``: only those, the rest of ``out`` untouched).  The operands are
+    made C-contiguous first (left transposed), so that each BLAS call (its shapes, strides and
+    transposition flags) is the same whether the rows are a worker's own or gathered from every
+    worker: the same call on the same numbers gives the same bits (``tests/layers/test_deterministic.py``
+    checks that the BLAS in use does)."""
     if right is None:  # rows as wide as ``out`` has entries (a bias, or a convolution's per-block terms)
-        np.add.reduce(left, axis=0, out=out.reshape(-1))
-    else:
-        np.matmul(left.T, np.ascontiguousarray(right), out=out)
+        np.add.reduce(np.ascontiguousarray(left), axis=0, out=out.reshape(-1))
+        return
+    left_t, right = np.ascontiguousarray(left.T), np.ascontiguousarray(right)
+    for lo, hi in gradient_tiles(out.shape) if tiles is None else tiles:
+        np.matmul(left_t[lo:hi], right, out=out[lo:hi])
+
+
+def form_terms(terms: list[tuple[np.ndarray, np.ndarray | None]], out: np.ndarray,
+               tiles: list[tuple[int, int]] | None = None) -> None:
+    """out = the gradient of every set of terms (an unrolled layer's uses), formed one set after the
+    other and added in that order; ``tiles`` as for :func:`form_rows`."""
+    form_rows(*terms[0], out, tiles)
+    if len(terms) > 1:
+        term = np.empty_like(out)
+        for left, right in terms[1:]:
+            form_rows(left, right, term, tiles)
+            for lo, hi in [(0, out.shape[0])] if right is None or tiles is None else tiles:
+                out[lo:hi] += term[lo:hi]
 
 
 def gemm_add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

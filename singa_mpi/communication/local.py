@@ -494,7 +494,10 @@ class LocalComm:
     def Igatherv(self, send: np.ndarray, recv, counts, displs, root: int, layer: str) -> _Request:
         return self._start("Igatherv", layer, f"root {root}", self._start_gatherv, send, recv, counts, displs, root)
 
-    def Allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs, layer: str) -> None:
+    def Allgatherv(self, send: np.ndarray | None, recv: np.ndarray, counts, displs, layer: str) -> None:
+        """``send`` None: in place, this rank's block already at its place in ``recv``."""
+        if send is None:
+            send = _flat(recv, f"rank {self.rank}: Allgatherv")[displs[self.rank]:displs[self.rank] + counts[self.rank]]
         self._call("Allgatherv", layer, "group", self._start_gatherv, send, recv, counts, displs, None)
 
     def Reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str) -> None:

@@ -227,9 +227,10 @@ class MPIComm:
         self.comm.Gatherv(self._buf(send), recvbuf, root=root)
         self._leave(start, layer, rooted_bytes(self.rank, root, counts, send))
 
-    def Allgatherv(self, send: np.ndarray, recv: np.ndarray, counts, displs, layer: str) -> None:
+    def Allgatherv(self, send: np.ndarray | None, recv: np.ndarray, counts, displs, layer: str) -> None:
+        """``send`` None: in place, this rank's block already at its place in ``recv``."""
         start = self._enter("Allgatherv", layer, "group")
-        self.comm.Allgatherv(self._buf(send), self._vbuf(recv, counts, displs))
+        self.comm.Allgatherv(MPI.IN_PLACE if send is None else self._buf(send), self._vbuf(recv, counts, displs))
         self._leave(start, layer, recv.itemsize * (counts[self.rank] * (self.size - 1) + others(counts, self.rank)))
 
     def Reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, layer: str) -> None:

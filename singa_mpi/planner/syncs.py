@@ -11,8 +11,9 @@ worker of the group (``ParamSync.ranks`` = all):
 * ``allreduce``: gradients fused into buckets of up to ``BUCKET_BYTES`` and
   summed with non-blocking Allreduce;
 * ``deterministic`` (deterministic mode): no partial sums at all: every worker's per-row gradient
-  terms gathered in batch order by one Allgatherv, and each worker forms every gradient from the
-  whole batch's rows, as one worker alone does (:mod:`singa_mpi.planner.deterministic`).
+  terms gathered in batch order by one Allgatherv; each worker forms its share of the gradients'
+  canonical tiles from the whole batch's rows, as one worker alone forms every tile, and a second
+  Allgatherv brings the formed tiles to every worker (:mod:`singa_mpi.planner.deterministic`).
 
 Shards replicated on a subset of the workers always take the bucket path.
 The runtime lays out its buffers from these functions, and the schedule
@@ -24,6 +25,7 @@ import dataclasses
 import math
 
 from singa_mpi.errors import ConfigError
+from singa_mpi.params import gradient_tiles
 from singa_mpi.planner.chunk import chunk
 from singa_mpi.planner.plan import ParamSync, Plan
 
@@ -37,6 +39,7 @@ def methods_of(plan: Plan) -> tuple[str, ...]:
     """The sync methods a run of ``plan`` may take (the launch picks one from the world it finds)."""
     return (DETERMINISTIC,) if plan.deterministic is not None else METHODS
 GATHER_LABEL = "allgatherv(gradient rows)"
+FORMED_LABEL = "allgatherv(formed gradients)"
 
 # gradient fusion: big enough to amortise latency, small enough to overlap with backward
 BUCKET_BYTES = 8 << 20
@@ -193,6 +196,44 @@ def gather_counts(plan: Plan, method: str) -> list[int]:
     for spec in gathered_rows(plan, method).values():
         for rank, n in enumerate(spec.terms):
             counts[rank] += spec.uses * n * spec.width
+    return counts
+
+
+def forming_tiles(plan: Plan, method: str) -> dict[ShardKey, tuple[tuple[int, int, int], ...]]:
+    """Deterministic mode: who forms what.  Each gathered param's gradient in canonical tiles
+    (``params.gradient_tiles``: fixed by its shape), as ``(first row, end row, rank)``; the tiles of
+    every param, in the order of :func:`gathered_rows`, are dealt to the ranks in contiguous runs of
+    about equal work (the GEMMs' multiply-adds), so that each rank forms its run into one contiguous
+    range of the gradients laid end to end and one in-place Allgatherv completes them on every rank."""
+    gathered = gathered_rows(plan, method)
+    if not gathered:
+        return {}
+    tiles = [(key, lo, hi, work) for key, spec in gathered.items() for lo, hi, work in _tiles_of(key, spec)]
+    total, done, rank, result = sum(t[3] for t in tiles) or 1, 0, 0, {key: [] for key in gathered}
+    for key, lo, hi, work in tiles:
+        # the rank whose share of the work this tile's middle falls in
+        rank = max(rank, min(plan.nranks - 1, int((done + work / 2) * plan.nranks // total)))
+        result[key].append((lo, hi, rank))
+        done += work
+    return {key: tuple(each) for key, each in result.items()}
+
+
+def _tiles_of(key: ShardKey, spec: Gathered) -> list[tuple[int, int, int]]:
+    """(first row, end row, multiply-adds) of each canonical tile of a gathered param's gradient."""
+    shape = tuple(hi - lo for lo, hi in key[1])
+    paired = spec.kind != "blocks" and len(shape) == 2
+    rows = sum(spec.terms) * spec.uses
+    inner = math.prod(shape[1:]) if shape else 1
+    return [(lo, hi, (hi - lo) * inner * rows) for lo, hi in gradient_tiles(shape, paired)]
+
+
+def formed_counts(plan: Plan, method: str) -> list[int]:
+    """Floats of gradient each rank forms and contributes to the step's second Allgatherv."""
+    counts = [0] * plan.nranks
+    for key, tiles in forming_tiles(plan, method).items():
+        inner = math.prod(hi - lo for lo, hi in key[1][1:])
+        for lo, hi, rank in tiles:
+            counts[rank] += (hi - lo) * inner
     return counts
 
 

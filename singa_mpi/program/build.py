@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from singa_mpi.planner.syncs import (GATHER_LABEL, buckets, gather_counts, shared_memory_bytes,
+from singa_mpi.planner.syncs import (FORMED_LABEL, GATHER_LABEL, buckets, formed_counts, gather_counts, shared_memory_bytes,
                                      shared_memory_syncs)
 from singa_mpi.program import rules
 from singa_mpi.program.actions import PARAMS, Action, Comm, GradsFinal, SyncGradients, Update, Wait
@@ -85,15 +85,17 @@ def sync_tail(plan, rank: int, method: str, actions: list[Action]) -> list[Actio
 
 
 def _gather_rows(plan, rank: int, method: str) -> list[Comm]:
-    """Deterministic mode: the one Allgatherv of every rank's per-row gradient terms (none elsewhere)."""
-    counts = gather_counts(plan, method)
-    if not any(counts):
-        return []
-    everyone = tuple(range(plan.nranks))
-    sent = 4 * counts[rank] * (plan.nranks - 1)
-    received = 4 * (sum(counts) - counts[rank])
-    return [Comm(rank, "Allgatherv", None, everyone, None, None, (counts[rank],), "float32", GATHER_LABEL, PARAMS,
-                 f"params:{GATHER_LABEL}", sent, received, by="sync")]
+    """Deterministic mode: the Allgatherv of every rank's per-row gradient terms, then the one of the
+    gradient tiles each rank formed from them (none elsewhere)."""
+    calls = []
+    for counts, label in ((gather_counts(plan, method), GATHER_LABEL), (formed_counts(plan, method), FORMED_LABEL)):
+        if any(counts):
+            everyone = tuple(range(plan.nranks))
+            sent = 4 * counts[rank] * (plan.nranks - 1)
+            received = 4 * (sum(counts) - counts[rank])
+            calls.append(Comm(rank, "Allgatherv", None, everyone, None, None, (counts[rank],), "float32", label,
+                              PARAMS, f"params:{label}", sent, received, by="sync"))
+    return calls
 
 
 def _fence(rank: int, everyone: tuple[int, ...], size: int, label: str) -> Comm:

@@ -30,7 +30,8 @@ from singa_mpi.progress import communication_table
 from singa_mpi.planner import ALLREDUCE, SHARED_MEMORY, partition
 from singa_mpi.planner.plan import Plan, SubLayer, untrained_params
 from singa_mpi.planner.schedule import digest, schedule_lines, table_label
-from singa_mpi.planner.syncs import DETERMINISTIC, buckets, factored_rows, gathered_rows, shared_memory_syncs
+from singa_mpi.planner.syncs import (DETERMINISTIC, buckets, factored_rows, forming_tiles, gathered_rows,
+                                     shared_memory_syncs)
 from singa_mpi.program.build import SERVERS, program
 from singa_mpi.program.job import JobPrograms, job_programs
 from singa_mpi.program.passes import connection_calls
@@ -234,7 +235,12 @@ class WorkerRuntime:
         gathered = gathered_rows(the_plan, self.method)
         if gathered:
             keys = [key for key in gathered if key in params]
-            strategies.append(DeterministicSync(self.comm, [params[key] for key in keys], [gathered[key] for key in keys]))
+            if len(keys) != len(gathered):  # every worker holds every world-replicated shard
+                raise RuntimeError(f"rank {self.comm.rank} lacks world-replicated params the plan gathers: "
+                                   f"{sorted(key[0] for key in gathered if key not in params)}")
+            tiles = forming_tiles(the_plan, self.method)
+            strategies.append(DeterministicSync(self.comm, [params[key] for key in keys], [gathered[key] for key in keys],
+                                                [tiles[key] for key in keys]))
         in_shm = [params[(s.name, s.offsets)] for s in shared_memory_syncs(the_plan, self.method)]
         if in_shm:
             rows = factored_rows(the_plan)

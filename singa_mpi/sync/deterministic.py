@@ -1,5 +1,6 @@
 """Deterministic mode's sync: every worker's per-row gradient terms gathered in batch order, every
-gradient formed from the whole batch's rows, the same computation on every worker as on one.
+gradient formed from the whole batch's rows tile by tile, each tile the same computation wherever
+it runs as on one worker.
 
 During backward a layer in deterministic mode keeps its param gradients as terms (``Param.add_rows``):
 an inner product per batch row (the output gradient and input rows of its weight, the output
@@ -7,26 +8,29 @@ gradient rows of its bias), a convolution per canonical block (each block's weig
 gradients, a few thousand numbers).  After backward this strategy packs its rank's terms of every
 world-replicated param into one buffer, one Allgatherv brings every rank's (rank order is batch
 order: a worker's rows are whole canonical blocks, in rank order), and each param's terms become
-the whole batch's rows; reading the gradient then forms it (``params.form_rows``) exactly as a run
-on one worker forms it from its own rows.  No partial sum ever crosses a worker, so no addition
-order depends on the rank count.  What it costs: the rows of an inner product are B·(F + D) floats
-against F·D for its gradient (fewer for the batches of an MLP), but every worker forms every
-gradient (the weight-gradient GEMMs are not split between workers).  Every worker then updates its
-replica with the same gradient (LocalSync's update).
+the whole batch's rows.  Each worker then forms its share of the gradients' canonical tiles
+(``planner.syncs.forming_tiles``: row ranges fixed by each gradient's shape, dealt to the workers in
+contiguous runs of about equal work) exactly as a run on one worker forms every tile
+(``params.form_terms``), into its place in one buffer that holds every gradient end to end; a second,
+in-place Allgatherv brings every worker's tiles to every worker.  No partial sum ever crosses a
+worker, so no addition order depends on the rank count.  What it costs: the rows of an inner product
+are B·(F + D) floats against F·D for its gradient (fewer for the batches of an MLP), and the formed
+gradients as many floats as an allreduce moves.  Every worker then updates its replica with the same
+gradient (LocalSync's update).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from singa_mpi.params import Param
-from singa_mpi.planner.syncs import GATHER_LABEL, Gathered
+from singa_mpi.params import Param, form_terms
+from singa_mpi.planner.syncs import FORMED_LABEL, GATHER_LABEL, Gathered
 from singa_mpi.sync.base import LocalSync
 
 
 class DeterministicSync(LocalSync):
     """The world-replicated params of a deterministic run, each with its terms per rank (``Gathered``)."""
 
-    def __init__(self, comm, params: list[Param], specs: list[Gathered]):
+    def __init__(self, comm, params: list[Param], specs: list[Gathered], tiles: list[tuple[tuple[int, int, int], ...]]):
         super().__init__(params)
         for param in self.params:
             param.rows_gathered = True
@@ -37,11 +41,37 @@ class DeterministicSync(LocalSync):
         self.displs = [int(x) for x in np.cumsum([0] + self.counts[:-1])]
         self.send = np.empty(self.counts[comm.rank], np.float32)
         self.recv = np.empty(sum(self.counts), np.float32)
+        self.mine = [[(lo, hi) for lo, hi, rank in each if rank == comm.rank] for each in tiles]
+        self.formed, self.formed_counts = self._gradients_end_to_end(tiles)
+        self.formed_displs = [int(x) for x in np.cumsum([0] + self.formed_counts[:-1])]
+
+    def _gradients_end_to_end(self, tiles) -> tuple[np.ndarray, list[int]]:
+        """One buffer holding every param's gradient in turn (each param's ``grad`` becomes its view), and
+        the floats of it each rank forms: a rank's tiles are one contiguous run of it."""
+        formed = np.zeros(sum(p.data.size for p in self.params), np.float32)
+        counts, at = [0] * self.comm.size, 0
+        for param, each in zip(self.params, tiles):
+            param.grad = formed[at:at + param.data.size].reshape(param.data.shape)
+            inner = param.data.size // max(1, param.data.shape[0]) if param.data.ndim else 1
+            for lo, hi, rank in each:
+                counts[rank] += (hi - lo) * inner if param.data.ndim else 1
+            at += param.data.size
+        return formed, counts
 
     def gradients_complete(self) -> None:
         splits = self._pack()
         self.comm.Allgatherv(self.send, self.recv, self.counts, self.displs, GATHER_LABEL)
         self._unpack(splits)
+        self._form_mine()
+        self.comm.Allgatherv(None, self.formed, self.formed_counts, self.formed_displs, FORMED_LABEL)
+
+    def _form_mine(self) -> None:
+        """This rank's tiles of every gradient, from the whole batch's terms (as one worker forms them)."""
+        for param, mine in zip(self.params, self.mine):
+            terms, param.row_terms = param.row_terms, []
+            if mine:
+                form_terms(terms, param.grad, mine)
+            param.fresh = False
 
     def _terms(self, param: Param, spec: Gathered) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """``param``'s terms of this step, one set per use; terms of zeros when nothing contributed."""
@@ -75,8 +105,8 @@ class DeterministicSync(LocalSync):
         return splits
 
     def _unpack(self, splits: list[int]) -> None:
-        """Every param's terms become the whole batch's, use by use, in rank (= batch) order; the
-        gradient is then formed from them in the order they were recorded, as on one worker."""
+        """Every param's terms become the whole batch's, use by use, in rank (= batch) order (the order
+        one worker records them in)."""
         offsets = list(self.displs)
         for param, spec, split in zip(self.params, self.specs, splits):
             right_width = spec.width - split
@@ -92,4 +122,3 @@ class DeterministicSync(LocalSync):
                 offsets[rank] = at
             param.row_terms = [(np.concatenate(lefts), np.concatenate(rights) if rights else None)
                                for lefts, rights in per_use]
-            param.grad  # formed now, from the whole batch's terms

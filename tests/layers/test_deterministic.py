@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 
 from singa_mpi.layers.base import LAYERS, LayerContext, row_blocks
-from singa_mpi.params import Param, form_rows
+from singa_mpi.params import Param, form_rows, form_terms, gradient_tiles
 from singa_mpi.proto import job_pb2
 
 SHAPES = [(16, 784, 2500), (8, 100, 37), (5, 64, 10), (3, 12, 16)]  # block rows, inner, outer
@@ -42,6 +42,27 @@ def test_gradient_rows_form_the_same_bits_from_views_and_gathered_copies(rows, i
     form_rows(grad, None, sums_here)
     form_rows(np.concatenate([grad[:1], grad[1:]]), None, sums_gathered)
     assert np.array_equal(sums_here, sums_gathered)
+
+
+@pytest.mark.parametrize("rows,inner,outer", [(64, 2500, 784), (32, 300, 130), (19, 12, 16)])
+def test_a_tile_formed_alone_is_the_bits_of_that_tile_formed_with_all_the_others(rows, inner, outer):
+    """Workers form some tiles of a gradient each (planner.syncs.forming_tiles), one worker all of them."""
+    rng = np.random.default_rng(rows)
+    grad, x = rng.standard_normal((rows, outer)).astype(np.float32), rng.standard_normal((rows, inner)).astype(np.float32)
+    whole = np.empty((outer, inner), np.float32)
+    form_rows(grad, x, whole)
+    tiles = gradient_tiles(whole.shape)
+    assert tiles[0][0] == 0 and tiles[-1][1] == outer and all(a[1] == b[0] for a, b in zip(tiles, tiles[1:]))
+    for tile in tiles:
+        alone = np.full_like(whole, np.nan)
+        form_rows(grad.copy(), x.copy(), alone, [tile])
+        assert np.array_equal(alone[tile[0]:tile[1]], whole[tile[0]:tile[1]])
+    uses = [(grad, x), (grad[::-1].copy(), x[::-1].copy())]  # an unrolled layer's two uses, added in order
+    both, alone = np.empty_like(whole), np.zeros_like(whole)
+    form_terms(uses, both)
+    for tile in tiles[::-1]:
+        form_terms(uses, alone, [tile])
+    assert np.array_equal(alone, both)
 
 
 @pytest.mark.parametrize("function", [np.tanh, np.exp, np.log1p, lambda a: 1 / (1 + np.exp(-a)),

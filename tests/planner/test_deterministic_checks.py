@@ -1,6 +1,8 @@
 """Deterministic mode in the plan: a worker's rows are whole canonical blocks, and `check` (or the
 planner, for what only a plan shows) refuses what the mode does not cover in one line naming
 file:line, the field or layer, and what was expected."""
+import math
+
 import pytest
 
 import nets
@@ -8,7 +10,9 @@ from singa_mpi.checks.job import validate
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner import partition
 from singa_mpi.planner.deterministic import Deterministic
-from singa_mpi.planner.syncs import DETERMINISTIC, METHODS, buckets, gather_counts, gathered_rows, methods_of
+from singa_mpi.planner.syncs import (DETERMINISTIC, FORMED_LABEL, GATHER_LABEL, METHODS, buckets, formed_counts,
+                                    forming_tiles, gather_counts, gathered_rows, methods_of)
+from singa_mpi.params import gradient_tiles
 from singa_mpi.program.build import program
 from singa_mpi.algorithms import make_algorithm
 
@@ -54,7 +58,28 @@ def test_a_data_split_plan_splits_on_blocks_and_gathers_every_replicated_param()
     calls = program(plan, 1, make_algorithm(nets.job(_mode(nets.mlp("/tmp/unused.h5", 19, "data", 3))).proto
                                              .train_one_batch), DETERMINISTIC).calls()
     sync = [c for c in calls if c.by == "sync"]
-    assert [(c.op, c.shape) for c in sync] == [("Allgatherv", (800,))]
+    # the rows, then the tiles each rank formed: the three biases and w_fc1 by rank 0 (223 floats),
+    # w_fc2 and w_fc3 by rank 2 (210): rank 1 forms none of these small gradients
+    assert formed_counts(plan, DETERMINISTIC) == [223, 0, 210]
+    assert [(c.op, c.shape, c.layer) for c in sync] == [("Allgatherv", (800,), GATHER_LABEL),
+                                                        ("Allgatherv", (0,), FORMED_LABEL)]
+
+
+def test_the_gradients_tiles_are_dealt_to_the_ranks_in_contiguous_runs_of_about_equal_work():
+    text = _mode(nets.mlp("/tmp/unused.h5", 32, "data", 4, steps=2)).replace("num_output: 16", "num_output: 600")
+    text = text.replace("num_output: 10", "num_output: 500")
+    for nranks in (2, 3, 4):  # (one worker alone forms every tile itself: Param.grad, params.form_rows)
+        plan = partition(nets.job(text), nranks)
+        tiles = forming_tiles(plan, DETERMINISTIC)
+        assert list(tiles) == list(gathered_rows(plan, DETERMINISTIC))  # the order every rank packs
+        ranks = [rank for each in tiles.values() for _, _, rank in each]
+        assert ranks == sorted(ranks) and set(ranks) == set(range(nranks))  # one contiguous run per rank
+        for key, each in tiles.items():  # the canonical tiles, whatever the rank count
+            shape = tuple(hi - lo for lo, hi in key[1])
+            assert [(lo, hi) for lo, hi, _ in each] == gradient_tiles(shape, len(shape) == 2)
+        counts = formed_counts(plan, DETERMINISTIC)
+        assert sum(counts) == sum(math.prod(hi - lo for lo, hi in key[1]) for key in tiles)
+        assert max(counts) <= 1.5 * sum(counts) / nranks, counts  # w_fc1 600x12, w_fc2 500x600: 128-row tiles
 
 
 def test_the_default_mode_is_unchanged():
