@@ -253,7 +253,7 @@ class Walk:
         rates = self.net.among(call.group)
         if call.op == "Barrier(shm)":
             return 0.0
-        if call.op == "sum(shm)":  # a rank alone, reading the others' gradients in node memory
+        if call.op in ("sum(shm)", "read(shm)"):  # a rank alone, reading the others' gradients (terms) in node memory
             return self.net.local.copy(call.recv_bytes)
         if call.op in ("Allreduce", "Iallreduce"):
             nbytes = np.dtype(call.dtype).itemsize * math.prod(call.shape)

@@ -19,7 +19,7 @@ from singa_mpi.config.load import JobConfig, effective_partition_dim, is_test_on
 from singa_mpi.errors import ConfigError
 from singa_mpi.launcher.options import TEST, Request, options_to_agree
 from singa_mpi.planner.deterministic import deterministic_of
-from singa_mpi.planner.syncs import ALLREDUCE, DETERMINISTIC, SHARED_MEMORY
+from singa_mpi.planner.syncs import ALLREDUCE, DETERMINISTIC, DETERMINISTIC_SHARED, SHARED_MEMORY
 from singa_mpi.program.build import SERVERS
 from singa_mpi.program.job import JobPrograms, job_programs
 from singa_mpi.topology import Topology, check_supported, topology
@@ -131,13 +131,13 @@ def _copy(cfg: JobConfig) -> JobConfig:
 
 def sync_method(topo: Topology, world: World, deterministic: bool = False) -> str:
     """How world-replicated params sync: through the servers beside them; in deterministic mode by
-    gathering their gradient rows; else in node-shared memory when the world offers it; else bucketed
+    gathering their gradient rows (in node-shared memory when the world offers it); else in node-shared memory when the world offers it; else bucketed
     Allreduce (always for distributed Hogwild's groups: their exchanges write every replica, which
     node-shared chunks cannot take)."""
     if topo.servers_separate:
         return SERVERS
     if deterministic:
-        return DETERMINISTIC
+        return DETERMINISTIC_SHARED if world.shared_memory and len(topo.worker_groups) == 1 else DETERMINISTIC
     if world.shared_memory and len(topo.worker_groups) == 1:
         return SHARED_MEMORY
     return ALLREDUCE

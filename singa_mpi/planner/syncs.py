@@ -13,7 +13,10 @@ worker of the group (``ParamSync.ranks`` = all):
 * ``deterministic`` (deterministic mode): no partial sums at all: every worker's per-row gradient
   terms gathered in batch order by one Allgatherv; each worker forms its share of the gradients'
   canonical tiles from the whole batch's rows, as one worker alone forms every tile, and a second
-  Allgatherv brings the formed tiles to every worker (:mod:`singa_mpi.planner.deterministic`).
+  Allgatherv brings the formed tiles to every worker (:mod:`singa_mpi.planner.deterministic`);
+* ``deterministic_shared_memory`` (deterministic mode, every worker on one node): the same terms and
+  tiles through node-shared memory: the terms written to one shared buffer, the values kept once on
+  the node, each worker forming and updating its own tiles (fences instead of the two Allgatherv).
 
 Shards replicated on a subset of the workers always take the bucket path.
 The runtime lays out its buffers from these functions, and the schedule
@@ -32,14 +35,17 @@ from singa_mpi.planner.plan import ParamSync, Plan
 SHARED_MEMORY = "shared_memory"
 ALLREDUCE = "allreduce"
 DETERMINISTIC = "deterministic"
-METHODS = (SHARED_MEMORY, ALLREDUCE)  # the ways the default mode may take; deterministic mode has one
+DETERMINISTIC_SHARED = "deterministic_shared_memory"
+METHODS = (SHARED_MEMORY, ALLREDUCE)  # the ways the default mode may take
+DETERMINISTIC_METHODS = (DETERMINISTIC_SHARED, DETERMINISTIC)  # deterministic mode's: one node, or messages
 
 
 def methods_of(plan: Plan) -> tuple[str, ...]:
     """The sync methods a run of ``plan`` may take (the launch picks one from the world it finds)."""
-    return (DETERMINISTIC,) if plan.deterministic is not None else METHODS
+    return DETERMINISTIC_METHODS if plan.deterministic is not None else METHODS
 GATHER_LABEL = "allgatherv(gradient rows)"
 FORMED_LABEL = "allgatherv(formed gradients)"
+SHARED_ROWS_LABEL = "shm(gradient rows)"
 
 # gradient fusion: big enough to amortise latency, small enough to overlap with backward
 BUCKET_BYTES = 8 << 20
@@ -158,7 +164,7 @@ class Gathered:
 def gathered_rows(plan: Plan, method: str) -> dict[ShardKey, Gathered]:
     """Deterministic mode: the world-replicated shards whose gradient terms are gathered, in the order
     every rank packs them (sorted by name)."""
-    if method != DETERMINISTIC or plan.deterministic is None:
+    if method not in DETERMINISTIC_METHODS or plan.deterministic is None:
         return {}
     return dict(_kept(plan, ("gathered",), lambda: _gathered_rows(plan)))
 

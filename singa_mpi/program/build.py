@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from singa_mpi.planner.syncs import (FORMED_LABEL, GATHER_LABEL, buckets, formed_counts, gather_counts, shared_memory_bytes,
-                                     shared_memory_syncs)
+from singa_mpi.planner.syncs import (DETERMINISTIC_SHARED, FORMED_LABEL, GATHER_LABEL, SHARED_ROWS_LABEL, buckets,
+                                     formed_counts, gather_counts, shared_memory_bytes, shared_memory_syncs)
 from singa_mpi.program import rules
 from singa_mpi.program.actions import PARAMS, Action, Comm, GradsFinal, SyncGradients, Update, Wait
 from singa_mpi.program.passes import number_calls, passes
@@ -41,13 +41,17 @@ def sync_tail(plan, rank: int, method: str, actions: list[Action]) -> list[Actio
     ``GradsFinal`` of its params on this rank, then the sums' waits, the update and, with node-shared
     memory, its fences (:mod:`singa_mpi.planner.syncs` lays the buckets out).
 
-    ``method`` DETERMINISTIC: the gradient terms' one Allgatherv, the sync's call (its strategy makes
-    it when the sync's wait begins).
+    ``method`` DETERMINISTIC: the Allgatherv of the gradient terms and the one of the formed tiles, the
+    sync's calls (its strategy makes them when the sync's wait begins); DETERMINISTIC_SHARED: the
+    terms' fence and this rank's reading of the others' terms, the update, the values' fence.
     ``method`` SERVERS (workers beside parameter-server ranks): the sums are the servers'; a
     worker's messages to them (:mod:`singa_mpi.sync.servers`) answer whichever server replies
     first, so they are no fixed list, and the tail is the sync's wait and the update alone."""
     if method == SERVERS:
         return list(actions) + [SyncGradients(), Update()]
+    if method == DETERMINISTIC_SHARED:
+        return list(actions) + [SyncGradients()] + _shared_rows(plan, rank, method) + [Update()] + \
+            _values_fence(plan, rank, method)
     mine = [b for b in buckets(plan, method) if rank in b.ranks]
     last_use: dict[int, int] = {}  # bucket index -> position of its last GradsFinal
     params_of = {u.name: set(u.params) for u in units_of_plan(plan, rank)}
@@ -96,6 +100,23 @@ def _gather_rows(plan, rank: int, method: str) -> list[Comm]:
             calls.append(Comm(rank, "Allgatherv", None, everyone, None, None, (counts[rank],), "float32", label,
                               PARAMS, f"params:{label}", sent, received, by="sync"))
     return calls
+
+
+def _shared_rows(plan, rank: int, method: str) -> list[Comm]:
+    """Deterministic mode on one node: the fence after every rank wrote its terms to the shared
+    buffer, and this rank's reading of the others' terms there."""
+    counts = gather_counts(plan, method)
+    if not any(counts):
+        return []
+    everyone = tuple(range(plan.nranks))
+    return [_fence(rank, everyone, sum(counts), SHARED_ROWS_LABEL),
+            Comm(rank, "read(shm)", None, (rank,), None, None, (sum(counts),), "float32", SHARED_ROWS_LABEL, PARAMS,
+                 f"params:shm-read@{rank}", 0, 4 * (sum(counts) - counts[rank]), by="sync")]
+
+
+def _values_fence(plan, rank: int, method: str) -> list[Comm]:
+    counts = formed_counts(plan, method)
+    return [_fence(rank, tuple(range(plan.nranks)), sum(counts), "shm(values)")] if any(counts) else []
 
 
 def _fence(rank: int, everyone: tuple[int, ...], size: int, label: str) -> Comm:

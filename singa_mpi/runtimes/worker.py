@@ -30,8 +30,8 @@ from singa_mpi.progress import communication_table
 from singa_mpi.planner import ALLREDUCE, SHARED_MEMORY, partition
 from singa_mpi.planner.plan import Plan, SubLayer, untrained_params
 from singa_mpi.planner.schedule import digest, schedule_lines, table_label
-from singa_mpi.planner.syncs import (DETERMINISTIC, buckets, factored_rows, forming_tiles, gathered_rows,
-                                     shared_memory_syncs)
+from singa_mpi.planner.syncs import (DETERMINISTIC, DETERMINISTIC_SHARED, buckets, factored_rows, forming_tiles,
+                                     gathered_rows, shared_memory_syncs)
 from singa_mpi.program.build import SERVERS, program
 from singa_mpi.program.job import JobPrograms, job_programs
 from singa_mpi.program.passes import connection_calls
@@ -40,7 +40,7 @@ from singa_mpi.program.units import units_of_plan
 from singa_mpi.proto import job_pb2
 from singa_mpi.sync.allreduce import AllreduceSync
 from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
-from singa_mpi.sync.deterministic import DeterministicSync
+from singa_mpi.sync.deterministic import DeterministicSync, SharedDeterministicSync
 from singa_mpi.sync.hogwild import GroupDeltaSync, SharedHogwild
 from singa_mpi.sync.servers import ServerSync
 from singa_mpi.sync.shared_memory import SharedMemorySync, shared_memory_enabled
@@ -176,7 +176,7 @@ class WorkerRuntime:
         if self.programs is not None and self.programs.method not in (None, SERVERS):
             return self.programs.method
         if self.plans.get("train") is not None and self.plans["train"].deterministic is not None:
-            return DETERMINISTIC
+            return DETERMINISTIC_SHARED if shared_memory_enabled() and self.comm.on_one_node() else DETERMINISTIC
         if not shared_memory_enabled() or (self.place is not None and self.place.hogwild):
             return ALLREDUCE
         return SHARED_MEMORY if self.comm.on_one_node() else ALLREDUCE
@@ -239,7 +239,8 @@ class WorkerRuntime:
                 raise RuntimeError(f"rank {self.comm.rank} lacks world-replicated params the plan gathers: "
                                    f"{sorted(key[0] for key in gathered if key not in params)}")
             tiles = forming_tiles(the_plan, self.method)
-            strategies.append(DeterministicSync(self.comm, [params[key] for key in keys], [gathered[key] for key in keys],
+            kind = SharedDeterministicSync if self.method == DETERMINISTIC_SHARED else DeterministicSync
+            strategies.append(kind(self.comm, [params[key] for key in keys], [gathered[key] for key in keys],
                                                 [tiles[key] for key in keys]))
         in_shm = [params[(s.name, s.offsets)] for s in shared_memory_syncs(the_plan, self.method)]
         if in_shm:

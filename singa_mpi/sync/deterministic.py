@@ -23,8 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from singa_mpi.params import Param, form_terms
-from singa_mpi.planner.syncs import FORMED_LABEL, GATHER_LABEL, Gathered
-from singa_mpi.sync.base import LocalSync
+from singa_mpi.planner.syncs import FORMED_LABEL, GATHER_LABEL, SHARED_ROWS_LABEL, Gathered
+from singa_mpi.sync.base import LocalSync, first_nonfinite
+from singa_mpi.sync.shared_memory import ChunkView
 
 
 class DeterministicSync(LocalSync):
@@ -59,7 +60,7 @@ class DeterministicSync(LocalSync):
         return formed, counts
 
     def gradients_complete(self) -> None:
-        splits = self._pack()
+        splits = self._pack(self.send)
         self.comm.Allgatherv(self.send, self.recv, self.counts, self.displs, GATHER_LABEL)
         self._unpack(splits)
         self._form_mine()
@@ -90,7 +91,7 @@ class DeterministicSync(LocalSync):
             zero = (np.zeros((rows, spec.width), np.float32), None)
         return [zero] * spec.uses
 
-    def _pack(self) -> list[int]:
+    def _pack(self, send: np.ndarray) -> list[int]:
         """This rank's terms into ``send``: param after param, use after use, left rows then right rows;
         the width of each param's left rows (the same on every rank: the same layers)."""
         offset, splits = 0, []
@@ -100,11 +101,11 @@ class DeterministicSync(LocalSync):
             for left, right in terms:
                 for part in (left, right):
                     if part is not None:
-                        self.send[offset:offset + part.size].reshape(part.shape)[...] = part
+                        send[offset:offset + part.size].reshape(part.shape)[...] = part
                         offset += part.size
         return splits
 
-    def _unpack(self, splits: list[int]) -> None:
+    def _unpack(self, splits: list[int]) -> None:  # from ``recv``
         """Every param's terms become the whole batch's, use by use, in rank (= batch) order (the order
         one worker records them in)."""
         offsets = list(self.displs)
@@ -122,3 +123,73 @@ class DeterministicSync(LocalSync):
                 offsets[rank] = at
             param.row_terms = [(np.concatenate(lefts), np.concatenate(rights) if rights else None)
                                for lefts, rights in per_use]
+
+
+class SharedDeterministicSync(DeterministicSync):
+    """Deterministic mode with every worker on one node: the same terms, tiles and computations as
+    :class:`DeterministicSync`, through node-shared memory instead of messages (the default mode's
+    :class:`~singa_mpi.sync.shared_memory.SharedMemorySync` does so for sums).  Each rank writes its
+    terms at its place in one shared buffer (a fence instead of the first Allgatherv); the values live
+    once on the node, and each rank forms its tiles and updates those tiles' values and the updater's
+    state for them alone (a fence makes them visible instead of the second Allgatherv).  A tile's
+    update is element-wise, so updating it alone gives the bits of updating the whole array
+    (``tests/layers/test_deterministic.py`` checks the element-wise kernels)."""
+
+    def __init__(self, comm, params: list[Param], specs: list[Gathered], tiles: list[tuple[tuple[int, int, int], ...]]):
+        super().__init__(comm, params, specs, tiles)
+        self.rows_win, segments = comm.shared_arrays([sum(self.counts) if r == 0 else 0 for r in range(comm.size)])
+        self.recv = segments[0]
+        lo = self.displs[comm.rank]
+        self.send = self.recv[lo:lo + self.counts[comm.rank]]
+        self.value_win, values = comm.shared_arrays([self.formed.size if r == 0 else 0 for r in range(comm.size)])
+        self.views = self._shared_values(values[0])
+        comm.memory_fence(self.value_win, "shm(values)")
+
+    def _shared_values(self, values: np.ndarray) -> list[ChunkView]:
+        """Every param's values moved into the node's one copy (rank 0 writes them); a view of each run
+        of this rank's tiles, with its gradient, for the updater."""
+        views, at = [], 0
+        for param, mine in zip(self.params, self.mine):
+            size, shape = param.data.size, param.data.shape
+            if self.comm.rank == 0:
+                values[at:at + size] = param.data.reshape(-1)
+            param.data = values[at:at + size].reshape(shape)
+            inner = size // max(1, shape[0]) if param.data.ndim else 1
+            for lo, hi in _runs(mine):
+                views.append(ChunkView(param, lo * inner, hi * inner, param.grad.reshape(-1)[lo * inner:hi * inner]))
+            at += size
+        return views
+
+    def gradients_complete(self) -> None:
+        splits = self._pack(self.send)
+        self.comm.memory_fence(self.rows_win, SHARED_ROWS_LABEL)
+        span = self.comm.tracer.begin(SHARED_ROWS_LABEL, "comm", {"op": "read(shm)", "peer": "node"})
+        self._unpack(splits)
+        self.comm.tracer.end(span, 4 * (self.recv.size - self.send.size))
+        self._form_mine()
+
+    def update(self, step: int, updater) -> None:
+        for view in self.views:
+            updater.update(step, view)
+
+    def publish(self) -> None:
+        """After my tiles are updated: make the new values visible before the next forward."""
+        self.comm.memory_fence(self.value_win, "shm(values)")
+
+    def owned(self) -> list[Param]:
+        return list(self.views)
+
+    def nonfinite_grad(self) -> Param | None:
+        """The first of my tiles whose gradient is not finite (each rank looks at its own)."""
+        return first_nonfinite(self.views)
+
+
+def _runs(tiles: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent tiles merged: one updater call (and one view of its state) per run."""
+    runs: list[tuple[int, int]] = []
+    for lo, hi in tiles:
+        if runs and runs[-1][1] == lo:
+            runs[-1] = (runs[-1][0], hi)
+        else:
+            runs.append((lo, hi))
+    return runs

@@ -10,8 +10,8 @@ from singa_mpi.checks.job import validate
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner import partition
 from singa_mpi.planner.deterministic import Deterministic
-from singa_mpi.planner.syncs import (DETERMINISTIC, FORMED_LABEL, GATHER_LABEL, METHODS, buckets, formed_counts,
-                                    forming_tiles, gather_counts, gathered_rows, methods_of)
+from singa_mpi.planner.syncs import (DETERMINISTIC, DETERMINISTIC_SHARED, FORMED_LABEL, GATHER_LABEL, METHODS, buckets, formed_counts,
+                                    forming_tiles, gather_counts, gathered_rows, methods_of, SHARED_ROWS_LABEL)
 from singa_mpi.params import gradient_tiles
 from singa_mpi.program.build import program
 from singa_mpi.algorithms import make_algorithm
@@ -48,7 +48,7 @@ def test_a_data_split_plan_splits_on_blocks_and_gathers_every_replicated_param()
     assert plan.deterministic == Deterministic(4)
     fc1 = sorted((s.rank, s.batch_slice) for s in plan.sublayers if s.origin == "fc1")
     assert fc1 == [(0, (0, 8)), (1, (8, 16)), (2, (16, 19))]  # 5 blocks over 3 workers: 2, 2, 1
-    assert methods_of(plan) == (DETERMINISTIC,)
+    assert methods_of(plan) == (DETERMINISTIC_SHARED, DETERMINISTIC)  # on one node, or by messages
     rows = gathered_rows(plan, DETERMINISTIC)
     assert sorted(name for name, _ in rows) == ["b_fc1", "b_fc2", "b_fc3", "w_fc1", "w_fc2", "w_fc3"]
     assert all(spec.terms == (8, 8, 3) and spec.kind == "rows" for spec in rows.values())
@@ -63,6 +63,12 @@ def test_a_data_split_plan_splits_on_blocks_and_gathers_every_replicated_param()
     assert formed_counts(plan, DETERMINISTIC) == [223, 0, 210]
     assert [(c.op, c.shape, c.layer) for c in sync] == [("Allgatherv", (800,), GATHER_LABEL),
                                                         ("Allgatherv", (0,), FORMED_LABEL)]
+    # on one node: fences around node-shared memory instead, and the other ranks' terms read there
+    calls = program(plan, 1, make_algorithm(nets.job(_mode(nets.mlp("/tmp/unused.h5", 19, "data", 3))).proto
+                                             .train_one_batch), DETERMINISTIC_SHARED).calls()
+    assert [(c.op, c.layer, c.recv_bytes) for c in calls if c.by == "sync"] == [
+        ("Barrier(shm)", SHARED_ROWS_LABEL, 0), ("read(shm)", SHARED_ROWS_LABEL, 4 * (1900 - 800)),
+        ("Barrier(shm)", "shm(values)", 0)]
 
 
 def test_the_gradients_tiles_are_dealt_to_the_ranks_in_contiguous_runs_of_about_equal_work():
