@@ -22,7 +22,7 @@ from singa_mpi import profiling
 from singa_mpi import progress
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import algorithm_name, make_algorithm
-from singa_mpi.config.load import JobConfig
+from singa_mpi.config.load import JobConfig, deterministic_block_rows
 from singa_mpi.cost.beside import Prediction, beside_lines
 from singa_mpi.layers.base import layer_class_of
 from singa_mpi.net import Net, global_batch_size, phase_nodes
@@ -108,7 +108,7 @@ class Trainer:
         self.train_steps = train_steps if train_steps is not None else self.job.train_steps
         self.algorithm = make_algorithm(self.job.train_one_batch)
         self.algorithm.bind(self.job)
-        self.updater = make_updater(self.job.updater)
+        self.updater = make_updater(self.job.updater, exact=deterministic_block_rows(self.job) is not None)
         load_blas()  # before the clock starts
         self.train_net = runtime.build_net("train")
         evaluates = runtime.evaluates  # several worker groups: group 0 alone

@@ -211,6 +211,15 @@ class Updater:
         self._slots: dict[str, dict[str, np.ndarray]] = {}
         self._counters: dict[str, dict[str, int]] = {}
         self._scratch = np.empty(0, np.float32)
+        self.axpy = axpy
+
+    def exact_elementwise(self) -> None:
+        """Deterministic mode: compute every element's update the same way wherever it sits, so that
+        an update of a slice (a worker's tiles, a server's range) has the bits of the whole array's.
+        BLAS ?axpy does not: OpenBLAS fuses its vector body's multiply-adds (FMA) but not its tail's,
+        so an element's bits depend on its place in the call (``tests/test_updaters.py`` shows it);
+        numpy's multiply then add rounds each element twice, everywhere."""
+        self.axpy = exact_axpy
 
     @staticmethod
     def _clip_bounds(conf: job_pb2.UpdaterProto) -> tuple[float, float] | None:
@@ -238,7 +247,7 @@ class Updater:
             grad *= grad_scale
         wd = self.weight_decay * param.wd_scale
         if wd > 0:
-            axpy(wd, data, grad)
+            self.axpy(wd, data, grad)
         self.apply(param.name, data, grad, self.learning_rate(step) * param.lr_scale)
 
     def apply(self, name: str, data: np.ndarray, grad: np.ndarray, lr: float) -> None:
@@ -308,6 +317,12 @@ def axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> None:
         flat[...] = result
 
 
+def exact_axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> None:
+    """y += alpha·x, each element rounded twice (the product, then the sum) wherever it sits: two
+    passes over memory where :func:`axpy` takes one (see ``Updater.exact_elementwise``)."""
+    y += np.float32(alpha) * x if y.dtype == np.float32 else alpha * x
+
+
 def _descend_by_rms(data, numerator, accumulator, delta: float, lr: float, scratch) -> None:
     """data -= lr·numerator / sqrt(accumulator + delta), in place through ``scratch``."""
     np.add(accumulator, delta, out=scratch)
@@ -334,10 +349,10 @@ class SGD(Updater):
         if self.momentum > 0:
             history = self.slot(name, "history", data.shape)
             history *= self.momentum
-            axpy(-lr, grad, history)
+            self.axpy(-lr, grad, history)
             data += history
         else:
-            axpy(-lr, grad, data)
+            self.axpy(-lr, grad, data)
 
 
 @UPDATERS.register("kNesterov")
@@ -473,6 +488,10 @@ class AdamMax(Updater):
         data -= scratch
 
 
-def make_updater(conf: job_pb2.UpdaterProto) -> Updater:
-    """The updater of ``conf``; ConfigError naming the field and the valid types otherwise."""
-    return UPDATERS.select(conf, where="updater.")(conf)
+def make_updater(conf: job_pb2.UpdaterProto, exact: bool = False) -> Updater:
+    """The updater of ``conf``; ConfigError naming the field and the valid types otherwise.
+    ``exact``: deterministic mode (:meth:`Updater.exact_elementwise`)."""
+    updater = UPDATERS.select(conf, where="updater.")(conf)
+    if exact:
+        updater.exact_elementwise()
+    return updater

@@ -10,7 +10,8 @@ from google.protobuf import text_format
 from singa_mpi.errors import ConfigError
 from singa_mpi.params import Param
 from singa_mpi.proto import job_pb2
-from singa_mpi.updaters import LR_SCHEDULES, UPDATERS, make_updater
+from singa_mpi.sync.shared_memory import ChunkView
+from singa_mpi.updaters import LR_SCHEDULES, UPDATERS, axpy, exact_axpy, make_updater
 
 
 def updater_conf(text: str) -> job_pb2.UpdaterProto:
@@ -406,3 +407,43 @@ def test_axpy_adds_in_place_whatever_the_layout(layout):
     axpy(-0.3, x, y)
     assert target is y
     np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------- deterministic mode
+
+CUTS = [(0, 1000), (0, 37), (5, 1000), (8, 41), (19, 119), (60, 160), (333, 433), (501, 999), (990, 1000)]
+
+
+@pytest.mark.parametrize("text", UPDATER_CASES)
+def test_in_deterministic_mode_an_update_of_a_slice_has_the_bits_of_the_whole_arrays(text):
+    """A worker updates its tiles, a server its ranges: each element as the whole array's update
+    computes it, wherever the slice starts and ends (deterministic mode: make_updater(exact=True))."""
+    decay = "" if "weight_decay" in text else "weight_decay: 0.01"
+    conf = updater_conf(f"{text} {decay} {LR}")
+    grads = random_grads((1000,), steps=4)
+    whole = run(make_updater(conf, exact=True), make_param((1000,)), grads).copy()
+    for lo, hi in CUTS:
+        part = make_param((1000,))
+        view = ChunkView(part, lo, hi, np.zeros(hi - lo, np.float32))
+        view.data = view.data.copy()  # a server's range: its own array
+        got = run(make_updater(conf, exact=True), view, [g[lo:hi] for g in grads])
+        assert np.array_equal(got, whole[lo:hi]), (lo, hi)
+
+
+def test_blas_axpy_is_why_deterministic_mode_updates_with_numpy():
+    """What the exact mode avoids, on the BLAS in use: OpenBLAS's ?axpy fuses its vector body's
+    multiply-adds but not its tail's, so an element's bits can depend on where a call starts and
+    ends.  Shown, not required: a BLAS without the difference would pass the test above either way."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    whole_blas, whole_exact = y.copy(), y.copy()
+    axpy(-0.013, x, whole_blas)
+    exact_axpy(-0.013, x, whole_exact)
+    differ = 0
+    for lo, hi in CUTS:
+        part_blas, part_exact = y[lo:hi].copy(), y[lo:hi].copy()
+        axpy(-0.013, x[lo:hi].copy(), part_blas)
+        exact_axpy(-0.013, x[lo:hi].copy(), part_exact)
+        differ += not np.array_equal(part_blas, whole_blas[lo:hi])
+        assert np.array_equal(part_exact, whole_exact[lo:hi])
+    print(f"BLAS axpy: {differ} of {len(CUTS)} slices differ from the whole array's update")

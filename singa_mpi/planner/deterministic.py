@@ -11,8 +11,11 @@ alone, so that the same job and seed train the same bits on any number of worker
   checks);
 * a param gradient, a sum over every row of the batch, is kept as terms the job fixes (per batch row,
   two per row, or per block: ``Layer.deterministic_terms``) and formed from the whole batch's terms in
-  one fixed computation: the terms are gathered in batch order (:mod:`singa_mpi.sync.deterministic`)
-  and each worker computes exactly what one worker alone computes.  No partial sum crosses a worker
+  one fixed computation: the terms are gathered in batch order (:mod:`singa_mpi.sync.deterministic`),
+  each worker forms some canonical tiles of each gradient exactly as one worker alone forms them, and
+  the tiles are exchanged (or, beside server ranks, sent with negative zeros for the other workers'
+  tiles, so that a server's sum adds nothing); updates are element-wise in exact arithmetic order
+  (``Updater.exact_elementwise``), whatever slice a worker or server updates.  No partial sum crosses a worker
   boundary, so nothing depends on how the rows were split (of ReproBLAS's two ways to a
   partition-independent sum, this is the fixed order over canonical blocks; binned summation is not
   needed).
@@ -87,11 +90,8 @@ def check_deterministic(cfg) -> None:
     if max(1, cluster.nworker_groups) > 1:
         raise ConfigError(f"{cfg.where('cluster', 'nworker_groups')}: cluster.nworker_groups = "
                           f"{cluster.nworker_groups}: groups update asynchronously (Downpour, Hogwild), so what "
-                          f"a step sees depends on timing; expected one worker group in deterministic mode")
-    if cluster.server_worker_separate:
-        raise ConfigError(f"{cfg.where('cluster', 'server_worker_separate')}: cluster.server_worker_separate = "
-                          f"true: server ranks (Sandblaster) add the workers' gradients in the order they "
-                          f"arrive; expected the AllReduce framework (no separate servers) in deterministic mode")
+                          f"a step sees depends on timing; expected one worker group (AllReduce, or Sandblaster "
+                          f"beside server ranks) in deterministic mode")
     net = job.neuralnet
     if net.HasField("pipeline") and net.pipeline.micro_batches > 1:
         raise ConfigError(f"{cfg.where('neuralnet', 'pipeline', 'micro_batches')}: neuralnet.pipeline."

@@ -164,7 +164,7 @@ class Gathered:
 def gathered_rows(plan: Plan, method: str) -> dict[ShardKey, Gathered]:
     """Deterministic mode: the world-replicated shards whose gradient terms are gathered, in the order
     every rank packs them (sorted by name)."""
-    if method not in DETERMINISTIC_METHODS or plan.deterministic is None:
+    if plan.deterministic is None or method in METHODS:  # (servers too: the workers gather, then send)
         return {}
     return dict(_kept(plan, ("gathered",), lambda: _gathered_rows(plan)))
 

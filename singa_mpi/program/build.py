@@ -47,8 +47,8 @@ def sync_tail(plan, rank: int, method: str, actions: list[Action]) -> list[Actio
     ``method`` SERVERS (workers beside parameter-server ranks): the sums are the servers'; a
     worker's messages to them (:mod:`singa_mpi.sync.servers`) answer whichever server replies
     first, so they are no fixed list, and the tail is the sync's wait and the update alone."""
-    if method == SERVERS:
-        return list(actions) + [SyncGradients(), Update()]
+    if method == SERVERS:  # (deterministic mode: the workers gather their terms first; the servers combine)
+        return list(actions) + [SyncGradients()] + _gather_rows(plan, rank, method)[:1] + [Update()]
     if method == DETERMINISTIC_SHARED:
         return list(actions) + [SyncGradients()] + _shared_rows(plan, rank, method) + [Update()] + \
             _values_fence(plan, rank, method)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from singa_mpi.algorithms import frozen_params
-from singa_mpi.config.load import JobConfig
+from singa_mpi.config.load import JobConfig, deterministic_block_rows
 from singa_mpi.params import Param, make_param
 from singa_mpi.planner.plan import Plan, untrained_params
 from singa_mpi.planner.servers import pieces, server_ranges, trained_params
@@ -62,7 +62,7 @@ class ServerRuntime:
     def __init__(self, cfg: JobConfig, seed: int, world, topo: Topology, role: Role, plans: dict[str, Plan]):
         self.cfg, self.world, self.topo, self.role = cfg, world, topo, role
         self.tracer = world.tracer
-        self.updater = make_updater(cfg.proto.updater)
+        self.updater = make_updater(cfg.proto.updater, exact=deterministic_block_rows(cfg.proto) is not None)
         self.max_staleness = cfg.proto.cluster.max_staleness if cfg.proto.cluster.HasField("max_staleness") else -1
         the_plan = plans["train"]
         frozen = frozen_params(cfg.proto) | untrained_params(the_plan.sublayers)
@@ -139,7 +139,7 @@ class ServerRuntime:
     def _apply(self, the_range: _Range, g: int) -> None:
         """Every piece of the range from group ``g`` is in: sum, update, reply (or hold back)."""
         value, grad = the_range.value, the_range.value.grad
-        grad.fill(0.0)
+        grad.fill(-0.0)  # the additive identity for every float (+0.0 + -0.0 is +0.0): see TermsForServers
         step = 0
         for piece, buffer, _ in the_range.incoming[g]:  # worker order: a fixed summation order
             grad[piece.remote] += buffer[:piece.size]

@@ -40,7 +40,7 @@ from singa_mpi.program.units import units_of_plan
 from singa_mpi.proto import job_pb2
 from singa_mpi.sync.allreduce import AllreduceSync
 from singa_mpi.sync.base import FrozenParams, LocalSync, Synchronizer
-from singa_mpi.sync.deterministic import DeterministicSync, SharedDeterministicSync
+from singa_mpi.sync.deterministic import DeterministicSync, SharedDeterministicSync, TermsForServers
 from singa_mpi.sync.hogwild import GroupDeltaSync, SharedHogwild
 from singa_mpi.sync.servers import ServerSync
 from singa_mpi.sync.shared_memory import SharedMemorySync, shared_memory_enabled
@@ -271,9 +271,21 @@ class WorkerRuntime:
         ranges = server_ranges(trained_params(the_plan, frozen), len(servers))
         mine = [p for p in pieces(the_plan, ranges) if p.worker == self.rank]
         served = ServerSync(place.world, servers, mine, params, uses, asynchronous=place.groups > 1,
-                            group=place.topo.worker_groups[place.role.group])
+                            group=place.topo.worker_groups[place.role.group],
+                            former=self._terms_for_servers(the_plan, params))
         rest = [p for p in net.params if id(p) not in {id(q) for q in served.params}]
         return Synchronizer([served, FrozenParams(rest)], self.tracer)
+
+    def _terms_for_servers(self, the_plan: Plan, params: dict) -> TermsForServers | None:
+        """Deterministic mode beside servers: the gathering and forming of the gradients the group's
+        workers send (None in the default mode)."""
+        gathered = gathered_rows(the_plan, SERVERS)
+        if not gathered:
+            return None
+        keys = list(gathered)
+        tiles = forming_tiles(the_plan, SERVERS)
+        return TermsForServers(self.comm, [params[key] for key in keys], [gathered[key] for key in keys],
+                               [tiles[key] for key in keys])
 
     def begin_training(self, loaded, check_finite: bool) -> None:
         """Before the first step: the job's root gives the servers their initial state (``loaded``:

@@ -125,6 +125,23 @@ class DeterministicSync(LocalSync):
                                for lefts, rights in per_use]
 
 
+class TermsForServers(DeterministicSync):
+    """Deterministic mode beside server ranks (Sandblaster): the workers gather their terms and each
+    forms its tiles as :class:`DeterministicSync` does, but no second Allgatherv: each worker sends
+    the servers its gradient with every other worker's tiles -0.0, and a server's sum over the
+    workers (begun from -0.0, ``runtimes.server``) adds to each element exactly one formed value
+    and negative zeros, which change no float (x + -0.0 is x, for x = +0.0 too): the servers add
+    nothing, and apply the updater to the serial run's gradient.  ``gradients_complete`` is called
+    by the :class:`~singa_mpi.sync.servers.ServerSync` before it sends."""
+
+    def gradients_complete(self) -> None:
+        splits = self._pack(self.send)
+        self.comm.Allgatherv(self.send, self.recv, self.counts, self.displs, GATHER_LABEL)
+        self._unpack(splits)
+        self.formed.fill(-0.0)
+        self._form_mine()
+
+
 class SharedDeterministicSync(DeterministicSync):
     """Deterministic mode with every worker on one node: the same terms, tiles and computations as
     :class:`DeterministicSync`, through node-shared memory instead of messages (the default mode's

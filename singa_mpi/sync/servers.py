@@ -52,8 +52,12 @@ class ServerSync:
     listens = True
 
     def __init__(self, world, servers: tuple[int, ...], pieces: list, params: dict[tuple, Param],
-                 uses: dict[int, int], asynchronous: bool, group: tuple[int, ...] = ()):
+                 uses: dict[int, int], asynchronous: bool, group: tuple[int, ...] = (), former=None):
         self.world, self.servers, self.asynchronous = world, servers, asynchronous
+        # deterministic mode: ``former`` completes the gradients after backward (the workers' terms
+        # gathered, each worker's tiles formed): nothing is sent before then
+        self.former = former
+        self.listens = former is None
         # a reply waits on the servers and on every worker of the group (their pieces complete it)
         self.awaits = tuple(servers) + tuple(r for r in group if r != world.rank)
         self.pieces = [(piece, params[(piece.name, piece.offsets)]) for piece in pieces]
@@ -103,6 +107,8 @@ class ServerSync:
     def gradients_complete(self) -> None:
         """Send what backward did not (params unused this step: a zero gradient), then wait for every
         reply: the servers have applied the step (SINGA's Collect)."""
+        if self.former is not None:
+            self.former.gradients_complete()
         for param in self.params:
             self._send(param)
         self.world.Waitall(self.requests, LABEL, awaits=self.awaits)

@@ -48,7 +48,8 @@ def test_gradient_rows_form_the_same_bits_from_views_and_gathered_copies(rows, i
 def test_a_tile_formed_alone_is_the_bits_of_that_tile_formed_with_all_the_others(rows, inner, outer):
     """Workers form some tiles of a gradient each (planner.syncs.forming_tiles), one worker all of them."""
     rng = np.random.default_rng(rows)
-    grad, x = rng.standard_normal((rows, outer)).astype(np.float32), rng.standard_normal((rows, inner)).astype(np.float32)
+    grad = rng.standard_normal((rows, outer)).astype(np.float32)
+    x = rng.standard_normal((rows, inner)).astype(np.float32)
     whole = np.empty((outer, inner), np.float32)
     form_rows(grad, x, whole)
     tiles = gradient_tiles(whole.shape)

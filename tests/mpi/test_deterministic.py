@@ -158,3 +158,30 @@ def test_a_run_resumed_on_one_worker_ends_with_the_serial_bits(world):
         oracle.step(straight, index)
     problems = _differences(oracle.snapshot(resumed, STEPS), oracle.snapshot(straight, STEPS))
     agree(world, not problems, "resume: " + "; ".join(problems))
+
+
+@pytest.mark.parametrize("net", ["mlp", "convnet"])
+@pytest.mark.parametrize("nservers", [1, 2])
+def test_sandblaster_trains_the_serial_bits(world, net, nservers):
+    """Workers beside server ranks: the workers gather their terms and form their tiles, each sends
+    its gradient with the others' tiles as negative zeros, the servers add one value per element and
+    apply the updater (momentum: its state on the servers, in the checkpoint too) to ranges that cut
+    the params where SINGA's slicing puts them (each element updated as in the whole array)."""
+    nworkers = world.size - nservers
+    if nworkers < 1 or (nservers == 2 and nworkers < 2):
+        pytest.skip(f"{nservers} server(s) beside workers need more ranks")
+    if net == "mlp":
+        text = nets.mlp(_data(world), 19, "data", nworkers, STEPS).replace("num_output: 16", "num_output: 600")
+    else:
+        text = nets.convnet(_data(world, (2, 8, 8)), 19, "data", STEPS, lrn=True, pool="MAX", nranks=nworkers)
+    text = _deterministic(text, 4)
+    workspace = oracle.scratch(f"ws_det_servers_{net}_{nservers}", world.rank)
+    trainer = oracle.with_servers(text, workspace, world, nservers)
+    problems = []
+    if trainer is not None:
+        serial = oracle.serial(text, workspace + "_serial")
+        oracle.train(trainer)
+        oracle.train(serial)
+        problems = _differences(oracle.snapshot(trainer, STEPS), oracle.snapshot(serial, STEPS))
+    oracle.finish(trainer)
+    agree(world, not problems, f"sandblaster {net} {nservers} server(s): " + "; ".join(problems))

@@ -10,10 +10,11 @@ from singa_mpi.checks.job import validate
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner import partition
 from singa_mpi.planner.deterministic import Deterministic
-from singa_mpi.planner.syncs import (DETERMINISTIC, DETERMINISTIC_SHARED, FORMED_LABEL, GATHER_LABEL, METHODS, buckets, formed_counts,
-                                    forming_tiles, gather_counts, gathered_rows, methods_of, SHARED_ROWS_LABEL)
+from singa_mpi.planner.syncs import (DETERMINISTIC, DETERMINISTIC_SHARED, FORMED_LABEL, GATHER_LABEL, METHODS,
+                                     SHARED_ROWS_LABEL, buckets, formed_counts, forming_tiles, gather_counts,
+                                     gathered_rows, methods_of)
 from singa_mpi.params import gradient_tiles
-from singa_mpi.program.build import program
+from singa_mpi.program.build import SERVERS, program
 from singa_mpi.algorithms import make_algorithm
 
 
@@ -137,11 +138,20 @@ def test_an_rbms_weight_is_trained_by_its_hidden_layer_two_terms_per_row():
         "w_rbm": ("pairs", (24, 14)), "b_hid": ("pairs", (24, 14)), "b_vis": ("rows", (12, 7))}
 
 
-@pytest.mark.parametrize("cluster,what", [("nworker_groups: 2 nserver_groups: 2", "asynchronously"),
-                                          ("server_worker_separate: true nserver_groups: 1", "order they arrive")])
-def test_asynchronous_and_server_frameworks_are_refused(cluster, what):
-    text = _mode(nets.mlp("/tmp/unused.h5", 16, "data", 2, steps=2)) + f"cluster {{ {cluster} }}\n"
-    assert what in _refusal(text)
+def test_asynchronous_frameworks_are_refused():
+    text = _mode(nets.mlp("/tmp/unused.h5", 16, "data", 2, steps=2))
+    text += "cluster { nworker_groups: 2 nserver_groups: 2 }\n"
+    assert "asynchronously" in _refusal(text)
+
+
+def test_sandblaster_is_accepted_and_its_workers_gather_their_terms_before_the_servers_combine():
+    text = _mode(nets.mlp("/tmp/unused.h5", 16, "data", 2, steps=2))
+    validate(nets.job(text + "cluster { server_worker_separate: true nserver_groups: 1 nservers_per_group: 1 }\n"))
+    plan = partition(nets.job(text), 2)
+    algorithm = make_algorithm(nets.job(text).proto.train_one_batch)
+    sync = [c for c in program(plan, 0, algorithm, SERVERS).calls() if c.by == "sync"]
+    assert [(c.op, c.layer) for c in sync] == [("Allgatherv", GATHER_LABEL)]  # no second: the servers add
+    assert list(forming_tiles(plan, SERVERS)) == list(gathered_rows(plan, DETERMINISTIC))
 
 
 def test_a_pipeline_is_refused():
