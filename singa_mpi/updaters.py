@@ -218,8 +218,9 @@ class Updater:
         an update of a slice (a worker's tiles, a server's range) has the bits of the whole array's.
         BLAS ?axpy does not: OpenBLAS fuses its vector body's multiply-adds (FMA) but not its tail's,
         so an element's bits depend on its place in the call (``tests/test_updaters.py`` shows it);
-        numpy's multiply then add rounds each element twice, everywhere."""
-        self.axpy = exact_axpy
+        numpy's multiply then add rounds each element twice, everywhere (the product in the scratch
+        array: ``axpy`` is called where no rule holds it)."""
+        self.axpy = lambda alpha, x, y: exact_axpy(alpha, x, y, self._scratch_like(y))
 
     @staticmethod
     def _clip_bounds(conf: job_pb2.UpdaterProto) -> tuple[float, float] | None:
@@ -317,10 +318,12 @@ def axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> None:
         flat[...] = result
 
 
-def exact_axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> None:
+def exact_axpy(alpha: float, x: np.ndarray, y: np.ndarray, scratch: np.ndarray | None = None) -> None:
     """y += alpha·x, each element rounded twice (the product, then the sum) wherever it sits: two
-    passes over memory where :func:`axpy` takes one (see ``Updater.exact_elementwise``)."""
-    y += np.float32(alpha) * x if y.dtype == np.float32 else alpha * x
+    passes over memory where :func:`axpy` takes one (see ``Updater.exact_elementwise``); the product
+    in ``scratch`` (of y's shape) when given."""
+    product = np.multiply(x, y.dtype.type(alpha), out=scratch)
+    y += product
 
 
 def _descend_by_rms(data, numerator, accumulator, delta: float, lr: float, scratch) -> None:

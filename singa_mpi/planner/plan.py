@@ -230,7 +230,7 @@ def partition(cfg: JobConfig, nranks: int, phase: str = "train") -> Plan:
     pipe = pipeline_of(cfg.proto, phase, nranks)
     if pipe is not None:
         check_pipeline(cfg)  # what a micro-batch cannot run is refused here too, however the job was made
-    mode = deterministic_of(cfg.proto)
+    mode = deterministic_of(cfg.proto, batch)
     if mode is not None:
         check_deterministic(cfg)  # likewise
     blocks = []  # per micro-batch (one: the whole batch), its sub-layers and exchanges

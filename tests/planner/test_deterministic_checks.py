@@ -9,7 +9,7 @@ import nets
 from singa_mpi.checks.job import validate
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner import partition
-from singa_mpi.planner.deterministic import Deterministic
+from singa_mpi.planner.deterministic import Deterministic, default_block_rows
 from singa_mpi.planner.syncs import (DETERMINISTIC, DETERMINISTIC_SHARED, FORMED_LABEL, GATHER_LABEL, METHODS,
                                      SHARED_ROWS_LABEL, buckets, formed_counts, forming_tiles, gather_counts,
                                      gathered_rows, methods_of)
@@ -162,3 +162,10 @@ def test_a_pipeline_is_refused():
 def test_block_rows_must_be_positive():
     assert "deterministic.block_rows = 0: expected a positive number" in _refusal(_mode(
         nets.mlp("/tmp/unused.h5", 16, "data", 2, steps=2), 0))
+
+
+def test_without_block_rows_the_blocks_split_the_batch_evenly_for_2_and_4_workers():
+    assert [default_block_rows(b) for b in (64, 100, 96, 50, 128, 359, 19)] == [16, 25, 24, 25, 16, 16, 16]
+    text = nets.mlp("/tmp/unused.h5", 100, "data", 2, steps=2)
+    assert partition(nets.job("deterministic { }\n" + text), 2).deterministic == Deterministic(25)
+    assert partition(nets.job("deterministic { block_rows: 16 }\n" + text), 2).deterministic == Deterministic(16)
