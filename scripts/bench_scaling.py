@@ -22,8 +22,8 @@ convolution part on the batch, inner products on features (for the MLP: the firs
 the batch, the last three on features); pipeline (not run by default: it cannot scale, one worker
 waits while the other computes) = whole layers, the first half on worker 0 and the rest on worker 1;
 gpipe-M, 1f1b-M = that pipeline over M micro-batches.  Any scheme followed by ``+det`` (or ``+detN``)
-runs it in deterministic mode with blocks of 16 (N) rows: ``--schemes data data+det`` measures what
-the mode costs, side by side.
+runs it in deterministic mode with the mode's blocks for the job's batch (blocks of N rows):
+``--schemes data data+det`` measures what the mode costs, side by side.
 
 Each run prints a line as it ends, each scheme once measured the table so far; Ctrl-C or SIGTERM
 (a time limit) prints the table of the runs done.
@@ -59,6 +59,8 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: in
     from singa_mpi.proto import job_pb2
 
     scheme, block_rows = deterministic_of_scheme(scheme)
+    if block_rows is not None:
+        cfg.proto.deterministic.SetInParent()  # (+det: the mode's blocks for the job's batch)
     if block_rows:
         cfg.proto.deterministic.block_rows = block_rows
     layers = list(cfg.proto.neuralnet.layer)
@@ -105,20 +107,23 @@ def pipeline_of_scheme(scheme: str) -> tuple[str, int] | None:
 DETERMINISTIC_SUFFIX = "+det"
 
 
-def deterministic_of_scheme(scheme: str) -> tuple[str, int]:
-    """(the scheme, deterministic mode's block rows or 0) of ``SCHEME+detN`` (N rows per block, default 16):
-    the scheme in deterministic mode (docs/deterministic.md)."""
+def deterministic_of_scheme(scheme: str) -> tuple[str, int | None]:
+    """(the scheme, deterministic mode's block rows) of ``SCHEME+detN`` (N rows per block; 0 for ``+det``:
+    the mode's default for the job's batch; None: the default mode, or a suffix that is no number)
+    (docs/deterministic.md)."""
     base, _, rows = scheme.partition(DETERMINISTIC_SUFFIX)
     if base == scheme:
-        return scheme, 0
-    return base, int(rows) if rows.isdigit() and int(rows) > 0 else 16
+        return scheme, None
+    if rows == "":
+        return base, 0
+    return base, int(rows) if rows.isdigit() and int(rows) > 0 else None
 
 
 def scheme_name(text: str) -> str:
     """An argparse type: one of SCHEME_NAMES, or a pipelined scheme (gpipe-M, 1f1b-M), any of them with
     ``+det`` or ``+detN`` (deterministic mode, N rows per block)."""
     base, rows = deterministic_of_scheme(text)
-    if (base in SCHEME_NAMES or pipeline_of_scheme(base)) and (rows or text == base):
+    if (base in SCHEME_NAMES or pipeline_of_scheme(base)) and (rows is not None or text == base):
         return text
     raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(SCHEME_NAMES)}, gpipe-M or 1f1b-M, "
                                      f"optionally followed by +det or +detN (deterministic mode)")
