@@ -115,7 +115,7 @@ def check_equivalence(job: str, workers: Iterable[int] = (2,), steps: int = 3, p
     from singa_mpi.launcher.checks import check_inputs
     from singa_mpi.runtimes.serial import SerialRuntime
     from singa_mpi.runtimes.worker import WorkerRuntime
-    from singa_mpi.trainer import Trainer, summarize
+    from singa_mpi.trainer import Trainer, collected_metrics, summarize
 
     def config(pdim: int | None):
         cfg = load_job(job) if os.path.exists(job) else parse_job(job)
@@ -128,7 +128,7 @@ def check_equivalence(job: str, workers: Iterable[int] = (2,), steps: int = 3, p
         metrics = []
         for step in range(steps):
             trainer.train_one_batch(step)
-            metrics.append(summarize(trainer.runtime.reduce_metrics(trainer.train_net.collect_metrics())))
+            metrics.append(summarize(collected_metrics(trainer.runtime, trainer.train_net)))
         snapshot = collect(trainer, steps)
         trainer.runtime.close()
         return metrics, (None if snapshot is None else {name: np.array(v) for name, v in snapshot.params.items()})

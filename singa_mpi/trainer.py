@@ -24,7 +24,7 @@ from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import algorithm_name, make_algorithm
 from singa_mpi.config.load import JobConfig, deterministic_block_rows
 from singa_mpi.cost.beside import Prediction, beside_lines
-from singa_mpi.layers.base import layer_class_of
+from singa_mpi.layers.base import fold_block_sums, layer_class_of
 from singa_mpi.net import Net, global_batch_size, phase_nodes
 from singa_mpi.errors import NonFiniteError
 from singa_mpi.nonfinite import DIVERGED, NonFiniteCheck
@@ -54,6 +54,12 @@ def validate_now(job: job_pb2.JobProto, step: int) -> bool:
 
 # metrics that count (updates of the slowest and fastest worker group, the largest staleness)
 COUNTS = frozenset({"staleness_max", "slowest_group", "fastest_group"})
+
+
+def collected_metrics(runtime, net: Net) -> dict[str, float]:
+    """The sums of ``net``'s metrics since the last call over every worker (collective), each
+    metric's per-block sums folded in block order (deterministic mode: the same on any rank count)."""
+    return fold_block_sums(runtime.reduce_metrics(net.collect_metrics()))
 
 
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
@@ -194,7 +200,7 @@ class Trainer:
                 self.algorithm.evaluate(net)
         self.finite.look_at_layers(net)
         self.finite.raise_if_found(self.runtime, step, phase, self.workspace)  # collective
-        result = self.report(phase, self.runtime.reduce_metrics(net.collect_metrics()))
+        result = self.report(phase, collected_metrics(self.runtime, net))
         profiling.add(self.evaluation_totals, profiling.subtract(self.runtime.tracer.snapshot(), before))
         self.record(step, phase, result)
         return result
@@ -277,7 +283,7 @@ class Trainer:
             if display_now(job, step):
                 now = time.perf_counter()
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)
-                final = self.report("train", self.runtime.reduce_metrics(self.train_net.collect_metrics()))
+                final = self.report("train", collected_metrics(self.runtime, self.train_net))
                 final.update(self.runtime.sync().metrics())  # staleness, with servers of several groups
                 self.record(step, "train", final, samples_per_s=rate)
                 headline = next((k for k in ("loss", "squared_error") if k in final), None)

@@ -195,6 +195,43 @@ def rows_product(a: np.ndarray, b: np.ndarray, block_rows: int | None) -> np.nda
     return out
 
 
+BLOCK_MARK = "@"  # a metric's partial sum over one canonical block: "loss@3" (deterministic mode)
+
+
+def sum_over_rows(ctx: LayerContext, sums: dict[str, float], key: str, rows: int,
+                  partial: Callable[[int, int], float]) -> None:
+    """``sums[key] += partial(0, rows)``, the sum of a metric over this sub-layer's rows; in
+    deterministic mode one sum per canonical block instead, under ``key@b`` (b: the block's index in
+    the batch), as the block's rows give it on any worker: :func:`fold_block_sums` adds them in
+    block order once every worker's are in, so the total does not depend on the split."""
+    if ctx.block_rows is None:
+        sums[key] += partial(0, rows)
+        return
+    first = ctx.rows()[0] // ctx.block_rows  # a worker's rows start on a block's first row
+    for index, (lo, hi) in enumerate(row_blocks(rows, ctx.block_rows)):
+        name = f"{key}{BLOCK_MARK}{first + index}"
+        sums[name] = sums.get(name, 0.0) + partial(lo, hi)
+
+
+def fold_block_sums(metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` with each metric's per-block sums (:func:`sum_over_rows`) added into it in block
+    order, the same order for any number of workers."""
+    blocks: dict[str, list[tuple[int, float]]] = {}
+    folded = {}
+    for key, value in metrics.items():
+        base, mark, index = key.rpartition(BLOCK_MARK)
+        if mark and index.isdigit():
+            blocks.setdefault(base, []).append((int(index), value))
+        else:
+            folded[key] = value
+    for base, parts in blocks.items():
+        total = folded.get(base, 0.0)
+        for _, value in sorted(parts):
+            total += value
+        folded[base] = total
+    return folded
+
+
 class Layer:
     """Base class; subclasses implement setup/forward/backward."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from singa_mpi.errors import DataError
-from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError
+from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, sum_over_rows
 
 
 class _Loss(Layer):
@@ -39,10 +39,11 @@ class _Loss(Layer):
         self.rows = 0
 
     def metrics(self) -> dict[str, float]:
-        """{k: sum over rows, "k/count": rows} for each metric since the last call; resets."""
-        out = {}
-        for key, total in self.sums.items():
-            out[key], out[f"{key}/count"] = total, float(self.rows)
+        """{k: sum over rows, "k/count": rows} for each metric since the last call (in deterministic
+        mode also its per-block sums, ``k@b``); resets."""
+        out = dict(self.sums)
+        for key in self.metric_names:
+            out[f"{key}/count"] = float(self.rows)
         self._reset_sums()
         return out
 
@@ -113,7 +114,8 @@ class SoftmaxLoss(_Loss):
         self.labels = labels
         rows = np.arange(len(labels))
         neg_log_p = np.log(total[:, 0]) - shifted[rows, labels]
-        self.sums["loss"] += float(neg_log_p.sum()) * self.scale
+        sum_over_rows(self.ctx, self.sums, "loss", len(labels),
+                      lambda lo, hi: float(neg_log_p[lo:hi].sum()) * self.scale)
         self.sums["accuracy"] += float((_ranks_of_labels(scores, labels) < self.topk).sum())
         self.rows += len(labels)
         return self.p.reshape(inputs[0].shape)
@@ -153,7 +155,9 @@ class EuclideanLoss(_Loss):
     def forward(self, inputs, train):
         prediction, target = inputs
         self.d = prediction.reshape(len(prediction), -1) - target.reshape(len(target), -1)  # (rows, dim)
-        self.sums["loss"] += 0.5 * float(np.einsum("ij,ij->", self.d, self.d))
+        d = self.d
+        sum_over_rows(self.ctx, self.sums, "loss", len(d),
+                      lambda lo, hi: 0.5 * float(np.einsum("ij,ij->", d[lo:hi], d[lo:hi])))
         self.rows += len(prediction)
         return prediction
 

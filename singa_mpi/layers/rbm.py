@@ -46,7 +46,8 @@ from typing import Sequence
 
 import numpy as np
 
-from singa_mpi.layers.base import LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape, rows_product
+from singa_mpi.layers.base import (LAYERS, ONE_TO_ALL, Layer, LayerConfigError, Shape, rows_product,
+                                   sum_over_rows)
 from singa_mpi.streams import KeyedStream, rows_block
 
 _PHASE_CODES = {"train": 0, "test": 1, "val": 2}
@@ -144,7 +145,8 @@ class RBMVis(_RBMLayer):
         self.reconstructions += 1
         if self.reconstructions == 1:  # the first reconstruction is the one SINGA reports
             diff = self.v_pos - self.v_neg
-            self.sums["squared_error"] += float(np.einsum("ij,ij->", diff, diff))
+            sum_over_rows(self.ctx, self.sums, "squared_error", len(diff),
+                          lambda lo, hi: float(np.einsum("ij,ij->", diff[lo:hi], diff[lo:hi])))
             self.rows += len(diff)
         return self.v_neg
 
@@ -160,8 +162,8 @@ class RBMVis(_RBMLayer):
     def metrics(self) -> dict[str, float]:
         out = {}
         if self.rows:
-            out = {"squared_error": self.sums["squared_error"], "squared_error/count": float(self.rows)}
-        self.sums["squared_error"], self.rows = 0.0, 0
+            out = dict(self.sums, **{"squared_error/count": float(self.rows)})
+        self.sums, self.rows = {"squared_error": 0.0}, 0
         return out
 
 

@@ -183,16 +183,17 @@ def _gathered_rows(plan: Plan) -> dict[ShardKey, Gathered]:
     result = {}
     for key, per_rank in uses.items():
         mine = [per_rank.get(rank, []) for rank in everyone]
-        kinds = {kind for each in mine for kind, _ in each}
-        if len(kinds) != 1 or len({len(each) for each in mine}) != 1 or any(
-                len({count for _, count in each}) != 1 for each in mine):
+        training = [each for each in mine if each]  # a worker whose layers add nothing to it: no terms
+        kinds = {kind for each in training for kind, _ in each}
+        if len(kinds) != 1 or len({len(each) for each in training}) != 1 or any(
+                len({count for _, count in each}) != 1 for each in training):
             raise ConfigError(f"param {key[0]!r} is trained by layers whose gradient terms differ between or "
                               f"within the workers: expected every worker's layers that train it to be split "
                               f"alike in deterministic mode")
         shape = tuple(hi - lo for lo, hi in key[1])
         kind = kinds.pop()
         width = math.prod(shape) if kind == "blocks" else row_width(shape)
-        result[key] = Gathered(tuple(each[0][1] for each in mine), width, kind, len(mine[0]))
+        result[key] = Gathered(tuple(each[0][1] if each else 0 for each in mine), width, kind, len(training[0]))
     return result
 
 

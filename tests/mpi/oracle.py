@@ -20,7 +20,7 @@ from singa_mpi.checkpoints.hdf5 import Checkpoint
 from singa_mpi.checkpoints.snapshot import collect, restore
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.runtimes.worker import WorkerRuntime
-from singa_mpi.trainer import Trainer, summarize
+from singa_mpi.trainer import Trainer, collected_metrics, summarize
 
 
 def scratch(name: str, rank: int) -> str:
@@ -84,7 +84,7 @@ def train(trainer: Trainer) -> list[float]:
 def step(trainer: Trainer, index: int) -> float:
     """Train one batch as step ``index``; its loss (collective under MPI)."""
     trainer.train_one_batch(index)
-    return summarize(trainer.runtime.reduce_metrics(trainer.train_net.collect_metrics()))["loss"]
+    return summarize(collected_metrics(trainer.runtime, trainer.train_net))["loss"]
 
 
 def snapshot(trainer: Trainer, index: int) -> Checkpoint | None:

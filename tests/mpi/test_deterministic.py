@@ -52,7 +52,19 @@ def _trains_serial_bits(world, text: str, label: str) -> None:
     parallel.run()
     serial.run()
     problems = _differences(oracle.snapshot(parallel, STEPS), oracle.snapshot(serial, STEPS))
+    problems += _metric_differences(parallel, serial)
     agree(world, not problems, f"{label}: " + "; ".join(problems))
+
+
+def _metric_differences(parallel, serial) -> list[str]:
+    """The metrics every step printed (loss, accuracy, squared error): the serial run's, exactly."""
+    def printed(trainer):
+        return [{k: v for k, v in entry.items() if k in ("loss", "accuracy", "squared_error")}
+                for entry in trainer.history if entry["phase"] == "train"]
+    ours, theirs = printed(parallel), printed(serial)
+    if not theirs or not any(theirs):
+        return ["the serial run printed no metrics"]
+    return [] if ours == theirs else [f"printed metrics differ from the serial run's: {ours[:2]} against {theirs[:2]}"]
 
 
 @pytest.mark.parametrize("batch,block_rows", [(16, 4), (19, 4), (24, 3)])
@@ -79,26 +91,26 @@ def test_a_convnet_trains_the_serial_bits(world, scheme, lrn, pool, batch, route
     _trains_serial_bits(world, _deterministic(text, 4), f"convnet-{route}-{scheme}-{pool}-lrn{lrn}-b{batch}")
 
 
-@pytest.mark.parametrize("batch", [16, 19])
-@pytest.mark.parametrize("cd_k", [1, 2])
-def test_an_rbm_trains_the_serial_bits_with_contrastive_divergence(world, cd_k, batch):
+@pytest.mark.parametrize("scheme,batch,cd_k", [("data", 16, 1), ("data", 19, 1), ("data", 16, 2), ("data", 19, 2),
+                                              ("location", 19, 1)])
+def test_an_rbm_trains_the_serial_bits_with_contrastive_divergence(world, scheme, cd_k, batch):
     """CD-k: the hidden layer's products per block, its Gibbs samples keyed by row, W's and the
     biases' gradients as terms per row (two per row for the hidden layer's: the positive and the
-    negative phase)."""
-    text = nets.rbm(_data(world), batch, "data", cd_k, world.size, STEPS)
-    _trains_serial_bits(world, _deterministic(text, 4), f"rbm-cd{cd_k}-b{batch}")
+    negative phase); on the batch, or each layer whole on a worker."""
+    text = nets.rbm(_data(world), batch, scheme, cd_k, world.size, STEPS)
+    _trains_serial_bits(world, _deterministic(text, 4), f"rbm-{scheme}-cd{cd_k}-b{batch}")
 
 
-@pytest.mark.parametrize("batch", [8, 9])
-def test_a_char_rnn_trains_the_serial_bits_with_bptt(world, batch):
+@pytest.mark.parametrize("scheme,batch", [("data", 8), ("data", 9), ("location", 9)])
+def test_a_char_rnn_trains_the_serial_bits_with_bptt(world, scheme, batch):
     """BPTT over a GRU unrolled 5 steps (each copy's products per block, its gradients one set of row
     terms per copy, summed in the order the copies recorded them), the hidden state carried from
-    batch to batch, RMSProp with clipping."""
-    if batch < 2 * world.size:
+    batch to batch, RMSProp with clipping; on the batch, or the layers whole on workers (a pipeline)."""
+    if scheme == "data" and batch < 2 * world.size:
         pytest.skip("fewer blocks than workers")
     text, vocab = nets.text_data(oracle.scratch(f"det_text_{batch}", world.rank), size=40 * batch)
-    job = nets.char_rnn(text, vocab, batch, "data", world.size, steps=STEPS)
-    _trains_serial_bits(world, _deterministic(job, 2), f"char-rnn-b{batch}")
+    job = nets.char_rnn(text, vocab, batch, scheme, world.size, steps=STEPS)
+    _trains_serial_bits(world, _deterministic(job, 2), f"char-rnn-{scheme}-b{batch}")
 
 
 # the example jobs: (file, sample shape, rows per batch, rows per block, widths of the shrunk MLP)
@@ -120,7 +132,8 @@ def _example(world, name: str) -> str:
     for wide, narrow in (widths or {}).items():
         text = text.replace(f"num_output: {wide} ", f"num_output: {narrow} ")
     text = re.sub(r"train_steps: \d+", f"train_steps: {STEPS}", text)
-    text = re.sub(r"(test_steps|test_freq|checkpoint_freq|disp_freq): \d+", r"\1: 0", text)
+    text = re.sub(r"(test_steps|test_freq|checkpoint_freq): \d+", r"\1: 0", text)
+    text = re.sub(r"disp_freq: \d+", "disp_freq: 1", text)  # every step's metrics, compared too
     return _deterministic(text, block_rows)
 
 
