@@ -17,6 +17,12 @@ are summed over the workers holding the other rows (``ctx.allreduce``, set by th
 None when this sub-layer holds every row), in float64, so a partitioned run normalises
 exactly as the serial one.  Split on features (channels), each worker normalises its own
 channels with no communication.
+
+Deterministic mode (``ctx.block_rows``): every such sum is one partial sum per canonical block of
+the batch, computed from the block's rows alone (the same bits on any worker), exchanged as an
+array with a row per block of the whole batch (this worker's rows filled, the others -0.0, which
+adds nothing: one value per element survives the sum over the workers), then added in block order;
+the scale's and the bias's gradients are one term per block (``Param.add_rows``, "blocks").
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, Shape
+from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, Shape, row_blocks
 
 
 @LAYERS.register("kBM")
@@ -33,6 +39,8 @@ from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, Shape
 class BatchNorm(Layer):
     # the statistics of a batch split over workers are summed over them (see the module docstring)
     batch_statistics = True
+    deterministic = True  # its sums per canonical block, added in block order (see the module doc)
+    deterministic_terms = "blocks"
     micro_batch_refusal = ("it normalises by the mean and variance of the whole batch, which no micro-batch "
                            "holds (statistics summed over micro-batches would stall the pipeline)")
 
@@ -60,11 +68,35 @@ class BatchNorm(Layer):
 
     # -- statistics over the whole batch ----------------------------------------------
     def _global_sums(self, *local: np.ndarray) -> list[np.ndarray]:
-        """Per-channel float64 sums over the rows of every worker holding part of the batch."""
+        """Per-channel float64 sums over the rows of every worker holding part of the batch; in
+        deterministic mode ``local`` holds one row per block of this worker's rows (k, blocks, channels)."""
+        if self.ctx.block_rows is not None:
+            return self._block_sums(np.stack(local))
         stacked = np.stack(local)  # (k, channels)
         if self.ctx.allreduce is not None:
             stacked = self.ctx.allreduce(stacked)
         return list(stacked)
+
+    def _block_sums(self, local: np.ndarray) -> list[np.ndarray]:
+        """Deterministic mode: each canonical block's sums at its place in the batch's blocks (the
+        others -0.0), summed over the workers, then added in block order."""
+        rows, block_rows = self.ctx.rows(), self.ctx.block_rows
+        every = np.full((-(-self.ctx.global_batch // block_rows),) + local.shape[::2], -0.0)  # (blocks, k, C)
+        first = rows[0] // block_rows
+        every[first:first + local.shape[1]] = local.transpose(1, 0, 2)
+        if self.ctx.allreduce is not None:
+            every = self.ctx.allreduce(every)
+        total = every[0].copy()
+        for block in every[1:]:
+            total += block
+        return list(total)
+
+    def _per_block(self, values: np.ndarray) -> np.ndarray:
+        """Per-channel float64 sums of ``values`` over this worker's rows: (channels,), or in
+        deterministic mode one row per canonical block (blocks here, channels)."""
+        if self.ctx.block_rows is None:
+            return values.sum(self.axes, dtype=np.float64)
+        return np.stack([values[lo:hi].sum(self.axes, dtype=np.float64) for lo, hi in row_blocks(len(values), self.ctx.block_rows)])
 
     def _channels(self, values: np.ndarray) -> np.ndarray:
         """A per-channel vector shaped to broadcast against the input."""
@@ -74,8 +106,8 @@ class BatchNorm(Layer):
         x = inputs[0]
         scale, bias, running_mean, running_var = (p.data.reshape(-1) for p in self.params)
         if train:
-            total, squares = self._global_sums(x.sum(self.axes, dtype=np.float64),
-                                               np.square(x, dtype=np.float64).sum(self.axes))
+            total, squares = self._global_sums(self._per_block(x),
+                                               self._per_block(np.square(x, dtype=np.float64)))
             mean = total / self.count
             var = np.maximum(squares / self.count - mean * mean, 0.0)
             factor = self.conf.bm_conf.running_factor
@@ -90,11 +122,14 @@ class BatchNorm(Layer):
 
     def backward(self, grad: np.ndarray, need: list[bool]) -> list[np.ndarray | None]:
         x_hat = self.x_hat
-        d_bias = grad.sum(self.axes, dtype=np.float64)
-        d_scale = (grad * x_hat).sum(self.axes, dtype=np.float64)
+        d_bias = self._per_block(grad)
+        d_scale = self._per_block(grad * x_hat)
         # this worker's rows' share of the param gradients: the param sync sums the shares
         for param, value in ((self.params[0], d_scale), (self.params[1], d_bias)):
-            param.add_grad(value.astype(param.data.dtype).reshape(param.data.shape))
+            if self.ctx.block_rows is not None:  # deterministic: a term per block, added in block order
+                param.add_rows(value.astype(param.data.dtype))
+            else:
+                param.add_grad(value.astype(param.data.dtype).reshape(param.data.shape))
         # summed even when no input gradient is needed: every worker of the group calls the sum
         total_bias, total_scale = self._global_sums(d_bias, d_scale)
         if not need[0]:

@@ -121,8 +121,8 @@ def check_deterministic(cfg) -> None:
             if not cls.deterministic:
                 raise layer_error(cfg, node, "type", node.type_name,
                                   f"a layer deterministic mode covers (inner product, convolution, pooling, LRN, "
-                                  f"RBM, GRU, element-wise, dropout, softmax, losses, input, text and parser "
-                                  f"layers): "
+                                  f"batch norm, RBM, GRU, element-wise, dropout, softmax, losses, input, text "
+                                  f"and parser layers): "
                                   f"{node.type_name} "
                                   f"{cls.deterministic_refusal or 'has no canonical order for its sums over the batch yet'}; "
                                   f"remove the deterministic setting to train this net")

@@ -156,6 +156,9 @@ class SubLayer:
     # a layer with batch statistics split on the batch: the workers whose rows it sums over
     # (forward and backward of a training step), ascending; empty otherwise
     row_group: tuple[int, ...] = ()
+    # deterministic mode: the partial sums such a layer's statistics carry, one per canonical block
+    # of the batch (:mod:`singa_mpi.layers.batchnorm`); 1: one sum per worker
+    statistics_blocks: int = 1
     micro: int = 0  # the micro-batch it computes, in a pipelined plan (:mod:`.pipeline`)
 
 
@@ -430,7 +433,7 @@ def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nran
                 pdim=dst.pdim, params=[_shard(spec, cls) for spec in layer.param_specs],
                 needs_grad=dst.needs_grad, batch_slice=layer.ctx.batch_slice,
                 feature_slice=layer.ctx.feature_slice, src_shapes=list(src_shapes),
-                row_group=_row_group(dst, cls)))
+                row_group=_row_group(dst, cls), statistics_blocks=_statistics_blocks(dst, cls, layer)))
     return sublayers, exchanges
 
 
@@ -439,6 +442,15 @@ def _row_group(placed: _Placed, cls: type[Layer]) -> tuple[int, ...]:
     if not cls.batch_statistics or len(placed.layers) < 2 or placed.pdim != 0:
         return ()
     return tuple(sorted(placed.layers))
+
+
+def _statistics_blocks(placed: _Placed, cls: type[Layer], layer: Layer) -> int:
+    """The canonical blocks of the batch a split batch-statistics layer's sums carry (deterministic
+    mode), else 1."""
+    block_rows = layer.ctx.block_rows
+    if not _row_group(placed, cls) or block_rows is None:
+        return 1
+    return -(-layer.ctx.global_batch // block_rows)
 
 
 def _shard(spec, cls: type[Layer]) -> ParamShard:

@@ -161,8 +161,10 @@ def statistics_call(sub, direction: str, pass_: str) -> Comm:
     """A batch-statistics layer's sum over the workers holding the batch's other rows: two float64
     values per channel (Σx, Σx² forward; Σdy, Σdy·x̂ backward), issued by the layer's maths."""
     channels = sub.out_shape[1] if len(sub.out_shape) > 1 else 1
-    moved = rules.ring_bytes(2 * channels * 8, len(sub.row_group))
-    return Comm(sub.rank, "Allreduce", None, sub.row_group, None, None, (2, channels), "float64",
+    blocks = sub.statistics_blocks  # deterministic mode: a pair per canonical block of the batch
+    moved = rules.ring_bytes(blocks * 2 * channels * 8, len(sub.row_group))
+    shape = (2, channels) if blocks == 1 else (blocks, 2, channels)
+    return Comm(sub.rank, "Allreduce", None, sub.row_group, None, None, shape, "float64",
                 f"{sub.origin}(statistics)", direction, f"{direction}:statistics:{sub.origin}", moved, moved,
                 pass_, by="layer")
 

@@ -198,3 +198,14 @@ def test_sandblaster_trains_the_serial_bits(world, net, nservers):
         problems = _differences(oracle.snapshot(trainer, STEPS), oracle.snapshot(serial, STEPS))
     oracle.finish(trainer)
     agree(world, not problems, f"sandblaster {net} {nservers} server(s): " + "; ".join(problems))
+
+
+@pytest.mark.parametrize("scheme,batch", [("data", 16), ("data", 19), ("stages", 19)])
+def test_batch_norm_trains_the_serial_bits(world, scheme, batch):
+    """Batch norm's statistics (Σx, Σx² forward; Σdy, Σdy·x̂ backward) as one partial sum per
+    canonical block, exchanged at their places in the batch and added in block order; its scale's
+    and bias's gradients one term per block; its running statistics the serial run's too."""
+    if scheme == "stages" and batch < world.size:
+        pytest.skip("fewer rows than workers")
+    text = nets.convnet(_data(world, (2, 8, 8)), batch, scheme, STEPS, bn=True, nranks=world.size)
+    _trains_serial_bits(world, _deterministic(text, 4), f"batch-norm-{scheme}-b{batch}")

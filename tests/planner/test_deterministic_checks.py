@@ -119,9 +119,22 @@ def test_a_convolutions_gradients_are_gathered_as_one_term_per_block():
 
 
 def test_a_layer_without_a_canonical_order_is_refused_naming_it():
-    message = _refusal(_mode(nets.convnet("/tmp/unused.h5", 8, "data", steps=2, bn=True)))
-    assert "kCudnnBM has no canonical order for its sums over the batch" in message
+    text = _mode(nets.mlp("/tmp/unused.h5", 16, "data", 2, steps=2)).replace(
+        'layer { name: "fc1"', 'layer { name: "out" type: kCSVOutput srclayers: "data" '
+        'store_conf { backend: "textfile" path: "/tmp/unused.csv" } }\n  layer { name: "fc1"', 1)
+    message = _refusal(text)
+    assert "layer 'out'" in message and "kCSVOutput has no canonical order for its sums over the batch" in message
     assert "remove the deterministic setting" in message
+
+
+def test_batch_norm_is_covered_its_statistics_one_pair_per_block():
+    plan = partition(nets.job(_mode(nets.convnet("/tmp/unused.h5", 19, "data", steps=2, bn=True))), 3)
+    bn = [s for s in plan.sublayers if s.origin == "bn1"]
+    assert [s.statistics_blocks for s in bn] == [5, 5, 5]  # 19 rows in blocks of 4
+    calls = program(plan, 0, make_algorithm(nets.job(_mode(nets.convnet("/tmp/unused.h5", 19, "data", steps=2,
+                                                                       bn=True))).proto.train_one_batch),
+                    DETERMINISTIC_SHARED).calls()
+    assert {c.shape for c in calls if c.layer == "bn1(statistics)"} == {(5, 2, 6)}  # 6 channels
 
 
 def test_an_unrolled_grus_copies_each_add_a_set_of_terms():
