@@ -38,11 +38,13 @@ import atexit
 import collections
 import mmap
 import os
+import signal
 import struct
 import subprocess
 import sys
 import threading
 import time
+from typing import Sequence
 
 # seq, rank, size, pid, state, in_comm, local size, step, alive_at, progress_at, host, activity
 _LAYOUT = struct.Struct("<Q i i i i i i q d d 64s 384s")
@@ -473,8 +475,9 @@ class Watchdog(threading.Thread):
         if self.note and holds_up_setup(records, pending[2], now):
             return
         unrecorded = unrecorded_ranks(self.life.folder, records) if set(pending[2]) - set(records) else {}
+        stopped = [records[r].pid for r in pending[2] if r in records and proc_state(records[r].pid) in ("T", "t")]
         self.life.end_job(f"rank {self.life.rank}: stalled: {pending[1]} (--stall-timeout {self.timeout:g}s); "
-                          f"{blame(records, pending[2], now, unrecorded)}; aborting the job", 4)
+                          f"{blame(records, pending[2], now, unrecorded)}; aborting the job", 4, stopped)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -539,11 +542,18 @@ class RankLife:
         """Which worker or server this rank is, named in its record from now on."""
         self.watchdog.role = role
 
-    def end_job(self, message: str, code: int) -> None:
+    def end_job(self, message: str, code: int, stopped: Sequence[int] = ()) -> None:
         """Print ``message`` (one line) unless another rank of this node has explained the end already
-        (several watchdogs fire at once when one rank stops), and abort the job."""
+        (several watchdogs fire at once when one rank stops), and abort the job.  ``stopped``: pids of
+        this node's ranks that are stopped (SIGSTOP): ended first with SIGKILL, the one signal a
+        stopped process cannot hold pending, so that no launcher waits on them."""
         if self.explained():
             os.write(2, f"singa-mpi: {message}\n".encode())
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         self.abort(code)
 
     def explained(self) -> bool:

@@ -312,8 +312,11 @@ def _record_of(pid: int, rank: int):
 def test_rank_0_stopped_while_it_reads_the_job_is_named(tmp_path):
     """Rank 0 stopped after MPI_Init, as it reads the job for partition_dim: auto, which the others
     wait for patiently (rank 0 may time kernels for long): a rank that shows no sign of life for the
-    whole --stall-timeout is no patient wait; it hung until the fuzz suite's 35 s bound."""
-    conf = job(tmp_path)
+    whole --stall-timeout is no patient wait; it hung until the fuzz suite's 35 s bound.  The job is
+    padded with comments (3.7 MB: about a tenth of a second to parse) so that the phase outlasts a
+    heartbeat of the status record: a bare job was read within a millisecond, and the record, rewritten
+    every 100 ms, sometimes never showed the phase to the test's polling."""
+    conf = job(tmp_path, extra="\n" + "# a comment line that pads the job so that reading it takes a while\n" * 55000)
     proc = launch(3, conf, tmp_path, "--stall-timeout", "5")
     pid = pids_of(conf, 3)[0]
     deadline = time.monotonic() + 60
