@@ -132,8 +132,8 @@ def _copy(cfg: JobConfig) -> JobConfig:
 def sync_method(topo: Topology, world: World, deterministic: bool = False) -> str:
     """How world-replicated params sync: through the servers beside them; in deterministic mode by
     gathering their gradient rows (in node-shared memory when the world offers it); else in node-shared
-    memory when the world offers it; else bucketed Allreduce (always for distributed Hogwild's groups: their exchanges write every replica, which
-    node-shared chunks cannot take)."""
+    memory when the world offers it; else bucketed Allreduce (always for distributed Hogwild's groups:
+    their exchanges write every replica, which node-shared chunks cannot take)."""
     if topo.servers_separate:
         return SERVERS
     if deterministic:

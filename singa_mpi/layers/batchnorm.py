@@ -96,7 +96,8 @@ class BatchNorm(Layer):
         deterministic mode one row per canonical block (blocks here, channels)."""
         if self.ctx.block_rows is None:
             return values.sum(self.axes, dtype=np.float64)
-        return np.stack([values[lo:hi].sum(self.axes, dtype=np.float64) for lo, hi in row_blocks(len(values), self.ctx.block_rows)])
+        blocks = row_blocks(len(values), self.ctx.block_rows)
+        return np.stack([values[lo:hi].sum(self.axes, dtype=np.float64) for lo, hi in blocks])
 
     def _channels(self, values: np.ndarray) -> np.ndarray:
         """A per-channel vector shaped to broadcast against the input."""

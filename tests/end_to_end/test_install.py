@@ -52,6 +52,13 @@ def test_wheel_in_a_fresh_venv_trains_the_default_job_from_an_empty_folder(tmp_p
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1")
+    # the packages borrowed from this environment include PyPI's MPICH, whose libmpi lies in this
+    # environment's lib/: mpi4py >= 4.1 looks for it beside its interpreter's prefix (the new venv),
+    # so name it, as a user whose MPI is elsewhere would
+    borrowed = [path for name in ("libmpi.so.12", "libmpi.so.40")  # (libmpi.so: a linker script)
+                if (path := pathlib.Path(sys.prefix) / "lib" / name).exists()]
+    if borrowed and "MPI4PY_LIBMPI" not in env:
+        env["MPI4PY_LIBMPI"] = str(borrowed[0])
     where = run([python, "-c", "import singa_mpi; print(singa_mpi.__file__)"], empty, env).stdout.strip()
     assert pathlib.Path(where).is_relative_to(venv), where  # the wheel, not this checkout
     out = run([venv / "bin" / "singa-mpi", "train"], empty, env).stdout
