@@ -102,16 +102,19 @@ def plan_memory(the_plan) -> int:
 
 
 def _micro_batches_held(the_plan) -> dict[int, int]:
-    """Per rank of a 1F1B pipeline, how many micro-batches' activations it holds at most (counted as
-    its first ones: they are the largest); empty otherwise (every sub-layer's output counts)."""
-    from singa_mpi.planner.pipeline import ONE_F_ONE_B
+    """Per rank of a 1F1B or ZB pipeline, how many micro-batches' activations it holds at most (counted
+    as its first ones: they are the largest); empty otherwise (every sub-layer's output counts).  ZB
+    holds a micro-batch until its weight gradients, at most ``S`` (1F1B's first stage's most)."""
+    from singa_mpi.planner.pipeline import ONE_F_ONE_B, ZERO_BUBBLE
     from singa_mpi.program.schedules import stages_of
 
     pipe = the_plan.pipeline
-    if pipe is None or pipe.schedule != ONE_F_ONE_B:
+    if pipe is None or pipe.schedule not in (ONE_F_ONE_B, ZERO_BUBBLE):
         return {}
     stage = stages_of(the_plan)
     stages = max(stage.values()) + 1
+    if pipe.schedule == ZERO_BUBBLE:
+        return dict.fromkeys(stage, min(pipe.micro_batches, stages))
     return {rank: min(pipe.micro_batches, stages - s) for rank, s in stage.items()}
 
 

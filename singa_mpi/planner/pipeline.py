@@ -22,8 +22,8 @@ from singa_mpi.layers.base import layer_class_of
 from singa_mpi.net import global_batch_size, layer_error, phase_nodes
 from singa_mpi.planner.chunk import chunk
 
-GPIPE, ONE_F_ONE_B = "gpipe", "1f1b"
-SCHEDULES = (GPIPE, ONE_F_ONE_B)
+GPIPE, ONE_F_ONE_B, ZERO_BUBBLE = "gpipe", "1f1b", "zb"
+SCHEDULES = (GPIPE, ONE_F_ONE_B, ZERO_BUBBLE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,4 +160,4 @@ def refused_schedule(cfg, plan, err: ConfigError) -> ConfigError:
 
 __all__ = ["Pipeline", "pipeline_of", "check_pipeline", "micro_name", "join_blocks", "refused_schedule", "balanced_stages", "SCHEDULES",
            "GPIPE",
-           "ONE_F_ONE_B"]
+           "ONE_F_ONE_B", "ZERO_BUBBLE"]

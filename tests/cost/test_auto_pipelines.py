@@ -23,7 +23,7 @@ def test_a_pipeline_is_chosen_where_only_point_to_point_messages_are_cheap(tmp_p
     the param sync, the feature split its collectives, the pipeline neither."""
     cfg = _mlp(tmp_path)
     choice = choose(cfg, 2, ALLREDUCE, RowKernels(), Rates(1e10, FAST, SLOW, SLOW, "test"), pipelines=True)
-    assert choice.pipeline is not None and choice.pipeline[0] in ("gpipe", "1f1b")
+    assert choice.pipeline is not None and choice.pipeline[0] in ("gpipe", "1f1b", "zb")
     assert set(choice.dims.values()) == {-1}
     assert sorted(set(choice.locations.values())) == [0, 1]
     assert choice.step < 0.9 * min(choice.data_parallel, 1e9)
@@ -47,3 +47,6 @@ def test_1f1b_is_predicted_to_hold_fewer_activations_than_gpipe(tmp_path):
     plain = nets.job(nets.mlp("/tmp/unused.h5", 64, "stages", 2))
     assert plan_memory(partition(gpipe, 2)) == plan_memory(partition(plain, 2))  # every micro-batch held
     assert plan_memory(partition(one_f_one_b, 2)) < plan_memory(partition(gpipe, 2))
+    zero_bubble = nets.job(nets.pipelined(nets.mlp("/tmp/unused.h5", 64, "stages", 2), 8, "zb"))
+    assert plan_memory(partition(one_f_one_b, 2)) <= plan_memory(partition(zero_bubble, 2)) \
+        < plan_memory(partition(gpipe, 2))  # ZB holds up to S micro-batches on every stage

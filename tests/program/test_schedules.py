@@ -47,6 +47,35 @@ def test_the_bubble_of_equal_stages_is_s_minus_1_over_m_plus_s_minus_1():
         assert 1 - busy / (3 * length) == pytest.approx((3 - 1) / (4 + 3 - 1))
 
 
+def test_zb_defers_the_last_stage_s_weight_gradients_past_the_next_backward():
+    """Two stages, two micro-batches: 1F1B's last stage computes micro-batch 0's weight gradients
+    before micro-batch 1's forward, while the first stage waits for micro-batch 1's gradient; ZB
+    runs them after it, as one slot of both micro-batches, and the first stage fills its wait with
+    micro-batch 0's."""
+    assert " ".join(f"{k}{m}" for k, m in slots("zb", 2, 0, 2)) == "F0 F1 B0 W0 B1 W1"
+    assert " ".join(f"{k}{m}" for k, m in slots("zb", 2, 1, 2)) == "F0 B0 F1 B1 W0 W1"
+    placed = slot_times("zb", 2, 2)
+    length = max(t for row in placed.values() for t, _, _ in row) + 1
+    assert length == 7  # 1F1B's picture, its W inside B (two units), is 8 units long
+    assert [(t, f"{k}{m}") for t, k, m in placed[1]] == [(1, "F0"), (2, "B0"), (3, "F1"), (4, "B1"), (5, "W0"),
+                                                         (6, "W1")]
+
+
+@pytest.mark.parametrize("stages,micro", [(2, 1), (2, 8), (3, 3), (4, 8), (4, 2), (5, 16)])
+def test_zb_runs_1f1b_s_order_each_weight_slot_after_its_backward_holding_at_most_s(stages, micro):
+    for stage in range(stages):
+        order = slots("zb", micro, stage, stages)
+        assert [s for s in order if s[0] != "W"] == slots("1f1b", micro, stage, stages)
+        assert sorted(m for k, m in order if k == "W") == list(range(micro))
+        held = peak = 0
+        for index, (kind, m) in enumerate(order):
+            if kind == "W":
+                assert order.index(("B", m)) < index
+            held += {"F": 1, "B": 0, "W": -1}[kind]
+            peak = max(peak, held)
+        assert peak <= stages and held == 0
+
+
 def _mlp(nranks, micro, schedule, scheme="stages", batch=19):
     return nets.job(nets.pipelined(nets.mlp("/tmp/unused.h5", batch, scheme, nranks, steps=2), micro, schedule))
 
@@ -72,7 +101,7 @@ def test_each_rank_s_stage_is_where_its_layers_start():
     assert set(stages_of(partition(_mlp(2, 2, "1f1b", "stages-hybrid"), 2)).values()) == {0}
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb"])
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_pipelined_programs_are_proved_and_sum_every_micro_batch(schedule, nranks):
     cfg = _mlp(nranks, 3, schedule)
@@ -108,6 +137,10 @@ def test_the_plan_shows_the_schedule_as_a_timeline():
     assert lines[0].startswith("pipeline: schedule 1f1b, 3 micro-batches over 2 stage(s)")
     assert lines[1].split() == ["rank", "0", "stage", "0", "F0", "F1", ".", "B0", "F2", "B1", ".", "B2"]
     assert lines[2].split() == ["rank", "1", "stage", "1", ".", "F0", "B0", "F1", "B1", "F2", "B2", "."]
+    lines = timeline(partition(_mlp(2, 2, "zb"), 2))
+    assert lines[0].startswith("pipeline: schedule zb, 2 micro-batches over 2 stage(s); idle share with equal "
+                               "stages 14% (each slot one unit: W as long as F or B)")
+    assert lines[2].split() == ["rank", "1", "stage", "1", ".", "F0", "B0", "F1", "B1", "W0", "W1"]
 
 
 def test_evaluation_and_one_worker_are_not_pipelined_and_every_message_has_its_own_tag():
