@@ -20,8 +20,9 @@ Schemes: data = every layer partition_dim 0; feature = inner-product/convolution
 element-wise layers after them partition_dim 1 (LRN, loss and input stay on the batch); hybrid =
 convolution part on the batch, inner products on features (for the MLP: the first three layers on
 the batch, the last three on features); pipeline (not run by default: it cannot scale, one worker
-waits while the other computes) = whole layers, the first half on worker 0 and the rest on worker 1;
-gpipe-M, 1f1b-M = that pipeline over M micro-batches.  Any scheme followed by ``+det`` (or ``+detN``)
+waits while the other computes) = whole layers in contiguous stages of about equal predicted time, one
+per worker (the stages ``plan --auto`` prices, chosen once per run from this machine's kernel times);
+gpipe-M, 1f1b-M, zb-M = that pipeline over M micro-batches.  Any scheme followed by ``+det`` (or ``+detN``)
 runs it in deterministic mode with the mode's blocks for the job's batch (blocks of N rows):
 ``--schemes data data+det`` measures what the mode costs, side by side.
 
@@ -55,7 +56,8 @@ FEATURE_TYPES = {"kInnerProduct", "kConvolution", "kCConvolution", "kReLU", "kST
 
 def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: int = 2):
     """Set partition_dim per layer for the scheme (in place); ``auto``: as ``dims`` says; ``pipeline``,
-    ``gpipe-M``, ``1f1b-M``: whole layers in ``stages`` stages (M micro-batches)."""
+    ``gpipe-M``, ``1f1b-M``, ``zb-M``: whole layers in ``stages`` stages (M micro-batches), each layer's
+    stage as ``dims`` says or, without it, chosen here (:func:`place_in_stages`)."""
     from singa_mpi.proto import job_pb2
 
     scheme, block_rows = deterministic_of_scheme(scheme)
@@ -89,7 +91,7 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: in
                 follows = idx > 0 and layers[idx - 1].name in second_half and type_name in FEATURE_TYPES
                 layer.partition_dim = 1 if (layer.name in second_half or follows) else 0
     if scheme == "pipeline" or pipeline_of_scheme(scheme):
-        place_in_stages(cfg, stages)
+        place_in_stages(cfg, stages, dims)
         micro = pipeline_of_scheme(scheme)
         if micro:
             cfg.proto.neuralnet.pipeline.schedule, cfg.proto.neuralnet.pipeline.micro_batches = micro
@@ -97,7 +99,7 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: in
 
 
 def pipeline_of_scheme(scheme: str) -> tuple[str, int] | None:
-    """("gpipe" or "1f1b", micro-batches) of a scheme named ``gpipe-M`` or ``1f1b-M``, else None."""
+    """(schedule, micro-batches) of a scheme named ``gpipe-M``, ``1f1b-M`` or ``zb-M``, else None."""
     from singa_mpi.planner.pipeline import SCHEDULES
 
     name, _, count = scheme.partition("-")
@@ -125,24 +127,19 @@ def scheme_name(text: str) -> str:
     base, rows = deterministic_of_scheme(text)
     if (base in SCHEME_NAMES or pipeline_of_scheme(base)) and (rows is not None or text == base):
         return text
-    raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(SCHEME_NAMES)}, gpipe-M or 1f1b-M, "
+    raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(SCHEME_NAMES)}, gpipe-M, 1f1b-M or zb-M, "
                                      f"optionally followed by +det or +detN (deterministic mode)")
 
 
-def place_in_stages(cfg, stages: int) -> None:
-    """Each layer whole on one of ``stages`` workers, in contiguous runs of about equal work: a layer's
-    work taken as its weights times its output positions (a convolution's pixels), the runs chosen
-    to make the largest as small as it can be."""
-    from singa_mpi.planner import partition
-    from singa_mpi.planner.pipeline import balanced_stages
+def place_in_stages(cfg, stages: int, locations: dict[str, int] | None = None) -> None:
+    """Each layer whole on one of ``stages`` workers: at ``locations`` (name -> stage), or in the
+    contiguous stages of about equal predicted time that ``plan --auto`` prices (its kernel times)."""
+    from singa_mpi.cost.auto import timed_stage_locations
 
-    plan = partition(cfg, 1, "train")
-    layers = list(cfg.proto.neuralnet.layer)
-    subs = {sub.origin: sub for sub in plan.sublayers if sub.origin is not None}
-    work = [sum(s.size for s in subs[layer.name].params) * math.prod(subs[layer.name].out_shape[2:])
-            if layer.name in subs else 0 for layer in layers]
-    for layer, stage in zip(layers, balanced_stages(work, stages)):
-        layer.location = stage
+    if locations is None:
+        locations = timed_stage_locations(cfg, stages)
+    for layer in cfg.proto.neuralnet.layer:
+        layer.location = locations[layer.name]
 
 
 ONE_RANK_BATCH = -1  # --weak without a number: every rank keeps the 1-rank batch
@@ -171,6 +168,24 @@ def weak_batch(cfg, ranks: int, weak=ONE_RANK_BATCH) -> None:
             layer.store_conf.batchsize.extend(sizes)
 
 
+def layout(net: str, scheme: str, ranks: int, weak: int = 0) -> dict[str, int] | None:
+    """What the cost model chooses once for every rank of a run: ``auto``'s partition_dim per layer, a
+    pipeline's stage per layer; None for the other schemes (they need no choice)."""
+    if scheme == "auto":
+        return auto_dims(net, ranks, weak)
+    if scheme == "pipeline" or pipeline_of_scheme(deterministic_of_scheme(scheme)[0]):
+        from singa_mpi.cost.auto import timed_stage_locations
+        from bench_serial import job_on_synthetic_data
+
+        conf, shape, _ = NETS[net]
+        with tempfile.TemporaryDirectory() as folder:
+            cfg = job_on_synthetic_data(conf, folder, shape, 16)
+            if weak:
+                weak_batch(cfg, ranks, weak)
+            return timed_stage_locations(cfg, ranks)
+    return None
+
+
 def auto_dims(net: str, ranks: int, weak: int = 0) -> dict[str, int]:
     """The cost model's choice (singa_mpi.cost.auto) for ``net`` on ``ranks`` ranks of this machine."""
     from singa_mpi.cost.auto import choose_for_job
@@ -195,8 +210,8 @@ def trainer_on_world(net: str, scheme: str, prefix: str, weak: int = 0, dims: di
 
     world = comm_module.world()
     conf, shape, _ = NETS[net]
-    if scheme == "auto" and dims is None:  # launched directly (srun, sbatch): rank 0 chooses for all
-        dims = world.root_value(auto_dims(net, world.size, weak) if world.rank == 0 else None, "auto")
+    if dims is None:  # launched directly (srun, sbatch): rank 0 chooses for all
+        dims = world.root_value(layout(net, scheme, world.size, weak) if world.rank == 0 else None, "layout")
     folder = tempfile.mkdtemp(prefix=f"{prefix}_r{world.rank}_")
     cfg = partitioned(job_on_synthetic_data(conf, folder, shape, (2048 if net == "mnist_mlp" else 1000)
                                             * (world.size if weak else 1)), scheme, dims, world.size)
@@ -294,8 +309,9 @@ def launch(net: str, scheme: str, ranks: int, steps: int, weak: int = 0) -> dict
     env = bench_env()  # one BLAS thread per rank; the launcher's MPI (SINGA_MPI_FLAVOR=openmpi|mpich)
     cmd = mpiexec_command(ranks) + [sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
                                     "--steps", str(steps)] + weak_flag(weak)
-    if scheme == "auto":  # chosen once, here, so that every rank runs the same plan
-        cmd += ["--dims", json.dumps(auto_dims(net, ranks, weak))]
+    chosen = layout(net, scheme, ranks, weak)
+    if chosen is not None:  # chosen once, here, so that every rank runs the same plan
+        cmd += ["--dims", json.dumps(chosen)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{net}/{scheme} on {ranks} ranks failed:\n{out.stderr[-3000:]}")
@@ -383,8 +399,8 @@ def main() -> int:
     parser.add_argument("--schemes", nargs="+", default=["data", "feature", "hybrid"],
                         type=scheme_name, metavar="SCHEME",
                         help="data, feature, hybrid, auto (each layer's partition_dim chosen by the cost model, "
-                             "singa-mpi plan --auto), pipeline (whole layers in stages of about equal work, one "
-                             "per rank), gpipe-M or 1f1b-M (that pipeline over M micro-batches)")
+                             "singa-mpi plan --auto), pipeline (whole layers in stages of about equal predicted "
+                             "time, one per rank), gpipe-M, 1f1b-M or zb-M (that pipeline over M micro-batches)")
     parser.add_argument("--weak", type=int, nargs="?", const=ONE_RANK_BATCH, default=0, metavar="ROWS",
                         help="weak scaling: every rank keeps the 1-rank batch, or ROWS rows (the global batch "
                              "grows with N)")
@@ -393,7 +409,8 @@ def main() -> int:
                         help="run one --net/--scheme in the current MPI world (under mpiexec/srun)")
     parser.add_argument("--net", choices=list(NETS))
     parser.add_argument("--scheme", type=scheme_name)
-    parser.add_argument("--dims", help="--worker --scheme auto: the chosen partition_dim per layer (JSON)")
+    parser.add_argument("--dims", help="--worker: the cost model's choice (JSON): --scheme auto's partition_dim per "
+                        "layer, a pipeline's stage per layer")
     parser.add_argument("--out", help="--worker: also write the JSON result here")
     parser.add_argument("--collect", help="print the table of the JSON results in this folder")
     parser.add_argument("--plot", help="also draw the speed-ups into this PNG (needs matplotlib)")

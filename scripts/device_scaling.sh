@@ -8,7 +8,7 @@
 #   there:          bash scripts/device_scaling.sh scaling        (strong and weak scaling, auto)
 #                   bash scripts/device_scaling.sh peer-cost      (PyTorch DDP, predicted vs measured,
 #                                                                  the 16-rank profile)
-#                   bash scripts/device_scaling.sh pipeline       (pipelines of 2 and 4 stages, 1F1B and
+#                   bash scripts/device_scaling.sh pipeline       (pipelines of 2 and 4 stages, 1F1B, ZB and
 #                                                                  GPipe over 4 and 8 micro-batches)
 #                   (the device tool: run(command="bash scripts/device_scaling.sh scaling",
 #                    carry=["wheels"]); the results come back from $OUT)
@@ -42,7 +42,7 @@ if [ "$dry" = 1 ]; then
   pipe_schemes=(1f1b-4)
 else
   ranks=(1 2 4 8 16) cost_ranks=(4 8 16) profile_ranks=16 nets=(mnist_mlp cifar10_convnet) steps=(--steps 20)
-  pipe_ranks=(1 2 4) pipe_schemes=(pipeline 1f1b-4 gpipe-4 1f1b-8)  # a stage per rank: the nets have 13-14 layers
+  pipe_ranks=(1 2 4) pipe_schemes=(pipeline 1f1b-4 gpipe-4 zb-4 1f1b-8)  # a stage per rank: the nets have 13-14 layers
 fi
 weak_rows=64  # rows per rank in weak scaling
 

@@ -205,17 +205,12 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
 
 
 def _best_pipeline(search: Search, kernels, rates) -> Choice | None:
-    """The fastest pipeline: every layer whole, contiguous stages of about equal predicted time (the
-    1-worker plan's forward and backward per layer), one per worker; each schedule and micro-batch
-    count priced."""
-    from singa_mpi.planner import partition
-    from singa_mpi.planner.pipeline import SCHEDULES, balanced_stages
+    """The fastest pipeline: every layer whole, in the stages of :func:`stage_locations`, one per
+    worker; each schedule and micro-batch count priced."""
+    from singa_mpi.planner.pipeline import SCHEDULES
 
     whole = {name: -1 for name in search.names}
-    serial = predict(partition(search.cfg, 1, "train"), search.method, kernels, rates)
-    per_layer = {cost.name: cost.forward + cost.backward for cost in serial.layers}
-    work = [per_layer.get(name, 0.0) for name in search.names]
-    locations = dict(zip(search.names, balanced_stages(work, search.nranks)))
+    locations = stage_locations(search.cfg, search.nranks, search.method, kernels, rates)
     best = None
     for schedule in SCHEDULES:
         for micro in PIPELINE_MICRO_BATCHES:
@@ -224,6 +219,32 @@ def _best_pipeline(search: Search, kernels, rates) -> Choice | None:
             if price is not None and (best is None or price < best.step):
                 best = dataclasses.replace(candidate, step=price, memory=search.memory(whole, candidate))
     return best
+
+
+def stage_locations(cfg: JobConfig, nranks: int, method: str, kernels, rates) -> dict[str, int]:
+    """Each layer's stage (its ``location``) when every layer is whole on one of ``nranks`` workers:
+    contiguous stages of about equal predicted time (the 1-worker plan's forward and backward per
+    layer, so that pooling, normalisation and a convolution's large maps count as they run)."""
+    from singa_mpi.planner import partition
+    from singa_mpi.planner.pipeline import balanced_stages
+
+    names = [layer.name for layer in cfg.proto.neuralnet.layer]
+    serial = predict(partition(cfg, 1, "train"), method, kernels, rates)
+    per_layer = {cost.name: cost.forward + cost.backward for cost in serial.layers}
+    return dict(zip(names, balanced_stages([per_layer.get(name, 0.0) for name in names], nranks)))
+
+
+def timed_stage_locations(cfg: JobConfig, nworkers: int, method: str = "shared_memory") -> dict[str, int]:
+    """:func:`stage_locations` with this machine's kernel times (timed now or read from the cache)."""
+    from singa_mpi import threads
+    from singa_mpi.cost import rates
+    from singa_mpi.cost.kernels import KernelTimes, corunners_for
+
+    with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each
+        kernels = KernelTimes(corunners=corunners_for(nworkers))
+        locations = stage_locations(cfg, nworkers, method, kernels, rates.network(nworkers, 1))
+    kernels.save()
+    return locations
 
 
 def original_dims(cfg: JobConfig) -> dict[str, int]:
