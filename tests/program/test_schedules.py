@@ -129,6 +129,8 @@ def test_1f1b_over_workers_holding_non_adjacent_stages_is_refused_by_the_proof()
     assert "\n" not in message
     with pytest.raises(ConfigError, match="would deadlock"):
         job_programs(cfg, 2, ["train"])
+    with pytest.raises(ConfigError, match="'zb' with 2 micro-batches.*would deadlock"):  # 1F1B's order too
+        make_plan(_mlp(2, 2, "zb", "pipeline", batch=16), 2)
     make_plan(_mlp(2, 2, "gpipe", "pipeline", batch=16), 2)  # GPipe's order cannot cross there
 
 
