@@ -87,13 +87,16 @@ def ranks_of(pid: int) -> dict[int, int]:
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - below
         below |= frontier
-    ranks = {}
+    found = {}  # pid -> MPI rank
     for child in below:
         try:
             env = pathlib.Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            rank = [v.split(b"=", 1)[1] for v in env if v.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))]
+            if rank and b"python" in pathlib.Path(f"/proc/{child}/cmdline").read_bytes():
+                found[child] = int(rank[0])
         except OSError:
             continue
-        rank = [v.split(b"=", 1)[1] for v in env if v.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))]
-        if rank and b"python" in pathlib.Path(f"/proc/{child}/cmdline").read_bytes():
-            ranks[int(rank[0])] = child
-    return ranks
+    # A rank's child between its fork and its exec (the guardian, starting) still shows the rank's
+    # environment and command line: the rank is the top-most of them.  Taking the child made a
+    # signal meant for the rank reach the guardian instead (a fuzz case then trained to the end).
+    return {rank: pid for pid, rank in found.items() if parents.get(pid) not in found}
