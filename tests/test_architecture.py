@@ -5,8 +5,8 @@
   the trainer never import a communicator implementation or a runtime; the
   communicators know nothing of layers or training; parsing (``config``)
   imports no layer, net, plan or run, nor the checks; nothing from the planner
-  down imports the checks; the way of a job only goes down: cli, launcher (and
-  the test command), runtimes, trainer, cost model, checks, programs, parsed
+  down imports the checks; the way of a job only goes down: cli (and the Python
+  API), launcher (and the test command), runtimes, trainer, cost model, checks, programs, parsed
   config, none importing one above it, directly or through others);
 * no import cycle between modules of the package (function-level imports
   count too), found with grimp, import-linter's import graph.

@@ -1,0 +1,187 @@
+"""A whole job in Python: the net, the updater, the cluster and the job's own settings, written as the
+``.conf`` text that ``singa-mpi`` runs and read back from it (:meth:`Job.from_conf`), field for field."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from google.protobuf import text_format
+
+from singa_mpi.api.fields import ArgumentError, fill
+from singa_mpi.api.net import Net, Sequential
+from singa_mpi.config.load import AUTO, JobConfig, load_job, parse_job
+from singa_mpi.errors import ConfigError
+from singa_mpi.proto import job_pb2
+
+# the block of each learning-rate change method's own settings
+LR_BLOCKS = {"kFixedStep": "fixedstep_conf", "kStep": "step_conf", "kLinear": "linear_conf",
+             "kExponential": "exponential_conf", "kInverse": "inverse_conf", "kInverseT": "inverset_conf"}
+_WRITTEN_AUTO = re.compile(rf"(\bpartition_dim: ){AUTO}\b")
+PYTHON = "<python>"  # where a job built in Python comes from, for the parser
+
+
+class LearningRate:
+    """How the learning rate changes (LRGenProto): ``type`` a ChangeMethod name (``kFixed``, ``kStep``,
+    ...), ``base_lr``, and the method's settings as arguments (``kStep``: ``change_freq``, ``gamma``)."""
+
+    def __init__(self, type: str = "kFixed", base_lr: float = 0.01, **settings: Any):
+        where = f"learning rate ({type})"
+        block = LR_BLOCKS.get(type)
+        values: dict[str, Any] = {"type": type, "base_lr": base_lr}
+        if block is not None and settings:
+            values[block] = settings
+        elif settings:
+            values.update(settings)
+        self.proto = fill(job_pb2.LRGenProto(), values, where)
+
+    def to_proto(self) -> job_pb2.LRGenProto:
+        return self.proto
+
+
+class Updater:
+    """The updater (UpdaterProto): ``type`` an UpdaterType name (``kSGD``, ``kAdaGrad``, ...), ``lr``
+    a number (a fixed rate) or a :class:`LearningRate`, and any other field (``momentum``,
+    ``weight_decay``, ``rmsprop_conf={...}``)."""
+
+    def __init__(self, type: str = "kSGD", lr: float | LearningRate | None = None, **more: Any):
+        rate = LearningRate("kFixed", lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else lr
+        self.proto = fill(job_pb2.UpdaterProto(), dict(type=type, learning_rate=rate, **more), f"updater ({type})")
+
+    @classmethod
+    def from_proto(cls, proto: job_pb2.UpdaterProto) -> Updater:
+        updater = cls.__new__(cls)
+        updater.proto = job_pb2.UpdaterProto()
+        updater.proto.CopyFrom(proto)
+        return updater
+
+    def to_proto(self) -> job_pb2.UpdaterProto:
+        return self.proto
+
+
+def SGD(lr: float | LearningRate, momentum: float | None = None, weight_decay: float | None = None,  # noqa: N802
+        **more: Any) -> Updater:
+    return Updater("kSGD", lr, momentum=momentum, weight_decay=weight_decay, **more)
+
+
+def AdaGrad(lr: float | LearningRate, weight_decay: float | None = None, **more: Any) -> Updater:  # noqa: N802
+    return Updater("kAdaGrad", lr, weight_decay=weight_decay, **more)
+
+
+class Cluster:
+    """Where the job runs (ClusterProto): ``workers`` per group, worker ``groups``, ``servers`` per
+    server group and ``server_groups`` (SINGA's frameworks: AllReduce, Sandblaster, Downpour, Hogwild,
+    see docs/frameworks.md), the ``workspace`` folder, and any other ClusterProto field by name."""
+
+    def __init__(self, workers: int | None = None, *, groups: int | None = None, servers: int | None = None,
+                 server_groups: int | None = None, workspace: str | None = None, **more: Any):
+        self.proto = fill(job_pb2.ClusterProto(), dict(nworkers_per_group=workers, nworker_groups=groups,
+                                                       nservers_per_group=servers, nserver_groups=server_groups,
+                                                       workspace=workspace, **more), "cluster")
+
+    @classmethod
+    def from_proto(cls, proto: job_pb2.ClusterProto) -> Cluster:
+        cluster = cls.__new__(cls)
+        cluster.proto = job_pb2.ClusterProto()
+        cluster.proto.CopyFrom(proto)
+        return cluster
+
+    def to_proto(self) -> job_pb2.ClusterProto:
+        return self.proto
+
+
+class Job:
+    """A training job: ``name``, the ``net`` (a :class:`~singa_mpi.api.net.Net`), the ``updater``, the
+    ``cluster``, the ``algorithm`` (``kBP``, ``kBPTT``, ``kCD``; ``cd_k`` Gibbs rounds for CD) and any
+    other JobProto field by name (``seed``, ``train_steps``, ``test_freq``, ``disp_freq``,
+    ``checkpoint_freq``, ...)."""
+
+    def __init__(self, name: str = "job", net: Net | None = None, *, updater: Updater | None = None,
+                 cluster: Cluster | None = None, algorithm: str = "kBP", cd_k: int | None = None, **fields: Any):
+        if fields.get("neuralnet") is not None:
+            raise ArgumentError("job: argument neuralnet: expected the net as Job(name, net)")
+        one_batch = dict(alg=algorithm, cd_conf={"cd_k": cd_k} if cd_k is not None else None)
+        self.settings = fill(job_pb2.JobProto(), dict(name=name, **fields), "job")
+        fill(self.settings.train_one_batch, one_batch, "job", "train_one_batch.")
+        self.net = net if net is not None else Sequential()
+        self.updater, self.cluster = updater, cluster
+        self.origin = PYTHON  # a job read from a file: its path (plugins named relative to it)
+
+    # ------------------------------------------------------------ to and from the .conf text
+
+    def to_proto(self) -> job_pb2.JobProto:
+        proto = job_pb2.JobProto()
+        proto.CopyFrom(self.settings)
+        proto.neuralnet.CopyFrom(self.net.to_proto())
+        if self.updater is not None:
+            proto.updater.CopyFrom(self.updater.to_proto())
+        if self.cluster is not None:
+            proto.cluster.CopyFrom(self.cluster.to_proto())
+        return proto
+
+    def to_conf(self, path: str | os.PathLike | None = None) -> str:
+        """The job as ``.conf`` text (also written to ``path`` when given): what ``singa-mpi train``
+        runs, with ``partition_dim: auto`` where the cost model is to choose."""
+        text = _WRITTEN_AUTO.sub(r"\1auto", text_format.MessageToString(self.to_proto()))
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    @classmethod
+    def from_proto(cls, proto: job_pb2.JobProto) -> Job:
+        job = cls.__new__(cls)
+        job.settings = job_pb2.JobProto()
+        job.settings.CopyFrom(proto)
+        for part in ("neuralnet", "updater", "cluster"):
+            job.settings.ClearField(part)
+        job.net = Net.from_proto(proto.neuralnet)
+        job.updater = Updater.from_proto(proto.updater) if proto.HasField("updater") else None
+        job.cluster = Cluster.from_proto(proto.cluster) if proto.HasField("cluster") else None
+        job.origin = PYTHON
+        return job
+
+    @classmethod
+    def from_conf(cls, source: str | os.PathLike) -> Job:
+        """A job from a ``.conf`` file's path, or from its text (the plugins it names are loaded)."""
+        if isinstance(source, os.PathLike) or "\n" not in source and os.path.exists(source):
+            job = cls.from_proto(load_job(source).proto)
+            job.origin = os.fspath(source)
+            return job
+        return cls.from_proto(parse_job(source, PYTHON).proto)
+
+    # ------------------------------------------------------------ checking
+
+    def config(self) -> JobConfig:
+        """The job as ``singa-mpi`` reads it (parsed from :meth:`to_conf`'s text)."""
+        try:
+            return parse_job(self.to_conf(), self.origin)
+        except ConfigError as err:
+            raise self._without_position(err) from None
+
+    def check(self):
+        """What ``singa-mpi check`` checks, without data or MPI: the layers' shapes and settings, the
+        params, the algorithm; :class:`ArgumentError` naming the layer and the argument (the field) at
+        the first problem, else the job's summary (layers, params, shapes)."""
+        from singa_mpi.checks.job import validate
+
+        cfg = self.config()
+        try:
+            return validate(cfg)
+        except ConfigError as err:
+            raise self._without_position(err) from None
+
+    def _without_position(self, err: ConfigError) -> ArgumentError:
+        """The parser's message without its ``file:line:col``: lines of the generated text, which the
+        script's author never saw (the message names the layer and the field)."""
+        return ArgumentError(re.sub(rf"^{re.escape(self.origin)}(:\d+:\d+)?: ", "", str(err)))
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def __repr__(self) -> str:
+        return f"Job({self.name!r}, {self.net!r})"
+
+
+__all__ = ["Job", "Updater", "LearningRate", "SGD", "AdaGrad", "Cluster", "LR_BLOCKS"]

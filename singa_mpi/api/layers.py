@@ -1,0 +1,306 @@
+"""Layers and params of the Python API: each a view of its ``LayerProto`` / ``ParamProto``.
+
+:class:`Layer` takes any layer type (built-in or a plugin's) with its configuration blocks named as in a
+``.conf`` file (``innerproduct_conf={"num_output": 10}``); the classes below it are the common types
+with their configuration as plain constructor arguments.  Placement and partitioning are arguments of
+every layer: ``partition_dim`` (-1 whole, 0 rows, 1 features, ``"auto"``: the cost model's choice) and
+``location`` (the worker of a whole layer).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from singa_mpi.api.fields import ArgumentError, fill
+from singa_mpi.config.load import AUTO
+from singa_mpi.proto import job_pb2
+
+PHASES = {"train": "kTrain", "test": "kTest", "val": "kVal", "validation": "kVal"}
+
+
+# ---------------------------------------------------------------- params and their initialisation
+
+def Init(type: str, **values: float) -> dict[str, Any]:  # noqa: N802 - reads as the message it makes
+    """A ``ParamGenProto``: ``type`` one of the InitMethod names (``kUniform``, ``kGaussian``, ...)."""
+    return {"type": type, **values}
+
+
+def Constant(value: float = 0.0) -> dict[str, Any]:  # noqa: N802
+    return Init("kConstant", value=value)
+
+
+def Uniform(low: float = -1.0, high: float = 1.0) -> dict[str, Any]:  # noqa: N802
+    return Init("kUniform", low=low, high=high)
+
+
+def Gaussian(mean: float = 0.0, std: float = 1.0) -> dict[str, Any]:  # noqa: N802
+    return Init("kGaussian", mean=mean, std=std)
+
+
+def default_weights(w: "Param | None", b: "Param | None", bias: bool) -> list["Param"]:
+    """A layer's weight and bias params, those not given made with the usual defaults: weights uniform
+    in +-1/sqrt(fan-in) (``kUniformSqrtFanIn``), a bias of zeros; unnamed params get their layer's
+    name when the layer joins a net (``fc1_w``, ``fc1_b``)."""
+    weight = w if w is not None else Param(init=Init("kUniformSqrtFanIn", low=-1.0, high=1.0))
+    if not bias:
+        return [weight]
+    return [weight, b if b is not None else Param(init=Constant(0.0))]
+
+
+class Param:
+    """A layer's parameter: ``name`` (its key in checkpoints), ``init`` (an :func:`Init` dict),
+    ``lr_scale`` and ``wd_scale`` (multipliers of the updater's learning rate and weight decay), or
+    ``share_from`` (another param's name: the same values)."""
+
+    def __init__(self, name: str | None = None, init: dict[str, Any] | None = None, *, lr_scale: float | None = None,
+                 wd_scale: float | None = None, share_from: str | None = None, **more: Any):
+        self.proto = fill(job_pb2.ParamProto(), dict(name=name, init=init, lr_scale=lr_scale, wd_scale=wd_scale,
+                                                     share_from=share_from, **more), f"param {name or ''!r}")
+
+    @property
+    def name(self) -> str:
+        return self.proto.name
+
+    @classmethod
+    def from_proto(cls, proto: job_pb2.ParamProto) -> Param:
+        param = cls.__new__(cls)
+        param.proto = job_pb2.ParamProto()
+        param.proto.CopyFrom(proto)
+        return param
+
+    def to_proto(self) -> job_pb2.ParamProto:
+        return self.proto
+
+    def __repr__(self) -> str:
+        return f"Param({self.proto.name!r})"
+
+
+# ---------------------------------------------------------------- any layer
+
+class Layer:
+    """One layer: its ``type`` (a LayerType name such as ``kInnerProduct``, or a plugin's
+    ``user_type``), ``name`` (given by the net when None), ``srcs`` (the layers it reads; a
+    :class:`~singa_mpi.api.net.Sequential` connects the previous one when empty), its ``params``,
+    ``partition_dim``, ``location``, the phases it runs in (``phase``: ``"train"``, ``"test"``, ...),
+    and any other LayerProto field by its name (``innerproduct_conf={...}``, ``unroll_len=...``)."""
+
+    def __init__(self, type: str, name: str | None = None, srcs: str | Sequence[str] = (), *,
+                 params: Sequence[Param] = (), partition_dim: int | str | None = None, location: int | None = None,
+                 phase: str | Sequence[str] | None = None, exclude: str | Sequence[str] | None = None, **conf: Any):
+        self.proto = job_pb2.LayerProto()
+        where = self.where(name, type)
+        if type in job_pb2.LayerType.keys():
+            self.proto.type = job_pb2.LayerType.Value(type)
+        else:
+            self.proto.type, self.proto.user_type = job_pb2.kUserLayer, type
+        if name is not None:
+            self.proto.name = name
+        fill(self.proto, dict(srclayers=[srcs] if isinstance(srcs, str) else list(srcs), param=list(params),
+                              partition_dim=_partition_dim(partition_dim, where), location=_location(location, where),
+                              include=_phases(phase, where, "phase"), exclude=_phases(exclude, where, "exclude"),
+                              **conf), where)
+
+    @staticmethod
+    def where(name: str | None, type: str) -> str:
+        return f"layer {name!r} ({type})" if name else f"a {type} layer"
+
+    @classmethod
+    def from_proto(cls, proto: job_pb2.LayerProto) -> Layer:
+        layer = cls.__new__(cls)
+        layer.proto = job_pb2.LayerProto()
+        layer.proto.CopyFrom(proto)
+        return layer
+
+    def to_proto(self) -> job_pb2.LayerProto:
+        return self.proto
+
+    @property
+    def name(self) -> str:
+        return self.proto.name
+
+    @property
+    def type(self) -> str:
+        proto = self.proto
+        return proto.user_type if proto.type == job_pb2.kUserLayer else job_pb2.LayerType.Name(proto.type)
+
+    @property
+    def srcs(self) -> list[str]:
+        return list(self.proto.srclayers)
+
+    @property
+    def params(self) -> list[Param]:
+        return [Param.from_proto(p) for p in self.proto.param]
+
+    def __repr__(self) -> str:
+        return f"Layer({self.type!r}, {self.name!r}, srcs={self.srcs!r})"
+
+
+def _partition_dim(value: int | str | None, where: str) -> int | None:
+    if value is None:
+        return None
+    if value == "auto":
+        return AUTO
+    if value in (-1, 0, 1) and not isinstance(value, bool):
+        return int(value)
+    raise ArgumentError(f"{where}: argument partition_dim = {value!r}: expected -1 (whole), 0 (rows), 1 (features) "
+                        f"or 'auto'")
+
+
+def _location(value: int | None, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArgumentError(f"{where}: argument location = {value!r}: expected a worker id (0, 1, ...)")
+    return value
+
+
+def _phases(value: str | Sequence[str] | None, where: str, argument: str) -> list[str] | None:
+    if value is None:
+        return None
+    names = [value] if isinstance(value, str) else list(value)
+    phases = []
+    for name in names:
+        phase = PHASES.get(name, name)
+        if phase not in job_pb2.Phase.keys():
+            raise ArgumentError(f"{where}: argument {argument} = {name!r}: expected one of "
+                                f"{', '.join(list(PHASES) + job_pb2.Phase.keys())}")
+        phases.append(phase)
+    return phases
+
+
+# ---------------------------------------------------------------- the common types, with plain arguments
+
+def _block(**values: Any) -> dict[str, Any]:
+    """A configuration block of the arguments given (None: left to the proto's default, unwritten)."""
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def _unless(value: Any, default: Any) -> Any:
+    """``value`` to write, or None where it is the default (the block then reads as a .conf file's)."""
+    return None if value == default else value
+
+
+class InnerProduct(Layer):
+    """A fully connected layer of ``num_output`` units; ``w`` and ``b`` its params (by default
+    :func:`default_weights`; no ``b`` without ``bias``)."""
+
+    def __init__(self, num_output: int, name: str | None = None, srcs: str | Sequence[str] = (), *,
+                 w: Param | None = None, b: Param | None = None, bias: bool = True, transpose: bool = False,
+                 **common: Any):
+        super().__init__("kInnerProduct", name, srcs, params=default_weights(w, b, bias),
+                         innerproduct_conf=_block(num_output=num_output, bias_term=_unless(bias, True),
+                                                  transpose=_unless(transpose, False)), **common)
+
+
+Dense = InnerProduct
+
+
+class Convolution(Layer):
+    """``num_filters`` filters of ``kernel`` x ``kernel``; ``kind``: ``kConvolution`` (im2col),
+    ``kCConvolution`` or ``kCudnnConv`` (SINGA's names for the same maths); ``w`` and ``b`` as
+    :class:`InnerProduct`'s."""
+
+    def __init__(self, num_filters: int, kernel: int, name: str | None = None, srcs: str | Sequence[str] = (), *,
+                 stride: int = 1, pad: int = 0, w: Param | None = None, b: Param | None = None, bias: bool = True,
+                 kind: str = "kConvolution", **common: Any):
+        super().__init__(kind, name, srcs, params=default_weights(w, b, bias),
+                         convolution_conf=_block(num_filters=num_filters, kernel=kernel, pad=_unless(pad, 0),
+                                                 stride=_unless(stride, 1), bias_term=_unless(bias, True)), **common)
+
+
+class Pooling(Layer):
+    """``pool`` (``"MAX"`` or ``"AVG"``) over ``kernel`` x ``kernel`` windows ``stride`` apart."""
+
+    def __init__(self, kernel: int, name: str | None = None, srcs: str | Sequence[str] = (), *, stride: int = 2,
+                 pad: int = 0, pool: str = "MAX", kind: str = "kPooling", **common: Any):
+        super().__init__(kind, name, srcs, pooling_conf=_block(kernel=kernel, pool=_unless(pool, "MAX"),
+                                                               stride=_unless(stride, 2), pad=_unless(pad, 0)),
+                         **common)
+
+
+class LRN(Layer):
+    """Local response normalisation over ``local_size`` channels."""
+
+    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), *, local_size: int = 5,
+                 alpha: float = 1.0, beta: float = 0.75, knorm: float = 1.0, **common: Any):
+        super().__init__("kLRN", name, srcs, lrn_conf=_block(local_size=_unless(local_size, 5), alpha=_unless(alpha, 1.0),
+                                                             beta=_unless(beta, 0.75), knorm=_unless(knorm, 1.0)),
+                         **common)
+
+
+class Dropout(Layer):
+    def __init__(self, ratio: float = 0.5, name: str | None = None, srcs: str | Sequence[str] = (), **common: Any):
+        super().__init__("kDropout", name, srcs, dropout_conf=_block(dropout_ratio=_unless(ratio, 0.5)), **common)
+
+
+class ReLU(Layer):
+    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), **common: Any):
+        super().__init__("kReLU", name, srcs, **common)
+
+
+class STanh(Layer):
+    """SINGA's scaled tanh, 1.7159 tanh(2x/3)."""
+
+    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), **common: Any):
+        super().__init__("kSTanh", name, srcs, **common)
+
+
+class Sigmoid(Layer):
+    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), **common: Any):
+        super().__init__("kSigmoid", name, srcs, **common)
+
+
+class Activation(Layer):
+    """``kind``: ``"RELU"``, ``"SIGMOID"``, ``"TANH"`` or ``"STANH"`` (SINGA's kActivation)."""
+
+    def __init__(self, kind: str, name: str | None = None, srcs: str | Sequence[str] = (), **common: Any):
+        super().__init__("kActivation", name, srcs, activation_conf={"type": kind}, **common)
+
+
+class SoftmaxLoss(Layer):
+    """Softmax and cross-entropy; ``srcs``: the scores and the layer that gives the labels."""
+
+    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), *, topk: int = 1, scale: float = 1.0,
+                 **common: Any):
+        super().__init__("kSoftmaxLoss", name, srcs, softmaxloss_conf=_block(topk=topk, scale=_unless(scale, 1.0)),
+                         **common)
+
+
+class EuclideanLoss(Layer):
+    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), **common: Any):
+        super().__init__("kEuclideanLoss", name, srcs, **common)
+
+
+class RecordInput(Layer):
+    """A data layer reading a store (``backend`` ``"hdf5"``, ``"csv"``, ...) at ``path``: rows of
+    ``shape`` in batches of ``batchsize``, scaled as ``(x - mean_value) / std_value``."""
+
+    def __init__(self, path: str, batchsize: int, shape: int | Sequence[int], name: str | None = None, *,
+                 backend: str = "hdf5", kind: str = "kRecordInput", **store: Any):
+        common = {key: store.pop(key) for key in ("phase", "exclude", "partition_dim", "location") if key in store}
+        shape = [shape] if isinstance(shape, int) else list(shape)
+        super().__init__(kind, name, (), store_conf=dict(backend=backend, path=path, batchsize=[batchsize],
+                                                         shape=shape, **store), **common)
+
+
+class RBMVis(Layer):
+    """The visible side of an RBM; ``srcs``: the data and the hidden layer it pairs with."""
+
+    def __init__(self, hdim: int, name: str | None = None, srcs: str | Sequence[str] = (), *, w: Param | None = None,
+                 b: Param | None = None, **common: Any):
+        super().__init__("kRBMVis", name, srcs, params=[p for p in (w, b) if p is not None],
+                         rbm_conf=_block(hdim=hdim), **common)
+
+
+class RBMHid(Layer):
+    """The hidden side of an RBM (``gaussian``: real-valued hidden units)."""
+
+    def __init__(self, hdim: int, name: str | None = None, srcs: str | Sequence[str] = (), *, w: Param | None = None,
+                 b: Param | None = None, gaussian: bool = False, bias: bool = True, **common: Any):
+        super().__init__("kRBMHid", name, srcs, params=[p for p in (w, b) if p is not None],
+                         rbm_conf=_block(hdim=hdim, gaussian=_unless(gaussian, False), bias_term=_unless(bias, True)),
+                         **common)
+
+
+__all__ = ["Layer", "Param", "Init", "Constant", "Uniform", "Gaussian", "InnerProduct", "Dense", "Convolution",
+           "Pooling", "LRN", "Dropout", "ReLU", "STanh", "Sigmoid", "Activation", "SoftmaxLoss", "EuclideanLoss",
+           "RecordInput", "RBMVis", "RBMHid", "PHASES", "default_weights"]

@@ -1,0 +1,160 @@
+"""The Python API builds the jobs `.conf` files describe: a script's job equals the file's field for
+field, every job file reads into the API's objects and writes back unchanged, and a bad argument
+raises one ArgumentError naming the layer and the argument (no file:line: the script has none)."""
+from __future__ import annotations
+
+import pathlib
+import warnings
+
+import pytest
+
+import singa_mpi.api as sm
+from singa_mpi import cli
+from singa_mpi.config.load import load_job, parse_job
+from singa_mpi.errors import ConfigError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONF_FILES = sorted((ROOT / "conf").glob("*.conf"))
+
+
+def readable(paths):
+    """The files singa-mpi itself reads (SINGA's corpus holds a few it refuses, each for its reason:
+    tests/config/test_singa_examples.py)."""
+    kept = []
+    for path in paths:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                load_job(path)
+        except ConfigError:
+            continue
+        kept.append(path)
+    return kept
+
+
+SINGA_FILES = readable(sorted((ROOT / "tests" / "config" / "singa_examples").rglob("*.conf")))
+
+
+def digits_mlp() -> sm.Job:
+    """conf/digits_mlp.conf, written in Python."""
+    def fc(n: int, units: int) -> sm.InnerProduct:
+        return sm.InnerProduct(units, f"fc{n}", w=sm.Param(f"w{n}", sm.Init("kUniformSqrtFanIn", low=-1, high=1)),
+                               b=sm.Param(f"b{n}", sm.Constant(0)))
+
+    net = sm.Sequential()
+    net.add(sm.RecordInput("data/digits/train.h5", 64, 64, name="data", phase="train", std_value=16, shuffle=True))
+    net.add(sm.RecordInput("data/digits/test.h5", 359, 64, name="data", phase="test", std_value=16))
+    net.add(fc(1, 256))
+    net.add(sm.ReLU("relu1"))
+    net.add(fc(2, 128))
+    net.add(sm.ReLU("relu2"))
+    net.add(fc(3, 10))
+    net.add(sm.SoftmaxLoss("loss", srcs=["fc3", "data"]))
+    rate = sm.LearningRate("kStep", 0.05, gamma=0.5, change_freq=300)
+    return sm.Job("digits-mlp", net, updater=sm.SGD(rate, momentum=0.9, weight_decay=0.0001),
+                  cluster=sm.Cluster(workspace="workspace/digits_mlp"), seed=1, train_steps=600, disp_freq=100,
+                  test_steps=1, test_freq=200)
+
+
+def test_a_script_builds_the_job_its_conf_file_describes():
+    job = digits_mlp()
+    assert job.to_proto() == load_job(ROOT / "conf" / "digits_mlp.conf").proto
+    assert [layer.srcs for layer in job.net][2:4] == [["data"], ["fc1"]]  # a chain; inputs read nothing
+    summary = job.check()
+    assert dict((p, s) for p, s in summary.params)["w1"] == (256, 64)
+
+
+@pytest.mark.parametrize("path", CONF_FILES + SINGA_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_job_file_reads_into_the_api_and_writes_back_unchanged(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SINGA's files: fields singa-mpi ignores (gpu, ...)
+        read = load_job(path).proto
+        job = sm.Job.from_conf(path)
+        assert job.to_proto() == read
+        assert parse_job(job.to_conf(), str(path)).proto == read  # the text singa-mpi runs
+
+
+def test_the_corpus_is_there():
+    assert len(CONF_FILES) >= 20 and len(SINGA_FILES) >= 20
+
+
+def test_the_written_file_is_what_the_cli_checks_and_trains(tmp_path, capsys):
+    job = digits_mlp()
+    job.net["fc1"].proto.partition_dim = 1
+    path = tmp_path / "digits.conf"
+    job.to_conf(path)
+    assert cli.main(["check", str(path)]) == 0
+    assert sm.Job.from_conf(path).to_proto() == job.to_proto()
+
+
+def test_partitioning_and_placement_are_plain_arguments():
+    net = sm.Net([sm.RecordInput("d.h5", 8, 4, name="data"),
+                  sm.InnerProduct(6, "fc1", srcs="data", partition_dim="auto"),
+                  sm.STanh("act", srcs="fc1", partition_dim=-1, location=1),
+                  sm.InnerProduct(3, "fc2", srcs="act", partition_dim=1),
+                  sm.SoftmaxLoss("loss", srcs=["fc2", "data"])], partition_dim=0,
+                 pipeline={"micro_batches": 2, "schedule": "zb"})
+    text = sm.Job("placed", net, train_steps=5).to_conf()
+    assert "partition_dim: auto" in text and "location: 1" in text and 'schedule: "zb"' in text
+    read = sm.Job.from_conf(text)
+    assert read.net["fc1"].proto.partition_dim == load_job_text_auto()
+    assert read.net["act"].proto.location == 1 and read.net.settings.pipeline.micro_batches == 2
+
+
+def load_job_text_auto() -> int:
+    from singa_mpi.config.load import AUTO
+
+    return AUTO
+
+
+def test_a_sequential_names_and_chains_what_it_is_given():
+    net = sm.Sequential([sm.RecordInput("d.h5", 8, 4, name="data"), sm.InnerProduct(6), sm.ReLU(),
+                         sm.InnerProduct(3), sm.SoftmaxLoss(srcs=["innerproduct2", "data"])])
+    assert net.names() == ["data", "innerproduct1", "relu1", "innerproduct2", "softmaxloss1"]
+    assert [layer.srcs for layer in net] == [[], ["data"], ["innerproduct1"], ["relu1"], ["innerproduct2", "data"]]
+    assert [p.name for p in net["innerproduct2"].params] == ["innerproduct2_w", "innerproduct2_b"]
+    summary = sm.Job("auto-named", net, updater=sm.SGD(0.01), train_steps=2).check()
+    assert dict(summary.params) == {"innerproduct1_w": (6, 4), "innerproduct1_b": (6,), "innerproduct2_w": (3, 6),
+                                    "innerproduct2_b": (3,)}
+
+
+def test_any_layer_type_and_plugin_types_take_their_blocks_by_name():
+    layer = sm.Layer("kRBMHid", "hid", "vis", rbm_conf={"hdim": 30, "gaussian": True},
+                     params=[sm.Param("w", share_from="w0")])
+    assert layer.proto.rbm_conf.hdim == 30 and layer.proto.param[0].share_from == "w0"
+    plugin = sm.Layer("MySwish", "swish", "fc1")  # a plugin's user_type
+    assert plugin.type == "MySwish" and plugin.proto.user_type == "MySwish"
+
+
+@pytest.mark.parametrize("build,words", [
+    (lambda: sm.InnerProduct("10", "fc1"), ["layer 'fc1' (kInnerProduct)", "innerproduct_conf.num_output = '10'",
+                                            "expected an integer"]),
+    (lambda: sm.Layer("kInnerProduct", "fc1", innerproduct_conf={"num_outputs": 3}),
+     ["layer 'fc1'", "unknown argument innerproduct_conf.num_outputs", "innerproduct_conf.num_output"]),
+    (lambda: sm.Activation("SOFTPLUS", "act"), ["layer 'act' (kActivation)", "'SOFTPLUS'", "RELU, SIGMOID, TANH"]),
+    (lambda: sm.ReLU("relu", partition_dim=3), ["layer 'relu' (kReLU)", "partition_dim = 3", "'auto'"]),
+    (lambda: sm.ReLU("relu", location=-1), ["layer 'relu'", "location = -1", "worker id"]),
+    (lambda: sm.ReLU("relu", phase="training"), ["layer 'relu'", "phase = 'training'", "train, test"]),
+    (lambda: sm.Pooling(3, "pool", pool="MEDIAN"), ["layer 'pool' (kPooling)", "pooling_conf.pool = 'MEDIAN'", "MAX"]),
+    (lambda: sm.Param("w", {"type": "kUniform", "low": "a"}), ["param 'w'", "init.low = 'a'", "a number"]),
+    (lambda: sm.SGD(0.1, momentum=True), ["updater (kSGD)", "momentum = True", "a number"]),
+    (lambda: sm.Cluster(workers=2.5), ["cluster", "nworkers_per_group = 2.5", "an integer"]),
+    (lambda: sm.Job("j", seed="x"), ["job", "seed = 'x'", "an integer"]),
+])
+def test_a_bad_argument_raises_one_line_naming_the_part_and_the_argument(build, words):
+    with pytest.raises(sm.ArgumentError) as err:
+        build()
+    message = str(err.value)
+    assert isinstance(err.value, ValueError) and "\n" not in message
+    for word in words:
+        assert word in message, message
+
+
+def test_check_names_the_layer_and_field_without_a_file_position():
+    net = sm.Net([sm.RecordInput("d.h5", 8, 4, name="data"), sm.InnerProduct(-5, "fc1", srcs="data"),
+                  sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    with pytest.raises(sm.ArgumentError) as err:
+        sm.Job("negative", net, updater=sm.SGD(0.01), train_steps=5).check()
+    message = str(err.value)
+    assert message.startswith("layer 'fc1' (#1, kInnerProduct): innerproduct_conf.num_output = -5"), message
+    assert "<python>" not in message
