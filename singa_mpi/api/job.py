@@ -176,6 +176,20 @@ class Job:
         script's author never saw (the message names the layer and the field)."""
         return ArgumentError(re.sub(rf"^{re.escape(self.origin)}(:\d+:\d+)?: ", "", str(err)))
 
+    # ------------------------------------------------------------ running
+
+    def fit(self, workspace: str | os.PathLike | None = None, **options: Any):
+        """Train in this process (serially, or as one rank under ``mpirun``): :func:`singa_mpi.api.run.fit`."""
+        from singa_mpi.api.run import fit
+
+        return fit(self, workspace, **options)
+
+    def evaluate(self, workspace: str | os.PathLike | None = None, **options: Any) -> dict[str, Any]:
+        """The test phase on the newest checkpoint: :func:`singa_mpi.api.run.evaluate`."""
+        from singa_mpi.api.run import evaluate
+
+        return evaluate(self, workspace, **options)
+
     @property
     def name(self) -> str:
         return self.settings.name

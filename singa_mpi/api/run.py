@@ -1,0 +1,150 @@
+"""Training and testing a Python-built job in the calling process: serially, or as one rank of an MPI
+job when the script runs under ``mpirun -n N python script.py`` (every rank runs the same script).
+
+The run is the CLI's own (:mod:`singa_mpi.launcher`): the same two-phase failure protocol, checkpoints,
+resume, progress lines (rank 0 prints), stop signals, profile and trace.  The job's text is written to
+``WORKSPACE/job.conf`` first, so that the run's messages, its resume line and a later
+``singa-mpi train WORKSPACE/job.conf --resume`` all name a real file.  What the run recorded
+(``metrics.jsonl``, rank 0's) comes back to every rank as a :class:`History`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Any, Protocol
+
+from singa_mpi.errors import SingaError
+
+JOB_FILE = "job.conf"
+EXIT_CHECKPOINTED = 75  # stopped by a signal after writing a checkpoint (singa_mpi.checkpoints.hdf5)
+
+
+class Job(Protocol):
+    """What a run needs of :class:`singa_mpi.api.job.Job` (which calls these functions: a protocol
+    rather than an import, so the two modules do not import each other)."""
+
+    name: str
+    cluster: Any
+
+    def check(self) -> Any: ...
+
+    def to_conf(self) -> str: ...
+
+
+class RunFailed(SingaError):
+    """The run ended with an error (its one-line message was printed by the run, on rank 0)."""
+
+    def __init__(self, code: int, what: str):
+        super().__init__(f"{what} ended with exit code {code} (see the error line above)")
+        self.exit_code = code
+
+
+class Stopped(SingaError):
+    """A stop signal (SIGINT, SIGTERM, SIGUSR1) ended training after a checkpoint: ``fit(...,
+    resume=True)`` continues it.  ``history`` holds what was recorded until then."""
+
+    exit_code = EXIT_CHECKPOINTED
+
+    def __init__(self, history: History):
+        super().__init__("training stopped on a signal after writing a checkpoint: fit(..., resume=True) continues it")
+        self.history = history
+
+
+@dataclasses.dataclass
+class History:
+    """What a run recorded, as ``metrics.jsonl`` holds it: one record per report (``step``, ``phase``
+    ``train``/``test``/``validation``, and the metrics: ``loss``, ``accuracy``, ``ppl``, ...)."""
+
+    records: list[dict[str, Any]]
+
+    def metric(self, name: str, phase: str = "train") -> list[tuple[int, float]]:
+        """(step, value) of ``name`` in ``phase``'s records, in order."""
+        return [(r["step"], r[name]) for r in self.records if r.get("phase") == phase and name in r]
+
+    def last(self, phase: str = "train") -> dict[str, Any]:
+        """The newest record of ``phase`` (empty when there is none)."""
+        found = [r for r in self.records if r.get("phase") == phase]
+        return found[-1] if found else {}
+
+
+def workspace_of(job: Job, workspace: str | os.PathLike | None) -> str:
+    """Where ``job`` runs: ``workspace``, else its cluster's, else ``workspace/<name>`` (as the CLI)."""
+    if workspace is not None:
+        return os.fspath(workspace)
+    if job.cluster is not None and job.cluster.proto.workspace:
+        return job.cluster.proto.workspace
+    return os.path.join("workspace", job.name or "job")
+
+
+def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | None = None, resume: bool = False,
+        overwrite: bool = False, seed: int | None = None, stall_timeout: float | None = None,
+        deterministic: bool = False, profile: bool = False, trace: str | None = None) -> History:
+    """Train ``job`` (the arguments are ``singa-mpi train``'s options); every rank returns the same
+    :class:`History`.  ArgumentError for a bad job (before any communication, on every rank),
+    :class:`Stopped` on a stop signal; another failure: in one process the run's own error (a
+    ``DataError`` naming the layer, ...), on several ranks :class:`RunFailed` on every rank, after
+    rank 0 printed the error line (a failure during training ends the whole job, as with the CLI)."""
+    from singa_mpi.launcher import RunOptions, run_training
+
+    job.check()
+    where = workspace_of(job, workspace)
+    options = RunOptions(seed=seed, steps=steps, stall_timeout=stall_timeout, resume=resume, overwrite=overwrite,
+                         deterministic=deterministic, profile=profile, trace=trace)
+    code = run_training(_written(job, where), lambda cfg: where, options)
+    history = History(_shared_records(os.path.join(where, "metrics.jsonl")))
+    if code == EXIT_CHECKPOINTED:
+        raise Stopped(history)
+    if code != 0:
+        raise RunFailed(code, "training")
+    return history
+
+
+def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoints: list[str] | None = None
+             ) -> dict[str, Any]:
+    """The test phase on the newest checkpoint of ``workspace`` (or ``checkpoints``), partitioned as
+    training when run on several ranks; the test's metrics (``loss``, ``accuracy``, ...)."""
+    from singa_mpi.test_command import TEST_RESULTS, run_test
+
+    job.check()
+    where = workspace_of(job, workspace)
+    results = os.path.join(where, TEST_RESULTS)
+    code = run_test(_written(job, where), lambda cfg: where, checkpoints=checkpoints)
+    if code != 0:
+        raise RunFailed(code, "the test")
+    return History(_shared_records(results)).last("test")
+
+
+def _written(job: Job, workspace: str) -> str:
+    """``WORKSPACE/job.conf`` with the job's text (every rank writes the same bytes, each whole: a
+    rank never reads a half-written file)."""
+    os.makedirs(workspace, exist_ok=True)
+    path = os.path.join(workspace, JOB_FILE)
+    handle, temporary = tempfile.mkstemp(dir=workspace, prefix=".job-", suffix=".conf")
+    with os.fdopen(handle, "w") as f:
+        f.write(job.to_conf())
+    os.replace(temporary, path)
+    return path
+
+
+def _shared_records(path: str) -> list[dict[str, Any]]:
+    """The records of ``path`` as rank 0 reads them, on every rank (ranks on other nodes cannot
+    read rank 0's file); the run's own world decides serial or not (:func:`mpi_world`)."""
+    from singa_mpi.launcher.start import mpi_world
+
+    world = mpi_world()
+    if world is None:
+        return _read_records(path)
+    return world.root_value(_read_records(path) if world.rank == 0 else None, "history")
+
+
+def _read_records(path: str) -> list[dict[str, Any]]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+__all__ = ["fit", "evaluate", "History", "Stopped", "RunFailed", "workspace_of", "JOB_FILE"]

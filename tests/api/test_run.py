@@ -1,0 +1,110 @@
+"""fit and evaluate run a Python-built job in the calling process: serially, and as the ranks of a
+script started with mpiexec (every rank runs the same script and gets the same history), training the
+numbers of the serial run; a run that fails raises on every rank, naming the exit code."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import nets
+import singa_mpi.api as sm
+from mpi_jobs import mpi_env, mpiexec_command
+from singa_mpi.errors import DataError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import singa_mpi.api as sm
+
+    data, workspace = sys.argv[1], sys.argv[2]
+    net = sm.Sequential([sm.RecordInput(data, 16, 12, name="data", phase="train"),
+                         sm.RecordInput(data, 16, 12, name="data", phase="test"),
+                         sm.InnerProduct(20, "fc1", w=sm.Param("w1", sm.Uniform(-0.1, 0.1)), partition_dim=1),
+                         sm.STanh("act"),
+                         sm.InnerProduct(5, "fc2", w=sm.Param("w2", sm.Uniform(-0.1, 0.1))),
+                         sm.SoftmaxLoss("loss", srcs=["fc2", "data"])], partition_dim=0)
+    job = sm.Job("api-run", net, updater=sm.SGD(0.2, momentum=0.9), seed=5, train_steps=12, disp_freq=1,
+                 test_steps=1, test_freq=12)
+    history = job.fit(workspace)
+    test = job.evaluate(workspace)
+    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+    with open(f"{workspace}-result{rank}.json", "w") as f:  # each rank's own file: printed lines interleave
+        json.dump({"losses": [v for _, v in history.metric("loss")], "test": test["loss"]}, f)
+''')
+
+
+def _run(tmp_path: pathlib.Path, ranks: int, label: str) -> list[dict]:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    data = tmp_path / "data.h5"
+    if not data.exists():
+        nets.make_data(str(data), 64, (12,), 5)
+    prefix = mpiexec_command(ranks) if ranks > 1 else []
+    done = subprocess.run(prefix + [sys.executable, str(script), str(data), str(tmp_path / label)], cwd=tmp_path,
+                          env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return [json.loads((tmp_path / f"{label}-result{rank}.json").read_text()) for rank in range(ranks)]
+
+
+@pytest.mark.slow
+def test_a_script_under_mpiexec_trains_the_serial_numbers_and_every_rank_gets_the_history(tmp_path):
+    (serial,) = _run(tmp_path, 1, "one")
+    assert len(serial["losses"]) == 12 and serial["losses"][-1] < serial["losses"][0]
+    for ranks in (2, 3):
+        results = _run(tmp_path, ranks, f"n{ranks}")
+        assert all(r == results[0] for r in results)  # every rank: rank 0's records
+        assert results[0]["losses"] == pytest.approx(serial["losses"], rel=1e-5)
+        assert results[0]["test"] == pytest.approx(serial["test"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_under_mpiexec_a_failing_run_ends_every_rank_with_one_error_line(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run(mpiexec_command(2) + [sys.executable, str(script), str(tmp_path / "missing.h5"),
+                                                str(tmp_path / "ws")], cwd=tmp_path, env=mpi_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.count("singa-mpi: error:") == 1 and "missing.h5: no such file" in done.stderr
+    assert done.stderr.count("RunFailed: training ended with exit code 3") == 2  # raised on both ranks
+
+
+def _small_job(data: str) -> sm.Job:
+    net = sm.Sequential([sm.RecordInput(data, 8, 12, name="data"), sm.InnerProduct(5, "fc1"),
+                         sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    return sm.Job("api-serial", net, updater=sm.SGD(0.1), seed=1, train_steps=4, disp_freq=2)
+
+
+def test_fit_in_this_process_returns_the_run_s_records_and_writes_the_job_file(tmp_path):
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    job = _small_job(data)
+    history = job.fit(tmp_path / "ws")
+    assert [r["step"] for r in history.records] == [0, 2]
+    assert history.last()["step"] == 2 and all("loss" in r for r in history.records)
+    assert sm.Job.from_conf(tmp_path / "ws" / "job.conf").to_proto() == job.to_proto()
+    resumed = job.fit(tmp_path / "ws", steps=6, resume=True)
+    assert [r["step"] for r in resumed.records] == [0, 2, 4]
+
+
+def test_a_failing_run_raises_the_run_s_error(tmp_path):
+    """In one process the run's own error (here: no data file), its one line naming the layer; under
+    mpiexec every rank raises RunFailed with the exit code after rank 0 printed that line."""
+    job = _small_job(str(tmp_path / "missing.h5"))
+    with pytest.raises(DataError) as err:
+        job.fit(tmp_path / "ws")
+    assert err.value.exit_code == 3 and "layer 'data': store_conf.path" in str(err.value)
+    assert "missing.h5: no such file" in str(err.value)
+
+
+def test_a_bad_job_raises_before_running(tmp_path):
+    net = sm.Sequential([sm.RecordInput("d.h5", 8, 12, name="data"), sm.InnerProduct(0, "fc1"),
+                         sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    with pytest.raises(sm.ArgumentError, match=r"^layer 'fc1' \(#1, kInnerProduct\): innerproduct_conf.num_output"):
+        sm.Job("bad", net, updater=sm.SGD(0.1), train_steps=2).fit(tmp_path / "ws")
+    assert not (tmp_path / "ws").exists()
