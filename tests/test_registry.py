@@ -191,7 +191,7 @@ def test_other_built_ins_are_all_there():
                                  "kInverseT"}
     assert set(INITS) == {"kConstant", "kGaussian", "kUniform", "kGaussianSqrtFanIn", "kUniformSqrtFanIn",
                           "kUniformSqrtFanInOut"}
-    assert BACKENDS.names() == ["hdf5", "kvfile", "shard", "textfile"]
+    assert BACKENDS.names() == ["hdf5", "kvfile", "memory", "shard", "textfile"]
 
 
 def test_a_plugin_layer_with_its_own_name(monkeypatch):

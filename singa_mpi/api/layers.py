@@ -282,6 +282,34 @@ class RecordInput(Layer):
                                                          shape=shape, **store), **common)
 
 
+    @classmethod
+    def from_arrays(cls, x: Any, y: Any = None, batchsize: int = 64, name: str = "data", **store: Any) -> RecordInput:
+        """A data layer reading the arrays ``x`` (one record per row: ``x.shape[1:]`` is the record's
+        shape) and ``y`` (one integer label per row, or None) held by this process (backend
+        ``memory``).  Every rank of a script under ``mpirun`` holds them and reads only its rows; the
+        arrays' digest is in the job, so ranks given different arrays are refused at launch."""
+        import numpy as np
+
+        from singa_mpi.data import memory
+
+        where = Layer.where(name, "kRecordInput")
+        data = np.asarray(x)
+        if data.ndim < 2 or data.dtype.kind not in "iufb" or len(data) == 0:
+            raise ArgumentError(f"{where}: argument x of shape {data.shape} and dtype {data.dtype}: expected numbers, "
+                                f"one record per row (at least 2 dimensions, at least one row)")
+        labels = None
+        if y is not None:
+            labels = np.asarray(y)
+            if labels.shape != (len(data),) or labels.dtype.kind not in "iu":
+                raise ArgumentError(f"{where}: argument y of shape {labels.shape} and dtype {labels.dtype}: expected "
+                                    f"one integer label per row of x ({len(data)},)")
+            if labels.min() < 0:
+                raise ArgumentError(f"{where}: argument y holds {int(labels.min())}: expected labels from 0")
+        path = memory.register(name, data, labels)
+        return cls(path, batchsize, list(data.shape[1:]), name, backend="memory",
+                   has_label=None if labels is not None else False, **store)
+
+
 class RBMVis(Layer):
     """The visible side of an RBM; ``srcs``: the data and the hidden layer it pairs with."""
 

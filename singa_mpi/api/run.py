@@ -116,16 +116,21 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     return History(_shared_records(results)).last("test")
 
 
-def _written(job: Job, workspace: str) -> str:
-    """``WORKSPACE/job.conf`` with the job's text (every rank writes the same bytes, each whole: a
-    rank never reads a half-written file)."""
+def _written(job: Job, workspace: str):
+    """The job as this rank holds it, read as if from ``WORKSPACE/job.conf``, which it writes too
+    (every rank the same bytes, each file whole: a rank never reads a half-written one).  Each rank
+    runs its own text, not the file: ranks whose jobs differ (other arrays) are then refused by the
+    launch's vote, not by a confusing read of another rank's file."""
+    from singa_mpi.config.load import parse_job
+
+    text = job.to_conf()
     os.makedirs(workspace, exist_ok=True)
     path = os.path.join(workspace, JOB_FILE)
     handle, temporary = tempfile.mkstemp(dir=workspace, prefix=".job-", suffix=".conf")
     with os.fdopen(handle, "w") as f:
-        f.write(job.to_conf())
+        f.write(text)
     os.replace(temporary, path)
-    return path
+    return parse_job(text, path)
 
 
 def _shared_records(path: str) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from singa_mpi.data.convert import EXTENSIONS, convert_digits
+from singa_mpi.data.stores import in_memory
 from singa_mpi.errors import DataError, Unwritable
 from singa_mpi.proto import job_pb2
 
@@ -28,6 +29,8 @@ def store_files(layer: job_pb2.LayerProto) -> list[tuple[str, str]]:
     if layer.type not in INPUT_TYPES or not layer.HasField("store_conf"):
         return []
     store = layer.store_conf
+    if in_memory(store.backend):  # a script's arrays: no file
+        return [(field, getattr(store, field)) for field in STORE_FIELDS if field != "path" and getattr(store, field)]
     return [(field, getattr(store, field)) for field in STORE_FIELDS if getattr(store, field)]
 
 

@@ -462,6 +462,7 @@ class Backend:
 
     reader: Callable[[str, StoreOptions], RecordStore]
     writer: Callable[[str, StoreOptions], StoreWriter]
+    in_memory: bool = False  # its paths name what the process holds, not files (nothing to look for on disk)
 
 
 BACKENDS: Registry[Backend] = Registry("store backend", "backend")
@@ -472,6 +473,13 @@ BACKENDS.register("kvfile", obj=Backend(reader=lambda path, o: KVFileStore(path,
 BACKENDS.register("textfile", obj=Backend(reader=lambda path, o: read_textfile(path, o.has_label, o.separator),
                                           writer=lambda path, o: TextFileWriter(path, o.separator)))
 BACKENDS.register_lazy("shard", "singa_mpi.data.shard:BACKEND")  # SINGA 0.1's DataShard folders
+BACKENDS.register_lazy("memory", "singa_mpi.data.memory:BACKEND")  # a Python script's arrays (singa_mpi.api)
+
+
+def in_memory(backend: str) -> bool:
+    """Whether ``backend``'s paths name arrays in the process rather than files (unknown: False; a
+    job naming one is refused where the backend is looked up)."""
+    return backend in BACKENDS and BACKENDS.get(backend).in_memory
 
 
 def check_backend(backend: str) -> Backend:
@@ -495,7 +503,7 @@ def open_store(backend: str, path: str, mode: str = "r", *, layer: str | None = 
         return kind.writer(path, options)
     if mode != "r":
         raise ValueError(f"open_store mode {mode!r}: expected 'r' or 'w'")
-    if not os.path.exists(path):
+    if not kind.in_memory and not os.path.exists(path):
         raise DataError(f"{_where(path, layer)}: no such file")
     try:
         store = kind.reader(path, options)

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from singa_mpi.data.prepare import how_to_make
-from singa_mpi.data.stores import BACKENDS, RecordStore, open_store, read_first_record
+from singa_mpi.data.stores import BACKENDS, RecordStore, in_memory, open_store, read_first_record
 from singa_mpi.errors import DataError
 from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError
 from singa_mpi.proto import job_pb2
@@ -133,7 +133,8 @@ class RecordInput(Layer):
 
     def _open(self) -> None:
         conf = self.conf.store_conf
-        self.store = open_store(self.backend, self._find(conf.path, "path"), layer=self.name,
+        path = conf.path if in_memory(self.backend) else self._find(conf.path, "path")
+        self.store = open_store(self.backend, path, layer=self.name,
                                 shape=self.out_shape, has_label=conf.has_label, separator=conf.separator)
         if conf.has_label and not self.store.has_labels:
             raise DataError(f"layer '{self.name}': {self.store.path} has no labels "

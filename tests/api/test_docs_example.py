@@ -20,3 +20,4 @@ def test_the_python_api_page_s_example_runs(tmp_path, capsys, monkeypatch):
     assert [step for step, _ in losses] == [0, 100, 200, 300, 400, 500]
     assert losses[0][1] > 2.0 and losses[-1][1] < 0.1  # as the page's comment says
     assert job.evaluate("runs/digits")["accuracy"] > 0.95
+    assert round(namespace["arrays_history"].last("test")["accuracy"], 2) == 0.90  # the arrays example's comment

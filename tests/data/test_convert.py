@@ -118,7 +118,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
 
 def test_unknown_backend_is_a_config_error(tmp_path):
     (tmp_path / "in.csv").write_text("1,2\n")
-    with pytest.raises(ConfigError, match="expected one of hdf5, kvfile, shard, textfile"):
+    with pytest.raises(ConfigError, match="expected one of hdf5, kvfile, memory, shard, textfile"):
         convert.convert_csv(str(tmp_path / "in.csv"), str(tmp_path / "o"), "lmdb")
 
 

@@ -151,7 +151,7 @@ def test_hdf5_without_labels_and_without_data(tmp_path):
 def test_errors_name_layer_path_and_shapes(tmp_path):
     with pytest.raises(DataError, match=r"layer 'data': .*missing.h5: no such file"):
         open_store("hdf5", str(tmp_path / "missing.h5"), layer="data")
-    with pytest.raises(ConfigError, match="expected one of hdf5, kvfile, shard, textfile"):
+    with pytest.raises(ConfigError, match="expected one of hdf5, kvfile, memory, shard, textfile"):
         open_store("lmdb", str(tmp_path))
     pixel_records(tmp_path / "p.bin")
     with pytest.raises(DataError, match=r"records of shape \(2, 3\), but store_conf.shape is \(5,\)"):

@@ -1,0 +1,54 @@
+"""Arrays a Python script holds, read as a store (backend ``memory``): the Python API's in-memory data.
+
+A script gives its arrays once (:func:`register`, called by ``singa_mpi.api``'s
+``RecordInput.from_arrays``) and the job names them by ``store_conf.path``: ``memory:<name>@<digest>``.
+Every rank of a script under ``mpirun`` holds the same arrays and, like any store, reads only the rows
+of its batches.  The digest of the contents is part of the name, so ranks whose arrays differ hold
+different jobs, which the launch's vote refuses in one line before any step.  A ``.conf`` file cannot
+carry arrays: run as a file, the job fails on the first read, saying so.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from singa_mpi.data.stores import ArrayStore, Backend, StoreOptions
+from singa_mpi.errors import DataError
+
+SCHEME = "memory:"
+_ARRAYS: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+
+
+def register(name: str, data: np.ndarray, labels: np.ndarray | None = None) -> str:
+    """Keep ``data`` (rows of records) and ``labels`` (one int per row, or None) for this process's
+    jobs; returns the path that names them (``memory:<name>@<digest of the contents>``)."""
+    data = np.ascontiguousarray(data, np.float32)
+    labels = None if labels is None else np.ascontiguousarray(labels, np.int32)
+    digest = hashlib.blake2b(digest_size=8)
+    for array in (data, labels):
+        if array is not None:
+            digest.update(str(array.shape).encode())
+            digest.update(array.data)
+    path = f"{SCHEME}{name}@{digest.hexdigest()}"
+    _ARRAYS[path] = (data, labels)
+    return path
+
+
+def read(path: str, options: StoreOptions) -> ArrayStore:
+    """The arrays ``path`` names, as a store; DataError when this process holds none of that name."""
+    if path not in _ARRAYS:
+        raise DataError(f"{path}: no arrays of that name in this process: the memory backend reads arrays a "
+                        f"Python script gave singa_mpi.api (RecordInput.from_arrays); a .conf file cannot "
+                        f"carry them (convert them into a store: singa-mpi data -h)")
+    data, labels = _ARRAYS[path]
+    return ArrayStore(path, data, labels if options.has_label else None)
+
+
+def _no_writer(path: str, options: StoreOptions):
+    raise DataError(f"{path}: the memory backend is read-only (arrays come from a Python script)")
+
+
+BACKEND = Backend(reader=read, writer=_no_writer, in_memory=True)
+
+__all__ = ["register", "read", "BACKEND", "SCHEME"]

@@ -1,0 +1,132 @@
+"""In-memory data: numpy arrays as a store (backend ``memory``), read by rows like any store; a
+script's arrays train the numbers a file of the same rows trains, on every rank count; bad arrays
+raise one ArgumentError naming the layer and the argument; ranks holding different arrays are refused
+at launch in one line; a job file cannot carry arrays and says so."""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+
+import nets
+import singa_mpi.api as sm
+from mpi_jobs import mpi_env, mpiexec_command
+from singa_mpi.errors import SingaError
+
+
+def _rows(count: int = 48, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((count, 12)).astype(np.float32), rng.integers(0, 5, count)
+
+
+def _job(first: sm.Layer) -> sm.Job:
+    net = sm.Sequential([first, sm.InnerProduct(8, "fc1", w=sm.Param("w1", sm.Uniform(-0.1, 0.1))), sm.STanh("act"),
+                         sm.InnerProduct(5, "fc2", w=sm.Param("w2", sm.Uniform(-0.1, 0.1))),
+                         sm.SoftmaxLoss("loss", srcs=["fc2", "data"])])
+    return sm.Job("arrays", net, updater=sm.SGD(0.2, momentum=0.9), seed=2, train_steps=9, disp_freq=1)
+
+
+def test_arrays_train_what_a_store_of_the_same_rows_trains(tmp_path):
+    x, y = _rows()
+    path = tmp_path / "rows.h5"
+    with h5py.File(path, "w") as f:  # the layout singa-mpi's hdf5 stores use (tests/nets.make_data)
+        f["data"], f["label"] = x, y.astype(np.int32)
+    from_file = _job(sm.RecordInput(str(path), 16, 12, name="data", shuffle=True)).fit(tmp_path / "file")
+    from_arrays = _job(sm.RecordInput.from_arrays(x, y, 16, shuffle=True)).fit(tmp_path / "arrays")
+    assert from_arrays.metric("loss") == from_file.metric("loss")
+    assert len(from_arrays.metric("loss")) == 9
+
+
+@pytest.mark.parametrize("x,y,words", [
+    (np.zeros(12, np.float32), None, ["argument x of shape (12,)", "one record per row"]),
+    (np.array([["a", "b"]]), None, ["argument x", "dtype <U1", "expected numbers"]),
+    (np.zeros((4, 3), np.float32), np.zeros(5, np.int64), ["argument y of shape (5,)", "one integer label per row of x (4,)"]),
+    (np.zeros((4, 3), np.float32), np.full(4, 0.5), ["argument y", "dtype float64"]),
+    (np.zeros((4, 3), np.float32), np.array([0, 1, -1, 2]), ["argument y holds -1", "labels from 0"]),
+])
+def test_bad_arrays_raise_one_line_naming_the_layer_and_the_argument(x, y, words):
+    with pytest.raises(sm.ArgumentError) as err:
+        sm.RecordInput.from_arrays(x, y, 2, name="data")
+    assert str(err.value).startswith("layer 'data' (kRecordInput): ")
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_labels_beyond_the_loss_s_classes_stop_the_run_naming_the_layer_and_the_label(tmp_path):
+    x, y = _rows()
+    y[3] = 7  # five classes
+    with pytest.raises(SingaError, match=r"^layer 'loss': label 7: expected a class index in 0..4 \(5 classes\)"):
+        _job(sm.RecordInput.from_arrays(x, y, 16)).fit(tmp_path / "ws")
+
+
+def test_a_job_file_cannot_carry_arrays_and_says_so(tmp_path):
+    x, y = _rows()
+    path = tmp_path / "arrays.conf"
+    _job(sm.RecordInput.from_arrays(x, y, 16)).to_conf(path)
+    assert 'backend: "memory"' in path.read_text()
+    done = subprocess.run([sys.executable, "-m", "singa_mpi", "train", str(path), "--workspace", str(tmp_path / "ws")],
+                          cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3 and "Traceback" not in done.stderr
+    assert "no arrays of that name in this process" in done.stderr
+
+
+SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import numpy as np
+    import singa_mpi.api as sm
+
+    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((48, 12)).astype(np.float32), rng.integers(0, 5, 48)
+    if sys.argv[2] == "differ" and rank == "1":
+        x = x + 1
+    net = sm.Sequential([sm.RecordInput.from_arrays(x, y, 16, shuffle=True),
+                         sm.InnerProduct(8, "fc1", w=sm.Param("w1", sm.Uniform(-0.1, 0.1)), partition_dim=1),
+                         sm.STanh("act"), sm.InnerProduct(5, "fc2", w=sm.Param("w2", sm.Uniform(-0.1, 0.1))),
+                         sm.SoftmaxLoss("loss", srcs=["fc2", "data"])], partition_dim=0)
+    job = sm.Job("arrays", net, updater=sm.SGD(0.2, momentum=0.9), seed=2, train_steps=9, disp_freq=1)
+    history = job.fit(sys.argv[1])
+    with open(f"{sys.argv[1]}-rank{rank}.json", "w") as f:
+        json.dump([v for _, v in history.metric("loss")], f)
+''')
+
+
+def _script(tmp_path: pathlib.Path, ranks: int, label: str, how: str = "same") -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    prefix = mpiexec_command(ranks) if ranks > 1 else []
+    return subprocess.run(prefix + [sys.executable, str(script), str(tmp_path / label), how], cwd=tmp_path,
+                          env=mpi_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_script_s_arrays_train_the_serial_numbers_on_every_rank_count(tmp_path):
+    import json
+
+    assert _script(tmp_path, 1, "one").returncode == 0
+    serial = json.loads((tmp_path / "one-rank0.json").read_text())
+    for ranks in (2, 3):
+        done = _script(tmp_path, ranks, f"n{ranks}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        for rank in range(ranks):
+            assert json.loads((tmp_path / f"n{ranks}-rank{rank}.json").read_text()) == pytest.approx(serial, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_ranks_given_different_arrays_are_refused_at_launch_in_one_line(tmp_path):
+    done = _script(tmp_path, 2, "differ", "differ")
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("singa-mpi: error")]
+    assert len(lines) == 1 and "ranks disagree: layer #0 'data' store_conf" in lines[0]
+    assert not (tmp_path / "differ" / "checkpoint").exists() or not any((tmp_path / "differ" / "checkpoint").iterdir())
+
+
+def test_nets_helper_layout_matches():
+    """The hdf5 layout the first test writes by hand is the one tests/nets.py writes."""
+    with h5py.File(nets.make_data("/tmp/singa_api_layout.h5", 4, (12,), 5)) as f:
+        assert sorted(f) == ["data", "label"]
