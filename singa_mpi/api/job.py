@@ -25,10 +25,10 @@ class LearningRate:
     """How the learning rate changes (LRGenProto): ``type`` a ChangeMethod name (``kFixed``, ``kStep``,
     ...), ``base_lr``, and the method's settings as arguments (``kStep``: ``change_freq``, ``gamma``)."""
 
-    def __init__(self, type: str = "kFixed", base_lr: float = 0.01, **settings: Any):
+    def __init__(self, type: str = "kFixed", base_lr: float | None = None, **settings: Any):
         where = f"learning rate ({type})"
         block = LR_BLOCKS.get(type)
-        values: dict[str, Any] = {"type": type, "base_lr": base_lr}
+        values: dict[str, Any] = {"type": type, "base_lr": base_lr}  # None: the schema's 0.01, unwritten
         if block is not None and settings:
             values[block] = settings
         elif settings:
@@ -145,7 +145,7 @@ class Job:
     def from_conf(cls, source: str | os.PathLike) -> Job:
         """A job from a ``.conf`` file's path, or from its text (the plugins it names are loaded)."""
         if isinstance(source, os.PathLike) or "\n" not in source and os.path.exists(source):
-            job = cls.from_proto(load_job(source).proto)
+            job = cls.from_proto(load_job(os.fspath(source)).proto)
             job.origin = os.fspath(source)
             return job
         return cls.from_proto(parse_job(source, PYTHON).proto)

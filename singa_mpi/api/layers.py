@@ -19,9 +19,10 @@ PHASES = {"train": "kTrain", "test": "kTest", "val": "kVal", "validation": "kVal
 
 # ---------------------------------------------------------------- params and their initialisation
 
-def Init(type: str, **values: float) -> dict[str, Any]:  # noqa: N802 - reads as the message it makes
-    """A ``ParamGenProto``: ``type`` one of the InitMethod names (``kUniform``, ``kGaussian``, ...)."""
-    return {"type": type, **values}
+def Init(type: str, **values: float | None) -> dict[str, Any]:  # noqa: N802 - reads as the message it makes
+    """A ``ParamGenProto``: ``type`` one of the InitMethod names (``kUniform``, ``kGaussian``, ...),
+    and its values (None: the schema's default, unwritten)."""
+    return {"type": type, **{key: value for key, value in values.items() if value is not None}}
 
 
 def Constant(value: float = 0.0) -> dict[str, Any]:  # noqa: N802
@@ -32,7 +33,8 @@ def Uniform(low: float = -1.0, high: float = 1.0) -> dict[str, Any]:  # noqa: N8
     return Init("kUniform", low=low, high=high)
 
 
-def Gaussian(mean: float = 0.0, std: float = 1.0) -> dict[str, Any]:  # noqa: N802
+def Gaussian(mean: float | None = None, std: float | None = None) -> dict[str, Any]:  # noqa: N802
+    """Normal values, ``mean`` 0 and ``std`` 1 unless given."""
     return Init("kGaussian", mean=mean, std=std)
 
 
@@ -168,68 +170,69 @@ def _phases(value: str | Sequence[str] | None, where: str, argument: str) -> lis
 
 
 # ---------------------------------------------------------------- the common types, with plain arguments
+# An argument left None is not written: the layer then takes the schema's default (job.proto), as a
+# .conf file that leaves the field out does; a script that mirrors a file passes what the file writes.
 
-def _block(**values: Any) -> dict[str, Any]:
-    """A configuration block of the arguments given (None: left to the proto's default, unwritten)."""
-    return {key: value for key, value in values.items() if value is not None}
-
-
-def _unless(value: Any, default: Any) -> Any:
-    """``value`` to write, or None where it is the default (the block then reads as a .conf file's)."""
-    return None if value == default else value
+def _block(**values: Any) -> dict[str, Any] | None:
+    """A configuration block of the arguments given (None: left to the schema's default, unwritten);
+    None when no argument was given (no block written, as a .conf file that leaves it out)."""
+    given = {key: value for key, value in values.items() if value is not None}
+    return given or None
 
 
 class InnerProduct(Layer):
     """A fully connected layer of ``num_output`` units; ``w`` and ``b`` its params (by default
-    :func:`default_weights`; no ``b`` without ``bias``)."""
+    :func:`default_weights`; no ``b`` with ``bias=False``)."""
 
     def __init__(self, num_output: int, name: str | None = None, srcs: str | Sequence[str] = (), *,
-                 w: Param | None = None, b: Param | None = None, bias: bool = True, transpose: bool = False,
-                 **common: Any):
-        super().__init__("kInnerProduct", name, srcs, params=default_weights(w, b, bias),
-                         innerproduct_conf=_block(num_output=num_output, bias_term=_unless(bias, True),
-                                                  transpose=_unless(transpose, False)), **common)
+                 w: Param | None = None, b: Param | None = None, bias: bool | None = None,
+                 transpose: bool | None = None, **common: Any):
+        super().__init__("kInnerProduct", name, srcs, params=default_weights(w, b, bias is not False),
+                         innerproduct_conf=_block(num_output=num_output, bias_term=bias, transpose=transpose),
+                         **common)
 
 
 Dense = InnerProduct
 
 
 class Convolution(Layer):
-    """``num_filters`` filters of ``kernel`` x ``kernel``; ``kind``: ``kConvolution`` (im2col),
-    ``kCConvolution`` or ``kCudnnConv`` (SINGA's names for the same maths); ``w`` and ``b`` as
-    :class:`InnerProduct`'s."""
+    """``num_filters`` filters of ``kernel`` x ``kernel`` (``stride`` 1, ``pad`` 0 unless given);
+    ``kind``: ``kConvolution`` (im2col), ``kCConvolution`` or ``kCudnnConv`` (SINGA's names for the
+    same maths); ``w`` and ``b`` as :class:`InnerProduct`'s."""
 
     def __init__(self, num_filters: int, kernel: int, name: str | None = None, srcs: str | Sequence[str] = (), *,
-                 stride: int = 1, pad: int = 0, w: Param | None = None, b: Param | None = None, bias: bool = True,
-                 kind: str = "kConvolution", **common: Any):
-        super().__init__(kind, name, srcs, params=default_weights(w, b, bias),
-                         convolution_conf=_block(num_filters=num_filters, kernel=kernel, pad=_unless(pad, 0),
-                                                 stride=_unless(stride, 1), bias_term=_unless(bias, True)), **common)
+                 stride: int | None = None, pad: int | None = None, w: Param | None = None, b: Param | None = None,
+                 bias: bool | None = None, kind: str = "kConvolution", **common: Any):
+        super().__init__(kind, name, srcs, params=default_weights(w, b, bias is not False),
+                         convolution_conf=_block(num_filters=num_filters, kernel=kernel, stride=stride, pad=pad,
+                                                 bias_term=bias), **common)
 
 
 class Pooling(Layer):
-    """``pool`` (``"MAX"`` or ``"AVG"``) over ``kernel`` x ``kernel`` windows ``stride`` apart."""
+    """``pool`` (``"MAX"``, the default, or ``"AVG"``) over ``kernel`` x ``kernel`` windows ``stride``
+    apart (2 unless given)."""
 
-    def __init__(self, kernel: int, name: str | None = None, srcs: str | Sequence[str] = (), *, stride: int = 2,
-                 pad: int = 0, pool: str = "MAX", kind: str = "kPooling", **common: Any):
-        super().__init__(kind, name, srcs, pooling_conf=_block(kernel=kernel, pool=_unless(pool, "MAX"),
-                                                               stride=_unless(stride, 2), pad=_unless(pad, 0)),
+    def __init__(self, kernel: int, name: str | None = None, srcs: str | Sequence[str] = (), *,
+                 stride: int | None = None, pad: int | None = None, pool: str | None = None, kind: str = "kPooling",
+                 **common: Any):
+        super().__init__(kind, name, srcs, pooling_conf=_block(pool=pool, kernel=kernel, stride=stride, pad=pad),
                          **common)
 
 
 class LRN(Layer):
-    """Local response normalisation over ``local_size`` channels."""
+    """Local response normalisation over ``local_size`` channels (5, alpha 1, beta 0.75, knorm 1
+    unless given)."""
 
-    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), *, local_size: int = 5,
-                 alpha: float = 1.0, beta: float = 0.75, knorm: float = 1.0, **common: Any):
-        super().__init__("kLRN", name, srcs, lrn_conf=_block(local_size=_unless(local_size, 5), alpha=_unless(alpha, 1.0),
-                                                             beta=_unless(beta, 0.75), knorm=_unless(knorm, 1.0)),
-                         **common)
+    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), *, local_size: int | None = None,
+                 alpha: float | None = None, beta: float | None = None, knorm: float | None = None, **common: Any):
+        super().__init__("kLRN", name, srcs, lrn_conf=_block(local_size=local_size, alpha=alpha, beta=beta,
+                                                             knorm=knorm), **common)
 
 
 class Dropout(Layer):
-    def __init__(self, ratio: float = 0.5, name: str | None = None, srcs: str | Sequence[str] = (), **common: Any):
-        super().__init__("kDropout", name, srcs, dropout_conf=_block(dropout_ratio=_unless(ratio, 0.5)), **common)
+    def __init__(self, ratio: float | None = None, name: str | None = None, srcs: str | Sequence[str] = (),
+                 **common: Any):
+        super().__init__("kDropout", name, srcs, dropout_conf=_block(dropout_ratio=ratio), **common)
 
 
 class ReLU(Layer):
@@ -257,12 +260,12 @@ class Activation(Layer):
 
 
 class SoftmaxLoss(Layer):
-    """Softmax and cross-entropy; ``srcs``: the scores and the layer that gives the labels."""
+    """Softmax and cross-entropy; ``srcs``: the scores and the layer that gives the labels; ``topk``:
+    a row counts as right when its label is among its ``topk`` best scores (1 unless given)."""
 
-    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), *, topk: int = 1, scale: float = 1.0,
-                 **common: Any):
-        super().__init__("kSoftmaxLoss", name, srcs, softmaxloss_conf=_block(topk=topk, scale=_unless(scale, 1.0)),
-                         **common)
+    def __init__(self, name: str | None = None, srcs: str | Sequence[str] = (), *, topk: int | None = None,
+                 scale: float | None = None, **common: Any):
+        super().__init__("kSoftmaxLoss", name, srcs, softmaxloss_conf=_block(topk=topk, scale=scale), **common)
 
 
 class EuclideanLoss(Layer):
@@ -323,10 +326,9 @@ class RBMHid(Layer):
     """The hidden side of an RBM (``gaussian``: real-valued hidden units)."""
 
     def __init__(self, hdim: int, name: str | None = None, srcs: str | Sequence[str] = (), *, w: Param | None = None,
-                 b: Param | None = None, gaussian: bool = False, bias: bool = True, **common: Any):
+                 b: Param | None = None, gaussian: bool | None = None, bias: bool | None = None, **common: Any):
         super().__init__("kRBMHid", name, srcs, params=[p for p in (w, b) if p is not None],
-                         rbm_conf=_block(hdim=hdim, gaussian=_unless(gaussian, False), bias_term=_unless(bias, True)),
-                         **common)
+                         rbm_conf=_block(hdim=hdim, gaussian=gaussian, bias_term=bias), **common)
 
 
 __all__ = ["Layer", "Param", "Init", "Constant", "Uniform", "Gaussian", "InnerProduct", "Dense", "Convolution",

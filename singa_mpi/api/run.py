@@ -25,7 +25,9 @@ class Job(Protocol):
     """What a run needs of :class:`singa_mpi.api.job.Job` (which calls these functions: a protocol
     rather than an import, so the two modules do not import each other)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
+
     cluster: Any
 
     def check(self) -> Any: ...

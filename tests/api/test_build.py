@@ -49,7 +49,7 @@ def digits_mlp() -> sm.Job:
     net.add(fc(2, 128))
     net.add(sm.ReLU("relu2"))
     net.add(fc(3, 10))
-    net.add(sm.SoftmaxLoss("loss", srcs=["fc3", "data"]))
+    net.add(sm.SoftmaxLoss("loss", srcs=["fc3", "data"], topk=1))
     rate = sm.LearningRate("kStep", 0.05, gamma=0.5, change_freq=300)
     return sm.Job("digits-mlp", net, updater=sm.SGD(rate, momentum=0.9, weight_decay=0.0001),
                   cluster=sm.Cluster(workspace="workspace/digits_mlp"), seed=1, train_steps=600, disp_freq=100,
