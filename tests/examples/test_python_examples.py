@@ -17,38 +17,48 @@ from singa_mpi.config.load import load_job
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "python"
-MATCHING = {"mnist_mlp.py": "mnist_mlp.conf", "cifar10_cnn.py": "cifar10_convnet.conf"}
+MATCHING = {("mnist_mlp.py", None): "mnist_mlp.conf", ("cifar10_cnn.py", None): "cifar10_convnet.conf",
+            ("mnist_ae.py", None): "rbm_mnist_autoencoder.conf",
+            **{("mnist_rbm.py", stage): f"rbm_mnist_{stage}.conf" for stage in (1, 2, 3, 4)}}
 
 
-def _module(script: str):
+def _module(script: str, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))  # mnist_ae.py imports mnist_rbm.py, as run from there
     spec = importlib.util.spec_from_file_location(script[:-3], EXAMPLES / script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.mark.parametrize("script,conf", sorted(MATCHING.items()))
-def test_an_example_builds_its_conf_job_field_for_field(script, conf):
-    assert _module(script).build().to_proto() == load_job(ROOT / "conf" / conf).proto
+@pytest.mark.parametrize("script,stage,conf", [(script, stage, conf) for (script, stage), conf in MATCHING.items()])
+def test_an_example_builds_its_conf_job_field_for_field(script, stage, conf, monkeypatch):
+    module = _module(script, monkeypatch)
+    job = module.build() if stage is None else module.build(stage)
+    assert job.to_proto() == load_job(ROOT / "conf" / conf).proto
 
 
-def _losses(tmp_path: pathlib.Path, script: str, ranks: int, rows: int, steps: int) -> list[float]:
-    workspace = tmp_path / f"{script[:-3]}-{ranks}"
+def _losses(folder: pathlib.Path, script: str, ranks: int, arguments: list[str], workspace: str) -> list[float]:
+    """The train phase's loss (or squared error: the RBMs) per report of a run of ``script`` in its own
+    ``folder`` (the RBM examples write where their jobs say, below the current folder)."""
+    folder.mkdir()
     prefix = mpiexec_command(ranks) if ranks > 1 else []
-    done = subprocess.run(prefix + [sys.executable, str(EXAMPLES / script), "--synthetic", str(rows), "--steps",
-                                    str(steps), "--workspace", str(workspace)],
-                          cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(prefix + [sys.executable, str(EXAMPLES / script)] + arguments, cwd=folder, env=mpi_env(),
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    records = [json.loads(line) for line in (workspace / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if r["phase"] == "train"]
+    records = [json.loads(line) for line in (folder / workspace / "metrics.jsonl").read_text().splitlines()]
+    return [r.get("loss", r.get("squared_error")) for r in records if r["phase"] == "train"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script,rows,steps", [("mnist_mlp.py", 320, 12), ("cifar10_cnn.py", 200, 4)])
-def test_an_example_trains_the_serial_numbers_on_two_ranks(tmp_path, script, rows, steps):
-    serial = _losses(tmp_path, script, 1, rows, steps)
-    assert len(serial) >= 1
-    assert _losses(tmp_path, script, 2, rows, steps) == pytest.approx(serial, rel=1e-5)
+@pytest.mark.parametrize("script,arguments,workspace", [
+    ("mnist_mlp.py", ["--synthetic", "320", "--steps", "12", "--workspace", "ws"], "ws"),
+    ("cifar10_cnn.py", ["--synthetic", "200", "--steps", "4", "--workspace", "ws"], "ws"),
+    ("mnist_rbm.py", ["--stage", "1", "--synthetic", "300", "--steps", "6"], "workspace/rbm_mnist_1"),
+])
+def test_an_example_trains_the_serial_numbers_on_two_ranks(tmp_path, script, arguments, workspace):
+    serial = _losses(tmp_path / "one", script, 1, arguments, workspace)
+    assert len(serial) >= 1 and None not in serial
+    assert _losses(tmp_path / "two", script, 2, arguments, workspace) == pytest.approx(serial, rel=1e-5)
 
 
 def test_the_api_and_the_examples_pass_the_type_checker():
