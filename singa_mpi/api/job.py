@@ -190,6 +190,12 @@ class Job:
 
         return evaluate(self, workspace, **options)
 
+    def params(self, workspace: str | os.PathLike | None = None) -> dict[str, Any]:
+        """The trained params as numpy arrays by name: :func:`singa_mpi.api.run.params`."""
+        from singa_mpi.api.run import params
+
+        return params(self, workspace)
+
     @property
     def name(self) -> str:
         return self.settings.name

@@ -118,6 +118,19 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     return History(_shared_records(results)).last("test")
 
 
+def params(job: Job, workspace: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The params of the newest good checkpoint of ``workspace`` as numpy arrays by name (their whole,
+    logical shapes, however the run was partitioned); DataError when there is none."""
+    from singa_mpi.checkpoints.hdf5 import newest_good
+    from singa_mpi.errors import DataError
+
+    where = workspace_of(job, workspace)
+    found = newest_good(where)
+    if found is None:
+        raise DataError(f"{where}: no checkpoint to read params from: expected a workspace that fit() wrote")
+    return dict(found.params)
+
+
 def _written(job: Job, workspace: str):
     """The job as this rank holds it, read as if from ``WORKSPACE/job.conf``, which it writes too
     (every rank the same bytes, each file whole: a rank never reads a half-written one).  Each rank
@@ -154,4 +167,4 @@ def _read_records(path: str) -> list[dict[str, Any]]:
         return []
 
 
-__all__ = ["fit", "evaluate", "History", "Stopped", "RunFailed", "workspace_of", "JOB_FILE"]
+__all__ = ["fit", "evaluate", "params", "History", "Stopped", "RunFailed", "workspace_of", "JOB_FILE"]

@@ -90,6 +90,10 @@ def test_fit_in_this_process_returns_the_run_s_records_and_writes_the_job_file(t
     assert sm.Job.from_conf(tmp_path / "ws" / "job.conf").to_proto() == job.to_proto()
     resumed = job.fit(tmp_path / "ws", steps=6, resume=True)
     assert [r["step"] for r in resumed.records] == [0, 2, 4]
+    arrays = job.params(tmp_path / "ws")
+    assert sorted(arrays) == ["fc1_b", "fc1_w"] and arrays["fc1_w"].shape == (5, 12)
+    with pytest.raises(DataError, match="no checkpoint to read params from"):
+        job.params(tmp_path / "nothing")
 
 
 def test_a_failing_run_raises_the_run_s_error(tmp_path):
