@@ -18,7 +18,7 @@ from singa_mpi.config.load import load_job
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "python"
 MATCHING = {("mnist_mlp.py", None): "mnist_mlp.conf", ("cifar10_cnn.py", None): "cifar10_convnet.conf",
-            ("mnist_ae.py", None): "rbm_mnist_autoencoder.conf",
+            ("mnist_ae.py", None): "rbm_mnist_autoencoder.conf", ("char_rnn.py", None): "char_rnn.conf",
             **{("mnist_rbm.py", stage): f"rbm_mnist_{stage}.conf" for stage in (1, 2, 3, 4)}}
 
 
@@ -41,6 +41,10 @@ def _losses(folder: pathlib.Path, script: str, ranks: int, arguments: list[str],
     """The train phase's loss (or squared error: the RBMs) per report of a run of ``script`` in its own
     ``folder`` (the RBM examples write where their jobs say, below the current folder)."""
     folder.mkdir()
+    if script == "char_rnn.py":  # its text: Python's own source (singa-mpi data text), in each run's folder
+        made = subprocess.run([sys.executable, "-m", "singa_mpi", "data", "text", "--out", "data/text"], cwd=folder,
+                              env=mpi_env(), capture_output=True, text=True, timeout=300)
+        assert made.returncode == 0, made.stderr[-2000:]
     prefix = mpiexec_command(ranks) if ranks > 1 else []
     done = subprocess.run(prefix + [sys.executable, str(EXAMPLES / script)] + arguments, cwd=folder, env=mpi_env(),
                           capture_output=True, text=True, timeout=600)
@@ -54,6 +58,7 @@ def _losses(folder: pathlib.Path, script: str, ranks: int, arguments: list[str],
     ("mnist_mlp.py", ["--synthetic", "320", "--steps", "12", "--workspace", "ws"], "ws"),
     ("cifar10_cnn.py", ["--synthetic", "200", "--steps", "4", "--workspace", "ws"], "ws"),
     ("mnist_rbm.py", ["--stage", "1", "--synthetic", "300", "--steps", "6"], "workspace/rbm_mnist_1"),
+    ("char_rnn.py", ["--steps", "3", "--workspace", "ws"], "ws"),
 ])
 def test_an_example_trains_the_serial_numbers_on_two_ranks(tmp_path, script, arguments, workspace):
     serial = _losses(tmp_path / "one", script, 1, arguments, workspace)
