@@ -26,9 +26,10 @@ from singa_mpi.api.layers import (LRN, Activation, Constant, Convolution, Dense,
                                   InnerProduct, Init, Layer, Param, Pooling, RBMHid, RBMVis, RecordInput, ReLU,
                                   Sigmoid, SoftmaxLoss, STanh, Uniform)
 from singa_mpi.api.net import Net, Sequential
-from singa_mpi.api.run import History, RunFailed, Stopped, evaluate, fit
+from singa_mpi.api.run import History, RunFailed, Stopped, evaluate, fit, params, predict
 
 __all__ = ["ArgumentError", "Job", "Net", "Sequential", "Updater", "LearningRate", "SGD", "AdaGrad", "Cluster",
            "Layer", "Param", "Init", "Constant", "Uniform", "Gaussian", "InnerProduct", "Dense", "Convolution",
            "Pooling", "LRN", "Dropout", "ReLU", "STanh", "Sigmoid", "Activation", "SoftmaxLoss", "EuclideanLoss",
-           "RecordInput", "RBMVis", "RBMHid", "fit", "evaluate", "History", "Stopped", "RunFailed"]
+           "RecordInput", "RBMVis", "RBMHid", "fit", "evaluate", "params", "predict", "History",
+           "Stopped", "RunFailed"]

@@ -190,6 +190,12 @@ class Job:
 
         return evaluate(self, workspace, **options)
 
+    def predict(self, x: Any, workspace: str | os.PathLike | None = None, **options: Any) -> Any:
+        """A layer's output for the rows of ``x``: :func:`singa_mpi.api.run.predict`."""
+        from singa_mpi.api.run import predict
+
+        return predict(self, x, workspace, **options)
+
     def params(self, workspace: str | os.PathLike | None = None) -> dict[str, Any]:
         """The trained params as numpy arrays by name: :func:`singa_mpi.api.run.params`."""
         from singa_mpi.api.run import params

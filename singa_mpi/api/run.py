@@ -15,6 +15,7 @@ import os
 import tempfile
 from typing import Any, Protocol
 
+from singa_mpi.api.fields import ArgumentError
 from singa_mpi.errors import SingaError
 
 JOB_FILE = "job.conf"
@@ -131,6 +132,85 @@ def params(job: Job, workspace: str | os.PathLike | None = None) -> dict[str, An
     return dict(found.params)
 
 
+def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, layer: str | None = None,
+            batchsize: int | None = None) -> Any:
+    """The output of ``layer`` (default: the scores, the loss layer's first source) for the rows of
+    ``x``, with the newest checkpoint's params: the test phase's net, its inputs reading ``x``, run
+    forward in this process alone (on every rank that calls it: no communication), in batches of
+    ``batchsize`` (default: the test input's).  One row of output per row of ``x``."""
+    import math
+
+    import numpy as np
+
+    from singa_mpi.checkpoints.hdf5 import newest_good
+    from singa_mpi.config.load import parse_job
+    from singa_mpi.errors import DataError
+    from singa_mpi.runtimes.serial import SerialRuntime
+    from singa_mpi.trainer import Trainer
+
+    where = workspace_of(job, workspace)
+    found = newest_good(where)
+    if found is None:
+        raise DataError(f"{where}: no checkpoint to predict with: expected a workspace that fit() wrote")
+    rows = np.asarray(x)
+    reader = _predicting(job, rows, batchsize)
+    target = layer or _scores_layer(reader)
+    if target not in reader.net.names():
+        raise ArgumentError(f"predict: argument layer = {target!r}: expected one of "
+                            f"{', '.join(dict.fromkeys(reader.net.names()))}")
+    batch = reader.net[reader.net.names()[0]].proto.store_conf.batchsize[0]
+    reader.settings.test_steps = math.ceil(len(rows) / batch)
+    cfg = parse_job(reader.to_conf(), os.path.join(where, JOB_FILE))
+    trainer = Trainer(cfg, where, SerialRuntime(cfg, cfg.proto.seed, where), log=lambda line: None)
+    trainer.restore(found, full=False)
+    net = trainer.test_net
+    assert net is not None  # test_steps > 0 above: the trainer built the test phase's net
+    outputs = []
+    for _ in range(reader.settings.test_steps):
+        net.set_step(found.step)
+        trainer.algorithm.evaluate(net)
+        outputs.append(np.array(net.by_name[target].layer.data))
+    return np.concatenate(outputs)[:len(rows)]
+
+
+def _predicting(job: Any, rows: Any, batchsize: int | None) -> Any:
+    """A copy of ``job`` whose input layers read ``rows`` (labels all 0: the loss layer's value is not
+    the point), in order, in batches of ``batchsize`` or the test input's."""
+    import numpy as np
+
+    from singa_mpi.api.job import Job as JobClass
+    from singa_mpi.api.layers import RecordInput
+    from singa_mpi.api.net import _is_input
+
+    copy = JobClass.from_proto(job.to_proto())
+    for index, layer in enumerate(copy.net.layers):
+        if not _is_input(layer):
+            continue
+        conf = layer.proto.store_conf
+        size = batchsize or (conf.batchsize[0] if conf.batchsize else 64)
+        phases = [job_phase for job_phase in layer.proto.include]
+        replaced = RecordInput.from_arrays(rows, np.zeros(len(rows), np.int64), size, name=layer.name,
+                                           mean_value=conf.mean_value if conf.HasField("mean_value") else None,
+                                           std_value=conf.std_value if conf.HasField("std_value") else None)
+        replaced.proto.include.extend(phases)
+        copy.net.layers[index] = replaced
+    return copy
+
+
+def _scores_layer(job: Any) -> str:
+    """The loss layer's first source (the scores a classifier's softmax reads)."""
+    from singa_mpi.layers.base import layer_class_of
+
+    for layer in job.net.layers:
+        try:
+            loss = layer_class_of(layer.proto).is_loss
+        except Exception:  # a plugin type this process has not loaded: not the loss we look for
+            loss = False
+        if loss and layer.srcs:
+            return layer.srcs[0]
+    return job.net.layers[-1].name
+
+
 def _written(job: Job, workspace: str):
     """The job as this rank holds it, read as if from ``WORKSPACE/job.conf``, which it writes too
     (every rank the same bytes, each file whole: a rank never reads a half-written one).  Each rank
@@ -167,4 +247,4 @@ def _read_records(path: str) -> list[dict[str, Any]]:
         return []
 
 
-__all__ = ["fit", "evaluate", "params", "History", "Stopped", "RunFailed", "workspace_of", "JOB_FILE"]
+__all__ = ["fit", "evaluate", "params", "predict", "History", "Stopped", "RunFailed", "workspace_of", "JOB_FILE"]

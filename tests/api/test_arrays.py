@@ -16,7 +16,7 @@ import pytest
 import nets
 import singa_mpi.api as sm
 from mpi_jobs import mpi_env, mpiexec_command
-from singa_mpi.errors import SingaError
+from singa_mpi.errors import DataError, SingaError
 
 
 def _rows(count: int = 48, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -40,6 +40,27 @@ def test_arrays_train_what_a_store_of_the_same_rows_trains(tmp_path):
     from_arrays = _job(sm.RecordInput.from_arrays(x, y, 16, shuffle=True)).fit(tmp_path / "arrays")
     assert from_arrays.metric("loss") == from_file.metric("loss")
     assert len(from_arrays.metric("loss")) == 9
+
+
+def test_predict_gives_the_scores_the_test_phase_measured(tmp_path):
+    x, y = _rows(80, seed=3)
+    net = sm.Sequential([sm.RecordInput.from_arrays(x[:48], y[:48], 16, phase="train"),
+                         sm.RecordInput.from_arrays(x[48:], y[48:], 32, phase="test"),
+                         sm.InnerProduct(8, "fc1"), sm.STanh("act"), sm.InnerProduct(5, "fc2"),
+                         sm.SoftmaxLoss("loss", srcs=["fc2", "data"])])
+    job = sm.Job("predict", net, updater=sm.SGD(0.2, momentum=0.9), seed=2, train_steps=30, disp_freq=10,
+                 test_steps=1, test_freq=30)
+    tested = job.fit(tmp_path / "ws").last("test")
+    scores = job.predict(x[48:], tmp_path / "ws")  # the loss layer's source: fc2
+    assert scores.shape == (32, 5)
+    assert np.mean(scores.argmax(axis=1) == y[48:]) == pytest.approx(tested["accuracy"], abs=1e-12)
+    few = job.predict(x[48:53], tmp_path / "ws", batchsize=2)  # 3 batches, the last one wrapping around
+    assert few.shape == (5, 5) and np.allclose(few, scores[:5], rtol=1e-5, atol=1e-6)
+    assert job.predict(x[:3], tmp_path / "ws", layer="act").shape == (3, 8)
+    with pytest.raises(sm.ArgumentError, match="layer = 'nope': expected one of data, fc1, act, fc2, loss"):
+        job.predict(x[:3], tmp_path / "ws", layer="nope")
+    with pytest.raises(DataError, match="no checkpoint to predict with"):
+        job.predict(x[:3], tmp_path / "elsewhere")
 
 
 @pytest.mark.parametrize("x,y,words", [
