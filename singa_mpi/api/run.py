@@ -16,10 +16,10 @@ import tempfile
 from typing import Any, Protocol
 
 from singa_mpi.api.fields import ArgumentError
+from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED
 from singa_mpi.errors import SingaError
 
 JOB_FILE = "job.conf"
-EXIT_CHECKPOINTED = 75  # stopped by a signal after writing a checkpoint (singa_mpi.checkpoints.hdf5)
 
 
 class Job(Protocol):
@@ -58,7 +58,8 @@ class Stopped(SingaError):
 @dataclasses.dataclass
 class History:
     """What a run recorded, as ``metrics.jsonl`` holds it: one record per report (``step``, ``phase``
-    ``train``/``test``/``validation``, and the metrics: ``loss``, ``accuracy``, ``ppl``, ...)."""
+    ``train``/``test``/``validation``, and the metrics: ``loss``, ``accuracy``, ``perplexity``,
+    ``squared_error``, ...)."""
 
     records: list[dict[str, Any]]
 
@@ -178,11 +179,10 @@ def _predicting(job: Any, rows: Any, batchsize: int | None) -> Any:
     the point), in order, in batches of ``batchsize`` or the test input's."""
     import numpy as np
 
-    from singa_mpi.api.job import Job as JobClass
     from singa_mpi.api.layers import RecordInput
     from singa_mpi.api.net import _is_input
 
-    copy = JobClass.from_proto(job.to_proto())
+    copy = type(job).from_proto(job.to_proto())  # the job's own class: run.py does not import job.py
     for index, layer in enumerate(copy.net.layers):
         if not _is_input(layer):
             continue

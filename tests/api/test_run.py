@@ -75,6 +75,44 @@ def test_under_mpiexec_a_failing_run_ends_every_rank_with_one_error_line(tmp_pat
     assert done.stderr.count("RunFailed: training ended with exit code 3") == 2  # raised on both ranks
 
 
+STOP_SCRIPT = textwrap.dedent('''
+    import sys
+    import singa_mpi.api as sm
+
+    net = sm.Sequential([sm.RecordInput(sys.argv[1], 8, 12, name="data"), sm.InnerProduct(5, "fc1"),
+                         sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    job = sm.Job("api-stop", net, updater=sm.SGD(0.1), seed=1, train_steps=1_000_000, disp_freq=20)
+    try:
+        job.fit(sys.argv[2])
+    except sm.Stopped as stop:
+        print(f"STOPPED after step {stop.history.last()['step']}", flush=True)
+        sys.exit(stop.exit_code)
+''')
+
+
+@pytest.mark.slow
+def test_a_stop_signal_checkpoints_and_raises_stopped_with_the_history(tmp_path):
+    import signal
+    import time
+
+    from singa_mpi.checkpoints import hdf5 as checkpoint
+
+    script, data, workspace = tmp_path / "stop.py", nets.make_data(str(tmp_path / "d.h5"), 32, (12,), 5), tmp_path / "ws"
+    script.write_text(STOP_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), data, str(workspace)], cwd=tmp_path, env=mpi_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ((workspace / "metrics.jsonl").exists()
+                                               and (workspace / "metrics.jsonl").read_text().count("\n") >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out[-2000:] + err[-2000:]
+    assert "STOPPED after step" in out and "Traceback" not in err
+    (stopped, _), = checkpoint.listed(str(workspace))
+    assert stopped > 0
+
+
 def _small_job(data: str) -> sm.Job:
     net = sm.Sequential([sm.RecordInput(data, 8, 12, name="data"), sm.InnerProduct(5, "fc1"),
                          sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
