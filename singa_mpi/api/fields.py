@@ -31,6 +31,23 @@ class ArgumentError(ConfigError, ValueError):
     ``ValueError``."""
 
 
+class ProtoView:
+    """An API object that is a view of one message (``proto``): built from a copy of a message
+    (:meth:`from_proto`: a ``.conf`` file read into objects), the message itself to write."""
+
+    proto: Any
+
+    @classmethod
+    def from_proto(cls, proto: Message) -> Any:
+        view = cls.__new__(cls)
+        view.proto = type(proto)()
+        view.proto.CopyFrom(proto)
+        return view
+
+    def to_proto(self) -> Any:
+        return self.proto
+
+
 def fill(message: Message, values: Mapping[str, Any], where: str, path: str = "") -> Message:
     """Set ``message``'s fields from ``values`` (None: left unset); returns ``message``.  ``where``
     names the part (``layer 'fc1' (kInnerProduct)``), ``path`` the block inside it (``innerproduct_conf.``)."""
@@ -116,4 +133,4 @@ def _scalar(field: FieldDescriptor, value: Any, where: str) -> Any:
     return value
 
 
-__all__ = ["ArgumentError", "fill", "set_field"]
+__all__ = ["ArgumentError", "ProtoView", "fill", "set_field"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from singa_mpi.api.fields import ArgumentError, fill
+from singa_mpi.api.fields import ArgumentError, ProtoView, fill
 from singa_mpi.api.net import Net, Sequential
 from singa_mpi.config.load import AUTO, JobConfig, load_job, parse_job
 from singa_mpi.errors import ConfigError
@@ -21,7 +21,7 @@ _WRITTEN_AUTO = re.compile(rf"(\bpartition_dim: ){AUTO}\b")
 PYTHON = "<python>"  # where a job built in Python comes from, for the parser
 
 
-class LearningRate:
+class LearningRate(ProtoView):
     """How the learning rate changes (LRGenProto): ``type`` a ChangeMethod name (``kFixed``, ``kStep``,
     ...), ``base_lr``, and the method's settings as arguments (``kStep``: ``change_freq``, ``gamma``)."""
 
@@ -35,11 +35,8 @@ class LearningRate:
             values.update(settings)
         self.proto = fill(job_pb2.LRGenProto(), values, where)
 
-    def to_proto(self) -> job_pb2.LRGenProto:
-        return self.proto
 
-
-class Updater:
+class Updater(ProtoView):
     """The updater (UpdaterProto): ``type`` an UpdaterType name (``kSGD``, ``kAdaGrad``, ...), ``lr``
     a number (a fixed rate) or a :class:`LearningRate`, and any other field (``momentum``,
     ``weight_decay``, ``rmsprop_conf={...}``)."""
@@ -47,16 +44,6 @@ class Updater:
     def __init__(self, type: str = "kSGD", lr: float | LearningRate | None = None, **more: Any):
         rate = LearningRate("kFixed", lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else lr
         self.proto = fill(job_pb2.UpdaterProto(), dict(type=type, learning_rate=rate, **more), f"updater ({type})")
-
-    @classmethod
-    def from_proto(cls, proto: job_pb2.UpdaterProto) -> Updater:
-        updater = cls.__new__(cls)
-        updater.proto = job_pb2.UpdaterProto()
-        updater.proto.CopyFrom(proto)
-        return updater
-
-    def to_proto(self) -> job_pb2.UpdaterProto:
-        return self.proto
 
 
 def SGD(lr: float | LearningRate, momentum: float | None = None, weight_decay: float | None = None,  # noqa: N802
@@ -68,7 +55,7 @@ def AdaGrad(lr: float | LearningRate, weight_decay: float | None = None, **more:
     return Updater("kAdaGrad", lr, weight_decay=weight_decay, **more)
 
 
-class Cluster:
+class Cluster(ProtoView):
     """Where the job runs (ClusterProto): ``workers`` per group, worker ``groups``, ``servers`` per
     server group and ``server_groups`` (SINGA's frameworks: AllReduce, Sandblaster, Downpour, Hogwild,
     see docs/frameworks.md), the ``workspace`` folder, and any other ClusterProto field by name."""
@@ -78,16 +65,6 @@ class Cluster:
         self.proto = fill(job_pb2.ClusterProto(), dict(nworkers_per_group=workers, nworker_groups=groups,
                                                        nservers_per_group=servers, nserver_groups=server_groups,
                                                        workspace=workspace, **more), "cluster")
-
-    @classmethod
-    def from_proto(cls, proto: job_pb2.ClusterProto) -> Cluster:
-        cluster = cls.__new__(cls)
-        cluster.proto = job_pb2.ClusterProto()
-        cluster.proto.CopyFrom(proto)
-        return cluster
-
-    def to_proto(self) -> job_pb2.ClusterProto:
-        return self.proto
 
 
 class Job:

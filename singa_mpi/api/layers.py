@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from singa_mpi.api.fields import ArgumentError, fill
+from singa_mpi.api.fields import ArgumentError, ProtoView, fill
 from singa_mpi.config.load import AUTO
 from singa_mpi.proto import job_pb2
 
@@ -48,7 +48,7 @@ def default_weights(w: "Param | None", b: "Param | None", bias: bool) -> list["P
     return [weight, b if b is not None else Param(init=Constant(0.0))]
 
 
-class Param:
+class Param(ProtoView):
     """A layer's parameter: ``name`` (its key in checkpoints), ``init`` (an :func:`Init` dict),
     ``lr_scale`` and ``wd_scale`` (multipliers of the updater's learning rate and weight decay), or
     ``share_from`` (another param's name: the same values)."""
@@ -62,23 +62,13 @@ class Param:
     def name(self) -> str:
         return self.proto.name
 
-    @classmethod
-    def from_proto(cls, proto: job_pb2.ParamProto) -> Param:
-        param = cls.__new__(cls)
-        param.proto = job_pb2.ParamProto()
-        param.proto.CopyFrom(proto)
-        return param
-
-    def to_proto(self) -> job_pb2.ParamProto:
-        return self.proto
-
     def __repr__(self) -> str:
         return f"Param({self.proto.name!r})"
 
 
 # ---------------------------------------------------------------- any layer
 
-class Layer:
+class Layer(ProtoView):
     """One layer: its ``type`` (a LayerType name such as ``kInnerProduct``, or a plugin's
     ``user_type``), ``name`` (given by the net when None), ``srcs`` (the layers it reads; a
     :class:`~singa_mpi.api.net.Sequential` connects the previous one when empty), its ``params``,
@@ -104,16 +94,6 @@ class Layer:
     @staticmethod
     def where(name: str | None, type: str) -> str:
         return f"layer {name!r} ({type})" if name else f"a {type} layer"
-
-    @classmethod
-    def from_proto(cls, proto: job_pb2.LayerProto) -> Layer:
-        layer = cls.__new__(cls)
-        layer.proto = job_pb2.LayerProto()
-        layer.proto.CopyFrom(proto)
-        return layer
-
-    def to_proto(self) -> job_pb2.LayerProto:
-        return self.proto
 
     @property
     def name(self) -> str:

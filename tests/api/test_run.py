@@ -72,7 +72,9 @@ def test_under_mpiexec_a_failing_run_ends_every_rank_with_one_error_line(tmp_pat
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert done.stderr.count("singa-mpi: error:") == 1 and "missing.h5: no such file" in done.stderr
-    assert done.stderr.count("RunFailed: training ended with exit code 3") == 2  # raised on both ranks
+    # raised on every rank that gets to print it: once one rank's script exits with the error, the
+    # launcher may end the other before its own traceback is out (seen once in about ten runs)
+    assert 1 <= done.stderr.count("RunFailed: training ended with exit code 3") <= 2
 
 
 STOP_SCRIPT = textwrap.dedent('''
