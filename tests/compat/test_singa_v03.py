@@ -1,0 +1,204 @@
+"""SINGA 0.3's own binding scripts (tests/config/singa_binding: tool/python/examples at v0.3.0-rc3),
+with only their import lines changed, build here the jobs SINGA's binding built: compared with SINGA's
+example job files as the project reads them (same_job.py), they differ only where the script itself
+says something else than the file (each difference below names the line of the script it comes
+from).  One of them trains; bad arguments raise one ArgumentError naming the layer and the argument."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from same_job import differences
+from singa_mpi.api.fields import ArgumentError
+from singa_mpi.compat.singa_v03 import model as binding
+from singa_mpi.config.load import load_job
+from singa_mpi.data.synthetic import write_synthetic
+from singa_mpi.layers.base import layer_class
+from singa_mpi.layers.neuron import _ACTIVATIONS
+from singa_mpi.proto import job_pb2
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "tests" / "config" / "singa_binding"
+SINGA = ROOT / "tests" / "config" / "singa_examples" / "v0.2.0" / "examples"  # v0.3.0-rc3's, the same bytes
+IMPORTS = [("from singa.model import *", "from singa_mpi.compat.singa_v03.model import *"),
+           ("from examples.datasets import", "from singa_mpi.compat.singa_v03.datasets import")]
+TIMEOUT = 180
+
+
+def script(name: str, folder: pathlib.Path, edits: list[tuple[str, str]] = ()) -> pathlib.Path:
+    """SINGA's script ``name`` with its imports changed (and ``edits``), written into ``folder``."""
+    text = (SCRIPTS / f"{name}.py").read_text()
+    for old, new in IMPORTS + list(edits):
+        assert text.count(old) == 1, (name, old)
+        text = text.replace(old, new)
+    path = folder / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+def run_script(path: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
+    """The script in a fresh process (the binding's names count from 1 in each), in its folder: SINGA's
+    scripts name their data relative to the working folder."""
+    done = subprocess.run([sys.executable, path.name, *args], cwd=path.parent, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def built_job(path: pathlib.Path) -> job_pb2.JobProto:
+    """The job the script builds, as `singa-mpi` reads it (written with --write-conf, not run)."""
+    run_script(path, "--write-conf", "built.conf")
+    return load_job(str(path.parent / "built.conf")).proto
+
+
+def rbm_differences(level: int, disp_freq: int) -> dict:
+    return {"checkpoint_freq": (6000, 0),  # fit() checkpoints at its last step (nb_epoch=6000)
+            "cluster.workspace": (f"examples/rbm/rbm{level}", f"examples/rbm/rbm{level}/"),  # load_data(workspace=)
+            "disp_freq": (600, disp_freq),  # fit(): nb_epoch // 10
+            # the script's m.evaluate(X_test, test_steps=100, test_freq=500) is commented out
+            "neuralnet.layer[input:test].type": (None, job_pb2.kRecordInput),
+            "test_freq": (0, 500), "test_steps": (0, 100)}
+
+
+TANH = {f"neuralnet.layer[L{n}].{field}": values  # Dense(..., activation='tanh'): tanh, the file's scaled tanh
+        for n in (2, 4, 6, 8, 10)
+        for field, values in (("type", (job_pb2.kActivation, job_pb2.kSTanh)), ("activation_conf", ("{}", None)),
+                              ("activation_conf.type", (job_pb2.ActivationProto.TANH, None)))}
+EXPECTED = {  # script -> (SINGA's job file, where the two differ: (the script's job, the file's))
+    "cifar10_cnn": ("cifar10/job.conf", {
+        "name": ("cifar10-cnn", "cifar10-convnet"),  # Sequential('cifar10-cnn', ...)
+        "checkpoint_freq": (1000, 0),  # fit() checkpoints at its last step
+        "disp_freq": (100, 50),  # fit(): nb_epoch // 10
+        "test_freq": (300, 200),  # evaluate(..., test_freq=300)
+        # datasets/cifar10.py's load_data(): batchsize=64 and random=5000 (the file: 100, random_skip commented)
+        "neuralnet.layer[input:test].store_conf.batchsize": ((64,), (100,)),
+        "neuralnet.layer[input:train].store_conf.batchsize": ((64,), (100,)),
+        "neuralnet.layer[input:train].store_conf.random_skip": (5000, 0)}),
+    "mnist_mlp": ("mnist/job.conf", {
+        "train_steps": (100, 1000),  # fit(X_train, nb_epoch=100, ...)
+        "checkpoint_freq": (100, 0),
+        "test_freq": (100, 60),  # evaluate() without test_freq: at the start and the end (the module says why)
+        "neuralnet.layer[input:test].store_conf.random_skip": (5000, 0),  # pvalues' random_skip: both stores
+        **TANH}),
+    "mnist_rbm1": ("rbm/rbm1.conf", rbm_differences(1, 100)),
+    "mnist_rbm2": ("rbm/rbm2.conf", rbm_differences(2, 100)),
+    "mnist_rbm3": ("rbm/rbm3.conf", rbm_differences(3, 100)),
+    "mnist_rbm4": ("rbm/rbm4.conf", rbm_differences(4, 100)),
+    "mnist_ae": ("rbm/autoencoder.conf", {
+        "name": ("autoencoder", "auto-encoder"),  # Sequential('autoencoder', ...)
+        "checkpoint_freq": (12200, 0),
+        "cluster.workspace": ("examples/rbm/autoencoder", "examples/rbm/autoencoder/"),
+        "disp_freq": (1220, 100)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_binding_script_builds_singa_s_job(name, tmp_path):
+    singa_file, expected = EXPECTED[name]
+    built = built_job(script(name, tmp_path))
+    assert differences(built, load_job(str(SINGA / singa_file)).proto) == expected
+
+
+def test_with_the_file_s_settings_the_cifar10_script_builds_the_file_s_job(tmp_path):
+    """The same script given the values job.conf holds: equal, but for the binding's final checkpoint."""
+    edits = [("Sequential('cifar10-cnn'", "Sequential('cifar10-convnet'"),
+             ("cifar10.load_data()", "cifar10.load_data(batchsize=100, random=0)"),
+             ("with_test=True)", "with_test=True, disp_freq=50)"), ("test_freq=300", "test_freq=200")]
+    built = built_job(script("cifar10_cnn", tmp_path, edits))
+    assert differences(built, load_job(str(SINGA / "cifar10/job.conf")).proto) == {"checkpoint_freq": (1000, 0)}
+
+
+def test_the_activations_the_comparison_takes_as_equal_are_one_layer_class():
+    assert _ACTIVATIONS["RELU"] is layer_class("kReLU")
+    assert _ACTIVATIONS["SIGMOID"] is layer_class("kSigmoid")
+
+
+def test_the_binding_names_layers_and_params_as_it_did(tmp_path):
+    built = built_job(script("mnist_rbm2", tmp_path))
+    layers = [(layer.name, [p.name for p in layer.param], list(layer.srclayers)) for layer in built.neuralnet.layer]
+    assert layers == [("data0", [], []), ("layer1", ["w1", "b12"], ["data0"]), ("sigmoid1", [], ["layer1"]),
+                      ("RBMVis", ["w2", "b2"], ["sigmoid1", "RBMHid"]), ("RBMHid", ["w2_", "b22"], ["RBMVis"])]
+    assert list(built.checkpoint_path) == ["examples/rbm/rbm1/checkpoint/step6000-worker0"]
+
+
+def test_the_mnist_mlp_script_trains_and_returns_the_binding_s_results(tmp_path):
+    """SINGA's mnist_mlp.py, imports changed, trains here on synthetic MNIST-shaped kvfile stores at
+    SINGA's paths; its results are per step (acc, loss; the test's as test_acc, test_loss)."""
+    path = script("mnist_mlp", tmp_path, [("#for k, v in", "import json; print('RESULT', json.dumps(result))\n#")])
+    run_script(path, "--write-conf", "built.conf")
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        written = sorted(os.path.relpath(p) for p in write_synthetic("built.conf", count=1000))
+    finally:
+        os.chdir(cwd)
+    assert written == ["examples/mnist/test_data.bin", "examples/mnist/train_data.bin"]
+    done = run_script(path)
+    result = {int(step): values for step, values in json.loads(done.stdout.split("RESULT ", 1)[1]).items()}
+    assert sorted(step for step in result if "loss" in result[step]) == list(range(0, 100, 10))
+    assert all(0 <= result[step]["acc"] <= 1 and result[step]["loss"] > 0 for step in range(0, 100, 10))
+    assert "test_acc" in result[100] and "test_loss" in result[100]
+    assert (tmp_path / "examples" / "mnist" / "job.conf").exists()  # the run's workspace: the script's
+
+
+@pytest.fixture
+def fresh_names():
+    binding.reset_names()
+    yield
+    binding.reset_names()
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: binding.Dense(10, activation="softplus"),
+     r"^layer 'layer1' \(Dense\): argument activation = 'softplus': expected one of relu, sigmoid, tanh, stanh, "
+     r"softmax$"),
+    (lambda: binding.Dense(-5), r"^layer 'layer1' \(Dense\): argument output_dim = -5: expected a positive integer$"),
+    (lambda: binding.Dense(10, w_sdt=0.1), r"^layer 'layer1' \(Dense\): unknown argument w_sdt: expected one of "),
+    (lambda: binding.Convolution2D(32, 0), r"^layer 'conv1' \(Convolution2D\): argument kernel = 0: expected a "
+                                           r"positive integer$"),
+    (lambda: binding.MaxPooling2D(pool_size=(3, 2)), r"^layer 'pool0' \(MaxPooling2D\): argument pool_size = "
+                                                     r"\(3, 2\): expected an int or a square pair"),
+    (lambda: binding.Dropout(1.5), r"^layer 'dropout0' \(Dropout\): argument ratio = 1.5: expected a number"),
+    (lambda: binding.SGD(lr=0.1, lr_type="cosine"), r"^Updater: argument lr_type = 'cosine': expected one of "),
+    (lambda: binding.Store(batch_size=64), r"^Store: unknown argument batch_size: expected one of .*\bbatchsize\b"),
+    (lambda: binding.Cluster(), r"^Cluster: argument workspace: expected the workspace folder$"),
+    (lambda: binding.Data("recordinputs"), r"^layer 'data0' \(Data\): argument load = 'recordinputs': expected one "
+                                           r"of .*\brecordinput\b"),
+])
+def test_a_bad_argument_raises_one_error_naming_the_layer_and_the_argument(fresh_names, build, message):
+    with pytest.raises(ArgumentError, match=message):
+        build()
+
+
+def test_a_bad_setting_the_layer_takes_is_refused_by_the_job_s_check(fresh_names):
+    model = binding.Sequential("bad", [])
+    model.add(binding.Dense(10, activation="softmax", partition_dim=3))
+    model.compile(loss="categorical_crossentropy", optimizer=binding.SGD(0.1), cluster=binding.Cluster("ws"))
+    data = binding.Data("recordinput", conf=binding.Store(path="x.bin", backend="kvfile", batchsize=8, shape=4))
+    model.fit(data, nb_epoch=10, with_test=True)
+    model.build()
+    with pytest.raises(ArgumentError, match=r"layer 'layer1'.*partition_dim = 3"):
+        model.to_job().check()
+
+
+def test_no_gpu_and_no_executable(fresh_names):
+    model = binding.Sequential("m", [])
+    data = binding.Data("recordinput", conf=binding.Store(path="x.bin", batchsize=8, shape=4))
+    with pytest.raises(ArgumentError, match=r"^fit: argument device = 0: singa_mpi trains on CPUs"):
+        model.fit(data, nb_epoch=10, device=0)
+    with pytest.raises(ArgumentError, match=r"^evaluate: argument execpath = 'bin/singa'"):
+        model.evaluate(data, execpath="bin/singa")
+
+
+def test_argv_options_are_read_and_singa_s_flags_left_alone():
+    options = binding._argv_options(["x.py", "-singa_conf", "conf/singa.conf", "--resume", "--write-conf=a.conf"])
+    assert options == {"resume": True, "overwrite": False, "write_conf": "a.conf"}
+    with pytest.raises(ArgumentError, match="--write-conf: expected the path"):
+        binding._argv_options(["x.py", "--write-conf"])
+    assert re.search(r"Sequential\('mlp', argv=sys.argv\)", (SCRIPTS / "mnist_mlp.py").read_text())
