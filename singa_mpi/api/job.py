@@ -48,10 +48,12 @@ class Updater(ProtoView):
 
 def SGD(lr: float | LearningRate, momentum: float | None = None, weight_decay: float | None = None,  # noqa: N802
         **more: Any) -> Updater:
+    """Stochastic gradient descent (kSGD): rate ``lr``, ``momentum``, ``weight_decay``, other UpdaterProto fields."""
     return Updater("kSGD", lr, momentum=momentum, weight_decay=weight_decay, **more)
 
 
 def AdaGrad(lr: float | LearningRate, weight_decay: float | None = None, **more: Any) -> Updater:  # noqa: N802
+    """AdaGrad (kAdaGrad): rate ``lr``, ``weight_decay``, other UpdaterProto fields."""
     return Updater("kAdaGrad", lr, weight_decay=weight_decay, **more)
 
 
@@ -87,6 +89,7 @@ class Job:
     # ------------------------------------------------------------ to and from the .conf text
 
     def to_proto(self) -> job_pb2.JobProto:
+        """The whole JobProto: the settings with the net, the updater and the cluster."""
         proto = job_pb2.JobProto()
         proto.CopyFrom(self.settings)
         proto.neuralnet.CopyFrom(self.net.to_proto())
@@ -107,6 +110,7 @@ class Job:
 
     @classmethod
     def from_proto(cls, proto: job_pb2.JobProto) -> Job:
+        """A job from a JobProto (copied): its net, updater and cluster as the API's objects."""
         job = cls.__new__(cls)
         job.settings = job_pb2.JobProto()
         job.settings.CopyFrom(proto)
@@ -181,6 +185,7 @@ class Job:
 
     @property
     def name(self) -> str:
+        """The job's name."""
         return self.settings.name
 
     def __repr__(self) -> str:

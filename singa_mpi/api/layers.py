@@ -26,10 +26,12 @@ def Init(type: str, **values: float | None) -> dict[str, Any]:  # noqa: N802 - r
 
 
 def Constant(value: float = 0.0) -> dict[str, Any]:  # noqa: N802
+    """An init of every value ``value`` (kConstant), for :class:`Param`'s ``init``."""
     return Init("kConstant", value=value)
 
 
 def Uniform(low: float = -1.0, high: float = 1.0) -> dict[str, Any]:  # noqa: N802
+    """An init uniform in [``low``, ``high``] (kUniform), for :class:`Param`'s ``init``."""
     return Init("kUniform", low=low, high=high)
 
 
@@ -60,6 +62,7 @@ class Param(ProtoView):
 
     @property
     def name(self) -> str:
+        """The param's name."""
         return self.proto.name
 
     def __repr__(self) -> str:
@@ -93,23 +96,28 @@ class Layer(ProtoView):
 
     @staticmethod
     def where(name: str | None, type: str) -> str:
+        """How errors name a layer: ``layer 'fc1' (kInnerProduct)``."""
         return f"layer {name!r} ({type})" if name else f"a {type} layer"
 
     @property
     def name(self) -> str:
+        """The layer's name."""
         return self.proto.name
 
     @property
     def type(self) -> str:
+        """The layer's type name (``kInnerProduct``), or its plugin's ``user_type``."""
         proto = self.proto
         return proto.user_type if proto.type == job_pb2.kUserLayer else job_pb2.LayerType.Name(proto.type)
 
     @property
     def srcs(self) -> list[str]:
+        """The names of the layers it reads."""
         return list(self.proto.srclayers)
 
     @property
     def params(self) -> list[Param]:
+        """Its params (weight, bias, ...), as :class:`Param` views of its messages."""
         return [Param.from_proto(p) for p in self.proto.param]
 
     def __repr__(self) -> str:

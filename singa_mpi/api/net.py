@@ -65,9 +65,11 @@ class Net:
         return len(self.layers)
 
     def names(self) -> list[str]:
+        """The layers' names, in the order they were added."""
         return [layer.name for layer in self.layers]
 
     def to_proto(self) -> job_pb2.NetProto:
+        """The NetProto: the layers' messages in order, and the net's own settings."""
         proto = job_pb2.NetProto()
         proto.CopyFrom(self.settings)
         proto.layer.extend(layer.to_proto() for layer in self.layers)
@@ -75,6 +77,7 @@ class Net:
 
     @classmethod
     def from_proto(cls, proto: job_pb2.NetProto) -> Net:
+        """A net from a NetProto (copied): each layer a :class:`~singa_mpi.api.layers.Layer`."""
         net = cls.__new__(cls)
         net.settings = job_pb2.NetProto()
         net.settings.CopyFrom(proto)

@@ -12,6 +12,7 @@ from singa_mpi.checks.params import check_params, check_shared_params
 from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
 from singa_mpi.data.prepare import how_to_make, is_bundled_digits
+from singa_mpi.data.stores import in_memory
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import CycleError, Node, is_back_edge
 from singa_mpi.layers.base import LAYERS, Layer, LayerContext, layer_class_of
@@ -224,9 +225,10 @@ def _batch_of(cfg: JobConfig, node: Node, layer: Layer) -> tuple[str, int] | Non
 def _warn_missing_data(cfg: JobConfig, node: Node, warnings: list[str]) -> None:
     if node.conf.HasField("sharddata_conf") and node.conf.sharddata_conf.path:  # SINGA 0.1's DataShard folder
         conf, store = "sharddata_conf", job_pb2.StoreProto(backend="shard", path=node.conf.sharddata_conf.path)
-    elif node.conf.HasField("store_conf") and node.conf.store_conf.path:
+    elif (node.conf.HasField("store_conf") and node.conf.store_conf.path
+          and not in_memory(node.conf.store_conf.backend)):
         conf, store = "store_conf", node.conf.store_conf
-    else:
+    else:  # nothing to look for on disk (a script's arrays: the launch says if this process lacks them)
         return
     path = store.path
     workspace = cfg.proto.cluster.workspace

@@ -42,6 +42,11 @@ def test_arrays_train_what_a_store_of_the_same_rows_trains(tmp_path):
     assert len(from_arrays.metric("loss")) == 9
 
 
+def test_check_looks_for_no_file_for_arrays():
+    x, y = _rows()
+    assert _job(sm.RecordInput.from_arrays(x, y, 16)).check().warnings == []
+
+
 def test_predict_gives_the_scores_the_test_phase_measured(tmp_path):
     x, y = _rows(80, seed=3)
     net = sm.Sequential([sm.RecordInput.from_arrays(x[:48], y[:48], 16, phase="train"),

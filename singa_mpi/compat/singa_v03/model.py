@@ -152,9 +152,11 @@ class Model:
         self.accuracy = False
 
     def add(self, layer: Any) -> None:
-        raise NotImplementedError  # Sequential and Energy say how layers join
+        """Add a layer (each kind of model says how its layers join)."""
+        raise NotImplementedError
 
     def exist_datalayer(self, phase: str) -> bool:
+        """Whether an input layer of ``phase`` (``'train'``, ``'test'``, ``'val'``) was added."""
         wanted = {"train": job_pb2.kTrain, "test": job_pb2.kTest, "val": job_pb2.kVal}[phase]
         return any(wanted in layer.layer.include for layer in self.layers)
 
@@ -299,12 +301,15 @@ class Model:
         return self.to_job().to_conf(path)
 
     def display(self) -> None:
+        """Print the JobProto built so far, as text."""
         print(text_format.MessageToString(self.jobconf))
 
     def size(self) -> int:
+        """The number of layers of the built net."""
         return len(self.jobconf.neuralnet.layer)
 
     def layer_by_id(self, k: int) -> job_pb2.LayerProto:
+        """The built net's ``k``-th LayerProto."""
         return self.jobconf.neuralnet.layer[k]
 
     def _run(self, test_only: bool) -> dict[int, dict[str, float]]:
@@ -327,6 +332,7 @@ class Sequential(Model):
         super().__init__(name, argv, label)
 
     def add(self, layer: Any) -> None:
+        """Add ``layer`` at the end of the chain (an Autoencoder: its Dense layers)."""
         if getattr(layer, "layer_type", None) == "AutoEncoder":
             self.layers.extend(_autoencoder_layers(layer))
         else:
@@ -341,6 +347,7 @@ class Energy(Model):
         super().__init__(name, argv, label)
 
     def add(self, layer: Any) -> None:
+        """Add the RBM (its lower levels first, as sigmoid Dense layers)."""
         if getattr(layer, "layer_type", None) != job_pb2.kRBMVis:
             raise ArgumentError(f"Energy.add: argument layer = {layer!r}: expected an RBM")
         for level in range(1, len(layer.out_dim)):
