@@ -25,8 +25,7 @@ def build(text: str = "data/text/input.txt", vocabulary: str = "data/text/vocab.
         return sm.Param(name, sm.Uniform(-0.08, 0.08))
 
     net = sm.Net(unroll_len=50)  # every layer but the reader unrolled over 50 characters
-    net.add(sm.Layer("kCharRNN", "data", unroll_len=1,
-                     char_rnn_conf={"path": text, "vocab_path": vocabulary, "batchsize": 32, "unroll_len": 50}))
+    net.add(sm.CharRNN(text, vocabulary, batchsize=32, unroll_len=50, name="data"))
     net.add(sm.Layer("kOneHot", "onehot", "data", unroll_conn_type=["kUnrollOneToAll"],
                      onehot_conf={"vocab_size": vocab_size}))
     net.add(sm.Layer("kRNNLabel", "label", "data", unroll_conn_type=["kUnrollOneToAll"]))

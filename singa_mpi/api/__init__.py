@@ -22,14 +22,14 @@ Arguments are the proto's fields by name, nested blocks as dicts; a bad one rais
 """
 from singa_mpi.api.fields import ArgumentError
 from singa_mpi.api.job import SGD, AdaGrad, Cluster, Job, LearningRate, Updater
-from singa_mpi.api.layers import (LRN, Activation, Constant, Convolution, Dense, Dropout, EuclideanLoss, Gaussian,
-                                  InnerProduct, Init, Layer, Param, Pooling, RBMHid, RBMVis, RecordInput, ReLU,
-                                  Sigmoid, SoftmaxLoss, STanh, Uniform)
+from singa_mpi.api.layers import (LRN, Activation, CharRNN, Constant, Convolution, Dense, Dropout, EuclideanLoss,
+                                  Gaussian, InnerProduct, Init, Layer, Param, Pooling, RBMHid, RBMVis, RecordInput,
+                                  ReLU, Sigmoid, SoftmaxLoss, STanh, Uniform)
 from singa_mpi.api.net import Net, Sequential
 from singa_mpi.api.run import History, RunFailed, Stopped, evaluate, fit, params, predict
 
 __all__ = ["ArgumentError", "Job", "Net", "Sequential", "Updater", "LearningRate", "SGD", "AdaGrad", "Cluster",
            "Layer", "Param", "Init", "Constant", "Uniform", "Gaussian", "InnerProduct", "Dense", "Convolution",
            "Pooling", "LRN", "Dropout", "ReLU", "STanh", "Sigmoid", "Activation", "SoftmaxLoss", "EuclideanLoss",
-           "RecordInput", "RBMVis", "RBMHid", "fit", "evaluate", "params", "predict", "History",
+           "RecordInput", "CharRNN", "RBMVis", "RBMHid", "fit", "evaluate", "params", "predict", "History",
            "Stopped", "RunFailed"]

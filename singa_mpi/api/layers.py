@@ -301,6 +301,43 @@ class RecordInput(Layer):
                    has_label=None if labels is not None else False, **store)
 
 
+class CharRNN(Layer):
+    """char-rnn's text reader (kCharRNN): ``batchsize`` rows, each a stream of the text read in windows
+    of ``unroll_len`` + 1 characters (the net's other layers are unrolled ``unroll_len`` times: give
+    ``Net(unroll_len=...)`` the same); ``path`` the text, ``vocab_path`` its vocabulary (each byte
+    one symbol: ``singa-mpi data text`` writes both).  The reader itself is not unrolled."""
+
+    def __init__(self, path: str, vocab_path: str, batchsize: int, unroll_len: int, name: str = "data",
+                 **common: Any):
+        super().__init__("kCharRNN", name, (), unroll_len=1,
+                         char_rnn_conf=_block(path=path, vocab_path=vocab_path, batchsize=batchsize,
+                                              unroll_len=unroll_len), **common)
+
+    @classmethod
+    def from_text(cls, text: str | bytes, batchsize: int, unroll_len: int, vocabulary: str | bytes | None = None,
+                  name: str = "data", **common: Any) -> CharRNN:
+        """A reader of ``text`` held by this process (a ``str`` is read as its UTF-8 bytes), with
+        ``vocabulary`` (default: the text's bytes, sorted); on several ranks every rank holds the text
+        and reads its rows' streams.  The digests are in the job, as for arrays."""
+        from singa_mpi.data import memory
+
+        where = Layer.where(name, "kCharRNN")
+        data = text.encode() if isinstance(text, str) else bytes(text)
+        if not data:
+            raise ArgumentError(f"{where}: argument text is empty: expected the text to learn")
+        symbols = bytes(sorted(set(data))) if vocabulary is None else (
+            vocabulary.encode() if isinstance(vocabulary, str) else bytes(vocabulary))
+        if len(set(symbols)) != len(symbols):
+            raise ArgumentError(f"{where}: argument vocabulary repeats a byte: expected each symbol once "
+                                f"(its index is its offset)")
+        missing = sorted(set(data) - set(symbols))
+        if missing:
+            raise ArgumentError(f"{where}: argument vocabulary lacks {bytes(missing[:5])!r} of the text: "
+                                f"expected every byte of the text")
+        return cls(memory.register_bytes(f"{name}-text", data), memory.register_bytes(f"{name}-vocab", symbols),
+                   batchsize, unroll_len, name, **common)
+
+
 class RBMVis(Layer):
     """The visible side of an RBM; ``srcs``: the data and the hidden layer it pairs with."""
 
@@ -321,4 +358,4 @@ class RBMHid(Layer):
 
 __all__ = ["Layer", "Param", "Init", "Constant", "Uniform", "Gaussian", "InnerProduct", "Dense", "Convolution",
            "Pooling", "LRN", "Dropout", "ReLU", "STanh", "Sigmoid", "Activation", "SoftmaxLoss", "EuclideanLoss",
-           "RecordInput", "RBMVis", "RBMHid", "PHASES", "default_weights"]
+           "RecordInput", "CharRNN", "RBMVis", "RBMHid", "PHASES", "default_weights"]

@@ -6,6 +6,9 @@ Every rank of a script under ``mpirun`` holds the same arrays and, like any stor
 of its batches.  The digest of the contents is part of the name, so ranks whose arrays differ hold
 different jobs, which the launch's vote refuses in one line before any step.  A ``.conf`` file cannot
 carry arrays: run as a file, the job fails on the first read, saying so.
+
+Texts are held the same way (:func:`register_bytes`, for ``CharRNN.from_text``: char-rnn's text and
+its vocabulary), named ``memory:<name>@<digest>`` in ``char_rnn_conf``'s ``path`` and ``vocab_path``.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from singa_mpi.errors import DataError
 
 SCHEME = "memory:"
 _ARRAYS: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+_BYTES: dict[str, bytes] = {}
 
 
 def register(name: str, data: np.ndarray, labels: np.ndarray | None = None) -> str:
@@ -33,6 +37,27 @@ def register(name: str, data: np.ndarray, labels: np.ndarray | None = None) -> s
     path = f"{SCHEME}{name}@{digest.hexdigest()}"
     _ARRAYS[path] = (data, labels)
     return path
+
+
+def register_bytes(name: str, data: bytes) -> str:
+    """Keep ``data`` (a text, a vocabulary) for this process's jobs; returns the path that names it."""
+    data = bytes(data)
+    path = f"{SCHEME}{name}@{hashlib.blake2b(data, digest_size=8).hexdigest()}"
+    _BYTES[path] = data
+    return path
+
+
+def is_memory_path(path: str) -> bool:
+    return path.startswith(SCHEME)
+
+
+def held_bytes(path: str, what: str) -> bytes:
+    """The bytes ``path`` names; DataError naming ``what`` when this process holds none of that name."""
+    if path not in _BYTES:
+        raise DataError(f"{what} {path}: no text of that name in this process: it names a text a Python script "
+                        f"gave singa_mpi.api (CharRNN.from_text); a .conf file cannot carry it (write the text "
+                        f"and its vocabulary to files: singa-mpi data text -h)")
+    return _BYTES[path]
 
 
 def read(path: str, options: StoreOptions) -> ArrayStore:
@@ -51,4 +76,4 @@ def _no_writer(path: str, options: StoreOptions):
 
 BACKEND = Backend(reader=read, writer=_no_writer, in_memory=True)
 
-__all__ = ["register", "read", "BACKEND", "SCHEME"]
+__all__ = ["register", "register_bytes", "is_memory_path", "held_bytes", "read", "BACKEND", "SCHEME"]

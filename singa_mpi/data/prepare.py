@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from singa_mpi.data.convert import EXTENSIONS, convert_digits
+from singa_mpi.data.memory import is_memory_path
 from singa_mpi.data.stores import in_memory
 from singa_mpi.errors import DataError, Unwritable
 from singa_mpi.proto import job_pb2
@@ -46,8 +47,9 @@ def reader_files(layer: job_pb2.LayerProto, job_path: str | None) -> list[tuple[
                  how_to_make(path, "path", job_pb2.StoreProto(backend="shard", path=path), job_path))]
     if layer.type == job_pb2.kCharRNN:
         conf = layer.char_rnn_conf
-        return [("char_rnn_conf", field, getattr(conf, field), TEXT_TODO)
-                for field in ("path", "vocab_path") if getattr(conf, field)]
+        files = [(field, getattr(conf, field)) for field in ("path", "vocab_path")]
+        return [("char_rnn_conf", field, path, TEXT_TODO) for field, path in files
+                if path and not is_memory_path(path)]  # a script's text is no file
     from singa_mpi.layers.base import LAYERS, layer_class_of, layer_type_name  # a plugin's reader says what it reads
 
     return layer_class_of(layer).input_files(layer) if layer_type_name(layer) in LAYERS else []

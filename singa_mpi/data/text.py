@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from singa_mpi.data import memory
 from singa_mpi.data.convert import atomic_path
 from singa_mpi.errors import DataError
 
@@ -86,6 +87,10 @@ def write_text_corpus(out_dir: str, files: Sequence[str] | None = None,
 # ------------------------------------------------------------------ reading (the char-rnn layers)
 
 def read_bytes(path: str, what: str) -> bytes:
+    """The bytes of the file ``path`` (or of the text a script holds, for a ``memory:`` path);
+    DataError naming ``what`` when it cannot be read."""
+    if memory.is_memory_path(path):
+        return memory.held_bytes(path, what)
     try:
         with open(path, "rb") as f:
             return f.read()

@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from singa_mpi.data import memory
 from singa_mpi.data.text import encode, read_bytes, read_vocab
 from singa_mpi.errors import DataError
 from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError
@@ -33,7 +34,10 @@ _TODO = "make it and its vocabulary with `singa-mpi data text --out DIR`"
 def _find(layer: Layer, field: str) -> tuple[str, str]:
     """(what, found path) of ``char_rnn_conf.<field>``: as written, else under the workspace."""
     what = f"layer '{layer.name}': char_rnn_conf.{field}"
-    return what, find_file(getattr(layer.conf.char_rnn_conf, field), layer.ctx.workspace, what, lambda: _TODO)
+    path = getattr(layer.conf.char_rnn_conf, field)
+    if memory.is_memory_path(path):  # a script's text: nothing to look for on disk
+        return what, path
+    return what, find_file(path, layer.ctx.workspace, what, lambda: _TODO)
 
 
 def windows_per_pass(text_bytes: int, batchsize: int, unroll: int) -> int:
@@ -46,8 +50,10 @@ def windows_per_pass(text_bytes: int, batchsize: int, unroll: int) -> int:
 
 def reader_period(conf, workspace: str) -> int:
     """:func:`windows_per_pass` of a kCharRNN layer conf, from the size of its text file."""
-    char = conf.char_rnn_conf
-    path = find_file(char.path, workspace, f"layer '{conf.name}': char_rnn_conf.path", lambda: _TODO)
+    char, what = conf.char_rnn_conf, f"layer '{conf.name}': char_rnn_conf.path"
+    if memory.is_memory_path(char.path):
+        return windows_per_pass(len(memory.held_bytes(char.path, what)), char.batchsize, char.unroll_len)
+    path = find_file(char.path, workspace, what, lambda: _TODO)
     return windows_per_pass(os.path.getsize(path), char.batchsize, char.unroll_len)
 
 
