@@ -152,3 +152,28 @@ def test_a_bad_job_raises_before_running(tmp_path):
     with pytest.raises(sm.ArgumentError, match=r"^layer 'fc1' \(#1, kInnerProduct\): innerproduct_conf.num_output"):
         sm.Job("bad", net, updater=sm.SGD(0.1), train_steps=2).fit(tmp_path / "ws")
     assert not (tmp_path / "ws").exists()
+
+
+BAD_SCRIPT = textwrap.dedent('''
+    import singa_mpi.api as sm
+
+    net = sm.Sequential([sm.RecordInput("d.h5", 8, 12, name="data"), sm.InnerProduct(0, "fc1"),
+                         sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    try:
+        sm.Job("bad", net, updater=sm.SGD(0.1), train_steps=2).fit("ws")
+    except sm.ArgumentError as err:
+        print("RAISED", err, flush=True)
+        raise
+''')
+
+
+@pytest.mark.slow
+def test_under_mpiexec_a_bad_argument_raises_on_every_rank_and_the_job_ends(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text(BAD_SCRIPT)
+    done = subprocess.run(mpiexec_command(2) + [sys.executable, str(script)], cwd=tmp_path, env=mpi_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    raised = [line for line in done.stdout.splitlines() if line.startswith("RAISED")]
+    assert len(raised) == 2 and all("layer 'fc1'" in line and "num_output" in line for line in raised)
+    assert not (tmp_path / "ws").exists()
