@@ -106,6 +106,41 @@ def cmd_train(args) -> int:
     return run_training(str(job_path), lambda cfg: resolve_workspace(cfg, args.workspace), options)
 
 
+def cmd_run(args) -> int:
+    """``run -n N [--elastic ...] JOB [train options]``: train under the supervisor (singa_mpi.supervisor)."""
+    from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
+    from singa_mpi.config.load import load_job
+    from singa_mpi.supervisor import Policy, Supervisor
+
+    job_path = str(args.job or default_job_path())
+    train_args, workspace = _taken_out(args.train_args, "--workspace")
+    cfg = load_job(job_path)
+    cluster = cfg.proto.cluster
+    servers = (max(1, cluster.nserver_groups) * max(1, cluster.nservers_per_group)
+               if cluster.server_worker_separate else 0)
+    try:
+        launcher = find_launcher(args.mpi)
+    except LauncherNotFound as err:
+        raise ConfigError(f"run: {err}") from None
+    policy = Policy(args.ranks, args.elastic, args.min_ranks, args.max_restarts, args.shrink, servers)
+    return Supervisor(job_path, resolve_workspace(cfg, workspace), train_args, policy, launcher).run()
+
+
+def _taken_out(args: list[str], option: str) -> tuple[list[str], str | None]:
+    """``args`` without ``option VALUE`` (or ``option=VALUE``), and the value (None when absent)."""
+    kept, value, skip = [], None, False
+    for index, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == option and index + 1 < len(args):
+            value, skip = args[index + 1], True
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+        else:
+            kept.append(arg)
+    return kept, value
+
+
 def cmd_test(args) -> int:
     from singa_mpi.test_command import run_test
 
@@ -390,6 +425,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "and no checkpoint of it is written)")
     _plugin_option(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("run", help="train under MPI from one command, restarting on the survivors when a rank "
+                                   "dies (--elastic)")
+    p.add_argument("-n", "--ranks", type=positive_int, required=True, metavar="N", help="MPI ranks to launch")
+    p.add_argument("--elastic", action="store_true",
+                   help="when a rank dies, relaunch and resume from the newest checkpoint (docs/self-healing.md)")
+    p.add_argument("--shrink", action="store_true",
+                   help="--elastic: relaunch on the surviving ranks only (default: as many ranks as before)")
+    p.add_argument("--min-ranks", type=positive_int, default=1, metavar="M",
+                   help="--elastic: stop rather than run on fewer than M ranks (default: 1)")
+    p.add_argument("--max-restarts", type=non_negative_int, default=3, metavar="R",
+                   help="--elastic: stop after R restarts (default: 3)")
+    p.add_argument("--mpi", choices=("mpich", "openmpi"), default=None,
+                   help="the MPI whose launcher starts the ranks (default: $SINGA_MPI_FLAVOR, else MPICH if present)")
+    p.add_argument("job", nargs="?", help="job configuration (default: conf/digits_mlp.conf)")
+    p.add_argument("train_args", nargs=argparse.REMAINDER, metavar="...",
+                   help="options of `singa-mpi train` (--workspace, --steps, --stall-timeout, ...)")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("test", help="run the test phase on a trained model")
     p.add_argument("job")

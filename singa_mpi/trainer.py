@@ -20,6 +20,7 @@ from typing import Callable
 
 from singa_mpi import profiling
 from singa_mpi import progress
+from singa_mpi import run_events
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import algorithm_name, make_algorithm
 from singa_mpi.config.load import JobConfig, deterministic_block_rows
@@ -33,6 +34,29 @@ from singa_mpi.updaters import load_blas, make_updater
 
 
 # SINGA 0.3 include/singa/worker.h, verbatim semantics
+def drop_records_from(path: str, step: int) -> None:
+    """Keep metrics.jsonl's records of steps before ``step`` (a resume's checkpoint: a run that went
+    on past it and died reported steps that the resumed run reports again), rewritten atomically."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line).get("step", 0) < step:
+                kept.append(line)
+        except ValueError:  # a line the dead run left half-written
+            continue
+    if len(kept) == len(lines):
+        return
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as f:
+        f.write("".join(line + "\n" for line in kept))
+    os.replace(temporary, path)
+
+
 def display_now(job: job_pb2.JobProto, step: int) -> bool:
     return job.disp_freq > 0 and step >= job.disp_after and (step - job.disp_after) % job.disp_freq == 0
 
@@ -245,6 +269,8 @@ class Trainer:
         os.makedirs(self.workspace, exist_ok=True)
         if self.runtime.is_root and self.start_step == 0:
             open(self.metrics_path, "w").close()
+        elif self.runtime.is_root:
+            drop_records_from(self.metrics_path, self.start_step)
         bar = progress.open_bar(self.train_steps, self.start_step) if self.live_bar and self.runtime.is_root else None
         with progress.bar_around(self, bar), self.finite.quiet():
             self.finite.check_initial(self.runtime.sync(), self.runtime, self.start_step, self.workspace)
@@ -270,6 +296,8 @@ class Trainer:
             steps_since += 1
             if self.pace_mark is None:  # the pace (ETA) is timed from here: the first step had start-up costs
                 self.pace_mark = (time.perf_counter(), step + 1)
+                if self.runtime.is_root:  # a restarted run's recovery ends here (singa-mpi run --elastic)
+                    run_events.note("first_step", step=step + 1, ranks=self.runtime.size)
             if bar is not None:
                 bar.advance()
             # one vote a step, on stop signals and non-finite values; every rank stops after the same step

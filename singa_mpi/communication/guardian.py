@@ -1,8 +1,9 @@
 """The guardian: a small process beside each rank that names the rank if it vanishes.
 
 Started by :class:`singa_mpi.communication.liveness.Guardian` in a session of its own (the
-launcher's clean-up does not reach it), with the standard library and the status records of
-:mod:`singa_mpi.communication.liveness` only.  It waits on a pipe that only its rank can write to.
+launcher's clean-up does not reach it), with the standard library, the status records of
+:mod:`singa_mpi.communication.liveness` and :mod:`singa_mpi.run_events` only (the line it prints is
+also an event for a supervisor).  It waits on a pipe that only its rank can write to.
 A rank that ends normally, or on purpose after printing why (MPI_Abort), says so first; end of file
 without that means the rank vanished (SIGKILL, the out-of-memory killer, a segfault).  The guardian
 then records which of the node's ranks it saw dead (its sighting), waits up to a second for the other
@@ -22,6 +23,7 @@ import select
 import signal
 import time
 
+from singa_mpi import run_events
 from singa_mpi.communication.liveness import (
     IN_MPI_INIT,
     Status,
@@ -272,6 +274,9 @@ def _speak_if_first(folder: str, rank: int, records: dict[int, Status]) -> None:
                 os.write(2, line.encode())
             except OSError:
                 pass
+            run_events.note("vanished", ranks=first, ended=ended, line=line.strip(),
+                            who={str(r): {"step": records[r].step, "host": records[r].host, "pid": records[r].pid,
+                                          "activity": records[r].activity} for r in first if r in records})
     time.sleep(0.2)  # the others read the verdict before it goes
     remove_quietly(os.path.join(folder, f"seen{rank}"))
     remove_quietly(record_path(folder, rank))

@@ -341,18 +341,28 @@ _GUARDIAN_MAIN = (f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
                   f"from singa_mpi.communication.guardian import main; main(sys.argv[1:])")
 
 
+def _guardian_environment() -> dict[str, str]:
+    """PATH, and where a supervisor wants to hear of a death (singa_mpi.run_events): nothing else, so
+    that nothing mistakes the guardian for a rank (it has no PMI_RANK)."""
+    from singa_mpi.run_events import EVENTS_VARIABLE
+
+    env = {"PATH": os.environ.get("PATH", "")}
+    if os.environ.get(EVENTS_VARIABLE):
+        env[EVENTS_VARIABLE] = os.environ[EVENTS_VARIABLE]
+    return env
+
+
 class Guardian:
     """The rank's side of its guardian process: start it, and tell it how the rank ends."""
 
     def __init__(self, folder: str, rank: int, stall_timeout: float | None = None):
         read_end, self._write_end = os.pipe()
         try:
-            # stdout closed, stderr the rank's (the launcher forwards it); a bare environment, so that
-            # nothing mistakes the guardian for a rank (it has no PMI_RANK)
+            # stdout closed, stderr the rank's (the launcher forwards it); a bare environment
             self.process = subprocess.Popen([sys.executable, "-I", "-S", "-c", _GUARDIAN_MAIN, folder, str(rank),
                                              str(os.getpid()), str(stall_timeout or 0)], stdin=read_end,
                                             stdout=subprocess.DEVNULL, start_new_session=True,
-                                            env={"PATH": os.environ.get("PATH", "")})
+                                            env=_guardian_environment())
         finally:
             os.close(read_end)
 

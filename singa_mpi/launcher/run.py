@@ -26,7 +26,7 @@ import time
 import traceback
 from typing import Callable
 
-from singa_mpi import progress, threads
+from singa_mpi import progress, run_events, threads
 from singa_mpi.checkpoints.hdf5 import Checkpoint
 from singa_mpi.errors import PeerLost, ResourceError, SingaError, one_line, out_of_memory
 from singa_mpi.launcher.checks import read_before_start
@@ -208,6 +208,7 @@ def _abort(world, message: str, code: int, life=None, traceback_text: str = "") 
     step = world.tracer.step
     shown = one_line(message) + (f"\n{traceback_text}" if traceback_text else "")
     os.write(2, f"singa-mpi: rank {world.rank}: error at step {step}: {shown}\n".encode())
+    run_events.note("error", rank=world.rank, step=step, code=code, message=one_line(message))
     if life is not None:
         life.explained()  # the guardians need not name this rank: it said why it ends the job
     progress.drain_stdout()  # what this rank printed before it ends the job

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import sys
 
+from singa_mpi import run_events
 from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED
 from singa_mpi.config.load import JobConfig
 from singa_mpi.errors import ConfigError, one_line
@@ -20,6 +21,7 @@ def phase_one_verdict(world, cfg: JobConfig | None, verdicts: list) -> int | Non
         if world.rank == 0:
             where = "" if len(failed) == world.size else f" (on rank {rank})"
             print(f"singa-mpi: error{where}: {one_line(message)}", file=sys.stderr, flush=True)
+            run_events.note("setup_error", rank=rank, code=code, message=one_line(message))
         return code
     if any(stopped for _, stopped, _ in verdicts):
         if world.rank == 0:
@@ -37,6 +39,7 @@ def phase_one_verdict(world, cfg: JobConfig | None, verdicts: list) -> int | Non
         print(f"singa-mpi: error: ranks disagree: {what} is {theirs} on rank {rank} and {ours} on rank 0 "
               f"(job files: {files[0]} on rank 0, {files[rank]} on rank {rank}): expected every rank to run "
               f"the same job file with the same options", file=sys.stderr, flush=True)
+        run_events.note("setup_error", rank=rank, code=ConfigError.exit_code, message=f"ranks disagree: {what}")
     return ConfigError.exit_code
 
 

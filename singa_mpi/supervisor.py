@@ -1,0 +1,282 @@
+"""Runs that heal themselves: ``singa-mpi run -n N --elastic JOB`` restarts a job whose rank died.
+
+The supervisor is one process outside MPI.  It starts ``train`` with the MPI's own launcher
+(:func:`~singa_mpi.communication.launchers.find_launcher`: MPICH's ``mpiexec`` or Open MPI's
+``mpirun``), waits, and reads what the run told it (:mod:`singa_mpi.run_events`: the guardian's
+"rank 1 vanished at step 212", a rank's error line, the first step of a restarted run).  When a rank
+dies it relaunches: on the same number of ranks (the host is still there), or with ``--shrink`` on
+the survivors only, and resumes from the newest complete checkpoint with the plan recomputed for the
+new rank count (``train --resume``: bit-exact on any rank count), so the samples seen and the numbers
+trained equal an uninterrupted run's; metrics.jsonl keeps each step once (a resumed run drops what the
+dead one reported past its checkpoint).
+
+Bounded: at most ``--max-restarts`` restarts and never below ``--min-ranks``; a failure the job makes
+twice the same way at the same step (a bug, not a fault: a layer that raises at step 5) and an error
+before training (a bad job: exit code 2) end it with the reason instead of looping.  Stop signals
+still mean stop: SIGINT, SIGTERM and SIGUSR1 go to the launcher, the ranks checkpoint and exit 75,
+and nothing restarts.  What it cost is printed at the end and kept in ``WORKSPACE/supervisor/summary.json``:
+restarts, the dead ranks, the steps lost (from the step it died in back to the checkpoint resumed
+from) and the recovery time (from the death to the first step after the restart).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+from singa_mpi import run_events
+from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED, listed
+from singa_mpi.errors import ConfigError
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+EXIT_SETUP = ConfigError.exit_code  # the launch refused the job before training: a restart cannot help
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """How to restart: ``ranks`` launched first, ``elastic`` (restart at all), at most ``max_restarts``
+    restarts, never on fewer than ``min_ranks``; ``shrink``: go on with the survivors only."""
+
+    ranks: int
+    elastic: bool = False
+    min_ranks: int = 1
+    max_restarts: int = 3
+    shrink: bool = False
+    servers: int = 0  # ranks that are servers (Sandblaster, Downpour): the workers are the rest
+
+
+@dataclasses.dataclass
+class Failure:
+    """Why an attempt ended: ``kind`` ``vanished`` (died without a word), ``error`` (a rank's error
+    line), ``setup_error`` (refused before training) or ``exit`` (only the exit code is known)."""
+
+    kind: str
+    code: int
+    ranks: list[int]
+    step: int | None
+    what: str
+    time: float
+
+    def signature(self) -> tuple:
+        """What makes two failures the same one: how, where (step) and what, without pids and hosts."""
+        return self.kind, self.code, self.step, re.sub(r"\bpid \d+|\bon \S+|\d+(\.\d+)?s\b", "", self.what)
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One launch: on ``ranks`` ranks from checkpoint step ``resumed_from`` (None: afresh)."""
+
+    number: int
+    ranks: int
+    resumed_from: int | None
+    code: int = 0
+    failure: Failure | None = None
+    first_step_at: float | None = None
+
+
+def failure_of(events: list[dict], code: int, ended: float) -> Failure:
+    """The attempt's failure from its events: the vanished rank if a guardian named one, else the
+    first error line, else the exit code alone."""
+    for kind in ("vanished", "error", "setup_error"):
+        found = [e for e in events if e.get("kind") == kind]
+        if not found:
+            continue
+        event = found[0]
+        if kind == "vanished":
+            ranks = [int(r) for r in event.get("ranks", [])]
+            steps = [who.get("step") for who in event.get("who", {}).values()]
+            return Failure(kind, code, ranks, min(steps) if steps else None, event.get("line", ""), event["time"])
+        rank = event.get("rank")
+        return Failure(kind, event.get("code", code), [] if rank is None else [int(rank)], event.get("step"),
+                       event.get("message", ""), event["time"])
+    return Failure("exit", code, [], None, f"exit code {code}", ended)
+
+
+def first_step_time(events: list[dict]) -> float | None:
+    return next((e["time"] for e in events if e.get("kind") == "first_step"), None)
+
+
+def next_ranks(policy: Policy, ranks: int, failure: Failure) -> int:
+    """The rank count of the relaunch: the same, or with ``shrink`` the survivors of a death."""
+    if policy.shrink and failure.kind == "vanished":
+        return ranks - max(1, len(failure.ranks))
+    return ranks
+
+
+def why_not_restart(policy: Policy, attempts: list[Attempt]) -> str | None:
+    """None to restart after the last attempt's failure, else the reason to stop (one clause)."""
+    last = attempts[-1]
+    failure = last.failure
+    if failure is None:
+        return "it ended without a failure"
+    if not policy.elastic:
+        return "not --elastic"
+    if failure.kind == "setup_error" or failure.code == EXIT_SETUP:
+        return f"the job was refused before training (exit code {failure.code}): a restart cannot change that"
+    before = [a.failure for a in attempts[:-1] if a.failure is not None]
+    if before and before[-1].signature() == failure.signature():
+        where = f" at step {failure.step}" if failure.step is not None else ""
+        return f"it failed the same way twice{where}: a fault of the job, not of a rank"
+    if len(attempts) - 1 >= policy.max_restarts:
+        return f"it reached --max-restarts {policy.max_restarts}"
+    ranks = next_ranks(policy, last.ranks, failure)
+    if ranks < max(policy.min_ranks, policy.servers + 1):
+        return f"{ranks} ranks would be left, fewer than --min-ranks {max(policy.min_ranks, policy.servers + 1)}"
+    return None
+
+
+def lost_steps(failure: Failure | None, resumed_from: int | None) -> int | None:
+    """Steps trained again after a restart: from the checkpoint resumed from to the step it died in."""
+    if failure is None or failure.step is None:
+        return None
+    return max(0, failure.step - (resumed_from or 0))
+
+
+class Supervisor:
+    """Launch, watch, relaunch (see the module).  ``train_args``: ``train``'s options after the job."""
+
+    def __init__(self, job: str, workspace: str, train_args: Sequence[str], policy: Policy, launcher,
+                 log: Callable[[str], None] = print):
+        self.job, self.workspace, self.train_args = job, workspace, list(train_args)
+        self.policy, self.launcher, self.log = policy, launcher, log
+        self.folder = os.path.join(workspace, "supervisor")
+        self.attempts: list[Attempt] = []
+        self.child: subprocess.Popen | None = None
+        self.stopping: int | None = None  # the stop signal received
+
+    def run(self) -> int:
+        os.makedirs(self.folder, exist_ok=True)
+        previous = {s: signal.signal(s, self._forward) for s in STOP_SIGNALS}
+        try:
+            ranks, resumed_from = self.policy.ranks, None
+            while True:
+                attempt = self._launch(ranks, resumed_from)
+                if attempt.code == 0 or self.stopping is not None or attempt.code == EXIT_CHECKPOINTED:
+                    return self._finish(attempt.code)
+                reason = why_not_restart(self.policy, self.attempts)
+                if reason is not None:
+                    self.log(f"singa-mpi: supervisor: not restarting: {reason}")
+                    return self._finish(attempt.code)
+                ranks = next_ranks(self.policy, attempt.ranks, attempt.failure)
+                resumed_from = newest_checkpoint_step(self.workspace)
+                self.log(f"singa-mpi: supervisor: {describe_failure(attempt.failure)}; restarting on {ranks} ranks "
+                         f"from {'checkpoint step ' + str(resumed_from) if resumed_from is not None else 'step 0'}"
+                         f" (restart {len(self.attempts)} of at most {self.policy.max_restarts})")
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _launch(self, ranks: int, resumed_from: int | None) -> Attempt:
+        attempt = Attempt(len(self.attempts) + 1, ranks, resumed_from)
+        self.attempts.append(attempt)
+        events_path = os.path.join(self.folder, f"attempt{attempt.number}.jsonl")
+        if os.path.exists(events_path):
+            os.remove(events_path)
+        env = self.launcher.environ(**{run_events.EVENTS_VARIABLE: os.path.abspath(events_path)})
+        self.child = subprocess.Popen(self._command(ranks, attempt.number > 1, resumed_from), env=env,
+                                      start_new_session=True)  # our signals reach it only as we forward them
+        attempt.code = _wait(self.child)
+        events = run_events.read(events_path)
+        attempt.first_step_at = first_step_time(events)
+        if attempt.code != 0:
+            attempt.failure = failure_of(events, attempt.code, time.time())
+        return attempt
+
+    def _command(self, ranks: int, restart: bool, resumed_from: int | None) -> list[str]:
+        args = list(self.train_args)
+        if restart:  # never move aside what the dead attempt wrote: resume it (or, without a checkpoint, restart)
+            args = [a for a in args if a not in ("--overwrite", "--resume")]
+            args.append("--resume" if resumed_from is not None else "--overwrite")
+        if self.policy.servers:
+            args += ["--workers", str(ranks - self.policy.servers)]
+        return self.launcher.command(ranks) + [sys.executable, "-m", "singa_mpi", "train", self.job,
+                                               "--workspace", self.workspace, *args]
+
+    def _forward(self, signum, frame) -> None:
+        self.stopping = signum
+        if self.child is not None and self.child.poll() is None:
+            try:
+                os.killpg(self.child.pid, getattr(signal, self.launcher.stop_signal))
+            except OSError:
+                pass
+
+    def _finish(self, code: int) -> int:
+        summary = self.summary(code)
+        with open(os.path.join(self.folder, "summary.json.tmp"), "w") as f:
+            json.dump(summary, f, indent=1)
+        os.replace(os.path.join(self.folder, "summary.json.tmp"), os.path.join(self.folder, "summary.json"))
+        if len(self.attempts) > 1 or code != 0:
+            self.log("\n".join(summary_lines(summary)))
+        return code
+
+    def summary(self, code: int) -> dict:
+        """The run's restarts: per failed attempt who died, where, the steps lost, the recovery time."""
+        restarts = []
+        for failed, after in zip(self.attempts, self.attempts[1:]):
+            recovery = None
+            if failed.failure is not None and after.first_step_at is not None:
+                recovery = round(after.first_step_at - failed.failure.time, 2)
+            restarts.append({"attempt": failed.number, "ranks": failed.ranks, "failure": dataclasses.asdict(failed.failure)
+                             if failed.failure else None, "resumed_from": after.resumed_from, "relaunched_on": after.ranks,
+                             "lost_steps": lost_steps(failed.failure, after.resumed_from),
+                             "recovery_seconds": recovery})
+        last = self.attempts[-1]
+        return {"restarts": len(self.attempts) - 1, "exit_code": code, "final_ranks": last.ranks,
+                "stopped_by_signal": self.stopping is not None, "attempts": restarts,
+                "last_failure": dataclasses.asdict(last.failure) if last.failure else None}
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The supervisor's end-of-run block."""
+    lines = ["supervisor summary:", f"  restarts        {summary['restarts']}"]
+    for entry in summary["attempts"]:
+        failure = Failure(**entry["failure"]) if entry["failure"] else None
+        lost = "" if entry["lost_steps"] is None else f", {entry['lost_steps']} steps trained again"
+        recovery = "" if entry["recovery_seconds"] is None else f", recovered in {entry['recovery_seconds']:.1f}s"
+        resumed = (f"the last periodic checkpoint, step {entry['resumed_from']}" if entry["resumed_from"] is not None
+                   else "step 0 (no checkpoint yet)")
+        lines.append(f"  attempt {entry['attempt']}       {entry['ranks']} ranks: "
+                     f"{describe_failure(failure) if failure else 'ended'}; resumed from {resumed} on "
+                     f"{entry['relaunched_on']} ranks{lost}{recovery}")
+    ending = "finished" if summary["exit_code"] == 0 else (
+        "stopped on a signal" if summary["stopped_by_signal"] else f"ended with exit code {summary['exit_code']}")
+    lines.append(f"  final           {ending} on {summary['final_ranks']} ranks")
+    return lines
+
+
+def describe_failure(failure: Failure) -> str:
+    """``rank 1 vanished at step 212 (killed by SIGKILL...)``, ``rank 0 failed at step 5: ...``."""
+    ranks = ", ".join(str(r) for r in failure.ranks) or "?"
+    at = f" at step {failure.step}" if failure.step is not None else ""
+    if failure.kind == "vanished":
+        how = re.search(r"vanished without a word \(([^)]*)\)", failure.what)
+        return f"rank {ranks} vanished{at}" + (f" ({how.group(1)})" if how else "")
+    if failure.kind in ("error", "setup_error"):
+        return f"rank {ranks} failed{at}: {failure.what}"
+    return f"the job ended with exit code {failure.code}{at}"
+
+
+def newest_checkpoint_step(workspace: str) -> int | None:
+    """The step of the newest checkpoint file (``train --resume`` verifies it, and falls back past a
+    damaged one); None when there is none."""
+    for step, _ in listed(workspace):
+        return step
+    return None
+
+
+def _wait(child: subprocess.Popen) -> int:
+    while True:
+        try:
+            return child.wait()
+        except InterruptedError:
+            continue
+
+
+__all__ = ["Policy", "Failure", "Attempt", "Supervisor", "failure_of", "next_ranks", "why_not_restart",
+           "lost_steps", "summary_lines", "describe_failure", "newest_checkpoint_step"]

@@ -1,0 +1,259 @@
+"""The supervisor (``singa-mpi run -n N --elastic``): its decisions as pure functions, and whole runs
+under MPI where a rank is killed with SIGKILL mid-training and the job heals: it finishes every step
+on the survivors, keeps each step of metrics.jsonl once, names the dead rank in one summary, and ends
+with the parameters an uninterrupted run ends with (bitwise in deterministic mode; within the
+equivalence tolerance for a feature split, which deterministic mode refuses).  A job that fails the
+same way twice stops with one line; a job refused before training is not restarted."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_jobs import launcher, mpi_env, ranks_of
+from singa_mpi.cli import _taken_out
+from singa_mpi.supervisor import (Attempt, Failure, Policy, Supervisor, describe_failure, failure_of, lost_steps,
+                                  next_ranks, summary_lines, why_not_restart)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+VANISHED = {"kind": "vanished", "time": 100.0, "ranks": [1], "ended": " (killed by SIGKILL)",
+            "line": "singa-mpi: rank 1 (pid 2933 on vm) at step 5016 (update) vanished without a word (killed by "
+                    "SIGKILL): by a user, a scheduler or the out-of-memory killer; the launcher then ended the others",
+            "who": {"1": {"step": 5016, "host": "vm", "pid": 2933, "activity": "update"}}}
+ERROR = {"kind": "error", "time": 50.0, "rank": 0, "step": 5, "code": 1, "message": "RuntimeError: boom at step 5"}
+
+
+# ------------------------------------------------------------------ decisions
+
+
+def test_a_failure_is_read_from_the_run_s_events():
+    died = failure_of([{"kind": "first_step", "time": 1.0, "step": 1}, VANISHED], 9, 200.0)
+    assert (died.kind, died.ranks, died.step, died.time) == ("vanished", [1], 5016, 100.0)
+    assert describe_failure(died) == "rank 1 vanished at step 5016 (killed by SIGKILL)"
+    raised = failure_of([ERROR], 1, 200.0)
+    assert (raised.kind, raised.ranks, raised.step) == ("error", [0], 5)
+    assert describe_failure(raised) == "rank 0 failed at step 5: RuntimeError: boom at step 5"
+    assert failure_of([], 137, 200.0) == Failure("exit", 137, [], None, "exit code 137", 200.0)
+
+
+def _attempts(*failures: Failure | None, ranks: int = 3) -> list[Attempt]:
+    return [Attempt(n + 1, ranks, None, 0 if f is None else f.code, f) for n, f in enumerate(failures)]
+
+
+def test_when_to_restart_and_when_not():
+    died, raised = failure_of([VANISHED], 9, 0.0), failure_of([ERROR], 1, 0.0)
+    elastic = Policy(3, elastic=True, min_ranks=2, max_restarts=2, shrink=True)
+    assert why_not_restart(elastic, _attempts(died)) is None
+    assert why_not_restart(Policy(3), _attempts(died)) == "not --elastic"
+    assert why_not_restart(elastic, _attempts(raised, raised)) == (
+        "it failed the same way twice at step 5: a fault of the job, not of a rank")
+    assert why_not_restart(elastic, _attempts(raised, died)) is None  # different failures: faults
+    assert why_not_restart(elastic, _attempts(died, raised, died)) == "it reached --max-restarts 2"
+    assert why_not_restart(elastic, _attempts(died, ranks=2)) == "1 ranks would be left, fewer than --min-ranks 2"
+    refused = Failure("setup_error", 2, [0], None, "bad.conf:3:1: ...", 0.0)
+    assert "refused before training" in why_not_restart(elastic, _attempts(refused))
+
+
+def test_a_rank_count_for_the_relaunch():
+    died = failure_of([VANISHED], 9, 0.0)
+    assert next_ranks(Policy(3, elastic=True, shrink=True), 3, died) == 2
+    assert next_ranks(Policy(3, elastic=True), 3, died) == 3  # the host is still there
+    assert next_ranks(Policy(3, elastic=True, shrink=True), 3, failure_of([ERROR], 1, 0.0)) == 3
+    assert lost_steps(died, 4000) == 1016 and lost_steps(died, None) == 5016
+
+
+def test_the_summary_names_the_dead_rank_the_steps_lost_and_the_recovery():
+    summary = {"restarts": 1, "exit_code": 0, "final_ranks": 2, "stopped_by_signal": False, "last_failure": None,
+               "attempts": [{"attempt": 1, "ranks": 3, "failure": vars(failure_of([VANISHED], 9, 0.0)),
+                             "resumed_from": 4000, "relaunched_on": 2, "lost_steps": 1016,
+                             "recovery_seconds": 2.5}]}
+    assert summary_lines(summary) == [
+        "supervisor summary:", "  restarts        1",
+        "  attempt 1       3 ranks: rank 1 vanished at step 5016 (killed by SIGKILL); resumed from the last periodic "
+        "checkpoint, step 4000 on 2 ranks, 1016 steps trained again, recovered in 2.5s",
+        "  final           finished on 2 ranks"]
+
+
+def test_a_restart_resumes_and_never_moves_the_dead_attempt_s_files_aside():
+    class Launcher:
+        def command(self, n):
+            return ["mpiexec", "-n", str(n)]
+
+    supervisor = Supervisor("job.conf", "ws", ["--overwrite", "--steps", "9"], Policy(5, servers=2), Launcher())
+    first, again = supervisor._command(5, False, None), supervisor._command(4, True, 1000)
+    assert first[:3] == ["mpiexec", "-n", "5"] and first[-6:] == ["ws", "--overwrite", "--steps", "9", "--workers", "3"]
+    assert again[-5:] == ["--steps", "9", "--resume", "--workers", "2"] and "--overwrite" not in again
+    assert supervisor._command(3, True, None)[-4:-2] == ["9", "--overwrite"]  # no checkpoint yet: afresh
+
+
+def test_run_takes_the_workspace_out_of_train_s_options():
+    assert _taken_out(["--steps", "5", "--workspace", "w", "--resume"], "--workspace") == (["--steps", "5", "--resume"],
+                                                                                          "w")
+    assert _taken_out(["--workspace=w"], "--workspace") == ([], "w")
+    assert _taken_out(["--steps", "5"], "--workspace") == (["--steps", "5"], None)
+
+
+# ------------------------------------------------------------------ whole runs under MPI
+
+
+def _job(tmp_path: pathlib.Path, source: str, steps: int, checkpoint: int, feature_split: bool = False) -> str:
+    text = (ROOT / "conf" / source).read_text()
+    text = text.replace("train_steps: 600", f"train_steps: {steps}\ncheckpoint_freq: {checkpoint}")
+    text = text.replace("disp_freq: 100", "disp_freq: 100").replace("test_freq: 200", f"test_freq: {steps // 2}")
+    text = text.replace('path: "data/digits/', f'path: "{tmp_path}/data/digits/')
+    if feature_split:  # fc1 split on its outputs over the ranks: its shards live on one rank each
+        text = text.replace('name: "fc1"', 'name: "fc1"\n    partition_dim: 1', 1)
+        assert "partition_dim: 1" in text
+    path = tmp_path / f"{source}"
+    path.write_text(text)
+    return str(path)
+
+
+def _supervised(tmp_path, job: str, ranks: int, workspace: str, *options: str, train: tuple = ()) -> subprocess.Popen:
+    """``singa-mpi run -n RANKS OPTIONS JOB --workspace WORKSPACE TRAIN``: the supervisor's options before the
+    job, train's after it."""
+    return subprocess.Popen([sys.executable, "-m", "singa_mpi", "run", "-n", str(ranks), *options, job,
+                             "--workspace", workspace, *train], cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _kill_after(proc: subprocess.Popen, workspace: pathlib.Path, rank: int, step: int, timeout: float = 120) -> None:
+    """SIGKILL ``rank`` once metrics.jsonl has reached ``step``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = _records(workspace)
+        if records and records[-1]["step"] >= step:
+            break
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.02)
+    else:
+        raise AssertionError(f"no step {step} within {timeout}s")
+    os.kill(ranks_of(proc.pid)[rank], signal.SIGKILL)
+
+
+def _records(workspace: pathlib.Path) -> list[dict]:
+    try:
+        lines = (workspace / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def _params(workspace: pathlib.Path) -> dict[str, np.ndarray]:
+    newest = max(glob.glob(str(workspace / "checkpoint" / "step*.h5")), key=lambda p: int(p.split("step")[-1][:-3]))
+    with h5py.File(newest) as f:
+        return {name: f["params"][name][()] for name in f["params"]}
+
+
+def _uninterrupted(tmp_path, job: str, ranks: int, label: str, *options: str) -> dict[str, np.ndarray]:
+    prefix = launcher().command(ranks) if ranks > 1 else []
+    done = subprocess.run(prefix + [sys.executable, "-m", "singa_mpi", "train", job, "--workspace", label, *options],
+                          cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _params(tmp_path / label)
+
+
+def _healed(tmp_path, job: str, ranks: int, steps: int, kill_at: int, *options: str) -> tuple[str, dict]:
+    proc = _supervised(tmp_path, job, ranks, "healed", "--elastic", "--shrink", train=options)
+    _kill_after(proc, tmp_path / "healed", 1, kill_at)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "healed" / "supervisor" / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["final_ranks"] == ranks - 1
+    (attempt,) = summary["attempts"]
+    assert attempt["failure"]["kind"] == "vanished" and attempt["failure"]["ranks"] == [1]
+    assert out.count("supervisor summary:") == 1 and "rank 1 vanished at step" in out
+    steps_seen = [(r["step"], r["phase"]) for r in _records(tmp_path / "healed")]
+    assert len(steps_seen) == len(set(steps_seen))  # no step reported twice
+    assert [s for s, phase in steps_seen if phase == "train"] == list(range(0, steps, 100))  # none missing
+    return out, attempt
+
+
+@pytest.mark.slow
+def test_a_killed_rank_heals_on_the_survivors_to_the_uninterrupted_run_s_params_bitwise(tmp_path):
+    """Data parallel on 3 ranks, rank 1 SIGKILLed mid-training: restarted on 2 from the last checkpoint,
+    in deterministic mode so that the end is bitwise the serial run's."""
+    job = _job(tmp_path, "digits_mlp.conf", 8000, 1000)
+    reference = _uninterrupted(tmp_path, job, 1, "reference", "--deterministic")
+    out, attempt = _healed(tmp_path, job, 3, 8000, 2500, "--deterministic")
+    assert attempt["resumed_from"] in (2000, 3000) and attempt["relaunched_on"] == 2
+    assert attempt["recovery_seconds"] is not None and 0 < attempt["recovery_seconds"] < 60
+    healed = _params(tmp_path / "healed")
+    assert all(np.array_equal(healed[name], reference[name]) for name in reference)
+
+
+@pytest.mark.slow
+def test_a_feature_split_s_shard_lost_with_its_rank_resumes_from_the_periodic_checkpoint(tmp_path):
+    job = _job(tmp_path, "digits_mlp.conf", 3000, 500, feature_split=True)
+    reference = _uninterrupted(tmp_path, job, 3, "reference")
+    out, attempt = _healed(tmp_path, job, 3, 3000, 1200)
+    assert "resumed from the last periodic checkpoint" in out
+    healed = _params(tmp_path / "healed")
+    for name, value in reference.items():
+        assert np.max(np.abs(healed[name] - value)) <= 1e-4 * np.max(np.abs(value)), name
+
+
+@pytest.mark.slow
+def test_sandblaster_heals_when_a_worker_is_killed(tmp_path):
+    job = _job(tmp_path, "digits_sandblaster.conf", 4000, 500)
+    reference = _uninterrupted(tmp_path, job, 5, "reference", "--deterministic")
+    out, attempt = _healed(tmp_path, job, 5, 4000, 1200, "--deterministic")
+    assert attempt["relaunched_on"] == 4 and "--workers" not in out
+    healed = _params(tmp_path / "healed")
+    assert all(np.array_equal(healed[name], reference[name]) for name in reference)
+
+
+PLUGIN = '''
+import numpy as np
+from singa_mpi.layers.base import LAYERS
+from singa_mpi.layers.neuron import ReLU
+
+
+@LAYERS.register("kFailAtFive")
+class FailAtFive(ReLU):
+    """ReLU that raises in its sixth forward pass of a process: step 5 of a run from step 0."""
+
+    calls = 0
+
+    def forward(self, inputs, train):
+        if train:
+            FailAtFive.calls += 1
+            if FailAtFive.calls == 6:
+                raise RuntimeError("the plugin layer fails at step 5")
+        return super().forward(inputs, train)
+'''
+
+
+@pytest.mark.slow
+def test_a_job_that_fails_the_same_way_twice_stops_with_one_line(tmp_path):
+    (tmp_path / "fail_plugin.py").write_text(PLUGIN)
+    job = pathlib.Path(_job(tmp_path, "digits_mlp.conf", 50, 1000))
+    text = job.read_text().replace('type: kReLU', 'user_type: "kFailAtFive"', 1)
+    job.write_text(f'plugin: "{tmp_path / "fail_plugin.py"}"\n' + text)
+    proc = _supervised(tmp_path, str(job), 2, "failing", "--elastic")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    stops = [line for line in out.splitlines() if "not restarting" in line]
+    assert stops == ["singa-mpi: supervisor: not restarting: it failed the same way twice at step 5: a fault of the "
+                     "job, not of a rank"]
+    summary = json.loads((tmp_path / "failing" / "supervisor" / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["last_failure"]["step"] == 5
+
+
+@pytest.mark.slow
+def test_a_job_refused_before_training_is_not_restarted(tmp_path):
+    job = pathlib.Path(_job(tmp_path, "digits_mlp.conf", 50, 1000))
+    job.write_text(job.read_text().replace("num_output: 256", "num_output: 0"))
+    proc = _supervised(tmp_path, str(job), 2, "refused", "--elastic")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and out.count("num_output = 0") == 1
+    assert "not restarting: the job was refused before training (exit code 2)" in out
