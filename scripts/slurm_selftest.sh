@@ -15,9 +15,11 @@
 # 4. preemption: signals a running job with SIGUSR1 (what `#SBATCH --signal` sends before the
 #    time limit), checks that it checkpoints, is requeued, resumes and finishes; with Open MPI, the
 #    same with SIGTERM (which the script must pass on to Open MPI's mpiexec as SIGUSR1);
-# 5. runs the README's benchmark campaign (slurm/bench_campaign.sh --wait: the 1- and 2-rank arrays and
+# 5. self-healing: a 3-task job under the supervisor (SINGA_ELASTIC=1), one rank killed with SIGKILL;
+#    checks that it restarts once on the 2 survivors and completes within the allocation;
+# 6. runs the README's benchmark campaign (slurm/bench_campaign.sh --wait: the 1- and 2-rank arrays and
 #    the collecting job) and checks that it prints speed-ups;
-# 6. stops exactly the daemons it started (also on failure or Ctrl-C).
+# 7. stops exactly the daemons it started (also on failure or Ctrl-C).
 # Every wait is bounded; the whole run takes well under two minutes.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -149,6 +151,8 @@ open(f"{work}/bad.conf", "w").write(text.replace("num_output: 16", "num_output: 
 long = (text.replace("train_steps: 30", "train_steps: 2000").replace("disp_freq: 10", "disp_freq: 20")
         .replace("num_output: 16", "num_output: 1024").replace("num_output: 10 ", "num_output: 512 "))
 open(f"{work}/long.conf", "w").write(long + "\ncluster { nworkers_per_group: 2 }\n")
+# the same with a checkpoint every 200 steps: what a healed job resumes from
+open(f"{work}/elastic.conf", "w").write(long.replace("train_steps: 2000", "train_steps: 2000\ncheckpoint_freq: 200"))
 PYTHON
 
 wait_idle() {  # until the previous job's steps are gone: proctrack/linuxproc may otherwise
@@ -292,6 +296,39 @@ if [ -n "${OPENMPI_ENV:-}" ]; then
   # shellcheck disable=SC2086
   preempt long-osrun TERM $OPENMPI_ENV SINGA_LAUNCHER=srun
 fi
+# --------------------------------------------------------------- a killed rank heals (SINGA_ELASTIC)
+say "self-healing: a 3-task job under the supervisor (SINGA_ELASTIC=1), one rank killed with SIGKILL as it trains"
+wait_idle
+JOBID=$(cd "$ROOT" && env SINGA_PYTHON="$PY" SINGA_WORKSPACE="$WORK/ws-elastic" SINGA_ELASTIC=1 \
+  SINGA_ELASTIC_OPTIONS="--shrink --min-ranks 2" timeout 30 \
+  sbatch --parsable --ntasks=3 --time=00:05:00 --job-name=selftest-elastic --output="$WORK/elastic-%j.out" \
+         slurm/train.sbatch "$WORK/elastic.conf")
+for _ in $(seq 1 300); do
+  [ -f "$WORK/ws-elastic/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-elastic/metrics.jsonl")" -ge 15 ] && break
+  sleep 0.1
+done
+(cd "$ROOT" && "$PY" - "$WORK/ws-elastic" <<'PYTHON'
+import os, signal, sys
+sys.path.insert(0, "tests")
+from mpi_jobs import rank_pids
+os.kill(rank_pids(sys.argv[1])[1], signal.SIGKILL)
+PYTHON
+) || { say "FAILED: could not find rank 1 of the elastic job to kill"; exit 1; }
+state=""
+for _ in $(seq 1 900); do   # bounded: at most 90 s
+  state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+  case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
+  sleep 0.1
+done
+log=$(cat "$WORK"/ws-elastic/slurm-*.log 2>/dev/null)
+if [ "$state" != COMPLETED ] || ! grep -q "^  restarts        1" <<<"$log" \
+    || ! grep -q "vanished" <<<"$log" || ! grep -q "finished on 2 ranks" <<<"$log"; then
+  say "FAILED: the elastic job ended in state '${state:-unknown}' without healing once on 2 ranks; its log:"
+  echo "$log" | grep -v "^step" | tail -30
+  timeout 10 scancel "$JOBID" 2>/dev/null || true
+  exit 1
+fi
+say "elastic job $JOBID: rank 1 killed, restarted on the 2 survivors from its newest checkpoint, completed"
 # --------------------------------------------------------------- the README's benchmark campaign
 say "benchmark campaign: bash slurm/bench_campaign.sh --wait (1 and 2 ranks, 2 timed steps per task)"
 wait_idle
