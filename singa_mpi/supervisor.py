@@ -184,7 +184,7 @@ class Supervisor:
         attempt.code = _wait(self.child)
         events = run_events.read(events_path)
         attempt.first_step_at = first_step_time(events)
-        if attempt.code != 0:
+        if attempt.code not in (0, EXIT_CHECKPOINTED):
             attempt.failure = failure_of(events, attempt.code, time.time())
         return attempt
 
@@ -202,7 +202,8 @@ class Supervisor:
         self.stopping = signum
         if self.child is not None and self.child.poll() is None:
             try:
-                os.killpg(self.child.pid, getattr(signal, self.launcher.stop_signal))
+                # to the launcher alone, which passes it on to every rank once
+                self.child.send_signal(getattr(signal, self.launcher.stop_signal))
             except OSError:
                 pass
 

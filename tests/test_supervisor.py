@@ -257,3 +257,18 @@ def test_a_job_refused_before_training_is_not_restarted(tmp_path):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and out.count("num_output = 0") == 1
     assert "not restarting: the job was refused before training (exit code 2)" in out
+
+
+@pytest.mark.slow
+def test_a_stop_signal_to_the_supervisor_checkpoints_and_nothing_restarts(tmp_path):
+    job = _job(tmp_path, "digits_mlp.conf", 200000, 100000)
+    proc = _supervised(tmp_path, job, 2, "stopped", "--elastic")
+    deadline = time.monotonic() + 120
+    while not _records(tmp_path / "stopped") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out[-3000:]
+    summary = json.loads((tmp_path / "stopped" / "supervisor" / "summary.json").read_text())
+    assert summary["restarts"] == 0 and summary["stopped_by_signal"] and summary["last_failure"] is None
+    assert "stopped on a signal" in out and "restarting" not in out
