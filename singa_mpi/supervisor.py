@@ -58,10 +58,11 @@ class Failure:
 
     kind: str
     code: int
-    ranks: list[int]
+    ranks: list[int]  # the rank that died, or the candidates when the guardians could not tell which
     step: int | None
     what: str
     time: float
+    dead: int = 1  # how many died: one of several candidates, or each of them
 
     def signature(self) -> tuple:
         """What makes two failures the same one: how, where (step) and what, without pids and hosts."""
@@ -90,8 +91,12 @@ def failure_of(events: list[dict], code: int, ended: float) -> Failure:
         event = found[0]
         if kind == "vanished":
             ranks = [int(r) for r in event.get("ranks", [])]
-            steps = [who.get("step") for who in event.get("who", {}).values()]
-            return Failure(kind, code, ranks, min(steps) if steps else None, event.get("line", ""), event["time"])
+            line = event.get("line", "")
+            # "one of ranks 0, 1, 2 vanished": the launcher ended the others too fast to tell which (a node
+            # short of cores): one death; the step is the furthest any candidate got (a server stays at 0)
+            dead = 1 if "one of ranks" in line else max(1, len(ranks))
+            steps = [who.get("step") for who in event.get("who", {}).values() if who.get("step") is not None]
+            return Failure(kind, code, ranks, max(steps) if steps else None, line, event["time"], dead)
         rank = event.get("rank")
         return Failure(kind, event.get("code", code), [] if rank is None else [int(rank)], event.get("step"),
                        event.get("message", ""), event["time"])
@@ -105,7 +110,7 @@ def first_step_time(events: list[dict]) -> float | None:
 def next_ranks(policy: Policy, ranks: int, failure: Failure) -> int:
     """The rank count of the relaunch: the same, or with ``shrink`` the survivors of a death."""
     if policy.shrink and failure.kind == "vanished":
-        return ranks - max(1, len(failure.ranks))
+        return ranks - failure.dead
     return ranks
 
 
@@ -256,8 +261,9 @@ def describe_failure(failure: Failure) -> str:
     ranks = ", ".join(str(r) for r in failure.ranks) or "?"
     at = f" at step {failure.step}" if failure.step is not None else ""
     if failure.kind == "vanished":
+        who = f"one of ranks {ranks}" if failure.dead < len(failure.ranks) else f"rank {ranks}"
         how = re.search(r"vanished without a word \(([^)]*)\)", failure.what)
-        return f"rank {ranks} vanished{at}" + (f" ({how.group(1)})" if how else "")
+        return f"{who} vanished{at}" + (f" ({how.group(1)})" if how else "")
     if failure.kind in ("error", "setup_error"):
         return f"rank {ranks} failed{at}: {failure.what}"
     return f"the job ended with exit code {failure.code}{at}"
