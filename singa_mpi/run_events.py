@@ -14,6 +14,8 @@ import os
 import time
 
 EVENTS_VARIABLE = "SINGA_MPI_EVENTS"
+# the supervisor's command up to the job (``singa-mpi run -n 2 --elastic``): a stopped run's "resume with"
+SUPERVISOR_VARIABLE = "SINGA_MPI_SUPERVISOR"
 
 
 def note(kind: str, **fields) -> None:
@@ -48,4 +50,4 @@ def read(path: str) -> list[dict]:
     return events
 
 
-__all__ = ["EVENTS_VARIABLE", "note", "read"]
+__all__ = ["EVENTS_VARIABLE", "SUPERVISOR_VARIABLE", "note", "read"]

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -183,8 +184,9 @@ class Supervisor:
         events_path = os.path.join(self.folder, f"attempt{attempt.number}.jsonl")
         if os.path.exists(events_path):
             os.remove(events_path)
-        env = self.launcher.environ(**{run_events.EVENTS_VARIABLE: os.path.abspath(events_path)})
-        self.child = subprocess.Popen(self._command(ranks, attempt.number > 1, resumed_from), env=env,
+        env = self.launcher.environ(**{run_events.EVENTS_VARIABLE: os.path.abspath(events_path),
+                                       run_events.SUPERVISOR_VARIABLE: shlex.join(self.own_command(ranks))})
+        self.child = subprocess.Popen(self._command(ranks, attempt.number, resumed_from), env=env,
                                       start_new_session=True)  # our signals reach it only as we forward them
         attempt.code = _wait(self.child)
         events = run_events.read(events_path)
@@ -193,11 +195,22 @@ class Supervisor:
             attempt.failure = failure_of(events, attempt.code, time.time())
         return attempt
 
-    def _command(self, ranks: int, restart: bool, resumed_from: int | None) -> list[str]:
+    def own_command(self, ranks: int) -> list[str]:
+        """This supervisor's command up to the job, on ``ranks`` ranks (what a stopped run resumes with)."""
+        policy = self.policy
+        words = ["singa-mpi", "run", "-n", str(ranks)]
+        if policy.elastic:
+            words += ["--elastic"] + (["--shrink"] if policy.shrink else [])
+            words += ["--min-ranks", str(policy.min_ranks), "--max-restarts", str(policy.max_restarts)]
+        return words
+
+    def _command(self, ranks: int, attempt: int, resumed_from: int | None) -> list[str]:
         args = list(self.train_args)
-        if restart:  # never move aside what the dead attempt wrote: resume it (or, without a checkpoint, restart)
+        if attempt > 1:  # never move aside what the dead attempt wrote: resume it (or, without a checkpoint, restart)
             args = [a for a in args if a not in ("--overwrite", "--resume")]
             args.append("--resume" if resumed_from is not None else "--overwrite")
+            args = [_attempt_file(a, attempt) if previous == "--trace" else a
+                    for previous, a in zip([""] + args[:-1], args)]
         if self.policy.servers:
             args += ["--workers", str(ranks - self.policy.servers)]
         return self.launcher.command(ranks) + [sys.executable, "-m", "singa_mpi", "train", self.job,
@@ -267,6 +280,12 @@ def describe_failure(failure: Failure) -> str:
     if failure.kind in ("error", "setup_error"):
         return f"rank {ranks} failed{at}: {failure.what}"
     return f"the job ended with exit code {failure.code}{at}"
+
+
+def _attempt_file(path: str, attempt: int) -> str:
+    """``trace.json`` -> ``trace.attempt2.json``: each attempt's own file (a dead one writes none)."""
+    stem, suffix = os.path.splitext(path)
+    return f"{stem}.attempt{attempt}{suffix}"
 
 
 def newest_checkpoint_step(workspace: str) -> int | None:

@@ -102,10 +102,33 @@ def test_a_restart_resumes_and_never_moves_the_dead_attempt_s_files_aside():
             return ["mpiexec", "-n", str(n)]
 
     supervisor = Supervisor("job.conf", "ws", ["--overwrite", "--steps", "9"], Policy(5, servers=2), Launcher())
-    first, again = supervisor._command(5, False, None), supervisor._command(4, True, 1000)
+    first, again = supervisor._command(5, 1, None), supervisor._command(4, 2, 1000)
     assert first[:3] == ["mpiexec", "-n", "5"] and first[-6:] == ["ws", "--overwrite", "--steps", "9", "--workers", "3"]
     assert again[-5:] == ["--steps", "9", "--resume", "--workers", "2"] and "--overwrite" not in again
-    assert supervisor._command(3, True, None)[-4:-2] == ["9", "--overwrite"]  # no checkpoint yet: afresh
+    assert supervisor._command(3, 2, None)[-4:-2] == ["9", "--overwrite"]  # no checkpoint yet: afresh
+    traced = Supervisor("job.conf", "ws", ["--trace", "run/trace.json"], Policy(2), Launcher())
+    assert traced._command(2, 1, None)[-2:] == ["--trace", "run/trace.json"]
+    assert traced._command(2, 3, 100)[-3:] == ["--trace", "run/trace.attempt3.json", "--resume"]
+
+
+def test_a_supervised_run_says_to_resume_with_the_supervisor(tmp_path):
+    from singa_mpi.launcher.options import RunOptions
+    from singa_mpi.launcher.train import resume_command
+
+    class Trainer:
+        class runtime:
+            size = 2
+
+        class cfg:
+            path = "job.conf"
+
+        workspace = "ws"
+
+    policy = Policy(3, elastic=True, shrink=True, min_ranks=2)
+    own = Supervisor("job.conf", "ws", [], policy, None).own_command(2)
+    assert own == ["singa-mpi", "run", "-n", "2", "--elastic", "--shrink", "--min-ranks", "2", "--max-restarts", "3"]
+    hint = resume_command(Trainer, RunOptions(), {"SINGA_MPI_SUPERVISOR": " ".join(own), "PMI_RANK": "0"})
+    assert hint == "singa-mpi run -n 2 --elastic --shrink --min-ranks 2 --max-restarts 3 job.conf --workspace ws --resume"
 
 
 def test_run_takes_the_workspace_out_of_train_s_options():

@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Callable
 
-from singa_mpi import plugins, progress, timeline
+from singa_mpi import plugins, progress, run_events, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import JobConfig
 from singa_mpi.errors import ConfigError, NonFiniteError
@@ -86,10 +86,14 @@ def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
 def resume_command(trainer: Trainer, options: RunOptions, environ=None) -> str:
     """The command that continues this run from its newest checkpoint (it may run on any number of
     ranks), with the launcher that started this one (``environ``: default this process's)."""
-    size = trainer.runtime.size
-    launcher = launcher_name(os.environ if environ is None else environ)
-    words = [launcher, "-n", str(size), "python", "-m", "singa_mpi"] if size > 1 else ["singa-mpi"]
-    words += ["train", trainer.cfg.path, "--workspace", trainer.workspace]
+    size, environ = trainer.runtime.size, os.environ if environ is None else environ
+    supervised = environ.get(run_events.SUPERVISOR_VARIABLE)
+    if supervised:  # under `singa-mpi run`: resumed the way it was started
+        words = shlex.split(supervised)
+    else:
+        words = [launcher_name(environ), "-n", str(size), "python", "-m", "singa_mpi"] if size > 1 else ["singa-mpi"]
+        words.append("train")
+    words += [trainer.cfg.path, "--workspace", trainer.workspace]
     for flag, value in (("--steps", options.steps), ("--seed", options.seed), ("--keep", options.keep),
                         ("--workers", options.workers)):
         if value is not None:
