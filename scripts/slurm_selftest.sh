@@ -16,7 +16,8 @@
 #    time limit), checks that it checkpoints, is requeued, resumes and finishes; with Open MPI, the
 #    same with SIGTERM (which the script must pass on to Open MPI's mpiexec as SIGUSR1);
 # 5. self-healing: a 3-task job under the supervisor (SINGA_ELASTIC=1), one rank killed with SIGKILL;
-#    checks that it restarts once on the 2 survivors and completes within the allocation;
+#    checks that it restarts once on the 2 survivors and completes within the allocation, and with
+#    --min-ranks 3 that it requeues itself and resumes on 3 tasks;
 # 6. runs the README's benchmark campaign (slurm/bench_campaign.sh --wait: the 1- and 2-rank arrays and
 #    the collecting job) and checks that it prints speed-ups;
 # 7. stops exactly the daemons it started (also on failure or Ctrl-C).
@@ -297,38 +298,54 @@ if [ -n "${OPENMPI_ENV:-}" ]; then
   preempt long-osrun TERM $OPENMPI_ENV SINGA_LAUNCHER=srun
 fi
 # --------------------------------------------------------------- a killed rank heals (SINGA_ELASTIC)
-say "self-healing: a 3-task job under the supervisor (SINGA_ELASTIC=1), one rank killed with SIGKILL as it trains"
-wait_idle
-JOBID=$(cd "$ROOT" && env SINGA_PYTHON="$PY" SINGA_WORKSPACE="$WORK/ws-elastic" SINGA_ELASTIC=1 \
-  SINGA_ELASTIC_OPTIONS="--shrink --min-ranks 2" timeout 30 \
-  sbatch --parsable --ntasks=3 --time=00:05:00 --job-name=selftest-elastic --output="$WORK/elastic-%j.out" \
-         slurm/train.sbatch "$WORK/elastic.conf")
-for _ in $(seq 1 300); do
-  [ -f "$WORK/ws-elastic/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-elastic/metrics.jsonl")" -ge 15 ] && break
-  sleep 0.1
-done
-(cd "$ROOT" && "$PY" - "$WORK/ws-elastic" <<'PYTHON'
+elastic() {  # name "supervisor options" expectation: a 3-task elastic job whose rank 1 is SIGKILLed as it trains
+  local name=$1 options=$2 expect=$3
+  say "self-healing ($name): a 3-task job under the supervisor (SINGA_ELASTIC_OPTIONS=\"$options\"), rank 1 killed"
+  wait_idle
+  JOBID=$(cd "$ROOT" && env SINGA_PYTHON="$PY" SINGA_WORKSPACE="$WORK/ws-$name" SINGA_ELASTIC=1 \
+    SINGA_ELASTIC_OPTIONS="$options" timeout 30 \
+    sbatch --parsable --ntasks=3 --time=00:05:00 --job-name="selftest-$name" --output="$WORK/$name-%j.out" \
+           slurm/train.sbatch "$WORK/elastic.conf")
+  for _ in $(seq 1 300); do
+    [ -f "$WORK/ws-$name/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-$name/metrics.jsonl")" -ge 15 ] && break
+    sleep 0.1
+  done
+  (cd "$ROOT" && "$PY" - "$WORK/ws-$name" <<'PYTHON'
 import os, signal, sys
 sys.path.insert(0, "tests")
 from mpi_jobs import rank_pids
 os.kill(rank_pids(sys.argv[1])[1], signal.SIGKILL)
 PYTHON
-) || { say "FAILED: could not find rank 1 of the elastic job to kill"; exit 1; }
-state=""
-for _ in $(seq 1 900); do   # bounded: at most 90 s
-  state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
-  case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
-  sleep 0.1
-done
-log=$(cat "$WORK"/ws-elastic/slurm-*.log 2>/dev/null)
-if [ "$state" != COMPLETED ] || ! grep -q "^  restarts        1" <<<"$log" \
-    || ! grep -q "vanished" <<<"$log" || ! grep -q "finished on 2 ranks" <<<"$log"; then
-  say "FAILED: the elastic job ended in state '${state:-unknown}' without healing once on 2 ranks; its log:"
-  echo "$log" | grep -v "^step" | tail -30
-  timeout 10 scancel "$JOBID" 2>/dev/null || true
-  exit 1
-fi
-say "elastic job $JOBID: rank 1 killed, restarted on the 2 survivors from its newest checkpoint, completed"
+  ) || { say "FAILED: could not find rank 1 of the elastic job to kill"; exit 1; }
+  local state="" restarts=0
+  for _ in $(seq 1 900); do   # bounded: at most 90 s
+    state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+    restarts=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+    case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
+    if [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ] && ! pgrep -x slurmstepd >/dev/null; then
+      timeout 5 scontrol update JobId="$JOBID" StartTime=now >/dev/null 2>&1 || true  # as in preempt()
+    fi
+    sleep 0.1
+  done
+  local log ok=1
+  log=$(cat "$WORK"/ws-"$name"/slurm-*.log 2>/dev/null)
+  [ "$state" = COMPLETED ] && grep -q "vanished" <<<"$log" || ok=0
+  case "$expect" in
+    healed) grep -q "^  restarts        1" <<<"$log" && grep -q "finished on 2 ranks" <<<"$log" \
+              && [ "${restarts:-0}" -eq 0 ] || ok=0 ;;
+    requeued) grep -q "requeueing job" <<<"$log" && grep -q "resuming from" <<<"$log" \
+                && [ "${restarts:-0}" -ge 1 ] || ok=0 ;;
+  esac
+  if [ "$ok" -ne 1 ]; then
+    say "FAILED: the elastic job ($name) ended in state '${state:-unknown}' after ${restarts:-0} requeue(s), not $expect; its log:"
+    echo "$log" | grep -v "^step" | tail -30
+    timeout 10 scancel "$JOBID" 2>/dev/null || true
+    exit 1
+  fi
+  say "elastic job $JOBID ($name): rank 1 killed; $expect and completed"
+}
+elastic elastic "--shrink --min-ranks 2" healed   # restarted on the 2 survivors inside the allocation
+elastic elastic-requeue "--shrink --min-ranks 3" requeued   # too few left: requeued, resumed on 3 tasks
 # --------------------------------------------------------------- the README's benchmark campaign
 say "benchmark campaign: bash slurm/bench_campaign.sh --wait (1 and 2 ranks, 2 timed steps per task)"
 wait_idle

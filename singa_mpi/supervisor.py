@@ -155,6 +155,7 @@ class Supervisor:
         self.attempts: list[Attempt] = []
         self.child: subprocess.Popen | None = None
         self.stopping: int | None = None  # the stop signal received
+        self.gave_up: str | None = None  # why it did not restart after a failure
 
     def run(self) -> int:
         os.makedirs(self.folder, exist_ok=True)
@@ -168,6 +169,7 @@ class Supervisor:
                 reason = why_not_restart(self.policy, self.attempts)
                 if reason is not None:
                     self.log(f"singa-mpi: supervisor: not restarting: {reason}")
+                    self.gave_up = reason
                     return self._finish(attempt.code)
                 ranks = next_ranks(self.policy, attempt.ranks, attempt.failure)
                 resumed_from = newest_checkpoint_step(self.workspace)
@@ -247,7 +249,8 @@ class Supervisor:
                              "recovery_seconds": recovery})
         last = self.attempts[-1]
         return {"restarts": len(self.attempts) - 1, "exit_code": code, "final_ranks": last.ranks,
-                "stopped_by_signal": self.stopping is not None, "attempts": restarts,
+                "stopped_by_signal": self.stopping is not None, "not_restarted": self.gave_up,
+                "too_few_ranks": self.gave_up is not None and "--min-ranks" in self.gave_up, "attempts": restarts,
                 "last_failure": dataclasses.asdict(last.failure) if last.failure else None}
 
 

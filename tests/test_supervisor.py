@@ -131,6 +131,16 @@ def test_a_supervised_run_says_to_resume_with_the_supervisor(tmp_path):
     assert hint == "singa-mpi run -n 2 --elastic --shrink --min-ranks 2 --max-restarts 3 job.conf --workspace ws --resume"
 
 
+def test_the_summary_says_when_too_few_ranks_were_left(tmp_path):
+    """What slurm/train.sbatch reads to requeue the job rather than fail it."""
+    supervisor = Supervisor("job.conf", str(tmp_path), [], Policy(3, elastic=True, shrink=True, min_ranks=3), None)
+    supervisor.attempts = _attempts(failure_of([VANISHED], 9, 0.0))
+    supervisor.gave_up = why_not_restart(supervisor.policy, supervisor.attempts)
+    summary = supervisor.summary(9)
+    assert summary["not_restarted"] == "2 ranks would be left, fewer than --min-ranks 3"
+    assert summary["too_few_ranks"] and summary["restarts"] == 0
+
+
 def test_run_takes_the_workspace_out_of_train_s_options():
     assert _taken_out(["--steps", "5", "--workspace", "w", "--resume"], "--workspace") == (["--steps", "5", "--resume"],
                                                                                           "w")
