@@ -242,6 +242,21 @@ print(' '.join(f'{k}={v}' for k, v in find_launcher('openmpi').variables))")
   # shellcheck disable=SC2086
   trains osrun "under Open MPI with SINGA_LAUNCHER=srun (srun --mpi=pmix)" $OPENMPI_ENV SINGA_LAUNCHER=srun
 fi
+follow_job() {  # seconds: until job $JOBID ends (bounded), setting the caller's `state` and `restarts`
+  state="" restarts=0
+  for _ in $(seq 1 $(($1 * 10))); do
+    state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+    restarts=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+    case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return ;; esac
+    if [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ] && ! pgrep -x slurmstepd >/dev/null; then
+      # Slurm holds a requeued job back (BeginTime) for a while; the test has no time to wait.  But not
+      # before the last run's steps are gone (Open MPI's daemons run as a step of their own): with
+      # proctrack/linuxproc their clean-up could take the new run's processes for theirs (wait_idle)
+      timeout 5 scontrol update JobId="$JOBID" StartTime=now >/dev/null 2>&1 || true
+    fi
+    sleep 0.1
+  done
+}
 preempt() {  # name signal [VAR=value ...]: a long job signalled (to its batch shell) while it trains
   local name=$1 sig=$2
   shift 2
@@ -259,19 +274,8 @@ preempt() {  # name signal [VAR=value ...]: a long job signalled (to its batch s
     cat "$WORK"/"$name"-*.out "$WORK"/ws-"$name"/slurm-*.log 2>/dev/null | tail -20
     exit 1
   }
-  local state="" restarts=0
-  for _ in $(seq 1 600); do   # bounded: at most 60 s
-    state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
-    restarts=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
-    case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
-    if [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ] && ! pgrep -x slurmstepd >/dev/null; then
-      # Slurm holds a requeued job back (BeginTime) for a while; the test has no time to wait.  But not
-      # before the last run's steps are gone (Open MPI's daemons run as a step of their own): with
-      # proctrack/linuxproc their clean-up could take the new run's processes for theirs (wait_idle)
-      timeout 5 scontrol update JobId="$JOBID" StartTime=now >/dev/null 2>&1 || true
-    fi
-    sleep 0.1
-  done
+  local state restarts
+  follow_job 60
   local log
   log=$(cat "$WORK"/ws-"$name"/slurm-*.log 2>/dev/null)
   if [ "$state" != COMPLETED ] || [ "${restarts:-0}" -lt 1 ]; then
@@ -317,16 +321,8 @@ from mpi_jobs import rank_pids
 os.kill(rank_pids(sys.argv[1])[1], signal.SIGKILL)
 PYTHON
   ) || { say "FAILED: could not find rank 1 of the elastic job to kill"; exit 1; }
-  local state="" restarts=0
-  for _ in $(seq 1 900); do   # bounded: at most 90 s
-    state=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
-    restarts=$(timeout 5 scontrol show job "$JOBID" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
-    case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) break ;; esac
-    if [ "$state" = PENDING ] && [ "${restarts:-0}" -ge 1 ] && ! pgrep -x slurmstepd >/dev/null; then
-      timeout 5 scontrol update JobId="$JOBID" StartTime=now >/dev/null 2>&1 || true  # as in preempt()
-    fi
-    sleep 0.1
-  done
+  local state restarts
+  follow_job 90
   local log ok=1
   log=$(cat "$WORK"/ws-"$name"/slurm-*.log 2>/dev/null)
   [ "$state" = COMPLETED ] && grep -q "vanished" <<<"$log" || ok=0

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 from singa_mpi import run_events
 from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED, listed
+from singa_mpi.data.convert import atomic_path
 from singa_mpi.errors import ConfigError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -190,7 +191,7 @@ class Supervisor:
                                        run_events.SUPERVISOR_VARIABLE: shlex.join(self.own_command(ranks))})
         self.child = subprocess.Popen(self._command(ranks, attempt.number, resumed_from), env=env,
                                       start_new_session=True)  # our signals reach it only as we forward them
-        attempt.code = _wait(self.child)
+        attempt.code = self.child.wait()  # a forwarded signal interrupts nothing: the wait resumes (PEP 475)
         events = run_events.read(events_path)
         attempt.first_step_at = first_step_time(events)
         if attempt.code not in (0, EXIT_CHECKPOINTED):
@@ -229,9 +230,9 @@ class Supervisor:
 
     def _finish(self, code: int) -> int:
         summary = self.summary(code)
-        with open(os.path.join(self.folder, "summary.json.tmp"), "w") as f:
+        with atomic_path(os.path.join(self.folder, "summary.json"), "the supervisor's summary") as temporary, \
+                open(temporary, "w") as f:
             json.dump(summary, f, indent=1)
-        os.replace(os.path.join(self.folder, "summary.json.tmp"), os.path.join(self.folder, "summary.json"))
         if len(self.attempts) > 1 or code != 0:
             self.log("\n".join(summary_lines(summary)))
         return code
@@ -243,8 +244,9 @@ class Supervisor:
             recovery = None
             if failed.failure is not None and after.first_step_at is not None:
                 recovery = round(after.first_step_at - failed.failure.time, 2)
-            restarts.append({"attempt": failed.number, "ranks": failed.ranks, "failure": dataclasses.asdict(failed.failure)
-                             if failed.failure else None, "resumed_from": after.resumed_from, "relaunched_on": after.ranks,
+            failure = dataclasses.asdict(failed.failure) if failed.failure else None
+            restarts.append({"attempt": failed.number, "ranks": failed.ranks, "failure": failure,
+                             "resumed_from": after.resumed_from, "relaunched_on": after.ranks,
                              "lost_steps": lost_steps(failed.failure, after.resumed_from),
                              "recovery_seconds": recovery})
         last = self.attempts[-1]
@@ -298,13 +300,6 @@ def newest_checkpoint_step(workspace: str) -> int | None:
         return step
     return None
 
-
-def _wait(child: subprocess.Popen) -> int:
-    while True:
-        try:
-            return child.wait()
-        except InterruptedError:
-            continue
 
 
 __all__ = ["Policy", "Failure", "Attempt", "Supervisor", "failure_of", "next_ranks", "why_not_restart",

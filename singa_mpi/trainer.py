@@ -24,6 +24,7 @@ from singa_mpi import run_events
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import algorithm_name, make_algorithm
 from singa_mpi.config.load import JobConfig, deterministic_block_rows
+from singa_mpi.data.convert import atomic_path
 from singa_mpi.cost.beside import Prediction, beside_lines
 from singa_mpi.layers.base import fold_block_sums, layer_class_of
 from singa_mpi.net import Net, global_batch_size, phase_nodes
@@ -51,10 +52,8 @@ def drop_records_from(path: str, step: int) -> None:
             continue
     if len(kept) == len(lines):
         return
-    temporary = f"{path}.tmp"
-    with open(temporary, "w") as f:
+    with atomic_path(path, "the run's metrics") as temporary, open(temporary, "w") as f:
         f.write("".join(line + "\n" for line in kept))
-    os.replace(temporary, path)
 
 
 def display_now(job: job_pb2.JobProto, step: int) -> bool:

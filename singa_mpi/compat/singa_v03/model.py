@@ -42,6 +42,7 @@ from singa_mpi.compat.singa_v03.layer import (ACTIVATIONS, RBM, RGB, Accuracy, A
 from singa_mpi.compat.singa_v03.names import generate_name, reset_names
 from singa_mpi.compat.singa_v03.parameter import Parameter
 from singa_mpi.compat.singa_v03.protos import algorithm, check_arguments, fields_of, only, setval
+from singa_mpi.data.convert import atomic_path
 from singa_mpi.proto import job_pb2
 
 JOB_FIELDS = fields_of(job_pb2.JobProto)
@@ -316,7 +317,9 @@ class Model:
         options = _argv_options(self.argv)
         job = self.to_job()
         if options["write_conf"]:
-            _write_atomically(options["write_conf"], job.to_conf())
+            # every rank writes the same text, each through its own temporary file: none reads half
+            with atomic_path(options["write_conf"], "the job's .conf text") as temporary:
+                job.to_conf(temporary)
             return {}
         if test_only:
             checkpoints = list(self.jobconf.checkpoint_path) or None
@@ -430,13 +433,6 @@ def _argv_options(argv: Sequence[str]) -> dict[str, Any]:
             options["write_conf"] = args[index + 1]
     return options
 
-
-def _write_atomically(path: str, text: str) -> None:
-    """Every rank writes the same text: each through its own temporary file, so none reads half."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w") as f:
-        f.write(text)
-    os.replace(temporary, path)
 
 
 __all__ = ["Model", "Sequential", "Energy", "Store", "Algorithm", "Updater", "SGD", "AdaGrad", "Cluster", "History",
