@@ -2,20 +2,24 @@
 # Two nodes on one machine: MPICH ranks in two network namespaces joined by a veth pair, each with its
 # own host name, talking TCP to each other (no shared memory between the "nodes").
 #
-#   sudo scripts/two_nodes.sh [--ranks-per-node 2] [--rate 10gbit] -- COMMAND...
+#   sudo scripts/two_nodes.sh [--ranks-per-node 2] [--rate 10gbit] [--no-mpiexec] -- COMMAND...
 #
 # Runs COMMAND under `mpiexec -n 2*R` with R ranks in each namespace (`python ...` in COMMAND runs the
-# same interpreter as here).  --rate shapes the link with tc (a token bucket at that rate: a 10 GbE link
+# same interpreter as here).  With --no-mpiexec, COMMAND runs by itself on node-a and starts its own
+# launcher (the supervisor, `singa-mpi run`): SINGA_MPI_LAUNCHER_OPTIONS then holds what takes that
+# launcher to both nodes, SINGA_TWO_NODES_HOSTS the host list for `--hosts`, and SINGA_TWO_NODES_KILL_B
+# a command that kills every process of node-b at once (the node dies: ranks, guardians, MPI's daemon).  --rate shapes the link with tc (a token bucket at that rate: a 10 GbE link
 # looks like `--rate 10gbit`).  Between the nodes MPI uses TCP (UCX_TLS=tcp,self: UCX would otherwise
 # find the two namespaces on one machine and use its shared memory); within a node MPICH's own.  Needs root (ip netns, unshare) and MPICH's
 # Hydra; everything it creates is removed on exit.  Example (the MPI equivalence suite across nodes):
 #   sudo scripts/two_nodes.sh -- python -m pytest tests/mpi -q -x -p no:cacheprovider
 set -euo pipefail
-per_node=2 rate=""
+per_node=2 rate="" outside=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --ranks-per-node) per_node=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
+    --no-mpiexec) outside=1; shift ;;
     --) shift; break ;;
     *) echo "two_nodes.sh: unknown option $1 (expected --ranks-per-node N, --rate R, then -- COMMAND)" >&2; exit 2 ;;
   esac
@@ -56,6 +60,7 @@ cat > "$work/enter" <<SCRIPT
 #!/usr/bin/env bash
 while [[ "\$1" == -* ]]; do shift; done
 host=\$1; shift
+[[ -e "$work/dead-\$host" ]] && { echo "ssh: connect to host \$host port 22: No route to host" >&2; exit 255; }
 case "\$host" in
   $ip_a) ns=$ns_a name=node-a ;;
   $ip_b) ns=$ns_b name=node-b ;;
@@ -66,7 +71,17 @@ SCRIPT
 chmod +x "$work/enter"
 
 echo "two nodes: $ns_a ($ip_a, node-a) and $ns_b ($ip_b, node-b), $per_node rank(s) each${rate:+, link shaped to $rate}"
+reach=(-launcher ssh -launcher-exec "$work/enter" -iface "va$tag" -genv UCX_TLS "${UCX_TLS:-tcp,self}" -genv PATH "$PATH"
+       -genv PYTHONPATH "${PYTHONPATH:-}" -genv HOME "$HOME" -genv SINGA_MPI_TEST_TMP "${SINGA_MPI_TEST_TMP:-$work/tmp}")
+if [[ -n "$outside" ]]; then
+  # and it stays dead: the launcher's way in (enter, our ssh) refuses it from then on
+  printf '#!/usr/bin/env bash\ntouch %s\nip netns pids %s | xargs -r kill -9\n' "$work/dead-$ip_b" "$ns_b" > "$work/kill_b"
+  chmod +x "$work/kill_b"
+  options=$(printf '%q ' "${reach[@]}")
+  ip netns exec "$ns_a" unshare --uts sh -c "hostname node-a; exec \"\$@\"" sh \
+    env SINGA_MPI_LAUNCHER_OPTIONS="$options" SINGA_TWO_NODES_HOSTS="$ip_a:$per_node,$ip_b:$per_node" \
+    SINGA_TWO_NODES_KILL_B="$work/kill_b" UCX_TLS="${UCX_TLS:-tcp,self}" "$@"
+  exit
+fi
 ip netns exec "$ns_a" unshare --uts sh -c "hostname node-a; exec \"\$@\"" sh \
-  mpiexec -launcher ssh -launcher-exec "$work/enter" -iface "va$tag" -hosts "$ip_a:$per_node,$ip_b:$per_node" \
-  -n $((2 * per_node)) -genv UCX_TLS "${UCX_TLS:-tcp,self}" -genv PATH "$PATH" -genv PYTHONPATH "${PYTHONPATH:-}" -genv HOME "$HOME" \
-  -genv SINGA_MPI_TEST_TMP "${SINGA_MPI_TEST_TMP:-$work/tmp}" -wdir "$PWD" "$@"
+  mpiexec "${reach[@]}" -wdir "$PWD" -hosts "$ip_a:$per_node,$ip_b:$per_node" -n $((2 * per_node)) "$@"

@@ -108,6 +108,7 @@ def cmd_train(args) -> int:
 
 def cmd_run(args) -> int:
     """``run -n N [--elastic ...] JOB [train options]``: train under the supervisor (singa_mpi.supervisor)."""
+    from singa_mpi.communication.hosts import HostListError, parse_hosts, read_hostfile, slurm_hosts
     from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
     from singa_mpi.config.load import load_job
     from singa_mpi.supervisor import Policy, Supervisor
@@ -122,7 +123,13 @@ def cmd_run(args) -> int:
         launcher = find_launcher(args.mpi)
     except LauncherNotFound as err:
         raise ConfigError(f"run: {err}") from None
-    policy = Policy(args.ranks, args.elastic, args.min_ranks, args.max_restarts, args.shrink, servers)
+    try:  # where the ranks run: named by the user (the launcher is told), else Slurm's allocation (it knows)
+        named = parse_hosts(args.hosts) if args.hosts else read_hostfile(args.hostfile) if args.hostfile else None
+    except HostListError as err:
+        raise ConfigError(f"run: {err}") from None
+    hosts = named or slurm_hosts() or []
+    policy = Policy(args.ranks, args.elastic, args.min_ranks, args.max_restarts, args.shrink, servers,
+                    tuple(hosts), name_hosts=named is not None)
     return Supervisor(job_path, resolve_workspace(cfg, workspace), train_args, policy, launcher).run()
 
 
@@ -439,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--elastic: stop after R restarts (default: 3)")
     p.add_argument("--mpi", choices=("mpich", "openmpi"), default=None,
                    help="the MPI whose launcher starts the ranks (default: $SINGA_MPI_FLAVOR, else MPICH if present)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--hosts", metavar="HOST:SLOTS,...",
+                       help="start the ranks on these hosts, filling each one's slots in order; --elastic leaves "
+                            "a host that dies out of the relaunch (default: the launcher's choice; in a Slurm "
+                            "allocation its nodes)")
+    where.add_argument("--hostfile", metavar="FILE",
+                       help="as --hosts, from a file: lines 'HOST', 'HOST:SLOTS' or 'HOST slots=SLOTS'")
     p.add_argument("job", nargs="?", help="job configuration (default: conf/digits_mlp.conf)")
     p.add_argument("train_args", nargs=argparse.REMAINDER, metavar="...",
                    help="options of `singa-mpi train` (--workspace, --steps, --stall-timeout, ...)")

@@ -33,6 +33,8 @@ from typing import Callable, Sequence
 
 from singa_mpi import run_events
 from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED, listed
+from singa_mpi.communication.guardian import GRACE as GUARDIAN_GRACE  # how long a node's guardians may take
+from singa_mpi.communication.hosts import Host, placement, ranks_on
 from singa_mpi.data.convert import atomic_path
 from singa_mpi.errors import ConfigError
 
@@ -51,6 +53,8 @@ class Policy:
     max_restarts: int = 3
     shrink: bool = False
     servers: int = 0  # ranks that are servers (Sandblaster, Downpour): the workers are the rest
+    hosts: tuple[Host, ...] = ()  # where the ranks run, when known (--hosts, --hostfile, Slurm): a lost one is left out
+    name_hosts: bool = False  # pass ``hosts`` to the launcher from the start (not only once one is left out)
 
 
 @dataclasses.dataclass
@@ -65,6 +69,7 @@ class Failure:
     what: str
     time: float
     dead: int = 1  # how many died: one of several candidates, or each of them
+    hosts_lost: list[str] = dataclasses.field(default_factory=list)  # hosts none of whose ranks said a word
 
     def signature(self) -> tuple:
         """What makes two failures the same one: how, where (step) and what, without pids and hosts."""
@@ -81,11 +86,23 @@ class Attempt:
     code: int = 0
     failure: Failure | None = None
     first_step_at: float | None = None
+    hosts: list[Host] = dataclasses.field(default_factory=list)  # where it ran ([]: not known)
 
 
-def failure_of(events: list[dict], code: int, ended: float) -> Failure:
-    """The attempt's failure from its events: the vanished rank if a guardian named one, else the
+def failure_of(events: list[dict], code: int, ended: float, hosts: Sequence[Host] = (), ranks: int = 0) -> Failure:
+    """The attempt's failure from its events: hosts lost (given where the ranks ran: a host none of
+    whose ranks or guardians said a word), else the vanished rank if a guardian named one, else the
     first error line, else the exit code alone."""
+    lost = hosts_lost(events, list(hosts), ranks)
+    if lost:
+        gone = [rank for index in lost for rank in ranks_on(list(hosts), ranks, index)]
+        steps = [who.get("step") for e in events for who in e.get("who", {}).values() if who.get("step") is not None]
+        names = ", ".join(hosts[index].name for index in lost)
+        what = (f"no word from host {names} (ranks {', '.join(map(str, gone))}): the node died, or its network "
+                f"or launcher daemon did")
+        return Failure("host_lost", code, gone, max(steps) if steps else None, what,
+                       min((e["time"] for e in events if "time" in e), default=ended), len(gone),
+                       [hosts[index].name for index in lost])
     for kind in ("vanished", "error", "setup_error"):
         found = [e for e in events if e.get("kind") == kind]
         if not found:
@@ -105,13 +122,36 @@ def failure_of(events: list[dict], code: int, ended: float) -> Failure:
     return Failure("exit", code, [], None, f"exit code {code}", ended)
 
 
+def hosts_lost(events: list[dict], hosts: list[Host], ranks: int) -> list[int]:
+    """The hosts (indices) from which no event came when others did: a guardian speaks for its node
+    (``node_ranks``) whenever its rank ends without saying why, so every node still there is heard
+    after a failure, and a node that is gone, guardians and all, is the one that is silent."""
+    heard = hosts_heard(events, hosts, ranks)
+    if not heard:
+        return []  # nobody said anything: too little to tell a host from a launcher that failed
+    return sorted(set(placement(hosts, ranks)) - heard)
+
+
+def hosts_heard(events: list[dict], hosts: list[Host], ranks: int) -> set[int]:
+    """The hosts (indices) some rank or guardian of which wrote an event (none when fewer than two hosts)."""
+    if len(hosts) < 2 or ranks < 1:
+        return set()
+    where = placement(hosts, ranks)
+    heard = set()
+    for event in events:
+        spoke = [int(r) for r in event.get("node_ranks", [])] + ([int(event["rank"])] if "rank" in event else [])
+        heard |= {where[r] for r in spoke if 0 <= r < ranks}
+    return heard
+
+
 def first_step_time(events: list[dict]) -> float | None:
     return next((e["time"] for e in events if e.get("kind") == "first_step"), None)
 
 
 def next_ranks(policy: Policy, ranks: int, failure: Failure) -> int:
-    """The rank count of the relaunch: the same, or with ``shrink`` the survivors of a death."""
-    if policy.shrink and failure.kind == "vanished":
+    """The rank count of the relaunch: the same, or with ``shrink`` the survivors of a death; without
+    the ranks of a lost host always (their slots went with it)."""
+    if failure.hosts_lost or (policy.shrink and failure.kind == "vanished"):
         return ranks - failure.dead
     return ranks
 
@@ -132,6 +172,8 @@ def why_not_restart(policy: Policy, attempts: list[Attempt]) -> str | None:
         return f"it failed the same way twice{where}: a fault of the job, not of a rank"
     if len(attempts) - 1 >= policy.max_restarts:
         return f"it reached --max-restarts {policy.max_restarts}"
+    if failure.hosts_lost and len(failure.hosts_lost) >= len(last.hosts):
+        return "every host it ran on is gone"
     ranks = next_ranks(policy, last.ranks, failure)
     if ranks < max(policy.min_ranks, policy.servers + 1):
         return f"{ranks} ranks would be left, fewer than --min-ranks {max(policy.min_ranks, policy.servers + 1)}"
@@ -157,14 +199,15 @@ class Supervisor:
         self.child: subprocess.Popen | None = None
         self.stopping: int | None = None  # the stop signal received
         self.gave_up: str | None = None  # why it did not restart after a failure
+        self.name_hosts = policy.name_hosts  # once a host is left out, the launcher must be told where to go
 
     def run(self) -> int:
         os.makedirs(self.folder, exist_ok=True)
         previous = {s: signal.signal(s, self._forward) for s in STOP_SIGNALS}
         try:
-            ranks, resumed_from = self.policy.ranks, None
+            ranks, resumed_from, hosts = self.policy.ranks, None, list(self.policy.hosts)
             while True:
-                attempt = self._launch(ranks, resumed_from)
+                attempt = self._launch(ranks, resumed_from, hosts)
                 if attempt.code == 0 or self.stopping is not None or attempt.code == EXIT_CHECKPOINTED:
                     return self._finish(attempt.code)
                 reason = why_not_restart(self.policy, self.attempts)
@@ -173,30 +216,51 @@ class Supervisor:
                     self.gave_up = reason
                     return self._finish(attempt.code)
                 ranks = next_ranks(self.policy, attempt.ranks, attempt.failure)
+                lost = attempt.failure.hosts_lost
+                hosts = [host for host in hosts if host.name not in lost]
+                self.name_hosts = self.name_hosts or bool(lost)
                 resumed_from = newest_checkpoint_step(self.workspace)
-                self.log(f"singa-mpi: supervisor: {describe_failure(attempt.failure)}; restarting on {ranks} ranks "
+                without = f" without host {', '.join(lost)}" if lost else ""
+                self.log(f"singa-mpi: supervisor: {describe_failure(attempt.failure)}; restarting on {ranks} ranks"
+                         f"{without} "
                          f"from {'checkpoint step ' + str(resumed_from) if resumed_from is not None else 'step 0'}"
                          f" (restart {len(self.attempts)} of at most {self.policy.max_restarts})")
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
-    def _launch(self, ranks: int, resumed_from: int | None) -> Attempt:
-        attempt = Attempt(len(self.attempts) + 1, ranks, resumed_from)
+    def _launch(self, ranks: int, resumed_from: int | None, hosts: list[Host]) -> Attempt:
+        attempt = Attempt(len(self.attempts) + 1, ranks, resumed_from, hosts=hosts)
         self.attempts.append(attempt)
         events_path = os.path.join(self.folder, f"attempt{attempt.number}.jsonl")
         if os.path.exists(events_path):
             os.remove(events_path)
         env = self.launcher.environ(**{run_events.EVENTS_VARIABLE: os.path.abspath(events_path),
                                        run_events.SUPERVISOR_VARIABLE: shlex.join(self.own_command(ranks))})
-        self.child = subprocess.Popen(self._command(ranks, attempt.number, resumed_from), env=env,
+        where = hosts if self.name_hosts else None
+        self.child = subprocess.Popen(self._command(ranks, attempt.number, resumed_from, where), env=env,
                                       start_new_session=True)  # our signals reach it only as we forward them
         attempt.code = self.child.wait()  # a forwarded signal interrupts nothing: the wait resumes (PEP 475)
+        ended = time.time()
         events = run_events.read(events_path)
         attempt.first_step_at = first_step_time(events)
         if attempt.code not in (0, EXIT_CHECKPOINTED):
-            attempt.failure = failure_of(events, attempt.code, time.time())
+            if len(hosts) > 1 and len(hosts_heard(events, hosts, ranks)) < len(set(placement(hosts, ranks))):
+                # a node's guardians may still be on their way (their GRACE): hear them out
+                events = self._events_settled(events_path)
+            attempt.failure = failure_of(events, attempt.code, ended, hosts, ranks)
         return attempt
+
+    @staticmethod
+    def _events_settled(path: str, quiet: float = GUARDIAN_GRACE + 0.5, limit: float = 5.0) -> list[dict]:
+        """The events once ``quiet`` seconds have passed without a new one (at most ``limit``)."""
+        events, last_change, start = run_events.read(path), time.monotonic(), time.monotonic()
+        while time.monotonic() - last_change < quiet and time.monotonic() - start < limit:
+            time.sleep(0.1)
+            now = run_events.read(path)
+            if len(now) != len(events):
+                events, last_change = now, time.monotonic()
+        return events
 
     def own_command(self, ranks: int) -> list[str]:
         """This supervisor's command up to the job, on ``ranks`` ranks (what a stopped run resumes with)."""
@@ -207,7 +271,7 @@ class Supervisor:
             words += ["--min-ranks", str(policy.min_ranks), "--max-restarts", str(policy.max_restarts)]
         return words
 
-    def _command(self, ranks: int, attempt: int, resumed_from: int | None) -> list[str]:
+    def _command(self, ranks: int, attempt: int, resumed_from: int | None, hosts: list[Host] | None = None) -> list[str]:
         args = list(self.train_args)
         if attempt > 1:  # never move aside what the dead attempt wrote: resume it (or, without a checkpoint, restart)
             args = [a for a in args if a not in ("--overwrite", "--resume")]
@@ -216,7 +280,7 @@ class Supervisor:
                     for previous, a in zip([""] + args[:-1], args)]
         if self.policy.servers:
             args += ["--workers", str(ranks - self.policy.servers)]
-        return self.launcher.command(ranks) + [sys.executable, "-m", "singa_mpi", "train", self.job,
+        return self.launcher.command(ranks, hosts) + [sys.executable, "-m", "singa_mpi", "train", self.job,
                                                "--workspace", self.workspace, *args]
 
     def _forward(self, signum, frame) -> None:
@@ -251,6 +315,7 @@ class Supervisor:
                              "recovery_seconds": recovery})
         last = self.attempts[-1]
         return {"restarts": len(self.attempts) - 1, "exit_code": code, "final_ranks": last.ranks,
+                "final_hosts": [f"{host.name}:{host.slots}" for host in last.hosts],
                 "stopped_by_signal": self.stopping is not None, "not_restarted": self.gave_up,
                 "too_few_ranks": self.gave_up is not None and "--min-ranks" in self.gave_up, "attempts": restarts,
                 "last_failure": dataclasses.asdict(last.failure) if last.failure else None}
@@ -278,6 +343,8 @@ def describe_failure(failure: Failure) -> str:
     """``rank 1 vanished at step 212 (killed by SIGKILL...)``, ``rank 0 failed at step 5: ...``."""
     ranks = ", ".join(str(r) for r in failure.ranks) or "?"
     at = f" at step {failure.step}" if failure.step is not None else ""
+    if failure.kind == "host_lost":
+        return f"host {', '.join(failure.hosts_lost)} (ranks {ranks}) was lost{at}: no word from it"
     if failure.kind == "vanished":
         who = f"one of ranks {ranks}" if failure.dead < len(failure.ranks) else f"rank {ranks}"
         how = re.search(r"vanished without a word \(([^)]*)\)", failure.what)
@@ -303,4 +370,4 @@ def newest_checkpoint_step(workspace: str) -> int | None:
 
 
 __all__ = ["Policy", "Failure", "Attempt", "Supervisor", "failure_of", "next_ranks", "why_not_restart",
-           "lost_steps", "summary_lines", "describe_failure", "newest_checkpoint_step"]
+           "lost_steps", "hosts_lost", "summary_lines", "describe_failure", "newest_checkpoint_step"]

@@ -21,8 +21,9 @@ import pytest
 
 from mpi_jobs import launcher, mpi_env, ranks_of
 from singa_mpi.cli import _taken_out
-from singa_mpi.supervisor import (Attempt, Failure, Policy, Supervisor, describe_failure, failure_of, lost_steps,
-                                  next_ranks, summary_lines, why_not_restart)
+from singa_mpi.communication.hosts import Host, parse_hosts
+from singa_mpi.supervisor import (Attempt, Failure, Policy, Supervisor, describe_failure, failure_of, hosts_lost,
+                                  lost_steps, next_ranks, summary_lines, why_not_restart)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VANISHED = {"kind": "vanished", "time": 100.0, "ranks": [1], "ended": " (killed by SIGKILL)",
@@ -56,6 +57,51 @@ def test_a_death_among_several_candidates_counts_once():
     assert (died.ranks, died.dead, died.step) == ([0, 1, 2, 3], 1, 1210)
     assert next_ranks(Policy(4, elastic=True, shrink=True), 4, died) == 3
     assert describe_failure(died) == "one of ranks 0, 1, 2, 3 vanished at step 1210"
+
+
+TWO_HOSTS = [Host("n1", 2), Host("n2", 2)]
+
+
+def _ended_together(node_ranks: list[int], step: int) -> dict:
+    """What the guardians of a node whose ranks the launcher ended write."""
+    return {"kind": "ended_together", "time": 60.0, "ranks": node_ranks, "node_ranks": node_ranks, "ended": "",
+            "line": f"singa-mpi: ranks {', '.join(map(str, node_ranks))} on this node ended together (...)",
+            "who": {str(r): {"step": step, "host": "n1", "pid": 100 + r, "activity": "sync"} for r in node_ranks}}
+
+
+def test_a_host_none_of_whose_ranks_said_a_word_is_lost():
+    """A node that dies takes its guardians with it: the nodes still there speak, the lost one is silent."""
+    events = [{"kind": "first_step", "time": 1.0, "step": 1, "ranks": 4}, _ended_together([0, 1], 812)]
+    assert hosts_lost(events, TWO_HOSTS, 4) == [1]
+    lost = failure_of(events, 255, 70.0, TWO_HOSTS, 4)
+    assert (lost.kind, lost.ranks, lost.dead, lost.step, lost.hosts_lost) == ("host_lost", [2, 3], 2, 812, ["n2"])
+    assert describe_failure(lost) == "host n2 (ranks 2, 3) was lost at step 812: no word from it"
+    assert next_ranks(Policy(4, elastic=True), 4, lost) == 2  # its slots went with it, --shrink or not
+    # a rank that died on a host still there: its guardian speaks for that host, the others' for theirs
+    vanished = dict(VANISHED, ranks=[3], node_ranks=[2, 3])
+    assert hosts_lost([vanished, _ended_together([0, 1], 812)], TWO_HOSTS, 4) == []
+    assert failure_of([vanished, _ended_together([0, 1], 812)], 9, 70.0, TWO_HOSTS, 4).kind == "vanished"
+    # an error line names its rank's host; nothing at all heard tells nothing (a launcher that failed)
+    assert hosts_lost([ERROR], TWO_HOSTS, 4) == [1] and hosts_lost([], TWO_HOSTS, 4) == []
+    assert hosts_lost(events, [Host("n1", 4)], 4) == []  # one host: the supervisor's own, alive
+
+
+def test_a_lost_host_is_left_out_of_the_relaunch_and_every_host_lost_stops():
+    class Launcher:
+        def command(self, n, hosts=None):
+            return ["mpiexec"] + (["-hosts", ",".join(f"{h.name}:{h.slots}" for h in hosts)] if hosts else []) + [
+                "-n", str(n)]
+
+    events = [_ended_together([0, 1], 812)]
+    lost = failure_of(events, 255, 70.0, TWO_HOSTS, 4)
+    policy = Policy(4, elastic=True, hosts=tuple(TWO_HOSTS))
+    assert why_not_restart(policy, [Attempt(1, 4, None, 255, lost, hosts=TWO_HOSTS)]) is None
+    everything = Failure("host_lost", 255, [0, 1, 2, 3], 812, "...", 70.0, 4, ["n1", "n2"])
+    assert why_not_restart(policy, [Attempt(1, 4, None, 255, everything, hosts=TWO_HOSTS)]) == (
+        "every host it ran on is gone")
+    supervisor = Supervisor("job.conf", "ws", [], policy, Launcher())
+    assert supervisor._command(2, 2, 800, [Host("n1", 2)])[:5] == ["mpiexec", "-hosts", "n1:2", "-n", "2"]
+    assert parse_hosts("n1:2,n2:2") == TWO_HOSTS
 
 
 def _attempts(*failures: Failure | None, ranks: int = 3) -> list[Attempt]:
@@ -98,7 +144,7 @@ def test_the_summary_names_the_dead_rank_the_steps_lost_and_the_recovery():
 
 def test_a_restart_resumes_and_never_moves_the_dead_attempt_s_files_aside():
     class Launcher:
-        def command(self, n):
+        def command(self, n, hosts=None):
             return ["mpiexec", "-n", str(n)]
 
     supervisor = Supervisor("job.conf", "ws", ["--overwrite", "--steps", "9"], Policy(5, servers=2), Launcher())
@@ -174,6 +220,11 @@ def _supervised(tmp_path, job: str, ranks: int, workspace: str, *options: str, t
 
 def _kill_after(proc: subprocess.Popen, workspace: pathlib.Path, rank: int, step: int, timeout: float = 120) -> None:
     """SIGKILL ``rank`` once metrics.jsonl has reached ``step``."""
+    _wait_for_step(proc, workspace, step, timeout)
+    os.kill(ranks_of(proc.pid)[rank], signal.SIGKILL)
+
+
+def _wait_for_step(proc: subprocess.Popen, workspace: pathlib.Path, step: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         records = _records(workspace)
@@ -183,7 +234,6 @@ def _kill_after(proc: subprocess.Popen, workspace: pathlib.Path, rank: int, step
         time.sleep(0.02)
     else:
         raise AssertionError(f"no step {step} within {timeout}s")
-    os.kill(ranks_of(proc.pid)[rank], signal.SIGKILL)
 
 
 def _records(workspace: pathlib.Path) -> list[dict]:
@@ -220,10 +270,14 @@ def _healed(tmp_path, job: str, ranks: int, steps: int, kill_at: int, *options: 
     assert attempt["failure"]["kind"] == "vanished" and 1 in attempt["failure"]["ranks"]
     assert attempt["failure"]["dead"] == 1
     assert out.count("supervisor summary:") == 1 and "vanished at step" in out
-    steps_seen = [(r["step"], r["phase"]) for r in _records(tmp_path / "healed")]
+    _assert_each_step_once(tmp_path / "healed", steps)
+    return out, attempt
+
+
+def _assert_each_step_once(workspace: pathlib.Path, steps: int) -> None:
+    steps_seen = [(r["step"], r["phase"]) for r in _records(workspace)]
     assert len(steps_seen) == len(set(steps_seen))  # no step reported twice
     assert [s for s, phase in steps_seen if phase == "train"] == list(range(0, steps, 100))  # none missing
-    return out, attempt
 
 
 @pytest.mark.slow
@@ -320,3 +374,42 @@ def test_a_stop_signal_to_the_supervisor_checkpoints_and_nothing_restarts(tmp_pa
     summary = json.loads((tmp_path / "stopped" / "supervisor" / "summary.json").read_text())
     assert summary["restarts"] == 0 and summary["stopped_by_signal"] and summary["last_failure"] is None
     assert "stopped on a signal" in out and "restarting" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SINGA_TWO_NODES_KILL_B"),
+                    reason="needs two nodes: scripts/two_nodes.sh --no-mpiexec (CI's two-node pass runs it)")
+def test_a_lost_node_is_left_out_and_the_job_heals_on_the_other_bitwise(tmp_path):
+    """4 ranks on two nodes (2 each); node b dies whole (ranks, guardians, MPI's daemon; it refuses new
+    launches): the supervisor hears only node a, relaunches on its 2 ranks alone, and the job ends
+    with the serial run's parameters (deterministic mode)."""
+    job = _job(tmp_path, "digits_mlp.conf", 6000, 1000)
+    reference = _uninterrupted(tmp_path, job, 1, "reference", "--deterministic")
+    hosts = parse_hosts(os.environ["SINGA_TWO_NODES_HOSTS"])
+    proc = _supervised(tmp_path, job, 4, "healed", "--elastic", "--hosts", os.environ["SINGA_TWO_NODES_HOSTS"],
+                       train=("--deterministic",))
+    _wait_for_step(proc, tmp_path / "healed", 2500)
+    subprocess.run([os.environ["SINGA_TWO_NODES_KILL_B"]], check=True, timeout=60)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "healed" / "supervisor" / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["final_ranks"] == 2
+    assert summary["final_hosts"] == [f"{hosts[0].name}:{hosts[0].slots}"]
+    (attempt,) = summary["attempts"]
+    failure = attempt["failure"]
+    assert (failure["kind"], failure["hosts_lost"], failure["ranks"]) == ("host_lost", [hosts[1].name], [2, 3])
+    assert attempt["resumed_from"] in (2000, 3000) and attempt["relaunched_on"] == 2
+    assert f"host {hosts[1].name} (ranks 2, 3) was lost at step" in out and f"without host {hosts[1].name}" in out
+    _assert_each_step_once(tmp_path / "healed", 6000)
+    healed = _params(tmp_path / "healed")
+    assert all(np.array_equal(healed[name], reference[name]) for name in reference)
+
+
+def test_a_host_list_that_cannot_be_read_is_one_line_before_anything_starts(tmp_path):
+    for options, expected in ((["--hosts", "n1:2,n2:x"], "singa-mpi: error: run: --hosts: 'n2:x': slots 'x'"),
+                              (["--hostfile", str(tmp_path / "absent")], "cannot read it")):
+        done = subprocess.run([sys.executable, "-m", "singa_mpi", "run", "-n", "2", "--elastic", *options,
+                               str(ROOT / "conf" / "digits_mlp.conf"), "--workspace", str(tmp_path / "w")],
+                              capture_output=True, text=True, timeout=120)
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and expected in lines[0], lines

@@ -274,7 +274,10 @@ def _speak_if_first(folder: str, rank: int, records: dict[int, Status]) -> None:
                 os.write(2, line.encode())
             except OSError:
                 pass
-            run_events.note("vanished", ranks=first, ended=ended, line=line.strip(),
+            # a node whose ranks the launcher ended after a failure elsewhere: the supervisor hears from
+            # every node still there (node_ranks), so a node that says nothing is a node lost
+            kind = "ended_together" if " on this node ended together " in line else "vanished"
+            run_events.note(kind, ranks=first, node_ranks=local, ended=ended, line=line.strip(),
                             who={str(r): {"step": records[r].step, "host": records[r].host, "pid": records[r].pid,
                                           "activity": records[r].activity} for r in first if r in records})
     time.sleep(0.2)  # the others read the verdict before it goes

@@ -12,19 +12,26 @@ the benchmark scripts and anyone scripting runs::
 
 For Open MPI it points mpi4py at that Open MPI's ``libmpi`` (``MPI4PY_LIBMPI``, ``MPI4PY_MPIABI``:
 mpi4py's documented switches) and adds ``--oversubscribe`` (a box with fewer cores than ranks) and,
-as root, ``--allow-run-as-root``.  No mpi4py import here: this runs before any MPI is loaded.
+as root, ``--allow-run-as-root``.  ``SINGA_MPI_LAUNCHER_OPTIONS`` adds options of your own (how the
+launcher reaches other hosts, for example); ``command(N, hosts)`` starts the ranks on those hosts
+(:mod:`singa_mpi.communication.hosts`).  No mpi4py import here: this runs before any MPI is loaded.
 """
 from __future__ import annotations
 
 import dataclasses
 import glob
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 
+from singa_mpi.communication.hosts import Host, host_option
+
 FLAVORS = ("mpich", "openmpi")
 FLAVOR_VARIABLE = "SINGA_MPI_FLAVOR"
+# more options for the launcher, before -n (how ranks reach other hosts: MPICH's -launcher/-iface, -genv ...)
+OPTIONS_VARIABLE = "SINGA_MPI_LAUNCHER_OPTIONS"
 # Open MPI's mpirun, on SIGTERM or SIGINT, sends the ranks SIGCONT, forwards none of their output,
 # sends SIGTERM this many seconds later and SIGKILL as long again after that (its default: 1 s, too
 # short to be sure of a checkpoint); aborts take as long when a rank cannot act on the SIGTERM
@@ -47,9 +54,12 @@ class Launcher:
     # seconds, with SIGKILL as long after it, and then exits 1 whatever the ranks did
     stop_signal: str = "SIGTERM"
 
-    def command(self, nranks: int) -> list[str]:
-        """``[launcher, options..., -n, N]``: append the program and its arguments."""
-        return [self.executable, *self.options, "-n", str(nranks)]
+    def command(self, nranks: int, hosts: list[Host] | None = None) -> list[str]:
+        """``[launcher, options..., -n, N]``: append the program and its arguments.  ``hosts``: start
+        the ranks there (default: wherever the launcher would, e.g. the Slurm allocation)."""
+        where = host_option(self.flavor, hosts) if hosts else []
+        extra = shlex.split(os.environ.get(OPTIONS_VARIABLE, ""))
+        return [self.executable, *self.options, *extra, *where, "-n", str(nranks)]
 
     def environ(self, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
         """``base`` (default: this process's environment) with this MPI's variables and ``extra``.
