@@ -6,6 +6,10 @@ from singa_mpi.early_signals import catch_for_command
 
 
 def run() -> int:
+    from singa_mpi.communication import keeper
+
+    if keeper.wanted():  # a rank of a supervised MPICH run: keep it as a child (see the keeper)
+        return keeper.keep(sys.argv[1:])
     catch_for_command(sys.argv[1:])  # before the heavy imports: a SIGTERM meanwhile must not be lost
     from singa_mpi.communication.liveness import start_early
 

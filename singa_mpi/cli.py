@@ -129,7 +129,7 @@ def cmd_run(args) -> int:
         raise ConfigError(f"run: {err}") from None
     hosts = named or slurm_hosts() or []
     policy = Policy(args.ranks, args.elastic, args.min_ranks, args.max_restarts, args.shrink, servers,
-                    tuple(hosts), name_hosts=named is not None)
+                    tuple(hosts), name_hosts=named is not None, emergency=args.emergency)
     return Supervisor(job_path, resolve_workspace(cfg, workspace), train_args, policy, launcher).run()
 
 
@@ -444,6 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--elastic: stop rather than run on fewer than M ranks (default: 1)")
     p.add_argument("--max-restarts", type=non_negative_int, default=3, metavar="R",
                    help="--elastic: stop after R restarts (default: 3)")
+    p.add_argument("--no-emergency-checkpoint", dest="emergency", action="store_false",
+                   help="--elastic: when a rank dies, do not ask the survivors to save what they hold (by default "
+                        "they do, and the restart loses only the step in flight where together they hold every "
+                        "param and updater state; MPICH only)")
     p.add_argument("--mpi", choices=("mpich", "openmpi"), default=None,
                    help="the MPI whose launcher starts the ranks (default: $SINGA_MPI_FLAVOR, else MPICH if present)")
     where = p.add_mutually_exclusive_group()

@@ -41,7 +41,9 @@ def catch_stop_signals_early() -> None:
 
     remember.early = True  # what the launcher restores is Python's default, not this
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        from singa_mpi.communication.keeper import stop_signals
+
+        for signum in stop_signals((signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)):
             signal.signal(signum, remember)
 
 

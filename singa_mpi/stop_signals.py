@@ -6,6 +6,7 @@ import signal
 import threading
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.communication.keeper import stop_signals
 from singa_mpi.trainer import Trainer, signal_name, write_stop_note
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -42,7 +43,7 @@ class StopSignals:
 
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: python_default(signum, signal.signal(signum, self._request_stop))
-                              for signum in STOP_SIGNALS}
+                              for signum in stop_signals(STOP_SIGNALS)}  # a kept rank: not MPICH's notice
             self.received = early_stop_signal()  # one that came while the package loaded (the CLI's)
 
     def attach(self, trainer: Trainer) -> None:

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,14 +33,18 @@ import time
 from typing import Callable, Sequence
 
 from singa_mpi import run_events
-from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED, listed
+from singa_mpi.checkpoints import emergency
+from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED, checkpoint_path, listed
+from singa_mpi.checkpoints.hdf5 import write as write_checkpoint
 from singa_mpi.communication.guardian import GRACE as GUARDIAN_GRACE  # how long a node's guardians may take
 from singa_mpi.communication.hosts import Host, placement, ranks_on
 from singa_mpi.data.convert import atomic_path
-from singa_mpi.errors import ConfigError
+from singa_mpi.errors import ConfigError, SingaError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 EXIT_SETUP = ConfigError.exit_code  # the launch refused the job before training: a restart cannot help
+DIED = ("vanished", "rank_died")  # events that say a rank died: its survivors save their state
+RESCUE_WAIT = 30.0  # seconds for the survivors to save their state (each gives up after emergency.LOCK_TIMEOUT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +60,7 @@ class Policy:
     servers: int = 0  # ranks that are servers (Sandblaster, Downpour): the workers are the rest
     hosts: tuple[Host, ...] = ()  # where the ranks run, when known (--hosts, --hostfile, Slurm): a lost one is left out
     name_hosts: bool = False  # pass ``hosts`` to the launcher from the start (not only once one is left out)
+    emergency: bool = True  # --elastic: survivors save their state when a rank dies (checkpoints.emergency)
 
 
 @dataclasses.dataclass
@@ -87,6 +93,7 @@ class Attempt:
     failure: Failure | None = None
     first_step_at: float | None = None
     hosts: list[Host] = dataclasses.field(default_factory=list)  # where it ran ([]: not known)
+    emergency: str | None = None  # what the survivors' emergency checkpoint gave (or why there is none)
 
 
 def failure_of(events: list[dict], code: int, ended: float, hosts: Sequence[Host] = (), ranks: int = 0) -> Failure:
@@ -103,11 +110,14 @@ def failure_of(events: list[dict], code: int, ended: float, hosts: Sequence[Host
         return Failure("host_lost", code, gone, max(steps) if steps else None, what,
                        min((e["time"] for e in events if "time" in e), default=ended), len(gone),
                        [hosts[index].name for index in lost])
-    for kind in ("vanished", "error", "setup_error"):
+    for kind in ("vanished", "rank_died", "error", "setup_error"):
         found = [e for e in events if e.get("kind") == kind]
         if not found:
             continue
         event = found[0]
+        if kind == "rank_died":  # its keeper saw it (a guardian that could not speak says nothing)
+            line = f"rank {event['rank']} vanished without a word (killed by {event.get('signal', 'a signal')})"
+            return Failure("vanished", code, [int(event["rank"])], None, line, event["time"])
         if kind == "vanished":
             ranks = [int(r) for r in event.get("ranks", [])]
             line = event.get("line", "")
@@ -208,7 +218,7 @@ class Supervisor:
             ranks, resumed_from, hosts = self.policy.ranks, None, list(self.policy.hosts)
             while True:
                 attempt = self._launch(ranks, resumed_from, hosts)
-                if attempt.code == 0 or self.stopping is not None or attempt.code == EXIT_CHECKPOINTED:
+                if attempt.failure is None or self.stopping is not None:  # done, or stopped (75)
                     return self._finish(attempt.code)
                 reason = why_not_restart(self.policy, self.attempts)
                 if reason is not None:
@@ -221,6 +231,8 @@ class Supervisor:
                 self.name_hosts = self.name_hosts or bool(lost)
                 resumed_from = newest_checkpoint_step(self.workspace)
                 without = f" without host {', '.join(lost)}" if lost else ""
+                if attempt.emergency:
+                    self.log(f"singa-mpi: supervisor: {attempt.emergency}")
                 self.log(f"singa-mpi: supervisor: {describe_failure(attempt.failure)}; restarting on {ranks} ranks"
                          f"{without} "
                          f"from {'checkpoint step ' + str(resumed_from) if resumed_from is not None else 'step 0'}"
@@ -238,18 +250,74 @@ class Supervisor:
         env = self.launcher.environ(**{run_events.EVENTS_VARIABLE: os.path.abspath(events_path),
                                        run_events.SUPERVISOR_VARIABLE: shlex.join(self.own_command(ranks))})
         where = hosts if self.name_hosts else None
-        self.child = subprocess.Popen(self._command(ranks, attempt.number, resumed_from, where), env=env,
-                                      start_new_session=True)  # our signals reach it only as we forward them
-        attempt.code = self.child.wait()  # a forwarded signal interrupts nothing: the wait resumes (PEP 475)
+        command = self._command(ranks, attempt.number, resumed_from, where)
+        rescue = self._rescue_folder(attempt.number)
+        if rescue is not None:  # the launcher must leave the survivors of a death running: they save their state
+            options, variables = self.launcher.survivors_kept()
+            command = command[:1] + options + command[1:]
+            env.update(variables, **{emergency.RESCUE_VARIABLE: os.path.abspath(rescue)})
+        self.child = subprocess.Popen(command, env=env, start_new_session=True)  # our signals: only as forwarded
+        requested = self._wait(events_path, rescue)
+        attempt.code = self.child.returncode
         ended = time.time()
         events = run_events.read(events_path)
         attempt.first_step_at = first_step_time(events)
-        if attempt.code not in (0, EXIT_CHECKPOINTED):
+        died = [e for e in events if e.get("kind") in DIED]  # kept ranks: the launcher may have ended well
+        if died and attempt.code == 0:  # as the shell reports a process killed by that signal (137: SIGKILL)
+            attempt.code = 128 + _signal_number(next((e["signal"] for e in died if "signal" in e), "SIGKILL"))
+        if attempt.code not in (0, EXIT_CHECKPOINTED) or died:
             if len(hosts) > 1 and len(hosts_heard(events, hosts, ranks)) < len(set(placement(hosts, ranks))):
                 # a node's guardians may still be on their way (their GRACE): hear them out
                 events = self._events_settled(events_path)
             attempt.failure = failure_of(events, attempt.code, ended, hosts, ranks)
+        if requested:
+            attempt.emergency = self._emergency_checkpoint(rescue)
         return attempt
+
+    def _rescue_folder(self, number: int) -> str | None:
+        """Where this attempt's survivors save their state; None when they cannot (see Policy.emergency)."""
+        if not (self.policy.elastic and self.policy.emergency) or self.launcher.survivors_kept() is None:
+            return None
+        folder = os.path.join(self.folder, f"rescue{number}")
+        shutil.rmtree(folder, ignore_errors=True)
+        return folder
+
+    def _wait(self, events_path: str, rescue: str | None) -> bool:
+        """Wait for the launcher; when a rank dies meanwhile, ask the survivors for their state (and
+        end the launcher if they take longer than RESCUE_WAIT).  Whether they were asked."""
+        asked_at = None
+        while True:
+            try:
+                self.child.wait(timeout=0.1)
+                return asked_at is not None
+            except subprocess.TimeoutExpired:
+                pass
+            if rescue is not None and asked_at is None and self.stopping is None and \
+                    any(e.get("kind") in DIED for e in run_events.read(events_path)):
+                emergency.request(rescue)
+                asked_at = time.monotonic()
+            if asked_at is not None and time.monotonic() - asked_at > RESCUE_WAIT:
+                try:  # survivors that neither saved nor ended: end the launcher and what it started
+                    os.killpg(self.child.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                asked_at = float("inf")  # once
+
+    def _emergency_checkpoint(self, rescue: str) -> str:
+        """Write the checkpoint the survivors' pieces make whole, if they do and it is newer than the
+        newest periodic one; what it gave, in words."""
+        ckpt, note = emergency.assemble(emergency.pieces_in(rescue))
+        shutil.rmtree(rescue, ignore_errors=True)
+        if ckpt is None:
+            return f"no emergency checkpoint: {note}"
+        newest = newest_checkpoint_step(self.workspace)
+        if newest is not None and newest >= ckpt.step:
+            return f"no emergency checkpoint needed: the newest periodic one is at step {newest}"
+        try:
+            write_checkpoint(checkpoint_path(self.workspace, ckpt.step), ckpt)
+        except SingaError as err:  # a disk that refuses: the periodic checkpoint still serves
+            return f"no emergency checkpoint: {err}"
+        return f"emergency checkpoint at {note}"
 
     @staticmethod
     def _events_settled(path: str, quiet: float = GUARDIAN_GRACE + 0.5, limit: float = 5.0) -> list[dict]:
@@ -269,6 +337,7 @@ class Supervisor:
         if policy.elastic:
             words += ["--elastic"] + (["--shrink"] if policy.shrink else [])
             words += ["--min-ranks", str(policy.min_ranks), "--max-restarts", str(policy.max_restarts)]
+            words += [] if policy.emergency else ["--no-emergency-checkpoint"]
         return words
 
     def _command(self, ranks: int, attempt: int, resumed_from: int | None, hosts: list[Host] | None = None) -> list[str]:
@@ -310,6 +379,7 @@ class Supervisor:
                 recovery = round(after.first_step_at - failed.failure.time, 2)
             failure = dataclasses.asdict(failed.failure) if failed.failure else None
             restarts.append({"attempt": failed.number, "ranks": failed.ranks, "failure": failure,
+                             "emergency": failed.emergency,
                              "resumed_from": after.resumed_from, "relaunched_on": after.ranks,
                              "lost_steps": lost_steps(failed.failure, after.resumed_from),
                              "recovery_seconds": recovery})
@@ -328,8 +398,12 @@ def summary_lines(summary: dict) -> list[str]:
         failure = Failure(**entry["failure"]) if entry["failure"] else None
         lost = "" if entry["lost_steps"] is None else f", {entry['lost_steps']} steps trained again"
         recovery = "" if entry["recovery_seconds"] is None else f", recovered in {entry['recovery_seconds']:.1f}s"
-        resumed = (f"the last periodic checkpoint, step {entry['resumed_from']}" if entry["resumed_from"] is not None
+        note = entry.get("emergency") or ""
+        kind = "an emergency checkpoint" if note.startswith("emergency checkpoint") else "the last periodic checkpoint"
+        resumed = (f"{kind}, step {entry['resumed_from']}" if entry["resumed_from"] is not None
                    else "step 0 (no checkpoint yet)")
+        if note.startswith("no emergency checkpoint:"):
+            resumed += f" ({note})"
         lines.append(f"  attempt {entry['attempt']}       {entry['ranks']} ranks: "
                      f"{describe_failure(failure) if failure else 'ended'}; resumed from {resumed} on "
                      f"{entry['relaunched_on']} ranks{lost}{recovery}")
@@ -352,6 +426,13 @@ def describe_failure(failure: Failure) -> str:
     if failure.kind in ("error", "setup_error"):
         return f"rank {ranks} failed{at}: {failure.what}"
     return f"the job ended with exit code {failure.code}{at}"
+
+
+def _signal_number(name: str) -> int:
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        return int(signal.SIGKILL)
 
 
 def _attempt_file(path: str, attempt: int) -> str:

@@ -12,6 +12,7 @@ reductions across workers; the serial runtime is the one-process case.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -170,6 +171,7 @@ class Trainer:
         self.debug = False  # --debug: the communication table shows the run's bookkeeping rows too
         self.evaluation_totals: dict = {}  # tracer totals of test/validation passes (kept out of profile.json)
         self.finite = NonFiniteCheck(cfg, runtime.rank)  # NaN/inf stop the run (switch_off: --no-check-finite)
+        self.rescue = None  # checkpoints.emergency.Rescue under `singa-mpi run --elastic`: survivors save their state
 
     def nets(self) -> dict[str, Net]:
         nets = {"train": self.train_net, "test": self.test_net, "val": self.val_net}
@@ -194,9 +196,11 @@ class Trainer:
         with tracer.span("sync", "step"):
             sync.gradients_complete()
         self.finite.look_at_gradients(sync)  # before the update; the vote comes after the step
-        with tracer.span("update", "step"):
+        with tracer.span("update", "step"), self.rescue.lock if self.rescue else contextlib.nullcontext():
             sync.update(step, self.updater)
             sync.publish()
+            if self.rescue:
+                self.rescue.mark(step + 1)
         if self._checkpoint_follows(step):  # an update may overflow: a checkpoint must not keep it
             self.finite.look_at_values(sync)
 
@@ -271,6 +275,9 @@ class Trainer:
         elif self.runtime.is_root:
             drop_records_from(self.metrics_path, self.start_step)
         bar = progress.open_bar(self.train_steps, self.start_step) if self.live_bar and self.runtime.is_root else None
+        if self.rescue:
+            with self.rescue.lock:
+                self.rescue.mark(self.start_step)
         with progress.bar_around(self, bar), self.finite.quiet():
             self.finite.check_initial(self.runtime.sync(), self.runtime, self.start_step, self.workspace)
             return self._steps(bar)

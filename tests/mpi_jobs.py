@@ -92,6 +92,8 @@ def ranks_of(pid: int) -> dict[int, int]:
         try:
             env = pathlib.Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
             rank = [v.split(b"=", 1)[1] for v in env if v.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))]
+            if b"SINGA_MPI_KEEPER=1" in env:  # a supervised rank's keeper (communication.keeper): its child is the rank
+                continue
             if rank and b"python" in pathlib.Path(f"/proc/{child}/cmdline").read_bytes():
                 found[child] = int(rank[0])
         except OSError:

@@ -154,8 +154,9 @@ def _vanished_line(first: list[int], records: dict[int, Status], ended: str, loc
     if len(first) == 1:
         how = (f"{ended}: by a user, a scheduler or the out-of-memory killer" if "killed" in ended
                else f"{ended}: it exited without saying why" if ended else ": killed by a signal or crashed")
-        return (f"singa-mpi: {described(first[0])} vanished without a word{how}; the launcher then ended the "
-                f"other ranks\n")
+        after = ("the other ranks save their state for a restart" if os.environ.get("SINGA_MPI_KEPT") == "1"
+                 else "the launcher then ended the other ranks")
+        return f"singa-mpi: {described(first[0])} vanished without a word{how}; {after}\n"
     if not first:
         return ""
     size = max((status.size for status in records.values()), default=0)

@@ -27,6 +27,7 @@ import subprocess
 import sys
 
 from singa_mpi.communication.hosts import Host, host_option
+from singa_mpi.communication.keeper import KEEPER_VARIABLE
 
 FLAVORS = ("mpich", "openmpi")
 FLAVOR_VARIABLE = "SINGA_MPI_FLAVOR"
@@ -60,6 +61,16 @@ class Launcher:
         where = host_option(self.flavor, hosts) if hosts else []
         extra = shlex.split(os.environ.get(OPTIONS_VARIABLE, ""))
         return [self.executable, *self.options, *extra, *where, "-n", str(nranks)]
+
+    def survivors_kept(self) -> tuple[list[str], dict[str, str]] | None:
+        """Launcher options and rank environment that keep the other ranks running when one dies, so
+        they can save an emergency checkpoint: MPICH's ``-disable-auto-cleanup`` with a keeper per rank
+        (:mod:`singa_mpi.communication.keeper`: hydra still ends everything when a rank dies by a
+        signal).  None for Open MPI 4.1: its ``--enable-recovery`` keeps survivors, but then MPI_Abort
+        no longer ends the job (a rank's error would leave the others waiting forever)."""
+        if self.flavor == "mpich":
+            return ["-disable-auto-cleanup"], {KEEPER_VARIABLE: "1"}
+        return None
 
     def environ(self, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
         """``base`` (default: this process's environment) with this MPI's variables and ``extra``.

@@ -86,15 +86,23 @@ def local_size(environ=os.environ) -> int:
     return 0
 
 
+def _stat_field(pid: int, index: int, default: int) -> int:
+    """Field ``index`` after the command name of /proc/PID/stat (1: the parent, 19: the start time)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[index])
+    except (OSError, IndexError, ValueError):
+        return default
+
+
 def launch_folder() -> str:
     """The folder of this launch's records on this node (the same for every rank the launcher's
     process on this node started; not created here)."""
     parent = os.getppid()
-    try:  # the parent's start time (field 22) tells this launch from an earlier one that had its pid
-        with open(f"/proc/{parent}/stat") as f:
-            started = f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        started = "0"
+    if os.environ.get("SINGA_MPI_KEPT") == "1":  # keeper.KEPT_VARIABLE: the launcher's process is the keeper's parent
+        parent = _stat_field(parent, 1, parent)
+    # the parent's start time (field 22) tells this launch from an earlier one that had its pid
+    started = _stat_field(parent, 19, 0)
     if os.access("/dev/shm", os.W_OK):
         base = "/dev/shm"
     else:
@@ -347,8 +355,9 @@ def _guardian_environment() -> dict[str, str]:
     from singa_mpi.run_events import EVENTS_VARIABLE
 
     env = {"PATH": os.environ.get("PATH", "")}
-    if os.environ.get(EVENTS_VARIABLE):
-        env[EVENTS_VARIABLE] = os.environ[EVENTS_VARIABLE]
+    for name in (EVENTS_VARIABLE, "SINGA_MPI_KEPT"):  # KEPT: the other ranks outlive a death (keeper)
+        if os.environ.get(name):
+            env[name] = os.environ[name]
     return env
 
 
@@ -515,6 +524,7 @@ class RankLife:
         if tracer is not None:
             tracer.on_phase = self.watchdog.beat
         self.watchdog.start()
+        _LIVES.append(self)
 
     def adopt(self, tracer, stall_timeout: float | None) -> None:
         """The launcher takes over a life begun at the entry point: the activity from ``tracer`` from
@@ -582,6 +592,21 @@ class RankLife:
         if self.guardian is not None:
             self.guardian.finish("exit")
         self.record.close()
+        if self in _LIVES:
+            _LIVES.remove(self)
+
+
+_LIVES: list[RankLife] = []  # this process's open lives (one at most)
+
+
+def close_lives() -> None:
+    """Before a deliberate ``os._exit`` from another thread (a survivor that saved its emergency
+    piece): tell the guardian this end is meant, so that it does not report a vanished rank."""
+    for life in list(_LIVES):
+        if life.guardian is not None:
+            life.guardian.finish("exit")
+        life.record.close()
+        _LIVES.remove(life)
 
 
 # ------------------------------------------------------------------ from the first moments

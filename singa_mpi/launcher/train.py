@@ -10,6 +10,7 @@ from typing import Callable
 
 from singa_mpi import plugins, progress, run_events, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.checkpoints.emergency import Rescue
 from singa_mpi.config.load import JobConfig
 from singa_mpi.errors import ConfigError, NonFiniteError
 from singa_mpi.launcher.checks import merged_checkpoint_paths
@@ -45,6 +46,9 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     if options.trace:
         timeline.start(trainer.runtime)  # record from here on, one clock on every rank
     _load_initial_state(trainer, options, initial)
+    trainer.rescue = Rescue.from_environment(trainer)  # under `singa-mpi run --elastic` only
+    if trainer.rescue is not None:
+        trainer.rescue.start()
     # server ranks wait for their initial state before anything else
     trainer.runtime.begin_training(trainer.loaded, trainer.finite.enabled)
     if trainer.start_step > 0 and trainer.start_step >= trainer.train_steps:

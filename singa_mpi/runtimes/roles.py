@@ -10,6 +10,7 @@ import dataclasses
 from typing import Callable
 
 from singa_mpi import threads
+from singa_mpi.checkpoints import emergency
 from singa_mpi.config.load import JobConfig
 from singa_mpi.program.job import JobPrograms
 from singa_mpi.runtimes.server import ServerRuntime
@@ -59,6 +60,7 @@ def run_role(world, job: RoleJob, body: Callable[[Trainer], int], hooks: RoleHoo
         hooks.named(f"{role.kind} {role.index} of {role.kind} group {role.group}")
     if server:
         hooks.note("")
+        emergency.refuse_on_request(world.rank, "a server rank: its ranges are not saved in an emergency")
         with threads.limit_blas(1):  # element-wise updates: one thread each, beside the workers' BLAS
             ServerRuntime(cfg, cfg.proto.seed, world, topo, role, job.plans).serve()
         group.free()

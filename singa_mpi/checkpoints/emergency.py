@@ -1,0 +1,208 @@
+"""Emergency checkpoints: when a rank dies under ``singa-mpi run --elastic``, the survivors save what
+they hold, and the supervisor assembles a checkpoint from it if together they hold everything.
+
+The rank side (:class:`Rescue`): the trainer marks a *rescue point* after each step's update (the
+step, and the readers' positions for the next batch), holding :attr:`Rescue.lock` from the update's
+start to that mark.  A daemon thread waits for the supervisor's request (a file ``request`` in the
+folder named by ``SINGA_MPI_RESCUE``); then it takes the lock, so the params, the updater state and
+the mark agree (the main thread is meanwhile computing or blocked in the gradient exchange of the next
+step, which changes none of them), writes this rank's piece (``rank<R>.pkl``, atomically) and ends
+the process: the main thread, blocked on a dead peer, would never return.
+
+The supervisor side (:func:`assemble`): pieces at the newest step that cover every element of every
+param, and for every param the updater state of ranks that *update* it (its owners), make the
+checkpoint; it is then written like any other (:func:`singa_mpi.checkpoints.hdf5.write`: atomic,
+checksummed, with the job's identity).  What is not covered means that state died with the rank:
+a feature-split shard held only there, the chunk of node-shared params whose update it owned, a
+server's range; the restart then uses the last periodic checkpoint and says why.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+
+import numpy as np
+
+from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.communication.liveness import close_lives
+from singa_mpi.data.convert import atomic_path
+
+RESCUE_VARIABLE = "SINGA_MPI_RESCUE"  # the folder of this attempt's request and pieces (set by the supervisor)
+REQUEST = "request"
+LOCK_TIMEOUT = 10.0  # a main thread that holds the lock longer waits on a dead peer inside its update
+EXIT_RESCUED = 0  # a survivor's exit once its piece is saved (nonzero would make MPICH end the others)
+
+
+def piece_path(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"rank{rank}.pkl")
+
+
+def pieces_in(folder: str) -> list[dict]:
+    """The pieces saved in ``folder`` (a piece that cannot be read is left out)."""
+    found = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.startswith("rank") and name.endswith(".pkl"):
+            try:
+                with open(os.path.join(folder, name), "rb") as f:
+                    found.append(pickle.load(f))
+            except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+                continue
+    return found
+
+
+def request(folder: str) -> None:
+    """The supervisor's call to every rank of the attempt: save what you hold."""
+    os.makedirs(folder, exist_ok=True)
+    with atomic_path(os.path.join(folder, REQUEST), "the rescue request") as temporary, open(temporary, "w") as f:
+        f.write(f"{time.time()}\n")
+
+
+class Rescue:
+    """This rank's part (see the module)."""
+
+    def __init__(self, folder: str, trainer):
+        self.folder, self.trainer = folder, trainer
+        self.lock = threading.Lock()
+        self.step: int | None = None
+        self.readers: dict = {}
+        self.elapsed = 0.0
+
+    @classmethod
+    def from_environment(cls, trainer) -> Rescue | None:
+        folder = os.environ.get(RESCUE_VARIABLE)
+        return cls(folder, trainer) if folder else None
+
+    def mark(self, step: int) -> None:
+        """The state now is the state after ``step`` batches (called under :attr:`lock`, after an update)."""
+        self.step = step
+        self.readers = {phase: {layer.name: dict(layer.state()) for layer in net.layers if layer.state()}
+                        for phase, net in self.trainer.nets().items()}
+        self.elapsed = self.trainer.elapsed()
+
+    def start(self) -> None:
+        _on_request(self.folder, self.trainer.runtime.rank, self._answer)
+
+    def _answer(self) -> dict:
+        rank = self.trainer.runtime.rank
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT):  # kept: the main thread must not change anything now
+            return _refused(rank, f"its update waited on a dead rank for over {LOCK_TIMEOUT:g}s")
+        return self._piece() if self.step is not None else _refused(rank, "it had not finished a step yet")
+
+    def _piece(self) -> dict:
+        """Everything this rank holds at the rescue point: every param it holds (replicas too, not only
+        those it reports in a periodic checkpoint) and the updater state of those it updates."""
+        from singa_mpi.checkpoints.snapshot import job_identity, plan_summary
+
+        trainer, runtime = self.trainer, self.trainer.runtime
+        held = {id(p): p for p in trainer.train_net.params}.values()
+        params = [(p.name, tuple(p.logical_shape), ("nd", p.shard), np.array(p.data)) for p in held]
+        owned = [(owner.name, tuple(owner.logical_shape), owner.region(), trainer.updater.state(owner.name))
+                 for owner in runtime.owned_params()]
+        carried = sorted(layer.name for net in trainer.nets().values() for layer in net.layers if layer.carried())
+        known = trainer.job_params
+        return {"rank": runtime.rank, "pid": os.getpid(), "step": self.step, "params": params, "owned": owned,
+                "readers": self.readers, "counters": trainer.updater.counters(), "carried": carried,
+                "refused": None, "elapsed": self.elapsed,
+                "expected": {name: tuple(shape) for name, shape in (known or {}).items()},
+                "header": {"job_name": trainer.job.name, "job_config": trainer.cfg.text,
+                           "plan": plan_summary(trainer.cfg, runtime.size), "seed": trainer.job.seed,
+                           "nranks": runtime.size,
+                           "job_identity": job_identity(trainer.cfg, known) if known is not None else ""}}
+
+
+def refuse_on_request(rank: int, why: str) -> None:
+    """A rank that holds nothing an emergency checkpoint can use (a server: its ranges are updated one
+    by one, so they need not agree on a step) answers the request with ``why`` and ends."""
+    folder = os.environ.get(RESCUE_VARIABLE)
+    if folder:
+        _on_request(folder, rank, lambda: _refused(rank, why))
+
+
+def _on_request(folder: str, rank: int, answer) -> None:
+    """A daemon thread: wait for the request, save ``answer()`` as this rank's piece, end the process."""
+
+    def watch() -> None:
+        path = os.path.join(folder, REQUEST)
+        while not os.path.exists(path):
+            time.sleep(0.1)
+        try:
+            piece = answer()
+            with atomic_path(piece_path(folder, rank), "an emergency piece") as temporary, open(temporary, "wb") as f:
+                pickle.dump(piece, f, protocol=pickle.HIGHEST_PROTOCOL)
+        finally:
+            close_lives()  # a meant end: the guardian must not report a vanished rank
+            os._exit(EXIT_RESCUED)
+
+    threading.Thread(target=watch, name="singa-mpi rescue", daemon=True).start()
+
+
+def _refused(rank: int, why: str) -> dict:
+    return {"rank": rank, "pid": os.getpid(), "step": None, "refused": why}
+
+
+def assemble(pieces: list[dict]) -> tuple[checkpoint.Checkpoint | None, str]:
+    """The newest checkpoint the pieces make whole, and what it came from; or None and why not."""
+    usable = [p for p in pieces if p.get("refused") is None]
+    if not usable:
+        reasons = "; ".join(f"rank {p['rank']}: {p['refused']}" for p in pieces) or "no survivor saved anything"
+        return None, reasons
+    carried = sorted({name for p in usable for name in p["carried"]})
+    if carried:
+        return None, f"layers {', '.join(carried)} carry per-row state across batches, which a dead rank's rows hold"
+    why = ""
+    for step in sorted({p["step"] for p in usable}, reverse=True):
+        at = [p for p in usable if p["step"] == step]
+        ckpt, why = _whole(at, step)
+        if ckpt is not None:
+            ranks = ", ".join(str(p["rank"]) for p in at)
+            return ckpt, f"step {step}, from what ranks {ranks} held"
+    return None, why
+
+
+def _whole(pieces: list[dict], step: int) -> tuple[checkpoint.Checkpoint | None, str]:
+    from singa_mpi.checkpoints.snapshot import _put
+
+    expected = dict(pieces[0]["expected"])
+    for piece in pieces:
+        for name, shape, _, _ in piece["params"]:
+            expected.setdefault(name, shape)
+    values = {name: np.zeros(shape, np.float32) for name, shape in expected.items()}
+    held = {name: np.zeros(shape, bool) for name, shape in expected.items()}
+    updated = {name: np.zeros(shape, bool) for name, shape in expected.items()}
+    ckpt = checkpoint.Checkpoint(step=step, params=values, **pieces[0]["header"])
+    ckpt.elapsed = max(p["elapsed"] for p in pieces)
+    for piece in pieces:
+        for name, _, region, value in piece["params"]:
+            _put(values[name], region, value)
+            _put(held[name], region, np.ones(value.shape, bool))
+        for name, shape, region, slots in piece["owned"]:
+            _put(updated[name], region, np.ones(_region_shape(shape, region), bool))
+            for slot, value in slots.items():
+                target = ckpt.updater.setdefault(name, {}).setdefault(slot, np.zeros(shape, np.float32))
+                _put(target, region, value)
+            if name in piece["counters"]:
+                ckpt.counters[name] = dict(piece["counters"][name])
+        for phase, layers in piece["readers"].items():
+            ckpt.readers.setdefault(phase, {}).update(layers)
+    for name in sorted(expected):
+        if not held[name].all():
+            return None, f"param {name} was held in part by the dead rank alone ({_share(held[name])} held by survivors)"
+        if not updated[name].all():
+            return None, (f"the updater state of param {name} was kept by the dead rank or by server ranks "
+                          f"(the survivors that saved update {_share(updated[name])} of it)")
+    return ckpt, ""
+
+
+def _region_shape(shape: tuple, region: tuple) -> tuple:
+    if region[0] == "flat":
+        return (region[2] - region[1],)
+    return tuple(hi - lo for lo, hi in region[1])
+
+
+def _share(mask: np.ndarray) -> str:
+    return f"{mask.mean():.0%}"
+
+
+__all__ = ["RESCUE_VARIABLE", "Rescue", "refuse_on_request", "assemble", "pieces_in", "piece_path", "request"]
