@@ -86,6 +86,9 @@ class Rescue:
 
     def _answer(self) -> dict:
         rank = self.trainer.runtime.rank
+        why = self.trainer.runtime.sync().not_rescuable()
+        if why:  # at once: waiting for the lock would only delay the restart
+            return _refused(rank, why)
         if not self.lock.acquire(timeout=LOCK_TIMEOUT):  # kept: the main thread must not change anything now
             return _refused(rank, f"its update waited on a dead rank for over {LOCK_TIMEOUT:g}s")
         return self._piece() if self.step is not None else _refused(rank, "it had not finished a step yet")

@@ -56,6 +56,9 @@ class LocalSync:
     Also the base of strategies whose every holder updates its own replica (after a sum)."""
 
     listens = False  # whether layer_done does anything (it is on backward's hot path)
+    # why this rank's state cannot go into an emergency checkpoint (checkpoints.emergency), or None: every
+    # holder here keeps whole replicas and their updater state, consistent after each update
+    not_rescuable: str | None = None
 
     def __init__(self, params: Sequence[Param]):
         self.params = list(params)
@@ -124,6 +127,10 @@ class Synchronizer:
 
     def owned(self) -> list[Param]:
         return [param for strategy in self.strategies for param in strategy.owned()]
+
+    def not_rescuable(self) -> str | None:
+        """Why this rank cannot save its state in an emergency, or None (see LocalSync.not_rescuable)."""
+        return next((s.not_rescuable for s in self.strategies if getattr(s, "not_rescuable", None)), None)
 
     def nonfinite_grad(self) -> Param | None:
         """After ``gradients_complete``: the first param this rank would update with a NaN or an

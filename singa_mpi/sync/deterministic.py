@@ -25,7 +25,7 @@ import numpy as np
 from singa_mpi.params import Param, form_terms
 from singa_mpi.planner.syncs import FORMED_LABEL, GATHER_LABEL, SHARED_ROWS_LABEL, Gathered
 from singa_mpi.sync.base import LocalSync, first_nonfinite
-from singa_mpi.sync.shared_memory import ChunkView
+from singa_mpi.sync.shared_memory import ChunkView, SharedMemorySync
 
 
 class DeterministicSync(LocalSync):
@@ -151,6 +151,8 @@ class SharedDeterministicSync(DeterministicSync):
     state for them alone (a fence makes them visible instead of the second Allgatherv).  A tile's
     update is element-wise, so updating it alone gives the bits of updating the whole array
     (``tests/layers/test_deterministic.py`` checks the element-wise kernels)."""
+
+    not_rescuable = SharedMemorySync.not_rescuable
 
     def __init__(self, comm, params: list[Param], specs: list[Gathered], tiles: list[tuple[tuple[int, int, int], ...]]):
         super().__init__(comm, params, specs, tiles)

@@ -30,6 +30,7 @@ from singa_mpi.sync.base import LocalSync
 
 
 class GroupDeltaSync:
+    not_rescuable = "Hogwild's groups update asynchronously: their replicas agree on no step"
     """This worker's part of the exchange: the values of ``params`` (what it updates itself)."""
 
     listens = False
@@ -125,6 +126,8 @@ class GroupDeltaSync:
 class SharedHogwild(LocalSync):
     """Every group's only worker on one node: ``params`` placed in one node-shared copy (``node``:
     the communicator of the node's ranks, every group's), updated by each group's updater in place."""
+
+    not_rescuable = "Hogwild's node-shared params are updated by every rank at once: they agree on no step"
 
     def __init__(self, node, params: list[Param]):
         super().__init__(params)
