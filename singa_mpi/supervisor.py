@@ -110,14 +110,22 @@ def failure_of(events: list[dict], code: int, ended: float, hosts: Sequence[Host
         return Failure("host_lost", code, gone, max(steps) if steps else None, what,
                        min((e["time"] for e in events if "time" in e), default=ended), len(gone),
                        [hosts[index].name for index in lost])
+    died = sorted((e for e in events if e.get("kind") == "rank_died"), key=lambda e: e["time"])
     for kind in ("vanished", "rank_died", "error", "setup_error"):
         found = [e for e in events if e.get("kind") == kind]
         if not found:
             continue
         event = found[0]
-        if kind == "rank_died":  # its keeper saw it (a guardian that could not speak says nothing)
-            line = f"rank {event['rank']} vanished without a word (killed by {event.get('signal', 'a signal')})"
-            return Failure("vanished", code, [int(event["rank"])], None, line, event["time"])
+        if died and (kind == "rank_died" or "one of ranks" in event.get("line", "")
+                     or int(died[0]["rank"]) not in [int(r) for r in event.get("ranks", [])]):
+            # the keepers saw the first death (a kept rank's peers may end soon after it: MPI's own error
+            # handling), and the guardians' line, if any, names a later one
+            first = died[0]
+            how = f"killed by {first['signal']}" if "signal" in first else f"exit code {first.get('code')}"
+            step = next((who.get("step") for e in events for r, who in e.get("who", {}).items()
+                         if int(r) == int(first["rank"])), None)
+            line = f"rank {first['rank']} vanished without a word ({how})"
+            return Failure("vanished", code, [int(first["rank"])], step, line, first["time"])
         if kind == "vanished":
             ranks = [int(r) for r in event.get("ranks", [])]
             line = event.get("line", "")

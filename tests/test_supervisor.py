@@ -312,8 +312,13 @@ def test_sandblaster_heals_when_a_worker_is_killed(tmp_path):
     reference = _uninterrupted(tmp_path, job, 5, "reference", "--deterministic")
     out, attempt = _healed(tmp_path, job, 5, 4000, 1200, "--deterministic")
     assert attempt["relaunched_on"] == 4 and "--workers" not in out
-    if launcher().flavor == "mpich":  # the servers keep the updater state, and save none in an emergency
-        assert "rank 3: a server rank" in attempt["emergency"] or "server ranks" in attempt["emergency"]
+    if launcher().flavor == "mpich":
+        # the servers save their ranges and the workers their data position: whole unless a server had applied
+        # the dead worker's gradient, or MPI's transport ended the surviving workers on the dead peer (seen in
+        # about half the runs on this VM: "no worker saved its data position"); the summary says which
+        note = attempt["emergency"]
+        assert (note.startswith("emergency checkpoint at step") and "3, 4" in note
+                or note.startswith("no emergency checkpoint: ")), out[-3000:]
     healed = _params(tmp_path / "healed")
     assert all(np.array_equal(healed[name], reference[name]) for name in reference)
 
@@ -444,3 +449,20 @@ def test_survivors_holding_every_replica_save_an_emergency_checkpoint_and_the_re
     _assert_each_step_once(tmp_path / "healed", 8000)
     healed = _params(tmp_path / "healed")
     assert all(np.array_equal(healed[name], reference[name]) for name in reference)
+
+
+def test_the_keepers_first_death_is_the_failure_when_the_guardians_name_a_later_one_or_several():
+    """Kept ranks outlive a death, and a peer may end soon after it (MPI's own error handling): the
+    keeper's event that came first names the rank that died first."""
+    died = [{"kind": "rank_died", "time": 10.0, "rank": 1, "pid": 7, "signal": "SIGKILL"},
+            {"kind": "rank_died", "time": 10.2, "rank": 2, "pid": 8, "code": 143}]
+    later = dict(VANISHED, ranks=[2], line="singa-mpi: rank 2 (pid 8 on vm) at step 1209 (sync) vanished ...",
+                 who={"2": {"step": 1209, "host": "vm", "pid": 8, "activity": "sync"}})
+    first = failure_of(died + [later], 137, 20.0)
+    assert (first.kind, first.ranks, first.dead, first.time) == ("vanished", [1], 1, 10.0)
+    assert describe_failure(first) == "rank 1 vanished (killed by SIGKILL)"
+    several = dict(VANISHED, ranks=[0, 1, 2], line="singa-mpi: one of ranks 0, 1, 2 vanished without a word, ...",
+                   who={str(r): {"step": 1204, "host": "vm", "pid": r, "activity": "sync"} for r in (0, 1, 2)})
+    assert failure_of(died + [several], 137, 20.0).ranks == [1]
+    assert failure_of(died + [several], 137, 20.0).step == 1204
+    assert failure_of([VANISHED, died[0]], 137, 20.0).what == VANISHED["line"]  # the guardian's line, richer

@@ -46,9 +46,10 @@ def pieces_in(folder: str) -> list[dict]:
         if name.startswith("rank") and name.endswith(".pkl"):
             try:
                 with open(os.path.join(folder, name), "rb") as f:
-                    found.append(pickle.load(f))
+                    saved = pickle.load(f)
             except (OSError, pickle.UnpicklingError, EOFError, ValueError):
                 continue
+            found += saved if isinstance(saved, list) else [saved]  # a server saves a piece per step
     return found
 
 
@@ -86,28 +87,31 @@ class Rescue:
 
     def _answer(self) -> dict:
         rank = self.trainer.runtime.rank
-        why = self.trainer.runtime.sync().not_rescuable()
+        sync = self.trainer.runtime.sync()
+        why = sync.not_rescuable()
         if why:  # at once: waiting for the lock would only delay the restart
             return _refused(rank, why)
+        if sync.state_on_servers():  # the servers save the values: only the data position (set with the step)
+            return self._piece(values=False) if self.step is not None else _refused(rank, "no step done yet")
         if not self.lock.acquire(timeout=LOCK_TIMEOUT):  # kept: the main thread must not change anything now
             return _refused(rank, f"its update waited on a dead rank for over {LOCK_TIMEOUT:g}s")
         return self._piece() if self.step is not None else _refused(rank, "it had not finished a step yet")
 
-    def _piece(self) -> dict:
+    def _piece(self, values: bool = True) -> dict:
         """Everything this rank holds at the rescue point: every param it holds (replicas too, not only
         those it reports in a periodic checkpoint) and the updater state of those it updates."""
         from singa_mpi.checkpoints.snapshot import job_identity, plan_summary
 
         trainer, runtime = self.trainer, self.trainer.runtime
-        held = {id(p): p for p in trainer.train_net.params}.values()
+        held = {id(p): p for p in trainer.train_net.params}.values() if values else ()
         params = [(p.name, tuple(p.logical_shape), ("nd", p.shard), np.array(p.data)) for p in held]
         owned = [(owner.name, tuple(owner.logical_shape), owner.region(), trainer.updater.state(owner.name))
-                 for owner in runtime.owned_params()]
+                 for owner in (runtime.owned_params() if values else ())]
         carried = sorted(layer.name for net in trainer.nets().values() for layer in net.layers if layer.carried())
         known = trainer.job_params
         return {"rank": runtime.rank, "pid": os.getpid(), "step": self.step, "params": params, "owned": owned,
                 "readers": self.readers, "counters": trainer.updater.counters(), "carried": carried,
-                "refused": None, "elapsed": self.elapsed,
+                "refused": None, "elapsed": self.elapsed, "trains": True,
                 "expected": {name: tuple(shape) for name, shape in (known or {}).items()},
                 "header": {"job_name": trainer.job.name, "job_config": trainer.cfg.text,
                            "plan": plan_summary(trainer.cfg, runtime.size), "seed": trainer.job.seed,
@@ -115,12 +119,21 @@ class Rescue:
                            "job_identity": job_identity(trainer.cfg, known) if known is not None else ""}}
 
 
-def refuse_on_request(rank: int, why: str) -> None:
-    """A rank that holds nothing an emergency checkpoint can use (a server: its ranges are updated one
-    by one, so they need not agree on a step) answers the request with ``why`` and ends."""
+def serve_on_request(rank: int, server) -> None:
+    """A server rank's part: on the request, its ranges (``server.emergency_pieces()``, under its lock:
+    no range half-updated), one piece per step they have reached (each range is updated once all its
+    pieces of a step are in, so they need not agree)."""
     folder = os.environ.get(RESCUE_VARIABLE)
-    if folder:
-        _on_request(folder, rank, lambda: _refused(rank, why))
+    if not folder:
+        return
+
+    def answer():
+        if not server.lock.acquire(timeout=LOCK_TIMEOUT):
+            return _refused(rank, f"a server whose update took over {LOCK_TIMEOUT:g}s")
+        found = server.emergency_pieces()
+        return _refused(rank, f"a server: {found}") if isinstance(found, str) else found
+
+    _on_request(folder, rank, answer)
 
 
 def _on_request(folder: str, rank: int, answer) -> None:
@@ -148,33 +161,43 @@ def _refused(rank: int, why: str) -> dict:
 def assemble(pieces: list[dict]) -> tuple[checkpoint.Checkpoint | None, str]:
     """The newest checkpoint the pieces make whole, and what it came from; or None and why not."""
     usable = [p for p in pieces if p.get("refused") is None]
+    refusals = [f"rank {p['rank']}: {p['refused']}" for p in pieces if p.get("refused") is not None]
     if not usable:
         reasons = "; ".join(f"rank {p['rank']}: {p['refused']}" for p in pieces) or "no survivor saved anything"
         return None, reasons
     carried = sorted({name for p in usable for name in p["carried"]})
     if carried:
         return None, f"layers {', '.join(carried)} carry per-row state across batches, which a dead rank's rows hold"
-    why = ""
+    why = "no worker saved its data position"
     for step in sorted({p["step"] for p in usable}, reverse=True):
         at = [p for p in usable if p["step"] == step]
+        if not any(p.get("trains") for p in at):
+            continue  # servers' ranges ahead of every worker (updated with the dead worker's gradient)
         ckpt, why = _whole(at, step)
+        ahead = sorted({(p["rank"], p["step"]) for p in usable for name, *_ in p["params"]
+                        if p["step"] != step and f"param {name} " in why})
+        if ahead:
+            rank, other = ahead[0]
+            why = (f"{why.split(' was ', 1)[0]} was at step {other} on rank {rank}, the workers at step {step} "
+                   f"(a server had applied the dead worker's gradient)")
         if ckpt is not None:
-            ranks = ", ".join(str(p["rank"]) for p in at)
+            ranks = ", ".join(str(r) for r in sorted({p["rank"] for p in at}))
             return ckpt, f"step {step}, from what ranks {ranks} held"
-    return None, why
+    return None, "; ".join([why] + refusals)
 
 
 def _whole(pieces: list[dict], step: int) -> tuple[checkpoint.Checkpoint | None, str]:
     from singa_mpi.checkpoints.snapshot import _put
 
-    expected = dict(pieces[0]["expected"])
+    trained = [p for p in pieces if p.get("trains")]
+    expected = dict(trained[0]["expected"])
     for piece in pieces:
         for name, shape, _, _ in piece["params"]:
             expected.setdefault(name, shape)
     values = {name: np.zeros(shape, np.float32) for name, shape in expected.items()}
     held = {name: np.zeros(shape, bool) for name, shape in expected.items()}
     updated = {name: np.zeros(shape, bool) for name, shape in expected.items()}
-    ckpt = checkpoint.Checkpoint(step=step, params=values, **pieces[0]["header"])
+    ckpt = checkpoint.Checkpoint(step=step, params=values, **trained[0]["header"])
     ckpt.elapsed = max(p["elapsed"] for p in pieces)
     for piece in pieces:
         for name, _, region, value in piece["params"]:
@@ -208,4 +231,4 @@ def _share(mask: np.ndarray) -> str:
     return f"{mask.mean():.0%}"
 
 
-__all__ = ["RESCUE_VARIABLE", "Rescue", "refuse_on_request", "assemble", "pieces_in", "piece_path", "request"]
+__all__ = ["RESCUE_VARIABLE", "Rescue", "serve_on_request", "assemble", "pieces_in", "piece_path", "request"]

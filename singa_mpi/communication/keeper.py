@@ -60,9 +60,10 @@ def keep(argv: list[str]) -> int:
     code = child.wait()
     for signum in PASSED_ON:  # the launcher may signal the group as this process ends: no handler runs then
         signal.signal(signum, signal.SIG_IGN)
-    if code < 0:  # died by a signal: its guardian names it; the others go on to save their state
+    if code < 0 or code >= 128:  # killed, or ended by the MPI library on a dead peer: the others go on
         rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "-1"))
-        run_events.note("rank_died", rank=int(rank), signal=_signal_name(-code), pid=child.pid)
+        how = {"signal": _signal_name(-code)} if code < 0 else {"code": code}
+        run_events.note("rank_died", rank=int(rank), pid=child.pid, **how)
         return 0
     if code not in TOGETHER:
         os.kill(os.getpid(), signal.SIGKILL)  # the launcher's clean-up ends the others, as without a keeper

@@ -60,9 +60,10 @@ def run_role(world, job: RoleJob, body: Callable[[Trainer], int], hooks: RoleHoo
         hooks.named(f"{role.kind} {role.index} of {role.kind} group {role.group}")
     if server:
         hooks.note("")
-        emergency.refuse_on_request(world.rank, "a server rank: its ranges are not saved in an emergency")
         with threads.limit_blas(1):  # element-wise updates: one thread each, beside the workers' BLAS
-            ServerRuntime(cfg, cfg.proto.seed, world, topo, role, job.plans).serve()
+            server = ServerRuntime(cfg, cfg.proto.seed, world, topo, role, job.plans)
+            emergency.serve_on_request(world.rank, server)
+            server.serve()
         group.free()
         world.barrier(patient=True)
         return 0

@@ -20,6 +20,9 @@ state (SNAPSHOT); the final one waits until every group has finished, so it hold
 """
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 
 from singa_mpi.algorithms import frozen_params
@@ -54,6 +57,7 @@ class _Range:
         self.seen = [0] * groups  # the version each group last got
         self.version = 0
         self.held: list[tuple[int, int, int]] = []  # (group, status, staleness) of replies held back
+        self.done: int | None = None  # the steps trained into its values (None: not updated in this run)
 
 
 class ServerRuntime:
@@ -82,6 +86,7 @@ class ServerRuntime:
         self.stop_reason = 0  # STOPPED_EARLY or FOUND_NONFINITE once a group stopped or sent one
         self.check_finite = True
         self.replies: dict[tuple[int, int], tuple] = {}  # (group, id(piece)) -> (buffer, request)
+        self.lock = threading.Lock()  # held while a range changes: an emergency piece sees none half-updated
 
     # ------------------------------------------------------------- the loop
     def serve(self) -> None:
@@ -149,7 +154,9 @@ class ServerRuntime:
         with np.errstate(over="ignore"):
             finite = not self.check_finite or finite_at_a_glance(grad) or np.isfinite(grad).all()
         if finite:
-            self.updater.update(step, value)
+            with self.lock:
+                self.updater.update(step, value)
+                the_range.done = step + 1
             with np.errstate(over="ignore"):  # a finite gradient can still overflow the values
                 finite = not self.check_finite or finite_at_a_glance(value.data) or np.isfinite(value.data).all()
         if not finite:
@@ -219,6 +226,27 @@ class ServerRuntime:
         self.world.send_object({"params": params, "states": states, "counters": self.updater.counters()},
                                rank, SNAPSHOT_REPLY, LABEL)
         return True
+
+    def emergency_pieces(self) -> list[dict] | str:
+        """This server's ranges and their updater state for an emergency checkpoint, one piece per step
+        the ranges have reached (checkpoints.emergency); or why it has none."""
+        if len(self.topo.worker_groups) > 1:
+            return "the worker groups update the servers asynchronously: the ranges agree on no step"
+        by_step: dict[int, dict] = {}
+        for name, r in self.ranges.items():
+            if r.done is None:
+                continue
+            piece = by_step.setdefault(r.done, {"rank": self.world.rank, "pid": os.getpid(), "step": r.done,
+                                                "params": [], "owned": [], "readers": {}, "counters": {},
+                                                "carried": [], "refused": None, "elapsed": 0.0, "expected": {},
+                                                "header": None, "trains": False})
+            value = r.value
+            piece["params"].append((name, tuple(value.logical_shape), value.region(), value.data.copy()))
+            piece["owned"].append((name, tuple(value.logical_shape), value.region(), self.updater.state(name)))
+            counters = self.updater.counters().get(name)
+            if counters:
+                piece["counters"][name] = counters
+        return list(by_step.values()) or "no range was updated in this run yet"
 
     def _initial_state(self, payload: dict) -> None:
         """INIT: the checkpoint the workers started from (params; with ``full`` the updater's state)."""

@@ -128,6 +128,10 @@ class Synchronizer:
     def owned(self) -> list[Param]:
         return [param for strategy in self.strategies for param in strategy.owned()]
 
+    def state_on_servers(self) -> bool:
+        """Whether servers hold this rank's params and updater state (they save them in an emergency)."""
+        return any(getattr(s, "state_on_servers", False) for s in self.strategies)
+
     def not_rescuable(self) -> str | None:
         """Why this rank cannot save its state in an emergency, or None (see LocalSync.not_rescuable)."""
         return next((s.not_rescuable for s in self.strategies if getattr(s, "not_rescuable", None)), None)

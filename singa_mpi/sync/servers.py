@@ -50,7 +50,7 @@ class ServerSync:
     ``asynchronous``: several worker groups (GET before evaluations)."""
 
     listens = True
-    not_rescuable = "the servers keep the params' updater state, and save none in an emergency"
+    state_on_servers = True  # an emergency checkpoint takes the values and updater state from the servers
 
     def __init__(self, world, servers: tuple[int, ...], pieces: list, params: dict[tuple, Param],
                  uses: dict[int, int], asynchronous: bool, group: tuple[int, ...] = (), former=None):

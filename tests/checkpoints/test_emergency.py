@@ -21,7 +21,7 @@ def _piece(rank: int, step: int, rows: tuple[int, int] = (0, 3), owns: bool = Tr
              ("b", (4,), ("nd", ((0, 4),)), {"history": B * 0 + rank})] if owns else []
     piece = {"rank": rank, "pid": 100 + rank, "step": step, "params": params, "owned": owned,
              "readers": {"train": {"data": {"position": step * 64}}}, "counters": {}, "carried": [],
-             "refused": None, "elapsed": 1.5 + rank, "expected": {"w": (3, 4), "b": (4,)}, "header": dict(HEADER)}
+             "refused": None, "elapsed": 1.5 + rank, "trains": True, "expected": {"w": (3, 4), "b": (4,)}, "header": dict(HEADER)}
     piece.update(extra)
     return piece
 
@@ -51,9 +51,28 @@ def test_a_shard_or_an_owner_s_state_lost_with_the_dead_rank_gives_the_reason():
     assert ckpt.step == 40 and note == "step 40, from what ranks 2 held"
 
 
+def test_servers_ranges_at_the_workers_step_complete_what_the_workers_left_to_them():
+    """Sandblaster: a worker saves only its data position; each server saves its ranges, one piece per
+    step they reached (a range updated with the dead worker's gradient is a step ahead)."""
+    worker = _piece(0, 40, owns=False)
+    worker["params"] = []
+    w_range = {"rank": 3, "pid": 9, "step": 40, "params": [("w", (3, 4), ("flat", 0, 12), (W + 40).reshape(-1))],
+               "owned": [("w", (3, 4), ("flat", 0, 12), {"history": np.ones(12, np.float32)})], "readers": {},
+               "counters": {}, "carried": [], "refused": None, "elapsed": 0.0, "expected": {}, "header": None,
+               "trains": False}
+    b_range = dict(w_range, rank=4, params=[("b", (4,), ("flat", 0, 4), B + 40)],
+                   owned=[("b", (4,), ("flat", 0, 4), {"history": np.ones(4, np.float32)})])
+    ckpt, note = assemble([worker, w_range, b_range])
+    assert note == "step 40, from what ranks 0, 3, 4 held" and np.array_equal(ckpt.params["w"], W + 40)
+    assert np.array_equal(ckpt.updater["w"]["history"], np.ones((3, 4), np.float32))
+    ckpt, note = assemble([worker, w_range, dict(b_range, step=41)])  # b updated with the dead worker's gradient
+    assert ckpt is None and note == ("param b was at step 41 on rank 4, the workers at step 40 (a server had "
+                                     "applied the dead worker's gradient)")
+
+
 def test_refusals_and_per_row_state_say_why_there_is_none():
-    refused = {"rank": 3, "pid": 9, "step": None, "refused": "a server rank: its ranges are not saved in an emergency"}
-    assert assemble([refused]) == (None, "rank 3: a server rank: its ranges are not saved in an emergency")
+    refused = {"rank": 3, "pid": 9, "step": None, "refused": "a server: no range was updated in this run yet"}
+    assert assemble([refused]) == (None, "rank 3: a server: no range was updated in this run yet")
     assert assemble([]) == (None, "no survivor saved anything")
     ckpt, note = assemble([_piece(0, 40, carried=["lstm1"]), refused])
     assert ckpt is None and "layers lstm1 carry per-row state" in note
