@@ -28,6 +28,7 @@ from typing import Callable
 
 from singa_mpi import progress, run_events, threads
 from singa_mpi.checkpoints.hdf5 import Checkpoint
+from singa_mpi.communication import keeper
 from singa_mpi.errors import PeerLost, ResourceError, SingaError, one_line, out_of_memory
 from singa_mpi.launcher.checks import read_before_start
 from singa_mpi.launcher.describe import Launch, World, describe, read_job, topology_of
@@ -41,6 +42,7 @@ from singa_mpi.trainer import Trainer
 from singa_mpi.workspace import claim_workspace, make_workspace
 
 EXIT_ABORT = 1
+PEER_LOST_WAIT = 15.0  # seconds a kept rank that lost a peer waits for the supervisor's request first
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 
 # what a command does once its runtime and trainer exist: body(trainer, initial) -> exit code, where
@@ -124,7 +126,8 @@ def run_parallel(world, request: Request, body: Body, stops: StopSignals, life) 
         return run_role(world, job, lambda trainer: _run_body(trainer, the_launch, lambda: body(trainer, initial)),
                         hooks)
     except PeerLost as err:  # the dead rank's guardian names it: say nothing over it, then end the job
-        time.sleep(1.0)
+        # a kept rank (singa-mpi run --elastic) waits to be asked for its state: the rescue ends it
+        time.sleep(PEER_LOST_WAIT if keeper.kept() else 1.0)
         if life is None or not life.guardian:
             os.write(2, f"singa-mpi: rank {world.rank}: {one_line(str(err))}\n".encode())
         world.abort(EXIT_ABORT)
