@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
+from singa_mpi.checkpoints.snapshot import job_identity, plan_summary, put_region
 from singa_mpi.communication.liveness import close_lives
 from singa_mpi.data.convert import atomic_path
 
@@ -100,8 +101,6 @@ class Rescue:
     def _piece(self, values: bool = True) -> dict:
         """Everything this rank holds at the rescue point: every param it holds (replicas too, not only
         those it reports in a periodic checkpoint) and the updater state of those it updates."""
-        from singa_mpi.checkpoints.snapshot import job_identity, plan_summary
-
         trainer, runtime = self.trainer, self.trainer.runtime
         held = {id(p): p for p in trainer.train_net.params}.values() if values else ()
         params = [(p.name, tuple(p.logical_shape), ("nd", p.shard), np.array(p.data)) for p in held]
@@ -163,8 +162,7 @@ def assemble(pieces: list[dict]) -> tuple[checkpoint.Checkpoint | None, str]:
     usable = [p for p in pieces if p.get("refused") is None]
     refusals = [f"rank {p['rank']}: {p['refused']}" for p in pieces if p.get("refused") is not None]
     if not usable:
-        reasons = "; ".join(f"rank {p['rank']}: {p['refused']}" for p in pieces) or "no survivor saved anything"
-        return None, reasons
+        return None, "; ".join(refusals) or "no survivor saved anything"
     carried = sorted({name for p in usable for name in p["carried"]})
     if carried:
         return None, f"layers {', '.join(carried)} carry per-row state across batches, which a dead rank's rows hold"
@@ -187,8 +185,6 @@ def assemble(pieces: list[dict]) -> tuple[checkpoint.Checkpoint | None, str]:
 
 
 def _whole(pieces: list[dict], step: int) -> tuple[checkpoint.Checkpoint | None, str]:
-    from singa_mpi.checkpoints.snapshot import _put
-
     trained = [p for p in pieces if p.get("trains")]
     expected = dict(trained[0]["expected"])
     for piece in pieces:
@@ -201,13 +197,13 @@ def _whole(pieces: list[dict], step: int) -> tuple[checkpoint.Checkpoint | None,
     ckpt.elapsed = max(p["elapsed"] for p in pieces)
     for piece in pieces:
         for name, _, region, value in piece["params"]:
-            _put(values[name], region, value)
-            _put(held[name], region, np.ones(value.shape, bool))
+            put_region(values[name], region, value)
+            put_region(held[name], region, np.ones(value.shape, bool))
         for name, shape, region, slots in piece["owned"]:
-            _put(updated[name], region, np.ones(_region_shape(shape, region), bool))
+            put_region(updated[name], region, np.ones(_region_shape(shape, region), bool))
             for slot, value in slots.items():
                 target = ckpt.updater.setdefault(name, {}).setdefault(slot, np.zeros(shape, np.float32))
-                _put(target, region, value)
+                put_region(target, region, value)
             if name in piece["counters"]:
                 ckpt.counters[name] = dict(piece["counters"][name])
         for phase, layers in piece["readers"].items():

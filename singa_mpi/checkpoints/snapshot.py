@@ -29,7 +29,7 @@ def _index(array_shape: tuple, region: tuple):
     return ("nd", tuple(slice(lo, hi) for lo, hi in region[1]))
 
 
-def _put(target: np.ndarray, region: tuple, value: np.ndarray) -> None:
+def put_region(target: np.ndarray, region: tuple, value: np.ndarray) -> None:
     kind, index = _index(target.shape, region)
     if kind == "flat":
         target.reshape(-1)[index] = value.reshape(-1)
@@ -130,10 +130,10 @@ def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | 
     for pieces in everyone:
         for name, shape, region, value in pieces["params"]:
             target = ckpt.params.setdefault(name, np.zeros(shape, np.float32))
-            _put(target, region, value)
+            put_region(target, region, value)
         for name, slot, shape, region, value in pieces["states"]:
             target = ckpt.updater.setdefault(name, {}).setdefault(slot, np.zeros(shape, np.float32))
-            _put(target, region, value)
+            put_region(target, region, value)
         for phase, layers in pieces["readers"].items():
             ckpt.readers.setdefault(phase, {}).update(layers)
         for name, counters in pieces["counters"].items():

@@ -155,6 +155,9 @@ def test_a_bad_job_raises_before_running(tmp_path):
 
 
 BAD_SCRIPT = textwrap.dedent('''
+    import sys
+    import time
+
     import singa_mpi.api as sm
 
     net = sm.Sequential([sm.RecordInput("d.h5", 8, 12, name="data"), sm.InnerProduct(0, "fc1"),
@@ -162,7 +165,9 @@ BAD_SCRIPT = textwrap.dedent('''
     try:
         sm.Job("bad", net, updater=sm.SGD(0.1), train_steps=2).fit("ws")
     except sm.ArgumentError as err:
-        print("RAISED", err, flush=True)
+        sys.stdout.write(f"RAISED {err}\\n")  # one write: two ranks' lines cannot interleave
+        sys.stdout.flush()
+        time.sleep(2)  # the first rank to exit makes the launcher end the other: let it get here too
         raise
 ''')
 
