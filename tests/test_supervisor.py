@@ -465,3 +465,22 @@ def test_the_keepers_first_death_is_the_failure_when_the_guardians_name_a_later_
     assert failure_of(died + [several], 137, 20.0).ranks == [1]
     assert failure_of(died + [several], 137, 20.0).step == 1204
     assert failure_of([VANISHED, died[0]], 137, 20.0).what == VANISHED["line"]  # the guardian's line, richer
+
+
+@pytest.mark.slow
+def test_hogwild_s_surviving_replicas_save_an_emergency_checkpoint_and_training_converges(tmp_path):
+    """Hogwild (3 asynchronous groups on one node's shared params; each group's updater keeps its own
+    state): a survivor's replica at its own step is as good a state as any, so the restart resumes
+    from it, past the step of the death.  Asynchronous: no equality to test, convergence instead."""
+    job = _job(tmp_path, "digits_hogwild.conf", 4000, 1000)
+    proc = _supervised(tmp_path, job, 3, "healed", "--elastic")
+    _kill_after(proc, tmp_path / "healed", 1, 2500)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    (attempt,) = json.loads((tmp_path / "healed" / "supervisor" / "summary.json").read_text())["attempts"]
+    if launcher().flavor == "mpich":
+        assert attempt["emergency"].startswith("emergency checkpoint at step"), out[-3000:]
+        assert attempt["resumed_from"] > 2000  # past the periodic checkpoint (the dead group may have been ahead)
+    _assert_each_step_once(tmp_path / "healed", 4000)
+    tests = [r for r in _records(tmp_path / "healed") if r["phase"] == "test"]
+    assert tests[-1]["step"] == 4000 and max(r["accuracy"] for r in tests) >= 0.95, tests

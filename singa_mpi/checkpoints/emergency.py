@@ -27,7 +27,7 @@ import numpy as np
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.snapshot import job_identity, plan_summary, put_region
-from singa_mpi.communication.liveness import close_lives
+from singa_mpi.communication.liveness import close_lives, launched_rank
 from singa_mpi.data.convert import atomic_path
 
 RESCUE_VARIABLE = "SINGA_MPI_RESCUE"  # the folder of this attempt's request and pieces (set by the supervisor)
@@ -83,11 +83,17 @@ class Rescue:
                         for phase, net in self.trainer.nets().items()}
         self.elapsed = self.trainer.elapsed()
 
+    @property
+    def rank(self) -> int:
+        """This process's rank in the job (a worker group's runtime counts within its group)."""
+        launched = launched_rank()
+        return launched[0] if launched is not None else self.trainer.runtime.rank
+
     def start(self) -> None:
-        _on_request(self.folder, self.trainer.runtime.rank, self._answer)
+        _on_request(self.folder, self.rank, self._answer)
 
     def _answer(self) -> dict:
-        rank = self.trainer.runtime.rank
+        rank = self.rank
         sync = self.trainer.runtime.sync()
         why = sync.not_rescuable()
         if why:  # at once: waiting for the lock would only delay the restart
@@ -108,7 +114,7 @@ class Rescue:
                  for owner in (runtime.owned_params() if values else ())]
         carried = sorted(layer.name for net in trainer.nets().values() for layer in net.layers if layer.carried())
         known = trainer.job_params
-        return {"rank": runtime.rank, "pid": os.getpid(), "step": self.step, "params": params, "owned": owned,
+        return {"rank": self.rank, "pid": os.getpid(), "step": self.step, "params": params, "owned": owned,
                 "readers": self.readers, "counters": trainer.updater.counters(), "carried": carried,
                 "refused": None, "elapsed": self.elapsed, "trains": True,
                 "expected": {name: tuple(shape) for name, shape in (known or {}).items()},
@@ -167,7 +173,10 @@ def assemble(pieces: list[dict]) -> tuple[checkpoint.Checkpoint | None, str]:
     if carried:
         return None, f"layers {', '.join(carried)} carry per-row state across batches, which a dead rank's rows hold"
     why = "no worker saved its data position"
-    for step in sorted({p["step"] for p in usable}, reverse=True):
+    # not past rank 0's step where it saved one: it writes metrics.jsonl, whose steps must go on without
+    # a gap (asynchronous groups, Hogwild, may be ahead of it; synchronous ranks are not)
+    root = [p["step"] for p in usable if p["rank"] == 0 and p.get("trains")]
+    for step in sorted({p["step"] for p in usable if not root or p["step"] <= root[0]}, reverse=True):
         at = [p for p in usable if p["step"] == step]
         if not any(p.get("trains") for p in at):
             continue  # servers' ranges ahead of every worker (updated with the dead worker's gradient)

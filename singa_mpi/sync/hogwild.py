@@ -30,10 +30,10 @@ from singa_mpi.sync.base import LocalSync
 
 
 class GroupDeltaSync:
-    not_rescuable = "Hogwild's groups update asynchronously: their replicas agree on no step"
     """This worker's part of the exchange: the values of ``params`` (what it updates itself)."""
 
     listens = False
+    not_rescuable = "Hogwild's groups across nodes are not saved in an emergency yet (only on one node)"
 
     def __init__(self, peers, world, params: list[Param], sync_freq: int, step: int = 0):
         self.peers, self.world, self.sync_freq = peers, world, max(1, sync_freq)
@@ -127,7 +127,8 @@ class SharedHogwild(LocalSync):
     """Every group's only worker on one node: ``params`` placed in one node-shared copy (``node``:
     the communicator of the node's ranks, every group's), updated by each group's updater in place."""
 
-    not_rescuable = "Hogwild's node-shared params are updated by every rank at once: they agree on no step"
+    # not_rescuable stays None: each group's updater keeps its own state for every param, so one survivor's
+    # replica at its own step is a whole state (asynchronous: as good as any other step's)
 
     def __init__(self, node, params: list[Param]):
         super().__init__(params)

@@ -147,7 +147,9 @@ class SharedMemorySync:
 
     # ------------------------------------------------------------- the step
     listens = False  # sums start after the fence that ends every rank's backward
-    not_rescuable = ("the params live once in node-shared memory and each rank updates its own chunk of them, with that chunk's updater state: the dead rank's chunk went with it (SINGA_MPI_SHM=0 keeps whole replicas)")
+    not_rescuable = ("the params live once in node-shared memory and each rank updates its own chunk of them, "
+                     "with that chunk's updater state: the dead rank's chunk went with it (SINGA_MPI_SHM=0 keeps "
+                     "whole replicas)")
 
     def layer_done(self, layer) -> None:
         pass

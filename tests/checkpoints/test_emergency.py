@@ -28,10 +28,17 @@ def _piece(rank: int, step: int, rows: tuple[int, int] = (0, 3), owns: bool = Tr
 
 def test_one_survivor_with_whole_replicas_makes_the_checkpoint_at_its_step():
     ckpt, note = assemble([_piece(0, 2517), _piece(2, 2516)])
-    assert note == "step 2517, from what ranks 0 held"
+    assert note == "step 2517, from what ranks 0 held"  # (rank 0 ahead: the newest whole step)
     assert ckpt.step == 2517 and np.array_equal(ckpt.params["w"], W + 2517) and np.array_equal(ckpt.params["b"], B + 2517)
     assert ckpt.updater["w"]["history"].shape == (3, 4) and ckpt.readers == {"train": {"data": {"position": 2517 * 64}}}
     assert (ckpt.job_identity, ckpt.nranks, ckpt.elapsed) == ("0123456789abcdef", 3, 1.5)
+
+
+def test_rank_0_s_step_bounds_the_choice_so_metrics_go_on_without_a_gap():
+    """Asynchronous groups (Hogwild): a faster group's replica would skip steps rank 0 never reported."""
+    ckpt, note = assemble([_piece(0, 2750), _piece(2, 2881)])
+    assert ckpt.step == 2750 and note == "step 2750, from what ranks 0 held"
+    assert assemble([_piece(1, 2750), _piece(2, 2881)])[0].step == 2881  # rank 0 saved nothing: the newest
 
 
 def test_shards_held_by_several_survivors_at_one_step_add_up():
