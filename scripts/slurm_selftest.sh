@@ -161,6 +161,15 @@ wait_idle() {  # until the previous job's steps are gone: proctrack/linuxproc ma
   for _ in $(seq 1 100); do pgrep -x slurmstepd >/dev/null || return 0; sleep 0.2; done
 }
 
+# up to 30 s for COUNT train lines in WORK/ws-NAME/metrics.jsonl (the job is training: time to signal it)
+wait_for_train_lines() {
+  local name=$1 count=$2
+  for _ in $(seq 1 300); do
+    [ -f "$WORK/ws-$name/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-$name/metrics.jsonl")" -ge "$count" ] && break
+    sleep 0.1
+  done
+}
+
 submit() {  # name conf -> prints the job's exit status line; output stays in $WORK
   wait_idle
   local name=$1 conf=$2
@@ -265,10 +274,7 @@ preempt() {  # name signal [VAR=value ...]: a long job signalled (to its batch s
   JOBID=$(cd "$ROOT" && env "$@" SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-$name timeout 30 \
     sbatch --parsable --ntasks=2 --time=00:05:00 --job-name="selftest-$name" --output="$WORK/$name-%j.out" \
            slurm/train.sbatch "$WORK/long.conf")
-  for _ in $(seq 1 300); do
-    [ -f "$WORK/ws-$name/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-$name/metrics.jsonl")" -ge 5 ] && break
-    sleep 0.1
-  done
+  wait_for_train_lines "$name" 5
   timeout 10 scancel --signal="$sig" --batch "$JOBID" || {
     say "FAILED: could not signal job $JOBID (it ended before training got going?)"
     cat "$WORK"/"$name"-*.out "$WORK"/ws-"$name"/slurm-*.log 2>/dev/null | tail -20
@@ -310,10 +316,7 @@ elastic() {  # name "supervisor options" expectation: a 3-task elastic job whose
     SINGA_ELASTIC_OPTIONS="$options" timeout 30 \
     sbatch --parsable --ntasks=3 --time=00:05:00 --job-name="selftest-$name" --output="$WORK/$name-%j.out" \
            slurm/train.sbatch "$WORK/elastic.conf")
-  for _ in $(seq 1 300); do
-    [ -f "$WORK/ws-$name/metrics.jsonl" ] && [ "$(grep -c train "$WORK/ws-$name/metrics.jsonl")" -ge 15 ] && break
-    sleep 0.1
-  done
+  wait_for_train_lines "$name" 15
   (cd "$ROOT" && "$PY" - "$WORK/ws-$name" <<'PYTHON'
 import os, signal, sys
 sys.path.insert(0, "tests")
