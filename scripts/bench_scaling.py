@@ -56,7 +56,7 @@ FEATURE_TYPES = {"kInnerProduct", "kConvolution", "kCConvolution", "kReLU", "kST
 
 def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: int = 2):
     """Set partition_dim per layer for the scheme (in place); ``auto``: as ``dims`` says; ``pipeline``,
-    ``gpipe-M``, ``1f1b-M``, ``zb-M``: whole layers in ``stages`` stages (M micro-batches), each layer's
+    ``gpipe-M``, ``1f1b-M``, ``zb-M``, ``interleaved-M``: whole layers in ``stages`` stages (M micro-batches), each layer's
     stage as ``dims`` says or, without it, chosen here (:func:`place_in_stages`)."""
     from singa_mpi.proto import job_pb2
 
@@ -91,15 +91,15 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: in
                 follows = idx > 0 and layers[idx - 1].name in second_half and type_name in FEATURE_TYPES
                 layer.partition_dim = 1 if (layer.name in second_half or follows) else 0
     if scheme == "pipeline" or pipeline_of_scheme(scheme):
-        place_in_stages(cfg, stages, dims)
         micro = pipeline_of_scheme(scheme)
+        place_in_stages(cfg, stages, dims, micro[0] if micro else "")
         if micro:
             cfg.proto.neuralnet.pipeline.schedule, cfg.proto.neuralnet.pipeline.micro_batches = micro
     return cfg
 
 
 def pipeline_of_scheme(scheme: str) -> tuple[str, int] | None:
-    """(schedule, micro-batches) of a scheme named ``gpipe-M``, ``1f1b-M`` or ``zb-M``, else None."""
+    """(schedule, micro-batches) of a scheme named ``gpipe-M``, ``1f1b-M``, ``zb-M`` or ``interleaved-M``, else None."""
     from singa_mpi.planner.pipeline import SCHEDULES
 
     name, _, count = scheme.partition("-")
@@ -127,17 +127,18 @@ def scheme_name(text: str) -> str:
     base, rows = deterministic_of_scheme(text)
     if (base in SCHEME_NAMES or pipeline_of_scheme(base)) and (rows is not None or text == base):
         return text
-    raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(SCHEME_NAMES)}, gpipe-M, 1f1b-M or zb-M, "
+    raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(SCHEME_NAMES)}, gpipe-M, 1f1b-M, zb-M or interleaved-M, "
                                      f"optionally followed by +det or +detN (deterministic mode)")
 
 
-def place_in_stages(cfg, stages: int, locations: dict[str, int] | None = None) -> None:
-    """Each layer whole on one of ``stages`` workers: at ``locations`` (name -> stage), or in the
-    contiguous stages of about equal predicted time that ``plan --auto`` prices (its kernel times)."""
+def place_in_stages(cfg, stages: int, locations: dict[str, int] | None = None, schedule: str = "") -> None:
+    """Each layer whole on one of ``stages`` workers: at ``locations`` (name -> stage), or where
+    ``plan --auto`` places them for ``schedule`` (its kernel times: contiguous stages of about equal
+    predicted time; interleaved: runs of layers dealt round robin)."""
     from singa_mpi.cost.auto import timed_stage_locations
 
     if locations is None:
-        locations = timed_stage_locations(cfg, stages)
+        locations = timed_stage_locations(cfg, stages, schedule=schedule)
     for layer in cfg.proto.neuralnet.layer:
         layer.location = locations[layer.name]
 
@@ -173,7 +174,8 @@ def layout(net: str, scheme: str, ranks: int, weak: int = 0) -> dict[str, int] |
     pipeline's stage per layer; None for the other schemes (they need no choice)."""
     if scheme == "auto":
         return auto_dims(net, ranks, weak)
-    if scheme == "pipeline" or pipeline_of_scheme(deterministic_of_scheme(scheme)[0]):
+    piped = pipeline_of_scheme(deterministic_of_scheme(scheme)[0])
+    if scheme == "pipeline" or piped:
         from singa_mpi.cost.auto import timed_stage_locations
         from bench_serial import job_on_synthetic_data
 
@@ -182,7 +184,7 @@ def layout(net: str, scheme: str, ranks: int, weak: int = 0) -> dict[str, int] |
             cfg = job_on_synthetic_data(conf, folder, shape, 16)
             if weak:
                 weak_batch(cfg, ranks, weak)
-            return timed_stage_locations(cfg, ranks)
+            return timed_stage_locations(cfg, ranks, schedule=piped[0] if piped else "")
     return None
 
 
@@ -400,7 +402,8 @@ def main() -> int:
                         type=scheme_name, metavar="SCHEME",
                         help="data, feature, hybrid, auto (each layer's partition_dim chosen by the cost model, "
                              "singa-mpi plan --auto), pipeline (whole layers in stages of about equal predicted "
-                             "time, one per rank), gpipe-M, 1f1b-M or zb-M (that pipeline over M micro-batches)")
+                             "time, one per rank), gpipe-M, 1f1b-M, zb-M or interleaved-M (that pipeline over M "
+                             "micro-batches; interleaved: runs of layers dealt round robin over the ranks)")
     parser.add_argument("--weak", type=int, nargs="?", const=ONE_RANK_BATCH, default=0, metavar="ROWS",
                         help="weak scaling: every rank keeps the 1-rank batch, or ROWS rows (the global batch "
                              "grows with N)")

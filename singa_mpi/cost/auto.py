@@ -16,7 +16,8 @@ search therefore
    convnet a plan predicted 4% faster ran 3-12% slower;
 4. ``plan --auto`` (every layer free) also prices pipelines: every layer whole, in contiguous stages
    of about equal predicted time, one per worker, over ``PIPELINE_MICRO_BATCHES`` micro-batches in
-   GPipe and 1F1B order; one is chosen when predicted MARGIN faster than the best of the above.
+   GPipe, 1F1B and ZB order, and in runs of layers dealt round robin (two per worker) in interleaved
+   order; one is chosen when predicted MARGIN faster than the best of the above.
 
 Plans over the memory limit per rank (params, their updater state and the activations the plan
 holds, as predicted from the plan) are skipped.  The result is a choice per layer, its predicted step,
@@ -31,6 +32,7 @@ import math
 
 from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
 from singa_mpi.cost.model import predict
+from singa_mpi.cost.rates import Network
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner import plan as make_plan
 
@@ -205,14 +207,15 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
 
 
 def _best_pipeline(search: Search, kernels, rates) -> Choice | None:
-    """The fastest pipeline: every layer whole, in the stages of :func:`stage_locations`, one per
-    worker; each schedule and micro-batch count priced."""
+    """The fastest pipeline: every layer whole, placed by :func:`stage_locations` for its schedule (one
+    contiguous stage per worker; interleaved: runs dealt round robin); each schedule and micro-batch
+    count priced."""
     from singa_mpi.planner.pipeline import SCHEDULES
 
     whole = {name: -1 for name in search.names}
-    locations = stage_locations(search.cfg, search.nranks, search.method, kernels, rates)
     best = None
     for schedule in SCHEDULES:
+        locations = stage_locations(search.cfg, search.nranks, search.method, kernels, rates, schedule)
         for micro in PIPELINE_MICRO_BATCHES:
             candidate = Choice(whole, 0.0, None, 0, 0, rates.source, locations, (schedule, micro))
             price = search.price(whole, candidate)
@@ -221,20 +224,32 @@ def _best_pipeline(search: Search, kernels, rates) -> Choice | None:
     return best
 
 
-def stage_locations(cfg: JobConfig, nranks: int, method: str, kernels, rates) -> dict[str, int]:
+def stage_locations(cfg: JobConfig, nranks: int, method: str, kernels, rates, schedule: str = "") -> dict[str, int]:
     """Each layer's stage (its ``location``) when every layer is whole on one of ``nranks`` workers:
     contiguous stages of about equal predicted time (the 1-worker plan's forward and backward per
-    layer, so that pooling, normalisation and a convolution's large maps count as they run)."""
+    layer, so that pooling, normalisation and a convolution's large maps count as they run); for the
+    interleaved schedule, runs of layers dealt round robin (:func:`interleaved_stages`)."""
     from singa_mpi.planner import partition
-    from singa_mpi.planner.pipeline import balanced_stages
+    from singa_mpi.planner.pipeline import INTERLEAVED, balanced_stages, interleaved_stages
 
-    names = [layer.name for layer in cfg.proto.neuralnet.layer]
-    serial = predict(partition(cfg, 1, "train"), method, kernels, rates)
+    # once per name: a layer of each phase may share one (the train and test data layers)
+    names = list(dict.fromkeys(layer.name for layer in cfg.proto.neuralnet.layer))
+    serial_plan = partition(cfg, 1, "train")
+    serial = predict(serial_plan, method, kernels, rates)
     per_layer = {cost.name: cost.forward + cost.backward for cost in serial.layers}
-    return dict(zip(names, balanced_stages([per_layer.get(name, 0.0) for name in names], nranks)))
+    work = [per_layer.get(name, 0.0) for name in names]
+    if schedule != INTERLEAVED:
+        return dict(zip(names, balanced_stages(work, nranks)))
+    # a cut before a layer moves what its sources hand it: forward, and the gradient back
+    out_bytes = {sub.origin: 4 * math.prod(sub.out_shape) for sub in serial_plan.sublayers if sub.origin}
+    link = (rates.local if isinstance(rates, Network) else rates).p2p
+    cuts = [sum(2 * link.time(out_bytes.get(src, 0)) for src in serial_plan.origins[name].conf.srclayers)
+            if name in serial_plan.origins else 0.0 for name in names]
+    return dict(zip(names, interleaved_stages(work, nranks, cuts=cuts)))
 
 
-def timed_stage_locations(cfg: JobConfig, nworkers: int, method: str = "shared_memory") -> dict[str, int]:
+def timed_stage_locations(cfg: JobConfig, nworkers: int, method: str = "shared_memory",
+                          schedule: str = "") -> dict[str, int]:
     """:func:`stage_locations` with this machine's kernel times (timed now or read from the cache)."""
     from singa_mpi import threads
     from singa_mpi.cost import rates
@@ -242,7 +257,7 @@ def timed_stage_locations(cfg: JobConfig, nworkers: int, method: str = "shared_m
 
     with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each
         kernels = KernelTimes(corunners=corunners_for(nworkers))
-        locations = stage_locations(cfg, nworkers, method, kernels, rates.network(nworkers, 1))
+        locations = stage_locations(cfg, nworkers, method, kernels, rates.network(nworkers, 1), schedule)
     kernels.save()
     return locations
 
@@ -328,8 +343,12 @@ def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalib
                  f"peak {choice.memory / 2**20:.1f} MiB on the fullest rank); every layer on the batch: {data}")
     piped = choice.fastest_pipeline
     if piped is not None and choice.pipeline is None:
-        lines.append(f"the fastest pipeline ({piped.pipeline[0]}, {piped.pipeline[1]} micro-batches, stages of about "
-                     f"equal time): {1e3 * piped.step:.2f} ms")
+        from singa_mpi.planner.pipeline import INTERLEAVED
+
+        placed = ("runs of layers dealt round robin" if piped.pipeline[0] == INTERLEAVED
+                  else "stages of about equal time")
+        lines.append(f"the fastest pipeline ({piped.pipeline[0]}, {piped.pipeline[1]} micro-batches, {placed}): "
+                     f"{1e3 * piped.step:.2f} ms")
     chosen = with_choice(cfg, choice)
     job_text = (f"# {cfg.path} with partition_dim chosen by `singa-mpi plan --auto -n {nworkers}` "
                 f"(predicted {1e3 * choice.step:.2f} ms a step)\n" + text_format.MessageToString(chosen.proto))

@@ -7,7 +7,7 @@ import re
 from singa_mpi.planner.plan import Plan
 from singa_mpi.planner.schedule import BACKWARD, FORWARD, PARAMS, predicted_bytes, schedules, step_programs
 from singa_mpi.planner.syncs import SHARED_MEMORY
-from singa_mpi.program.schedules import slot_times, stages_of, timeline
+from singa_mpi.program.schedules import placed_slots, timeline
 
 # one colour per rank (ColorBrewer Set3-like, readable on white)
 COLOURS = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5", "#d9d9d9",
@@ -174,14 +174,13 @@ def _schedule_table(plan: Plan) -> str:
     """A node drawn as a table: a row per worker, a column per slot of the schedule (:func:`timeline`'s
     picture), each micro-batch in its colour, F its forward, B its backward, blank idle."""
     pipe = plan.pipeline
-    stage = stages_of(plan)
-    placed = slot_times(pipe.schedule, pipe.micro_batches, max(stage.values()) + 1)
+    placed = placed_slots(plan)
     length = max(t + 1 for row in placed.values() for t, _, _ in row)
     rows = [f'<TR><TD COLSPAN="{length + 1}"><B>{pipe.schedule}: {pipe.micro_batches} micro-batches</B></TD></TR>']
-    for rank in sorted(stage):
+    for rank in sorted(placed):
         cells = ['<TD BGCOLOR="white"> </TD>'] * length
-        for t, kind, micro in placed[stage[rank]]:
-            cells[t] = f'<TD BGCOLOR="{COLOURS[micro % len(COLOURS)]}">{kind}{micro}</TD>'
+        for t, label, micro in placed[rank]:
+            cells[t] = f'<TD BGCOLOR="{COLOURS[micro % len(COLOURS)]}">{label}</TD>'
         rows.append(f"<TR><TD>worker {rank}</TD>{''.join(cells)}</TR>")
     return ('  schedule [shape=plaintext, style="", label=<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0">'
             + "".join(rows) + "</TABLE>>];")

@@ -19,7 +19,21 @@ do (Qi et al., "Zero Bubble Pipeline Parallelism", ZB-H1):
   stage would otherwise wait for its next forward or backward, or where it would hold more than ``S``
   micro-batches (1F1B's most, on its first stage); the queued products of several micro-batches run
   as one GEMM per param.  With two stages and two micro-batches the last stage no longer computes
-  micro-batch 0's weight gradients before micro-batch 1's backward, which the first stage waits for.  The gradients of the micro-batches add up in each param (a layer's blocks
+  micro-batch 0's weight gradients before micro-batch 1's backward, which the first stage waits for.
+
+A fourth lets a rank hold several runs of layers apart in the net (virtual stages; Megatron's
+interleaved 1F1B places them round robin, ``plan --auto`` too: :func:`~singa_mpi.planner.pipeline.interleaved_stages`):
+
+* interleaved (``interleaved``): each rank's slots are per micro-batch *and* run of layers (``F m.v``:
+  micro-batch ``m``'s forward over the rank's ``v``-th run), so that a rank works on micro-batch 1's
+  first run while the next rank has micro-batch 0's second.  The order is played out with one unit of
+  time per slot over every rank at once (:func:`interleaved_orders`): a ready backward first (the
+  oldest micro-batch), else the ready forward of the deepest run (the oldest micro-batch), at most one
+  micro-batch per virtual stage of the net in flight, else ZB's weight-gradient slots.  An order played
+  out so cannot deadlock (each call's partner comes earlier in that play), and the proof checks it.
+  With one run per rank it is a ZB-like schedule over contiguous stages.
+
+The gradients of the micro-batches add up in each param (a layer's blocks
 share its params) and the sync strategy's calls follow the last of them, so the step's one sync and
 update see the whole batch's gradient, as unpipelined.  A rank's stage is where its first layer sits
 in the net's order; ranks whose first layer is the same (a data-split stage) share a stage.  The
@@ -28,7 +42,7 @@ receives would cross is refused before a rank starts.
 """
 from __future__ import annotations
 
-from singa_mpi.planner.pipeline import GPIPE, ONE_F_ONE_B, ZERO_BUBBLE
+from singa_mpi.planner.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, ZERO_BUBBLE
 from singa_mpi.program.actions import Action, Local, Release, RunQueued
 from singa_mpi.program.passes import backward_pass, forward_pass
 from singa_mpi.program.units import Unit
@@ -126,8 +140,152 @@ def stages_of(plan) -> dict[int, int]:
     return kept
 
 
+# ---------------------------------------------------------------- interleaved: runs of layers per rank
+
+def virtual_stages(plan) -> tuple[dict[str, int], dict[int, frozenset[int]], dict[int, set[int]]]:
+    """The net cut where the workers holding a layer change: (each original layer's virtual stage, the
+    ranks of each virtual stage, the virtual stages each one reads from).  Consecutive layers (in the
+    net's order) on the same ranks are one virtual stage; a rank holding layers apart holds several."""
+    kept = plan.__dict__.get("_virtual_stages")
+    if kept is not None:
+        return kept
+    holders: dict[str, set[int]] = {}
+    for sub in plan.sublayers:
+        if sub.origin is not None and sub.micro == 0:
+            holders.setdefault(sub.origin, set()).add(sub.rank)
+    stage_of: dict[str, int] = {}
+    ranks: dict[int, frozenset[int]] = {}
+    for name in plan.origins:
+        if name not in holders:
+            continue
+        here = frozenset(holders[name])
+        if not ranks or ranks[len(ranks) - 1] != here:
+            ranks[len(ranks)] = here
+        stage_of[name] = len(ranks) - 1
+    reads: dict[int, set[int]] = {v: set() for v in ranks}
+    for name, node in plan.origins.items():
+        for src in getattr(node.conf, "srclayers", ()):
+            if src in stage_of and name in stage_of and stage_of[src] != stage_of[name]:
+                reads[stage_of[name]].add(stage_of[src])
+    kept = plan.__dict__["_virtual_stages"] = (stage_of, ranks, reads)
+    return kept
+
+
+def unit_stage(unit: Unit, plan) -> int:
+    """The virtual stage a rank's unit serves: its layer's, or for a connection layer the stage of the
+    end of its edge this rank holds (a bridge's sender: the source's; its receiver: the destination's)."""
+    stage_of, ranks, _ = virtual_stages(plan)
+    sub = unit.sub
+    if sub.origin is not None:
+        return stage_of[sub.origin]
+    ex = sub.exchange
+    if sub.role == "bridge_src":
+        return stage_of[ex.src_layer]
+    if sub.role == "bridge_dst":
+        return stage_of[ex.dst_layer]
+    return stage_of[ex.src_layer] if sub.rank in ranks[stage_of[ex.src_layer]] else stage_of[ex.dst_layer]
+
+
+def interleaved_orders(plan) -> dict[int, list[tuple[str, int, int]]]:
+    """Every rank's interleaved slots ``(F, B or W, micro-batch, virtual stage)`` in order."""
+    return {rank: [slot for _, slot in row] for rank, row in interleaved_play(plan).items()}
+
+
+def interleaved_play(plan) -> dict[int, list[tuple[int, tuple[str, int, int]]]]:
+    """Every rank's interleaved slots with the unit of time each starts at, played out with one unit
+    per slot (see the module's docstring).  A slot of a virtual stage on several ranks is done once
+    all of them ran it (they meet in its collectives).  Kept with the plan: every rank's program asks."""
+    kept = plan.__dict__.get("_interleaved")
+    if kept is not None:
+        return kept
+    _, ranks, reads = virtual_stages(plan)
+    feeds: dict[int, set[int]] = {v: set() for v in ranks}
+    for v, sources in reads.items():
+        for src in sources:
+            feeds[src].add(v)
+    micro = plan.pipeline.micro_batches
+    limit = len(ranks)  # micro-batches in flight per rank: one per virtual stage of the net
+    mine = {rank: sorted(v for v, holders in ranks.items() if rank in holders) for rank in range(plan.nranks)}
+    ran: dict[tuple[str, int, int], list[int]] = {}  # slot -> [ranks that ran it, when the last ends]
+    orders: dict[int, list[tuple[int, tuple[str, int, int]]]] = {rank: [] for rank in mine}
+    todo = {rank: {(kind, m, v) for v in stages for m in range(micro) for kind in (FORWARD_SLOT, BACKWARD_SLOT)}
+            for rank, stages in mine.items()}
+    free_at = dict.fromkeys(mine, 0)
+    # per rank, the micro-batches it started and has weight gradients of still to run: a new one may
+    # start only below the limit; a later run of one in flight always may (or nothing would drain)
+    in_flight: dict[int, dict[int, int]] = {rank: {} for rank in mine}
+    pending: dict[int, list[tuple[int, int]]] = {rank: [] for rank in mine}
+
+    def done(slot: tuple[str, int, int], clock: int) -> bool:
+        entry = ran.get(slot)
+        return entry is not None and entry[0] == len(ranks[slot[2]]) and entry[1] <= clock
+
+    def ready(rank: int, slot: tuple[str, int, int], clock: int) -> bool:
+        kind, m, v = slot
+        if kind == FORWARD_SLOT:
+            if m not in in_flight[rank] and len(in_flight[rank]) >= limit:
+                return False
+            return all(done((FORWARD_SLOT, m, src), clock) for src in reads[v])
+        return done((FORWARD_SLOT, m, v), clock) and all(done((BACKWARD_SLOT, m, dst), clock) for dst in feeds[v])
+
+    clock = 0
+    while any(todo.values()) or any(pending.values()):
+        if clock > 4 * micro * len(ranks) * (len(ranks) + 2):
+            raise RuntimeError("interleaved schedule: no progress (a virtual stage that reads a later one?)")
+        for rank in mine:
+            if free_at[rank] > clock:
+                continue
+            candidates = [s for s in todo[rank] if ready(rank, s, clock)]
+            backward = [s for s in candidates if s[0] == BACKWARD_SLOT]
+            forward = [s for s in candidates if s[0] == FORWARD_SLOT]
+            if backward or forward:
+                slot = (min(backward, key=lambda s: (s[1], -s[2])) if backward
+                        else min(forward, key=lambda s: (-s[2], s[1])))
+                todo[rank].discard(slot)
+                orders[rank].append((clock, slot))
+                entry = ran.setdefault(slot, [0, 0])
+                entry[0], entry[1] = entry[0] + 1, max(entry[1], clock + 1)
+                free_at[rank] = clock + 1
+                if slot[0] == FORWARD_SLOT:
+                    in_flight[rank].setdefault(slot[1], len(mine[rank]))
+                else:
+                    pending[rank].append(slot[1:])
+            elif pending[rank]:  # idle otherwise: the weight gradients waiting, one slot each
+                orders[rank] += [(clock + i, (WEIGHT_SLOT, m, v)) for i, (m, v) in enumerate(pending[rank])]
+                free_at[rank] = clock + len(pending[rank])
+                for m, _ in pending[rank]:
+                    in_flight[rank][m] -= 1
+                    if not in_flight[rank][m]:
+                        del in_flight[rank][m]
+                pending[rank] = []
+        clock += 1
+    plan.__dict__["_interleaved"] = orders
+    return orders
+
+
+def _interleaved_train(plan, rank: int, units: list[Unit]) -> list[Action]:
+    """The interleaved step: each slot over the rank's units of its micro-batch and virtual stage."""
+    groups: dict[tuple[int, int], list[Unit]] = {}
+    for unit in units:
+        groups.setdefault((unit.sub.micro, unit_stage(unit, plan)), []).append(unit)
+    actions: list[Action] = [Local("zero-grads")]
+    for kind, micro, stage in interleaved_orders(plan)[rank]:
+        mine = groups.get((micro, stage), [])
+        if kind == FORWARD_SLOT:
+            actions += forward_pass(mine, "forward", train=True)
+        elif kind == WEIGHT_SLOT:
+            if not isinstance(actions[-1], RunQueued):
+                actions.append(RunQueued())
+        else:
+            actions += [a for a in backward_pass(mine) if not isinstance(a, RunQueued)]
+            actions.append(Release(micro, tuple(unit.name for unit in mine)))
+    return actions + [Local("finish-grads")]
+
+
 def pipelined_train(plan, rank: int, units: list[Unit]) -> list[Action]:
     """BP's training step of ``rank`` over micro-batches, in the order of ``plan.pipeline``'s schedule."""
+    if plan.pipeline.schedule == INTERLEAVED:
+        return _interleaved_train(plan, rank, units)
     by_micro: dict[int, list[Unit]] = {}
     for unit in units:
         by_micro.setdefault(unit.sub.micro, []).append(unit)
@@ -184,27 +342,47 @@ def slot_times(schedule: str, micro_batches: int, stages: int) -> dict[int, list
     return placed
 
 
+def placed_slots(plan) -> dict[int, list[tuple[int, str, int]]]:
+    """Per rank, its slots as (unit of time, label, micro-batch) when every slot takes one unit: the
+    picture ``plan`` prints and draws.  Labels: ``F3``/``B3``/``W3`` (micro-batch 3's forward,
+    backward, weight gradients over the rank's stage); interleaved ``F3.2``: over virtual stage 2."""
+    pipe = plan.pipeline
+    if pipe.schedule == INTERLEAVED:
+        return {rank: [(t, f"{kind}{micro}.{stage}", micro) for t, (kind, micro, stage) in row]
+                for rank, row in interleaved_play(plan).items()}
+    stage = stages_of(plan)
+    placed = slot_times(pipe.schedule, pipe.micro_batches, max(stage.values()) + 1)
+    return {rank: [(t, f"{kind}{micro}", micro) for t, kind, micro in placed[stage[rank]]] for rank in sorted(stage)}
+
+
 def timeline(plan) -> list[str]:
     """A pipelined plan's schedule as text: a row per rank, a column per unit of time, ``F3``/``B3``
     the forward/backward of micro-batch 3 over the rank's layers (ZB: ``W3`` its weight gradients
-    apart from its backward), ``.`` idle."""
+    apart from its backward; interleaved: ``F3.2`` over virtual stage 2), ``.`` idle."""
     pipe = plan.pipeline
     stage = stages_of(plan)
-    stages = max(stage.values()) + 1
-    placed = slot_times(pipe.schedule, pipe.micro_batches, stages)
+    placed = placed_slots(plan)
     length = max(t + 1 for row in placed.values() for t, _, _ in row)
-    width = max(3, len(str(pipe.micro_batches - 1)) + 2)
-    busy = sum(len(placed[s]) for s in range(stages))
-    how = (" (each slot one unit: W as long as F or B)" if pipe.schedule == ZERO_BUBBLE
-           else " (the bubble: (S-1)/(M+S-1))")
-    lines = [f"pipeline: schedule {pipe.schedule}, {pipe.micro_batches} micro-batches over {stages} stage(s); "
-             f"idle share with equal stages {1 - busy / (stages * length):.0%}{how}"]
-    for rank in sorted(stage):
+    width = max(len(label) for row in placed.values() for _, label, _ in row) + 1
+    busy = sum(len(row) for row in placed.values())
+    if pipe.schedule == INTERLEAVED:
+        runs = len(virtual_stages(plan)[1])
+        over = f"{runs} virtual stage(s) on {plan.nranks} worker(s)"
+        how, equal = " (each slot one unit: F, B and W over a virtual stage alike)", "slots"
+    else:
+        over = f"{max(stage.values()) + 1} stage(s)"
+        how = (" (each slot one unit: W as long as F or B)" if pipe.schedule == ZERO_BUBBLE
+               else " (the bubble: (S-1)/(M+S-1))")
+        equal = "stages"
+    lines = [f"pipeline: schedule {pipe.schedule}, {pipe.micro_batches} micro-batches over {over}; "
+             f"idle share with equal {equal} {1 - busy / (len(placed) * length):.0%}{how}"]
+    for rank in sorted(placed):
         cells = ["."] * length
-        for t, kind, micro in placed[stage[rank]]:
-            cells[t] = f"{kind}{micro}"
+        for t, label, _ in placed[rank]:
+            cells[t] = label
         lines.append(f"  rank {rank:<3} stage {stage[rank]:<3}" + "".join(c.ljust(width) for c in cells).rstrip())
     return lines
 
 
-__all__ = ["slots", "zero_bubble_orders", "stages_of", "pipelined_train", "slot_times", "timeline", "FORWARD_SLOT", "BACKWARD_SLOT", "WEIGHT_SLOT"]
+__all__ = ["slots", "zero_bubble_orders", "stages_of", "pipelined_train", "slot_times", "timeline", "placed_slots",
+           "virtual_stages", "unit_stage", "interleaved_orders", "interleaved_play", "FORWARD_SLOT", "BACKWARD_SLOT", "WEIGHT_SLOT"]

@@ -1,10 +1,11 @@
-"""Pipelined steps train the serial numbers: GPipe, 1F1B and ZB over 1, 2, 3 and 8 micro-batches.
+"""Pipelined steps train the serial numbers: GPipe, 1F1B, ZB and interleaved over 1, 2, 3 and 8 micro-batches.
 
 Every rank trains the job pipelined over the world and alone in one process (the serial oracle, which
 runs whole batches): the per-step losses and the final params must agree within a relative 1e-5, with
 a batch the micro-batches divide and one they do not.  Layouts: the MLP (with and without dropout) and
 the (smooth) convnet in contiguous stages, one per worker, and the MLP whose first stage is split on
-the batch over every worker.  On one rank there is no pipeline (a single stage): the jobs then run unpipelined, as
+the batch over every worker; interleaved also with the MLP's layers dealt round robin over the workers (a
+worker holding runs of layers apart).  On one rank there is no pipeline (a single stage): the jobs then run unpipelined, as
 ``neuralnet.pipeline`` says, and must still agree.
 """
 import os
@@ -18,6 +19,7 @@ from conftest import agree
 RTOL = 1e-5
 STEPS = 8
 MICRO_BATCHES = [1, 2, 3, 8]
+SCHEDULES = ["gpipe", "1f1b", "zb", "interleaved"]
 
 
 def _trains_as_serial(world, text: str, label: str) -> None:
@@ -34,7 +36,7 @@ def _data(world, shape: tuple[int, ...]) -> str:
     return nets.make_data(os.path.join(tmp, f"pipe_data_{len(shape)}_r{world.rank}.h5"), 64, shape, 5)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("micro", MICRO_BATCHES)
 @pytest.mark.parametrize("batch", [16, 19])
 def test_pipelined_mlp_matches_serial(world, schedule, micro, batch):
@@ -42,7 +44,7 @@ def test_pipelined_mlp_matches_serial(world, schedule, micro, batch):
     _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"mlp_{schedule}_{micro}_{batch}")
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("micro", [2, 3])
 def test_pipelined_hybrid_mlp_matches_serial(world, schedule, micro):
     """The first stage split on the batch over every worker (each micro-batch's rows split again)."""
@@ -50,7 +52,7 @@ def test_pipelined_hybrid_mlp_matches_serial(world, schedule, micro):
     _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"hybrid_{schedule}_{micro}")
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_pipelined_dropout_draws_the_serial_masks(world, schedule):
     """Masks are keyed by the rows' places in the global batch: each micro-batch drops what the whole
     batch drops there."""
@@ -58,7 +60,17 @@ def test_pipelined_dropout_draws_the_serial_masks(world, schedule):
     _trains_as_serial(world, nets.pipelined(text, 3, schedule), f"dropout_{schedule}")
 
 
-@pytest.mark.parametrize("schedule,micro", [("gpipe", 3), ("1f1b", 2), ("1f1b", 8), ("zb", 3)])
+@pytest.mark.parametrize("micro", MICRO_BATCHES)
+@pytest.mark.parametrize("batch", [16, 19])
+def test_interleaved_mlp_over_runs_of_layers_apart_matches_serial(world, micro, batch):
+    """Layer i on worker i mod N (nets.mlp's "pipeline" layout): each worker holds runs of layers apart,
+    which only the interleaved schedule (and GPipe) can order without crossing calls."""
+    text = nets.mlp(_data(world, (12,)), batch, "pipeline", world.size, steps=STEPS)
+    _trains_as_serial(world, nets.pipelined(text, micro, "interleaved"), f"interleaved_apart_{micro}_{batch}")
+
+
+@pytest.mark.parametrize("schedule,micro", [("gpipe", 3), ("1f1b", 2), ("1f1b", 8), ("zb", 3), ("interleaved", 3),
+                                            ("interleaved", 8)])
 def test_pipelined_convnet_matches_serial(world, schedule, micro):
     text = nets.convnet(_data(world, (2, 8, 8)), 17, "stages", STEPS, pool="AVG", act="kSTanh", nranks=world.size)
     _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"convnet_{schedule}_{micro}")

@@ -25,10 +25,10 @@ def test_a_pipelined_mlp_passes():
 
 
 def test_an_unknown_schedule_names_the_valid_ones():
-    message = _refusal(_mlp(2, "interleaved"))
-    assert "neuralnet.pipeline.schedule = 'interleaved': expected one of 'gpipe', '1f1b', 'zb'" in message
-    line = next(i for i, text in enumerate(_mlp(2, "interleaved").splitlines(), 1) if "interleaved" in text)
-    column = _mlp(2, "interleaved").splitlines()[line - 1].index("schedule") + 1
+    message = _refusal(_mlp(2, "chimera"))
+    assert "neuralnet.pipeline.schedule = 'chimera': expected one of 'gpipe', '1f1b', 'zb', 'interleaved'" in message
+    line = next(i for i, text in enumerate(_mlp(2, "chimera").splitlines(), 1) if "chimera" in text)
+    column = _mlp(2, "chimera").splitlines()[line - 1].index("schedule") + 1
     assert message.startswith(f"job.conf:{line}:{column}: ")  # where the schedule is written
 
 

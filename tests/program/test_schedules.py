@@ -1,4 +1,4 @@
-"""Pipeline schedules as programs (no MPI): the slot orders of GPipe and 1F1B, each rank's stage, the
+"""Pipeline schedules as programs (no MPI): the slot orders of GPipe, 1F1B, ZB and interleaved, each rank's stage, the
 pipelined plan's programs (proved like any other), and a placement whose 1F1B calls would cross,
 which the proof refuses in one line before any rank starts."""
 import collections
@@ -12,7 +12,9 @@ from singa_mpi.planner import partition
 from singa_mpi.program.actions import Compute, GradsFinal, RunQueued
 from singa_mpi.program.build import programs
 from singa_mpi.program.job import job_programs
-from singa_mpi.program.schedules import slot_times, slots, stages_of, timeline
+from singa_mpi.planner.pipeline import interleaved_stages
+from singa_mpi.program.schedules import (interleaved_orders, interleaved_play, slot_times, slots, stages_of, timeline,
+                                         virtual_stages)
 
 
 def test_gpipe_runs_every_forward_then_every_backward():
@@ -125,7 +127,7 @@ def test_1f1b_over_workers_holding_non_adjacent_stages_is_refused_by_the_proof()
         make_plan(cfg, 2)
     message = str(err.value)
     assert message.startswith("<test>:") and "neuralnet.pipeline.schedule = '1f1b' with 2 micro-batches" in message
-    assert "would deadlock" in message and 'schedule: "gpipe"' in message
+    assert "would deadlock" in message and 'schedule: "interleaved"' in message
     assert "\n" not in message
     with pytest.raises(ConfigError, match="would deadlock"):
         job_programs(cfg, 2, ["train"])
@@ -162,3 +164,91 @@ def test_the_dot_picture_draws_micro_batch_0_and_the_schedule_as_a_table():
     assert '"fc1/mb0"' in text and "/mb1" not in text
     table = next(line for line in text.splitlines() if line.lstrip().startswith("schedule "))
     assert "gpipe: 3 micro-batches" in table and table.count(">F2<") == 2 and table.count(">B0<") == 2
+
+
+# ---------------------------------------------------------------- interleaved
+
+@pytest.mark.parametrize("scheme,nranks", [("pipeline", 2), ("pipeline", 3), ("stages", 2), ("stages", 4),
+                                           ("stages-hybrid", 2), ("stages-hybrid", 3)])
+@pytest.mark.parametrize("micro", [2, 3, 8])
+def test_interleaved_runs_every_slot_once_after_the_slots_it_needs(scheme, nranks, micro):
+    piped = partition(_mlp(nranks, micro, "interleaved", scheme, batch=48), nranks)
+    _, ranks, reads = virtual_stages(piped)
+    feeds = {v: {w for w, srcs in reads.items() if v in srcs} for v in ranks}
+    played = interleaved_play(piped)
+    ends: dict = {}
+    for rank, row in played.items():
+        mine = [v for v, holders in ranks.items() if rank in holders]
+        expected = {(k, m, v) for k in "FBW" for m in range(micro) for v in mine}
+        assert sorted(slot for _, slot in row) == sorted(expected)  # each once
+        times = [t for t, _ in row]
+        assert times == sorted(times) and len(set(times)) == len(times)  # one slot at a time
+        for t, slot in row:
+            ends[(rank,) + slot] = t + 1
+    for rank, row in played.items():
+        for t, (kind, m, v) in row:
+            if kind == "F":  # after every source's forward of the same micro-batch, on all its ranks
+                needs = [("F", m, src, r) for src in reads[v] for r in ranks[src]]
+            elif kind == "B":  # after its own forward and every reader's backward
+                needs = [("F", m, v, rank)] + [("B", m, dst, r) for dst in feeds[v] for r in ranks[dst]]
+            else:
+                needs = [("B", m, v, rank)]
+            assert all(ends[(r, k, mm, vv)] <= t for k, mm, vv, r in needs), (rank, kind, m, v)
+
+
+def test_interleaved_holds_at_most_one_micro_batch_per_virtual_stage_of_the_net():
+    piped = partition(_mlp(2, 8, "interleaved", "pipeline"), 2)
+    limit = len(virtual_stages(piped)[1])
+    for rank, order in interleaved_orders(piped).items():
+        runs = len({v for _, _, v in order})
+        started, weights_left, peak = set(), collections.Counter(), 0
+        for kind, m, _ in order:
+            if kind == "F" and m not in started:
+                started.add(m)
+                weights_left[m] = runs
+            if kind == "W":
+                weights_left[m] -= 1
+            peak = max(peak, sum(1 for left in weights_left.values() if left))
+        assert peak <= limit
+
+
+def test_interleaved_over_runs_of_layers_apart_is_proved_where_1f1b_is_refused():
+    """Layer i on worker i mod 2 (the layout 1F1B and ZB cannot order): worker 0 holds data-fc1 and act2,
+    worker 1 act1-fc2 and fc3-loss, four virtual stages.  Worker 0 forwards micro-batch 1 over fc1
+    before micro-batch 0 over act2 (GPipe's order waits for micro-batch 0's round trip first)."""
+    cfg = _mlp(2, 2, "interleaved", "pipeline", batch=16)
+    plan = make_plan(cfg, 2)  # proved, or it raises
+    stage_of, ranks, _ = virtual_stages(plan)
+    assert stage_of == {"data": 0, "fc1": 0, "act1": 1, "fc2": 1, "act2": 2, "fc3": 3, "loss": 3}
+    assert ranks == {0: {0}, 1: {1}, 2: {0}, 3: {1}}
+    built = job_programs(cfg, 2, ["train"])
+    forwards = [a.layer for a in built.programs[("train", "shared_memory")][0].actions
+                if isinstance(a, Compute) and a.pass_ == "forward"]
+    assert forwards.index("fc1/mb1") < forwards.index("act2/mb0")
+    gpipe = job_programs(_mlp(2, 2, "gpipe", "pipeline", batch=16), 2, ["train"])
+    forwards = [a.layer for a in gpipe.programs[("train", "shared_memory")][0].actions
+                if isinstance(a, Compute) and a.pass_ == "forward"]
+    assert forwards.index("fc1/mb1") > forwards.index("act2/mb0")
+
+
+def test_interleaved_timeline_names_each_slot_s_virtual_stage():
+    lines = timeline(partition(_mlp(2, 2, "interleaved", "pipeline", batch=16), 2))
+    assert lines[0].startswith("pipeline: schedule interleaved, 2 micro-batches over 4 virtual stage(s) on 2 "
+                               "worker(s); idle share with equal slots")
+    assert lines[1].split()[4:8] == ["F0.0", "F1.0", "F0.2", "F1.2"]
+    assert lines[2].split()[4] == "." and lines[2].split()[5] == "F0.1"
+
+
+def test_interleaved_stages_deal_runs_round_robin_to_balance_the_workers():
+    # the MNIST MLP's shape: a heavy second layer; contiguous halves leave one worker 58% of the work
+    work = [0.1, 3.9, 0.1, 15, 0.1, 9, 0.1, 4.5, 0.1, 1.5, 0.1, 0.1, 0.1]
+    dealt = interleaved_stages(work, 2)
+    totals = [sum(w for w, worker in zip(work, dealt) if worker == k) for k in (0, 1)]
+    assert dealt[0] == 0 and max(totals) < 18.5  # contiguous: at best 19.2 against 15.5
+    runs = sum(1 for a, b in zip(dealt, dealt[1:]) if a != b) + 1
+    assert runs == 4
+    # a cut that moves a large output counts: the same work with that cut dear moves it elsewhere
+    dear = [0.0] * len(work)
+    dear[dealt.index(1)] = 100.0
+    assert interleaved_stages(work, 2, cuts=dear) != dealt
+    assert interleaved_stages([1.0, 2.0, 3.0], 2) == [0, 0, 1]  # fewer layers than runs: contiguous stages
