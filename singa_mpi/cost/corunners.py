@@ -79,9 +79,17 @@ class Kernel:
         return self.layer.compute("forward", self.inputs, self.spec.train)
 
     def backward(self) -> None:  # with the weight-gradient products a runtime may defer (Param.pending)
+        self.input_gradients()
+        self.weight_products()
+
+    def input_gradients(self) -> None:
+        """The backward up to its weight-gradient products, which wait in the params (Param.pending)."""
         for param in self.layer.params:
             param.zero_grad()
         self.layer.backward(self.grad, list(self.spec.need))
+
+    def weight_products(self) -> None:
+        """The weight-gradient products :meth:`input_gradients` left waiting."""
         for param in self.layer.params:
             param.finish_grad()
 

@@ -38,13 +38,14 @@ from singa_mpi.planner.plan import Plan, SubLayer
 
 MIN_SECONDS = 0.03  # time each kernel at least this long (then at least MIN_RUNS runs)
 MIN_RUNS = 3
-TIMING_VERSION = "t3"  # bump when what a kernel timing includes changes: older cache entries are ignored
+TIMING_VERSION = "t4"  # bump when what a kernel timing includes changes: older cache entries are ignored
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelTime:
     forward: float  # seconds
-    backward: float
+    backward: float  # its weight-gradient products included
+    weights: float = 0.0  # of ``backward``: the weight-gradient products (what a runtime may queue)
 
 
 def cache_path() -> pathlib.Path:
@@ -138,8 +139,7 @@ class KernelTimes:
         if key not in self.mine:
             self.mine[key] = list(_measure(kernel_spec(plan, sub), self.beside))
             self.measured += 1
-        forward, backward = self.mine[key]
-        return KernelTime(forward, backward)
+        return KernelTime(*self.mine[key])
 
     def save(self) -> None:
         """Write what was measured to the cache; the co-runners, if any, stop (timing more after
@@ -179,25 +179,33 @@ def kernel_spec(plan: Plan, sub: SubLayer) -> KernelSpec:
         train=train, trains=train and sub.needs_grad, name=sub.name)
 
 
-def _measure(spec: KernelSpec, beside: CoRunners | None = None) -> tuple[float, float]:
-    """(forward, backward) seconds of the kernel, with ``beside``'s co-runners running it too."""
+def _measure(spec: KernelSpec, beside: CoRunners | None = None) -> tuple[float, float, float]:
+    """(forward, backward, the backward's weight-gradient products) seconds of the kernel, with
+    ``beside``'s co-runners running it too."""
     with tempfile.TemporaryDirectory(prefix="singa_mpi_cost_") as workspace:
         kernel = Kernel(spec, workspace)
         corunners = beside.copies if beside is not None else 0
         with beside.alongside(spec) if beside is not None else contextlib.nullcontext():
-            return (_timed(kernel.forward, corunners),
-                    _timed(kernel.backward, corunners) if spec.trains else 0.0)
+            forward = _timed([kernel.forward], corunners)[0]
+            if not spec.trains:
+                return forward, 0.0, 0.0
+            inputs, weights = _timed([kernel.input_gradients, kernel.weight_products], corunners)
+            return forward, inputs + weights, weights
 
 
-def _timed(run, corunners: int = 0) -> float:
-    times, spent = [], 0.0
-    while len(times) < MIN_RUNS or spent < MIN_SECONDS:
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-        spent += times[-1]
-        if len(times) >= 50:
+def _timed(parts: list, corunners: int = 0) -> list[float]:
+    """Seconds of each of ``parts``, run one after the other over and over (a backward's input
+    gradients, then its weight-gradient products, which need what the first part left)."""
+    times: list[list[float]] = [[] for _ in parts]
+    spent = 0.0
+    while len(times[0]) < MIN_RUNS or spent < MIN_SECONDS:
+        for part, seconds in zip(parts, times):
+            start = time.perf_counter()
+            part()
+            seconds.append(time.perf_counter() - start)
+            spent += seconds[-1]
+        if len(times[0]) >= 50:
             break
     if corunners:  # beside its copies the kernel's typical run, not a lucky moment they paused
-        return statistics.median(times)
-    return min(times)  # other processes only ever add time: the fastest run is the kernel's own
+        return [statistics.median(seconds) for seconds in times]
+    return [min(seconds) for seconds in times]  # other processes only ever add time: the fastest is the kernel's own

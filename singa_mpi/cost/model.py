@@ -5,8 +5,11 @@ executes, in its order, the same list the pre-flight proof, the digest and the p
 It walks them with a clock per rank:
 
 * ``Compute``: a layer's forward or backward adds its measured kernel time (:mod:`.kernels`); a layer
-  that reads data adds its output's bytes at the memory bandwidth.  The backward's kernel time holds
-  the weight-gradient products a runtime may defer to ``RunQueued``, which therefore costs nothing;
+  that reads data adds its output's bytes at the memory bandwidth.  The weight-gradient products of a
+  layer whose params no other rank sums with (a stage's, a feature shard's) wait in the runtime's queue
+  (``_setup_queue``): their time is added at the next ``RunQueued`` (while an exchange travels, or in a
+  pipeline's W slot) or at ``finish-grads``, not in the backward (a replicated param's products are
+  computed when its sum starts, right after the backward: counted there);
 * a send (a bridge's Isend) leaves when the sender gets there and costs it the latency; the receive
   ends at ``max(own clock, sender's clock + latency + bytes / bandwidth)``;
 * a collective starts when its last member arrives and ends for every member its time later: an
@@ -43,7 +46,7 @@ from singa_mpi.errors import ConfigError
 from singa_mpi.planner.chunk import chunk
 from singa_mpi.planner.plan import Plan
 from singa_mpi.planner.syncs import shared_memory_syncs
-from singa_mpi.program.actions import Action, Comm, Compute, SyncGradients, Update, Wait
+from singa_mpi.program.actions import Action, Comm, Compute, Local, RunQueued, SyncGradients, Update, Wait
 from singa_mpi.program.build import programs
 from singa_mpi.program.passes import NON_BLOCKING
 from singa_mpi.program.verify import RECEIVES, SENDS
@@ -136,6 +139,8 @@ class Walk:
         self.ends: dict[str, float] = {}  # call key -> when the collective ends (once every member arrived)
         self.started: dict[tuple[int, str, str], tuple] = {}  # (rank, layer, op) of a non-blocking call -> ticket
         self.ring_free = [0.0] * n  # when each rank's previous gradient bucket ends
+        self.queued = [0.0] * n  # seconds of weight-gradient products waiting in each rank's queue
+        self.synced = {(s.name, s.offsets) for s in plan.param_syncs}
         self.blocked: dict[tuple, list[int]] = {}  # ("message", channel) or ("collective", key) -> ranks waiting
         self.woken: list[int] = []  # ranks whose wait the last action may have ended
 
@@ -174,7 +179,11 @@ class Walk:
             self.backward_done[rank] = self.clock[rank]
         elif isinstance(action, Update):
             self.clock[rank] += self.net.local.copy(UPDATE_PASSES * 4 * updated_items(self.plan, self.method, rank))
-        return None  # RunQueued (its products are in the backward's kernel time), GradsFinal, Local
+        elif isinstance(action, RunQueued) or (isinstance(action, Local) and action.what == "finish-grads"):
+            self.clock[rank] += self.queued[rank]
+            self.busy[rank] += self.queued[rank]
+            self.queued[rank] = 0.0
+        return None  # GradsFinal, zero-grads
 
     def finish(self, rank: int, ticket: tuple) -> bool:
         """Whether what ``ticket`` waits for has happened; if so the rank's clock moves to its end."""
@@ -193,14 +202,19 @@ class Walk:
 
     def compute(self, rank: int, action: Compute) -> None:
         sub = self.subs[action.layer]
+        deferred = 0.0
         if action.pass_ == "backward":
-            seconds = self.kernels.of(self.plan, sub).backward
+            kernel = self.kernels.of(self.plan, sub)
+            seconds = kernel.backward
+            if sub.params and all((p.name, p.offsets) not in self.synced for p in sub.params):
+                deferred = kernel.weights  # into the queue (the runtime's _setup_queue)
         elif is_source(sub):  # a layer that reads data: its output copied once
             seconds = self.net.local.copy(2 * 4 * math.prod(sub.out_shape))
         else:
             seconds = self.kernels.of(self.plan, sub).forward
-        self.clock[rank] += seconds
-        self.busy[rank] += seconds
+        self.clock[rank] += seconds - deferred
+        self.busy[rank] += seconds - deferred
+        self.queued[rank] += deferred
         layer = self.costs[sub.origin]
         setattr(layer, action.pass_, max(getattr(layer, action.pass_), seconds))
 

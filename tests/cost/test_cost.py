@@ -101,6 +101,8 @@ def test_kernels_timed_beside_copies_of_themselves_are_kept_apart_and_leave_no_p
     fc = next(s for s in the_plan.sublayers if s.params)
     alone, beside = KernelTimes(), KernelTimes(corunners=1)
     assert alone.of(the_plan, fc).forward > 0 and beside.of(the_plan, fc).backward > 0
+    # the backward's weight-gradient products, timed apart (what a runtime may queue), are part of it
+    assert 0 < alone.of(the_plan, fc).weights < alone.of(the_plan, fc).backward
     assert set(alone.mine).isdisjoint(beside.mine)  # cached under their own keys
     children = [process.pid for process in beside.beside.processes]
     assert len(children) == 1 and alone.beside is None

@@ -20,12 +20,12 @@ ENDLESS_MEMORY = 1e30  # bytes/s: data copies and updates cost nothing
 class ConstKernels:
     """Every sub-layer's forward takes ``forward`` seconds, its backward ``backward``; counts lookups."""
 
-    def __init__(self, forward=1e-3, backward=2e-3):
-        self.forward, self.backward, self.looked_up = forward, backward, 0
+    def __init__(self, forward=1e-3, backward=2e-3, weights=0.0):
+        self.forward, self.backward, self.weights, self.looked_up = forward, backward, weights, 0
 
     def of(self, the_plan, sub):
         self.looked_up += 1
-        return KernelTime(self.forward, self.backward)
+        return KernelTime(self.forward, self.backward, self.weights if sub.params else 0.0)
 
 
 def rates(p2p=FREE, allreduce=FREE, collective=FREE, memory=ENDLESS_MEMORY):
@@ -62,6 +62,26 @@ def test_a_two_rank_bridge_step_by_hand(data):
     assert cost.step == pytest.approx(3 * F + 3 * B + 2 * message, rel=1e-12)
     fc2 = next(layer for layer in cost.layers if layer.name == "fc2")
     assert fc2.comm == pytest.approx(2 * message, rel=1e-12)  # the bridge into fc2, both ways
+
+
+def test_a_stage_s_weight_gradients_are_priced_where_its_queue_runs(data):
+    """Two stages, two micro-batches, fc2's weight products 1 ms of its 2 ms backward.  1F1B runs a
+    micro-batch's products after its backward has sent the gradient back (the first stage gets it 1 ms
+    sooner than with the products inside the backward); ZB defers the last stage's past micro-batch
+    1's backward, which the first stage waits for: one more millisecond off the step."""
+    def step(schedule, weights):
+        text = nets.pipelined(two_rank_pipeline(data), 2, schedule)
+        return predict(plan(nets.job(text), 2), SHARED_MEMORY, ConstKernels(1e-3, 2e-3, weights), rates()).step
+
+    inside = step("1f1b", 0.0)  # products priced in the backward: ZB and 1F1B alike
+    assert step("zb", 0.0) == pytest.approx(inside, rel=1e-12)
+    assert step("1f1b", 1e-3) == pytest.approx(inside - 1e-3, rel=1e-12)
+    assert step("zb", 1e-3) == pytest.approx(inside - 2e-3, rel=1e-12)
+    # unpipelined too, the last stage sends fc2's input gradient back before its products (at
+    # finish-grads), which then run beside fc1's backward on the first stage
+    unpiped = plan(nets.job(two_rank_pipeline(data)), 2)
+    assert predict(unpiped, SHARED_MEMORY, ConstKernels(1e-3, 2e-3, 1e-3), rates()).step == pytest.approx(
+        predict(unpiped, SHARED_MEMORY, ConstKernels(1e-3, 2e-3, 0.0), rates()).step - 1e-3, rel=1e-12)
 
 
 def test_a_pipeline_takes_turns_where_a_batch_split_runs_side_by_side(data):
