@@ -338,11 +338,15 @@ def summary_lines(run: dict, ranks: list[dict]) -> list[str]:
     return lines
 
 
-def pipeline_line(pipeline: tuple[str, int, int], ranks: list[dict]) -> str:
+def pipeline_line(pipeline: tuple[str, int, int, float], ranks: list[dict]) -> str:
     """A pipelined run's measured idle share per rank: the part of its training steps spent waiting
-    in communication (for the other stages' micro-batches), beside the bubble of equal stages."""
-    schedule, micro, stages = pipeline
+    in communication (for the other stages' micro-batches), beside its schedule's idle share with
+    equal slots (the bubble of ``plan``'s timeline)."""
+    schedule, micro, stages, bubble = pipeline
     idle = [r["step_comm"] / max(r["step"], 1e-9) for r in ranks]
-    return (f"  pipeline        {schedule}, {micro} micro-batches, {stages} stages: idle {100 * idle[0]:.0f}% of "
+    from singa_mpi.planner.pipeline import INTERLEAVED
+
+    kind = "virtual stages" if schedule == INTERLEAVED else "stages"
+    return (f"  pipeline        {schedule}, {micro} micro-batches, {stages} {kind}: idle {100 * idle[0]:.0f}% of "
             f"step time on rank 0 (ranks: {', '.join(f'{100 * share:.0f}%' for share in idle)}; the bubble of "
-            f"equal stages: {100 * (stages - 1) / (micro + stages - 1):.0f}%)")
+            f"its timeline with equal slots: {100 * bubble:.0f}%)")

@@ -321,10 +321,10 @@ def test_a_pipelined_run_reports_each_rank_s_idle_share_beside_the_bubble():
     from singa_mpi.progress import summary_lines
 
     run = {"start": 0, "end": 10, "total": 10, "wall": 2.0, "elapsed": 2.0, "samples": 640,
-           "pipeline": ("1f1b", 4, 2)}
+           "pipeline": ("1f1b", 4, 2, 0.2)}
     ranks = [{"rank": 0, "wall": 2.0, "comm": 0.5, "steps": 10, "step": 1.0, "step_comm": 0.25},
              {"rank": 1, "wall": 2.0, "comm": 0.9, "steps": 10, "step": 1.0, "step_comm": 0.4}]
     line = summary_lines(run, ranks)[-1]
     assert line == ("  pipeline        1f1b, 4 micro-batches, 2 stages: idle 25% of step time on rank 0 "
-                    "(ranks: 25%, 40%; the bubble of equal stages: 20%)")
+                    "(ranks: 25%, 40%; the bubble of its timeline with equal slots: 20%)")
     assert not any("pipeline" in text for text in summary_lines({**run, "pipeline": None}, ranks))

@@ -355,6 +355,23 @@ def placed_slots(plan) -> dict[int, list[tuple[int, str, int]]]:
     return {rank: [(t, f"{kind}{micro}", micro) for t, kind, micro in placed[stage[rank]]] for rank in sorted(stage)}
 
 
+def idle_share(plan) -> float:
+    """The share of the ranks' time idle in the schedule's timeline with equal slots (:func:`placed_slots`):
+    the bubble (S-1)/(M+S-1) for GPipe and 1F1B, less for ZB and interleaved."""
+    placed = placed_slots(plan)
+    length = max(t + 1 for row in placed.values() for t, _, _ in row)
+    return 1 - sum(len(row) for row in placed.values()) / (len(placed) * length)
+
+
+def pipeline_shape(plan) -> tuple[str, int, int, float]:
+    """(schedule, micro-batches, stages, :func:`idle_share`) of a pipelined plan, for the run's
+    summary; the stages of an interleaved plan are its virtual stages."""
+    pipe = plan.pipeline
+    stages = (len(virtual_stages(plan)[1]) if pipe.schedule == INTERLEAVED
+              else max(stages_of(plan).values()) + 1)
+    return pipe.schedule, pipe.micro_batches, stages, idle_share(plan)
+
+
 def timeline(plan) -> list[str]:
     """A pipelined plan's schedule as text: a row per rank, a column per unit of time, ``F3``/``B3``
     the forward/backward of micro-batch 3 over the rank's layers (ZB: ``W3`` its weight gradients
@@ -364,7 +381,6 @@ def timeline(plan) -> list[str]:
     placed = placed_slots(plan)
     length = max(t + 1 for row in placed.values() for t, _, _ in row)
     width = max(len(label) for row in placed.values() for _, label, _ in row) + 1
-    busy = sum(len(row) for row in placed.values())
     if pipe.schedule == INTERLEAVED:
         runs = len(virtual_stages(plan)[1])
         over = f"{runs} virtual stage(s) on {plan.nranks} worker(s)"
@@ -375,7 +391,7 @@ def timeline(plan) -> list[str]:
                else " (the bubble: (S-1)/(M+S-1))")
         equal = "stages"
     lines = [f"pipeline: schedule {pipe.schedule}, {pipe.micro_batches} micro-batches over {over}; "
-             f"idle share with equal {equal} {1 - busy / (len(placed) * length):.0%}{how}"]
+             f"idle share with equal {equal} {idle_share(plan):.0%}{how}"]
     for rank in sorted(placed):
         cells = ["."] * length
         for t, label, _ in placed[rank]:
@@ -385,4 +401,5 @@ def timeline(plan) -> list[str]:
 
 
 __all__ = ["slots", "zero_bubble_orders", "stages_of", "pipelined_train", "slot_times", "timeline", "placed_slots",
+           "idle_share", "pipeline_shape",
            "virtual_stages", "unit_stage", "interleaved_orders", "interleaved_play", "FORWARD_SLOT", "BACKWARD_SLOT", "WEIGHT_SLOT"]

@@ -35,7 +35,7 @@ from singa_mpi.planner.syncs import (DETERMINISTIC, DETERMINISTIC_SHARED, bucket
 from singa_mpi.program.build import SERVERS, program
 from singa_mpi.program.job import JobPrograms, job_programs
 from singa_mpi.program.passes import connection_calls
-from singa_mpi.program.schedules import stages_of
+from singa_mpi.program.schedules import pipeline_shape
 from singa_mpi.program.units import units_of_plan
 from singa_mpi.proto import job_pb2
 from singa_mpi.sync.allreduce import AllreduceSync
@@ -362,12 +362,13 @@ class WorkerRuntime:
         self.comm.barrier()
 
     # -------------------------------------------------------------- the end of a run
-    def pipeline(self) -> tuple[str, int, int] | None:
-        """(schedule, micro-batches, stages) of this group's pipelined training step, else None."""
+    def pipeline(self) -> tuple[str, int, int, float] | None:
+        """(schedule, micro-batches, stages, idle share of its timeline) of this group's pipelined
+        training step, else None."""
         the_plan = self.plans.get("train")
         if the_plan is None or the_plan.pipeline is None:
             return None
-        return the_plan.pipeline.schedule, the_plan.pipeline.micro_batches, max(stages_of(the_plan).values()) + 1
+        return pipeline_shape(the_plan)
 
     def predict_step(self) -> Prediction | str | None:
         """The cost model's training step for this run's plan, on the root: a :class:`Prediction`, or a

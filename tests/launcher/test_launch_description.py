@@ -150,7 +150,7 @@ def test_rank_0s_auto_choice_may_be_a_pipeline_that_every_rank_runs(tmp_path, mo
     codes = run_ranks(2, lambda comm: run_parallel(comm, request, body, StopSignals(), None), timeout=120)
     assert codes == [0, 0]
     for rank, (program, pipeline) in seen.items():
-        assert pipeline == ("1f1b", 2, 2)
+        assert pipeline == ("1f1b", 2, 2, pytest.approx(1 / 3))  # the bubble (S-1)/(M+S-1)
         assert any(line.endswith("/mb1") for line in program.lines())
 
 
