@@ -25,7 +25,7 @@ A fourth lets a rank hold several runs of layers apart in the net (virtual stage
 interleaved 1F1B places them round robin, ``plan --auto`` too: :func:`~singa_mpi.planner.pipeline.interleaved_stages`):
 
 * interleaved (``interleaved``): each rank's slots are per micro-batch *and* run of layers (``F m.v``:
-  micro-batch ``m``'s forward over the rank's ``v``-th run), so that a rank works on micro-batch 1's
+  micro-batch ``m``'s forward over virtual stage ``v``, one of the rank's runs), so that a rank works on micro-batch 1's
   first run while the next rank has micro-batch 0's second.  The order is played out with one unit of
   time per slot over every rank at once (:func:`interleaved_orders`): a ready backward first (the
   oldest micro-batch), else the ready forward of the deepest run (the oldest micro-batch), at most one
@@ -193,74 +193,93 @@ def interleaved_orders(plan) -> dict[int, list[tuple[str, int, int]]]:
 
 def interleaved_play(plan) -> dict[int, list[tuple[int, tuple[str, int, int]]]]:
     """Every rank's interleaved slots with the unit of time each starts at, played out with one unit
-    per slot (see the module's docstring).  A slot of a virtual stage on several ranks is done once
-    all of them ran it (they meet in its collectives).  Kept with the plan: every rank's program asks."""
+    per slot (see the module's docstring).  Kept with the plan: every rank's program asks."""
     kept = plan.__dict__.get("_interleaved")
-    if kept is not None:
-        return kept
-    _, ranks, reads = virtual_stages(plan)
-    feeds: dict[int, set[int]] = {v: set() for v in ranks}
-    for v, sources in reads.items():
-        for src in sources:
-            feeds[src].add(v)
-    micro = plan.pipeline.micro_batches
-    limit = len(ranks)  # micro-batches in flight per rank: one per virtual stage of the net
-    mine = {rank: sorted(v for v, holders in ranks.items() if rank in holders) for rank in range(plan.nranks)}
-    ran: dict[tuple[str, int, int], list[int]] = {}  # slot -> [ranks that ran it, when the last ends]
-    orders: dict[int, list[tuple[int, tuple[str, int, int]]]] = {rank: [] for rank in mine}
-    todo = {rank: {(kind, m, v) for v in stages for m in range(micro) for kind in (FORWARD_SLOT, BACKWARD_SLOT)}
-            for rank, stages in mine.items()}
-    free_at = dict.fromkeys(mine, 0)
-    # per rank, the micro-batches it started and has weight gradients of still to run: a new one may
-    # start only below the limit; a later run of one in flight always may (or nothing would drain)
-    in_flight: dict[int, dict[int, int]] = {rank: {} for rank in mine}
-    pending: dict[int, list[tuple[int, int]]] = {rank: [] for rank in mine}
+    if kept is None:
+        kept = plan.__dict__["_interleaved"] = _InterleavedPlay(plan).run()
+    return kept
 
-    def done(slot: tuple[str, int, int], clock: int) -> bool:
-        entry = ran.get(slot)
-        return entry is not None and entry[0] == len(ranks[slot[2]]) and entry[1] <= clock
 
-    def ready(rank: int, slot: tuple[str, int, int], clock: int) -> bool:
+Slot = tuple[str, int, int]  # (F, B or W, micro-batch, virtual stage)
+
+
+class _InterleavedPlay:
+    """The play behind :func:`interleaved_play`: every rank's clock, what it ran and what it holds.  A
+    slot of a virtual stage on several ranks is done once all of them ran it (they meet in its
+    collectives)."""
+
+    def __init__(self, plan) -> None:
+        _, self.ranks, self.reads = virtual_stages(plan)
+        self.feeds: dict[int, set[int]] = {v: set() for v in self.ranks}
+        for v, sources in self.reads.items():
+            for src in sources:
+                self.feeds[src].add(v)
+        self.micro = plan.pipeline.micro_batches
+        self.limit = len(self.ranks)  # micro-batches in flight per rank: one per virtual stage of the net
+        self.mine = {rank: sorted(v for v, holders in self.ranks.items() if rank in holders)
+                     for rank in range(plan.nranks)}
+        self.todo = {rank: {(kind, m, v) for v in stages for m in range(self.micro)
+                            for kind in (FORWARD_SLOT, BACKWARD_SLOT)} for rank, stages in self.mine.items()}
+        self.ran: dict[Slot, list[int]] = {}  # slot -> [ranks that ran it, when the last of them ends]
+        self.orders: dict[int, list[tuple[int, Slot]]] = {rank: [] for rank in self.mine}
+        self.free_at = dict.fromkeys(self.mine, 0)
+        # per rank, the micro-batches it started, with how many of their weight-gradient slots are to
+        # run: a new one may start only below the limit, a later run of one in flight always may (or
+        # nothing would drain)
+        self.in_flight: dict[int, dict[int, int]] = {rank: {} for rank in self.mine}
+        self.pending: dict[int, list[tuple[int, int]]] = {rank: [] for rank in self.mine}  # backwards without W
+
+    def run(self) -> dict[int, list[tuple[int, Slot]]]:
+        clock, most = 0, 4 * self.micro * len(self.ranks) * (len(self.ranks) + 2)
+        while any(self.todo.values()) or any(self.pending.values()):
+            if clock > most:
+                raise RuntimeError("interleaved schedule: no progress (a virtual stage that reads a later one?)")
+            for rank in self.mine:
+                if self.free_at[rank] <= clock:
+                    self._next(rank, clock)
+            clock += 1
+        return self.orders
+
+    def _next(self, rank: int, clock: int) -> None:
+        """A ready backward (the oldest micro-batch), else the ready forward of the deepest run (the
+        oldest micro-batch), else the weight gradients waiting, one slot each."""
+        ready = [slot for slot in self.todo[rank] if self._ready(rank, slot, clock)]
+        backward = [slot for slot in ready if slot[0] == BACKWARD_SLOT]
+        if backward or ready:
+            self._run(rank, min(backward, key=lambda s: (s[1], -s[2])) if backward
+                      else min(ready, key=lambda s: (-s[2], s[1])), clock)
+        elif self.pending[rank]:
+            self.orders[rank] += [(clock + i, (WEIGHT_SLOT, m, v)) for i, (m, v) in enumerate(self.pending[rank])]
+            self.free_at[rank] = clock + len(self.pending[rank])
+            for m, _ in self.pending[rank]:
+                self.in_flight[rank][m] -= 1
+                if not self.in_flight[rank][m]:
+                    del self.in_flight[rank][m]
+            self.pending[rank] = []
+
+    def _run(self, rank: int, slot: Slot, clock: int) -> None:
+        self.todo[rank].discard(slot)
+        self.orders[rank].append((clock, slot))
+        entry = self.ran.setdefault(slot, [0, 0])
+        entry[0], entry[1] = entry[0] + 1, max(entry[1], clock + 1)
+        self.free_at[rank] = clock + 1
+        if slot[0] == FORWARD_SLOT:
+            self.in_flight[rank].setdefault(slot[1], len(self.mine[rank]))
+        else:
+            self.pending[rank].append(slot[1:])
+
+    def _done(self, slot: Slot, clock: int) -> bool:
+        entry = self.ran.get(slot)
+        return entry is not None and entry[0] == len(self.ranks[slot[2]]) and entry[1] <= clock
+
+    def _ready(self, rank: int, slot: Slot, clock: int) -> bool:
         kind, m, v = slot
         if kind == FORWARD_SLOT:
-            if m not in in_flight[rank] and len(in_flight[rank]) >= limit:
+            if m not in self.in_flight[rank] and len(self.in_flight[rank]) >= self.limit:
                 return False
-            return all(done((FORWARD_SLOT, m, src), clock) for src in reads[v])
-        return done((FORWARD_SLOT, m, v), clock) and all(done((BACKWARD_SLOT, m, dst), clock) for dst in feeds[v])
-
-    clock = 0
-    while any(todo.values()) or any(pending.values()):
-        if clock > 4 * micro * len(ranks) * (len(ranks) + 2):
-            raise RuntimeError("interleaved schedule: no progress (a virtual stage that reads a later one?)")
-        for rank in mine:
-            if free_at[rank] > clock:
-                continue
-            candidates = [s for s in todo[rank] if ready(rank, s, clock)]
-            backward = [s for s in candidates if s[0] == BACKWARD_SLOT]
-            forward = [s for s in candidates if s[0] == FORWARD_SLOT]
-            if backward or forward:
-                slot = (min(backward, key=lambda s: (s[1], -s[2])) if backward
-                        else min(forward, key=lambda s: (-s[2], s[1])))
-                todo[rank].discard(slot)
-                orders[rank].append((clock, slot))
-                entry = ran.setdefault(slot, [0, 0])
-                entry[0], entry[1] = entry[0] + 1, max(entry[1], clock + 1)
-                free_at[rank] = clock + 1
-                if slot[0] == FORWARD_SLOT:
-                    in_flight[rank].setdefault(slot[1], len(mine[rank]))
-                else:
-                    pending[rank].append(slot[1:])
-            elif pending[rank]:  # idle otherwise: the weight gradients waiting, one slot each
-                orders[rank] += [(clock + i, (WEIGHT_SLOT, m, v)) for i, (m, v) in enumerate(pending[rank])]
-                free_at[rank] = clock + len(pending[rank])
-                for m, _ in pending[rank]:
-                    in_flight[rank][m] -= 1
-                    if not in_flight[rank][m]:
-                        del in_flight[rank][m]
-                pending[rank] = []
-        clock += 1
-    plan.__dict__["_interleaved"] = orders
-    return orders
+            return all(self._done((FORWARD_SLOT, m, src), clock) for src in self.reads[v])
+        return self._done((FORWARD_SLOT, m, v), clock) and \
+            all(self._done((BACKWARD_SLOT, m, dst), clock) for dst in self.feeds[v])
 
 
 def _interleaved_train(plan, rank: int, units: list[Unit]) -> list[Action]:
