@@ -30,7 +30,8 @@ BP's steps and BPTT's (BP over the unrolled copies).  CD's positive, negative, t
 passes are not timed, so a CD program is refused (:class:`NotPriced`).  What this leaves out, so where
 the prediction can be wrong: the cores a rank shares with others (a 2-core machine at 4 ranks), the
 Python between layers (a few µs each), MPI progress of non-blocking calls (modelled as fully
-overlapped) and the cache effects of running layers in sequence rather than one at a time.
+overlapped) and the cache effects of running layers in sequence (approximated: kernels of a step that
+outgrows the last-level cache are timed with it emptied, :mod:`.kernels`).
 """
 from __future__ import annotations
 

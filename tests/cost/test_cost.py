@@ -159,6 +159,23 @@ def test_a_corunner_that_cannot_build_its_kernel_is_a_clear_error_and_leaves_no_
     assert pool.processes == [] and not _alive(pid)
 
 
+def test_a_step_that_outgrows_the_cache_times_its_kernels_cold(mlp_cfg, tmp_path, monkeypatch):
+    from singa_mpi.cost import kernels
+
+    the_plan = plan(mlp_cfg, 2)  # a small MLP: its weights and activations stay cached
+    assert not kernels.step_outgrows_cache(the_plan)
+    monkeypatch.setattr(kernels, "last_level_cache_bytes", lambda: 1024)
+    assert kernels.step_outgrows_cache(plan(mlp_cfg, 2))
+    evicted = []
+    seconds = kernels._timed([lambda: None, lambda: None], evict=lambda: evicted.append(1))
+    assert len(seconds) == 2 and len(evicted) == kernels.COLD_RUNS  # once per run, before its first part
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    times = KernelTimes()
+    fc = next(s for s in the_plan.sublayers if s.params)
+    times.of(plan(mlp_cfg, 2), fc)
+    assert [key for key in times.mine if key.endswith("|cold")]  # timed cold, kept apart from warm timings
+
+
 def test_different_local_shapes_have_different_signatures(mlp_cfg):
     one, two = plan(mlp_cfg, 1), plan(mlp_cfg, 2)
     fc = lambda p: next(s for s in p.sublayers if s.params)  # noqa: E731
