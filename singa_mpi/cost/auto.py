@@ -240,12 +240,16 @@ def stage_locations(cfg: JobConfig, nranks: int, method: str, kernels, rates, sc
     work = [per_layer.get(name, 0.0) for name in names]
     if schedule != INTERLEAVED:
         return dict(zip(names, balanced_stages(work, nranks)))
-    # a cut before a layer moves what its sources hand it: forward, and the gradient back
+    return dict(zip(names, interleaved_stages(work, nranks, cuts=_cut_costs(serial_plan, names, rates))))
+
+
+def _cut_costs(serial_plan, names: list[str], rates) -> list[float]:
+    """Per layer, what cutting the net before it costs each side: its sources' outputs sent forward,
+    and their gradients back, at the point-to-point rate."""
     out_bytes = {sub.origin: 4 * math.prod(sub.out_shape) for sub in serial_plan.sublayers if sub.origin}
     link = (rates.local if isinstance(rates, Network) else rates).p2p
-    cuts = [sum(2 * link.time(out_bytes.get(src, 0)) for src in serial_plan.origins[name].conf.srclayers)
+    return [sum(2 * link.time(out_bytes.get(src, 0)) for src in serial_plan.origins[name].conf.srclayers)
             if name in serial_plan.origins else 0.0 for name in names]
-    return dict(zip(names, interleaved_stages(work, nranks, cuts=cuts)))
 
 
 def timed_stage_locations(cfg: JobConfig, nworkers: int, method: str = "shared_memory",

@@ -50,3 +50,23 @@ def test_1f1b_is_predicted_to_hold_fewer_activations_than_gpipe(tmp_path):
     zero_bubble = nets.job(nets.pipelined(nets.mlp("/tmp/unused.h5", 64, "stages", 2), 8, "zb"))
     assert plan_memory(partition(one_f_one_b, 2)) <= plan_memory(partition(zero_bubble, 2)) \
         < plan_memory(partition(gpipe, 2))  # ZB holds up to S micro-batches on every stage
+
+
+def test_interleaved_is_priced_over_runs_of_layers_dealt_round_robin(tmp_path):
+    """The interleaved candidate's placement: the net cut into two runs per worker, dealt 0, 1, 0, 1;
+    the contiguous schedules' placement: one run per worker."""
+    from singa_mpi.cost.auto import stage_locations
+
+    cfg = _mlp(tmp_path)
+    cheap = Rates(1e10, FAST, FAST, FAST, "test")
+    names = list(dict.fromkeys(layer.name for layer in cfg.proto.neuralnet.layer))
+
+    def runs(locations):
+        workers = [locations[name] for name in names]
+        return [w for i, w in enumerate(workers) if i == 0 or workers[i - 1] != w]
+
+    assert runs(stage_locations(cfg, 2, ALLREDUCE, RowKernels(), cheap, "interleaved")) == [0, 1, 0, 1]
+    assert runs(stage_locations(cfg, 2, ALLREDUCE, RowKernels(), cheap, "1f1b")) == [0, 1]
+    interleaved = nets.job(nets.pipelined(nets.mlp("/tmp/unused.h5", 64, "pipeline", 2), 8, "interleaved"))
+    plain = nets.job(nets.mlp("/tmp/unused.h5", 64, "pipeline", 2))
+    assert plan_memory(partition(interleaved, 2)) == plan_memory(partition(plain, 2))  # counted as GPipe: all held
