@@ -1,5 +1,6 @@
-"""plan --auto prices pipelines (every layer whole, stages of about equal predicted time, GPipe and 1F1B
-over 2, 4 and 8 micro-batches) beside the partitionings, and chooses one only where it is predicted
+"""plan --auto prices pipelines (every layer whole, stages of about equal predicted time for GPipe, 1F1B
+and ZB, runs of layers dealt round robin for interleaved, over 2, 4 and 8 micro-batches) beside the
+partitionings, and chooses one only where it is predicted
 clearly faster; the memory it predicts counts what each schedule holds."""
 from google.protobuf import text_format
 
