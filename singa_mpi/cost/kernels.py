@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -232,8 +233,10 @@ def _measure(spec: KernelSpec, beside: CoRunners | None = None, cold: bool = Fal
             return forward, inputs + weights, weights
 
 
+@functools.lru_cache(maxsize=1)
 def _evictor():
-    """A pass over a buffer 1.5 times the last-level cache: what the cache held before is gone."""
+    """A pass over a buffer 1.5 times the last-level cache: what the cache held before is gone (one
+    buffer for every kernel timed cold)."""
     buffer = np.zeros(int(1.5 * last_level_cache_bytes()) // 4, np.float32)
     return lambda: np.add(buffer, 1.0, out=buffer)
 

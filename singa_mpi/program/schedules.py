@@ -282,40 +282,30 @@ class _InterleavedPlay:
             all(self._done((BACKWARD_SLOT, m, dst), clock) for dst in self.feeds[v])
 
 
-def _interleaved_train(plan, rank: int, units: list[Unit]) -> list[Action]:
-    """The interleaved step: each slot over the rank's units of its micro-batch and virtual stage."""
-    groups: dict[tuple[int, int], list[Unit]] = {}
-    for unit in units:
-        groups.setdefault((unit.sub.micro, unit_stage(unit, plan)), []).append(unit)
-    actions: list[Action] = [Local("zero-grads")]
-    for kind, micro, stage in interleaved_orders(plan)[rank]:
-        mine = groups.get((micro, stage), [])
-        if kind == FORWARD_SLOT:
-            actions += forward_pass(mine, "forward", train=True)
-        elif kind == WEIGHT_SLOT:
-            if not isinstance(actions[-1], RunQueued):
-                actions.append(RunQueued())
-        else:
-            actions += [a for a in backward_pass(mine) if not isinstance(a, RunQueued)]
-            actions.append(Release(micro, tuple(unit.name for unit in mine)))
-    return actions + [Local("finish-grads")]
-
-
-def pipelined_train(plan, rank: int, units: list[Unit]) -> list[Action]:
-    """BP's training step of ``rank`` over micro-batches, in the order of ``plan.pipeline``'s schedule."""
+def _slot_units(plan, rank: int, units: list[Unit]) -> list[tuple[str, int, list[Unit]]]:
+    """The rank's slots in the schedule's order, each as (F, B or W, micro-batch, its units): a
+    micro-batch's units on the rank; interleaved, those of one virtual stage."""
     if plan.pipeline.schedule == INTERLEAVED:
-        return _interleaved_train(plan, rank, units)
+        groups: dict[tuple[int, int], list[Unit]] = {}
+        for unit in units:
+            groups.setdefault((unit.sub.micro, unit_stage(unit, plan)), []).append(unit)
+        return [(kind, micro, groups.get((micro, stage), [])) for kind, micro, stage in interleaved_orders(plan)[rank]]
     by_micro: dict[int, list[Unit]] = {}
     for unit in units:
         by_micro.setdefault(unit.sub.micro, []).append(unit)
     stage = stages_of(plan)
     order = slots(plan.pipeline.schedule, plan.pipeline.micro_batches, stage[rank], max(stage.values()) + 1)
-    deferred = plan.pipeline.schedule == ZERO_BUBBLE  # the W slots say when the queue runs
+    return [(kind, micro, by_micro.get(micro, [])) for kind, micro in order]
+
+
+def pipelined_train(plan, rank: int, units: list[Unit]) -> list[Action]:
+    """BP's training step of ``rank`` over micro-batches, in the order of ``plan.pipeline``'s schedule."""
+    order = _slot_units(plan, rank, units)
+    deferred = plan.pipeline.schedule in (ZERO_BUBBLE, INTERLEAVED)  # the W slots say when the queue runs
     last = order[-1][1]  # the micro-batch whose backward ends the rank's step
     bounded = plan.pipeline.schedule == ONE_F_ONE_B
     actions: list[Action] = [Local("zero-grads")]
-    for kind, micro in order:
-        mine = by_micro.get(micro, [])
+    for kind, micro, mine in order:
         if kind == FORWARD_SLOT:
             actions += forward_pass(mine, "forward", train=True)
             continue
