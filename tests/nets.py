@@ -130,6 +130,12 @@ def mlp(path: str, batch: int, scheme: str, nranks: int = 2, steps: int = 20, up
         layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 16), _act("act1", "fc1", "kSTanh")]
         layers = in_stages(layers + [_ip("fc2", "act1", 10), _act("act2", "fc2"), _ip("fc3", "act2", 5),
                                      _loss("fc3")], nranks, first=3)
+    elif scheme in ("stages-middle", "stages-middle-feature"):  # fc2 split over every worker between two stages
+        whole, first, last = "partition_dim: -1", "location: 0", f"location: {nranks - 1}"
+        split = "partition_dim: 1" if scheme.endswith("feature") else "partition_dim: 0"
+        layers = [_data_layer(path, batch, (12,), f"{whole} {first}"), _ip("fc1", "data", 16, whole, loc=first),
+                  _act("act1", "fc1", "kSTanh", whole, first), _ip("fc2", "act1", 10, split),
+                  _act("act2", "fc2", pdim=split), _ip("fc3", "act2", 5, whole, loc=last), _loss("fc3", whole, last)]
     elif scheme == "hybrid":  # the first layer on the batch, the rest on features
         one = "partition_dim: 1"
         layers = [_data_layer(path, batch, (12,)), _ip("fc1", "data", 16), _act("act1", "fc1", "kSTanh"),

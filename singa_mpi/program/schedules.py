@@ -29,8 +29,11 @@ interleaved 1F1B places them round robin, ``plan --auto`` too: :func:`~singa_mpi
   first run while the next rank has micro-batch 0's second.  The order is played out with one unit of
   time per slot over every rank at once (:func:`interleaved_orders`): a ready backward first (the
   oldest micro-batch), else the ready forward of the deepest run (the oldest micro-batch), at most one
-  micro-batch per virtual stage of the net in flight, else ZB's weight-gradient slots.  An order played
-  out so cannot deadlock (each call's partner comes earlier in that play), and the proof checks it.
+  micro-batch per virtual stage of the net in flight, else ZB's weight-gradient slots.  A slot of a
+  virtual stage split over several ranks is a meeting: its ranks run it in the same unit of time (the
+  first to choose it waits for the others), and a collective between such a stage and a neighbour on
+  fewer ranks sits in the split stage's slot on every member.  An order played out so cannot deadlock
+  (each call's partner comes earlier in that play or in the same meeting), and the proof checks it.
   With one run per rank it is a ZB-like schedule over contiguous stages.
 
 The gradients of the micro-batches add up in each param (a layer's blocks
@@ -173,12 +176,19 @@ def virtual_stages(plan) -> tuple[dict[str, int], dict[int, frozenset[int]], dic
 
 def unit_stage(unit: Unit, plan) -> int:
     """The virtual stage a rank's unit serves: its layer's, or for a connection layer the stage of the
-    end of its edge this rank holds (a bridge's sender: the source's; its receiver: the destination's)."""
+    end of its edge this rank holds (a bridge's sender: the source's; its receiver: the destination's).
+    A collective between a stage of one rank and a stage split over several (a layer whole on worker 0
+    feeding one split over workers 0 and 1) serves, on every member, the stage that holds the whole
+    group, so that its members call it in one slot of that stage (the play's meeting)."""
     stage_of, ranks, _ = virtual_stages(plan)
     sub = unit.sub
     if sub.origin is not None:
         return stage_of[sub.origin]
     ex = sub.exchange
+    if sub.role == "collective":  # its members meet: in the one slot of a stage holding the whole group
+        for stage in (stage_of[ex.src_layer], stage_of[ex.dst_layer]):
+            if ranks[stage] >= set(ex.group):
+                return stage
     if sub.role == "bridge_src":
         return stage_of[ex.src_layer]
     if sub.role == "bridge_dst":
@@ -205,8 +215,9 @@ Slot = tuple[str, int, int]  # (F, B or W, micro-batch, virtual stage)
 
 class _InterleavedPlay:
     """The play behind :func:`interleaved_play`: every rank's clock, what it ran and what it holds.  A
-    slot of a virtual stage on several ranks is done once all of them ran it (they meet in its
-    collectives)."""
+    slot of a virtual stage on several ranks is a meeting (its ranks call its collectives together):
+    the first of them to choose it waits, choosing nothing else, until all of them are free, and all
+    run it in the same unit of time, so that every rank meets the others in one order."""
 
     def __init__(self, plan) -> None:
         _, self.ranks, self.reads = virtual_stages(plan)
@@ -228,6 +239,7 @@ class _InterleavedPlay:
         # nothing would drain)
         self.in_flight: dict[int, dict[int, int]] = {rank: {} for rank in self.mine}
         self.pending: dict[int, list[tuple[int, int]]] = {rank: [] for rank in self.mine}  # backwards without W
+        self.meetings: list[Slot] = []  # slots of shared stages chosen, in that order, until all their ranks are free
 
     def run(self) -> dict[int, list[tuple[int, Slot]]]:
         clock, most = 0, 4 * self.micro * len(self.ranks) * (len(self.ranks) + 2)
@@ -235,19 +247,34 @@ class _InterleavedPlay:
             if clock > most:
                 raise RuntimeError("interleaved schedule: no progress (a virtual stage that reads a later one?)")
             for rank in self.mine:
-                if self.free_at[rank] <= clock:
+                if self.free_at[rank] <= clock and not any(rank in self.ranks[s[2]] for s in self.meetings):
                     self._next(rank, clock)
+            self._meet(clock)
             clock += 1
         return self.orders
 
+    def _meet(self, clock: int) -> None:
+        """Run each meeting whose ranks are all free (in the order they were chosen) on all of them."""
+        for slot in list(self.meetings):
+            holders = sorted(self.ranks[slot[2]])
+            if all(self.free_at[rank] <= clock for rank in holders):
+                self.meetings.remove(slot)
+                for rank in holders:
+                    self._run(rank, slot, clock)
+
     def _next(self, rank: int, clock: int) -> None:
         """A ready backward (the oldest micro-batch), else the ready forward of the deepest run (the
-        oldest micro-batch), else the weight gradients waiting, one slot each."""
+        oldest micro-batch), else the weight gradients waiting, one slot each.  A slot of a shared
+        stage becomes a meeting."""
         ready = [slot for slot in self.todo[rank] if self._ready(rank, slot, clock)]
         backward = [slot for slot in ready if slot[0] == BACKWARD_SLOT]
         if backward or ready:
-            self._run(rank, min(backward, key=lambda s: (s[1], -s[2])) if backward
-                      else min(ready, key=lambda s: (-s[2], s[1])), clock)
+            slot = (min(backward, key=lambda s: (s[1], -s[2])) if backward
+                    else min(ready, key=lambda s: (-s[2], s[1])))
+            if len(self.ranks[slot[2]]) > 1:
+                self.meetings.append(slot)
+            else:
+                self._run(rank, slot, clock)
         elif self.pending[rank]:
             self.orders[rank] += [(clock + i, (WEIGHT_SLOT, m, v)) for i, (m, v) in enumerate(self.pending[rank])]
             self.free_at[rank] = clock + len(self.pending[rank])
@@ -275,7 +302,7 @@ class _InterleavedPlay:
     def _ready(self, rank: int, slot: Slot, clock: int) -> bool:
         kind, m, v = slot
         if kind == FORWARD_SLOT:
-            if m not in self.in_flight[rank] and len(self.in_flight[rank]) >= self.limit:
+            if any(m not in self.in_flight[r] and len(self.in_flight[r]) >= self.limit for r in self.ranks[v]):
                 return False
             return all(self._done((FORWARD_SLOT, m, src), clock) for src in self.reads[v])
         return self._done((FORWARD_SLOT, m, v), clock) and \

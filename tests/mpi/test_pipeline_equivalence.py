@@ -4,7 +4,8 @@ Every rank trains the job pipelined over the world and alone in one process (the
 runs whole batches): the per-step losses and the final params must agree within a relative 1e-5, with
 a batch the micro-batches divide and one they do not.  Layouts: the MLP (with and without dropout) and
 the (smooth) convnet in contiguous stages, one per worker, and the MLP whose first stage is split on
-the batch over every worker; interleaved also with the MLP's layers dealt round robin over the workers (a
+the batch over every worker, and the MLP with a middle stage split over every worker (on the batch or
+the features) between single-worker stages; interleaved also with the MLP's layers dealt round robin over the workers (a
 worker holding runs of layers apart).  On one rank there is no pipeline (a single stage): the jobs then run unpipelined, as
 ``neuralnet.pipeline`` says, and must still agree.
 """
@@ -50,6 +51,16 @@ def test_pipelined_hybrid_mlp_matches_serial(world, schedule, micro):
     """The first stage split on the batch over every worker (each micro-batch's rows split again)."""
     text = nets.mlp(_data(world, (12,)), 4 * world.size + 1, "stages-hybrid", world.size, steps=STEPS)
     _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"hybrid_{schedule}_{micro}")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("micro", [2, 3])
+@pytest.mark.parametrize("scheme", ["stages-middle", "stages-middle-feature"])
+def test_pipelined_mlp_with_a_stage_split_over_every_worker_between_two_matches_serial(world, schedule, micro, scheme):
+    """fc1 whole on the first worker, fc2 split on the batch (or its features) over every worker, fc3
+    whole on the last: the workers meet in collectives between single-worker stages."""
+    text = nets.mlp(_data(world, (12,)), 4 * world.size + 1, scheme, world.size, steps=STEPS)
+    _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"{scheme}_{schedule}_{micro}")
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

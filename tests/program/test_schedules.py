@@ -14,7 +14,8 @@ from singa_mpi.program.build import programs
 from singa_mpi.program.job import job_programs
 from singa_mpi.planner.pipeline import interleaved_stages
 from singa_mpi.program.schedules import (interleaved_orders, interleaved_play, slot_times, slots, stages_of, timeline,
-                                         virtual_stages)
+                                         unit_stage, virtual_stages)
+from singa_mpi.program.units import units_of_plan
 
 
 def test_gpipe_runs_every_forward_then_every_backward():
@@ -169,7 +170,8 @@ def test_the_dot_picture_draws_micro_batch_0_and_the_schedule_as_a_table():
 # ---------------------------------------------------------------- interleaved
 
 @pytest.mark.parametrize("scheme,nranks", [("pipeline", 2), ("pipeline", 3), ("stages", 2), ("stages", 4),
-                                           ("stages-hybrid", 2), ("stages-hybrid", 3)])
+                                           ("stages-hybrid", 2), ("stages-hybrid", 3), ("stages-middle", 2),
+                                           ("stages-middle", 3), ("stages-middle-feature", 4)])
 @pytest.mark.parametrize("micro", [2, 3, 8])
 def test_interleaved_runs_every_slot_once_after_the_slots_it_needs(scheme, nranks, micro):
     piped = partition(_mlp(nranks, micro, "interleaved", scheme, batch=48), nranks)
@@ -185,6 +187,8 @@ def test_interleaved_runs_every_slot_once_after_the_slots_it_needs(scheme, nrank
         assert times == sorted(times) and len(set(times)) == len(times)  # one slot at a time
         for t, slot in row:
             ends[(rank,) + slot] = t + 1
+    for (rank, kind, m, v), end in ends.items():  # a shared stage's F or B: one meeting, all its ranks at once
+        assert kind == "W" or all(ends[(r, kind, m, v)] == end for r in ranks[v])
     for rank, row in played.items():
         for t, (kind, m, v) in row:
             if kind == "F":  # after every source's forward of the same micro-batch, on all its ranks
@@ -229,6 +233,22 @@ def test_interleaved_over_runs_of_layers_apart_is_proved_where_1f1b_is_refused()
     forwards = [a.layer for a in gpipe.programs[("train", "shared_memory")][0].actions
                 if isinstance(a, Compute) and a.pass_ == "forward"]
     assert forwards.index("fc1/mb1") > forwards.index("act2/mb0")
+
+
+@pytest.mark.parametrize("scheme", ["stages-middle", "stages-middle-feature"])
+def test_interleaved_meets_in_the_collectives_of_a_stage_split_over_every_worker(scheme):
+    """fc1 on worker 0, fc2 split over workers 0 and 1, fc3 on worker 1.  The collectives into and out
+    of fc2 are in fc2's slots on both workers (worker 0 does not scatter micro-batch 1's rows from its
+    first stage while worker 1 gathers micro-batch 0's gradients), so the proof accepts the order
+    (it refused it while each member called them in the slot of its own end of the edge)."""
+    cfg = _mlp(2, 3, "interleaved", scheme, batch=16)
+    plan = make_plan(cfg, 2)  # proved, or it raises
+    stage_of, ranks, _ = virtual_stages(plan)
+    assert (stage_of["fc1"], stage_of["fc2"], stage_of["fc3"]) == (0, 1, 2)
+    assert ranks == {0: {0}, 1: {0, 1}, 2: {1}}
+    for rank in (0, 1):
+        collectives = [unit for unit in units_of_plan(plan, rank) if unit.sub.role == "collective"]
+        assert collectives and {unit_stage(unit, plan) for unit in collectives} == {1}, rank
 
 
 def test_interleaved_timeline_names_each_slot_s_virtual_stage():
