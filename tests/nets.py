@@ -155,6 +155,26 @@ def mlp(path: str, batch: int, scheme: str, nranks: int = 2, steps: int = 20, up
     return job_text(layers, steps, updater=updater)
 
 
+def mlp_anywhere(path: str, batch: int, nranks: int, seed: int, steps: int = 20) -> str:
+    """The 12-16-12-8 MLP with each layer drawn (from ``seed``) whole on one worker, split on the batch,
+    or (inner products and activations) split on features, until every worker holds a layer: layouts
+    no hand-written test thought of (stages of one worker and of all of them, in any order)."""
+    import random
+
+    rng = random.Random(seed)
+    whole = [f"partition_dim: -1 location: {rank}" for rank in range(nranks)]
+    while True:
+        places = [rng.choice(whole + ["partition_dim: 0"] + ([] if name in ("data", "loss") else ["partition_dim: 1"]))
+                  for name in ("data", "fc1", "act1", "fc2", "act2", "fc3", "loss")]
+        held = {int(p.rsplit(" ", 1)[1]) for p in places if "location" in p}
+        if len(held) == nranks or any("location" not in p for p in places):
+            break
+    data, fc1, act1, fc2, act2, fc3, loss = places
+    layers = [_data_layer(path, batch, (12,), data), _ip("fc1", "data", 16, fc1), _act("act1", "fc1", "kSTanh", act1),
+              _ip("fc2", "act1", 12, fc2), _act("act2", "fc2", pdim=act2), _ip("fc3", "act2", 8, fc3), _loss("fc3", loss)]
+    return job_text(layers, steps)
+
+
 def mlp_dropout(path: str, batch: int, scheme: str, ratio: float = 0.3, steps: int = 10, nranks: int = 2) -> str:
     """12-16-10-5 MLP with dropout after each hidden layer; scheme data, feature, hybrid (fc1 on the
     batch, fc2 and its dropout on features) or stages (contiguous runs of layers on the ``nranks``
