@@ -155,24 +155,42 @@ def mlp(path: str, batch: int, scheme: str, nranks: int = 2, steps: int = 20, up
     return job_text(layers, steps, updater=updater)
 
 
-def mlp_anywhere(path: str, batch: int, nranks: int, seed: int, steps: int = 20) -> str:
-    """The 12-16-12-8 MLP with each layer drawn (from ``seed``) whole on one worker, split on the batch,
-    or (inner products and activations) split on features, until every worker holds a layer: layouts
-    no hand-written test thought of (stages of one worker and of all of them, in any order)."""
+# layer types that cannot be split on features (their sub-layers would need every feature)
+_WHOLE_FEATURES = ("kRecordInput", "kSoftmaxLoss", "kLRN")
+
+
+def placed_anywhere(text: str, nranks: int, seed: int) -> str:
+    """``text`` (a job of :func:`job_text` whose layers carry no placement) with each layer drawn (from
+    ``seed``) whole on one worker, split on the batch, or (where it can be) split on features, until
+    every worker holds a layer: layouts no hand-written test thought of (stages of one worker and of
+    all of them, in any order)."""
     import random
+    import re
 
     rng = random.Random(seed)
+    lines = text.splitlines()
+    layers = [(i, re.search(r'type: (\w+)', line).group(1)) for i, line in enumerate(lines) if line.startswith("layer {")]
     whole = [f"partition_dim: -1 location: {rank}" for rank in range(nranks)]
     while True:
-        places = [rng.choice(whole + ["partition_dim: 0"] + ([] if name in ("data", "loss") else ["partition_dim: 1"]))
-                  for name in ("data", "fc1", "act1", "fc2", "act2", "fc3", "loss")]
-        held = {int(p.rsplit(" ", 1)[1]) for p in places if "location" in p}
-        if len(held) == nranks or any("location" not in p for p in places):
+        places = [rng.choice(whole + ["partition_dim: 0"] + ([] if kind in _WHOLE_FEATURES else ["partition_dim: 1"]))
+                  for _, kind in layers]
+        held = {int(place.rsplit(" ", 1)[1]) for place in places if "location" in place}
+        if len(held) == nranks or any("location" not in place for place in places):
             break
-    data, fc1, act1, fc2, act2, fc3, loss = places
-    layers = [_data_layer(path, batch, (12,), data), _ip("fc1", "data", 16, fc1), _act("act1", "fc1", "kSTanh", act1),
-              _ip("fc2", "act1", 12, fc2), _act("act2", "fc2", pdim=act2), _ip("fc3", "act2", 8, fc3), _loss("fc3", loss)]
-    return job_text(layers, steps)
+    for (i, _), place in zip(layers, places):
+        name_end = lines[i].index('"', lines[i].index('name: "') + 7) + 1
+        lines[i] = f"{lines[i][:name_end]} {place}{lines[i][name_end:]}"
+    return "\n".join(lines) + "\n"
+
+
+def mlp_anywhere(path: str, batch: int, nranks: int, seed: int, steps: int = 20) -> str:
+    """The 12-16-10-5 MLP with each layer placed at random (:func:`placed_anywhere`)."""
+    return placed_anywhere(mlp(path, batch, "data", nranks, steps), nranks, seed)
+
+
+def convnet_anywhere(path: str, batch: int, nranks: int, seed: int, steps: int = 20) -> str:
+    """The smooth convnet with LRN (:func:`convnet`) with each layer placed at random (:func:`placed_anywhere`)."""
+    return placed_anywhere(convnet(path, batch, "data", steps, lrn=True, pool="AVG", act="kSTanh"), nranks, seed)
 
 
 def mlp_dropout(path: str, batch: int, scheme: str, ratio: float = 0.3, steps: int = 10, nranks: int = 2) -> str:

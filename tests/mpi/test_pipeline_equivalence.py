@@ -5,8 +5,8 @@ runs whole batches): the per-step losses and the final params must agree within 
 a batch the micro-batches divide and one they do not.  Layouts: the MLP (with and without dropout) and
 the (smooth) convnet in contiguous stages, one per worker, and the MLP whose first stage is split on
 the batch over every worker, and the MLP with a middle stage split over every worker (on the batch or
-the features) between single-worker stages, and the MLP with each layer placed at random (whole on a
-worker, split on the batch or the features); interleaved also with the MLP's layers dealt round robin over the workers (a
+the features) between single-worker stages, and the MLP and the convnet with each layer placed at
+random (whole on a worker, split on the batch or the features); interleaved also with the MLP's layers dealt round robin over the workers (a
 worker holding runs of layers apart).  On one rank there is no pipeline (a single stage): the jobs then run unpipelined, as
 ``neuralnet.pipeline`` says, and must still agree.
 """
@@ -65,23 +65,25 @@ def test_pipelined_mlp_with_a_stage_split_over_every_worker_between_two_matches_
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("seed", range(6))
-def test_pipelined_mlp_placed_anywhere_matches_serial(world, schedule, seed):
-    """Each layer drawn whole on a worker, split on the batch or on features (nets.mlp_anywhere), three
-    micro-batches.  1F1B and ZB may be refused where a worker holds layers apart (the proof says so
-    before any rank starts: tests/program/test_schedules.py); GPipe and interleaved never are."""
+@pytest.mark.parametrize("net,seed", [("mlp", seed) for seed in range(6)] + [("convnet", seed) for seed in range(4)])
+def test_pipelined_nets_placed_anywhere_match_serial(world, schedule, net, seed):
+    """Each layer drawn whole on a worker, split on the batch or on features (nets.placed_anywhere),
+    three micro-batches.  1F1B and ZB may be refused where a worker holds layers apart (the proof says
+    so before any rank starts: tests/program/test_schedules.py); GPipe and interleaved never are."""
     from singa_mpi.errors import ConfigError
     from singa_mpi.planner import plan
 
-    text = nets.pipelined(nets.mlp_anywhere(_data(world, (12,)), 4 * world.size + 5, world.size, seed, steps=STEPS), 3,
-                          schedule)
+    batch = 4 * world.size + 5
+    placed = (nets.mlp_anywhere(_data(world, (12,)), batch, world.size, seed, steps=STEPS) if net == "mlp"
+              else nets.convnet_anywhere(_data(world, (2, 8, 8)), batch, world.size, seed, steps=STEPS))
+    text = nets.pipelined(placed, 3, schedule)
     if schedule in ("1f1b", "zb") and world.size > 1:
         try:
             plan(nets.job(text), world.size)
         except ConfigError as err:
             agree(world, "would deadlock" in str(err), str(err))
             return
-    _trains_as_serial(world, text, f"anywhere_{schedule}_{seed}")
+    _trains_as_serial(world, text, f"anywhere_{net}_{schedule}_{seed}")
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

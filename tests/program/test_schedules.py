@@ -252,15 +252,17 @@ def test_interleaved_meets_in_the_collectives_of_a_stage_split_over_every_worker
 
 
 @pytest.mark.parametrize("nranks", [2, 3, 4])
-def test_gpipe_and_interleaved_order_any_placement_without_crossing_calls(nranks):
+@pytest.mark.parametrize("net", ["mlp", "convnet"])
+def test_gpipe_and_interleaved_order_any_placement_without_crossing_calls(net, nranks):
     """Layers drawn whole on any worker, split on the batch or on features, in any order
-    (nets.mlp_anywhere): GPipe's and the interleaved play's orders are proved on every one; 1F1B and ZB
-    are proved or refused with the advice to use interleaved.  (Before shared stages met, the
-    interleaved play crossed the calls of 700 of 968 such layouts.)"""
+    (nets.placed_anywhere): GPipe's and the interleaved play's orders are proved on every one; 1F1B and
+    ZB are proved or refused with the advice to use interleaved.  (Before shared stages met, the
+    interleaved play crossed the calls of 700 of 968 such MLP layouts.)"""
+    anywhere = nets.mlp_anywhere if net == "mlp" else nets.convnet_anywhere
     refused = 0
     for seed in range(60):
         for schedule in ("gpipe", "interleaved", "1f1b", "zb"):
-            cfg = nets.job(nets.pipelined(nets.mlp_anywhere("/tmp/unused.h5", 4 * nranks + 5, nranks, seed, steps=2), 3,
+            cfg = nets.job(nets.pipelined(anywhere("/tmp/unused.h5", 4 * nranks + 5, nranks, seed, steps=2), 3,
                                           schedule))
             try:
                 make_plan(cfg, nranks)
