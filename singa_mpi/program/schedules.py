@@ -266,7 +266,7 @@ class _InterleavedPlay:
         """A ready backward (the oldest micro-batch), else the ready forward of the deepest run (the
         oldest micro-batch), else the weight gradients waiting, one slot each.  A slot of a shared
         stage becomes a meeting."""
-        ready = [slot for slot in self.todo[rank] if self._ready(rank, slot, clock)]
+        ready = [slot for slot in self.todo[rank] if self._ready(slot, clock)]
         backward = [slot for slot in ready if slot[0] == BACKWARD_SLOT]
         if backward or ready:
             slot = (min(backward, key=lambda s: (s[1], -s[2])) if backward
@@ -299,7 +299,7 @@ class _InterleavedPlay:
         entry = self.ran.get(slot)
         return entry is not None and entry[0] == len(self.ranks[slot[2]]) and entry[1] <= clock
 
-    def _ready(self, rank: int, slot: Slot, clock: int) -> bool:
+    def _ready(self, slot: Slot, clock: int) -> bool:
         kind, m, v = slot
         if kind == FORWARD_SLOT:
             if any(m not in self.in_flight[r] and len(self.in_flight[r]) >= self.limit for r in self.ranks[v]):
