@@ -16,8 +16,10 @@ search therefore
    convnet a plan predicted 4% faster ran 3-12% slower;
 4. ``plan --auto`` (every layer free) also prices pipelines: every layer whole, in contiguous stages
    of about equal predicted time, one per worker, over ``PIPELINE_MICRO_BATCHES`` micro-batches in
-   GPipe, 1F1B and ZB order, and in runs of layers dealt round robin (two per worker) in interleaved
-   order; one is chosen when predicted MARGIN faster than the best of the above.
+   GPipe, 1F1B and ZB order (on two workers also with the layer on either side of the cut split over
+   both, on the batch or on features: :func:`shared_cuts`), and in runs of layers dealt round robin
+   (two per worker) in interleaved order; one is chosen when predicted MARGIN faster than the best of
+   the above.
 
 Plans over the memory limit per rank (params, their updater state and the activations the plan
 holds, as predicted from the plan) are skipped.  The result is a choice per layer, its predicted step,
@@ -57,9 +59,16 @@ class Choice:
         """The line a launch prints about it."""
         if self.pipeline is not None:
             stages = len(set(self.locations.values()))
-            return (f"partition_dim: auto chose a pipeline: every layer whole in {stages} stages, schedule "
+            return (f"partition_dim: auto chose a pipeline: every layer whole in {stages} stages{self.split_note()}, schedule "
                     f"{self.pipeline[0]} over {self.pipeline[1]} micro-batches (predicted step {1e3 * self.step:.2f} ms)")
         return "partition_dim: auto chose " + ", ".join(f"{name} {dim}" for name, dim in self.dims.items())
+
+
+    def split_note(self) -> str:
+        """A pipeline's layers that are not whole (split at the cut between two stages), in words."""
+        split = [f"{name} split on {'the batch' if dim == 0 else 'features'} over both"
+                 for name, dim in self.dims.items() if dim != -1]
+        return f" but {', '.join(split)}" if split else ""
 
 
 def with_dims(cfg: JobConfig, dims: dict[str, int]) -> JobConfig:
@@ -208,20 +217,38 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
 
 def _best_pipeline(search: Search, kernels, rates) -> Choice | None:
     """The fastest pipeline: every layer whole, placed by :func:`stage_locations` for its schedule (one
-    contiguous stage per worker; interleaved: runs dealt round robin); each schedule and micro-batch
-    count priced."""
+    contiguous stage per worker; interleaved: runs dealt round robin), and on two workers also with a
+    layer at the cut split over both (:func:`shared_cuts`); each schedule and micro-batch count priced."""
     from singa_mpi.planner.pipeline import SCHEDULES
 
     whole = {name: -1 for name in search.names}
     best = None
     for schedule in SCHEDULES:
         locations = stage_locations(search.cfg, search.nranks, search.method, kernels, rates, schedule)
-        for micro in PIPELINE_MICRO_BATCHES:
-            candidate = Choice(whole, 0.0, None, 0, 0, rates.source, locations, (schedule, micro))
-            price = search.price(whole, candidate)
-            if price is not None and (best is None or price < best.step):
-                best = dataclasses.replace(candidate, step=price, memory=search.memory(whole, candidate))
+        for dims in [whole] + shared_cuts(search.names, locations, search.nranks, schedule):
+            for micro in PIPELINE_MICRO_BATCHES:
+                candidate = Choice(dims, 0.0, None, 0, 0, rates.source, locations, (schedule, micro))
+                price = search.price(dims, candidate)
+                if price is not None and (best is None or price < best.step):
+                    best = dataclasses.replace(candidate, step=price, memory=search.memory(dims, candidate))
     return best
+
+
+def shared_cuts(names: list[str], locations: dict[str, int], nranks: int, schedule: str) -> list[dict[str, int]]:
+    """Two contiguous stages on two workers, with the layer on either side of the cut split over both
+    (on the batch, or on features): the split layer's share of the work moves to the lighter stage
+    (the CIFAR-10 convnet's conv2 halves on the batch), and its exchanges, sent as messages, keep the
+    stages apart.  Layer granularity alone cannot balance a net whose heaviest layer sits at the cut."""
+    from singa_mpi.planner.pipeline import INTERLEAVED
+
+    if nranks != 2 or schedule == INTERLEAVED:
+        return []
+    order = list(dict.fromkeys(names))
+    first_of_second = next((i for i, name in enumerate(order) if locations.get(name) == 1), None)
+    if not first_of_second:
+        return []
+    whole = {name: -1 for name in names}
+    return [dict(whole, **{order[at]: dim}) for at in (first_of_second, first_of_second - 1) for dim in (0, 1)]
 
 
 def stage_locations(cfg: JobConfig, nranks: int, method: str, kernels, rates, schedule: str = "") -> dict[str, int]:
@@ -337,7 +364,7 @@ def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalib
              f"{choice.evaluated} plans priced (communicator rates: {choice.rates_source})"]
     for name, dim in choice.dims.items():
         mark = "" if before.get(name) == dim else f"   (the job: {before.get(name)})"
-        where = f"whole on worker {choice.locations[name]}" if choice.pipeline else names[str(dim)]
+        where = f"whole on worker {choice.locations[name]}" if choice.pipeline and dim == -1 else names[str(dim)]
         lines.append(f"  {name:<24} partition_dim {dim:>2}  {where}{mark}")
     if choice.pipeline:
         lines.append(f"  a pipeline: schedule {choice.pipeline[0]}, {choice.pipeline[1]} micro-batches "
@@ -350,7 +377,7 @@ def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalib
         from singa_mpi.planner.pipeline import INTERLEAVED
 
         placed = ("runs of layers dealt round robin" if piped.pipeline[0] == INTERLEAVED
-                  else "stages of about equal time")
+                  else f"stages of about equal time{piped.split_note()}")
         lines.append(f"the fastest pipeline ({piped.pipeline[0]}, {piped.pipeline[1]} micro-batches, {placed}): "
                      f"{1e3 * piped.step:.2f} ms")
     chosen = with_choice(cfg, choice)

@@ -50,7 +50,7 @@ from singa_mpi.planner.syncs import shared_memory_syncs
 from singa_mpi.program.actions import Action, Comm, Compute, Local, RunQueued, SyncGradients, Update, Wait
 from singa_mpi.program.build import programs
 from singa_mpi.program.passes import NON_BLOCKING
-from singa_mpi.program.verify import RECEIVES, SENDS
+from singa_mpi.program.verify import RECEIVES, SENDS, first_open, waited_for
 
 UPDATE_PASSES = 5  # an SGD update with history: read value, grad, history; write value, history
 PRICED = ("forward", "backward")  # the passes kernels are timed for
@@ -138,7 +138,7 @@ class Walk:
         self.receives: dict[tuple, int] = {}  # (src, dst, tag) -> receives started
         self.arrivals: dict[str, dict[int, tuple[float, Comm]]] = {}  # call key -> member -> (clock, call)
         self.ends: dict[str, float] = {}  # call key -> when the collective ends (once every member arrived)
-        self.started: dict[tuple[int, str, str], tuple] = {}  # (rank, layer, op) of a non-blocking call -> ticket
+        self.started: dict[tuple[int, str, str], list] = {}  # (rank, layer, op) of non-blocking calls -> tickets
         self.ring_free = [0.0] * n  # when each rank's previous gradient bucket ends
         self.queued = [0.0] * n  # seconds of weight-gradient products waiting in each rank's queue
         self.synced = {(s.name, s.offsets) for s in plan.param_syncs}
@@ -155,7 +155,7 @@ class Walk:
             ticket = waiting.pop(rank, None) or self.start(rank, programs[rank][position[rank]])
             if ticket is not None and not self.finish(rank, ticket):
                 waiting[rank] = ticket
-                self.blocked.setdefault(ticket[:2], []).append(rank)
+                self.blocked.setdefault(first_open(ticket, self.ended)[:2], []).append(rank)
             else:
                 position[rank] += 1
                 if position[rank] < len(programs[rank]):
@@ -175,7 +175,7 @@ class Walk:
         elif isinstance(action, Comm):
             return self.call(rank, action)
         elif isinstance(action, Wait):
-            return self.started.pop((rank, action.layer, action.op))
+            return waited_for(self.started.pop((rank, action.layer, action.op), []))
         elif isinstance(action, SyncGradients):
             self.backward_done[rank] = self.clock[rank]
         elif isinstance(action, Update):
@@ -188,15 +188,29 @@ class Walk:
 
     def finish(self, rank: int, ticket: tuple) -> bool:
         """Whether what ``ticket`` waits for has happened; if so the rank's clock moves to its end."""
+        if ticket[0] == "all":  # several receives, one Wait: the last to end
+            ends = [self.end_of(each) for each in ticket[1]]
+            if any(end is None for end in ends):
+                return False
+            self.clock[rank] = max([self.clock[rank]] + ends)
+            return True
+        end = self.end_of(ticket)
+        if end is None:
+            return False
+        self.clock[rank] = max(self.clock[rank], end)
+        return True
+
+    def ended(self, ticket: tuple) -> bool:
+        return self.end_of(ticket) is not None
+
+    def end_of(self, ticket: tuple) -> float | None:
+        """When what ``ticket`` waits for ends, once known."""
         if ticket[0] == "message":
             arrived = self.messages.get(ticket[1], [])
             end = arrived[ticket[2]] if len(arrived) > ticket[2] else None
         else:
             end = self.ends.get(ticket[1])
-        if end is None:
-            return False
-        self.clock[rank] = max(self.clock[rank], end)
-        return True
+        return end
 
     def wake(self, what: tuple) -> None:
         self.woken += self.blocked.pop(what, [])
@@ -237,7 +251,7 @@ class Walk:
             ticket = ("collective", call.key)
         if call.blocking:
             return ticket
-        self.started[(rank, call.layer, call.op)] = ticket
+        self.started.setdefault((rank, call.layer, call.op), []).append(ticket)
         return None
 
     def send(self, rank: int, call: Comm) -> None:

@@ -16,7 +16,10 @@ For every edge the planner compares what each source sub-layer holds with what
 each destination sub-layer needs (seed 004's OneToOne/OneToAll rule) and, where
 they differ, inserts a connection layer: a bridge pair (Send/Recv) between two
 ranks, or a collective Slice/Split/Concate (see :mod:`.regions`).  Names follow
-SINGA: ``fc1@0``, ``concate(split(pool3))@1``, ``bridge_src(fc1->fc2)``.
+SINGA: ``fc1@0``, ``concate(split(pool3))@1``, ``bridge_src(fc1->fc2)``.  In a pipelined
+training step every such layer moves its pieces as point-to-point messages instead (``Send``/``Recv``:
+:data:`~singa_mpi.program.rules.MESSAGES`): a collective would make all its members meet in one micro-batch's slot, so a layer
+split over the workers of two stages would fuse the stages into one.
 
 The global order (original layers in topological order, each preceded by the
 connection layers of its incoming edges) is every rank's execution order
@@ -41,6 +44,7 @@ from singa_mpi.planner.deterministic import (Deterministic, check_deterministic,
 from singa_mpi.planner.pipeline import Pipeline, check_pipeline, join_blocks, pipeline_of
 from singa_mpi.planner.regions import (Piece, Region, as_array, classify, overlap_sizes, pieces, pieces_from,
                                       pieces_to)
+from singa_mpi.program.rules import MESSAGES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +76,7 @@ class Exchange:
     src_layer: str  # original layer names of the edge
     dst_layer: str
     kind: str  # "data" (float32, with a backward) or "aux" (int32 labels, forward only)
-    forward_op: str
+    forward_op: str  # MESSAGES[0] ("Send") for a bridge and for pieces sent as messages (a pipeline's)
     backward_op: str | None
     group: tuple[int, ...]  # ranks taking part, ascending
     holders: dict[int, Region]
@@ -243,7 +247,7 @@ def partition(cfg: JobConfig, nranks: int, phase: str = "train") -> Plan:
         for node, logical, _ in built:
             placed[node.name] = _place(cfg, node, logical, nranks, base_ctx, placed, rows)
         _mark_needs_grad(order, placed)
-        blocks.append(_connect(cfg, order, placed, nranks))
+        blocks.append(_connect(cfg, order, placed, nranks, messages=pipe is not None))
     sublayers, exchanges = blocks[0] if pipe is None else join_blocks(blocks)
     _check_every_rank_busy(sublayers, nranks, order)
     if mode is not None:
@@ -396,8 +400,10 @@ def _holder_regions(src: _Placed, kind: str) -> dict[int, Region]:
     return {rank: Region(region.rows, (0, 1)) for rank, region in src.regions.items()}
 
 
-def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nranks: int
+def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nranks: int, messages: bool = False
              ) -> tuple[list[SubLayer], list[Exchange]]:
+    """The sub-layers in order with the connection layers of every edge whose ends differ
+    (``messages``: every exchange's pieces as point-to-point messages, for a pipeline)."""
     sublayers: list[SubLayer] = []
     exchanges: list[Exchange] = []
     used_names: set[str] = set()
@@ -417,7 +423,8 @@ def _connect(cfg: JobConfig, order: list[Node], placed: dict[str, _Placed], nran
                 for rank in dst.layers:
                     inputs[rank].append(_sub_name(src.node, rank, src.pdim))
                 continue
-            exchange, conn_layers = _make_exchange(len(exchanges), src, dst, kind, holders, needs, used_names)
+            exchange, conn_layers = _make_exchange(len(exchanges), src, dst, kind, holders, needs, used_names,
+                                                   messages)
             exchanges.append(exchange)
             sublayers.extend(conn_layers)
             receiving = {c.rank: c.name for c in conn_layers if c.role != "bridge_src"}
@@ -459,10 +466,13 @@ def _shard(spec, cls: type[Layer]) -> ParamShard:
 
 
 def _make_exchange(eid: int, src: _Placed, dst: _Placed, kind: str, holders: dict[int, Region],
-                   needs: dict[int, Region], used_names: set[str]) -> tuple[Exchange, list[SubLayer]]:
+                   needs: dict[int, Region], used_names: set[str], messages: bool = False
+                   ) -> tuple[Exchange, list[SubLayer]]:
     nfeat = src.out_shape[0] if (src.out_shape and kind == "data") else 1
     full = Region(src.rows, (0, nfeat))
     type_name, fwd, bwd = classify(holders, needs, full)
+    if messages:
+        fwd, bwd = MESSAGES
     rest = tuple(src.out_shape[1:]) if kind == "data" else ()
     group = tuple(sorted(set(holders) | set(needs)))
     with_backward = kind == "data" and src.needs_grad

@@ -2,7 +2,8 @@
 
 The program (:mod:`singa_mpi.program`) says what happens in which order; the executor only
 dispatches: a ``Compute`` to the layer's maths, an exchange's ``Comm`` to its connection layer
-(which performs exactly the call the program names), ``RunQueued`` to the gradient queue, a
+(which performs exactly the calls the program names: where an exchange is several calls in a row,
+its pieces as messages, the layer makes them all at the last), ``RunQueued`` to the gradient queue, a
 ``Wait`` to the layer that started the call, ``GradsFinal`` to the sync strategy.  Calls issued by
 a layer's maths (batch statistics) or by the sync strategy (buckets, node-shared memory), and the
 sync and update at the end of a training step, are performed where the program says by those who
@@ -23,16 +24,22 @@ LayerDone = Callable[[Layer], None]
 def execute(actions: Iterable, net: Net, on_layer_done: LayerDone | None = None) -> None:
     """Perform ``actions`` on ``net`` in order (``on_layer_done``: the sync strategy's hook)."""
     skipped: set[str] = set()
-    for action in actions:
+    todo = list(actions)
+    sends = False  # the calls of the exchange under way include a send
+    for position, action in enumerate(todo):
         kind = type(action)
         if kind is Compute:
             _compute(action, net, skipped)
             net.poll_sends()
         elif kind is Comm:
-            if action.by == "exchange":
+            if action.by != "exchange":
+                continue
+            sends = sends or action.op == "Isend"
+            if not _more_calls(todo, position):
                 _exchange(action, net)
-                if action.op == "Isend":
+                if sends:
                     net.sending.append(net.by_name[action.layer].layer)
+                sends = False
         elif kind is Wait:
             if action.layer in net.by_name:
                 net.finish_exchange(net.by_name[action.layer])
@@ -46,6 +53,15 @@ def execute(actions: Iterable, net: Net, on_layer_done: LayerDone | None = None)
         elif kind is Release:
             for name in action.layers:
                 net.by_name[name].layer.release()
+
+
+def _more_calls(actions: list, position: int) -> bool:
+    """Whether the call at ``position`` is followed by another of the same exchange and direction
+    (an exchange sent as messages: its layer makes them all at the last)."""
+    call = actions[position]
+    following = actions[position + 1] if position + 1 < len(actions) else None
+    return (type(following) is Comm and following.by == "exchange" and following.layer == call.layer
+            and following.direction == call.direction)
 
 
 def _compute(action: Compute, net: Net, skipped: set[str]) -> None:
@@ -76,5 +92,5 @@ def _exchange(call: Comm, net: Net) -> None:
         net.run_pass(wire, call.pass_ or "forward", True)
         return
     net.start_exchange(wire)
-    if call.blocking:  # a gradient sent back over a bridge: nothing to wait for here
+    if call.blocking:  # gradients sent back and none to receive: nothing to wait for here
         net.finish_exchange(wire)

@@ -8,10 +8,12 @@ sum its maths asks for.  Algorithms (:mod:`singa_mpi.algorithms`) pick their pas
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from typing import Iterable
 
 from singa_mpi.program import rules
+from singa_mpi.program.rules import MESSAGES
 from singa_mpi.program.actions import (BACKWARD, BACKWARD_PASSES, FORWARD, FORWARD_PASSES, Action, Comm, Compute,
                                        GradsFinal, Local, RunQueued, Wait)
 from singa_mpi.program.units import Unit
@@ -50,9 +52,9 @@ def forward_pass(units: Iterable[Unit], pass_: str, train: bool) -> list[Action]
 
 
 def forward_of(unit: Unit, pass_: str, train: bool) -> list[Action]:
-    """A unit's forward-like pass: its maths, or the call of the exchange it serves."""
+    """A unit's forward-like pass: its maths, or the calls of the exchange it serves."""
     if unit.exchange is not None:
-        return [exchange_calls(unit.sub, FORWARD, pass_)]
+        return list(exchange_calls(unit.sub, FORWARD, pass_))
     actions: list[Action] = [Compute(unit.name, pass_, train)]
     if train and unit.row_group:
         actions.append(statistics_call(unit.sub, FORWARD, pass_))
@@ -60,16 +62,17 @@ def forward_of(unit: Unit, pass_: str, train: bool) -> list[Action]:
 
 
 def backward_of(unit: Unit, pass_: str, train: bool = True) -> list[Action]:
-    """A unit's backward-like pass: its gradient maths, or the exchange's non-blocking return trip,
-    the queued weight gradients while it travels, and its wait."""
+    """A unit's backward-like pass: its gradient maths, or the exchange's return trip; where it
+    receives without blocking, the queued weight gradients while it travels, then its wait."""
     ex = unit.exchange
     if ex is not None:
         if not ex.with_backward:
             return []
-        call = exchange_calls(unit.sub, BACKWARD, pass_)
-        if call.blocking:  # a bridge's gradient sent back: completes at the layer's next call
-            return [call]
-        return [call, RunQueued(), Wait(unit.name, call.op)]
+        calls: list[Action] = list(exchange_calls(unit.sub, BACKWARD, pass_))
+        started = [c for c in calls if isinstance(c, Comm) and not c.blocking]
+        if not started:  # gradients sent back (a bridge's, or pieces as messages): complete at the next call
+            return calls
+        return calls + [RunQueued(), Wait(unit.name, started[0].op)]
     actions: list[Action] = [Compute(unit.name, pass_, train)]
     if pass_ == "backward" and unit.row_group:
         actions.append(statistics_call(unit.sub, BACKWARD, pass_))
@@ -127,8 +130,10 @@ def gibbs_round(pair: list[Unit], train: bool) -> list[Action]:
 
 # ---------------------------------------------------------------- communication calls
 
-def exchange_calls(sub, direction: str, pass_: str = "") -> Comm:
-    """The call ``sub`` (a connection layer) makes for its exchange in ``direction``."""
+def exchange_calls(sub, direction: str, pass_: str = "") -> list[Comm]:
+    """The calls ``sub`` (a connection layer) makes for its exchange in ``direction``, in order: a
+    bridge's one message, one collective, or (pieces as messages: :data:`MESSAGES`) an ``Isend`` of
+    each piece for another rank, then a receive of each piece from another."""
     ex, rank = sub.exchange, sub.rank
     forward = direction == FORWARD
     sent, received = ex.sent_by(rank), ex.received_by(rank)
@@ -141,15 +146,45 @@ def exchange_calls(sub, direction: str, pass_: str = "") -> Comm:
         # a send never blocks (Isend, completed at the layer's next call); a forward receive does,
         # a backward one is started and waited for after the queued weight gradients
         op = "Isend" if sends else ("Recv" if forward else "Irecv")
-        return Comm(rank, op, peer, ex.group, None, rules.tag(ex.id, direction), sub.out_shape, ex.dtype,
-                    sub.name, direction, key, sent, received, pass_, blocking=op != "Irecv")
+        return [Comm(rank, op, peer, ex.group, None, rules.tag(ex.id, direction), sub.out_shape, ex.dtype,
+                     sub.name, direction, key, sent, received, pass_, blocking=op != "Irecv")]
+    if ex.forward_op == MESSAGES[0]:
+        return message_calls(sub, direction, pass_)
     op = ex.forward_op if forward else NON_BLOCKING[ex.backward_op]
-    return Comm(rank, op, None, ex.group, rules.root(ex), None, sub.out_shape, ex.dtype, sub.name, direction,
-                key, sent, received, pass_, blocking=forward)
+    return [Comm(rank, op, None, ex.group, rules.root(ex), None, sub.out_shape, ex.dtype, sub.name, direction,
+                 key, sent, received, pass_, blocking=forward)]
 
 
-def connection_calls(sub) -> dict[str, Comm]:
-    """A connection layer's call in each direction it makes one ("backward" only when gradients
+def message_calls(sub, direction: str, pass_: str = "") -> list[Comm]:
+    """A connection layer on several workers whose pieces travel as messages (a pipeline's): forward,
+    an ``Isend`` of each held piece another rank needs, then a ``Recv`` of each needed piece another
+    rank holds; backward the reverse, the receives started (``Irecv``) and waited for after the queued
+    weight gradients.  A piece between a rank and itself is a copy, no call.  Every piece's calls
+    share a key (``forward:ID:SRC>DST``) and the exchange's tag (:func:`rules.tag`)."""
+    ex, rank = sub.exchange, sub.rank
+    forward = direction == FORWARD
+    outgoing = [(p.dst, p) for p in ex.sends_of(rank) if p.dst != rank]
+    incoming = [(p.src, p) for p in ex.recvs_of(rank) if p.src != rank]
+    if not forward:
+        outgoing, incoming = incoming, outgoing
+    tag, rest = rules.tag(ex.id, direction), math.prod(ex.rest_shape)
+    receive = "Recv" if forward else "Irecv"
+
+    def call(op: str, peer: int, piece) -> Comm:
+        region = piece.region
+        shape = (region.nrows,) if ex.kind == "aux" else (region.nrows, region.nfeatures) + tuple(ex.rest_shape)
+        size = region.size(rest) * ex.itemsize
+        sends = op == "Isend"
+        return Comm(rank, op, peer, tuple(sorted((rank, peer))), None, tag, shape, ex.dtype, sub.name, direction,
+                    f"{direction}:{ex.id}:{piece.src}>{piece.dst}", size if sends else 0, 0 if sends else size,
+                    pass_, blocking=op != "Irecv")
+
+    return [call("Isend", peer, piece) for peer, piece in outgoing] + \
+        [call(receive, peer, piece) for peer, piece in incoming]
+
+
+def connection_calls(sub) -> dict[str, list[Comm]]:
+    """A connection layer's calls in each direction it makes them ("backward" only when gradients
     flow back): what the runtime hands the layer to perform."""
     calls = {FORWARD: exchange_calls(sub, FORWARD)}
     if sub.exchange.with_backward:
@@ -193,5 +228,5 @@ def number_calls(actions: list[Action]) -> list[Action]:
 
 
 __all__ = ["passes", "bp_train", "bp_evaluate", "backward_pass", "forward_pass", "cd_train", "cd_evaluate",
-           "exchange_calls", "connection_calls", "statistics_call", "number_calls", "BACKWARD_PASSES",
+           "exchange_calls", "message_calls", "connection_calls", "statistics_call", "number_calls", "BACKWARD_PASSES",
            "FORWARD_PASSES"]

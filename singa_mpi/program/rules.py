@@ -2,7 +2,7 @@
 
 * tags: a bridge's forward message carries ``2 * exchange id``, its gradient ``2 * id + 1``, so
   the two directions of one bridge, and different bridges between the same pair, never match each
-  other;
+  other (an exchange sent as messages: each of its pieces, one per pair of ranks, likewise);
 * roots: a Bcast or Scatterv starts at the exchange's (only) holder, a Gatherv ends at its (only)
   receiver; the backward of each uses the same root;
 * bytes: a ring Allreduce of N bytes over n ranks moves ``2 N (n - 1) / n`` each way per rank:
@@ -18,6 +18,9 @@ from singa_mpi.communication.base import ring_bytes
 
 FORWARD, BACKWARD, PARAMS = "forward", "backward", "params"
 ROOTED = ("Bcast", "Scatterv", "Gatherv")
+# an exchange's (forward, backward) operations when its pieces travel as point-to-point messages: a
+# bridge's, and every exchange of a pipelined step (a collective would make its members meet)
+MESSAGES = ("Send", "Recv")
 
 
 def tag(exchange_id: int, direction: str) -> int:
@@ -34,7 +37,7 @@ def root(exchange) -> int | None:
     return None
 
 
-__all__ = ["tag", "root", "ring_bytes", "FORWARD", "BACKWARD", "PARAMS", "ROOTED"]
+__all__ = ["tag", "root", "ring_bytes", "FORWARD", "BACKWARD", "PARAMS", "ROOTED", "MESSAGES"]
 
 
 def schedule_line(phase: str, call) -> str:

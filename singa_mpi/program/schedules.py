@@ -31,15 +31,19 @@ interleaved 1F1B places them round robin, ``plan --auto`` too: :func:`~singa_mpi
   oldest micro-batch), else the ready forward of the deepest run (the oldest micro-batch), at most one
   micro-batch per virtual stage of the net in flight, else ZB's weight-gradient slots.  A slot of a
   virtual stage split over several ranks is a meeting: its ranks run it in the same unit of time (the
-  first to choose it waits for the others), and a collective between such a stage and a neighbour on
-  fewer ranks sits in the split stage's slot on every member.  An order played out so cannot deadlock
+  first to choose it waits for the others), and a connection layer between such a stage and a
+  neighbour on fewer ranks sits in the split stage's slot on every member.  An order played out so cannot deadlock
   (each call's partner comes earlier in that play or in the same meeting), and the proof checks it.
   With one run per rank it is a ZB-like schedule over contiguous stages.
 
 The gradients of the micro-batches add up in each param (a layer's blocks
 share its params) and the sync strategy's calls follow the last of them, so the step's one sync and
 update see the whole batch's gradient, as unpipelined.  A rank's stage is where its first layer sits
-in the net's order; ranks whose first layer is the same (a data-split stage) share a stage.  The
+in the net's order; ranks whose first layer is the same (a data-split stage) share a stage, as do
+ranks whose split layers pass data both ways (:func:`stages_of`).  Every exchange of a pipelined step
+sends its pieces as point-to-point messages (:func:`~singa_mpi.program.passes.message_calls`), so a
+layer split over the workers of two stages (the convnet's conv2 halved on the batch at the cut)
+keeps them apart: as a collective it made them meet, one stage.  The
 proof (:mod:`.verify`) then checks the schedule like any other program: one whose sends and
 receives would cross is refused before a rank starts.
 """
@@ -48,6 +52,7 @@ from __future__ import annotations
 from singa_mpi.planner.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, ZERO_BUBBLE
 from singa_mpi.program.actions import Action, Local, Release, RunQueued
 from singa_mpi.program.passes import backward_pass, forward_pass
+from singa_mpi.program.rules import MESSAGES
 from singa_mpi.program.units import Unit
 
 FORWARD_SLOT, BACKWARD_SLOT, WEIGHT_SLOT = "F", "B", "W"
@@ -117,9 +122,11 @@ def _needs(kind: str, stage: int, micro: int, stages: int) -> tuple[str, int, in
 
 def stages_of(plan) -> dict[int, int]:
     """Each rank's pipeline stage: the position, among the ranks' first layers in the net's order,
-    of its own first layer (micro-batch 0's).  Ranks that meet in a collective (a stage split over
-    them, or an exchange between a split stage and its neighbour) take the earliest stage among them:
-    a collective's members must reach their micro-batches' calls in one order.  Kept with the plan:
+    of its own first layer (micro-batch 0's).  Ranks whose data flows both ways between them (a chain
+    of messages from each to the other: layers split over them on the batch and on features in turn)
+    take the earliest stage among them, as do ranks that meet in a collective: each must reach its
+    micro-batches' calls in the other's order.  Ranks that only pass data on (a layer split over the
+    workers of two stages sends its pieces as messages) keep their own stages.  Kept with the plan:
     every rank's program asks."""
     kept = plan.__dict__.get("_stages")
     if kept is not None:
@@ -129,18 +136,55 @@ def stages_of(plan) -> dict[int, int]:
     for sub in plan.sublayers:
         if sub.origin is not None and sub.micro == 0:
             first.setdefault(sub.rank, order[sub.origin])
-    changed = True
-    while changed:  # the earliest start spreads over chains of collectives
-        changed = False
-        for ex in plan.exchanges:
-            if len(ex.group) > 2 or ex.forward_op != "Send":
-                earliest = min(first[rank] for rank in ex.group)
-                for rank in ex.group:
-                    if first[rank] != earliest:
-                        first[rank], changed = earliest, True
+    for together in _ranks_together(plan):
+        earliest = min(first[rank] for rank in together)
+        for rank in together:
+            first[rank] = earliest
     starts = sorted(set(first.values()))
     kept = plan.__dict__["_stages"] = {rank: starts.index(start) for rank, start in first.items()}
     return kept
+
+
+def _ranks_together(plan) -> list[set[int]]:
+    """Groups of ranks that must share a stage: those that hold parts of one layer and whose forward
+    data reaches each other (in one strongly connected set of the graph of who sends to whom), joined
+    where a collective's members span several of them.  (Ranks that hand data back and forth through
+    layers each holds whole keep their stages: 1F1B's order crosses there, and the proof says so.)"""
+    sends_to: dict[int, set[int]] = {rank: set() for rank in range(plan.nranks)}
+    joined: list[set[int]] = []
+    for ex in plan.exchanges:
+        if ex.forward_op != MESSAGES[0]:
+            joined.append(set(ex.group))  # its members meet
+        elif ex.id < len(plan.exchanges) // max(1, plan.pipeline.micro_batches if plan.pipeline else 1):
+            for src in ex.holders:  # (micro-batch 0's exchanges: every micro-batch has the same)
+                sends_to[src] |= {piece.dst for piece in ex.sends_of(src) if piece.dst != src}
+    reach = {rank: _reachable(rank, sends_to) for rank in sends_to}
+    holders: dict[str, set[int]] = {}
+    for sub in plan.sublayers:
+        if sub.origin is not None and sub.micro == 0:
+            holders.setdefault(sub.origin, set()).add(sub.rank)
+    for ranks in holders.values():
+        for rank in ranks:
+            both_ways = {other for other in ranks if other in reach[rank] and rank in reach[other]}
+            if both_ways:
+                joined.append(both_ways | {rank})
+    group_of = {rank: {rank} for rank in sends_to}
+    for members in joined:
+        merged = set().union(*(group_of[rank] for rank in members))
+        for rank in merged:
+            group_of[rank] = merged
+    unique = {id(group): group for group in group_of.values()}
+    return [group for group in unique.values() if len(group) > 1]
+
+
+def _reachable(start: int, edges: dict[int, set[int]]) -> set[int]:
+    found, todo = set(), [start]
+    while todo:
+        for nxt in edges[todo.pop()]:
+            if nxt not in found:
+                found.add(nxt)
+                todo.append(nxt)
+    return found
 
 
 # ---------------------------------------------------------------- interleaved: runs of layers per rank

@@ -82,7 +82,7 @@ def simulate(sched: dict[int, list]) -> None:
     posted: Counter = Counter()  # (src, dst, tag) -> messages sent so far
     taken: Counter = Counter()  # (src, dst, tag) -> receives started so far
     arrived: dict[str, set[int]] = {}  # collective key -> members that have started it
-    tickets: dict[tuple[int, str, str], tuple] = {}  # (rank, layer, op) of a started call -> what its Wait needs
+    tickets: dict[tuple[int, str, str], list] = {}  # (rank, layer, op) of started calls -> what their Wait needs
     blocked: dict[tuple, set[int]] = {}  # what a rank waits for -> the ranks waiting
     ready = list(sched)
 
@@ -90,6 +90,8 @@ def simulate(sched: dict[int, list]) -> None:
         ready.extend(blocked.pop(what, ()))
 
     def done(need: tuple) -> bool:
+        if need[0] == "all":  # one Wait for several started receives (an exchange sent as messages)
+            return all(done(each) for each in need[1])
         if need[0] == "message":
             return posted[need[1]] > need[2]
         key, size = need[1], need[2]
@@ -98,7 +100,7 @@ def simulate(sched: dict[int, list]) -> None:
     def start(rank: int, call) -> tuple | None:
         """The call's effects (a message posted, a member arrived); what it must wait for, if anything."""
         if isinstance(call, Wait):
-            return tickets.get((rank, call.layer, call.op))
+            return waited_for(tickets.pop((rank, call.layer, call.op), []))
         if call.op in SENDS:
             channel = (call.rank, call.peer, call.tag)
             posted[channel] += 1
@@ -116,7 +118,7 @@ def simulate(sched: dict[int, list]) -> None:
             ticket = ("collective", call.key, len(call.group))
         if call.blocking:
             return ticket
-        tickets[(rank, call.layer, call.op)] = ticket
+        tickets.setdefault((rank, call.layer, call.op), []).append(ticket)
         return None
 
     waiting: dict[int, tuple] = {}  # rank -> what the call it stopped at needs
@@ -129,12 +131,27 @@ def simulate(sched: dict[int, list]) -> None:
                 need = start(rank, calls[pos[rank]])
             if need is not None and not done(need):
                 waiting[rank] = need
-                blocked.setdefault(need[:2], set()).add(rank)
+                blocked.setdefault(first_open(need, done)[:2], set()).add(rank)
                 break
             pos[rank] += 1
     stuck = [f"rank {r}: {_describe(sched[r][pos[r]])}" for r in sched if pos[r] < len(sched[r])]
     if stuck:
         raise ConfigError("the communication schedule would deadlock: " + "; ".join(stuck))
+
+
+def waited_for(tickets: list) -> tuple | None:
+    """What a ``Wait`` needs: its started call's ticket, or all of several (an exchange sent as
+    messages starts a receive from each rank that sent it a piece)."""
+    if not tickets:
+        return None
+    return tickets[0] if len(tickets) == 1 else ("all", tuple(tickets))
+
+
+def first_open(need: tuple, done) -> tuple:
+    """The ticket a blocked rank waits on next: ``need`` itself, or the first of an ``all`` not done."""
+    if need[0] != "all":
+        return need
+    return next(each for each in need[1] if not done(each))
 
 
 def _describe(action) -> str:

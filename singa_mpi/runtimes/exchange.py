@@ -12,7 +12,12 @@ kSlice             Scatterv from the holder    Gatherv to the holder
 kConcate           Gatherv to one receiver     Scatterv from it
 kConcate           Allgatherv                  Reduce_scatter (sum)
 kConcate           Alltoallv                   Alltoallv
+any, pipelined     Isend / Recv per piece      Isend / Irecv per piece (summed)
 =================  ==========================  =================================
+
+In a pipelined step every exchange sends its pieces as point-to-point messages (the last row): a
+collective would make its members meet in one micro-batch's slot (see
+:func:`singa_mpi.program.passes.message_calls`).
 
 The layer does not choose its calls: the rank's step program names each one (operation, peer,
 root, tag: :func:`singa_mpi.program.build.exchange_calls`) and the runtime hands the layer its
@@ -37,6 +42,7 @@ import numpy as np
 from singa_mpi.layers.base import Layer
 from singa_mpi.params import GradientQueue
 from singa_mpi.planner.regions import Piece, Region
+from singa_mpi.program.rules import MESSAGES
 
 
 def _local_index(held: Region, piece: Region, ndim: int) -> tuple[slice, ...]:
@@ -48,14 +54,26 @@ def _local_index(held: Region, piece: Region, ndim: int) -> tuple[slice, ...]:
     return (rows, feats)
 
 
+class _Together:
+    """Several started receives completed by one ``Wait`` (an exchange sent as messages gets a piece
+    from each of several ranks; its program waits once)."""
+
+    def __init__(self, requests: list):
+        self.requests = requests
+
+    def Wait(self) -> None:
+        for request in self.requests:
+            request.Wait()
+
+
 class ExchangeLayer(Layer):
     """One rank's side of an exchange (see the module docstring)."""
 
     num_srcs = (0, 1)
 
     def __init__(self, sub, comm, conf, calls: dict):
-        """``sub``: the plan's entry; ``calls``: the program's call for each direction ("forward",
-        and "backward" when gradients flow back)."""
+        """``sub``: the plan's entry; ``calls``: the program's calls for each direction ("forward",
+        and "backward" when gradients flow back), in order."""
         super().__init__(conf)
         self.calls = calls
         # weight-gradient GEMMs to run while a backward exchange is in flight (set by the runtime)
@@ -63,7 +81,9 @@ class ExchangeLayer(Layer):
         ex = sub.exchange
         self.sub, self.ex, self.name = sub, ex, sub.name
         self.rank = sub.rank
-        self.comm = comm.sub(ex.group) if sub.role == "collective" else comm
+        # pieces as point-to-point messages (a pipeline's exchange): no collective, no group of its own
+        self.messages = sub.role == "collective" and ex.forward_op == MESSAGES[0]
+        self.comm = comm.sub(ex.group) if sub.role == "collective" and not self.messages else comm
         self.members = list(ex.group)
         self.held = ex.holders.get(self.rank)
         self.need = ex.needs.get(self.rank)
@@ -173,8 +193,11 @@ class ExchangeLayer(Layer):
         return out
 
     def _exchange_forward(self, x: np.ndarray | None) -> np.ndarray:
-        call = self.calls["forward"]
         out = self._empty(self.need)
+        if self.messages:
+            self._forward_messages(x, out)
+            return out
+        call = self.calls["forward"][0]
         if call.op == "Isend":
             self._requests.append(self.comm.Isend(x, call.peer, call.tag, self.name))
         elif call.op == "Recv":
@@ -186,6 +209,33 @@ class ExchangeLayer(Layer):
         else:
             self._collective_forward(call.op, x, out, call.root)
         return out
+
+    def _piece_of(self, array: np.ndarray, held: Region, piece: Region, key: str) -> np.ndarray:
+        """``piece`` of ``array`` (holding ``held``) as one contiguous buffer to send; the array itself
+        where the piece is all of it."""
+        if piece == held and array.flags.c_contiguous:
+            return array
+        buf = self._buffer(key, self._shape(piece), array.dtype)
+        buf[...] = array[_local_index(held, piece, array.ndim)]
+        return buf
+
+    def _forward_messages(self, x: np.ndarray | None, out: np.ndarray) -> None:
+        """The program's calls in order: an ``Isend`` of each piece another rank needs, then a ``Recv``
+        of each piece another rank holds; the piece this rank holds and needs is copied."""
+        to = {p.dst: p.region for p in self.sends}
+        from_ = {p.src: p.region for p in self.recvs}
+        own = from_.get(self.rank)
+        if own is not None and x is not None:
+            out[_local_index(self.need, own, out.ndim)] = x[_local_index(self.held, own, x.ndim)]
+        for call in self.calls["forward"]:
+            if call.op == "Isend":
+                buf = self._piece_of(x, self.held, to[call.peer], f"send>{call.peer}")
+                self._requests.append(self.comm.Isend(buf, call.peer, call.tag, self.name))
+            else:
+                region = from_[call.peer]
+                buf = self._buffer(f"recv<{call.peer}", self._shape(region))
+                self.comm.Recv(buf, call.peer, call.tag, self.name)
+                out[_local_index(self.need, region, out.ndim)] = buf
 
     def _collective_forward(self, op: str, x: np.ndarray | None, out: np.ndarray, root: int | None) -> None:
         """Scatterv, Gatherv, Allgatherv or Alltoallv of the packed pieces."""
@@ -223,11 +273,14 @@ class ExchangeLayer(Layer):
         if not self.ex.with_backward:
             self._pending = (None, None, None, [None] * len(need))
             return
-        call = self.calls["backward"]
         # the gradient of what this rank held: written by the one receive that fills it, or summed
         gx = self._buffer("grad_in", self._shape(self.held), np.float32) if self.held is not None else None
         g = grad if grad is not None else (np.zeros(self._shape(self.need), np.float32) if self.need else None)
         g = np.ascontiguousarray(g, np.float32) if g is not None else None
+        if self.messages:
+            self._pending = self._start_backward_messages(g, gx, need)
+            return
+        call = self.calls["backward"][0]
         op, name = call.op, self.name
         groot = self.members.index(call.root) if call.root is not None else None
         request, unpack = None, None
@@ -259,6 +312,35 @@ class ExchangeLayer(Layer):
             if gx is not None:
                 unpack = lambda: self._unpack(recv, self.sends, gx, self.held, add=True)  # noqa: E731
         self._pending = (request, unpack, op, [gx] if need else [])
+
+    def _start_backward_messages(self, g: np.ndarray | None, gx: np.ndarray | None, need: list[bool]) -> tuple:
+        """The forward's pieces back as messages (the program's calls in order): an ``Isend`` of the
+        gradient of each piece another rank sent here, an ``Irecv`` of the gradient of each piece sent
+        from here; the gradient of the piece kept here is added at once, the received ones at the wait
+        (a piece several ranks received comes back from each of them: the sum a Split needs)."""
+        came_from = {p.src: p.region for p in self.recvs}  # what this rank received, by holder
+        went_to = {p.dst: p.region for p in self.sends}  # what it sent, by receiver
+        if gx is not None:
+            gx.fill(0.0)
+            own = came_from.get(self.rank)
+            if own is not None and g is not None:
+                gx[_local_index(self.held, own, gx.ndim)] += g[_local_index(self.need, own, g.ndim)]
+        started = []
+        for call in self.calls["backward"]:
+            if call.op == "Isend":
+                buf = self._piece_of(g, self.need, came_from[call.peer], f"grad>{call.peer}")
+                self._requests.append(self.comm.Isend(buf, call.peer, call.tag, self.name))
+            else:
+                region = went_to[call.peer]
+                buf = self._buffer(f"grad<{call.peer}", self._shape(region), np.float32)
+                started.append((self.comm.Irecv(buf, call.peer, call.tag, self.name), buf, region))
+
+        def unpack() -> None:
+            for _, buf, region in started:
+                gx[_local_index(self.held, region, gx.ndim)] += buf
+
+        request = _Together([r for r, _, _ in started]) if started else None
+        return request, unpack if started else None, "Irecv", [gx] if need else []
 
     def finish_backward(self) -> list[np.ndarray | None]:
         """Wait for the call :meth:`start_backward` started; the gradients for this layer's sources."""

@@ -2,12 +2,14 @@
 and ZB, runs of layers dealt round robin for interleaved, over 2, 4 and 8 micro-batches) beside the
 partitionings, and chooses one only where it is predicted
 clearly faster; the memory it predicts counts what each schedule holds."""
+import dataclasses
+
 from google.protobuf import text_format
 
 import nets
 from cost_support import RowKernels
 from singa_mpi.config.load import parse_job
-from singa_mpi.cost.auto import choose, plan_memory, with_choice
+from singa_mpi.cost.auto import Search, choose, plan_memory, with_choice
 from singa_mpi.cost.rates import Link, Rates
 from singa_mpi.planner import ALLREDUCE, partition
 
@@ -71,3 +73,28 @@ def test_interleaved_is_priced_over_runs_of_layers_dealt_round_robin(tmp_path):
     interleaved = nets.job(nets.pipelined(nets.mlp("/tmp/unused.h5", 64, "pipeline", 2), 8, "interleaved"))
     plain = nets.job(nets.mlp("/tmp/unused.h5", 64, "pipeline", 2))
     assert plan_memory(partition(interleaved, 2)) == plan_memory(partition(plain, 2))  # counted as GPipe: all held
+
+
+def test_a_heavy_layer_at_the_cut_is_split_over_both_stages(tmp_path):
+    """data -> fc1 (8) -> fc2 (400 outputs: nearly all the work) -> fc3 -> loss.  Whole layers cannot
+    balance two stages (fc2 is on one side); splitting fc2 over both workers at the cut can, and its
+    exchanges, sent as messages, keep the stages apart: the fastest pipeline priced is that one."""
+    from nets import _data_layer, _ip, _loss, job_text
+    from singa_mpi.cost.auto import shared_cuts
+
+    data = nets.make_data(str(tmp_path / "d.h5"), 64, (12,), 5)
+    cfg = nets.job(job_text([_data_layer(data, 32, (12,)), _ip("fc1", "data", 8), _ip("fc2", "fc1", 400),
+                             _ip("fc3", "fc2", 5), _loss("fc3")], 2))
+    names = [layer.name for layer in cfg.proto.neuralnet.layer]
+    cut = {"data": 0, "fc1": 0, "fc2": 1, "fc3": 1, "loss": 1}
+    assert [{n: d for n, d in dims.items() if d != -1} for dims in shared_cuts(names, cut, 2, "1f1b")] == \
+        [{"fc2": 0}, {"fc2": 1}, {"fc1": 0}, {"fc1": 1}]
+    assert shared_cuts(names, cut, 2, "interleaved") == [] and shared_cuts(names, cut, 3, "1f1b") == []
+    cheap = Rates(1e10, FAST, FAST, FAST, "test")
+    piped = choose(cfg, 2, ALLREDUCE, RowKernels(), cheap, pipelines=True).fastest_pipeline
+    assert piped is not None and piped.pipeline[0] != "interleaved"
+    assert piped.dims["fc2"] in (0, 1) and piped.split_note() == \
+        f" but fc2 split on {'the batch' if piped.dims['fc2'] == 0 else 'features'} over both"
+    whole = dict.fromkeys(piped.dims, -1)  # the same stages and schedule, every layer whole
+    search = Search(cfg, 2, ALLREDUCE, RowKernels(), cheap, None)
+    assert piped.step < 0.7 * search.price(whole, dataclasses.replace(piped, dims=whole))

@@ -29,14 +29,17 @@ from singa_mpi.trainer import Trainer
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SINGLE_GROUP = [p for p in sorted((ROOT / "conf").glob("*.conf"))
                 if p.name not in ("digits_downpour.conf", "digits_hogwild.conf", "digits_sandblaster.conf")]
-SCHEMES = ["as written", "batch", "features", "pipeline"]
+SCHEMES = ["as written", "batch", "features", "pipeline", "pipelined middle"]
 
 
 def job_in_scheme(conf: pathlib.Path, scheme: str):
     """The example with its chained checkpoint dropped (one step needs no trained start) and, for
     "batch", every layer split on the batch; for "features", every layer that can be split on
     features split so, the others on the batch (many exchanges between the two); for "pipeline",
-    every layer whole, the first half of the net on worker 0 and the rest on worker 1 (bridges)."""
+    every layer whole, the first half of the net on worker 0 and the rest on worker 1 (bridges); for
+    "pipelined middle", the first third whole on worker 0, the middle third split (on features where a
+    layer can be), the rest whole on worker 1, in 2 micro-batches of 1F1B (every exchange sent as
+    messages, the two stages apart)."""
     cfg = load_job(conf)
     job = cfg.proto
     job.ClearField("checkpoint_path")
@@ -52,6 +55,14 @@ def job_in_scheme(conf: pathlib.Path, scheme: str):
                 layer.partition_dim = 1
             elif scheme == "pipeline":
                 layer.partition_dim, layer.location = -1, (2 * index) // len(layers)
+            elif scheme == "pipelined middle":
+                third = (3 * index) // len(layers)
+                if third == 1:
+                    layer.partition_dim = 1 if layer_class_of(layer).feature_partitionable else 0
+                else:
+                    layer.partition_dim, layer.location = -1, third // 2
+        if scheme == "pipelined middle":
+            job.neuralnet.pipeline.micro_batches, job.neuralnet.pipeline.schedule = 2, "1f1b"
     return cfg
 
 

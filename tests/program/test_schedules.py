@@ -294,3 +294,39 @@ def test_interleaved_stages_deal_runs_round_robin_to_balance_the_workers():
     dear[dealt.index(1)] = 100.0
     assert interleaved_stages(work, 2, cuts=dear) != dealt
     assert interleaved_stages([1.0, 2.0, 3.0], 2) == [0, 0, 1]  # fewer layers than runs: contiguous stages
+
+
+# ---------------------------------------------------------------- stages apart: exchanges as messages
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb"])
+@pytest.mark.parametrize("scheme,nranks", [("stages-middle", 2), ("stages-middle-feature", 2),
+                                           ("stages-middle", 3), ("stages-middle-feature", 4)])
+def test_a_layer_split_over_the_workers_of_two_stages_keeps_the_stages_apart(scheme, nranks, schedule):
+    """fc1 on worker 0, fc2 split over every worker, fc3 on the last.  Pipelined, the exchanges into
+    and out of fc2 are messages, so worker 0 is stage 0 and the others stage 1 (collectives fused them
+    into one stage: no overlap at all); the last stage's first forward comes before the first's first
+    backward, and the proof accepts the orders.  Unpipelined, the same net keeps its collectives."""
+    piped = make_plan(_mlp(nranks, 2, schedule, scheme, batch=16), nranks)
+    assert {ex.forward_op for ex in piped.exchanges} == {"Send"}
+    assert stages_of(piped) == {0: 0, **{r: 1 for r in range(1, nranks)}}
+    progs = programs(piped, None, "allreduce")
+    first_backward = next(i for i, a in enumerate(progs[0].actions) if isinstance(a, Compute) and a.pass_ == "backward")
+    sends_before = [a for a in progs[0].actions[:first_backward] if getattr(a, "op", "") == "Isend"]
+    assert {a.layer.rsplit("/mb", 1)[1] for a in sends_before} == {"0", "1"}  # both micro-batches handed on
+    unpiped = make_plan(nets.job(nets.mlp("/tmp/unused.h5", 16, scheme, nranks, steps=2)), nranks)
+    split = "Bcast" if scheme.endswith("feature") else "Scatterv"
+    assert {split, "Gatherv"} <= {ex.forward_op for ex in unpiped.exchanges}
+
+
+def test_workers_passing_split_layers_data_both_ways_share_a_stage():
+    """fc1 whole on worker 0, then fc2 split on features and fc3 on the batch over both workers (each
+    needs the other's part, both ways), fc4 on worker 1: workers 0 and 1 must reach each micro-batch's
+    exchanges in one order, so they share a stage, as when those were collectives."""
+    from nets import _act, _data_layer, _ip, _loss, job_text
+
+    whole0, whole1 = "partition_dim: -1 location: 0", "partition_dim: -1 location: 1"
+    text = job_text([_data_layer("/tmp/unused.h5", 16, (12,), whole0), _ip("fc1", "data", 16, whole0),
+                     _ip("fc2", "fc1", 10, "partition_dim: 1"), _ip("fc3", "fc2", 8, "partition_dim: 0"),
+                     _ip("fc4", "fc3", 5, whole1), _loss("fc4", whole1)], 2)
+    plan = make_plan(nets.job(nets.pipelined(text, 2, "1f1b")), 2)  # proved, or it raises
+    assert stages_of(plan) == {0: 0, 1: 0}

@@ -91,3 +91,19 @@ def test_the_nth_message_of_a_channel_needs_the_nth_send():
 def test_a_send_without_its_receive_is_named():
     with pytest.raises(ConfigError, match="unpaired bridge"):
         check_pairs({0: [send(0, 1), send(0, 1)], 1: [recv(1, 0)]})
+
+
+def irecv(rank, peer, tag=0):
+    return Comm(rank, "Irecv", peer, (peer, rank), None, tag, (4,), "float32", "gather", "backward",
+                f"backward:{tag}", 0, 16, blocking=False)
+
+
+def test_one_wait_for_several_started_receives_needs_every_one():
+    # an exchange sent as messages: rank 0 gets a gradient piece from ranks 1 and 2 and waits once
+    finishing = {0: [irecv(0, 1), irecv(0, 2), Wait("gather", "Irecv"), send(0, 1, tag=7)],
+                 1: [send(1, 0), recv(1, 0, tag=7)], 2: [send(2, 0)]}
+    simulate(finishing)
+    # rank 2 sends its piece only after what rank 0 sends after its wait: the wait cannot end
+    with pytest.raises(ConfigError, match="rank 0: wait Irecv.*rank 2: forward Recv"):
+        simulate({0: [irecv(0, 1), irecv(0, 2), Wait("gather", "Irecv"), send(0, 2, tag=7)],
+                  1: [send(1, 0)], 2: [recv(2, 0, tag=7), send(2, 0)]})

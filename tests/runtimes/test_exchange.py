@@ -4,7 +4,8 @@ For each exchange of a plan, every member builds its side of the exchange; each 
 slice of a known logical array.  Forward: each needing rank must receive exactly its region.
 Backward: each holder must get the sum, over the needing ranks, of their gradients restricted to
 its region (the numpy oracle below).  Bytes: what the tracer records per rank under the
-exchange's table row equals the planner's prediction for it.
+exchange's table row equals the planner's prediction for it.  The same jobs pipelined ("... as
+messages") send every exchange's pieces as point-to-point messages: the same regions and sums.
 """
 import numpy as np
 import pytest
@@ -59,6 +60,10 @@ CASES = {
     "concat_to_one": (lambda paths, n: concat_to_one(paths["mlp"], n), [2, 3, 4]),
     "conv_filters": (lambda paths, n: nets.convnet(paths["conv"], BATCH, "filters"), [2, 3]),  # (C, H, W) rest
 }
+# every exchange of a pipelined step travels as messages (micro-batches of 4 and 3 rows: 2-3 ranks)
+CASES.update({f"{case} as messages": ((lambda make: lambda paths, n: nets.pipelined(make(paths, n), 2, "gpipe"))(make),
+                                      [n for n in counts if n <= 3])
+              for case, (make, counts) in list(CASES.items()) if case != "pipeline"})
 PARAMS = [(case, n) for case, (_, ns) in CASES.items() for n in ns]
 
 
@@ -175,6 +180,26 @@ def test_the_cases_cover_every_exchange_kind(paths):
         ("Alltoallv", "Alltoallv", "data", True),
     }
     assert any(ex.rest_shape for ex in make_plan(paths, "conv_filters", 3).exchanges)
+
+
+def test_a_pipelined_step_sends_every_exchange_as_messages(paths):
+    """Pipelined, the collectives of the same plans become pieces between pairs of ranks: a member
+    sends to, and receives from, several others; one Wait completes its backward receives."""
+    from singa_mpi.program.passes import message_calls
+
+    several = 0
+    for case, n in PARAMS:
+        if not case.endswith("as messages"):
+            continue
+        plan = make_plan(paths, case, n)
+        assert {(ex.forward_op, ex.backward_op or "Recv") for ex in plan.exchanges} == {("Send", "Recv")}
+        for sub in (s for s in plan.sublayers if s.role == "collective"):
+            forward = message_calls(sub, "forward")
+            assert [c.op for c in forward] == sorted((c.op for c in forward), key=("Isend", "Recv").index)
+            assert sum(c.send_bytes for c in forward) == sub.exchange.sent_by(sub.rank)
+            assert sum(c.recv_bytes for c in forward) == sub.exchange.received_by(sub.rank)
+            several += len({c.peer for c in forward}) > 1
+    assert several, "no member of an exchange sent as messages talks to several ranks"
 
 
 def test_a_second_step_reuses_buffers_and_still_adds_up(paths):
