@@ -95,6 +95,14 @@ def in_stages(layers: list[str], nranks: int, first: int = 0) -> list[str]:
     return placed
 
 
+def split_at_cut(text: str, pdim: int) -> str:
+    """``text`` (layers placed by :func:`in_stages`) with the first layer of worker 1's stage split
+    over every worker on ``pdim`` (the batch or features): a layer shared by the stages at the cut."""
+    whole = " partition_dim: -1 location: 1"
+    assert whole in text
+    return text.replace(whole, f" partition_dim: {pdim}", 1)
+
+
 def pipelined(text: str, micro_batches: int, schedule: str = "1f1b") -> str:
     """``text`` (a job of :func:`job_text`) with its training step pipelined over ``micro_batches``."""
     head = "neuralnet { "

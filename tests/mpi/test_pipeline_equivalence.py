@@ -6,7 +6,9 @@ a batch the micro-batches divide and one they do not.  Layouts: the MLP (with an
 the (smooth) convnet in contiguous stages, one per worker, and the MLP whose first stage is split on
 the batch over every worker, and the MLP with a middle stage split over every worker (on the batch or
 the features) between single-worker stages, and the MLP and the convnet with each layer placed at
-random (whole on a worker, split on the batch or the features); interleaved also with the MLP's layers dealt round robin over the workers (a
+random (whole on a worker, split on the batch or the features), and the convnet in stages with the
+layer at the first cut split over every worker (its exchanges sent as messages: the stages stay
+apart); interleaved also with the MLP's layers dealt round robin over the workers (a
 worker holding runs of layers apart).  On one rank there is no pipeline (a single stage): the jobs then run unpipelined, as
 ``neuralnet.pipeline`` says, and must still agree.
 """
@@ -108,3 +110,15 @@ def test_interleaved_mlp_over_runs_of_layers_apart_matches_serial(world, micro, 
 def test_pipelined_convnet_matches_serial(world, schedule, micro):
     text = nets.convnet(_data(world, (2, 8, 8)), 17, "stages", STEPS, pool="AVG", act="kSTanh", nranks=world.size)
     _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"convnet_{schedule}_{micro}")
+
+
+@pytest.mark.parametrize("schedule,micro", [("1f1b", 2), ("zb", 3), ("gpipe", 3), ("interleaved", 2)])
+@pytest.mark.parametrize("pdim", [0, 1])
+def test_pipelined_convnet_with_the_layer_at_the_cut_split_over_every_worker_matches_serial(world, schedule, micro,
+                                                                                             pdim):
+    """The convnet in stages, the first layer of worker 1's stage split on the batch (0) or on filters (1)
+    over every worker (as ``plan --auto`` may place the CIFAR-10 convnet's conv2)."""
+    text = nets.convnet(_data(world, (2, 8, 8)), 17, "stages", STEPS, pool="AVG", act="kSTanh", nranks=world.size)
+    if world.size > 1:
+        text = nets.split_at_cut(text, pdim)
+    _trains_as_serial(world, nets.pipelined(text, micro, schedule), f"convnet_cut{pdim}_{schedule}_{micro}")

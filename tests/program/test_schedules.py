@@ -330,3 +330,12 @@ def test_workers_passing_split_layers_data_both_ways_share_a_stage():
                      _ip("fc4", "fc3", 5, whole1), _loss("fc4", whole1)], 2)
     plan = make_plan(nets.job(nets.pipelined(text, 2, "1f1b")), 2)  # proved, or it raises
     assert stages_of(plan) == {0: 0, 1: 0}
+
+
+@pytest.mark.parametrize("pdim", [0, 1])
+def test_the_convnet_with_its_cut_layer_split_over_both_workers_is_a_2_stage_pipeline(pdim):
+    text = nets.convnet("/tmp/unused.h5", 16, "stages", 2, pool="AVG", act="kSTanh", nranks=2)
+    plan = make_plan(nets.job(nets.pipelined(nets.split_at_cut(text, pdim), 4, "1f1b")), 2)
+    assert stages_of(plan) == {0: 0, 1: 1}
+    split = [name for name, node in plan.origins.items() if node.conf.partition_dim == pdim and pdim != -1]
+    assert len(split) == 1 and {sub.rank for sub in plan.sublayers if sub.origin == split[0]} == {0, 1}
