@@ -22,7 +22,9 @@ convolution part on the batch, inner products on features (for the MLP: the firs
 the batch, the last three on features); pipeline (not run by default: it cannot scale, one worker
 waits while the other computes) = whole layers in contiguous stages of about equal predicted time, one
 per worker (the stages ``plan --auto`` prices, chosen once per run from this machine's kernel times);
-gpipe-M, 1f1b-M, zb-M = that pipeline over M micro-batches.  Any scheme followed by ``+det`` (or ``+detN``)
+gpipe-M, 1f1b-M, zb-M = that pipeline over M micro-batches; auto-pipeline = the fastest pipeline
+``plan --auto`` prices (its schedule, micro-batches, stages, and on two workers a layer at the cut
+split over both), chosen once per run.  Any scheme followed by ``+det`` (or ``+detN``)
 runs it in deterministic mode with the mode's blocks for the job's batch (blocks of N rows):
 ``--schemes data data+det`` measures what the mode costs, side by side.
 
@@ -50,7 +52,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from benchkit import bench_env, blas_threads_as_train, mpiexec_command, report_if_cut_short  # noqa: E402
 
 NETS = {"mnist_mlp": ("mnist_mlp.conf", (784,), 64), "cifar10_convnet": ("cifar10_convnet.conf", (3, 32, 32), 100)}
-SCHEME_NAMES = ["data", "feature", "hybrid", "pipeline", "auto"]
+SCHEME_NAMES = ["data", "feature", "hybrid", "pipeline", "auto", "auto-pipeline"]
+AUTO_PIPELINE = "auto-pipeline"
 FEATURE_TYPES = {"kInnerProduct", "kConvolution", "kCConvolution", "kReLU", "kSTanh", "kPooling", "kCPooling"}
 
 
@@ -66,6 +69,8 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: in
     if block_rows:
         cfg.proto.deterministic.block_rows = block_rows
     layers = list(cfg.proto.neuralnet.layer)
+    if scheme == AUTO_PIPELINE:
+        return as_auto_pipeline(cfg, dims)
     if scheme == "auto":
         for layer in layers:
             layer.partition_dim = dims[layer.name]
@@ -95,6 +100,19 @@ def partitioned(cfg, scheme: str, dims: dict[str, int] | None = None, stages: in
         place_in_stages(cfg, stages, dims, micro[0] if micro else "")
         if micro:
             cfg.proto.neuralnet.pipeline.schedule, cfg.proto.neuralnet.pipeline.micro_batches = micro
+    return cfg
+
+
+def as_auto_pipeline(cfg, chosen: dict | None):
+    """``cfg`` (in place) as :func:`auto_pipeline` chose: each layer's partition_dim and worker, and the
+    pipeline setting (none on one rank)."""
+    if chosen is None:
+        raise ValueError("auto-pipeline needs the layout chosen by auto_pipeline()")
+    for layer in cfg.proto.neuralnet.layer:
+        layer.partition_dim = chosen["dims"][layer.name]
+        layer.location = chosen["locations"].get(layer.name, 0)
+    if chosen["pipeline"]:
+        cfg.proto.neuralnet.pipeline.schedule, cfg.proto.neuralnet.pipeline.micro_batches = chosen["pipeline"]
     return cfg
 
 
@@ -174,6 +192,8 @@ def layout(net: str, scheme: str, ranks: int, weak: int = 0) -> dict[str, int] |
     pipeline's stage per layer; None for the other schemes (they need no choice)."""
     if scheme == "auto":
         return auto_dims(net, ranks, weak)
+    if scheme == AUTO_PIPELINE:
+        return auto_pipeline(net, ranks, weak)
     piped = pipeline_of_scheme(deterministic_of_scheme(scheme)[0])
     if scheme == "pipeline" or piped:
         from singa_mpi.cost.auto import timed_stage_locations
@@ -200,6 +220,27 @@ def auto_dims(net: str, ranks: int, weak: int = 0) -> dict[str, int]:
         if weak:
             weak_batch(cfg, ranks, weak)
         return choose_for_job(cfg, ranks, SHARED_MEMORY, every_layer=True).dims
+
+
+def auto_pipeline(net: str, ranks: int, weak: int = 0) -> dict:
+    """The fastest pipeline ``plan --auto`` prices for ``net`` on ``ranks`` ranks of this machine, as
+    JSON-ready data (on one rank: every layer whole on it, no pipeline)."""
+    from singa_mpi.cost.auto import choose_for_job
+    from singa_mpi.planner import SHARED_MEMORY
+    from bench_serial import job_on_synthetic_data
+
+    conf, shape, _ = NETS[net]
+    with tempfile.TemporaryDirectory() as folder:
+        cfg = job_on_synthetic_data(conf, folder, shape, 16)
+        if weak:
+            weak_batch(cfg, ranks, weak)
+        names = [layer.name for layer in cfg.proto.neuralnet.layer]
+        if ranks == 1:
+            return {"dims": dict.fromkeys(names, -1), "locations": dict.fromkeys(names, 0), "pipeline": None}
+        piped = choose_for_job(cfg, ranks, SHARED_MEMORY, every_layer=True, pipelines=True).fastest_pipeline
+    if piped is None:
+        raise RuntimeError(f"{net}: plan --auto priced no pipeline on {ranks} ranks")
+    return {"dims": piped.dims, "locations": piped.locations, "pipeline": list(piped.pipeline)}
 
 
 def trainer_on_world(net: str, scheme: str, prefix: str, weak: int = 0, dims: dict | None = None):
@@ -293,7 +334,7 @@ def refusal(net: str, scheme: str, ranks: int, weak: int = 0) -> str | None:
     from singa_mpi.planner import plan
     from bench_serial import job_on_synthetic_data
 
-    if scheme == "auto":
+    if scheme in ("auto", AUTO_PIPELINE):
         return None  # the search only returns plans the planner accepts
     conf, shape, _ = NETS[net]
     with tempfile.TemporaryDirectory() as folder:
@@ -401,7 +442,7 @@ def main() -> int:
     parser.add_argument("--schemes", nargs="+", default=["data", "feature", "hybrid"],
                         type=scheme_name, metavar="SCHEME",
                         help="data, feature, hybrid, auto (each layer's partition_dim chosen by the cost model, "
-                             "singa-mpi plan --auto), pipeline (whole layers in stages of about equal predicted "
+                             "singa-mpi plan --auto), auto-pipeline (the fastest pipeline plan --auto prices), pipeline (whole layers in stages of about equal predicted "
                              "time, one per rank), gpipe-M, 1f1b-M, zb-M or interleaved-M (that pipeline over M "
                              "micro-batches; interleaved: runs of layers dealt round robin over the ranks)")
     parser.add_argument("--weak", type=int, nargs="?", const=ONE_RANK_BATCH, default=0, metavar="ROWS",
