@@ -187,7 +187,7 @@ def weak_batch(cfg, ranks: int, weak=ONE_RANK_BATCH) -> None:
             layer.store_conf.batchsize.extend(sizes)
 
 
-def layout(net: str, scheme: str, ranks: int, weak: int = 0) -> dict[str, int] | None:
+def layout(net: str, scheme: str, ranks: int, weak: int = 0) -> dict | None:
     """What the cost model chooses once for every rank of a run: ``auto``'s partition_dim per layer, a
     pipeline's stage per layer; None for the other schemes (they need no choice)."""
     if scheme == "auto":
@@ -358,7 +358,10 @@ def launch(net: str, scheme: str, ranks: int, steps: int, weak: int = 0) -> dict
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{net}/{scheme} on {ranks} ranks failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if chosen is not None:
+        result["layout"] = chosen  # what ran: auto's partition_dims, a pipeline's stages
+    return result
 
 
 def summarize(runs: list[dict]) -> list[dict]:

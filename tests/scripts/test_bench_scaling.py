@@ -23,3 +23,26 @@ def test_each_run_and_the_table_so_far_are_printed_before_the_end(tmp_path):
     assert measured[0] < partial < measured[1], out.stdout
     assert re.match(r"mnist_mlp +data +n=1 ", lines[partial + 1]), out.stdout
     assert (tmp_path / "runs.json").exists()
+
+
+def test_auto_pipeline_runs_the_layout_plan_auto_chose(tmp_path):
+    """``--schemes auto-pipeline``: every rank applies the one layout chosen for the run (partition_dims,
+    workers, the pipeline setting); on one rank the net runs whole, unpipelined."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_scaling
+    from bench_serial import job_on_synthetic_data
+    from singa_mpi.planner import partition
+    from singa_mpi.program.schedules import stages_of
+
+    assert bench_scaling.scheme_name("auto-pipeline") == "auto-pipeline"
+    cfg = job_on_synthetic_data("cifar10_convnet.conf", str(tmp_path), (3, 32, 32), 16)
+    names = [layer.name for layer in cfg.proto.neuralnet.layer]
+    second = names[names.index("conv2"):]
+    chosen = {"dims": dict(dict.fromkeys(names, -1), conv2=0),
+              "locations": {name: int(name in second) for name in names}, "pipeline": ["1f1b", 4]}
+    plan = partition(bench_scaling.partitioned(cfg, "auto-pipeline", chosen, 2), 2)
+    assert (plan.pipeline.schedule, plan.pipeline.micro_batches) == ("1f1b", 4) and stages_of(plan) == {0: 0, 1: 1}
+    assert {sub.rank for sub in plan.sublayers if sub.origin == "conv2"} == {0, 1}
+    alone = job_on_synthetic_data("cifar10_convnet.conf", str(tmp_path), (3, 32, 32), 16)
+    one = {"dims": dict.fromkeys(names, -1), "locations": dict.fromkeys(names, 0), "pipeline": None}
+    assert partition(bench_scaling.partitioned(alone, "auto-pipeline", one, 1), 1).pipeline is None
