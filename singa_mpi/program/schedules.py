@@ -152,12 +152,14 @@ def _ranks_together(plan) -> list[set[int]]:
     layers each holds whole keep their stages: 1F1B's order crosses there, and the proof says so.)"""
     sends_to: dict[int, set[int]] = {rank: set() for rank in range(plan.nranks)}
     joined: list[set[int]] = []
-    for ex in plan.exchanges:
+    first_block = {id(sub.exchange): sub.exchange for sub in plan.sublayers  # every micro-batch has the same
+                   if sub.exchange is not None and sub.micro == 0}
+    for ex in first_block.values():
         if ex.forward_op != MESSAGES[0]:
             joined.append(set(ex.group))  # its members meet
-        elif ex.id < len(plan.exchanges) // max(1, plan.pipeline.micro_batches if plan.pipeline else 1):
-            for src in ex.holders:  # (micro-batch 0's exchanges: every micro-batch has the same)
-                sends_to[src] |= {piece.dst for piece in ex.sends_of(src) if piece.dst != src}
+            continue
+        for src in ex.holders:
+            sends_to[src] |= {piece.dst for piece in ex.sends_of(src) if piece.dst != src}
     reach = {rank: _reachable(rank, sends_to) for rank in sends_to}
     holders: dict[str, set[int]] = {}
     for sub in plan.sublayers:

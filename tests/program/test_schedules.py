@@ -322,7 +322,7 @@ def test_workers_passing_split_layers_data_both_ways_share_a_stage():
     """fc1 whole on worker 0, then fc2 split on features and fc3 on the batch over both workers (each
     needs the other's part, both ways), fc4 on worker 1: workers 0 and 1 must reach each micro-batch's
     exchanges in one order, so they share a stage, as when those were collectives."""
-    from nets import _act, _data_layer, _ip, _loss, job_text
+    from nets import _data_layer, _ip, _loss, job_text
 
     whole0, whole1 = "partition_dim: -1 location: 0", "partition_dim: -1 location: 1"
     text = job_text([_data_layer("/tmp/unused.h5", 16, (12,), whole0), _ip("fc1", "data", 16, whole0),
