@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_scaling import NETS, launch, measure, partitioned, scheme_name  # noqa: E402 - scripts/ is on the path
+from bench_scaling import AUTO_PIPELINE, NETS, launch, layout, measure, partitioned, scheme_name  # noqa: E402 - scripts/ is on the path
 from bench_serial import job_on_synthetic_data  # noqa: E402
 from benchkit import blas_threads_as_train, report_if_cut_short  # noqa: E402
 
@@ -41,8 +41,9 @@ def predicted(net: str, scheme: str, ranks: int, kernels, rates, method: str = "
     from singa_mpi.planner import plan
 
     conf, shape, _ = NETS[net]
+    chosen = layout(net, scheme, ranks) if scheme == AUTO_PIPELINE else None  # (the others choose their own)
     with tempfile.TemporaryDirectory() as folder:
-        cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 256), scheme, stages=ranks)
+        cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 256), scheme, chosen, stages=ranks)
         try:
             the_plan = plan(cfg, ranks, method=method)
         except ConfigError:
