@@ -42,8 +42,9 @@ if [ "$dry" = 1 ]; then
   pipe_schemes=(1f1b-4)
 else
   ranks=(1 2 4 8 16) cost_ranks=(4 8 16) profile_ranks=16 nets=(mnist_mlp cifar10_convnet) steps=(--steps 20)
-  # a stage per rank (the nets have 13-14 layers); interleaved: two runs of layers per rank
-  pipe_ranks=(1 2 4) pipe_schemes=(pipeline 1f1b-4 gpipe-4 zb-4 1f1b-8 interleaved-4 interleaved-8)
+  # a stage per rank (the nets have 13-14 layers); interleaved: two runs of layers per rank; last, the
+  # fastest pipeline plan --auto prices (its search takes a while: cut short first by the budget)
+  pipe_ranks=(1 2 4) pipe_schemes=(pipeline 1f1b-4 gpipe-4 zb-4 1f1b-8 interleaved-4 interleaved-8 auto-pipeline)
 fi
 weak_rows=64  # rows per rank in weak scaling
 
