@@ -40,7 +40,7 @@ The gradients of the micro-batches add up in each param (a layer's blocks
 share its params) and the sync strategy's calls follow the last of them, so the step's one sync and
 update see the whole batch's gradient, as unpipelined.  A rank's stage is where its first layer sits
 in the net's order; ranks whose first layer is the same (a data-split stage) share a stage, as do
-ranks whose split layers pass data both ways (:func:`stages_of`).  Every exchange of a pipelined step
+ranks that hold parts of one layer and pass data both ways (:func:`stages_of`).  Every exchange of a pipelined step
 sends its pieces as point-to-point messages (:func:`~singa_mpi.program.passes.message_calls`), so a
 layer split over the workers of two stages (the convnet's conv2 halved on the batch at the cut)
 keeps them apart: as a collective it made them meet, one stage.  The
@@ -122,10 +122,10 @@ def _needs(kind: str, stage: int, micro: int, stages: int) -> tuple[str, int, in
 
 def stages_of(plan) -> dict[int, int]:
     """Each rank's pipeline stage: the position, among the ranks' first layers in the net's order,
-    of its own first layer (micro-batch 0's).  Ranks whose data flows both ways between them (a chain
-    of messages from each to the other: layers split over them on the batch and on features in turn)
-    take the earliest stage among them, as do ranks that meet in a collective: each must reach its
-    micro-batches' calls in the other's order.  Ranks that only pass data on (a layer split over the
+    of its own first layer (micro-batch 0's).  Ranks that hold parts of one layer and pass data both
+    ways between them (a chain of messages from each to the other: layers split over them on the batch
+    and on features in turn) take the earliest stage among them, as do ranks that meet in a collective:
+    each must reach its micro-batches' calls in the other's order.  Ranks that only pass data on (a layer split over the
     workers of two stages sends its pieces as messages) keep their own stages.  Kept with the plan:
     every rank's program asks."""
     kept = plan.__dict__.get("_stages")
@@ -150,16 +150,7 @@ def _ranks_together(plan) -> list[set[int]]:
     data reaches each other (in one strongly connected set of the graph of who sends to whom), joined
     where a collective's members span several of them.  (Ranks that hand data back and forth through
     layers each holds whole keep their stages: 1F1B's order crosses there, and the proof says so.)"""
-    sends_to: dict[int, set[int]] = {rank: set() for rank in range(plan.nranks)}
-    joined: list[set[int]] = []
-    first_block = {id(sub.exchange): sub.exchange for sub in plan.sublayers  # every micro-batch has the same
-                   if sub.exchange is not None and sub.micro == 0}
-    for ex in first_block.values():
-        if ex.forward_op != MESSAGES[0]:
-            joined.append(set(ex.group))  # its members meet
-            continue
-        for src in ex.holders:
-            sends_to[src] |= {piece.dst for piece in ex.sends_of(src) if piece.dst != src}
+    sends_to, joined = _forward_flow(plan)
     reach = {rank: _reachable(rank, sends_to) for rank in sends_to}
     holders: dict[str, set[int]] = {}
     for sub in plan.sublayers:
@@ -170,8 +161,29 @@ def _ranks_together(plan) -> list[set[int]]:
             both_ways = {other for other in ranks if other in reach[rank] and rank in reach[other]}
             if both_ways:
                 joined.append(both_ways | {rank})
-    group_of = {rank: {rank} for rank in sends_to}
-    for members in joined:
+    return _merged(joined, plan.nranks)
+
+
+def _forward_flow(plan) -> tuple[dict[int, set[int]], list[set[int]]]:
+    """(the ranks each rank sends forward data to, the members of each collective) over micro-batch
+    0's exchanges (every micro-batch has the same)."""
+    sends_to: dict[int, set[int]] = {rank: set() for rank in range(plan.nranks)}
+    collectives: list[set[int]] = []
+    first_block = {id(sub.exchange): sub.exchange for sub in plan.sublayers
+                   if sub.exchange is not None and sub.micro == 0}
+    for ex in first_block.values():
+        if ex.forward_op != MESSAGES[0]:
+            collectives.append(set(ex.group))  # its members meet
+            continue
+        for src in ex.holders:
+            sends_to[src] |= {piece.dst for piece in ex.sends_of(src) if piece.dst != src}
+    return sends_to, collectives
+
+
+def _merged(groups: list[set[int]], nranks: int) -> list[set[int]]:
+    """The groups joined wherever they share a rank; those of more than one rank."""
+    group_of = {rank: {rank} for rank in range(nranks)}
+    for members in groups:
         merged = set().union(*(group_of[rank] for rank in members))
         for rank in merged:
             group_of[rank] = merged
