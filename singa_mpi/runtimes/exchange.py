@@ -210,14 +210,15 @@ class ExchangeLayer(Layer):
             self._collective_forward(call.op, x, out, call.root)
         return out
 
-    def _piece_of(self, array: np.ndarray, held: Region, piece: Region, key: str) -> np.ndarray:
-        """``piece`` of ``array`` (holding ``held``) as one contiguous buffer to send; the array itself
-        where the piece is all of it."""
+    def _send_piece(self, call, array: np.ndarray, held: Region, piece: Region, key: str) -> None:
+        """The program's ``Isend`` of ``piece`` of ``array`` (holding ``held``): the array itself where
+        the piece is all of it, else a copy into the buffer ``key`` (kept until the send completes)."""
         if piece == held and array.flags.c_contiguous:
-            return array
-        buf = self._buffer(key, self._shape(piece), array.dtype)
-        buf[...] = array[_local_index(held, piece, array.ndim)]
-        return buf
+            buf = array
+        else:
+            buf = self._buffer(key, self._shape(piece), array.dtype)
+            buf[...] = array[_local_index(held, piece, array.ndim)]
+        self._requests.append(self.comm.Isend(buf, call.peer, call.tag, self.name))
 
     def _forward_messages(self, x: np.ndarray | None, out: np.ndarray) -> None:
         """The program's calls in order: an ``Isend`` of each piece another rank needs, then a ``Recv``
@@ -229,8 +230,7 @@ class ExchangeLayer(Layer):
             out[_local_index(self.need, own, out.ndim)] = x[_local_index(self.held, own, x.ndim)]
         for call in self.calls["forward"]:
             if call.op == "Isend":
-                buf = self._piece_of(x, self.held, to[call.peer], f"send>{call.peer}")
-                self._requests.append(self.comm.Isend(buf, call.peer, call.tag, self.name))
+                self._send_piece(call, x, self.held, to[call.peer], f"send>{call.peer}")
             else:
                 region = from_[call.peer]
                 buf = self._buffer(f"recv<{call.peer}", self._shape(region))
@@ -328,8 +328,7 @@ class ExchangeLayer(Layer):
         started = []
         for call in self.calls["backward"]:
             if call.op == "Isend":
-                buf = self._piece_of(g, self.need, came_from[call.peer], f"grad>{call.peer}")
-                self._requests.append(self.comm.Isend(buf, call.peer, call.tag, self.name))
+                self._send_piece(call, g, self.need, came_from[call.peer], f"grad>{call.peer}")
             else:
                 region = went_to[call.peer]
                 buf = self._buffer(f"grad<{call.peer}", self._shape(region), np.float32)
