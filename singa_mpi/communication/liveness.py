@@ -1,9 +1,11 @@
 """Which rank is alive and what it is doing: status records, the stall watchdog, stop signals.
 
-Every rank of an MPI job keeps a **status record**: a 512-byte file in the node's shared memory
+Every rank of an MPI job keeps a **status record**: a small file in the node's shared memory
 (``/dev/shm/singa-mpi-<uid>-<launch>/rank<N>``, memory-mapped) holding its rank, pid, host, step, what
 it is doing, and when it last showed a sign of life and made progress.  The watchdog thread rewrites
-it every 0.1 s and the runtime writes the step at each step: memory writes, no system calls.
+it every 0.1 s and the runtime writes the step at each step: memory writes, no system calls.  The file
+holds two copies written in turn, so that a rank stopped (SIGSTOP) or frozen in the middle of a write
+still leaves its last whole record to be read.
 ``<launch>`` is the process that started the ranks on this node (MPICH's hydra proxy, Open MPI's
 prted, slurmstepd) and its start time, so every rank of one launch finds the others' records without
 communicating -- before ``MPI_Init``, which waits for every rank, too.
@@ -51,7 +53,8 @@ _LAYOUT = struct.Struct("<Q i i i i i i q d d 64s 384s")
 _STEP = struct.Struct("<q")
 _SEQ = struct.Struct("<Q")
 _STEP_OFFSET = 32  # of `step` in _LAYOUT
-SIZE = 512
+SIZE = 512  # one copy of the record: _LAYOUT, then the sequence number again
+COPIES = 2  # written in turn: a write cut short leaves the other copy whole
 RUNNING, SETUP, IN_MPI_INIT = 0, 1, 2  # IN_MPI_INIT: mpi4py holds the interpreter, no heartbeat comes
 LIFE_LIMIT = 2.0  # seconds without a heartbeat (written every 0.1 s) that mean "stopped or frozen"
 
@@ -150,12 +153,14 @@ class StatusRecord:
         self.local = local_size()
         self._lock = threading.Lock()
         self._seq = 0
+        self._next = 0  # the copy the next write goes to
+        self._progress_at = 0.0
         tmp = f"{self.path}.tmp{self.pid}"
         with open(tmp, "wb") as f:  # whole before it is visible under its name
-            f.write(bytes(SIZE))
+            f.write(bytes(SIZE * COPIES))
         fd = os.open(tmp, os.O_RDWR)
         try:
-            self._map = mmap.mmap(fd, SIZE)
+            self._map = mmap.mmap(fd, SIZE * COPIES)
         finally:
             os.close(fd)
         now = time.time()
@@ -163,16 +168,20 @@ class StatusRecord:
         os.replace(tmp, self.path)
 
     def _write(self, state: int, in_comm: bool, activity: str, alive_at: float, progress_at: float) -> None:
-        # a sequence number at both ends, odd while a write is under way: a reader that copied the
-        # record during a write sees them differ, or odd, and reads again
+        # a sequence number at both ends of the copy, odd while a write is under way: a reader that
+        # copied it during a write sees them differ, or odd, and takes the other copy (the last whole
+        # one, also when this process is stopped right here) or reads again
+        base = self._next * SIZE
         self._seq += 1
-        _SEQ.pack_into(self._map, 0, self._seq)
-        step = _STEP.unpack_from(self._map, _STEP_OFFSET)[0]
-        _LAYOUT.pack_into(self._map, 0, self._seq, self.rank, self.size, self.pid, state, int(in_comm), self.local, step,
-                          alive_at, progress_at, self.host.encode()[:64], activity.encode()[:384])
+        _SEQ.pack_into(self._map, base, self._seq)
+        step = _STEP.unpack_from(self._map, base + _STEP_OFFSET)[0]
+        _LAYOUT.pack_into(self._map, base, self._seq, self.rank, self.size, self.pid, state, int(in_comm), self.local,
+                          step, alive_at, progress_at, self.host.encode()[:64], activity.encode()[:384])
         self._seq += 1
-        _SEQ.pack_into(self._map, SIZE - _SEQ.size, self._seq)
-        _SEQ.pack_into(self._map, 0, self._seq)
+        _SEQ.pack_into(self._map, base + SIZE - _SEQ.size, self._seq)
+        _SEQ.pack_into(self._map, base, self._seq)
+        self._next = (self._next + 1) % COPIES
+        self._progress_at = progress_at
 
     def publish(self, activity: str, in_comm: bool, progressed: bool, state: int = RUNNING) -> None:
         """A heartbeat: alive now; ``progressed``: what the rank does changed since the last one."""
@@ -180,12 +189,12 @@ class StatusRecord:
             if self._map.closed:
                 return
             now = time.time()
-            previous = _LAYOUT.unpack_from(self._map, 0)[9]
-            self._write(state, in_comm, activity, now, now if progressed else previous)
+            self._write(state, in_comm, activity, now, now if progressed else self._progress_at)
 
     def set_step(self, step: int) -> None:
-        """The step about to run (every step: one 8-byte write, no lock)."""
-        _STEP.pack_into(self._map, _STEP_OFFSET, step)
+        """The step about to run (every step: an 8-byte write into each copy, no lock)."""
+        for copy in range(COPIES):
+            _STEP.pack_into(self._map, copy * SIZE + _STEP_OFFSET, step)
 
     def close(self, remove: bool = True) -> None:
         with self._lock:
@@ -203,12 +212,11 @@ def read_record(path: str) -> Status | None:
         with open(path, "rb") as f:
             for _ in range(50):
                 f.seek(0)
-                data = f.read(SIZE)
+                data = f.read(SIZE * COPIES)
                 if len(data) < SIZE:
                     return None
-                head, tail = _SEQ.unpack_from(data, 0)[0], _SEQ.unpack_from(data, SIZE - _SEQ.size)[0]
-                if head == tail and head % 2 == 0:
-                    fields = _LAYOUT.unpack_from(data)
+                fields = _latest_whole_copy(data)
+                if fields is not None:
                     break
                 time.sleep(0.001)
     except OSError:
@@ -216,10 +224,18 @@ def read_record(path: str) -> Status | None:
     if fields is None:
         return None
     seq, rank, size, pid, state, in_comm, local, step, alive_at, progress_at, host, activity = fields
-    if seq == 0:
-        return None
     return Status(rank, size, local, pid, state, bool(in_comm), step, alive_at, progress_at,
                   host.rstrip(b"\0").decode(errors="replace"), activity.rstrip(b"\0").decode(errors="replace"))
+
+
+def _latest_whole_copy(data: bytes) -> tuple | None:
+    """The fields of the newest copy in ``data`` that was whole when read (None: none was)."""
+    best = None
+    for base in range(0, len(data) - SIZE + 1, SIZE):
+        head, tail = _SEQ.unpack_from(data, base)[0], _SEQ.unpack_from(data, base + SIZE - _SEQ.size)[0]
+        if head == tail and head % 2 == 0 and head > 0 and (best is None or head > best[0]):
+            best = _LAYOUT.unpack_from(data, base)
+    return best
 
 
 def read_all(folder: str) -> dict[int, Status]:

@@ -47,6 +47,21 @@ def test_a_status_record_reads_back_what_was_published(tmp_path):
     assert not (tmp_path / "launch").exists()  # the last record out removes the folder
 
 
+def test_a_rank_stopped_in_the_middle_of_a_write_leaves_its_last_whole_record(tmp_path):
+    """SIGSTOP can land between a write's two sequence bumps: the record then still reads as the
+    last heartbeat before it (a stall report says "last seen at step N", not "no record")."""
+    record = liveness.StatusRecord(str(tmp_path / "launch"), rank=1, size=2)
+    record.set_step(284)
+    record.publish("train_one_batch: forward layer fc2", in_comm=False, progressed=True)
+    record.publish("train_one_batch: backward layer fc2", in_comm=False, progressed=True)
+    # the first half of the next write: the copy it goes to now has an odd sequence number, for good
+    torn = record._next * liveness.SIZE
+    liveness._SEQ.pack_into(record._map, torn, liveness._SEQ.unpack_from(record._map, torn)[0] + 5)
+    status = liveness.read_record(record.path)
+    assert (status.rank, status.step, status.activity) == (1, 284, "train_one_batch: backward layer fc2")
+    record.close()
+
+
 def test_the_activity_names_the_step_phase_and_the_pending_call():
     from singa_mpi.tracing import Tracer
 
