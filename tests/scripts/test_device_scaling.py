@@ -54,6 +54,7 @@ def test_the_dry_run_runs_every_stage_and_keeps_its_results(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     machine = json.loads((out / "machine.json").read_text())
     assert machine["cores"] == os.cpu_count() and machine["mpi"] and machine["numpy"]
+    assert machine["blas"].endswith(" kernels") and isinstance(machine["avx512"], bool)  # which GEMM kernels ran
     strong = json.loads((out / "strong.json").read_text())["summary"]
     assert {(row["scheme"], row["ranks"]) for row in strong} == {(s, n) for s in ("data", "feature", "hybrid")
                                                                   for n in (1, 2)}
