@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -441,7 +442,11 @@ def test_survivors_holding_every_replica_save_an_emergency_checkpoint_and_the_re
     if launcher().flavor == "mpich":
         assert attempt["emergency"].startswith("emergency checkpoint at step"), attempt
         assert attempt["resumed_from"] >= 2500 and attempt["resumed_from"] % 1000 != 0
-        assert "from what ranks 0, 2 held" in attempt["emergency"] and attempt["lost_steps"] in (0, 1)
+        # both survivors are accounted for: holders at the checkpoint's step, or named with the step they
+        # had reached (rank 1 killed inside an exchange can let one survivor finish the step, not the other)
+        held = re.search(r"from what ranks ([\d, ]+) held(?: \(rank (\d+) was at step \d+\))?$", attempt["emergency"])
+        assert held and sorted(held[1].split(", ") + ([held[2]] if held[2] else [])) == ["0", "2"], attempt
+        assert attempt["lost_steps"] in (0, 1)
         assert "resumed from an emergency checkpoint, step" in out and "the other ranks save their state" in out
     else:
         assert attempt["emergency"] is None and attempt["resumed_from"] == 2000

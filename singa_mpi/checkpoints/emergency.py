@@ -189,8 +189,17 @@ def assemble(pieces: list[dict]) -> tuple[checkpoint.Checkpoint | None, str]:
                    f"(a server had applied the dead worker's gradient)")
         if ckpt is not None:
             ranks = ", ".join(str(r) for r in sorted({p["rank"] for p in at}))
-            return ckpt, f"step {step}, from what ranks {ranks} held"
+            return ckpt, f"step {step}, from what ranks {ranks} held{_left_out(usable, refusals, step)}"
     return None, "; ".join([why] + refusals)
+
+
+def _left_out(usable: list[dict], refusals: list[str], step: int) -> str:
+    """The other survivors, and why the checkpoint does not use them: a worker whose step was another
+    (a collective the dead rank left half done lets some ranks finish a step and not others), or a
+    refusal; "" when every survivor's piece is in."""
+    elsewhere = sorted({(p["rank"], p["step"]) for p in usable if p.get("trains") and p["step"] != step})
+    notes = [f"rank {rank} was at step {other}" for rank, other in elsewhere] + refusals
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _whole(pieces: list[dict], step: int) -> tuple[checkpoint.Checkpoint | None, str]:

@@ -28,7 +28,7 @@ def _piece(rank: int, step: int, rows: tuple[int, int] = (0, 3), owns: bool = Tr
 
 def test_one_survivor_with_whole_replicas_makes_the_checkpoint_at_its_step():
     ckpt, note = assemble([_piece(0, 2517), _piece(2, 2516)])
-    assert note == "step 2517, from what ranks 0 held"  # (rank 0 ahead: the newest whole step)
+    assert note == "step 2517, from what ranks 0 held (rank 2 was at step 2516)"  # rank 0 ahead: the newest whole step
     assert ckpt.step == 2517 and np.array_equal(ckpt.params["w"], W + 2517) and np.array_equal(ckpt.params["b"], B + 2517)
     assert ckpt.updater["w"]["history"].shape == (3, 4) and ckpt.readers == {"train": {"data": {"position": 2517 * 64}}}
     assert (ckpt.job_identity, ckpt.nranks, ckpt.elapsed) == ("0123456789abcdef", 3, 1.5)
@@ -37,7 +37,7 @@ def test_one_survivor_with_whole_replicas_makes_the_checkpoint_at_its_step():
 def test_rank_0_s_step_bounds_the_choice_so_metrics_go_on_without_a_gap():
     """Asynchronous groups (Hogwild): a faster group's replica would skip steps rank 0 never reported."""
     ckpt, note = assemble([_piece(0, 2750), _piece(2, 2881)])
-    assert ckpt.step == 2750 and note == "step 2750, from what ranks 0 held"
+    assert ckpt.step == 2750 and note == "step 2750, from what ranks 0 held (rank 2 was at step 2881)"
     assert assemble([_piece(1, 2750), _piece(2, 2881)])[0].step == 2881  # rank 0 saved nothing: the newest
 
 
@@ -55,7 +55,7 @@ def test_a_shard_or_an_owner_s_state_lost_with_the_dead_rank_gives_the_reason():
     assert ckpt is None and note.startswith("the updater state of param b was kept by the dead rank or by server ranks")
     # survivors at different steps: the newest step that is whole wins, an incomplete newer one is passed over
     ckpt, note = assemble([_piece(0, 41, (0, 2)), _piece(2, 40)])
-    assert ckpt.step == 40 and note == "step 40, from what ranks 2 held"
+    assert ckpt.step == 40 and note == "step 40, from what ranks 2 held (rank 0 was at step 41)"
 
 
 def test_servers_ranges_at_the_workers_step_complete_what_the_workers_left_to_them():
@@ -83,6 +83,11 @@ def test_refusals_and_per_row_state_say_why_there_is_none():
     assert assemble([]) == (None, "no survivor saved anything")
     ckpt, note = assemble([_piece(0, 40, carried=["lstm1"]), refused])
     assert ckpt is None and "layers lstm1 carry per-row state" in note
+    # a checkpoint the others make whole still names the survivor that refused
+    stuck = {"rank": 2, "pid": 9, "step": None, "refused": "its update waited on a dead rank for over 10s"}
+    ckpt, note = assemble([_piece(0, 40), stuck])
+    assert ckpt.step == 40 and note == ("step 40, from what ranks 0 held (rank 2: its update waited on a dead rank "
+                                        "for over 10s)")
 
 
 def test_pieces_are_saved_and_read_back_and_the_checkpoint_writes_like_any_other(tmp_path):
