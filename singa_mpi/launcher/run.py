@@ -94,7 +94,29 @@ def run_serial(request: Request, body: Body, stops: StopSignals) -> int:
 def run_parallel(world, request: Request, body: Body, stops: StopSignals, life) -> int:
     """Phase 1: every rank describes the launch and reads its files alone, then one vote (errors,
     stop signals, and what every rank must share: a rank with another job or other options would
-    deadlock in phase 2).  Phase 2: each rank's role, where any failure aborts the whole job."""
+    deadlock in phase 2).  Phase 2: each rank's role.  What the vote cannot carry (a failure in phase
+    2, or a bug anywhere: the other ranks then wait in a collective) aborts the whole job."""
+    try:
+        return _both_phases(world, request, body, stops, life)
+    except PeerLost as err:  # the dead rank's guardian names it: say nothing over it, then end the job
+        # a kept rank (singa-mpi run --elastic) waits to be asked for its state: the rescue ends it
+        time.sleep(PEER_LOST_WAIT if keeper.kept() else 1.0)
+        if life is None or not life.guardian:
+            os.write(2, f"singa-mpi: rank {world.rank}: {one_line(str(err))}\n".encode())
+        world.abort(EXIT_ABORT)
+    except SingaError as err:
+        _abort(world, f"{err}", err.exit_code, life)
+    except MemoryError as err:
+        _abort(world, f"{out_of_memory(err)}", ResourceError.exit_code, life)
+    except KeyboardInterrupt as err:  # a second Ctrl-C on this rank: one line, no traceback
+        _abort(world, f"interrupted ({err or 'Ctrl-C'})", EXIT_INTERRUPTED, life)
+    except BaseException as err:  # a bug or a signal: show where, then end every rank
+        detail = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        _abort(world, f"{type(err).__name__}: {err}", EXIT_ABORT, life, detail)
+    return EXIT_ABORT
+
+
+def _both_phases(world, request: Request, body: Body, stops: StopSignals, life) -> int:
     from singa_mpi.runtimes.roles import RoleHooks, RoleJob, run_role
 
     _note(life, "setup: reading and planning the job")
@@ -114,33 +136,16 @@ def run_parallel(world, request: Request, body: Body, stops: StopSignals, life) 
     if code is not None:
         return code
     # -- phase 2: communication has started; any failure aborts the whole job
-    try:
-        _note(life, "setup: building the nets")
-        if world.rank == 0:
-            make_workspace(the_launch.workspace)
-        world.barrier()
-        hooks = RoleHooks(note=lambda text: _note(life, text),
-                          named=life.set_role if life is not None else (lambda name: None),
-                          attach=stops.attach, finished=lambda: setattr(stops, "finished", True))
-        job = RoleJob(the_launch.cfg, the_launch.topo, the_launch.programs, the_launch.workspace, the_launch.steps)
-        return run_role(world, job, lambda trainer: _run_body(trainer, the_launch, lambda: body(trainer, initial)),
-                        hooks)
-    except PeerLost as err:  # the dead rank's guardian names it: say nothing over it, then end the job
-        # a kept rank (singa-mpi run --elastic) waits to be asked for its state: the rescue ends it
-        time.sleep(PEER_LOST_WAIT if keeper.kept() else 1.0)
-        if life is None or not life.guardian:
-            os.write(2, f"singa-mpi: rank {world.rank}: {one_line(str(err))}\n".encode())
-        world.abort(EXIT_ABORT)
-    except SingaError as err:
-        _abort(world, f"{err}", err.exit_code, life)
-    except MemoryError as err:
-        _abort(world, f"{out_of_memory(err)}", ResourceError.exit_code, life)
-    except KeyboardInterrupt as err:  # a second Ctrl-C on this rank: one line, no traceback
-        _abort(world, f"interrupted ({err or 'Ctrl-C'})", EXIT_INTERRUPTED, life)
-    except BaseException as err:  # a bug or a signal: show where, then end every rank
-        detail = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        _abort(world, f"{type(err).__name__}: {err}", EXIT_ABORT, life, detail)
-    return EXIT_ABORT
+    _note(life, "setup: building the nets")
+    if world.rank == 0:
+        make_workspace(the_launch.workspace)
+    world.barrier()
+    hooks = RoleHooks(note=lambda text: _note(life, text),
+                      named=life.set_role if life is not None else (lambda name: None),
+                      attach=stops.attach, finished=lambda: setattr(stops, "finished", True))
+    job = RoleJob(the_launch.cfg, the_launch.topo, the_launch.programs, the_launch.workspace, the_launch.steps)
+    return run_role(world, job, lambda trainer: _run_body(trainer, the_launch, lambda: body(trainer, initial)),
+                    hooks)
 
 
 def _attempt(step: Callable):

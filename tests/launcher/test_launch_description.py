@@ -11,7 +11,7 @@ import pytest
 
 import nets
 from singa_mpi.algorithms import make_algorithm
-from singa_mpi.communication.local import run_ranks
+from singa_mpi.communication.local import LocalAbort, run_ranks
 from singa_mpi.cost.auto import Choice, auto_layers
 from singa_mpi.errors import ConfigError
 from singa_mpi.launcher import Request, RunOptions
@@ -176,3 +176,26 @@ def test_a_launch_is_frozen():
     launched = _launch(str(ROOT / "conf" / "digits_mlp.conf"), 2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         launched.workspace = "elsewhere"
+
+
+def test_a_bug_in_rank_0s_choice_ends_every_rank_and_says_where(tmp_path, capfd):
+    """Phase 1's vote carries bad input; a bug before it (here in rank 0's `auto` choice, while rank 1
+    waits for that choice) ends the whole job at once, naming the rank and where, rather than leaving
+    rank 0 to exit into MPI_Finalize while the others wait (under MPI: a hang until the launcher is killed)."""
+    data = nets.make_data(str(tmp_path / "d.h5"), 32, (12,), 5)
+    conf = tmp_path / "auto.conf"
+    conf.write_text(nets.mlp(data, 8, "data", steps=1).replace("neuralnet { partition_dim: 0",
+                                                               "neuralnet { partition_dim: auto", 1))
+
+    def choose(cfg, nworkers, method, nodes, pipelines):
+        return 1 / 0
+
+    request = Request(str(conf), lambda cfg: str(tmp_path / "ws"), RunOptions())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("singa_mpi.cost.auto.choose_for_job", choose)
+        with pytest.raises(LocalAbort, match=r"rank 0 called abort\(1\)"):
+            run_ranks(2, lambda comm: run_parallel(comm, request, lambda trainer, initial: 0, StopSignals(), None),
+                      timeout=120)
+    err = capfd.readouterr().err
+    assert err.startswith("singa-mpi: rank 0: error at step 0: ZeroDivisionError: division by zero\n"), err
+    assert "in choose" in err and "Traceback" in err  # a bug: where it happened
