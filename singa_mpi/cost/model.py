@@ -188,16 +188,11 @@ class Walk:
 
     def finish(self, rank: int, ticket: tuple) -> bool:
         """Whether what ``ticket`` waits for has happened; if so the rank's clock moves to its end."""
-        if ticket[0] == "all":  # several receives, one Wait: the last to end
-            ends = [self.end_of(each) for each in ticket[1]]
-            if any(end is None for end in ends):
-                return False
-            self.clock[rank] = max([self.clock[rank]] + ends)
-            return True
-        end = self.end_of(ticket)
-        if end is None:
+        parts = ticket[1] if ticket[0] == "all" else (ticket,)  # "all": several receives, one Wait
+        ends = [self.end_of(part) for part in parts]
+        if any(end is None for end in ends):
             return False
-        self.clock[rank] = max(self.clock[rank], end)
+        self.clock[rank] = max([self.clock[rank], *ends])  # the last to end
         return True
 
     def ended(self, ticket: tuple) -> bool:
