@@ -345,13 +345,14 @@ def test_rank_0_stopped_while_it_reads_the_job_is_named(tmp_path):
         time.sleep(0.001)
     stopped_at = time.monotonic()
     try:
-        code, _, err = finish(proc, 40)
+        code, out, err = finish(proc, 40)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert code in (4, 9, 137) and time.monotonic() - stopped_at < 20, (code, err[-3000:])
     stalled = [line for line in singa_lines(err) if ": stalled: " in line]
-    assert len(stalled) == 1, err[-3000:]
+    # (the exit code and the launcher's own report on stdout: once in CI, at e983f8d, stderr was empty)
+    assert len(stalled) == 1, (code, out[-2000:], err[-3000:])
     assert re.search(rf"not responding: rank 0 \(pid {pid} on \S+\) is stopped \(SIGSTOP", stalled[0]), stalled[0]
 
 
