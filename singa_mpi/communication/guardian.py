@@ -35,6 +35,7 @@ from singa_mpi.communication.liveness import (
     record_path,
     remove_folder_if_done,
     remove_quietly,
+    say_verdict,
     unrecorded_ranks,
 )
 
@@ -238,8 +239,8 @@ class _InitWatch:
                    f"(--stall-timeout {self.timeout:g}s); "
                    f"{blame(records, awaited, now, unrecorded_ranks(self.folder, records))}; aborting the job\n")
         if claim_verdict(self.folder, f"rank {self.rank}"):
-            os.write(2, message.encode())
-            time.sleep(0.5)  # let the launcher forward the line before it ends the job
+            say_verdict(self.folder, message)
+            time.sleep(0.2)  # the launcher has read the line: a moment to write it out before it ends the job
             try:
                 os.kill(self.pid, signal.SIGKILL)  # its end makes the launcher end every rank
             except OSError:
@@ -271,10 +272,7 @@ def _speak_if_first(folder: str, rank: int, records: dict[int, Status]) -> None:
         ended = next((s["ended"] for s in sightings if s["rank"] in first and s["ended"]), "") if len(first) == 1 else ""
         line = _vanished_line(first, records, ended, local)
         if line:
-            try:
-                os.write(2, line.encode())
-            except OSError:
-                pass
+            say_verdict(folder, line)
             # a node whose ranks the launcher ended after a failure elsewhere: the supervisor hears from
             # every node still there (node_ranks), so a node that says nothing is a node lost
             kind = "ended_together" if " on this node ended together " in line else "vanished"

@@ -36,14 +36,19 @@ temporary folder) are assumed, and without them less is told.
 """
 from __future__ import annotations
 
+import array
 import atexit
 import collections
+import fcntl
 import mmap
 import os
+import select
 import signal
+import stat
 import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from typing import Sequence
@@ -57,6 +62,8 @@ SIZE = 512  # one copy of the record: _LAYOUT, then the sequence number again
 COPIES = 2  # written in turn: a write cut short leaves the other copy whole
 RUNNING, SETUP, IN_MPI_INIT = 0, 1, 2  # IN_MPI_INIT: mpi4py holds the interpreter, no heartbeat comes
 LIFE_LIMIT = 2.0  # seconds without a heartbeat (written every 0.1 s) that mean "stopped or frozen"
+SAID = "said"  # beside the folder's "verdict": the claimant's line is out (say_verdict)
+VERDICT_GRACE = 3.0  # how long a rank that lost the claim waits for the claimant's line
 
 
 class Status(collections.namedtuple("Status", "rank size local pid state in_comm step alive_at progress_at host "
@@ -359,6 +366,51 @@ def claim_verdict(folder: str, note: str) -> bool:
     return True
 
 
+def say_verdict(folder: str, line: str, fd: int = 2) -> None:
+    """The claimant's line (ending in a newline): written, read by the launcher, then marked said, so
+    that the ranks that lost the claim may end the job (:func:`await_verdict`)."""
+    try:
+        os.write(fd, line.encode(errors="replace"))
+        wait_until_read(fd)
+    except OSError:  # no reader any more: nothing to wait for
+        pass
+    try:
+        os.close(os.open(os.path.join(folder, SAID), os.O_CREAT | os.O_WRONLY, 0o600))
+    except OSError:
+        pass
+
+
+def await_verdict(folder: str, limit: float) -> bool:
+    """Whether the claimant's line is out (it said it), waiting up to ``limit`` seconds.  A rank that
+    lost the claim must not end the job before: under MPICH the kill of a stopped rank, or an abort,
+    ends every process at once, the claimant too, perhaps before it wrote its line."""
+    deadline = time.monotonic() + limit
+    while not os.path.exists(os.path.join(folder, SAID)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def wait_until_read(fd: int = 2, limit: float = 2.0) -> None:
+    """Where ``fd`` is a pipe (a launcher forwards this rank's output through one), wait until the
+    reader has taken everything in it, at most ``limit`` seconds: what is still in the pipe when the
+    launcher ends the job is lost.  Files and terminals hold what was written: no wait."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+        unread, reader = array.array("i", [0]), select.poll()
+        reader.register(fd, 0)  # POLLERR comes by itself: the reading end is closed
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and not reader.poll(0):
+            fcntl.ioctl(fd, termios.FIONREAD, unread)  # Linux counts a pipe's unread bytes from either end
+            if unread[0] == 0:
+                return
+            time.sleep(0.005)
+    except OSError:
+        pass
+
+
 # the guardian's command: the standard library and this package's communication modules only
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _GUARDIAN_MAIN = (f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
@@ -584,13 +636,19 @@ class RankLife:
         this node's ranks that are stopped (SIGSTOP): ended first with SIGKILL, the one signal a
         stopped process cannot hold pending, so that no launcher waits on them."""
         if self.explained():
-            os.write(2, f"singa-mpi: {message}\n".encode())
+            self.say(f"singa-mpi: {message}\n")
+        else:  # the claimant (a rank or guardian of this node) ends the job: not before its line is out
+            await_verdict(self.folder, VERDICT_GRACE)
         for pid in stopped:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         self.abort(code)
+
+    def say(self, line: str) -> None:
+        """Print ``line`` (ending in a newline) as the verdict this rank claimed (:meth:`explained`)."""
+        say_verdict(self.folder, line)
 
     def explained(self) -> bool:
         """This rank ends the job on purpose and says why: no guardian need speak.  False when another
