@@ -5,7 +5,7 @@ Sandblaster (one synchronous group beside server ranks) must train the serial ru
 asynchronous frameworks cannot (their updates interleave as the threads run), so Downpour and both
 Hogwilds (distributed: groups exchange their changes; in memory: groups share one copy) must
 converge: over the same number of steps, their training loss must fall at least half as far as the
-serial run's.  Their MPI tests are
+serial run's, from the serial run's start (the same starting values).  Their MPI tests are
 tests/runtimes/test_frameworks.py and tests/mpi/test_servers.py.
 """
 import pathlib
@@ -103,6 +103,10 @@ def test_asynchronous_frameworks_in_process_converge(tmp_path, monkeypatch, name
     group_zero = next(t for t in trainers if t is not None and t.runtime.is_root)
     curve, reference = losses(group_zero), losses(serial_run(cfg, tmp_path / "serial"))
     assert len(curve) == len(reference) == STEPS
-    fell, serial_fell = np.mean(curve[:5]) - np.mean(curve[-5:]), np.mean(reference[:5]) - np.mean(reference[-5:])
+    # from the serial run's first losses: every group starts from its values (the same seed), but group
+    # zero's own first steps may come after the other groups' (threads run unevenly: with one BLAS
+    # thread its first loss was once 1.41, the others had trained it, where the serial run's is 2.3)
+    start = np.mean(reference[:5])
+    fell, serial_fell = start - np.mean(curve[-5:]), start - np.mean(reference[-5:])
     assert serial_fell > 0.5 and fell > 0.5 * serial_fell, \
         f"{name}: the loss fell by {fell:.3f} over {STEPS} steps, the serial run's by {serial_fell:.3f}"
