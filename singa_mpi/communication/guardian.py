@@ -271,8 +271,8 @@ def _speak_if_first(folder: str, rank: int, records: dict[int, Status]) -> None:
         first = sorted((earliest_noticed(sightings, first) or first) + unwatched(records))
         ended = next((s["ended"] for s in sightings if s["rank"] in first and s["ended"]), "") if len(first) == 1 else ""
         line = _vanished_line(first, records, ended, local)
+        say_verdict(folder, line)
         if line:
-            say_verdict(folder, line)
             # a node whose ranks the launcher ended after a failure elsewhere: the supervisor hears from
             # every node still there (node_ranks), so a node that says nothing is a node lost
             kind = "ended_together" if " on this node ended together " in line else "vanished"

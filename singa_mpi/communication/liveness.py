@@ -367,11 +367,13 @@ def claim_verdict(folder: str, note: str) -> bool:
 
 
 def say_verdict(folder: str, line: str, fd: int = 2) -> None:
-    """The claimant's line (ending in a newline): written, read by the launcher, then marked said, so
-    that the ranks that lost the claim may end the job (:func:`await_verdict`)."""
+    """The claimant's line (ending in a newline; "" when it has none to say): written, read by the
+    launcher, then marked said, so that the ranks that lost the claim may end the job
+    (:func:`await_verdict`)."""
     try:
-        os.write(fd, line.encode(errors="replace"))
-        wait_until_read(fd)
+        if line:
+            os.write(fd, line.encode(errors="replace"))
+            wait_until_read(fd)
     except OSError:  # no reader any more: nothing to wait for
         pass
     try:

@@ -4,6 +4,7 @@ written yet too: CI once lost the whole stall line so)."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -121,3 +122,14 @@ def test_the_first_rank_claims_says_and_ends_the_job_at_once(tmp_path, capfd):
     finally:
         stopped.kill()
         stopped.wait()
+
+
+def test_a_claimant_with_nothing_to_say_still_lets_the_others_end_the_job(tmp_path):
+    read_end, write_end = os.pipe()
+    try:
+        liveness.say_verdict(str(tmp_path), "", fd=write_end)
+        assert liveness.await_verdict(str(tmp_path), limit=0.05)
+        assert not select.select([read_end], [], [], 0)[0]  # nothing written
+    finally:
+        os.close(read_end)
+        os.close(write_end)
