@@ -23,9 +23,9 @@ its step, the phase of the step it was in (published as each phase begins: a ran
 starts a checkpoint write is reported as writing it) and what it did inside that phase as of at most
 0.1 s before; no second line is printed for the ranks the launcher ended afterwards; a stall is
 named from MPI_Init on, and its line has reached the launcher before any rank of the node ends the
-job (the first to claim the verdict speaks; the others wait until it has: :func:`await_verdict`). Not guaranteed: which rank was first when several vanish within a few
-milliseconds and no guardian looked in between (a node short of cores): the line then names all of
-them as candidates; the record and the guardian begin at the entry point, before the package's heavy
+job (the first to claim the verdict speaks; the others wait until it has: :func:`await_verdict`).
+Not guaranteed: which rank was first when several vanish within a few milliseconds and no guardian
+looked in between (a node short of cores): the line then names all of them as candidates; the record and the guardian begin at the entry point, before the package's heavy
 imports (:func:`start_early`), so a rank killed while Python loads numpy or MPI is named or listed too,
 but one killed before the interpreter runs its first line (its first tens of milliseconds, a few
 tenths of a second on a node short of cores), when no rank of the node has begun yet, is named by the
