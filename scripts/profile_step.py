@@ -1,6 +1,12 @@
 """Where a training step's time goes, per rank and layer, for the example nets under a partitioning scheme.
 
     mpiexec -n 2 python scripts/profile_step.py --net mnist_mlp --scheme feature [--steps 20]
+    mpiexec -n 2 python scripts/profile_step.py --net mnist_mlp --scheme zb-2
+
+``--scheme`` takes every scheme of ``bench_scaling.py``, the pipelines too (``gpipe-M``, ``1f1b-M``,
+``zb-M``, ``interleaved-M``, ``auto-pipeline``): a pipelined layer's time is summed over its
+micro-batches, and each rank's time in communication calls is, for a pipeline, mostly its wait for
+the neighbouring stage (fill and drain).
 
 For any job, use ``singa-mpi train JOB --profile`` (or ``mpiexec -n N python -m singa_mpi train
 JOB --profile``): it prints the same table at the end of the run and writes it to
@@ -18,7 +24,7 @@ import sys
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
-from bench_scaling import NETS, trainer_on_world  # noqa: E402
+from bench_scaling import NETS, scheme_name, trainer_on_world  # noqa: E402
 from benchkit import blas_threads_as_train  # noqa: E402
 from singa_mpi import profiling  # noqa: E402
 
@@ -26,7 +32,9 @@ from singa_mpi import profiling  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--net", choices=list(NETS), default="mnist_mlp")
-    parser.add_argument("--scheme", choices=["data", "feature", "hybrid"], default="data")
+    parser.add_argument("--scheme", type=scheme_name, default="data",
+                        help="a scheme of bench_scaling.py: data, feature, hybrid, auto, pipeline, auto-pipeline, "
+                             "gpipe-M, 1f1b-M, zb-M, interleaved-M (+det, +detN: deterministic mode)")
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
 
