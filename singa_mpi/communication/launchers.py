@@ -34,11 +34,11 @@ FLAVOR_VARIABLE = "SINGA_MPI_FLAVOR"
 # more options for the launcher, before -n (how ranks reach other hosts: MPICH's -launcher/-iface, -genv ...)
 OPTIONS_VARIABLE = "SINGA_MPI_LAUNCHER_OPTIONS"
 CMA_VARIABLE = "MPIR_CVAR_CH4_CMA_ENABLE"  # MPICH's single-copy transfers between ranks of a node
-# Open MPI's mpirun, on SIGTERM or SIGINT, sends the ranks SIGCONT, forwards none of their output,
-# sends SIGTERM this many seconds later and SIGKILL as long again after that (its default: 1 s, too
-# short to be sure of a checkpoint); aborts take as long when a rank cannot act on the SIGTERM
-OPEN_MPI_SIGKILL_TIMEOUT = 5
-SIGKILL_TIMEOUT_VARIABLE = "OMPI_MCA_odls_base_sigkill_timeout"
+# Open MPI's odls_base_sigkill_timeout is left at its default (1 s): mpirun 4.1 waits it out twice
+# after any rank exits non-zero (an error line, an abort, a stop's exit 75), even when every rank has
+# already ended (4.1.4: a failed run ends 1 s after its ranks at 1 s, 9 s at 5, 19 s at 10).  Its other
+# use, the ranks' time to checkpoint on a SIGTERM to mpirun, is not the helper's: its stop signal is
+# SIGUSR1, passed on at once; slurm/train.sbatch sets 10 s for scancel.
 
 
 class LauncherNotFound(RuntimeError):
@@ -52,7 +52,7 @@ class Launcher:
     options: tuple[str, ...] = ()
     variables: tuple[tuple[str, str], ...] = ()  # what mpi4py needs to load this MPI's library
     # what to send the launcher so that every rank checkpoints and exits 75: hydra forwards SIGTERM;
-    # Open MPI's mpirun passes SIGUSR1 on at once, but a SIGTERM only after OPEN_MPI_SIGKILL_TIMEOUT
+    # Open MPI's mpirun passes SIGUSR1 on at once, but a SIGTERM only after odls_base_sigkill_timeout
     # seconds, with SIGKILL as long after it, and then exits 1 whatever the ranks did
     stop_signal: str = "SIGTERM"
 
@@ -83,12 +83,9 @@ class Launcher:
     def environ(self, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
         """``base`` (default: this process's environment) with this MPI's variables and ``extra``.
         UCX (the MPICH wheel's transport) is kept to shared memory on one machine unless set:
-        its address exchange fails intermittently on hosts with odd interfaces (pmodels/mpich#7417).
-        Open MPI's ranks get OPEN_MPI_SIGKILL_TIMEOUT seconds to checkpoint on a SIGTERM unless set."""
+        its address exchange fails intermittently on hosts with odd interfaces (pmodels/mpich#7417)."""
         env = dict(os.environ if base is None else base, **dict(self.variables), **extra)
         env.setdefault("UCX_TLS", "self,sm")
-        if self.flavor == "openmpi":
-            env.setdefault(SIGKILL_TIMEOUT_VARIABLE, str(OPEN_MPI_SIGKILL_TIMEOUT))
         return env
 
 
