@@ -28,6 +28,7 @@ os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3")
 from mpi4py import MPI  # noqa: E402 - the only mpi4py import in the package
 
 from singa_mpi.communication.base import others, ring_bytes, rooted_bytes, scatter_sum_bytes
+from singa_mpi.communication.liveness import wait_until_read
 from singa_mpi.errors import PeerLost
 from singa_mpi.tracing import Tracer
 
@@ -390,9 +391,10 @@ class MPIComm:
         """End every rank of the job now (after this rank's output is out)."""
         sys.stdout.flush()
         sys.stderr.flush()
-        # give the launcher a moment to forward what this rank just wrote: MPI_Abort kills
-        # the processes at once, and a message still in the pipe would be lost
-        time.sleep(0.5)
+        # MPI_Abort kills the processes at once, and what is still in the pipe to the launcher would be
+        # lost: wait until the launcher has read it (no wait where the output is a file or terminal)
+        for fd in (1, 2):
+            wait_until_read(fd, limit=0.5)
         MPI.COMM_WORLD.Abort(code)
 
 
