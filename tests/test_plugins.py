@@ -864,6 +864,22 @@ EQUIVALENCE_PLUGIN = '''
 
         def factor(self, x):
             return 4.0 / x.shape[0]
+
+
+    BLAS_THREADS = []
+
+
+    @LAYERS.register("kPtBlasProbe")
+    class BlasProbe(Good):
+        """Good, noting numpy's BLAS threads while the calling thread computes (threadpoolctl)."""
+
+        def factor(self, x):
+            import threading
+            from threadpoolctl import threadpool_info
+
+            counts = {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]}
+            BLAS_THREADS.append((threading.current_thread().name, *counts))
+            return 0.5
     '''
 
 
@@ -880,6 +896,38 @@ def test_a_user_algorithm_passes_check_equivalence(tmp_path):
     assert len(metrics["loss"]) == 3 and all(np.isfinite(metrics["loss"]))
     # the user algorithm ran every step: serially, then on every rank of each of the 4 runs
     assert len(sys.modules["pt_equivalence"].CALLS) == 3 + 3 * (2 + 3) * 2
+
+
+def test_check_equivalence_gives_each_worker_thread_its_share_of_the_cores(tmp_path, monkeypatch):
+    """The workers are threads of one process, each calling numpy's BLAS: cores // workers threads
+    while they run, as `singa-mpi train` gives the ranks of a node (numpy's default, a thread per core
+    for every worker, made a 784-1500-1000-10 MLP's check 2-2.5x slower on 2 cores).  The user's
+    OMP_NUM_THREADS wins."""
+    from threadpoolctl import threadpool_info
+
+    from singa_mpi import threads
+
+    def numpy_blas() -> int:
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"])
+
+    for name in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "cores_available", lambda: 4)
+    job, before = equivalence_job(tmp_path, "kPtBlasProbe"), numpy_blas()
+
+    def probed(workers: int) -> set[tuple[str, int]]:
+        """What the probe noted on the workers' threads in a check on ``workers`` workers."""
+        check_equivalence(job, workers=(workers,), steps=1, partition_dims=(0,))
+        notes = sys.modules["pt_equivalence"].BLAS_THREADS  # the plugin is loaded by the check
+        seen = {(name, count) for name, count in notes if name.startswith("local-rank-")}
+        notes.clear()
+        return seen
+
+    for workers, share in ((2, 2), (4, 1)):
+        assert probed(workers) == {(f"local-rank-{r}", share) for r in range(workers)}
+        assert numpy_blas() == before  # given back
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting: nothing is limited
+    assert probed(4) == {(f"local-rank-{r}", before) for r in range(4)}
 
 
 def test_check_equivalence_catches_a_layer_that_depends_on_its_row_count(tmp_path):
