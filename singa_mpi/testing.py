@@ -14,7 +14,6 @@ Both raise AssertionError saying what differs (which param or metric, at which s
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 from typing import Iterable, Sequence
@@ -110,8 +109,8 @@ def check_equivalence(job: str, workers: Iterable[int] = (2,), steps: int = 3, p
     ``rtol`` relative to each value; params to ``rtol`` relative to the param's largest magnitude
     (plus ``atol``), as float32 sums over a different split of the rows differ in the last bits.
 
-    The workers are threads of this process: while they run, numpy's BLAS has an equal share of the
-    cores per worker (your ``OMP_NUM_THREADS`` etc. win)."""
+    The workers are threads of this process (:func:`~singa_mpi.communication.local.run_ranks`): while
+    they run, numpy's BLAS has an equal share of the cores per worker (your ``OMP_NUM_THREADS`` etc. win)."""
     from singa_mpi.checkpoints.snapshot import collect
     from singa_mpi.checks.job import validate
     from singa_mpi.communication.local import run_ranks
@@ -153,23 +152,10 @@ def check_equivalence(job: str, workers: Iterable[int] = (2,), steps: int = 3, p
                     runtime = WorkerRuntime(cfg, cfg.proto.seed, workspace, comm)
                     return run(Trainer(cfg, workspace, runtime, log=lambda line: None))
 
-                with _blas_shared_by(n):
-                    got, got_params = run_ranks(n, rank, timeout=timeout)[0]
+                got, got_params = run_ranks(n, rank, timeout=timeout)[0]
                 _compare_metrics(want, got, rtol, label)
                 _compare_params(want_params, got_params, rtol, atol, label)
         return {key: [m[key] for m in want] for key in want[0]} if want else {}
-
-
-def _blas_shared_by(n: int) -> contextlib.AbstractContextManager:
-    """The ``n`` workers are threads of this process, each calling numpy's BLAS: give that BLAS an equal
-    share of the cores per worker, as `singa-mpi train` gives the ranks of a node.  Left at numpy's
-    default (a thread per core for every worker), a 784-1500-1000-10 MLP's check on 2 and 4 workers took
-    2-2.5x as long on 2 cores.  The user's OMP_NUM_THREADS etc. win."""
-    from singa_mpi import threads
-
-    if threads.user_threads(os.environ) is not None:
-        return contextlib.nullcontext()
-    return threads.limit_blas(max(1, threads.cores_available() // n))
 
 
 def _repartition(job: job_pb2.JobProto, pdim: int) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from singa_mpi.communication.base import others, ring_bytes, rooted_bytes, scatter_sum_bytes
+from singa_mpi.threads import shared_by_threads
 from singa_mpi.tracing import Tracer
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float64))  # what MPIComm can send
@@ -613,7 +614,8 @@ def run_ranks(n: int, fn: Callable[[LocalComm], Any], timeout: float = 30.0, gro
 
     The first exception a rank raises aborts the others and is re-raised here with a note naming
     the rank; a run still going after ``timeout`` seconds raises TimeoutError naming the call each
-    unfinished rank is in (a deadlock becomes a test failure, not a hang)."""
+    unfinished rank is in (a deadlock becomes a test failure, not a hang).  While the ranks run,
+    numpy's BLAS has an equal share of the cores per rank (:func:`singa_mpi.threads.shared_by_threads`)."""
     group = group if group is not None else LocalGroup(n, timeout=None)
     results: list = [None] * n
     errors: list[tuple[int, BaseException]] = []  # in the order they happened
@@ -628,11 +630,12 @@ def run_ranks(n: int, fn: Callable[[LocalComm], Any], timeout: float = 30.0, gro
             group.abort(f"rank {rank} raised {type(exc).__name__}", rank)
 
     threads = [threading.Thread(target=body, args=(r,), name=f"local-rank-{r}", daemon=True) for r in range(n)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+    with shared_by_threads(n):  # the ranks share this process's cores, BLAS threads included
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
     stuck = [r for r, thread in enumerate(threads) if thread.is_alive()]
     if errors:
         # the cause, not the aborts it made other ranks raise

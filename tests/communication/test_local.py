@@ -444,3 +444,24 @@ def test_waitany_returns_the_ready_receive_and_its_source_and_cancel_withdraws_t
     results = run_ranks(3, rank, timeout=20)
     assert results[0] == [(1, 2, [2.0, 2.0]), (0, 1, [1.0, 1.0])]
     assert results[1] == {"done": results[0]}
+
+
+def test_the_ranks_share_the_cores_blas_threads_and_the_users_setting_wins(monkeypatch):
+    """n ranks as threads of one process: numpy's BLAS has cores // n threads while they run, and its
+    own count again afterwards; with OMP_NUM_THREADS etc. set nothing is limited."""
+    from threadpoolctl import threadpool_info
+
+    from singa_mpi import threads
+
+    def numpy_blas(comm=None) -> int:
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"])
+
+    for name in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "cores_available", lambda: 6)
+    before = numpy_blas()
+    assert [run(n, numpy_blas) for n in (2, 3, 4)] == [[3, 3], [2, 2, 2], [1, 1, 1, 1]]
+    assert run(1, numpy_blas) == [before]  # one rank shares nothing
+    assert numpy_blas() == before
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "5")
+    assert run(2, numpy_blas) == [before, before]
