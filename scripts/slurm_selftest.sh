@@ -21,7 +21,9 @@
 # 6. runs the README's benchmark campaign (slurm/bench_campaign.sh --wait: the 1- and 2-rank arrays and
 #    the collecting job) and checks that it prints speed-ups;
 # 7. stops exactly the daemons it started (also on failure or Ctrl-C).
-# Every wait is bounded; the whole run takes well under two minutes.
+# Every wait is bounded; the whole run takes under three minutes (159-165 s on a 2-core VM, 2026-11-30;
+# the Open MPI preemption takes 31 s of it: Open MPI's mpirun waits odls_base_sigkill_timeout, 10 s in
+# slurm/train.sbatch, twice after the ranks exit 75, and the benchmark campaign 44 s).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${SINGA_PYTHON:-$(command -v python3)}
