@@ -109,7 +109,16 @@ for name, least in need.items():
 from mpi4py import MPI
 facts["mpi"] = " ".join(MPI.Get_library_version().split("\n")[0].split())
 # numpy's BLAS and the kernels it chose for this CPU: OpenBLAS 0.3.31 takes AMD's Zen 5 (family 26)
-# for Haswell (AVX2) although it has AVX-512, whose kernels run the MLP's GEMMs 1.7x faster there
+# for Haswell (AVX2) although it has AVX-512, whose kernels ran the MLP's GEMMs 1.7x faster there; a
+# Zen 4 (family 25, model 17) it gives the AVX-512 kernels, which ran them 1.1-1.2x slower there than
+# OPENBLAS_CORETYPE=Haswell.  A VM's model name may say only "AMD EPYC": family and model tell which.
+cpuinfo = {}
+for line in open("/proc/cpuinfo"):
+    if not line.strip():
+        break
+    key, _, value = line.partition(":")
+    cpuinfo[key.strip()] = value.strip()
+facts["cpu_family_model"] = f"{cpuinfo.get('cpu family', '?')}/{cpuinfo.get('model', '?')}"
 import numpy
 from threadpoolctl import threadpool_info
 blas = next((lib for lib in threadpool_info() if lib["user_api"] == "blas"), None)

@@ -55,6 +55,8 @@ def test_the_dry_run_runs_every_stage_and_keeps_its_results(tmp_path):
     machine = json.loads((out / "machine.json").read_text())
     assert machine["cores"] == os.cpu_count() and machine["mpi"] and machine["numpy"]
     assert machine["blas"].endswith(" kernels") and isinstance(machine["avx512"], bool)  # which GEMM kernels ran
+    family, model = machine["cpu_family_model"].split("/")  # the CPU's generation, where its name is generic
+    assert family.isdigit() and model.isdigit(), machine["cpu_family_model"]
     strong = json.loads((out / "strong.json").read_text())["summary"]
     assert {(row["scheme"], row["ranks"]) for row in strong} == {(s, n) for s in ("data", "feature", "hybrid")
                                                                   for n in (1, 2)}
