@@ -218,4 +218,4 @@ def shared_by_threads(ranks: int) -> contextlib.AbstractContextManager:
     user's OMP_NUM_THREADS etc. win: nothing is limited."""
     if user_threads(os.environ) is not None or ranks <= 1:  # one rank shares nothing
         return contextlib.nullcontext()
-    return limit_blas(max(1, cores_available() // ranks))
+    return limit_blas(choose_threads(cores_available(), ranks, os.environ))
