@@ -94,9 +94,14 @@ commit=${SINGA_DEVICE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo u
 python3 - "$out/machine.json" "$commit" <<'EOF' || { echo "device_scaling: this Python cannot run singa_mpi (above)" >&2; exit 2; }
 import importlib.metadata as metadata, json, os, platform, sys
 need = {"numpy": (1, 25), "scipy": (1, 10), "h5py": (3, 8), "scikit-learn": (1, 2), "mpi4py": (4, 0)}
+cpuinfo = {}  # the first processor's entries: every core of the machine is the same model
+for line in open("/proc/cpuinfo"):
+    if not line.strip():
+        break
+    key, _, value = line.partition(":")
+    cpuinfo[key.strip()] = value.strip()
 facts = {"commit": sys.argv[2], "python": platform.python_version(), "cores": os.cpu_count(),
-         "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                      if line.startswith("model name")), platform.processor())}
+         "cpu": cpuinfo.get("model name", platform.processor())}
 for name, least in need.items():
     try:
         version = metadata.version(name)
@@ -112,19 +117,12 @@ facts["mpi"] = " ".join(MPI.Get_library_version().split("\n")[0].split())
 # for Haswell (AVX2) although it has AVX-512, whose kernels ran the MLP's GEMMs 1.7x faster there; a
 # Zen 4 (family 25, model 17) it gives the AVX-512 kernels, which ran them 1.1-1.2x slower there than
 # OPENBLAS_CORETYPE=Haswell.  A VM's model name may say only "AMD EPYC": family and model tell which.
-cpuinfo = {}
-for line in open("/proc/cpuinfo"):
-    if not line.strip():
-        break
-    key, _, value = line.partition(":")
-    cpuinfo[key.strip()] = value.strip()
 facts["cpu_family_model"] = f"{cpuinfo.get('cpu family', '?')}/{cpuinfo.get('model', '?')}"
 import numpy
 from threadpoolctl import threadpool_info
 blas = next((lib for lib in threadpool_info() if lib["user_api"] == "blas"), None)
 facts["blas"] = f"{blas['internal_api']} {blas.get('version')} {blas.get('architecture')} kernels" if blas else None
-flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-facts["avx512"] = "avx512f" in flags
+facts["avx512"] = "avx512f" in cpuinfo.get("flags", "").split()
 try:
     import torch
     facts["torch"] = torch.__version__
