@@ -875,10 +875,9 @@ EQUIVALENCE_PLUGIN = '''
 
         def factor(self, x):
             import threading
-            from threadpoolctl import threadpool_info
+            from blas_threads import numpy_blas_threads  # tests/blas_threads.py
 
-            counts = {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]}
-            BLAS_THREADS.append((threading.current_thread().name, *counts))
+            BLAS_THREADS.append((threading.current_thread().name, numpy_blas_threads()))
             return 0.5
     '''
 
@@ -903,12 +902,8 @@ def test_check_equivalence_gives_each_worker_thread_its_share_of_the_cores(tmp_p
     while they run, as `singa-mpi train` gives the ranks of a node (numpy's default, a thread per core
     for every worker, made a 784-1500-1000-10 MLP's check 2-2.5x slower on 2 cores).  The user's
     OMP_NUM_THREADS wins."""
-    from threadpoolctl import threadpool_info
-
+    from blas_threads import numpy_blas_threads as numpy_blas
     from singa_mpi import threads
-
-    def numpy_blas() -> int:
-        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"])
 
     for name in threads.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)

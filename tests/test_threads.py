@@ -6,9 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from threadpoolctl import threadpool_info
-
 import nets
+from blas_threads import blas_threads_now
 from singa_mpi import cli, threads
 from singa_mpi.trainer import Trainer
 
@@ -82,23 +81,6 @@ def test_oversubscription_message():
         "4 rank(s) x 1 BLAS thread(s) on 2 core(s) oversubscribe this node and slow every step: "
         "launch at most 2 rank(s) on this node")
     assert threads.oversubscription(2, 3, 2).endswith(": set OMP_NUM_THREADS=1 or launch at most 2 rank(s) on this node")
-
-
-def blas_threads_now() -> dict[str, int]:
-    """{'numpy': n, 'scipy': n}: the threads of numpy's BLAS and of the one scipy bundles, if separate."""
-    import numpy
-    import scipy
-    import scipy.linalg.blas  # noqa: F401  (loaded, as in a run)
-
-    found = {}
-    for info in threadpool_info():
-        if info["user_api"] != "blas":
-            continue
-        owner = "scipy" if pathlib.Path(scipy.__file__).parent.name + ".libs" in info["filepath"] \
-            or f"{pathlib.Path(scipy.__file__).parent}/" in info["filepath"] else "numpy"
-        found.setdefault(owner, info["num_threads"])
-    assert "numpy" in found, (numpy.__file__, threadpool_info())
-    return found
 
 
 def test_limit_blas_sets_numpy_and_one_for_scipy_then_restores():

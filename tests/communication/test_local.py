@@ -449,12 +449,11 @@ def test_waitany_returns_the_ready_receive_and_its_source_and_cancel_withdraws_t
 def test_the_ranks_share_the_cores_blas_threads_and_the_users_setting_wins(monkeypatch):
     """n ranks as threads of one process: numpy's BLAS has cores // n threads while they run, and its
     own count again afterwards; with OMP_NUM_THREADS etc. set nothing is limited."""
-    from threadpoolctl import threadpool_info
-
+    from blas_threads import numpy_blas_threads
     from singa_mpi import threads
 
     def numpy_blas(comm=None) -> int:
-        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"])
+        return numpy_blas_threads()
 
     for name in threads.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
