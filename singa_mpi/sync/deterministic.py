@@ -24,8 +24,8 @@ import numpy as np
 
 from singa_mpi.params import Param, form_terms
 from singa_mpi.planner.syncs import FORMED_LABEL, GATHER_LABEL, SHARED_ROWS_LABEL, Gathered
-from singa_mpi.sync.base import LocalSync, first_nonfinite
-from singa_mpi.sync.shared_memory import ChunkView, SharedMemorySync
+from singa_mpi.sync.base import LocalSync
+from singa_mpi.sync.shared_memory import ChunkView, UpdatesItsViewsOnTheNode
 
 
 class DeterministicSync(LocalSync):
@@ -142,7 +142,7 @@ class TermsForServers(DeterministicSync):
         self._form_mine()
 
 
-class SharedDeterministicSync(DeterministicSync):
+class SharedDeterministicSync(UpdatesItsViewsOnTheNode, DeterministicSync):
     """Deterministic mode with every worker on one node: the same terms, tiles and computations as
     :class:`DeterministicSync`, through node-shared memory instead of messages (the default mode's
     :class:`~singa_mpi.sync.shared_memory.SharedMemorySync` does so for sums).  Each rank writes its
@@ -151,8 +151,6 @@ class SharedDeterministicSync(DeterministicSync):
     state for them alone (a fence makes them visible instead of the second Allgatherv).  A tile's
     update is element-wise, so updating it alone gives the bits of updating the whole array
     (``tests/layers/test_deterministic.py`` checks the element-wise kernels)."""
-
-    not_rescuable = SharedMemorySync.not_rescuable
 
     def __init__(self, comm, params: list[Param], specs: list[Gathered], tiles: list[tuple[tuple[int, int, int], ...]]):
         super().__init__(comm, params, specs, tiles)
@@ -186,21 +184,6 @@ class SharedDeterministicSync(DeterministicSync):
         self._unpack(splits)
         self.comm.tracer.end(span, 4 * (self.recv.size - self.send.size))
         self._form_mine()
-
-    def update(self, step: int, updater) -> None:
-        for view in self.views:
-            updater.update(step, view)
-
-    def publish(self) -> None:
-        """After my tiles are updated: make the new values visible before the next forward."""
-        self.comm.memory_fence(self.value_win, "shm(values)")
-
-    def owned(self) -> list[Param]:
-        return list(self.views)
-
-    def nonfinite_grad(self) -> Param | None:
-        """The first of my tiles whose gradient is not finite (each rank looks at its own)."""
-        return first_nonfinite(self.views)
 
 
 def _runs(tiles: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -79,7 +79,32 @@ class FactorSlot:
         self.right.fill(0.0)
 
 
-class SharedMemorySync:
+class UpdatesItsViewsOnTheNode:
+    """What every strategy shares whose params' values live once in node-shared memory (``value_win``)
+    while each rank updates only its own views of them (``views``, with their summed gradients)."""
+
+    views: list[ChunkView]
+    not_rescuable = ("the params live once in node-shared memory and each rank updates its own chunk of them, "
+                     "with that chunk's updater state: the dead rank's chunk went with it (SINGA_MPI_SHM=0 keeps "
+                     "whole replicas)")
+
+    def update(self, step: int, updater) -> None:
+        for view in self.views:
+            updater.update(step, view)
+
+    def publish(self) -> None:
+        """After my views are updated: make the new values visible before the next forward."""
+        self.comm.memory_fence(self.value_win, "shm(values)")  # type: ignore[attr-defined]
+
+    def owned(self) -> list[Param]:
+        return list(self.views)
+
+    def nonfinite_grad(self) -> Param | None:
+        """The first of my views whose summed gradient is not finite (each rank looks at its own)."""
+        return first_nonfinite(self.views)
+
+
+class SharedMemorySync(UpdatesItsViewsOnTheNode):
     """Replicated params of ``comm``'s ranks (all of one node) placed in shared memory.
 
     ``batch_rows`` maps id(param) of the batch-factored params to the number of
@@ -147,9 +172,6 @@ class SharedMemorySync:
 
     # ------------------------------------------------------------- the step
     listens = False  # sums start after the fence that ends every rank's backward
-    not_rescuable = ("the params live once in node-shared memory and each rank updates its own chunk of them, "
-                     "with that chunk's updater state: the dead rank's chunk went with it (SINGA_MPI_SHM=0 keeps "
-                     "whole replicas)")
 
     def layer_done(self, layer) -> None:
         pass
@@ -168,21 +190,6 @@ class SharedMemorySync:
         tracer.end(span, self.bytes_read)
         for left, right, r0, r1, out in self.factored:  # computation, not communication
             np.matmul(left[:, r0:r1].T, right, out=out)
-
-    def update(self, step: int, updater) -> None:
-        for view in self.views:
-            updater.update(step, view)
-
-    def publish(self) -> None:
-        """After my chunks are updated: make the new values visible before the next forward."""
-        self.comm.memory_fence(self.value_win, "shm(values)")
-
-    def owned(self) -> list[Param]:
-        return list(self.views)
-
-    def nonfinite_grad(self) -> Param | None:
-        """The first of my chunks whose summed gradient is not finite (each rank looks at its own)."""
-        return first_nonfinite(self.views)
 
     def close(self) -> None:
         pass  # the windows belong to the communicator, which frees them
