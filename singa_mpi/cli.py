@@ -158,13 +158,13 @@ def cmd_test(args) -> int:
 def cmd_plan(args) -> int:
     from singa_mpi.algorithms import make_algorithm
     from singa_mpi.checks.job import validate
-    from singa_mpi.config.load import deterministic_block_rows, load_job
+    from singa_mpi.config.load import load_job, wants_deterministic
     from singa_mpi.planner import plan, render
     from singa_mpi.planner.syncs import ALLREDUCE, DETERMINISTIC, DETERMINISTIC_SHARED
 
     cfg = load_job(args.job)
     validate(cfg)
-    if deterministic_block_rows(cfg.proto) is not None:  # the mode has one way to sync: its own
+    if wants_deterministic(cfg.proto):  # the mode has one way to sync: its own
         args.sync = DETERMINISTIC if args.sync == ALLREDUCE else DETERMINISTIC_SHARED
     if args.auto:
         return auto_partition(cfg, plan_workers(cfg, args.n), args)

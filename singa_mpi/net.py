@@ -280,7 +280,7 @@ def build_serial_net(cfg: JobConfig, phase: str, seed: int, workspace: str,
     """The whole net of ``phase`` in one process (no partitioning)."""
     nodes = phase_nodes(cfg, phase)
     batch = global_batch_size(cfg, nodes)
-    block_rows = deterministic_block_rows(cfg.proto)
+    block_rows = deterministic_block_rows(cfg.proto, batch)  # the blocks a plan of any rank count cuts
 
     def make_ctx(node: Node) -> LayerContext:
         return LayerContext(global_batch=batch, seed=seed, workspace=workspace, phase=phase, block_rows=block_rows)

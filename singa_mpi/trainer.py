@@ -24,7 +24,7 @@ from singa_mpi import progress
 from singa_mpi import run_events
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.algorithms import algorithm_name, make_algorithm
-from singa_mpi.config.load import JobConfig, deterministic_block_rows
+from singa_mpi.config.load import JobConfig, wants_deterministic
 from singa_mpi.data.convert import atomic_path
 from singa_mpi.cost.beside import Prediction, beside_lines
 from singa_mpi.layers.base import fold_block_sums, layer_class_of
@@ -138,7 +138,7 @@ class Trainer:
         self.train_steps = train_steps if train_steps is not None else self.job.train_steps
         self.algorithm = make_algorithm(self.job.train_one_batch)
         self.algorithm.bind(self.job)
-        self.updater = make_updater(self.job.updater, exact=deterministic_block_rows(self.job) is not None)
+        self.updater = make_updater(self.job.updater, exact=wants_deterministic(self.job))
         load_blas()  # before the clock starts
         self.train_net = runtime.build_net("train")
         evaluates = runtime.evaluates  # several worker groups: group 0 alone

@@ -155,10 +155,34 @@ def effective_partition_dim(job: job_pb2.JobProto, layer: job_pb2.LayerProto) ->
     return job.neuralnet.partition_dim
 
 
-def deterministic_block_rows(job: job_pb2.JobProto) -> int | None:
-    """Deterministic mode's rows per canonical block, or None when the job does not ask for the mode
-    (`deterministic { ... }`, or `train --deterministic`, which sets it)."""
-    return job.deterministic.block_rows if job.HasField("deterministic") else None
+def wants_deterministic(job: job_pb2.JobProto) -> bool:
+    """Whether the job asks for deterministic mode (`deterministic { ... }`, or `train --deterministic`,
+    which sets it)."""
+    return job.HasField("deterministic")
+
+
+def deterministic_block_rows(job: job_pb2.JobProto, batch: int) -> int | None:
+    """Deterministic mode's rows per canonical block for a phase of ``batch`` rows: the job's
+    ``block_rows``, or :func:`default_block_rows` where it does not set them (not the field's
+    default, 16: every net of a run, serial or partitioned, must cut its batch the same way); None
+    when the mode is off."""
+    if not wants_deterministic(job):
+        return None
+    if job.deterministic.HasField("block_rows"):
+        return job.deterministic.block_rows
+    return default_block_rows(batch)
+
+
+def default_block_rows(batch: int) -> int:
+    """Rows per block when the job does not say: the fewest from 16 to 32 that cut the batch into a
+    number of equal blocks divisible by 4 (so that 2 and 4 workers get equal shares), else by 2, else
+    16.  A function of the batch alone, as the blocks must be: 64 -> 16 (4 blocks), 100 -> 25 (4),
+    96 -> 24 (4), 50 -> 25 (2), 359 -> 16."""
+    for ways in (4, 2):
+        for rows in range(16, 33):
+            if batch % rows == 0 and (batch // rows) % ways == 0:
+                return rows
+    return 16
 
 
 def is_test_only(job: job_pb2.JobProto) -> bool:

@@ -175,13 +175,13 @@ def _auto_dims(world, read, facts: World):
     if world.rank == 0 and read is not None:
         try:
             from singa_mpi.cost.auto import auto_layers, choose_for_job
-            from singa_mpi.config.load import deterministic_block_rows
+            from singa_mpi.config.load import wants_deterministic
             from singa_mpi.launcher.describe import sync_method
 
             cfg = read[0]
             if auto_layers(cfg):
                 topo, _ = topology_of(cfg, world.size)
-                method = sync_method(topo, facts, deterministic_block_rows(cfg.proto) is not None)
+                method = sync_method(topo, facts, wants_deterministic(cfg.proto))
                 choice = choose_for_job(cfg, topo.workers_per_group, method, nodes=facts.nodes, pipelines=True)
         except (SingaError, MemoryError):
             choice = None

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from singa_mpi.algorithms import algorithm_name
-from singa_mpi.config.load import deterministic_block_rows
+from singa_mpi.config.load import deterministic_block_rows, wants_deterministic
 from singa_mpi.errors import ConfigError
 from singa_mpi.layers.base import layer_class_of
 from singa_mpi.net import layer_error, phase_nodes
@@ -64,26 +64,14 @@ class Deterministic:
 
 
 def deterministic_of(proto, batch: int | None = None) -> Deterministic | None:
-    """The job's deterministic mode, or None (off); with the phase's ``batch``, blocks of
-    :func:`default_block_rows` where the job does not set ``block_rows``."""
-    rows = deterministic_block_rows(proto)
-    if rows is None:
+    """The job's deterministic mode, or None (off); with the phase's ``batch``, its blocks
+    (:func:`~singa_mpi.config.load.deterministic_block_rows`); without, the blocks the job writes
+    (the field's default where it writes none: for checks that need no batch)."""
+    if not wants_deterministic(proto):
         return None
-    if batch is not None and not proto.deterministic.HasField("block_rows"):
-        rows = default_block_rows(batch)
-    return Deterministic(rows)
-
-
-def default_block_rows(batch: int) -> int:
-    """Rows per block when the job does not say: the fewest from 16 to 32 that cut the batch into a
-    number of equal blocks divisible by 4 (so that 2 and 4 workers get equal shares), else by 2, else
-    16.  A function of the batch alone, as the blocks must be: 64 -> 16 (4 blocks), 100 -> 25 (4),
-    96 -> 24 (4), 50 -> 25 (2), 359 -> 16."""
-    for ways in (4, 2):
-        for rows in range(16, 33):
-            if batch % rows == 0 and (batch // rows) % ways == 0:
-                return rows
-    return 16
+    if batch is None:
+        return Deterministic(proto.deterministic.block_rows)
+    return Deterministic(deterministic_block_rows(proto, batch))
 
 
 _ALGORITHMS = ("kBP", "kCD", "kBPTT")  # the algorithms the mode covers

@@ -26,7 +26,7 @@ import threading
 import numpy as np
 
 from singa_mpi.algorithms import frozen_params
-from singa_mpi.config.load import JobConfig, deterministic_block_rows
+from singa_mpi.config.load import JobConfig, wants_deterministic
 from singa_mpi.params import Param, make_param
 from singa_mpi.planner.plan import Plan, untrained_params
 from singa_mpi.planner.servers import pieces, server_ranges, trained_params
@@ -66,7 +66,7 @@ class ServerRuntime:
     def __init__(self, cfg: JobConfig, seed: int, world, topo: Topology, role: Role, plans: dict[str, Plan]):
         self.cfg, self.world, self.topo, self.role = cfg, world, topo, role
         self.tracer = world.tracer
-        self.updater = make_updater(cfg.proto.updater, exact=deterministic_block_rows(cfg.proto) is not None)
+        self.updater = make_updater(cfg.proto.updater, exact=wants_deterministic(cfg.proto))
         self.max_staleness = cfg.proto.cluster.max_staleness if cfg.proto.cluster.HasField("max_staleness") else -1
         the_plan = plans["train"]
         frozen = frozen_params(cfg.proto) | untrained_params(the_plan.sublayers)

@@ -22,7 +22,7 @@ def _train(n: int, conf: str, workspace: pathlib.Path, cwd: pathlib.Path) -> Non
 
 
 def _arrays(workspace: pathlib.Path) -> dict[str, bytes]:
-    (path,) = (workspace / "checkpoint").glob("step*.h5")
+    path = max((workspace / "checkpoint").glob("step*.h5"), key=lambda p: int(p.stem[4:]))  # the last step's
     found = {}
     with h5py.File(path) as f:
         def keep(name, item):
@@ -33,10 +33,11 @@ def _arrays(workspace: pathlib.Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("conf,ranks", [("digits_sandblaster.conf", 5), ("digits_mlp.conf", 3)])
+@pytest.mark.parametrize("conf,ranks", [("digits_sandblaster.conf", 5), ("digits_mlp.conf", 3), ("rbm_digits_1.conf", 2)])
 def test_an_example_job_on_several_ranks_ends_with_the_bits_of_one(tmp_path, conf, ranks):
     """digits_sandblaster: 3 workers beside 2 servers whose ranges cut the params; digits_mlp: AllReduce
-    on 3 workers, the batch of 64 in 4 blocks of 16 (32, 16 and 16 rows)."""
+    on 3 workers, the batch of 64 in 4 blocks of 16 (32, 16 and 16 rows); rbm_digits_1: CD-1, the
+    batch of 100 in the default blocks of 25, which one rank must cut too (not the field's 16)."""
     _train(1, conf, tmp_path / "one", tmp_path)  # (prepares the digits data below tmp_path first)
     _train(ranks, conf, tmp_path / "many", tmp_path)
     one, many = _arrays(tmp_path / "one"), _arrays(tmp_path / "many")

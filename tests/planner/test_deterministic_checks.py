@@ -7,9 +7,10 @@ import pytest
 
 import nets
 from singa_mpi.checks.job import validate
+from singa_mpi.config.load import default_block_rows
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner import partition
-from singa_mpi.planner.deterministic import Deterministic, default_block_rows
+from singa_mpi.planner.deterministic import Deterministic
 from singa_mpi.planner.syncs import (DETERMINISTIC, DETERMINISTIC_SHARED, FORMED_LABEL, GATHER_LABEL, METHODS,
                                      SHARED_ROWS_LABEL, buckets, formed_counts, forming_tiles, gather_counts,
                                      gathered_rows, methods_of)
@@ -182,3 +183,17 @@ def test_without_block_rows_the_blocks_split_the_batch_evenly_for_2_and_4_worker
     text = nets.mlp("/tmp/unused.h5", 100, "data", 2, steps=2)
     assert partition(nets.job("deterministic { }\n" + text), 2).deterministic == Deterministic(25)
     assert partition(nets.job("deterministic { block_rows: 16 }\n" + text), 2).deterministic == Deterministic(16)
+
+
+@pytest.mark.parametrize("mode, rows", [("deterministic { }", 25), ("deterministic { block_rows: 20 }", 20), ("", None)])
+def test_the_serial_net_cuts_the_batch_into_the_blocks_a_plan_cuts(tmp_path, mode, rows):
+    """One rank runs the serial net: its layers must cut the same blocks as every plan, the default
+    blocks too (25 rows for a batch of 100; it used the field's default of 16, so that an RBM with a
+    batch of 100 trained other bits on one rank than on two)."""
+    from singa_mpi.net import build_serial_net
+
+    cfg = nets.job(mode + "\n" + nets.mlp(nets.make_data(str(tmp_path / "d.h5"), 100, (12,), 5), 100, "data", 2, steps=2))
+    validate(cfg)
+    net = build_serial_net(cfg, "train", 5, str(tmp_path), {})
+    assert {layer.ctx.block_rows for layer in net.layers} == {rows}
+    assert partition(cfg, 2).deterministic == (Deterministic(rows) if rows else None)
