@@ -86,6 +86,14 @@ def collected_metrics(runtime, net: Net) -> dict[str, float]:
     return fold_block_sums(runtime.reduce_metrics(net.collect_metrics()))
 
 
+def added(window: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
+    """The metric sums of ``window`` and ``metrics`` added key by key (``metrics`` itself when the
+    window is empty: no rounding a run without a checkpoint in its window would not do)."""
+    if not window:
+        return metrics
+    return {key: window.get(key, 0.0) + metrics.get(key, 0.0) for key in {**window, **metrics}}
+
+
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
     """Sums over rows -> means: each metric ``k`` divided by its own row count ``k/count``.
 
@@ -154,6 +162,9 @@ class Trainer:
         self.start_time = time.perf_counter()
         self.start_step = self.job.step
         self.elapsed_before = 0.0  # seconds since step 0 before this process (a resumed checkpoint's)
+        # the train metrics' sums since the last progress line, as far as a checkpoint took them (it holds
+        # them, so that a run resumed from it prints the line an uninterrupted run prints)
+        self.display_window: dict[str, float] = {}
         self.tags: dict = {}  # extra fields for every metrics entry (`singa-mpi test`: the checkpoint)
         self.live_bar = True  # a tqdm bar on an interactive terminal (root only; progress.open_bar)
         self._comm_at_start = runtime.comm_seconds()  # the runtime's setup communicated already
@@ -317,7 +328,8 @@ class Trainer:
             if display_now(job, step):
                 now = time.perf_counter()
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)
-                final = self.report("train", collected_metrics(self.runtime, self.train_net))
+                final = self.report("train", added(self.display_window, collected_metrics(self.runtime, self.train_net)))
+                self.display_window = {}
                 final.update(self.runtime.sync().metrics())  # staleness, with servers of several groups
                 self.record(step, "train", final, samples_per_s=rate)
                 headline = next((k for k in ("loss", "squared_error") if k in final), None)
@@ -388,10 +400,13 @@ class Trainer:
         if not self.runtime.evaluates:
             return None
         with self.runtime.tracer.span("checkpoint", "step"):
+            if self.job.disp_freq > 0:  # (collective over the group, as the progress line's sums)
+                self.display_window = added(self.display_window, collected_metrics(self.runtime, self.train_net))
             ckpt = collect(self, step, final)
             if ckpt is None:
                 return None
             ckpt.elapsed = self.elapsed()
+            ckpt.display_window = dict(self.display_window)
             path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), ckpt)
         self.log(f"checkpoint {path}")
         if self.keep:
@@ -412,6 +427,7 @@ class Trainer:
         if full:
             self.start_step = ckpt.step
             self.elapsed_before = ckpt.elapsed  # metrics.jsonl's `elapsed` goes on from the checkpoint's
+            self.display_window = dict(ckpt.display_window)  # the first progress line's steps before it
 
     def elapsed(self) -> float:
         """Seconds since step 0: this process's, plus those of the runs a resume continues."""

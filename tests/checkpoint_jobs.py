@@ -4,6 +4,7 @@ process or under mpiexec, its checkpoint at a step, and a checkpoint in the prev
 Shared by the checkpoint tests, test_bptt.py, test_launcher.py, test_timeline.py, test_progress.py and
 cost/test_beside.py.
 """
+import json
 import pathlib
 import subprocess
 import sys
@@ -19,11 +20,12 @@ from singa_mpi.launcher import RunOptions, run_training
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def job_file(tmp_path, scheme="data", steps=20, batch=7, name="job", extra=""):
+def job_file(tmp_path, scheme="data", steps=20, batch=7, name="job", extra="", disp_freq=1):
     data = tmp_path / "data.h5"
     if not data.exists():
         nets.make_data(str(data), 64, (12,), 5)
     text = nets.mlp(str(data), batch, scheme, 3).replace("train_steps: 20", f"train_steps: {steps}")
+    text = text.replace("disp_freq: 1\n", f"disp_freq: {disp_freq}\n")
     path = tmp_path / f"{name}.conf"
     path.write_text(text + extra)
     return str(path)
@@ -35,6 +37,13 @@ def train(conf, workspace, **options):
 
 def final(workspace, step):
     return checkpoint.read(checkpoint.checkpoint_path(str(workspace), step))
+
+
+def train_records(workspace) -> list[dict]:
+    """metrics.jsonl's train lines: step, loss and accuracy (not the times)."""
+    lines = (pathlib.Path(workspace) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k in ("step", "loss", "accuracy")}
+            for line in lines if '"train"' in line]
 
 
 def mpi_train(n, conf, workspace, *args, timeout=300):

@@ -4,7 +4,7 @@ One file per checkpoint, ``WORKSPACE/checkpoint/step<N>.h5``, readable with
 plain h5py or h5dump::
 
     /                       attrs: format_version, step, job_name, job_identity, seed, nranks, elapsed,
-                                   header_crc32, complete
+                                   display_window, header_crc32, complete
     /job_config             the job's text (string dataset)
     /plan                   JSON summary of the partitioning it was written under
     /params/<name>          float32, the full logical (unsharded) array
@@ -97,6 +97,10 @@ class Checkpoint:
     seed: int = 0
     nranks: int = 1
     elapsed: float = 0.0  # seconds of training since step 0 when written (files without it: 0)
+    # the train metrics' sums (each ``k`` with its ``k/count``) since the last progress line before the
+    # step, over every worker: a resumed run's first line averages the steps an uninterrupted run's does
+    # (files without it, and emergency checkpoints, which no collective wrote: {})
+    display_window: dict[str, float] = dataclasses.field(default_factory=dict)
     job_identity: str = ""  # snapshot.job_identity of the job that wrote it ("": unknown, format 2)
     format_version: int = FORMAT_VERSION  # of the file it was read from
     path: str = ""
@@ -148,7 +152,8 @@ def encode(ckpt: Checkpoint, fault_after: int | None = None) -> bytes:
     with h5py.File(buffer, "w", userblock_size=USER_BLOCK) as f:
         f.attrs.update(format_version=FORMAT_VERSION, step=ckpt.step, job_name=ckpt.job_name,
                        job_identity=ckpt.job_identity, seed=ckpt.seed, nranks=ckpt.nranks,
-                       elapsed=float(ckpt.elapsed), complete=0)
+                       elapsed=float(ckpt.elapsed), complete=0,
+                       display_window=json.dumps(ckpt.display_window, sort_keys=True))
         _text_dataset(f, "job_config", ckpt.job_config)
         _text_dataset(f, "plan", json.dumps(ckpt.plan, sort_keys=True))
         params = f.create_group("params")
@@ -358,6 +363,8 @@ def read(path: str) -> Checkpoint:
             ckpt = Checkpoint(step=int(f.attrs["step"]), params={}, job_name=str(f.attrs.get("job_name", "")),
                               seed=int(f.attrs.get("seed", 0)), nranks=int(f.attrs.get("nranks", 1)),
                               elapsed=float(f.attrs.get("elapsed", 0.0)),
+                              display_window={str(key): float(value) for key, value in  # (not numbers: DAMAGE)
+                                              json.loads(f.attrs.get("display_window", "{}")).items()},
                               job_identity=str(f.attrs.get("job_identity", "")), format_version=version, path=path)
             ckpt.job_config = _read_text(f, "job_config", path, checked)
             plan = _read_text(f, "plan", path, checked)

@@ -11,7 +11,7 @@ import pytest
 from singa_mpi.checkpoints import hdf5 as checkpoint, tools as ckpt_tools
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
-from checkpoint_jobs import ROOT, final, job_file, mpi_train, train
+from checkpoint_jobs import ROOT, final, job_file, mpi_train, train, train_records
 from mpi_jobs import launcher, mpi_env, mpiexec_command
 
 
@@ -27,6 +27,19 @@ def test_exact_resume_is_bitwise(tmp_path):
         for slot in a.updater[name]:
             np.testing.assert_array_equal(a.updater[name][slot], b.updater[name][slot])
     assert a.readers == b.readers == {"train": {"data": {"batches": 20}}}
+
+
+def test_the_first_progress_line_after_a_resume_averages_the_steps_of_an_uninterrupted_run(tmp_path):
+    """A line every 5 steps, a resume from step 8: the line at step 10 averages steps 6-10 as in the
+    run that went straight through (the checkpoint holds the sums of steps 6 and 7)."""
+    conf = job_file(tmp_path, disp_freq=5)
+    assert train(conf, tmp_path / "straight") == 0
+    assert train(conf, tmp_path / "split", steps=8) == 0
+    window = final(tmp_path / "split", 8).display_window
+    assert window["loss/count"] == 2 * 7 and 0 < window["loss"] < 10 * 2 * 7, window  # 2 steps of 7 rows
+    assert train(conf, tmp_path / "split", resume=True) == 0
+    assert [r["step"] for r in train_records(tmp_path / "straight")] == [0, 5, 10, 15]
+    assert train_records(tmp_path / "split") == train_records(tmp_path / "straight")
 
 
 def test_interrupted_write_leaves_the_previous_checkpoint(tmp_path):
@@ -188,13 +201,14 @@ def test_resume_across_rank_counts_and_partitionings(tmp_path):
 
 @pytest.mark.slow
 def test_exact_resume_on_the_same_ranks_is_bitwise(tmp_path):
-    conf = job_file(tmp_path, "feature", steps=16)
+    conf = job_file(tmp_path, "feature", steps=16, disp_freq=3)  # the resume at 8 falls inside a line's steps
     mpi_train(2, conf, tmp_path / "straight")
     mpi_train(2, conf, tmp_path / "split", "--steps", "8")
     mpi_train(2, conf, tmp_path / "split", "--resume")
     a, b = final(tmp_path / "straight", 16), final(tmp_path / "split", 16)
     for name in a.params:
         np.testing.assert_array_equal(a.params[name], b.params[name])
+    assert train_records(tmp_path / "split") == train_records(tmp_path / "straight")
 
 
 @pytest.mark.parametrize("nranks", [1, 2])
