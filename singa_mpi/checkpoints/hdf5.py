@@ -404,12 +404,19 @@ def listed(workspace: str) -> list[tuple[int, str]]:
 
 
 def newest_good(workspace: str) -> Checkpoint | None:
-    """The newest checkpoint that reads and verifies; damaged newer ones are skipped with a warning."""
-    for _, path in listed(workspace):
+    """The newest checkpoint that reads and verifies; damaged newer ones are skipped with a warning.
+    None when the workspace has no checkpoint; DataError when it has some and every one is damaged
+    (taken for "none", a resumed run would start again from step 0 without a word)."""
+    files = listed(workspace)
+    for _, path in files:
         try:
             return read(path)
         except DataError as err:
             warnings.warn(f"skipping damaged checkpoint: {err}", stacklevel=2)
+    if files:
+        raise DataError(f"{checkpoint_dir(workspace)}: every checkpoint there is damaged ({len(files)} file(s), "
+                        f"the newest {os.path.basename(files[0][1])}): none to continue from; move them aside "
+                        f"to start again from step 0")
     return None
 
 

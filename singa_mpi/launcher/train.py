@@ -12,7 +12,7 @@ from singa_mpi import plugins, progress, run_events, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.emergency import Rescue
 from singa_mpi.config.load import JobConfig
-from singa_mpi.errors import ConfigError, NonFiniteError
+from singa_mpi.errors import ConfigError, DataError, NonFiniteError
 from singa_mpi.launcher.checks import merged_checkpoint_paths
 from singa_mpi.launcher.options import Request, RunOptions
 from singa_mpi.launcher.run import launch
@@ -119,7 +119,12 @@ def _load_initial_state(trainer: Trainer, options: RunOptions, initial: checkpoi
         with warnings.catch_warnings():
             if not trainer.runtime.is_root:
                 warnings.simplefilter("ignore")  # one report of a damaged file is enough
-            ckpt = checkpoint.newest_good(trainer.workspace)
+            try:
+                ckpt = checkpoint.newest_good(trainer.workspace)
+            except DataError:  # every checkpoint damaged: the root's error ends every rank, in one line
+                if trainer.runtime.is_root:
+                    raise
+                ckpt = None
         if ckpt is not None:
             _check_job_identity(trainer, ckpt, options.allow_other_job)
             trainer.log(f"resuming from {ckpt.path} (step {ckpt.step})")

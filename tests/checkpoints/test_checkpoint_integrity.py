@@ -41,8 +41,8 @@ def same_content(a: checkpoint.Checkpoint, b: checkpoint.Checkpoint) -> bool:
         return sorted(x) == sorted(y) and all(
             arrays_equal(x[k], y[k]) if isinstance(x[k], dict) else np.array_equal(x[k], y[k]) for k in x)
 
-    scalars = ("step", "job_name", "job_config", "plan", "seed", "nranks", "elapsed", "job_identity",
-               "format_version", "counters", "readers")
+    scalars = ("step", "job_name", "job_config", "plan", "seed", "nranks", "elapsed", "display_window",
+               "job_identity", "format_version", "counters", "readers")
     return (all(getattr(a, k) == getattr(b, k) for k in scalars) and arrays_equal(a.params, b.params)
             and arrays_equal(a.updater, b.updater) and arrays_equal(a.carried, b.carried))
 
@@ -148,6 +148,28 @@ def test_an_edited_step_is_damage_and_resume_skips_the_file(trained, tmp_path):
         checkpoint.read(newest)
     with pytest.warns(UserWarning, match=r"skipping damaged checkpoint: .*step4\.h5"):
         assert checkpoint.newest_good(str(work)).step == 2
+
+
+def test_resume_with_every_checkpoint_damaged_stops_in_one_line_instead_of_starting_over(trained, tmp_path):
+    """Both checkpoints damaged: `--resume` stops (exit 3, one line on 2 ranks), where it used to note
+    "no checkpoint" and train again from step 0, which a long run's user would not notice."""
+    conf, ws = trained
+    work = tmp_path / "ws"
+    shutil.copytree(ws, work)
+    for step in (2, 4):
+        path = checkpoint.checkpoint_path(str(work), step)
+        flipped(path, path, [(os.path.getsize(path) // 2, 0xFF)])
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint"), pytest.raises(
+            DataError, match=r"checkpoint: every checkpoint there is damaged \(2 file\(s\), the newest step4\.h5\)"):
+        checkpoint.newest_good(str(work))
+    cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(work),
+                                "--resume", "--steps", "6"]
+    result = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if "every checkpoint there is damaged" in line]
+    assert len(lines) == 1 and "move them aside" in lines[0], result.stderr[-2000:]
+    assert sorted(os.listdir(work / "checkpoint")) == ["step2.h5", "step4.h5"]  # no fresh start wrote step0
 
 
 @pytest.mark.parametrize("damage", ["rename a param", "edit the data position", "edit job_config", "edit plan"])
