@@ -413,8 +413,9 @@ class Trainer:
             checkpoint.prune(self.workspace, self.keep)
         return path
 
-    def restore(self, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool = False) -> None:
-        """Load a checkpoint: everything to resume (``full``), or only params to initialise."""
+    def restore(self, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool | None = None) -> None:
+        """Load a checkpoint: everything to resume (``full``), or only params to initialise
+        (``allow_partial``: :func:`singa_mpi.checkpoints.snapshot.restore`'s)."""
         from singa_mpi.checkpoints.snapshot import plan_summary, restore
 
         if self.runtime.is_root:

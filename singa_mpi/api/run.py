@@ -177,6 +177,8 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
 def _predicting(job: Any, rows: Any, batchsize: int | None) -> Any:
     """A copy of ``job`` whose input layers read ``rows`` (labels all 0: the loss layer's value is not
     the point), in order, in batches of ``batchsize`` or the test input's."""
+    import math
+
     import numpy as np
 
     from singa_mpi.api.layers import RecordInput
@@ -187,6 +189,11 @@ def _predicting(job: Any, rows: Any, batchsize: int | None) -> Any:
         if not _is_input(layer):
             continue
         conf = layer.proto.store_conf
+        record = tuple(np.shape(rows)[1:])
+        if conf.shape and len(record) and math.prod(record) != math.prod(conf.shape):
+            raise ArgumentError(f"predict: argument x of shape {np.shape(rows)}: expected rows of "
+                                f"{tuple(conf.shape)} ({math.prod(conf.shape)} numbers each), the records "
+                                f"input layer '{layer.name}' of the trained net reads")
         size = batchsize or (conf.batchsize[0] if conf.batchsize else 64)
         phases = [job_phase for job_phase in layer.proto.include]
         replaced = RecordInput.from_arrays(rows, np.zeros(len(rows), np.int64), size, name=layer.name,

@@ -145,12 +145,13 @@ def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | 
     return ckpt
 
 
-def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool = False) -> list[str]:
+def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool | None = None) -> list[str]:
     """Load ``ckpt`` into this rank's shards.  ``full``: also updater state and data positions.
 
     Returns the params left as initialised: when initialising (not ``full``, SINGA's
     ``checkpoint_path``) those the checkpoint lacks; with ``allow_partial`` those that do not fit.
-    A param without an init must be in the checkpoint and fit (DataError otherwise).
+    A param without an init must be in the checkpoint and fit (DataError otherwise; its message
+    suggests `--allow-partial` where the command has it: ``allow_partial`` False, not None).
     """
     skipped = []
     params = {p.name: p for net in trainer.nets().values() for p in net.params}
@@ -170,6 +171,9 @@ def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: boo
         if problem:
             if param.from_checkpoint:
                 raise DataError(f"{ckpt.path}: {problem}: expected it to fit, as the job gives it no init {{ ... }}")
+            if allow_partial is None:  # testing or predicting: a param at its initial value is no answer
+                raise DataError(f"{ckpt.path}: {problem}: expected a checkpoint of this net (a job with "
+                                f"other layers or shapes wrote it)")
             if not allow_partial:
                 raise DataError(f"{ckpt.path}: {problem} (use --allow-partial to keep the initial values)")
             skipped.append(f"{param.name} ({problem})")

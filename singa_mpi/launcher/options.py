@@ -20,7 +20,7 @@ class RunOptions:
     workers: int | None = None  # overrides cluster.nworkers_per_group (--workers N)
     overwrite: bool = False  # move another run's checkpoints and metrics aside (WORKSPACE/previous-<time>/)
     keep: int | None = None
-    allow_partial: bool = False
+    allow_partial: bool | None = None  # --allow-partial (None: the caller has no such option, as the Python API)
     allow_other_job: bool = False  # --resume from a checkpoint another job wrote (its identity differs)
     trace: str | None = None  # FILE: every rank's timeline as Chrome-trace JSON (singa_mpi.timeline)
     profile: bool = False  # print the per-layer compute/communication table at the end

@@ -66,6 +66,9 @@ def test_predict_gives_the_scores_the_test_phase_measured(tmp_path):
         job.predict(x[:3], tmp_path / "ws", layer="nope")
     with pytest.raises(DataError, match="no checkpoint to predict with"):
         job.predict(x[:3], tmp_path / "elsewhere")
+    # rows of another width: the argument named, not the checkpoint blamed for the net x would build
+    with pytest.raises(sm.ArgumentError, match=r"predict: argument x of shape \(3, 10\): expected rows of \(12,\)"):
+        job.predict(x[:3, :10], tmp_path / "ws")
 
 
 @pytest.mark.parametrize("x,y,words", [

@@ -125,9 +125,26 @@ def test_checkpoint_path_params_it_lacks_keep_their_init_a_misfit_is_an_error(tm
     assert not np.array_equal(started.params["w_fc2"], w_fc2)
     ckpt.params["w_fc2"], ckpt.params["b_fc1"] = w_fc2, np.zeros(3, np.float32)
     checkpoint.write(path, ckpt)
-    with pytest.raises(DataError, match=r"'b_fc1' has shape \(3,\), the net expects \(16,\)"):
-        train(init, tmp_path / "post2")
+    with pytest.raises(DataError, match=r"'b_fc1' has shape \(3,\), the net expects \(16,\) \(use --allow-partial"):
+        train(init, tmp_path / "post2", allow_partial=False)  # as `singa-mpi train` without the flag
     assert train(init, tmp_path / "post3", allow_partial=True) == 0
+
+
+def test_testing_another_nets_checkpoint_names_the_misfit_and_suggests_no_flag_test_lacks(tmp_path):
+    """`singa-mpi test` has no --allow-partial (a net tested at its initial values answers nothing):
+    its error must not suggest it."""
+    from singa_mpi.test_command import run_test
+
+    conf = job_file(tmp_path, steps=1)
+    train(conf, tmp_path / "ws")
+    other = job_file(tmp_path, steps=1, name="other", extra="test_steps: 1 test_freq: 1\n")
+    text = open(other).read()
+    with open(other, "w") as f:
+        f.write(text.replace("num_output: 16", "num_output: 15", 1))  # fc1: 15 units where the run had 16
+    with pytest.raises(DataError) as caught:
+        run_test(other, lambda cfg: str(tmp_path / "ws"))
+    assert "the net expects (15, 12): expected a checkpoint of this net" in str(caught.value)
+    assert "--allow-partial" not in str(caught.value)
 
 
 def test_param_without_init_must_come_from_checkpoint_path(tmp_path):
