@@ -25,6 +25,16 @@ def test_plan_text_without_mpi():
     assert "traffic/step" in out.stdout and "total:" in out.stdout
 
 
+def test_plan_of_a_phase_the_job_does_not_run_is_one_line():
+    """digits_mlp has no validation phase: its val net would read no input layer (a traceback before)."""
+    out = run("plan", "conf/digits_mlp.conf", "-n", "2", "--phase", "val")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "singa-mpi: error: conf/digits_mlp.conf: --phase val: expected a phase the job runs: train, test "
+        "(test needs test_steps > 0, val validate_steps > 0)"]
+    assert run("plan", "conf/digits_mlp.conf", "-n", "2", "--phase", "test").returncode == 0
+
+
 def test_plan_json_and_dot(tmp_path):
     out = run("plan", "conf/digits_mlp.conf", "-n", "3", "--format", "json")
     assert out.returncode == 0, out.stderr
