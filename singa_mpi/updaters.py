@@ -68,6 +68,8 @@ class LRSchedule:
 
     def __init__(self, conf: job_pb2.LRGenProto):
         self.base_lr = conf.base_lr
+        # a negative rate climbs the loss: a sign slip, never a schedule (0 freezes the params)
+        _require(self.base_lr >= 0, "learning_rate.base_lr", self.base_lr, "a value >= 0")
 
     def __call__(self, step: int) -> float:
         raise NotImplementedError
@@ -205,7 +207,8 @@ class Updater:
         self.conf = conf
         self.schedule = make_schedule(conf.learning_rate)
         self.momentum, self.weight_decay, self.delta = conf.momentum, conf.weight_decay, conf.delta
-        _require(self.momentum >= 0, "momentum", self.momentum, "a value >= 0")
+        # m >= 1 keeps every gradient forever (h grows with each step): no run trains with it
+        _require(0 <= self.momentum < 1, "momentum", self.momentum, "a value from 0 up to, not including, 1")
         _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a value >= 0")
         self.clip = self._clip_bounds(conf)
         self._slots: dict[str, dict[str, np.ndarray]] = {}

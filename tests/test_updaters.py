@@ -101,6 +101,8 @@ def test_unknown_or_unset_updater_type_lists_the_valid_names():
 
 @pytest.mark.parametrize("text, message", [
     ("type: kSGD momentum: -0.9", "updater.momentum = -0.9"),
+    ("type: kSGD momentum: 1.5", "updater.momentum = 1.5: expected a value from 0 up to, not including, 1"),
+    ("type: kNesterov momentum: 1", "updater.momentum = 1.0: expected a value from 0 up to"),
     ("type: kSGD weight_decay: -1", "updater.weight_decay = -1.0: expected a value >= 0"),
     ("type: kRMSProp rmsprop_conf { rho: 1.5 }", "updater.rmsprop_conf.rho = 1.5: expected a decay rate in [0, 1]"),
     ("type: kAdam adam_conf { beta1: -0.5 }", "updater.adam_conf.beta1 = -0.5"),
@@ -112,6 +114,13 @@ def test_bad_updater_fields_are_config_errors(text, message):
     with pytest.raises(ConfigError) as err:
         make_updater(updater_conf(text + " learning_rate { type: kFixed }"))
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("schedule", ["kFixed", "kStep step_conf { change_freq: 5 }", "kExponential exponential_conf { change_freq: 5 }"])
+def test_a_negative_learning_rate_is_a_config_error_zero_freezes(schedule):
+    with pytest.raises(ConfigError, match=r"^updater\.learning_rate\.base_lr = -0\.05: expected a value >= 0$"):
+        make_updater(updater_conf(f"type: kSGD learning_rate {{ type: {schedule} base_lr: -0.05 }}"))
+    make_updater(updater_conf(f"type: kSGD learning_rate {{ type: {schedule} base_lr: 0 }}"))
 
 
 # ------------------------------------------------------ float64 references
