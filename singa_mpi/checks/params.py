@@ -48,6 +48,12 @@ def check_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> None
             raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'name')}: {describe(cfg, node)}: "
                               f"{field}.name = {conf.name!r}: expected a name not used by another layer's "
                               f"param (layer '{known[1]}' declares it; use share_from to share it)")
+        if known is not None and known[0] != spec.logical_shape:  # the same layer, in another phase's net
+            raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'name')}: {describe(cfg, node)}: "
+                              f"{field}.name = {conf.name!r}: expected one shape in every phase: "
+                              f"{spec.logical_shape} in the {layer.ctx.phase} net, {known[0]} in an earlier "
+                              f"phase's (the layers below read inputs of other shapes there: compare the "
+                              f"phases' input layers, such as store_conf.shape)")
         params[conf.name] = (spec.logical_shape, node.name)
 
 

@@ -314,6 +314,23 @@ def test_an_rbm_whose_input_is_its_own_hidden_layer_is_one_line():
            "input from" in str(info.value)
 
 
+@pytest.mark.parametrize("input_layer", [0, 1])
+def test_a_param_of_two_shapes_in_two_phases_is_one_line(input_layer):
+    """The train and test input layers reading records of 65 and 64 numbers gave fc1's weight two
+    shapes: `check` passed it, and training ended in numpy's matmul error (exit 1)."""
+    text = (REPO_CONFS[0].parent / "digits_mlp.conf").read_text()
+    inputs = [m.start() for m in re.finditer(r"batchsize: \d+ shape: 64", text)]
+    assert len(inputs) == 2
+    at = text.index("shape: 64", inputs[input_layer])
+    text = text[:at] + "shape: 65" + text[at + len("shape: 64"):]
+    with pytest.raises(ConfigError) as info:
+        validate(parse_job(text, "job.conf"))
+    shapes = ["(256, 65) in an earlier phase's", "(256, 64) in an earlier phase's"][input_layer]
+    assert str(info.value).startswith("job.conf:39:13: layer 'fc1' (#2, kInnerProduct): param[0].name = 'w1': "
+                                      "expected one shape in every phase: "), str(info.value)
+    assert shapes in str(info.value) and "in the test net" in str(info.value)
+
+
 # ------------------------------------------------------------ numbers that are no numbers
 
 @pytest.mark.parametrize("old,new,expected", [
