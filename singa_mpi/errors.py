@@ -73,12 +73,13 @@ def out_of_memory(err: MemoryError) -> ResourceError:
 class LayerFailure(SingaError):
     """An error raised while a layer computed; names the layer and the pass, keeps the cause's exit code."""
 
-    def __init__(self, layer: str, direction: str, cause: BaseException):
+    def __init__(self, layer: str, direction: str, cause: BaseException, where: str = ""):
+        """``where``: the job file's place of the layer (FILE:LINE:COL), where known."""
         if isinstance(cause, MemoryError):
             cause = out_of_memory(cause)
         detail = str(cause) if isinstance(cause, SingaError) else f"{type(cause).__name__}: {cause}"
         prefix = "" if f"'{layer}'" in detail else f"layer '{layer}' ({direction}): "
-        super().__init__(prefix + detail)
+        super().__init__((f"{where}: " if where else "") + prefix + detail)
         self.layer, self.direction = layer, direction
         self.exit_code = getattr(cause, "exit_code", 1)
 

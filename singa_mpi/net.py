@@ -11,7 +11,7 @@ import dataclasses
 from typing import Callable, Iterable
 
 from singa_mpi.config.load import JobConfig, deterministic_block_rows, layers_for_phase
-from singa_mpi.errors import ConfigError, LayerFailure
+from singa_mpi.errors import ConfigError, LayerFailure, SingaError
 from singa_mpi.graph import Node, is_back_edge, topological_order
 from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, LayerContext, layer_class_of
 from singa_mpi.params import Param, make_param
@@ -237,6 +237,10 @@ def instantiate(cfg: JobConfig, nodes: list[Node], make_ctx: Callable[[Node], La
             layer.out_shape = tuple(layer.setup(shapes))
         except LayerConfigError as err:
             raise layer_error(cfg, node, err.field, err.value, err.expected) from None
+        except SingaError:
+            raise
+        except Exception as err:  # a plugin's own bug, say: named with the layer's place in the job
+            raise LayerFailure(node.name, "setup", err, where=cfg.layer_where(node.index)) from err
         done[node.name] = layer
         built.append((node, layer, kinds))
     return built

@@ -589,6 +589,36 @@ def test_plugin_errors_are_one_line_with_exit_code_2(case, nranks, error_folder)
     assert not (error_folder / "ws" / "metrics.jsonl").exists()
 
 
+SETUP_FAILS = '''
+    from singa_mpi.layers import LAYERS, Layer
+
+    @LAYERS.register("kPtSetupFails")
+    class SetupFails(Layer):
+        def setup(self, src_shapes):
+            return {}["no such key"]  # the plugin's own bug
+    '''
+
+
+@pytest.mark.parametrize("nranks", [1, 2], ids=["1-rank", "mpiexec-2"])
+def test_a_plugin_layer_whose_setup_raises_is_one_line_at_its_place_in_the_job(nranks, error_folder):
+    """A bug in a plugin's setup (no config error: exit 1) printed Python's traceback, naming neither
+    the layer nor the job's line; forward's and backward's already named the layer."""
+    write(error_folder / "setup_fails.py", SETUP_FAILS)
+    text = small_job("data.h5", plugin_lines='plugin: "setup_fails.py"',
+                     act='layer { name: "act" user_type: "kPtSetupFails" srclayers: "fc1" }',
+                     updater="updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }")
+    write(error_folder / "job.conf", text)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "kPtSetupFails" in row)
+    result = singa(["train", "job.conf", "--workspace", "ws"], error_folder, nranks)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    errors = [row for row in result.stderr.splitlines() if "error" in row]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].endswith(f"job.conf:{line}:3: layer 'act' (setup): KeyError: 'no such key'"), errors[0]
+    if nranks == 1:  # --debug: the plugin's frame too
+        debug = singa(["--debug", "check", "job.conf"], error_folder)
+        assert debug.returncode == 1 and "Traceback" in debug.stderr and "setup_fails.py" in debug.stderr
+
+
 def test_the_same_job_without_the_error_trains_under_mpiexec(error_folder):
     """The control of the cases above: the example plugin's layer and updater on 2 ranks (the ranks
     load the same plugin file, so their fingerprints agree)."""
