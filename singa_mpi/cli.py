@@ -21,6 +21,7 @@ Bad option values are refused before anything runs, on one line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import pathlib
@@ -735,8 +736,19 @@ def _check_data_args(args) -> None:
                           f"(file arguments are for `data text`)")
 
 
+# commands that use no MPI: under mpiexec or srun each rank runs the same one, and rank 0 alone speaks
+SPOKEN_BY_RANK_0 = ("check", "plan")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in SPOKEN_BY_RANK_0 and threads.world_rank(os.environ) > 0:
+        with open(os.devnull, "w") as silent, contextlib.redirect_stdout(silent), contextlib.redirect_stderr(silent):
+            return _main(args)  # the same exit code as rank 0's, its lines once
+    return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     # the process's warning filters are the caller's (Python's defaults show every UserWarning, the only
     # kind singa_mpi gives): a program or a test suite calling main keeps what it ignores ignored
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"

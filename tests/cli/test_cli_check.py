@@ -94,3 +94,23 @@ def test_workers_option_plans_every_phase_on_that_many_workers():
     result = run_check(str(REPO / "conf" / "digits_mlp.conf"), "--workers", "100")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "partition_dim = 0: expected a batch of at least 100 rows to split over 100 workers" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["check"], ["plan", "-n", "2"]])
+def test_under_mpiexec_check_and_plan_speak_once(tmp_path, command):
+    """Users wrap every command in mpiexec or srun: each rank runs the same check, and rank 0 alone
+    prints its summary or its error (the lines came once per rank)."""
+    from mpi_jobs import mpi_env, mpiexec_command
+
+    good = REPO / "conf" / "digits_mlp.conf"
+    bad = tmp_path / "bad.conf"
+    bad.write_text(good.read_text().replace("momentum: 0.9", "momentum: 1.5", 1))
+    for conf, code in ((good, 0), (bad, 2)):
+        result = subprocess.run(mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", *command, str(conf)],
+                                cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=120)
+        assert result.returncode == code, result.stderr
+        if code:
+            assert result.stderr.count("singa-mpi: error:") == 1 and "updater.momentum = 1.5" in result.stderr
+        else:
+            first = result.stdout.splitlines()[0]
+            assert result.stdout.count(first) == 1, result.stdout  # the summary's or the plan's first line
