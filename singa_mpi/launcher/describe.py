@@ -105,7 +105,8 @@ def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
     phases = tuple(phases_of(cfg) if request.trains else ["test"])
     if world.size == 1:  # the serial runtime: the whole net in this process, on the batch
         cfg = resolved(cfg, {name: 0 for name in auto_layers(cfg)})
-        return Launch(cfg, summary, None, phases, None, request.workspace_of(cfg), request.options.steps, ())
+        return Launch(cfg, summary, None, phases, None, request.workspace_of(cfg), request.options.steps, (),
+                      one_process_notes(cfg))
     notes = []
     if chosen is not None:
         notes.append(chosen.describe())
@@ -147,6 +148,24 @@ def phases_of(cfg: JobConfig) -> list[str]:
     """The phases a training run has: train, and test and validation when the job asks for them."""
     return (["train"] + (["test"] if cfg.proto.test_steps > 0 else [])
             + (["val"] if cfg.proto.validate_steps > 0 else []))
+
+
+def one_process_notes(cfg: JobConfig) -> tuple[str, ...]:
+    """A run of one process (no launcher, or ``-n 1``) trains the whole net serially, whatever the job's
+    cluster asks for: say so, as a launch on another rank count says it follows the launched count;
+    ``--workers N`` asked for more than this process: ConfigError, as under mpirun."""
+    cluster = cfg.proto.cluster
+    if cfg.workers is not None and cfg.workers != 1:
+        raise ConfigError(f"--workers {cfg.workers}: expected the number of MPI ranks (1: no launcher started "
+                          f"this process); launch with mpirun -n {cfg.workers} or leave --workers out")
+    asked = [f"{field} = {getattr(cluster, field)}" for field in ("nworkers_per_group", "nworker_groups",
+                                                                  "nserver_groups", "nservers_per_group")
+             if cluster.HasField(field) and getattr(cluster, field) > 1]
+    asked += ["server_worker_separate = true"] if cluster.server_worker_separate else []
+    if not asked:
+        return ()
+    return (f"note: {cfg.where('cluster')}: cluster {', '.join(asked)} in the job; running as one process: the whole "
+            f"net, serially and synchronously (launch with mpirun -n N to run the cluster it describes)",)
 
 
 def topology_of(cfg: JobConfig, size: int) -> tuple[Topology, str | None]:

@@ -78,6 +78,8 @@ def launch(request: Request, body: Body) -> int:
 
 def run_serial(request: Request, body: Body, stops: StopSignals) -> int:
     the_launch = describe(read_job(request), World(), request)
+    for line in the_launch.notes:
+        print(line, flush=True)
     initial = read_before_start(the_launch, request, True, log=print)
     _claim(the_launch, request, True)
     make_workspace(the_launch.workspace)  # `test` claims nothing: a bad workspace is one line here too

@@ -91,6 +91,19 @@ def test_the_callers_config_is_not_changed_by_following_the_launched_count():
     assert launched.notes[0].endswith("running on the 3 launched rank(s)")
 
 
+def test_one_process_says_it_runs_the_whole_net_and_refuses_workers_it_does_not_have():
+    """Without a launcher, a job whose cluster asks for several processes trained serially without a
+    word, and `--workers 3` was ignored (under mpirun -n 2 the one is a note, the other an error)."""
+    sandblaster = _launch(str(ROOT / "conf" / "digits_sandblaster.conf"), 1)
+    assert sandblaster.topo is None and len(sandblaster.notes) == 1
+    assert "cluster nworkers_per_group = 3, nservers_per_group = 2, server_worker_separate = true in the job; " \
+           "running as one process" in sandblaster.notes[0]
+    assert _launch(str(ROOT / "conf" / "digits_mlp.conf"), 1).notes == ()
+    assert _launch(str(ROOT / "conf" / "digits_mlp.conf"), 1, RunOptions(workers=1)).notes == ()
+    with pytest.raises(ConfigError, match=r"^--workers 3: expected the number of MPI ranks \(1: no launcher"):
+        _launch(str(ROOT / "conf" / "digits_mlp.conf"), 1, RunOptions(workers=3))
+
+
 def test_each_rank_reads_and_checks_the_job_once_and_takes_rank_0s_auto_choice(tmp_path, monkeypatch):
     """Under MPI (here 2 ranks on threads), phase 1 reads the job once per rank, rank 0 alone chooses
     the `auto` layers, and every rank's net runs the program the description proved."""
