@@ -1,4 +1,4 @@
-"""The command line: parses ``singa-mpi {train,test,check,plan,data,ckpt} ...`` and calls the package.
+"""The command line: parses ``singa-mpi COMMAND ...`` and calls the package.
 
 Also ``python -m singa_mpi``.
 
@@ -393,7 +393,8 @@ def cmd_sample(args) -> int:
 # ------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="singa-mpi", description=__doc__.split("\n")[0].replace("``", ""))
+    parser = _Parser(prog="singa-mpi", description="Train, test, check and plan SINGA 0.x jobs on MPI ranks "
+                                                    "(`singa-mpi COMMAND -h`: a command's options).")
     parser.add_argument("--version", action="version", version=f"singa-mpi {__version__}")
     parser.add_argument("--debug", "--traceback", dest="debug", action="store_true",
                         help="show the Python traceback on errors (--traceback is the older name)")
@@ -468,8 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("test", help="run the test phase on a trained model")
-    p.add_argument("job")
-    p.add_argument("--workspace")
+    p.add_argument("job", help="the job file that trained it")
+    p.add_argument("--workspace", help="the run's folder (default: the job's cluster.workspace, else "
+                                       "workspace/JOB_NAME)")
     p.add_argument("--checkpoint", action="append",
                    help="checkpoint file(s) to load (default: the newest in the workspace)")
     p.add_argument("--workers", type=positive_int, metavar="N", help="overrides cluster.nworkers_per_group")
@@ -488,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="show how a job is partitioned over N workers (no MPI needed)")
     p.add_argument("job")
     p.add_argument("-n", "--workers", dest="n", type=positive_int,
-                   help="number of workers (MPI ranks); overrides cluster.nworkers_per_group, the default")
+                   help="number of workers (MPI ranks) to plan for (default: the job's cluster.nworkers_per_group; "
+                        "a job without it needs -n)")
     p.add_argument("--phase", default="train", choices=["train", "test", "val"])
     p.add_argument("--format", default="text", choices=["text", "json", "dot", "program"],
                    help="program: each rank's step as the ordered actions the runtime executes")
@@ -599,7 +602,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-bytes", type=positive_int, default=2_000_000,
                    help="text: keep the first N bytes (default 2,000,000)")
     p.set_defaults(func=cmd_data)
+    _debug_after_the_command_too(parser)
     return parser
+
+
+def _debug_after_the_command_too(parser: argparse.ArgumentParser) -> None:
+    """``singa-mpi check --debug JOB`` as well as ``singa-mpi --debug check JOB``: every command's parser
+    takes the flag too (unset there, it leaves the top level's value alone)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.add_argument("--debug", "--traceback", dest="debug", action="store_true",
+                                   default=argparse.SUPPRESS, help="show the Python traceback on errors")
+                _debug_after_the_command_too(child)
 
 
 def _plugin_option(parser: argparse.ArgumentParser) -> None:
@@ -614,6 +629,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """As argparse's, but what no parser took is named with the help of the command it followed."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(parsed, "command", None)
+            self.exit(2, f"{self.prog}: error: unrecognized arguments: {' '.join(extras)} (see "
+                         f"{self.prog} {command + ' ' if command else ''}-h)\n")
+        return parsed
 
 
 class _IntermixedParser(_Parser):

@@ -144,6 +144,22 @@ def test_debug_shows_the_traceback(flag, tmp_path, capsys):
     assert "Traceback (most recent call last):" in err and "cannot read job configuration" in err
 
 
+@pytest.mark.parametrize("argv", [["check", "{job}", "--debug"], ["check", "--traceback", "{job}"],
+                                  ["ckpt", "inspect", "--debug", "{ckpt}"]])
+def test_debug_after_the_command_too(argv, tmp_path, capsys):
+    """Users type the flag where they type the others: after the command it was 'unrecognized'."""
+    argv = [arg.format(job=tmp_path / "missing.conf", ckpt=tmp_path / "missing.h5") for arg in argv]
+    assert cli.main(argv) in (ConfigError.exit_code, DataError.exit_code)
+    assert "Traceback (most recent call last):" in capsys.readouterr().err
+    assert cli.main(argv[:1] + [a for a in argv[1:] if a not in ("--debug", "--traceback")]) != 0
+    assert "Traceback" not in capsys.readouterr().err  # without it: the line alone
+
+
+def test_an_unknown_option_names_the_commands_help(capsys):
+    assert refused(capsys, "check", DIGITS, "--bogus") == \
+        "singa-mpi: error: unrecognized arguments: --bogus (see singa-mpi check -h)"
+
+
 def test_without_debug_an_error_is_one_line(capsys, tmp_path):
     assert cli.main(["check", str(tmp_path / "missing.conf")]) == 2
     err = capsys.readouterr().err
