@@ -101,6 +101,9 @@ def _explain(message: str, source: SourceMap, block: tuple, line: int, col: int)
     if twice:
         name = name if field and field[-2] == twice.group(2) else twice.group(2)
         return f"{name}: written twice: expected at most one value (not a repeated field)"
+    if message == 'Expected "{".' and field:  # a value where the schema has a message
+        value = source.values.get(field)
+        return f"{name}{f' = {value}' if value else ''}: expected {{ ... }} around its fields (a block, not a value)"
     if message == 'Expected ":".' and field:
         return f'{name}: expected ":" between the field name and its value'
     if _STRAY_BRACE.search(message):

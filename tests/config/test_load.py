@@ -94,6 +94,15 @@ def test_missing_colon_names_the_field():
                        'expected ":" between the field name and its value')
 
 
+def test_a_value_where_a_block_belongs_names_the_field():
+    """protobuf said only 'Expected "{".'"""
+    message = parse_error('neuralnet {\n  layer {\n    name: "fc"\n    innerproduct_conf: 10\n  }\n}')
+    assert message == ("job.conf:4:24: layer 'fc' (#0): innerproduct_conf = 10: expected { ... } around its fields "
+                       "(a block, not a value)")
+    assert parse_error("updater: kSGD") == "job.conf:1:10: updater = kSGD: expected { ... } around its fields " \
+                                          "(a block, not a value)"
+
+
 def test_protobuf_echo_of_the_line_is_dropped_also_with_crlf():
     message = parse_error('neuralnet {\r\n  layer { name: "a" type: kFooBar }\r\n}\r\n')
     assert message.startswith("job.conf:2:27: layer 'a' (#0): type = kFooBar: expected one of")
