@@ -310,6 +310,9 @@ def _layout_crc(f) -> int:
 def _check_header(f, path: str) -> int:
     """The file's format version, once its header and layout verify; DataError otherwise."""
     version = int(f.attrs.get("format_version", 0))
+    if "step" not in f.attrs and "complete" not in f.attrs:  # every checkpoint, of any format, has both
+        raise DataError(f"{path}: an HDF5 file, but not a singa_mpi checkpoint (no step attribute: a data "
+                        f"store, say)")
     if version > FORMAT_VERSION:
         raise DataError(f"{path}: checkpoint format {version} is newer than this singa_mpi ({FORMAT_VERSION}), "
                         f"or the file is damaged: upgrade singa_mpi if a newer one wrote it")

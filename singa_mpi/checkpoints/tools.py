@@ -53,7 +53,8 @@ def read_blobprotos(path: str) -> list[tuple[str, int, np.ndarray]]:
     except OSError as err:
         raise DataError(f"{path}: cannot read ({err.strerror})") from None
     except Exception as err:  # protobuf's DecodeError: not a BlobProtos file
-        raise DataError(f"{path}: not a SINGA BlobProtos checkpoint ({err})") from None
+        raise DataError(f"{path}: not a checkpoint: expected a singa_mpi HDF5 checkpoint or SINGA 0.x's "
+                        f"BlobProtos file (protobuf: {str(err).split(': ')[-1]})") from None
     if not (len(blobs.name) == len(blobs.blob)):
         raise DataError(f"{path}: {len(blobs.name)} names for {len(blobs.blob)} blobs")
     out = []

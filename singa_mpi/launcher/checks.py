@@ -130,15 +130,25 @@ def read_checkpoint_paths(cfg: JobConfig, workspace: str, resume: bool) -> check
     missing = missing_checkpoint_paths(cfg)  # a line that names the job writing it, where one does
     if missing:
         raise DataError(missing[0])
-    return merged_checkpoint_paths(cfg.proto.checkpoint_path)
+    return merged_checkpoint_paths(cfg)
 
 
-def merged_checkpoint_paths(paths) -> checkpoint.Checkpoint:
-    """SINGA: params matched by name; later files override earlier ones."""
-    merged = read_initial(paths[0])
-    for path in paths[1:]:
-        merged.params.update(read_initial(path).params)
-        merged.path = path
+def merged_checkpoint_paths(cfg: JobConfig) -> checkpoint.Checkpoint:
+    """The job's checkpoint_path files as one checkpoint of params (SINGA: params matched by name;
+    later files override earlier ones).  A file that is no checkpoint is a DataError naming the job's
+    line that names it."""
+    merged = None
+    for k, path in enumerate(cfg.proto.checkpoint_path):
+        try:
+            ckpt = read_initial(path)
+        except DataError as err:
+            raise DataError(f"{cfg.where('checkpoint_path', k)}: checkpoint_path {path!r}: {err}") from None
+        if merged is None:
+            merged = ckpt
+        else:
+            merged.params.update(ckpt.params)
+            merged.path = path
+    assert merged is not None, "called for a job that names no checkpoint_path"
     return merged
 
 

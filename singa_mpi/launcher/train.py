@@ -132,7 +132,7 @@ def _load_initial_state(trainer: Trainer, options: RunOptions, initial: checkpoi
             return
         trainer.log(f"note: no checkpoint in {checkpoint.checkpoint_dir(trainer.workspace)}: starting at step 0")
     if job.checkpoint_path:  # a fresh start (a first --resume of a requeued job included)
-        merged = initial or merged_checkpoint_paths(job.checkpoint_path)
+        merged = initial or merged_checkpoint_paths(trainer.cfg)
         trainer.log(f"initialising parameters from {', '.join(job.checkpoint_path)}")
         trainer.restore(merged, full=False, allow_partial=options.allow_partial)
 

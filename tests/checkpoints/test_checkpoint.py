@@ -147,6 +147,22 @@ def test_testing_another_nets_checkpoint_names_the_misfit_and_suggests_no_flag_t
     assert "--allow-partial" not in str(caught.value)
 
 
+@pytest.mark.parametrize("other, reason", [
+    ("init.conf", "not a checkpoint: expected a singa_mpi HDF5 checkpoint or SINGA 0.x's BlobProtos file (protobuf: "),
+    ("data.h5", "an HDF5 file, but not a singa_mpi checkpoint (no step attribute: a data store, say)")])
+def test_a_checkpoint_path_that_is_no_checkpoint_names_the_jobs_line(tmp_path, other, reason):
+    """A file of another kind (the job file itself, a data store): one line at the job's
+    checkpoint_path entry, exit 3 (it named only the file: with protobuf's words, or, for a data
+    store, as a checkpoint whose writing was interrupted)."""
+    conf = job_file(tmp_path, steps=1, name="init", extra=f'checkpoint_path: "{tmp_path / other}"\n')
+    line = len(open(conf).read().splitlines())
+    with pytest.raises(DataError) as caught:
+        train(conf, tmp_path / "ws", steps=0)
+    assert str(caught.value).startswith(f"{conf}:{line}:1: checkpoint_path '{tmp_path / other}': "
+                                        f"{tmp_path / other}: {reason}"), caught.value
+    assert caught.value.exit_code == 3
+
+
 def test_param_without_init_must_come_from_checkpoint_path(tmp_path):
     """SINGA's rbm2.conf names w1 without init: its values can only come from checkpoint_path."""
     from singa_mpi.checks.job import validate
