@@ -11,7 +11,7 @@ from singa_mpi.checks.algorithms import check_carried_state, check_energy_models
 from singa_mpi.checks.params import check_params, check_shared_params
 from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
-from singa_mpi.data.prepare import how_to_make, is_bundled_digits
+from singa_mpi.data.prepare import folder_problem, how_to_make, is_bundled_digits
 from singa_mpi.data.stores import in_memory
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import CycleError, Node, is_back_edge
@@ -233,7 +233,11 @@ def _warn_missing_data(cfg: JobConfig, node: Node, warnings: list[str]) -> None:
     path = store.path
     workspace = cfg.proto.cluster.workspace
     candidates = [path] + ([os.path.join(workspace, path)] if workspace else [])
-    if not any(os.path.exists(p) for p in candidates):
+    problems = [folder_problem(p, "path", store) for p in candidates if os.path.exists(p)]
+    if problems and problems[0]:  # the store the run would read is a folder
+        warnings.append(f"{cfg.layer_where(node.index, conf, 'path')}: layer '{node.name}': "
+                        f"data file {path!r} is {problems[0]}")
+    if not problems:
         todo = ("training prepares it from scikit-learn's bundled digits" if is_bundled_digits(path, store)
                 else how_to_make(path, "path", store, cfg.path))
         warnings.append(f"{cfg.layer_where(node.index, conf, 'path')}: layer '{node.name}': "

@@ -55,6 +55,18 @@ def reader_files(layer: job_pb2.LayerProto, job_path: str | None) -> list[tuple[
     return layer_class_of(layer).input_files(layer) if layer_type_name(layer) in LAYERS else []
 
 
+FOLDER_BACKENDS = ("kvfile", "shard")  # whose store may be a folder (SINGA 0.1's DataShard: shard.dat inside)
+
+
+def folder_problem(path: str, field: str, store: job_pb2.StoreProto) -> str | None:
+    """What is wrong when ``path`` (``store_conf.FIELD``) is a folder where the store reads a file, else
+    None: an HDF5 or text store, a mean or std file, are files."""
+    if not os.path.isdir(path) or (field == "path" and _backend(store) in FOLDER_BACKENDS):
+        return None
+    reader = f"backend {_backend(store)} reads one file" if field == "path" else f"{field} is one file"
+    return f"a folder: expected a file ({reader})"
+
+
 def _backend(store: job_pb2.StoreProto) -> str:
     return store.backend or "textfile"
 

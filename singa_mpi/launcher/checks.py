@@ -40,7 +40,11 @@ def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callabl
     for phase in phases:
         for index, layer in layers_for_phase(cfg.proto, phase):
             for field, path in prepare.store_files(layer):
-                if path in seen or resolve_path(path, workspace) is not None:
+                found = None if path in seen else resolve_path(path, workspace)
+                if found is not None and prepare.folder_problem(found, field, layer.store_conf):
+                    raise DataError(f"{_naming(cfg, index, layer.name, 'store_conf', field)} {path}: "
+                                    f"{prepare.folder_problem(found, field, layer.store_conf)}")
+                if path in seen or found is not None:
                     continue
                 seen.add(path)
                 if field == "path" and prepare.is_bundled_digits(path, layer.store_conf):

@@ -119,6 +119,22 @@ def test_a_pinned_job_runs_on_3_ranks(tmp_path):
     assert refused.returncode == 2 and "--workers 2: expected the number of MPI ranks (3)" in refused.stderr
 
 
+def test_a_folder_where_the_store_is_a_file_is_one_line_before_any_step(tmp_path, monkeypatch, capfd):
+    """store_conf.path naming data/mnist (the folder) where the HDF5 store is data/mnist/train.h5: `check`
+    passed it without a word and training failed after the first test pass, naming no line."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "mnist").mkdir(parents=True)
+    conf = tmp_path / "folder.conf"
+    conf.write_text((ROOT / "conf" / "mnist_mlp.conf").read_text().replace('"data/mnist/train.h5"', '"data/mnist"', 1))
+    assert cli.main(["train", str(conf), "--workspace", "ws"]) == 3
+    captured = capfd.readouterr()
+    assert "step 0" not in captured.out
+    assert captured.err == (f"singa-mpi: error: {conf}:24:34: layer 'data': store_conf.path data/mnist: a folder: "
+                            f"expected a file (backend hdf5 reads one file)\n")
+    assert cli.main(["check", str(conf)]) == 0
+    assert f"{conf}:24:34: layer 'data': data file 'data/mnist' is a folder: expected a file" in capfd.readouterr().out
+
+
 def test_missing_data_names_the_converter_and_the_synthetic_command(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
     conf = str(ROOT / "conf" / "mnist_mlp.conf")
