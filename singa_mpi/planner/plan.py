@@ -249,7 +249,7 @@ def partition(cfg: JobConfig, nranks: int, phase: str = "train") -> Plan:
         _mark_needs_grad(order, placed)
         blocks.append(_connect(cfg, order, placed, nranks, messages=pipe is not None))
     sublayers, exchanges = blocks[0] if pipe is None else join_blocks(blocks)
-    _check_every_rank_busy(sublayers, nranks, order)
+    _check_every_rank_busy(cfg, sublayers, nranks)
     if mode is not None:
         refuse_summing_exchanges(cfg, exchanges)
     plan_ = Plan(phase, nranks, batch, sublayers, exchanges, _param_syncs(cfg, placed, sublayers),
@@ -519,12 +519,12 @@ def _local_shape(region: Region, rest: tuple[int, ...], kind: str) -> tuple[int,
     return (region.nrows, region.nfeatures) + tuple(rest)
 
 
-def _check_every_rank_busy(sublayers: list[SubLayer], nranks: int, order: list[Node]) -> None:
+def _check_every_rank_busy(cfg: JobConfig, sublayers: list[SubLayer], nranks: int) -> None:
     busy = {s.rank for s in sublayers if s.origin is not None}
     idle = [r for r in range(nranks) if r not in busy]
-    if idle:
+    if idle:  # no one layer's fault: the net's place in the job
         raise ConfigError(
-            f"worker(s) {', '.join(map(str, idle))} of {nranks} would run no layer: expected every worker to "
+            f"{cfg.where('neuralnet')}: worker(s) {', '.join(map(str, idle))} of {nranks} would run no layer: expected every worker to "
             f"own part of the net (use fewer workers, partition_dim 0/1, or location to place layers there)")
 
 

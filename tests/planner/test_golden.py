@@ -114,8 +114,8 @@ def test_rejects_loss_on_features():
 def test_rejects_idle_worker():
     none = "partition_dim: -1"
     text = cnn({k: none for k in ("data", "conv1", "relu1", "pool1", "fc1", "loss")})
-    with pytest.raises(ConfigError, match=r"worker\(s\) 1, 2 of 3 would run no layer"):
-        plan(nets.job(text), 3)
+    with pytest.raises(ConfigError, match=r"^<test>:\d+:\d+: worker\(s\) 1, 2 of 3 would run no layer"):
+        plan(nets.job(text), 3)  # at the net's line: no one layer is at fault
 
 
 def test_rejects_location_beyond_workers():
