@@ -338,6 +338,8 @@ class Trainer:
                 last_time, steps_since = now, 0
             if halt:
                 done = step + 1  # batches trained: stepN.h5 is the state after N of them
+                # the signal that stopped the group, also where it reached other ranks only (collective)
+                self.stop_signal = next((s for s in self.runtime.allgather_object(self.stop_signal) if s), None)
                 self.runtime.sync().training_done(stopped=True)
                 path = self.save_checkpoint(done, final=True)
                 self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")

@@ -106,6 +106,9 @@ def test_ctrl_c_under_mpiexec_checkpoints_once(tmp_path):
         assert proc.returncode == checkpoint.EXIT_CHECKPOINTED, f"{target}: {err[-3000:]}"
         (stopped, path), = checkpoint.listed(str(ws))
         assert out.count("stopped on a signal after") == 1 and f"after {stopped} steps" in out, target
+        # the root names the signal, also the one that reached rank 1 alone (the vote carried no name)
+        assert (ws / "stopped.txt").read_text().startswith(f"stopped on a signal (SIGINT) after {stopped} steps"), \
+            (target, (ws / "stopped.txt").read_text())
         assert out.rstrip().splitlines()[-1] == "resume with: " + shlex.join(
             ["mpiexec", "-n", "2", "python", "-m", "singa_mpi", "train", conf, "--workspace", str(ws), "--resume"])
         assert "Traceback" not in err, err[-3000:]
