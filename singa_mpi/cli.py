@@ -25,9 +25,12 @@ import contextlib
 import math
 import os
 import pathlib
+import signal
 import sys
+import threading
 import traceback
 import warnings
+from typing import Iterator
 
 from singa_mpi import __version__, threads
 from singa_mpi.errors import ConfigError, DataError, SingaError, one_line, out_of_memory, writing
@@ -762,14 +765,48 @@ def _check_data_args(args) -> None:
 
 # commands that use no MPI: under mpiexec or srun each rank runs the same one, and rank 0 alone speaks
 SPOKEN_BY_RANK_0 = ("check", "plan")
+# commands that write files and use no MPI: under a launcher rank 0 alone does the work (the others
+# would write the same files at once, and say so once each)
+DONE_BY_RANK_0 = ("data", "examples", "ckpt", "plot", "draw", "sample")
+# commands with stop signals of their own: a run's (checkpoint, exit 75) and the supervisor's
+OWN_STOP_SIGNALS = ("train", "test", "run", "calibrate")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in SPOKEN_BY_RANK_0 and threads.world_rank(os.environ) > 0:
+    rank = threads.world_rank(os.environ)
+    if rank > 0:  # a bad argument is every rank's: rank 0 says it, once
+        with open(os.devnull, "w") as silent, contextlib.redirect_stderr(silent):
+            args = build_parser().parse_args(argv)
+    else:
+        args = build_parser().parse_args(argv)
+    if args.command in DONE_BY_RANK_0 and rank > 0:
+        return 0
+    if args.command in SPOKEN_BY_RANK_0 and rank > 0:
         with open(os.devnull, "w") as silent, contextlib.redirect_stdout(silent), contextlib.redirect_stderr(silent):
             return _main(args)  # the same exit code as rank 0's, its lines once
+    if args.command not in OWN_STOP_SIGNALS:
+        with _interrupted_by(signal.SIGTERM):
+            return _main(args)
     return _main(args)
+
+
+@contextlib.contextmanager
+def _interrupted_by(signum: int) -> Iterator[None]:
+    """``signum`` ends a command as Ctrl-C does: the files it was writing are removed (each is written
+    under a temporary name first), one line, exit 128 + signum (the default action left them behind)."""
+    def interrupt(number, frame):
+        error = KeyboardInterrupt(f"{signal.Signals(number).name}: nothing written")
+        error.exit_code = 128 + number  # type: ignore[attr-defined]
+        raise error
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -796,4 +833,4 @@ def _main(args: argparse.Namespace) -> int:
         return err.exit_code
     except KeyboardInterrupt as err:  # before training starts, or a second Ctrl-C during it
         print(f"singa-mpi: interrupted{f' ({err})' if str(err) else ''}", file=sys.stderr, flush=True)
-        return 130
+        return getattr(err, "exit_code", 130)

@@ -114,3 +114,20 @@ def test_under_mpiexec_check_and_plan_speak_once(tmp_path, command):
         else:
             first = result.stdout.splitlines()[0]
             assert result.stdout.count(first) == 1, result.stdout  # the summary's or the plan's first line
+
+
+def test_under_mpiexec_a_bad_argument_and_a_conversion_are_said_once(tmp_path):
+    """Every rank parses the same arguments and would convert the same files: rank 0 alone does the
+    work and says so; the others leave with nothing to do (or, for a bad argument, silently)."""
+    from mpi_jobs import mpi_env, mpiexec_command
+
+    def run(*args):
+        return subprocess.run(mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", *args], cwd=tmp_path,
+                              env=mpi_env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+
+    bad = run("train", str(REPO / "conf" / "digits_mlp.conf"), "--steps", "-3")
+    assert bad.returncode == 2 and bad.stderr.count("argument --steps: -3") == 1, bad.stderr
+    done = run("data", "digits", "--out", "digits")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["wrote digits/train.h5", "wrote digits/test.h5"], done.stdout
+    assert sorted(os.listdir(tmp_path / "digits")) == ["test.h5", "train.h5"]  # no other rank's temporary

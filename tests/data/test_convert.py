@@ -116,6 +116,28 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["in.csv"]
 
 
+def test_sigterm_during_a_conversion_leaves_nothing_and_exits_143(tmp_path, monkeypatch, capsys):
+    """SIGTERM (a batch system's stop, `kill`) killed the converter by default, leaving its 40 MB
+    temporary file behind for good (the next run's has another PID); now it ends as Ctrl-C does."""
+    import signal
+
+    from singa_mpi import cli
+
+    def signalled_midway(self, data, labels=None):
+        self.write("00000", job_pb2.RecordProto(label=0))
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, between two bytecodes
+        raise AssertionError("SIGTERM did not stop the conversion")
+
+    monkeypatch.setattr(KVFileWriter, "write_batch", signalled_midway)
+    (tmp_path / "in.csv").write_text("1,2\n")
+    previous = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["data", "csv", "--csv", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out.bin"),
+                     "--backend", "kvfile"]) == 128 + signal.SIGTERM
+    assert sorted(os.listdir(tmp_path)) == ["in.csv"]
+    assert capsys.readouterr().err == "singa-mpi: interrupted (SIGTERM: nothing written)\n"
+    assert signal.getsignal(signal.SIGTERM) == previous  # the command's handler is gone with it
+
+
 def test_unknown_backend_is_a_config_error(tmp_path):
     (tmp_path / "in.csv").write_text("1,2\n")
     with pytest.raises(ConfigError, match="expected one of hdf5, kvfile, memory, shard, textfile"):
