@@ -311,6 +311,7 @@ def cmd_examples(args) -> int:
 def cmd_data(args) -> int:
     from singa_mpi.data import convert
 
+    _refuse_collisions(args)
     if args.source == "synthetic":
         from singa_mpi.data.synthetic import write_synthetic
 
@@ -333,6 +334,23 @@ def cmd_data(args) -> int:
     for path in paths if isinstance(paths, (list, tuple)) else [paths]:
         print(f"wrote {path}")
     return 0
+
+
+def _refuse_collisions(args) -> None:
+    """ConfigError when an output of `data` is one of its inputs or another of its outputs: the
+    conversion would replace its own source, or one file would overwrite the other."""
+    inputs = [getattr(args, name) for name in ("images", "labels", "csv") if getattr(args, name, None)]
+    inputs += list(getattr(args, "batches", None) or [])
+    outputs = [(f"--{name}", getattr(args, name)) for name in ("out", "mean") if getattr(args, name, None)]
+    seen: dict[str, str] = {}
+    for option, path in outputs:
+        real = os.path.realpath(path)
+        if real in map(os.path.realpath, inputs):
+            raise ConfigError(f"data {args.source}: {option} {path} is also an input: expected another file "
+                              f"(the conversion would replace its own source)")
+        if real in seen:
+            raise ConfigError(f"data {args.source}: {option} {path} is also {seen[real]}: expected two files")
+        seen[real] = option
 
 
 def _data_text(args) -> int:
@@ -595,7 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(with --backend shard: SINGA 0.1's image_mean.bin)")
     p.add_argument("--csv", help="csv: input file with label,v1,v2,... lines")
     p.add_argument("--no-label", action="store_true", help="csv: lines carry no label column")
-    p.add_argument("--separator", default=",")
+    p.add_argument("--separator", type=one_character, default=",",
+                   help='csv: the character between values (default ","; "" for any whitespace)')
     p.add_argument("--test-fraction", type=float, default=0.2, help="digits: held-out share")
     p.add_argument("--seed", type=data_seed, default=0, help="digits: split seed; synthetic: data seed")
     p.add_argument("--like", help="synthetic: write random stores at the paths of this job's input layers")
@@ -671,6 +690,12 @@ def _integer(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+
+
+def one_character(text: str) -> str:
+    if len(text) > 1:  # numpy's reader splits on one character
+        raise argparse.ArgumentTypeError(f"{text!r}: expected one character (or '' for any whitespace)")
+    return text
 
 
 def positive_int(text: str) -> int:

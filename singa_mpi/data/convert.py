@@ -13,6 +13,7 @@ import gzip
 import os
 import shutil
 import struct
+import zlib
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -56,12 +57,16 @@ def write_store(out_path: str, backend: str, data: np.ndarray, labels: np.ndarra
     pixel bytes; anything else as float32.  ``what``: the store, for an error that it cannot be written.
     """
     check_backend(backend)
+    with atomic_path(out_path, what) as tmp:
+        _write_store_at(tmp, backend, data, labels, pixels)
+    return out_path
+
+
+def _write_store_at(path: str, backend: str, data: np.ndarray, labels: np.ndarray | None, pixels: bool) -> None:
     if pixels:
         data = np.asarray(data).astype(np.uint8, copy=False)
-    with atomic_path(out_path, what) as tmp:
-        with open_store(backend, tmp, "w") as writer:
-            writer.write_batch(data, labels)
-    return out_path
+    with open_store(backend, path, "w") as writer:
+        writer.write_batch(data, labels)
 
 
 def _read_bytes(path: str) -> bytes:
@@ -71,7 +76,7 @@ def _read_bytes(path: str) -> bytes:
     try:
         with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
             return f.read()
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, zlib.error) as err:  # zlib: damage inside a .gz's compressed data
         raise DataError(f"{path}: cannot read it ({err})") from None
 
 
@@ -132,15 +137,19 @@ def write_mean_file(path: str, mean: np.ndarray, backend: str = "kvfile") -> str
     """SINGA's image_mean.bin: a kvfile with one record "mean" whose float data is the mean (v0.2+),
     or for DataShard users (``backend`` "shard") v0.1's one serialized record."""
     with atomic_path(path, "the mean file") as tmp:
-        if backend == "shard":
-            with open(tmp, "wb") as f:
-                f.write(mean_record_bytes(mean))
-        else:
-            with KVFileWriter(tmp) as writer:
-                record = job_pb2.RecordProto(shape=list(mean.shape))
-                record.data.extend(np.asarray(mean, np.float32).reshape(-1).tolist())
-                writer.write("mean", record)
+        _write_mean_at(tmp, mean, backend)
     return path
+
+
+def _write_mean_at(path: str, mean: np.ndarray, backend: str) -> None:
+    if backend == "shard":
+        with open(path, "wb") as f:
+            f.write(mean_record_bytes(mean))
+    else:
+        with KVFileWriter(path) as writer:
+            record = job_pb2.RecordProto(shape=list(mean.shape))
+            record.data.extend(np.asarray(mean, np.float32).reshape(-1).tolist())
+            writer.write("mean", record)
 
 
 def convert_cifar10(batch_files: list[str], out_path: str, backend: str = "hdf5",
@@ -148,10 +157,13 @@ def convert_cifar10(batch_files: list[str], out_path: str, backend: str = "hdf5"
     """CIFAR-10 binary batches -> one store (and, with ``mean_out``, the per-pixel mean file)."""
     check_backend(backend)
     images, labels = read_cifar10(batch_files)
-    written = [write_store(out_path, backend, images, labels)]
-    if mean_out:
-        written.append(write_mean_file(mean_out, images.mean(axis=0, dtype=np.float64), backend))
-    return written
+    if not mean_out:
+        return [write_store(out_path, backend, images, labels)]
+    # both under temporary names first: a mean file that cannot be written leaves the old store in place
+    with atomic_path(out_path, "the store") as store_tmp, atomic_path(mean_out, "the mean file") as mean_tmp:
+        _write_store_at(store_tmp, backend, images, labels, pixels=False)
+        _write_mean_at(mean_tmp, images.mean(axis=0, dtype=np.float64), backend)
+    return [out_path, mean_out]
 
 
 # ------------------------------------------------------------------ CSV and digits
@@ -180,6 +192,9 @@ def convert_digits(out_dir: str, backend: str = "hdf5", test_fraction: float = 0
     data, labels = digits.data.astype(np.float32), digits.target.astype(np.int32)
     order = np.random.default_rng(seed).permutation(len(data))
     n_test = int(round(test_fraction * len(data)))
+    if not 0 < n_test < len(data):
+        raise ConfigError(f"test_fraction {test_fraction}: leaves {n_test} of {len(data)} records for testing "
+                          f"and {len(data) - n_test} for training: expected a fraction that leaves some in both")
     test, train = order[:n_test], order[n_test:]  # files in shuffled order, for confs without shuffle
     ext = EXTENSIONS[backend]
     return [write_store(os.path.join(out_dir, f"train{ext}"), backend, data[train], labels[train]),

@@ -257,7 +257,13 @@ def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> Ar
         return ArrayStore(path, table, None)
     if table.shape[1] < 2:
         raise DataError(f"{path}: one column only, expected label,v1,v2,... (has_label: false?)")
-    return ArrayStore(path, table[:, 1:], table[:, 0].astype(np.int32))
+    labels = table[:, 0]
+    whole = np.isfinite(labels) & (labels == np.round(labels)) & (labels >= 0) & (labels < 2 ** 31)
+    if not whole.all():  # a cast would make 1.7 a 1 and nan, -3 or 1e12 nonsense, without a word
+        row = int(np.argmin(whole))
+        raise DataError(f"{path}: row {row + 1}: label {labels[row]:g}: expected a whole number >= 0 in the "
+                        f"first column (has_label: false, or --no-label, if the file holds no labels)")
+    return ArrayStore(path, table[:, 1:], labels.astype(np.int32))
 
 
 # What h5py raises on a damaged file depends on the damaged byte (flipping bytes of a small store gives

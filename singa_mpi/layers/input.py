@@ -100,6 +100,9 @@ class RecordInput(Layer):
         if self.backend not in BACKENDS:
             raise LayerConfigError("store_conf.backend", repr(conf.backend),
                                    f"one of {', '.join(sorted(BACKENDS))}")
+        if self.backend == "textfile" and len(conf.separator) > 1:  # numpy's reader splits on one character
+            raise LayerConfigError("store_conf.separator", repr(conf.separator),
+                                   'one character (or "" for any whitespace)')
         self._start_reading(int(sum(conf.batchsize)), "store_conf.batchsize", conf.random_skip, conf.shuffle)
         return tuple(conf.shape)
 

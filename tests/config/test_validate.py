@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 
+import nets
 from singa_mpi.checks.job import validate
 from singa_mpi.config.load import load_job, parse_job
 from singa_mpi.errors import ConfigError
@@ -540,3 +541,12 @@ def test_a_dangling_duplicate_layer_trains_serially_and_partitioned(tmp_path, la
     job_programs(cfg, 2, ["train"])  # what `check -n 2` and `plan -n 2` do
     assert run_training(cfg, lambda _: str(tmp_path / "ws"), RunOptions()) == 0
     check_equivalence(text, workers=(2, 3), steps=2, partition_dims=(0, 1))
+
+
+def test_a_text_store_separator_of_two_characters_is_one_line():
+    """numpy splits on one character: "ab" passed check and failed the first step with a TypeError."""
+    text = nets.mlp("/tmp/unused.csv", 8, "data").replace('backend: "hdf5"', 'backend: "textfile" separator: "ab"', 1)
+    assert 'separator: "ab"' in text
+    with pytest.raises(ConfigError) as info:
+        validate(parse_job(text, "job.conf"))
+    assert "layer 'data' (#0, kRecordInput): store_conf.separator = 'ab': expected one character" in str(info.value)

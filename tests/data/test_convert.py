@@ -171,3 +171,61 @@ def test_digits_split_sizes_determinism_and_disjointness(tmp_path, backend):
 def test_digits_rejects_a_bad_fraction(tmp_path):
     with pytest.raises(ConfigError, match="test_fraction 1.5"):
         convert.convert_digits(str(tmp_path), test_fraction=1.5)
+    for fraction, test in ((0.0001, 0), (0.9999, 1797)):  # an empty split: a reshape error, or an empty store
+        with pytest.raises(ConfigError, match=f"test_fraction {fraction}: leaves {test} of 1797 records for testing"):
+            convert.convert_digits(str(tmp_path / "d"), "kvfile", test_fraction=fraction)
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_damaged_gzip_is_one_line_naming_the_file(tmp_path):
+    """Damage inside the compressed data is zlib's error, not an OSError: it escaped as a traceback."""
+    images = write_idx(tmp_path / "i.gz", np.zeros((50, 28, 28)), convert.IDX_IMAGES, gz=True)
+    labels = write_idx(tmp_path / "l.gz", np.zeros(50), convert.IDX_LABELS, gz=True)
+    blob = bytearray(open(images, "rb").read())
+    blob[30:60] = b"\xff" * 30
+    open(images, "wb").write(bytes(blob))
+    with pytest.raises(DataError, match=f"^{images}: cannot read it"):
+        convert.convert_mnist(images, labels, str(tmp_path / "o.h5"))
+
+
+def test_csv_labels_must_be_whole_numbers(tmp_path):
+    """1.7, -3, nan and 1e12 were cast to 1, -3, -2**31 and -2**31 with numpy's warning alone."""
+    for label, shown in (("1.7", "1.7"), ("-3", "-3"), ("nan", "nan"), ("1e12", "1e[+]12")):
+        (tmp_path / "in.csv").write_text("1,0.5\n" + f"{label},0.25\n")
+        with pytest.raises(DataError, match=rf"in\.csv: row 2: label {shown.replace('.', '[.]')}: expected a whole"):
+            convert.convert_csv(str(tmp_path / "in.csv"), str(tmp_path / "o.h5"))
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_cifar10_store_and_mean_are_replaced_together(tmp_path):
+    """A mean file that cannot be written used to leave the store replaced by the new data."""
+    first, _ = cifar_batch(tmp_path / "a.bin", [0, 1, 2], 1)
+    second, _ = cifar_batch(tmp_path / "b.bin", [3], 2)
+    out = str(tmp_path / "train.h5")
+    convert.convert_cifar10([first], out)
+    below_a_file = str(tmp_path / "a.bin" / "mean.bin")
+    with pytest.raises(DataError, match="cannot write the mean file"):
+        convert.convert_cifar10([second], out, mean_out=below_a_file)
+    assert len(read_all("hdf5", out)[1]) == 3  # the old store, whole
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin", "train.h5"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["csv", "--csv", "{d}/in.csv", "--out", "{d}/in.csv"], "data csv: --out {d}/in.csv is also an input"),
+    (["cifar10", "--batches", "{d}/a.bin", "--out", "{d}/o.h5", "--mean", "{d}/o.h5"],
+     "data cifar10: --mean {d}/o.h5 is also --out: expected two files"),
+    (["csv", "--csv", "{d}/in.csv", "--out", "{d}/o.h5", "--separator", ";;"], "argument --separator: ';;': "
+                                                                              "expected one character"),
+])
+def test_data_refuses_outputs_that_overwrite_its_inputs_and_separators_numpy_cannot_split_on(
+        tmp_path, capsys, argv, message):
+    from singa_mpi import cli
+
+    (tmp_path / "in.csv").write_text("1,0.5\n")
+    argv = [arg.format(d=tmp_path) for arg in argv]
+    try:
+        code = cli.main(["data", *argv])
+    except SystemExit as exit_:  # argparse's own refusal
+        code = exit_.code
+    assert code == 2 and message.format(d=tmp_path) in capsys.readouterr().err
+    assert (tmp_path / "in.csv").read_text() == "1,0.5\n"
