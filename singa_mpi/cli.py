@@ -163,6 +163,7 @@ def cmd_plan(args) -> int:
     from singa_mpi.algorithms import make_algorithm
     from singa_mpi.checks.job import validate
     from singa_mpi.config.load import load_job, wants_deterministic
+    from singa_mpi.checks.phase import check_phase
     from singa_mpi.launcher.describe import phases_of
     from singa_mpi.planner import plan, render
     from singa_mpi.planner.syncs import ALLREDUCE, DETERMINISTIC, DETERMINISTIC_SHARED
@@ -170,8 +171,7 @@ def cmd_plan(args) -> int:
     cfg = load_job(args.job)
     validate(cfg)
     if args.phase not in phases_of(cfg):  # validate checked only the phases the job runs
-        raise ConfigError(f"{cfg.path}: --phase {args.phase}: expected a phase the job runs: "
-                          f"{', '.join(phases_of(cfg))} (test needs test_steps > 0, val validate_steps > 0)")
+        check_phase(cfg, args.phase, {}, [])
     if wants_deterministic(cfg.proto):  # the mode has one way to sync: its own
         args.sync = DETERMINISTIC if args.sync == ALLREDUCE else DETERMINISTIC_SHARED
     if args.auto:

@@ -20,11 +20,11 @@ from singa_mpi.algorithms.base import forward_pass
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checks.job import validate
 from singa_mpi.config.load import JobConfig, layers_for_phase, load_job, parse_job
-from singa_mpi.errors import ConfigError, DataError, MissingDependency, writing
+from singa_mpi.errors import ConfigError, DataError, MissingDependency
 from singa_mpi.launcher.checks import check_inputs
 from singa_mpi.layers.base import layer_class_of, layer_type_name
 from singa_mpi.net import build_serial_net
-from singa_mpi.plot import INSTALL
+from singa_mpi.plot import INSTALL, save_figure
 from singa_mpi.proto import job_pb2
 
 DPI = 80
@@ -120,9 +120,7 @@ def draw_filters(path: str, output: str | None = None, param: str | None = None,
     weight = ckpt.params[name].T if is_transposed(ckpt, name) else ckpt.params[name]
     output = output or os.path.join(os.path.dirname(path), f"{_stem(path)}_{name}_filters.png")
     figure = filters_figure(weight, f"{name} {ckpt.params[name].shape}", shape, limit)
-    with writing(output, "the picture"):
-        figure.savefig(output)
-    return output
+    return save_figure(figure, output, "the picture")
 
 
 def load_net(cfg: JobConfig, ckpt: checkpoint.Checkpoint, workspace: str, phase: str):
@@ -141,6 +139,9 @@ def load_net(cfg: JobConfig, ckpt: checkpoint.Checkpoint, workspace: str, phase:
 
 def job_kind(cfg: JobConfig, phase: str) -> str:
     """"rbm" (a layer with energy_role visible) or "autoencoder" (kBP with a kEuclideanLoss layer)."""
+    from singa_mpi.checks.phase import check_phase
+
+    check_phase(cfg, phase, {}, [])  # (validate checks the phases the job runs: test needs no test_steps here)
     layers = [layer for _, layer in layers_for_phase(cfg.proto, phase)]
     types = [layer_type_name(layer) for layer in layers]
     if any(layer_class_of(layer).energy_role == "visible" for layer in layers):
@@ -192,9 +193,7 @@ def draw_reconstructions(job: str, path: str, workspace_of: Callable[[JobConfig]
     inputs, outputs = reconstructions(cfg, ckpt, workspace_of(cfg), phase, n)
     output = output or os.path.join(os.path.dirname(path), f"{_stem(path)}_reconstructions.png")
     figure = reconstructions_figure(inputs, outputs, f"{cfg.proto.name or _stem(job)} step {ckpt.step}", shape)
-    with writing(output, "the picture"):
-        figure.savefig(output)
-    return output
+    return save_figure(figure, output, "the picture")
 
 
 def grid_figure(cells: list[list[np.ndarray | None]], title: str):

@@ -17,7 +17,7 @@ import json
 import os
 
 from singa_mpi import profiling
-from singa_mpi.errors import DataError, MissingDependency, writing
+from singa_mpi.errors import ConfigError, DataError, MissingDependency, writing
 
 INSTALL = "pip install 'singa_mpi[plot]'"
 NOT_METRICS = {"step", "phase", "elapsed", "samples_per_s", "comm_share"}
@@ -35,6 +35,9 @@ def figure_class():
 
 
 def read_metrics(workspace: str) -> list[dict]:
+    if os.path.isfile(workspace):
+        raise DataError(f"{workspace}: a file: expected the workspace folder that holds metrics.jsonl "
+                        f"({os.path.dirname(workspace) or '.'} here?)")
     path = os.path.join(workspace, "metrics.jsonl")
     try:
         with open(path) as f:
@@ -44,10 +47,26 @@ def read_metrics(workspace: str) -> list[dict]:
     entries = []
     for number, line in enumerate(lines, 1):
         try:
-            entries.append(json.loads(line))
+            entry = json.loads(line)
         except ValueError:
-            raise DataError(f"{path}:{number}: not a JSON object: expected one metrics entry per line") from None
+            entry = None
+        if not isinstance(entry, dict):
+            raise DataError(f"{path}:{number}: not a JSON object: expected one metrics entry per line")
+        entries.append(entry)
     return entries
+
+
+def save_figure(figure, output: str, what: str) -> str:
+    """Write ``figure`` to ``output`` in the format its suffix names (ConfigError for a suffix matplotlib
+    has no writer for: it raised its own ValueError)."""
+    formats = figure.canvas.get_supported_filetypes()
+    suffix = os.path.splitext(output)[1].lstrip(".").lower()
+    if suffix not in formats:
+        raise ConfigError(f"{output}: {'a .' + suffix if suffix else 'no'} suffix: expected one that names the "
+                          f"picture's format: {', '.join('.' + name for name in sorted(formats))}")
+    with writing(output, what):
+        figure.savefig(output)
+    return output
 
 
 def metric_names(runs: dict[str, list[dict]]) -> list[str]:
@@ -61,9 +80,7 @@ def plot_metrics(workspaces: list[str], output: str) -> str:
     """Loss/accuracy/... against step and elapsed seconds, every workspace overlaid, into ``output``."""
     figure_class()  # the install hint before anything is read
     figure = metrics_figure({workspace: read_metrics(workspace) for workspace in workspaces})
-    with writing(output, "the plot"):
-        figure.savefig(output)
-    return output
+    return save_figure(figure, output, "the plot")
 
 
 def metrics_figure(runs: dict[str, list[dict]]):
@@ -108,9 +125,7 @@ def plot_profile(workspace: str, output: str) -> str:
     except ValueError:
         raise DataError(f"{path}: not valid JSON: expected the profile a run writes at its end") from None
     figure = profile_figure(profile, workspace)
-    with writing(output, "the plot"):
-        figure.savefig(output)
-    return output
+    return save_figure(figure, output, "the plot")
 
 
 def profile_figure(profile: dict, title: str):

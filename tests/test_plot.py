@@ -105,3 +105,22 @@ def test_missing_files_and_several_profiles_are_one_line_errors(tmp_path, capsys
     assert "profile.json: no such file" in capsys.readouterr().err
     assert cli.main(["plot", "--profile", a, a]) == 2
     assert "expected one" in capsys.readouterr().err
+
+
+def test_plot_names_a_file_given_as_the_workspace_a_suffix_without_a_writer_and_a_line_that_is_no_object(
+        tmp_path, capsys):
+    """Each was a traceback: NotADirectoryError, matplotlib's ValueError, an AttributeError."""
+    from singa_mpi import cli
+
+    pytest.importorskip("matplotlib")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "metrics.jsonl").write_text('{"step": 0, "phase": "train", "loss": 1.0, "elapsed": 0.1}\n')
+    assert cli.main(["plot", str(ws / "metrics.jsonl")]) == 3
+    assert "metrics.jsonl: a file: expected the workspace folder that holds metrics.jsonl" in capsys.readouterr().err
+    assert cli.main(["plot", str(ws), "-o", str(tmp_path / "curves.txt")]) == 2
+    assert "curves.txt: a .txt suffix: expected one that names the picture's format: " in capsys.readouterr().err
+    assert not (tmp_path / "curves.txt").exists()
+    (ws / "metrics.jsonl").write_text("[1, 2]\n")
+    assert cli.main(["plot", str(ws)]) == 3
+    assert "metrics.jsonl:1: not a JSON object" in capsys.readouterr().err

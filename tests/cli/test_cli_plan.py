@@ -26,12 +26,13 @@ def test_plan_text_without_mpi():
 
 
 def test_plan_of_a_phase_the_job_does_not_run_is_one_line():
-    """digits_mlp has no validation phase: its val net would read no input layer (a traceback before)."""
+    """digits_mlp has no validation phase: its val net reads no input layer (a traceback before); the
+    check of that phase says so, as `check` does for the phases a job runs."""
     out = run("plan", "conf/digits_mlp.conf", "-n", "2", "--phase", "val")
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines() == [
-        "singa-mpi: error: conf/digits_mlp.conf: --phase val: expected a phase the job runs: train, test "
-        "(test needs test_steps > 0, val validate_steps > 0)"]
+        "singa-mpi: error: conf/digits_mlp.conf:37:5: layer 'fc1' (#2, kInnerProduct): srclayers[0] = 'data': "
+        "expected the name of a layer of phase val (known: fc1, fc2, fc3, loss, relu1, relu2)"]
     assert run("plan", "conf/digits_mlp.conf", "-n", "2", "--phase", "test").returncode == 0
 
 
