@@ -284,10 +284,18 @@ def cmd_ckpt(args) -> int:
     from singa_mpi.checkpoints import tools as ckpt_tools
 
     if args.action == "inspect":
+        if len(args.files) > 1 or args.out or args.step is not None:
+            extra = args.files[1:] + (["--out"] if args.out else []) + (["--step"] if args.step is not None else [])
+            raise ConfigError(f"ckpt inspect: {' '.join(extra)}: expected one checkpoint and no convert options "
+                              f"(inspect each file on its own)")
         print(ckpt_tools.inspect(args.files[0]))
         return 0
     if not args.out:
         raise ConfigError("ckpt convert: --out FILE.h5 is required")
+    if os.path.lexists(args.out) and not args.overwrite:  # a run's own checkpoint, say
+        raise ConfigError(f"ckpt convert: --out {args.out} exists: expected a new file (--overwrite replaces it)")
+    if len(set(map(os.path.realpath, args.files))) < len(args.files):
+        raise ConfigError(f"ckpt convert: {' '.join(args.files)}: a file given twice: expected each worker's file once")
     print(ckpt_tools.convert_singa(args.files, args.out, step=args.step))
     return 0
 
@@ -545,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", help="inspect: a checkpoint; convert: SINGA 0.x BlobProtos files")
     p.add_argument("--out", type=writable_file, help="convert: the HDF5 checkpoint to write")
     p.add_argument("--step", type=non_negative_int, help="convert: the step to record (default: from the file name)")
+    p.add_argument("--overwrite", action="store_true", help="convert: replace --out if it exists")
     p.set_defaults(func=cmd_ckpt)
 
     p = sub.add_parser("plot", help="draw runs' metrics.jsonl (or a run's profile) into a PNG (needs matplotlib)")

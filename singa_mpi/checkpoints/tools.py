@@ -81,6 +81,9 @@ def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
         for name, _, value in read_blobprotos(path):
             pieces.setdefault(name, []).append((path, value))
     params = _join(pieces)
+    if not params:  # an empty file parses as a BlobProtos of nothing
+        raise DataError(f"{', '.join(paths)}: no parameters: expected SINGA 0.x checkpoint files holding "
+                        f"the params (step<N>-worker<W>)")
     if step is None:
         m = re.search(r"step(\d+)", os.path.basename(paths[0]))
         step = int(m.group(1)) if m else 0

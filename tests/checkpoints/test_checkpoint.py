@@ -207,6 +207,29 @@ def test_inspect_and_convert_singa_checkpoints(tmp_path):
     assert "step 10" in text and "w1" in text and "[4, 3]" in text and "checksums OK" in text
 
 
+def test_ckpt_commands_refuse_what_they_would_ignore_or_destroy(tmp_path, capsys):
+    """convert replaced an existing --out (a run's own checkpoint) without a word, took one worker's file
+    twice, and wrote a checkpoint of no params from an empty file; inspect ignored a second file."""
+    from singa_mpi import cli
+
+    blobs = job_pb2.BlobProtos(name=["0#b1"], version=[10])
+    blobs.blob.add(shape=[2], data=[1.0, 2.0])
+    (tmp_path / "step10-worker0").write_bytes(blobs.SerializeToString())
+    (tmp_path / "step10-worker1").write_bytes(b"")
+    out = tmp_path / "out.h5"
+    out.write_bytes(b"a run's checkpoint")
+    convert = ["ckpt", "convert", str(tmp_path / "step10-worker0"), "--out", str(out)]
+    assert cli.main(convert) == 2 and f"--out {out} exists" in capsys.readouterr().err
+    assert out.read_bytes() == b"a run's checkpoint"
+    assert cli.main(convert + ["--overwrite"]) == 0 and checkpoint.read(str(out)).params["b1"].shape == (2,)
+    assert cli.main(convert[:3] + convert[2:] + ["--overwrite"]) == 2
+    assert "a file given twice" in capsys.readouterr().err
+    assert cli.main(["ckpt", "convert", str(tmp_path / "step10-worker1"), "--out", str(tmp_path / "e.h5")]) == 3
+    assert "no parameters" in capsys.readouterr().err and not (tmp_path / "e.h5").exists()
+    assert cli.main(["ckpt", "inspect", str(out), str(tmp_path / "nope.h5")]) == 2
+    assert "expected one checkpoint" in capsys.readouterr().err
+
+
 def test_no_pickle_in_checkpoint_code():
     for module in ("checkpoints/hdf5.py", "checkpoints/tools.py", "checkpoints/snapshot.py"):
         source = (ROOT / "singa_mpi" / module).read_text()
