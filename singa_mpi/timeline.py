@@ -161,4 +161,9 @@ def finish(runtime, path: str) -> str | None:
     """Every worker's events to the root, which writes ``path`` (collective); returns the line
     to print on the root, None elsewhere."""
     parts = runtime.gather_object(rank_trace(runtime.tracer))
-    return write(path, parts) if parts is not None and runtime.is_root else None  # group 0's, of several
+    if parts is None or not runtime.is_root:
+        return None
+    place = getattr(runtime, "place", None)  # several worker groups: each gathers its own, group 0 writes
+    groups = place.groups if place is not None else 1
+    line = write(path, parts)
+    return line if groups == 1 else line + f" (worker group 0 of {groups}: the others' timelines are not kept)"
