@@ -628,7 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=data_seed, default=0, help="digits: split seed; synthetic: data seed")
     p.add_argument("--like", help="synthetic: write random stores at the paths of this job's input layers")
     p.add_argument("--count", type=positive_int, default=1000, help="synthetic: records per store")
-    p.add_argument("--classes", type=positive_int, default=10, help="synthetic: label range")
+    p.add_argument("--classes", type=positive_int, default=None,
+                   help="synthetic: label range (default: the classes the job's softmax loss scores, else 10)")
     p.add_argument("--overwrite", action="store_true", help="synthetic: replace existing files")
     p.add_argument("--max-bytes", type=positive_int, default=2_000_000,
                    help="text: keep the first N bytes (default 2,000,000)")

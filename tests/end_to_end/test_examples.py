@@ -3,16 +3,20 @@ synthetic` makes, a job pinned to a worker count runs on others with --workers, 
 command that makes it, and the bundled digits are prepared wherever a job asks for them."""
 import filecmp
 import json
+import os
 import pathlib
 import subprocess
 import sys
 
+import h5py
+import numpy as np
 import pytest
 
 import nets
 from singa_mpi import cli, plugins
 from singa_mpi.config.load import load_job
 from singa_mpi.data.prepare import how_to_make
+from singa_mpi.data.stores import read_first_record
 from singa_mpi.data.synthetic import write_synthetic
 from singa_mpi.errors import ConfigError
 from singa_mpi.launcher import Request, RunOptions, run_training
@@ -133,6 +137,24 @@ def test_a_folder_where_the_store_is_a_file_is_one_line_before_any_step(tmp_path
                             f"expected a file (backend hdf5 reads one file)\n")
     assert cli.main(["check", str(conf)]) == 0
     assert f"{conf}:24:34: layer 'data': data file 'data/mnist' is a folder: expected a file" in capfd.readouterr().out
+
+
+def test_synthetic_data_fits_the_jobs_classes_and_writes_its_mean_and_std_files(tmp_path, monkeypatch, capfd):
+    """A 2-class job got labels 0..9 (its first step failed on label 9), and a std_file was never
+    written, while the error that named it said synthetic would make it."""
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "conf" / "digits_mlp.conf").read_text().replace("num_output: 10 }", "num_output: 2 }", 1)
+    text = text.replace('path: "data/digits/train.h5"', 'path: "syn/train.h5" mean_file: "syn/mean.bin" '
+                                                         'std_file: "syn/std.bin"', 1)
+    text = text.replace('path: "data/digits/test.h5"', 'path: "syn/test.h5"', 1).replace(" std_value: 16", "")
+    (tmp_path / "two.conf").write_text(text)
+    assert cli.main(["data", "synthetic", "--like", "two.conf", "--count", "64"]) == 0
+    assert sorted(os.listdir(tmp_path / "syn")) == ["mean.bin", "std.bin", "test.h5", "train.h5"]
+    with h5py.File(tmp_path / "syn" / "train.h5") as f:
+        assert set(np.unique(f["label"][()])) == {0, 1}
+    np.testing.assert_allclose(read_first_record(str(tmp_path / "syn" / "std.bin")), 73.9, rtol=1e-6)
+    assert cli.main(["train", "two.conf", "--steps", "2", "--workspace", "ws"]) == 0
+    capfd.readouterr()
 
 
 def test_missing_data_names_the_converter_and_the_synthetic_command(tmp_path, monkeypatch, capfd):
