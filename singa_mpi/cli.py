@@ -323,8 +323,8 @@ def cmd_data(args) -> int:
     if args.source == "synthetic":
         from singa_mpi.data.synthetic import write_synthetic
 
-        paths = write_synthetic(args.like, count=args.count, classes=args.classes, seed=args.seed,
-                                overwrite=args.overwrite)
+        paths = write_synthetic(args.like, count=args.count, classes=args.classes or _classes_of(args.like),
+                                seed=args.seed, overwrite=args.overwrite)
         if not paths:
             print("nothing to write: the job's data files exist (use --overwrite to replace them)")
     elif args.source == "digits":
@@ -342,6 +342,14 @@ def cmd_data(args) -> int:
     for path in paths if isinstance(paths, (list, tuple)) else [paths]:
         print(f"wrote {path}")
     return 0
+
+
+def _classes_of(job: str) -> int:
+    """The label range of a job's synthetic data: the classes its softmax loss scores, else 10."""
+    from singa_mpi.checks.job import loss_classes
+    from singa_mpi.config.load import load_job
+
+    return loss_classes(load_job(job)) or 10
 
 
 def _refuse_collisions(args) -> None:

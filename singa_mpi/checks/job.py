@@ -204,3 +204,20 @@ def _check_include_exclude(cfg: JobConfig) -> None:
 
 def _phases(values) -> str:
     return ",".join(job_pb2.Phase.Name(v) for v in values)
+
+
+def loss_classes(cfg: JobConfig) -> int | None:
+    """The classes the job's softmax loss scores (the width of its first source in the train net), or
+    None when it has none or the job does not check yet (a DataShard's shapes come from its data):
+    labels beyond them end the first step."""
+    from singa_mpi.errors import SingaError
+
+    try:
+        summary = validate(cfg)
+    except SingaError:
+        return None
+    shapes = {name: shape for phase in summary.phases if phase.phase == "train" for name, _, shape in phase.layers}
+    for layer in cfg.proto.neuralnet.layer:
+        if layer.type == job_pb2.kSoftmaxLoss and layer.srclayers and layer.srclayers[0] in shapes:
+            return math.prod(shapes[layer.srclayers[0]])
+    return None

@@ -2,9 +2,10 @@
 
 ``singa-mpi data synthetic --like JOB.conf`` writes, for every input layer of
 the job, a store at its ``store_conf.path`` in its backend with its per-sample
-shape (uniform pixel values 0..255, labels 0..classes-1: by default the classes the job's softmax
-loss scores), plus the mean and std files if the layer names them.  SINGA 0.1's kShardData layers get a DataShard folder of
-the shape of the data set their path names (MNIST, CIFAR-10), else of what their
+shape (uniform pixel values 0..255, labels 0..classes-1: on the command line by default the classes
+the job's softmax loss scores), plus the mean and std files if the layer names them.  SINGA 0.1's
+kShardData layers get a DataShard folder of the shape of the data set their path names (MNIST,
+CIFAR-10), else of what their
 parsers read (3x32x32 images for kRGBImage, 28x28 otherwise), and a kRGBImage's
 ``meanfile`` in v0.1's format.  A kCharRNN layer (char-rnn) gets a random text and its vocabulary:
 symbols of :data:`TEXT_SYMBOLS`, as many as the kOneHot layers it feeds encode (an existing vocabulary
@@ -28,17 +29,16 @@ TEXT_SYMBOLS = b"\n abcdefghijklmnopqrstuvwxyz.,:()=_"  # a random text's alphab
 TEXT_WINDOWS = 4  # windows per row of a kCharRNN batch that a random text holds at least
 
 
-def write_synthetic(job_path: str, count: int = 1000, classes: int | None = None, seed: int = 0,
+def write_synthetic(job_path: str, count: int = 1000, classes: int = 10, seed: int = 0,
                     overwrite: bool = False) -> list[str]:
     """Write the stores ``job_path``'s input layers read (see the module docstring); the paths written.
-    ``classes``: the label range (default: the job's, else 10).  ConfigError for a count or a class
-    range below 1, DataError (one line) for a file it cannot write."""
-    for name, value in (("count", count), ("classes", classes if classes is not None else 1)):
+    ``classes``: the label range (the command line's default is the job's own:
+    :func:`singa_mpi.checks.job.loss_classes`).  ConfigError for a count or a class range below 1,
+    DataError (one line) for a file it cannot write."""
+    for name, value in (("count", count), ("classes", classes)):
         if value < 1:
             raise ConfigError(f"data synthetic: --{name} {value}: expected at least 1")
     cfg = load_job(job_path)
-    if classes is None:
-        classes = job_classes(cfg) or 10
     try:
         return _write_inputs(cfg.proto.neuralnet.layer, np.random.default_rng(seed), count, classes, overwrite)
     except (OSError, Unwritable) as err:  # a store path below a file, in a read-only folder, a full disk
@@ -68,23 +68,6 @@ def _write_inputs(layers, rng: np.random.Generator, count: int, classes: int, ov
             if path and (overwrite or not os.path.exists(path)):
                 written.append(write_mean_file(path, np.full(shape, value)))
     return list(dict.fromkeys(written))  # a mean file read by the train and test parsers: once
-
-
-def job_classes(cfg) -> int | None:
-    """The classes the job's softmax loss scores (the width of its first source in the train net), or
-    None when it has none: labels beyond them end the first step."""
-    from singa_mpi.checks.job import validate
-    from singa_mpi.errors import SingaError
-
-    try:
-        summary = validate(cfg)
-    except SingaError:  # shapes that come from the data to be written (SINGA 0.1's DataShard): not known yet
-        return None
-    shapes = {name: shape for phase in summary.phases if phase.phase == "train" for name, _, shape in phase.layers}
-    for layer in cfg.proto.neuralnet.layer:
-        if layer.type == job_pb2.kSoftmaxLoss and layer.srclayers and layer.srclayers[0] in shapes:
-            return int(np.prod(shapes[layer.srclayers[0]]))
-    return None
 
 
 def _write_shard(layer: job_pb2.LayerProto, layers, rng: np.random.Generator, count: int, classes: int,
