@@ -17,6 +17,8 @@ def inspect(path: str) -> str:
     """A summary of a checkpoint: step, params and shapes, plan, checksum verdict.
 
     DataError (exit code 3) when the file is missing or damaged."""
+    if os.path.isdir(path):
+        raise DataError(f"{path}: a folder: expected a checkpoint file, such as WORKSPACE/checkpoint/step<N>.h5")
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such checkpoint file")
     try:
@@ -77,6 +79,10 @@ def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
     weights and biases along axis 0).
     """
     pieces: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for path in paths:
+        if os.path.isfile(path) and h5py.is_hdf5(path):
+            raise DataError(f"{path}: an HDF5 file (a singa_mpi checkpoint needs no conversion): expected SINGA "
+                            f"0.x's BlobProtos files, step<N>-worker<W>")
     for path in sorted(paths, key=_worker_index):
         for name, _, value in read_blobprotos(path):
             pieces.setdefault(name, []).append((path, value))

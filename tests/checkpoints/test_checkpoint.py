@@ -228,6 +228,10 @@ def test_ckpt_commands_refuse_what_they_would_ignore_or_destroy(tmp_path, capsys
     assert "no parameters" in capsys.readouterr().err and not (tmp_path / "e.h5").exists()
     assert cli.main(["ckpt", "inspect", str(out), str(tmp_path / "nope.h5")]) == 2
     assert "expected one checkpoint" in capsys.readouterr().err
+    assert cli.main(["ckpt", "inspect", str(tmp_path)]) == 3
+    assert "a folder: expected a checkpoint file" in capsys.readouterr().err
+    assert cli.main(["ckpt", "convert", str(out), "--out", str(tmp_path / "again.h5")]) == 3
+    assert "an HDF5 file (a singa_mpi checkpoint needs no conversion)" in capsys.readouterr().err
 
 
 def test_no_pickle_in_checkpoint_code():
