@@ -76,6 +76,11 @@ class RecordStore:
     def _release(self) -> None:
         """Drop file handles once everything is cached (subclasses that hold any)."""
 
+    def every_label(self) -> np.ndarray | None:
+        """Every record's label as stored, where reading them costs little beside the records (else,
+        and without labels, None): checked before training, a bad one is named with its record."""
+        return None if self._cache is None else self._cache[1]
+
     def read(self, indices: np.ndarray) -> Arrays:
         """Records ``indices`` (any order, repeats allowed): (len, *shape) float32, (len,) int32 or None."""
         indices = np.asarray(indices, np.int64).reshape(-1)
@@ -338,6 +343,14 @@ class HDF5Store(RecordStore):
             raise DataError(f"{self.path}: damaged HDF5 store: cannot read its records{_hdf5_reason(err)}: expected "
                             f"records HDF5 can read: write it again (`singa-mpi data`)") from None
         return data, labels
+
+    def every_label(self) -> np.ndarray | None:
+        if self._cache is not None or self._labels is None or not self._file:
+            return super().every_label()
+        try:
+            return np.asarray(self._labels[...])  # as stored: a float label is not yet cast
+        except HDF5_DAMAGE:  # reading the records reports the damage
+            return None
 
     def _release(self) -> None:
         if self._file:

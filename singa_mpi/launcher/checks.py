@@ -17,13 +17,13 @@ from singa_mpi.launcher.options import Request
 
 def read_before_start(launch: Launch, request: Request, is_root: bool,
                       log: Callable[[str], None] | None) -> checkpoint.Checkpoint | None:
-    """Check the input files of every phase (``log``: this rank's notes, None to say nothing) and,
-    under MPI, the first batches; return the parameters the run starts from: the job's
+    """Check the input files of every phase (``log``: this rank's notes, None to say nothing) and the
+    first batches; return the parameters the run starts from: the job's
     checkpoint_path files (None without them, or when --resume finds the workspace's own), or for
     ``test`` the checkpoints to test."""
     check_inputs(launch.cfg, launch.workspace, list(launch.phases), log)
-    if launch.topo is not None:  # under MPI: what step 0 would meet, voted (serially step 0 says it)
-        check_first_batches(launch.cfg, launch.workspace, list(launch.phases))
+    # what step 0 would meet (under MPI voted, before any communication), and a label any later step would
+    check_first_batches(launch.cfg, launch.workspace, list(launch.phases))
     if request.trains:
         return read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume)
     return checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root)
@@ -96,11 +96,29 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str]) -> No
                             layer.forward([labels.aux if k == "aux" else scores for k in kinds[:len(srcs)]], train)
                         except DataError as err:
                             raise DataError(f"{err}, in the first batch{_read_from(labels, by_name)}") from None
+                        _check_every_label(layer, labels)
         finally:
             for layer in by_name.values():
                 store = getattr(layer, "store", None)
                 if store is not None:
                     store.close()
+
+
+def _check_every_label(loss, labels) -> None:
+    """Every label of the store that ``labels`` (an input layer) reads, where that is cheap: one out of
+    the loss's classes ends some later step, naming neither the file nor the record."""
+    from singa_mpi.layers.loss import first_label_outside
+
+    store, classes = getattr(labels, "store", None), getattr(loss, "classes", None)
+    every = store.every_label() if store is not None and classes else None
+    row = first_label_outside(every, classes) if every is not None else None
+    if row is not None:
+        from singa_mpi.data.memory import is_memory_path
+
+        where = f"layer '{labels.name}': row {row} of its y" if is_memory_path(store.path) else \
+            f"{store.path}: record {row}"  # a script's arrays, or a file
+        raise DataError(f"{where}: label {every[row]:g}: expected a class index in 0..{classes - 1} "
+                        f"(layer '{loss.name}' scores {classes} classes)")
 
 
 def _read_from(layer, layers: dict) -> str:

@@ -59,11 +59,17 @@ def _check_labels(layer: str, labels: np.ndarray, rows: int, classes: int) -> np
             bad = labels[labels != np.round(labels)][0]
             raise DataError(f"layer '{layer}': label {bad}: expected an integer class index")
         labels = labels.astype(np.int64)
-    outside = (labels < 0) | (labels >= classes)
-    if outside.any():
-        raise DataError(f"layer '{layer}': label {labels[outside][0]}: expected a class index in "
+    row = first_label_outside(labels, classes)
+    if row is not None:
+        raise DataError(f"layer '{layer}': label {labels[row]}: expected a class index in "
                         f"0..{classes - 1} ({classes} classes)")
     return labels.astype(np.int64, copy=False)
+
+
+def first_label_outside(labels: np.ndarray, classes: int) -> int | None:
+    """The first row whose label is no class index 0..classes-1 (a fraction included), else None."""
+    outside = np.flatnonzero((labels < 0) | (labels >= classes) | (labels != np.round(labels)))
+    return int(outside[0]) if outside.size else None
 
 
 def _ranks_of_labels(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:

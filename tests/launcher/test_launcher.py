@@ -131,6 +131,28 @@ def test_the_first_batch_of_every_phase_is_read_before_any_communication(tmp_pat
     assert f"in the first batch of layer 'data' read from {store}" in str(err.value)
 
 
+@pytest.mark.parametrize("label", [12, 2.5])
+def test_a_bad_label_past_the_first_batch_is_named_with_its_file_and_record_before_training(tmp_path, label):
+    """An HDF5 store's labels are read whole before training (cheap beside its records): a label out
+    of the loss's classes, or a fraction (read as an int it was cut to 2), ended some later step
+    without naming the file or the record."""
+    import h5py
+
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher.checks import check_first_batches
+
+    cfg, store = _first_batch_job(tmp_path, 5)
+    with h5py.File(store, "r+") as f:
+        labels = f["label"][()].astype(np.float64)
+        labels[90] = label  # not in the first batch of 32 (the job's seeded shuffle leaves it out)
+        del f["label"]
+        f["label"] = labels if label != int(label) else labels.astype(np.int32)
+    with pytest.raises(DataError) as err:
+        check_first_batches(cfg, str(tmp_path), ["train"])
+    assert str(err.value) == (f"{store}: record 90: label {label:g}: expected a class index in 0..4 "
+                              f"(layer 'loss' scores 5 classes)")
+
+
 def test_checkpoint_path_is_read_in_phase_one_unless_resume_continues_the_workspace(tmp_path):
     from singa_mpi.errors import DataError
     from singa_mpi.launcher.checks import read_checkpoint_paths
