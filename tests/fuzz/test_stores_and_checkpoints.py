@@ -498,7 +498,8 @@ def same_content_as_read(path: str, original: checkpoint.Checkpoint) -> list[str
 @pytest.mark.slow
 def test_resume_continues_from_the_newest_good_checkpoint(trained, data):
     """Some checkpoints damaged, maybe a foreign one newest, a dead writer's temporary file: --resume
-    starts at the newest one that reads (or afresh), refuses a foreign one in one line, and runs on."""
+    starts at the newest one that reads, refuses a foreign one in one line, and runs on; with every
+    one damaged it stops in one line (exit 3) rather than train again from step 0."""
     job, workspace, originals, foreign = trained
     with fz.case(__file__), tempfile.TemporaryDirectory(prefix="fuzz-resume-") as folder:
         ws = os.path.join(folder, "ws")
@@ -520,12 +521,19 @@ def test_resume_continues_from_the_newest_good_checkpoint(trained, data):
 
 
 def resume_problems(outcome: fz.Outcome, ws: str, good: list[str], with_foreign: bool, stale: str) -> list[str]:
-    problems = fz.one_line_problems(outcome, {0, 2} if with_foreign else {0})
+    every_damaged = not good and not with_foreign  # (a foreign file reads: it is refused instead)
+    problems = fz.one_line_problems(outcome, {3} if every_damaged else {0, 2} if with_foreign else {0})
     if os.path.exists(stale):
         problems.append(f"a dead writer's temporary file stayed: {os.path.basename(stale)}")
     if with_foreign and outcome.code == 2:
         return problems  # refused in one line: another job's checkpoint was newest
-    expected = f"resuming from {good[0]}" if good else "starting at step 0"
+    if every_damaged:  # no fresh start that would retrain the run from step 0 without a word
+        if "every checkpoint there is damaged" not in outcome.err:
+            problems.append("expected 'every checkpoint there is damaged'")
+        if os.path.exists(checkpoint.checkpoint_path(ws, STEPS + 2)):
+            problems.append(f"step{STEPS + 2}.h5 written: a run started again from step 0")
+        return problems
+    expected = f"resuming from {good[0]}"
     if expected not in outcome.out + outcome.err:
         problems.append(f"expected '{expected}'")
     if not os.path.exists(checkpoint.checkpoint_path(ws, STEPS + 2)):
