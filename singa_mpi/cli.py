@@ -816,33 +816,40 @@ OWN_STOP_SIGNALS = ("train", "test", "run", "calibrate")
 
 
 def main(argv: list[str] | None = None) -> int:
-    rank = threads.world_rank(os.environ)
-    if rank > 0:  # a bad argument is every rank's: rank 0 says it, once
-        with open(os.devnull, "w") as silent, contextlib.redirect_stderr(silent):
-            args = build_parser().parse_args(argv)
-    else:
+    off_root = threads.world_rank(os.environ) > 0
+    with _silenced(off_root, stdout=False):  # a bad argument is every rank's: rank 0 says it, once
         args = build_parser().parse_args(argv)
-    if args.command in DONE_BY_RANK_0 and rank > 0:
+    if args.command in DONE_BY_RANK_0 and off_root:
         return 0
-    if args.command in SPOKEN_BY_RANK_0 and rank > 0:
-        with open(os.devnull, "w") as silent, contextlib.redirect_stdout(silent), contextlib.redirect_stderr(silent):
-            return _main(args)  # the same exit code as rank 0's, its lines once
-    if args.command not in OWN_STOP_SIGNALS:
-        with _interrupted_by(signal.SIGTERM):
-            return _main(args)
-    return _main(args)
+    with _silenced(off_root and args.command in SPOKEN_BY_RANK_0), \
+            _interrupted_by(signal.SIGTERM, args.command not in OWN_STOP_SIGNALS):
+        return _main(args)  # (silenced: the same exit code as rank 0's, its lines once)
 
 
 @contextlib.contextmanager
-def _interrupted_by(signum: int) -> Iterator[None]:
+def _silenced(silent: bool, stdout: bool = True) -> Iterator[None]:
+    """With ``silent``, stderr (and ``stdout``) go nowhere for the block."""
+    if not silent:
+        yield
+        return
+    with open(os.devnull, "w") as nowhere, contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stderr(nowhere))
+        if stdout:
+            stack.enter_context(contextlib.redirect_stdout(nowhere))
+        yield
+
+
+@contextlib.contextmanager
+def _interrupted_by(signum: int, wanted: bool = True) -> Iterator[None]:
     """``signum`` ends a command as Ctrl-C does: the files it was writing are removed (each is written
-    under a temporary name first), one line, exit 128 + signum (the default action left them behind)."""
+    under a temporary name first), one line, exit 128 + signum (the default action left them behind).
+    Not ``wanted``: the command handles its stop signals itself."""
     def interrupt(number, frame):
         error = KeyboardInterrupt(f"{signal.Signals(number).name}: nothing written")
         error.exit_code = 128 + number  # type: ignore[attr-defined]
         raise error
 
-    if threading.current_thread() is not threading.main_thread():
+    if not wanted or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signum, interrupt)

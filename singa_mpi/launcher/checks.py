@@ -41,9 +41,9 @@ def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callabl
         for index, layer in layers_for_phase(cfg.proto, phase):
             for field, path in prepare.store_files(layer):
                 found = None if path in seen else resolve_path(path, workspace)
-                if found is not None and prepare.folder_problem(found, field, layer.store_conf):
-                    raise DataError(f"{_naming(cfg, index, layer.name, 'store_conf', field)} {path}: "
-                                    f"{prepare.folder_problem(found, field, layer.store_conf)}")
+                problem = prepare.folder_problem(found, field, layer.store_conf) if found is not None else None
+                if problem:
+                    raise DataError(f"{_naming(cfg, index, layer.name, 'store_conf', field)} {path}: {problem}")
                 if path in seen or found is not None:
                     continue
                 seen.add(path)
