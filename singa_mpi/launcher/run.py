@@ -24,6 +24,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from typing import Callable
 
 from singa_mpi import progress, run_events, threads
@@ -33,6 +34,7 @@ from singa_mpi.errors import PeerLost, ResourceError, SingaError, one_line, out_
 from singa_mpi.launcher.checks import read_before_start
 from singa_mpi.launcher.describe import Launch, World, describe, read_job, topology_of
 from singa_mpi.launcher.options import Request
+from singa_mpi.launcher import said_once
 from singa_mpi.launcher.start import mpi_world, rank_life, world_facts
 from singa_mpi.launcher.vote import phase_one_verdict
 from singa_mpi.layers.output import output_files
@@ -52,7 +54,13 @@ Body = Callable[[Trainer, Checkpoint | None], int]
 
 def launch(request: Request, body: Body) -> int:
     """Run ``request`` with ``body``: serially in one process, else the two-phase MPI protocol.
-    ``train`` catches SIGINT, SIGTERM and SIGUSR1 from the start (:class:`StopSignals`)."""
+    ``train`` catches SIGINT, SIGTERM and SIGUSR1 from the start (:class:`StopSignals`).  The
+    warning filters the run adds (:mod:`~singa_mpi.launcher.said_once`) end with it."""
+    with warnings.catch_warnings():
+        return _launch(request, body)
+
+
+def _launch(request: Request, body: Body) -> int:
     stops = StopSignals()
     life, tracer = rank_life(request.options.stall_timeout)  # before MPI_Init: its watchdog covers the wait
     stops.is_root = tracer is None or tracer.rank == 0
@@ -77,10 +85,11 @@ def launch(request: Request, body: Body) -> int:
 
 
 def run_serial(request: Request, body: Body, stops: StopSignals) -> int:
-    the_launch = describe(read_job(request), World(), request)
-    for line in the_launch.notes:
-        print(line, flush=True)
-    initial = read_before_start(the_launch, request, True, log=print)
+    with said_once.said_at_the_end():
+        the_launch = describe(read_job(request), World(), request)
+        for line in the_launch.notes:
+            print(line, flush=True)
+        initial = read_before_start(the_launch, request, True, log=print)
     _claim(the_launch, request, True)
     make_workspace(the_launch.workspace)  # `test` claims nothing: a bad workspace is one line here too
     cfg = the_launch.cfg
@@ -123,17 +132,20 @@ def _both_phases(world, request: Request, body: Body, stops: StopSignals, life) 
 
     _note(life, "setup: reading and planning the job")
     facts = world_facts(world)
-    read, error = _attempt(lambda: read_job(request))
-    chosen = _auto_dims(world, read, facts)  # collective: every rank takes rank 0's choice
-    the_launch, initial = None, None
-    if error is None:
-        the_launch, error = _attempt(lambda: describe(read, facts, request, chosen))
-    if error is None:
-        for line in the_launch.notes if world.rank == 0 else ():
-            print(line, flush=True)
-        initial, error = _attempt(lambda: _read_and_claim(the_launch, request, world.rank == 0))
+    with said_once.recorded() as said:
+        read, error = _attempt(lambda: read_job(request))
+        chosen = _auto_dims(world, read, facts)  # collective: every rank takes rank 0's choice
+        the_launch, initial = None, None
+        if error is None:
+            the_launch, error = _attempt(lambda: describe(read, facts, request, chosen))
+        if error is None:
+            for line in the_launch.notes if world.rank == 0 else ():
+                print(line, flush=True)
+            initial, error = _attempt(lambda: _read_and_claim(the_launch, request, world.rank == 0))
     verdicts = world.allgather_object((error, stops.received is not None,
-                                       the_launch.facts if the_launch is not None else None))
+                                       the_launch.facts if the_launch is not None else None, said))
+    said_once.say(said_once.union([rank_said for *_, rank_said in verdicts]), speaks=world.rank == 0)
+    verdicts = [verdict[:3] for verdict in verdicts]
     code = phase_one_verdict(world, the_launch.cfg if the_launch is not None else None, verdicts)
     if code is not None:
         return code
