@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from typing import Callable
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.communication.keeper import stop_signals
@@ -29,7 +30,13 @@ class StopSignals:
     seconds later (1 by default) and SIGKILL as long after that, then exits 1: the ranks stop on that
     SIGTERM, their stdout never blocks them (:class:`singa_mpi.progress.ForwardedOutput`), and what the
     stop saved is in WORKSPACE/stopped.txt and, while stdout is not read, on stderr.  The root
-    acknowledges the first signal on stderr at once and notes the pending stop in stopped.txt."""
+    acknowledges the first signal on stderr at once and notes the pending stop in stopped.txt.
+
+    Python runs a handler in the main thread only between bytecodes: a rank waiting inside MPI's C code
+    (for a rank stuck in a layer) would run it only once the wait ends.  Under MPI a thread therefore
+    also reads the signals from the interpreter's wakeup file descriptor (:meth:`watch_from_thread`):
+    the root acknowledges at once, and the rank's stall watchdog is armed, which names a rank that
+    holds up the stop and ends the job (:meth:`~singa_mpi.communication.liveness.Watchdog.stop_signal`)."""
 
     def __init__(self, is_root: bool = True):
         self.is_root = is_root
@@ -37,6 +44,9 @@ class StopSignals:
         self.trainer: Trainer | None = None
         self.finished = False  # the run is over: ignore whatever comes
         self._previous: dict = {}
+        self._acknowledged = False
+        self._acknowledging = threading.Lock()
+        self._watcher: _WakeupWatcher | None = None
 
     def install(self) -> None:
         from singa_mpi.early_signals import early_stop_signal, python_default
@@ -53,10 +63,20 @@ class StopSignals:
             trainer.stop_requested = True
             trainer.stop_signal = self.received
 
+    def watch_from_thread(self, on_signal: Callable[[str], None]) -> None:
+        """Under MPI, after :meth:`install`: each stop signal is also seen by a thread as it arrives,
+        which acknowledges it (root) and calls ``on_signal(name)``, even while the main thread waits
+        in MPI's C code."""
+        if self._previous and self._watcher is None:
+            self._watcher = _WakeupWatcher(tuple(self._previous), self._seen_from_thread, on_signal)
+
     def restore(self, keep_ignoring: bool) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, signal.SIG_IGN if keep_ignoring else handler)
         self._previous = {}
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
 
     def _request_stop(self, signum, frame) -> None:
         if self.finished:
@@ -70,7 +90,18 @@ class StopSignals:
             self.trainer.stop_requested = True
             self.trainer.stop_signal = self.trainer.stop_signal or signum
         if self.is_root and not asked:
-            self._acknowledge(signum)
+            self._acknowledge_once(signum)
+
+    def _seen_from_thread(self, signum: int) -> None:
+        if not self.finished and self.is_root:
+            self._acknowledge_once(signum)
+
+    def _acknowledge_once(self, signum: int) -> None:
+        with self._acknowledging:  # the handler or the watcher thread, whichever sees the signal first
+            if self._acknowledged:
+                return
+            self._acknowledged = True
+        self._acknowledge(signum)
 
     def _acknowledge(self, signum: int) -> None:
         """Root, on the first stop signal: one line on stderr at once (raw write: a handler may interrupt
@@ -91,3 +122,41 @@ class StopSignals:
             f"ends before it is written, {there}"])
         said = f"; what was saved: {note}" if note else ""
         os.write(2, f"singa-mpi: {name}: stopping after this step and writing a checkpoint{again}{said}\n".encode())
+
+
+class _WakeupWatcher(threading.Thread):
+    """Reads the signal numbers CPython writes to its wakeup file descriptor as each signal arrives
+    (``signal.set_wakeup_fd``), before the main thread can run the handler."""
+
+    def __init__(self, watched: tuple, seen: Callable[[int], None], on_signal: Callable[[str], None]):
+        super().__init__(name="singa-mpi-stop-signals", daemon=True)
+        self.watched, self.seen, self.on_signal = watched, seen, on_signal
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.write_end, False)  # the interpreter's write must never block
+        self.previous = signal.set_wakeup_fd(self.write_end, warn_on_full_buffer=False)
+        self.armed = False
+        self.start()
+
+    def run(self) -> None:
+        try:
+            while True:
+                numbers = os.read(self.read_end, 64)
+                if not numbers or 0 in numbers:  # closed, or close()'s wake-up
+                    return
+                for signum in numbers:
+                    if signum in self.watched:
+                        self._stop_signal(signum)
+        finally:
+            os.close(self.read_end)
+
+    def _stop_signal(self, signum: int) -> None:
+        self.seen(signum)
+        if not self.armed:
+            self.armed = True
+            self.on_signal("Ctrl-C" if signum == signal.SIGINT else signal_name(signum))
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self.previous)
+        os.write(self.write_end, b"\0")
+        self.join(timeout=1.0)
+        os.close(self.write_end)

@@ -62,6 +62,8 @@ _STEP_OFFSET = 32  # of `step` in _LAYOUT
 SIZE = 512  # one copy of the record: _LAYOUT, then the sequence number again
 COPIES = 2  # written in turn: a write cut short leaves the other copy whole
 RUNNING, SETUP, IN_MPI_INIT = 0, 1, 2  # IN_MPI_INIT: mpi4py holds the interpreter, no heartbeat comes
+CHECKPOINTING = 3  # in the step's checkpoint phase (gathering the state, or the root writing it)
+STOP_PATIENCE = 20.0  # seconds a stop waits in one call for the ranks to finish their step (no --stall-timeout)
 LIFE_LIMIT = 2.0  # seconds without a heartbeat (written every 0.1 s) that mean "stopped or frozen"
 SAID = "said"  # beside the folder's "verdict": the claimant's line is out (say_verdict)
 VERDICT_GRACE = 3.0  # how long a rank that lost the claim waits for the claimant's line
@@ -343,6 +345,12 @@ def holds_up_setup(records: dict[int, Status], awaited: list[int], now: float) -
                                for s in found)
 
 
+def checkpointing(records: dict[int, Status], awaited: list[int], now: float) -> bool:
+    """Whether one of the awaited ranks is alive and in a checkpoint (the root may write for minutes)."""
+    return any(rank in records and records[rank].state == CHECKPOINTING and now - records[rank].alive_at <= LIFE_LIMIT
+               for rank in awaited)
+
+
 def lifeless(records: dict[int, Status], awaited: list[int], now: float, limit: float) -> list[int]:
     """The awaited ranks of this node that have shown no sign of life for ``limit`` seconds (stopped,
     frozen): what ends even a patient wait.  A rank without a record here (another node) is not judged;
@@ -474,6 +482,11 @@ class Guardian:
 
 # ------------------------------------------------------------------ the rank's side: record, watchdog, guardian
 
+def _in_checkpoint(tracer) -> bool:
+    outer = next(iter(list(tracer.stack)), None)  # (a copy: the main thread opens and closes spans)
+    return outer is not None and outer.cat == "step" and outer.name == "checkpoint"
+
+
 def activity_of(tracer, note: str = "") -> tuple[tuple, str, bool]:
     """(what changes when the rank progresses, what it is doing in words, whether it waits in a
     communication call), from the tracer's open spans (outermost step phase, innermost span)."""
@@ -499,7 +512,8 @@ class Watchdog(threading.Thread):
     It rewrites the status record from the tracer, and with a ``timeout`` it ends the job when this
     rank has waited in one communication call (or in ``waiting_in``: MPI_Init) longer than that,
     naming the rank it waits for (:func:`blame`).  While this rank sets up (``note``), a wait on
-    ranks that are alive and still setting up themselves is not a stall."""
+    ranks that are alive and still setting up themselves is not a stall.  Without a ``timeout``, a
+    stop signal arms it (:meth:`stop_signal`)."""
 
     def __init__(self, life: RankLife, tracer, timeout: float | None, poll: float = 0.1):
         super().__init__(name="singa-mpi-watchdog", daemon=True)
@@ -511,6 +525,7 @@ class Watchdog(threading.Thread):
         self._stop_event = threading.Event()
         self._last_poll = time.monotonic()
         self._quiet_until = 0.0
+        self.stopping: tuple[float, str] | None = None  # (perf_counter, signal) of a stop that armed it
 
     def run(self) -> None:
         while not self._stop_event.wait(self.poll):
@@ -536,7 +551,8 @@ class Watchdog(threading.Thread):
             text, in_comm = f"{self.note + ': ' if self.note else ''}{self.waiting[1]}", True
         if self.role:  # a job of several worker groups or with servers: which one this rank is
             text = f"{self.role}: {text}"
-        state = IN_MPI_INIT if self.waiting is not None else SETUP if self.note else RUNNING
+        state = IN_MPI_INIT if self.waiting is not None else SETUP if self.note else \
+            CHECKPOINTING if self.tracer is not None and _in_checkpoint(self.tracer) else RUNNING
         self.life.record.publish(text, in_comm, progressed=key != self._last_key, state=state)
         self._last_key = key
 
@@ -555,19 +571,39 @@ class Watchdog(threading.Thread):
             return since, f"{what} for {time.perf_counter() - since:.1f}s", others, False
         return None
 
+    def stop_signal(self, name: str) -> None:
+        """A stop signal came (``name``): without a ``timeout`` of the user's, a wait that lasts
+        :data:`STOP_PATIENCE` seconds from now on is a stall (the step that the stop finishes cannot
+        end: say which rank holds it up, and end the job), except on a rank writing a checkpoint.
+        Under a launcher the rank's MPI wait would otherwise hold the stop and say nothing until
+        SIGKILL."""
+        if not self.timeout:
+            self.stopping = (time.perf_counter(), name)
+            self.timeout = STOP_PATIENCE
+
     def check(self) -> None:
         pending = self._pending()
-        if pending is None or time.perf_counter() - pending[0] <= self.timeout:
+        if pending is None:
+            return
+        since = pending[0] if self.stopping is None else max(pending[0], self.stopping[0])
+        if time.perf_counter() - since <= self.timeout:
             return
         records, now = read_all(self.life.folder), time.time()
         if pending[3] and not lifeless(records, pending[2], now, self.timeout):
             return
         if self.note and holds_up_setup(records, pending[2], now):
             return
+        if self.stopping is not None and checkpointing(records, pending[2], now):
+            return
         unrecorded = unrecorded_ranks(self.life.folder, records) if set(pending[2]) - set(records) else {}
         stopped = [records[r].pid for r in pending[2] if r in records and proc_state(records[r].pid) in ("T", "t")]
-        self.life.end_job(f"rank {self.life.rank}: stalled: {pending[1]} (--stall-timeout {self.timeout:g}s); "
-                          f"{blame(records, pending[2], now, unrecorded)}; aborting the job", 4, stopped)
+        if self.stopping is None:
+            what = f"stalled: {pending[1]} (--stall-timeout {self.timeout:g}s)"
+        else:
+            what = (f"stalled after {self.stopping[1]}: {pending[1]} (a stop waits {self.timeout:g}s for every rank "
+                    f"to finish its step; --stall-timeout S waits S seconds)")
+        self.life.end_job(f"rank {self.life.rank}: {what}; {blame(records, pending[2], now, unrecorded)}; "
+                          f"aborting the job", 4, stopped)
 
     def stop(self) -> None:
         self._stop_event.set()

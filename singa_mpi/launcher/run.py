@@ -77,6 +77,8 @@ def _launch(request: Request, body: Body) -> int:
         if life is None:  # a launcher that does not announce ranks in the environment: from now on
             life, _ = rank_life(request.options.stall_timeout, world.rank, world.size, world.tracer)
             world.status = life.record if life is not None else None
+        if life is not None:  # a stop a rank's MPI wait would hold: acknowledged, and a stall named
+            stops.watch_from_thread(life.watchdog.stop_signal)
         return run_parallel(world, request, body, stops, life)
     finally:
         stops.restore(keep_ignoring=world is not None and stops.received is not None)

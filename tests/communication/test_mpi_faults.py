@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import nets
 import pytest
@@ -140,6 +141,56 @@ def test_a_wait_on_ranks_still_setting_up_is_not_a_stall():
     assert not liveness.holds_up_setup({1: status(1, state=liveness.SETUP, alive_ago=9)}, [1], now)
     assert not liveness.holds_up_setup({1: status(1, state=liveness.SETUP, in_comm=True)}, [1], now)
     assert not liveness.holds_up_setup({}, [1], now)
+
+
+class _Waiting:
+    """A tracer whose rank has waited in one call for ``ago`` seconds, on rank 1."""
+
+    def __init__(self, ago):
+        self.span = types.SimpleNamespace(started=time.perf_counter() - ago, args={"awaits": [1]},
+                                          describe=lambda: "step 29 params Allreduce in layer fc1")
+
+    def pending(self, cat):
+        return self.span
+
+
+class _Life:
+    def __init__(self, folder):
+        self.folder, self.rank, self.size, self.ended = folder, 0, 2, []
+
+    def end_job(self, message, code, stopped=()):
+        self.ended.append((message, code))
+
+
+def test_a_stop_signal_arms_the_watchdog_of_a_run_without_a_stall_timeout(tmp_path):
+    """A rank waiting inside MPI's C code cannot run Python's handler: the stop could not end its step,
+    and nothing said why.  Armed by the stop, a wait that lasts STOP_PATIENCE seconds from the signal
+    on names the rank that holds it up, except one that is writing a checkpoint."""
+    life = _Life(str(tmp_path / "launch"))
+    peer = liveness.StatusRecord(life.folder, rank=1, size=2)
+    try:
+        peer.publish("train_one_batch: forward layer slow", in_comm=False, progressed=True)
+        watchdog = liveness.Watchdog(life, _Waiting(ago=100.0), None)
+        assert watchdog.timeout is None  # the run has no --stall-timeout
+        watchdog.stop_signal("SIGTERM")
+        assert watchdog.timeout == liveness.STOP_PATIENCE
+        watchdog.check()
+        assert life.ended == []  # the wait began long before, but the stop gets its whole patience
+        watchdog.stopping = (time.perf_counter() - liveness.STOP_PATIENCE - 1, "SIGTERM")
+        peer.publish("checkpoint", in_comm=False, progressed=True, state=liveness.CHECKPOINTING)
+        watchdog.check()
+        assert life.ended == []  # the root may write a checkpoint for minutes
+        peer.publish("train_one_batch: forward layer slow", in_comm=False, progressed=True)
+        watchdog.check()
+        (message, code), = life.ended
+        assert code == 4 and message.startswith("rank 0: stalled after SIGTERM: step 29 params Allreduce in layer "
+                                                "fc1 (a stop waits 20s for every rank to finish its step")
+        assert f"waiting for: rank 1 (pid {os.getpid()} on " in message and "forward layer slow" in message
+    finally:
+        peer.close()
+    mine = liveness.Watchdog(life, None, 60.0)
+    mine.stop_signal("SIGTERM")
+    assert (mine.timeout, mine.stopping) == (60.0, None)  # the user's --stall-timeout holds
 
 
 def test_the_first_to_vanish_is_dead_in_every_sighting():
@@ -480,6 +531,73 @@ def test_sigterm_while_setting_up_stops_before_training(tmp_path, n):
     assert checkpoint.listed(str(tmp_path / "ws")) == [] and "Traceback" not in err
     assert not (tmp_path / "ws" / "metrics.jsonl").exists() or \
         (tmp_path / "ws" / "metrics.jsonl").read_text().strip() == ""
+
+
+STUCK_LAYER = '''
+import os, time
+from singa_mpi.communication.liveness import launched_rank
+from singa_mpi.layers import LAYERS, Layer
+
+@LAYERS.register("kStuck")
+class Stuck(Layer):
+    """Passes its input on; rank 1's 40th training forward marks that it begins, then never ends."""
+
+    calls = 0
+
+    def setup(self, src_shapes):
+        return tuple(src_shapes[0])
+
+    def forward(self, inputs, train):
+        Stuck.calls += train
+        if train and Stuck.calls == 40 and launched_rank()[0] == 1:
+            open(os.environ["STUCK_MARK"], "w").close()
+            time.sleep(300)
+        return inputs[0]
+
+    def backward(self, grad, need):
+        return [grad if need[0] else None]
+'''
+
+
+@pytest.mark.slow
+def test_a_stop_held_up_by_a_rank_stuck_in_a_layer_is_acknowledged_and_the_rank_named(tmp_path):
+    """SIGTERM to every rank (scancel's way) while rank 1 is stuck in a layer and rank 0 waits for it
+    inside MPI: rank 0 used to say nothing and wait until SIGKILL.  Now it acknowledges at once, and
+    after STOP_PATIENCE seconds names rank 1 and where it is stuck, and ends the job (exit 4)."""
+    plugin, mark = tmp_path / "stuck.py", tmp_path / "stuck"
+    plugin.write_text(STUCK_LAYER)
+    layers = [nets._data_layer(data_file(tmp_path), 64, (12,)), nets._ip("fc1", "data", 16),
+              'layer { name: "stuck" user_type: "kStuck" srclayers: "fc1" }', nets._act("act1", "stuck", "kSTanh"),
+              nets._ip("fc3", "act1", 5), nets._loss("fc3")]
+    conf = tmp_path / "stuck.conf"
+    conf.write_text(nets.job_text(layers, steps=100000))
+    cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf), "--workspace",
+                                str(tmp_path / "ws"), "--plugin", str(plugin)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(STUCK_MARK=str(mark)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not mark.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"rank 1 never got stuck:\n{proc.stderr.read()[-2000:]}")
+        time.sleep(0.05)
+    time.sleep(0.5)  # rank 0 is in the step's next collective, waiting for rank 1
+    for pid in pids_of(str(conf), 2).values():
+        os.kill(pid, signal.SIGTERM)
+    signalled = time.monotonic()
+    while not (tmp_path / "ws" / "stopped.txt").exists():  # the acknowledgement's note in the workspace
+        assert time.monotonic() - signalled < 5, "the stop was not acknowledged while rank 0 waited in MPI"
+        time.sleep(0.05)
+    code, _, err = finish(proc, 60)
+    took = time.monotonic() - signalled
+    lines = singa_lines(err)
+    assert lines[0].startswith("singa-mpi: SIGTERM: stopping after this step"), err[-3000:]
+    stalled = [line for line in lines if ": stalled after SIGTERM: " in line]
+    # exit 4 (a stall), or hydra's report of the SIGKILL that MPI_Abort sent the stuck rank (9)
+    assert len(stalled) == 1 and code in (4, 9), (code, err[-3000:])
+    assert re.search(r"^singa-mpi: rank 0: stalled after SIGTERM: step \d+ .*; waiting for: rank 1 \(pid \d+ on "
+                     r"\S+\) is alive but has made no progress for [\d.]+s \(step \d+: train_one_batch: "
+                     r"forward layer stuck\)", stalled[0]), stalled[0]
+    assert liveness.STOP_PATIENCE <= took < liveness.STOP_PATIENCE + 20, took
 
 
 def test_a_stop_signal_while_the_package_loads_is_kept_for_the_launcher():
