@@ -102,7 +102,7 @@ def load_for_job(job: job_pb2.JobProto, job_path: str, where: Callable[[int], st
     load_entry_points()
     for spec in _requested:
         load(spec, "--plugin")
-    folder = os.path.dirname(os.path.abspath(job_path)) if job_path and not job_path.startswith("<") else None
+    folder = _job_folder(job_path)
     for k, spec in enumerate(job.plugin):
         prefix = f"{where(k)}: " if where is not None else ""
         try:
@@ -110,6 +110,22 @@ def load_for_job(job: job_pb2.JobProto, job_path: str, where: Callable[[int], st
         except PluginError as err:
             raise PluginError(f"{prefix}{err}") from None
     return loaded()
+
+
+def made_portable(job: job_pb2.JobProto, job_path: str | None) -> None:
+    """Rewrite ``job``'s ``plugin`` fields that name a file or package folder (found, as when loading,
+    in the working directory, else beside ``job_path``) as absolute paths: a copy of the job written
+    elsewhere (``plan --auto -o``, the Python API's WORKSPACE/job.conf) then loads the same files.
+    Module names, and paths that name nothing, stay as written."""
+    folder = _job_folder(job_path)
+    for k, spec in enumerate(job.plugin):
+        found = _plugin_path(spec, folder)
+        if found is not None:
+            job.plugin[k] = found
+
+
+def _job_folder(job_path: str | None) -> str | None:
+    return os.path.dirname(os.path.abspath(job_path)) if job_path and not job_path.startswith("<") else None
 
 
 def load_entry_points() -> None:

@@ -962,3 +962,19 @@ def test_check_equivalence_catches_a_layer_that_depends_on_its_row_count(tmp_pat
     # ... but on the batch each worker sees 4 rows and scales by twice as much
     with pytest.raises(AssertionError, match=r"^2 workers, partition_dim 0: step 0: "):
         check_equivalence(job, workers=(2,), steps=2, partition_dims=(0,))
+
+
+def test_a_job_made_portable_names_its_plugin_files_by_absolute_path(tmp_path, monkeypatch):
+    """A copy of a job written in another folder (plan --auto -o, the Python API's job.conf) must load
+    the plugin its `plugin: "swish_lion.py"` found beside the original job."""
+    from singa_mpi.proto import job_pb2
+
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "mine.py").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    job = job_pb2.JobProto()
+    job.plugin.extend(["mine.py", "pkg", "json", "gone.py"])
+    plugins.made_portable(job, str(tmp_path / "jobs" / "job.conf"))
+    assert list(job.plugin) == [str(tmp_path / "jobs" / "mine.py"), str(tmp_path / "pkg"), "json", "gone.py"]

@@ -560,7 +560,7 @@ class Stuck(Layer):
 
 
 @pytest.mark.slow
-def test_a_stop_held_up_by_a_rank_stuck_in_a_layer_is_acknowledged_and_the_rank_named(tmp_path):
+def test_a_stop_held_up_by_a_layer_that_never_returns_is_acknowledged_and_its_holder_named(tmp_path):
     """SIGTERM to every rank (scancel's way) while rank 1 is stuck in a layer and rank 0 waits for it
     inside MPI: rank 0 used to say nothing and wait until SIGKILL.  Now it acknowledges at once, and
     after STOP_PATIENCE seconds names rank 1 and where it is stuck, and ends the job (exit 4)."""
