@@ -10,6 +10,8 @@ import contextlib
 import dataclasses
 from typing import Callable, Iterable
 
+import numpy as np
+
 from singa_mpi.config.load import JobConfig, deterministic_block_rows, layers_for_phase
 from singa_mpi.errors import ConfigError, LayerFailure, SingaError
 from singa_mpi.graph import Node, is_back_edge, topological_order
@@ -52,6 +54,9 @@ class Net:
                                     for s, k in zip(w.srcs, w.kinds)] for w in wires}
         for wire in wires:  # a layer may lay out its forward for what backward will be asked
             wire.layer.input_grads = list(self._need[id(wire.layer)])
+        # plugins' layers (selected by user_type) have what they return checked against the layer
+        # contract, so that a wrong shape is named at the layer that made it, not at a later one
+        self._plugins = {id(w.layer) for w in wires if w.layer.conf.user_type}
 
     def _mark_needs_grad(self) -> None:
         """Derive needs_grad where the builder did not fix it (the planner fixes it globally)."""
@@ -80,12 +85,14 @@ class Net:
     def run_pass(self, wire: Wire, phase: str, train: bool) -> None:
         """Compute ``wire``'s output for the algorithm's pass ``phase`` ("forward" for BP)."""
         layer = wire.layer
-        inputs = [s.aux if k == "aux" else s.data for s, k in zip(wire.srcs, wire.kinds)]
+        inputs = self._inputs_of(wire)
         try:
             with self._traced(layer, phase, self.tracer.begin(layer.name, phase)):
                 # a pass may read what came down to the layer (an RBM's top-down message); the
                 # gradient of the next backward pass starts afresh after it
                 layer.data = layer.compute(phase, inputs, train)
+                if id(layer) in self._plugins:
+                    _check_output(layer, inputs, layer.data)
         finally:
             layer.grad = None
 
@@ -107,7 +114,13 @@ class Net:
         layer = wire.layer
         with self._traced(layer, "backward", self.tracer.begin(layer.name, "backward")):
             grads = layer.backward(layer.grad, self._need[id(layer)])
+            if id(layer) in self._plugins:
+                _check_input_grads(layer, self._inputs_of(wire), grads)
         self._add_grads(wire, grads)
+
+    @staticmethod
+    def _inputs_of(wire: Wire) -> list:
+        return [s.aux if k == "aux" else s.data for s, k in zip(wire.srcs, wire.kinds)]
 
     def _add_grads(self, wire: Wire, grads) -> None:
         for src, g in zip(wire.srcs, grads):
@@ -199,6 +212,34 @@ class Net:
 
 
 # ------------------------------------------------------------------ building
+
+def _check_output(layer: Layer, inputs: list, out) -> None:
+    """A plugin layer's output: a float32 array with its first input's rows (an input layer: its
+    own), then the shape its setup returned (this worker's features of it): ValueError if not."""
+    per_row = tuple(layer.local_out_shape())
+    if not isinstance(out, np.ndarray) or out.ndim == 0:
+        raise ValueError(f"returned {type(out).__name__}: expected a numpy array of rows of {per_row}")
+    first = inputs[0] if inputs else None
+    rows = first.shape[0] if isinstance(first, np.ndarray) and first.ndim else out.shape[0]
+    if out.shape != (rows, *per_row):
+        split = ", this worker's features of it" if layer.ctx.feature_slice else ""
+        raise ValueError(f"returned an array of shape {out.shape}: expected {(rows, *per_row)} (its input's rows, "
+                         f"then the shape its setup returned{split})")
+    if out.dtype != np.float32:
+        raise ValueError(f"returned {out.dtype} values: expected float32 (the layer contract)")
+
+
+def _check_input_grads(layer: Layer, inputs: list, grads) -> None:
+    """A plugin layer's backward: one gradient (or None) per source, each of its input's shape."""
+    if not isinstance(grads, (list, tuple)) or len(grads) != len(inputs):
+        raise ValueError(f"backward returned {type(grads).__name__}"
+                         f"{f' of {len(grads)}' if isinstance(grads, (list, tuple)) else ''}: expected a list of "
+                         f"{len(inputs)} input gradient(s), None where `need` is False")
+    for k, (grad, x) in enumerate(zip(grads, inputs)):
+        if grad is not None and (not isinstance(grad, np.ndarray) or grad.shape != np.shape(x)):
+            got = f"shape {grad.shape}" if isinstance(grad, np.ndarray) else type(grad).__name__
+            raise ValueError(f"backward returned a gradient of {got} for input {k}: expected shape {np.shape(x)}")
+
 
 def supported_layer_types() -> list[str]:
     """Every implemented layer type name, sorted (for messages that list the valid ones)."""

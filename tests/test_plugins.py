@@ -978,3 +978,69 @@ def test_a_job_made_portable_names_its_plugin_files_by_absolute_path(tmp_path, m
     job.plugin.extend(["mine.py", "pkg", "json", "gone.py"])
     plugins.made_portable(job, str(tmp_path / "jobs" / "job.conf"))
     assert list(job.plugin) == [str(tmp_path / "jobs" / "mine.py"), str(tmp_path / "pkg"), "json", "gone.py"]
+
+
+BROKEN_LAYERS = '''
+    import numpy as np
+    from singa_mpi.layers import LAYERS, Layer
+
+    class Passing(Layer):
+        def setup(self, src_shapes):
+            return tuple(src_shapes[0])
+
+        def forward(self, inputs, train):
+            return inputs[0]
+
+        def backward(self, grad, need):
+            return [grad if need[0] else None]
+
+    @LAYERS.register("kPtDropsAColumn")
+    class DropsAColumn(Passing):
+        def forward(self, inputs, train):
+            return inputs[0][:, 1:]
+
+    @LAYERS.register("kPtDropsARow")
+    class DropsARow(Passing):
+        def forward(self, inputs, train):
+            return inputs[0][1:]
+
+    @LAYERS.register("kPtDoubles")
+    class Doubles(Passing):
+        def forward(self, inputs, train):
+            return inputs[0].astype(np.float64)
+
+    @LAYERS.register("kPtNoGradients")
+    class NoGradients(Passing):
+        def backward(self, grad, need):
+            return None
+
+    @LAYERS.register("kPtWrongGradient")
+    class WrongGradient(Passing):
+        def backward(self, grad, need):
+            return [grad[:, :3]]
+    '''
+
+
+@pytest.mark.parametrize("layer_type, message", [
+    ("kPtDropsAColumn", "layer 'act' (forward): ValueError: returned an array of shape (8, 4): expected (8, 5) "
+                        "(its input's rows, then the shape its setup returned)"),
+    ("kPtDropsARow", "layer 'act' (forward): ValueError: returned an array of shape (7, 5): expected (8, 5)"),
+    ("kPtDoubles", "layer 'act' (forward): ValueError: returned float64 values: expected float32 (the layer contract)"),
+    ("kPtNoGradients", "layer 'act' (backward): ValueError: backward returned NoneType: expected a list of 1 input "
+                       "gradient(s), None where `need` is False"),
+    ("kPtWrongGradient", "layer 'act' (backward): ValueError: backward returned a gradient of shape (8, 3) for "
+                         "input 0: expected shape (8, 5)"),
+])
+def test_what_a_plugin_layer_returns_is_checked_at_that_layer(tmp_path, layer_type, message):
+    """A wrong shape used to be blamed on the next layer (a matmul in fc2), or on the data (`359 labels
+    for 358 rows`, exit 3); a backward returning None was a TypeError traceback naming no layer."""
+    write(tmp_path / "broken.py", BROKEN_LAYERS)
+    tiny_data(tmp_path)
+    text = small_job("data.h5", plugin_lines='plugin: "broken.py"',
+                     act=f'layer {{ name: "act" user_type: "{layer_type}" srclayers: "fc1" }}',
+                     updater="updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }")
+    write(tmp_path / "job.conf", text)
+    result = singa(["train", "job.conf", "--workspace", "ws"], tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    errors = [row for row in result.stderr.splitlines() if "error" in row]
+    assert len(errors) == 1 and message in errors[0], result.stderr
