@@ -1014,6 +1014,11 @@ BROKEN_LAYERS = '''
         def backward(self, grad, need):
             return None
 
+    @LAYERS.register("kPtRaises")
+    class Raises(Passing):
+        def backward(self, grad, need):
+            raise ValueError("boom in backward")
+
     @LAYERS.register("kPtWrongGradient")
     class WrongGradient(Passing):
         def backward(self, grad, need):
@@ -1044,3 +1049,17 @@ def test_what_a_plugin_layer_returns_is_checked_at_that_layer(tmp_path, layer_ty
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     errors = [row for row in result.stderr.splitlines() if "error" in row]
     assert len(errors) == 1 and message in errors[0], result.stderr
+
+
+def test_a_failure_every_rank_meets_is_said_once(tmp_path):
+    """Both workers' backward raises at step 0: one line (the rank that claimed the job's verdict),
+    where each rank used to print its own copy."""
+    write(tmp_path / "broken.py", BROKEN_LAYERS)
+    tiny_data(tmp_path)
+    write(tmp_path / "job.conf", small_job("data.h5", plugin_lines='plugin: "broken.py"',
+                                           act='layer { name: "act" user_type: "kPtRaises" srclayers: "fc1" }',
+                                           updater="updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }"))
+    result = singa(["train", "job.conf", "--workspace", "ws"], tmp_path, nranks=2)
+    errors = [row for row in result.stderr.splitlines() if row.startswith("singa-mpi: ")]
+    assert result.returncode != 0 and len(errors) == 1, result.stderr
+    assert errors[0].endswith("error at step 0: layer 'act' (backward): ValueError: boom in backward"), errors[0]

@@ -385,10 +385,22 @@ def say_verdict(folder: str, line: str, fd: int = 2) -> None:
             wait_until_read(fd)
     except OSError:  # no reader any more: nothing to wait for
         pass
-    try:
-        os.close(os.open(os.path.join(folder, SAID), os.O_CREAT | os.O_WRONLY, 0o600))
+    try:  # whole or not at all: a rank that lost the claim compares its own line with it (said_line)
+        temporary = os.path.join(folder, f".{SAID}-{os.getpid()}")
+        with open(temporary, "w", encoding="utf-8", errors="replace") as f:
+            f.write(line)
+        os.replace(temporary, os.path.join(folder, SAID))
     except OSError:
         pass
+
+
+def said_line(folder: str) -> str:
+    """What the claimant said (:func:`say_verdict`), "" if nothing or unknown."""
+    try:
+        with open(os.path.join(folder, SAID), encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def await_verdict(folder: str, limit: float) -> bool:
@@ -684,6 +696,11 @@ class RankLife:
             except OSError:
                 pass
         self.abort(code)
+
+    def says_the_same(self, what: str) -> bool:
+        """For a rank that lost the claim: whether the claimant's line ends with ``what`` (a failure
+        every rank met, as a plugin's bug on every worker: said once, not once per rank)."""
+        return await_verdict(self.folder, VERDICT_GRACE) and said_line(self.folder).endswith(what)
 
     def say(self, line: str) -> None:
         """Print ``line`` (ending in a newline) as the verdict this rank claimed (:meth:`explained`)."""

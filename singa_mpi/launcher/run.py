@@ -231,12 +231,14 @@ def _note(life, note: str) -> None:
 def _abort(world, message: str, code: int, life=None, traceback_text: str = "") -> None:
     step = world.tracer.step
     shown = one_line(message) + (f"\n{traceback_text}" if traceback_text else "")
-    line = f"singa-mpi: rank {world.rank}: error at step {step}: {shown}\n"
+    what = f"error at step {step}: {shown}\n"
+    line = f"singa-mpi: rank {world.rank}: {what}"
     # claimed: the guardians need not name this rank, and another rank's watchdog that would end the
-    # job waits until this line is out (liveness.await_verdict)
+    # job waits until this line is out (liveness.await_verdict); a rank that met the same error as
+    # the claimant says nothing more
     if life is not None and life.explained():
         life.say(line)
-    else:
+    elif life is None or not life.says_the_same(what):
         os.write(2, line.encode())
     run_events.note("error", rank=world.rank, step=step, code=code, message=one_line(message))
     progress.drain_stdout()  # what this rank printed before it ends the job
