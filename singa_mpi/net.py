@@ -15,7 +15,7 @@ import numpy as np
 from singa_mpi.config.load import JobConfig, deterministic_block_rows, layers_for_phase
 from singa_mpi.errors import ConfigError, LayerFailure, SingaError
 from singa_mpi.graph import Node, is_back_edge, topological_order
-from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, LayerContext, layer_class_of
+from singa_mpi.layers.base import LAYERS, Layer, LayerConfigError, LayerContext, check_shape, layer_class_of
 from singa_mpi.params import Param, make_param
 from singa_mpi.tracing import NullTracer, Tracer
 
@@ -274,17 +274,27 @@ def instantiate(cfg: JobConfig, nodes: list[Node], make_ctx: Callable[[Node], La
         srcs = [done[s] for s in node.conf.srclayers if s in done]
         kinds = list(cls.input_kinds) or ["data"] * len(srcs)
         shapes = [s.out_shape if k == "data" else () for s, k in zip(srcs, kinds)]
-        try:
-            layer.out_shape = tuple(layer.setup(shapes))
-        except LayerConfigError as err:
-            raise layer_error(cfg, node, err.field, err.value, err.expected) from None
-        except SingaError:
-            raise
-        except Exception as err:  # a plugin's own bug, say: named with the layer's place in the job
-            raise LayerFailure(node.name, "setup", err, where=cfg.layer_where(node.index)) from err
+        set_up(cfg, node, layer, shapes)
         done[node.name] = layer
         built.append((node, layer, kinds))
     return built
+
+
+def set_up(cfg: JobConfig, node: Node, layer: Layer, src_shapes: list) -> None:
+    """``layer.setup(src_shapes)`` into ``layer.out_shape``, checked: a config error is one line at
+    the layer's field; a plugin's bug (an exception, a shape that is no shape) one line at its place
+    in the job."""
+    try:
+        shape = layer.setup(src_shapes)
+        if shape is None or len(shape):  # () for a layer with no output of its own (a loss)
+            check_shape("setup returned", shape)
+        layer.out_shape = tuple(shape)
+    except LayerConfigError as err:
+        raise layer_error(cfg, node, err.field, err.value, err.expected) from None
+    except SingaError:
+        raise
+    except Exception as err:  # a plugin's own bug, say: named with the layer's place in the job
+        raise LayerFailure(node.name, "setup", err, where=cfg.layer_where(node.index)) from err
 
 
 def global_batch_size(cfg: JobConfig, nodes: Iterable[Node]) -> int:

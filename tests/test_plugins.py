@@ -1019,6 +1019,17 @@ BROKEN_LAYERS = '''
         def backward(self, grad, need):
             raise ValueError("boom in backward")
 
+    @LAYERS.register("kPtNegativeShape")
+    class NegativeShape(Passing):
+        def setup(self, src_shapes):
+            return (-5,)
+
+    @LAYERS.register("kPtBadShardAxis")
+    class BadShardAxis(Passing):
+        def setup(self, src_shapes):
+            self.declare_param(0, "scale", (src_shapes[0][0],), shard_axis=1)
+            return tuple(src_shapes[0])
+
     @LAYERS.register("kPtWrongGradient")
     class WrongGradient(Passing):
         def backward(self, grad, need):
@@ -1063,3 +1074,22 @@ def test_a_failure_every_rank_meets_is_said_once(tmp_path):
     errors = [row for row in result.stderr.splitlines() if row.startswith("singa-mpi: ")]
     assert result.returncode != 0 and len(errors) == 1, result.stderr
     assert errors[0].endswith("error at step 0: layer 'act' (backward): ValueError: boom in backward"), errors[0]
+
+
+@pytest.mark.parametrize("layer_type, extra, message", [
+    ("kPtNegativeShape", [], "layer 'act' (setup): ValueError: setup returned (-5,): expected whole numbers > 0"),
+    ("kPtBadShardAxis", ["-n", "2"], "layer 'act' (setup): ValueError: declare_param(0, 'scale'): shard_axis = 1: "
+                                     "expected an axis of its 1-D shape (5,) (or None: not split)"),
+])
+def test_a_plugin_setup_that_returns_or_declares_no_shape_is_one_line_in_check(tmp_path, layer_type, extra, message):
+    """`check` passed them; training then died in numpy ("negative dimensions"), or `check -n 2` in an
+    IndexError traceback."""
+    write(tmp_path / "broken.py", BROKEN_LAYERS)
+    tiny_data(tmp_path)
+    act = f'layer {{ name: "act" user_type: "{layer_type}" srclayers: "fc1" partition_dim: 1 param {{ name: "s" }} }}'
+    write(tmp_path / "job.conf", small_job("data.h5", plugin_lines='plugin: "broken.py"', act=act,
+                                           updater="updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }"))
+    result = singa(["check", "job.conf", *extra], tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    errors = [row for row in result.stderr.splitlines() if "error" in row]
+    assert len(errors) == 1 and message in errors[0] and "job.conf:" in errors[0], result.stderr

@@ -177,6 +177,17 @@ class ParamSpec:
         return tuple(hi - lo for lo, hi in self.shard)
 
 
+def check_shape(what: str, shape) -> None:
+    """ValueError unless ``shape`` is a sequence of whole numbers > 0 (what a plugin's setup returns
+    and declares: a bad one used to pass `check` and fail in numpy at the first step)."""
+    try:
+        good = all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0 for n in shape)
+    except TypeError:
+        good = False
+    if not good:
+        raise ValueError(f"{what} {shape!r}: expected whole numbers > 0 (a per-sample shape, the batch left out)")
+
+
 def row_blocks(rows: int, block_rows: int) -> list[tuple[int, int]]:
     """Deterministic mode's canonical blocks of ``rows`` rows that start on a block's first row:
     ``[lo, hi)`` of each, ``block_rows`` long but the last.  A worker's rows are whole blocks (the
@@ -323,6 +334,10 @@ class Layer:
         ``batch_factored``, ``trained``: see :class:`ParamSpec`."""
         if index >= len(self.conf.param):
             raise LayerConfigError(f"param[{index}]", "missing", f"a param {{ name: ... }} for the {role}")
+        check_shape(f"declare_param({index}, {role!r}): shape", logical_shape)
+        if shard_axis is not None and not 0 <= shard_axis < len(logical_shape):
+            raise ValueError(f"declare_param({index}, {role!r}): shard_axis = {shard_axis}: expected an axis of its "
+                             f"{len(logical_shape)}-D shape {tuple(logical_shape)} (or None: not split)")
         shard = [(0, n) for n in logical_shape]
         if shard_axis is not None and self.ctx.feature_slice is not None:
             shard[shard_axis] = self.ctx.feature_slice

@@ -36,8 +36,8 @@ from singa_mpi.algorithms import frozen_params
 from singa_mpi.config.load import JobConfig, effective_partition_dim
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import Node
-from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerConfigError, LayerContext
-from singa_mpi.net import global_batch_size, instantiate, layer_error, phase_nodes
+from singa_mpi.layers.base import ONE_TO_ALL, Layer, LayerContext
+from singa_mpi.net import global_batch_size, instantiate, layer_error, phase_nodes, set_up
 from singa_mpi.planner.chunk import chunk
 from singa_mpi.planner.deterministic import (Deterministic, check_deterministic, deterministic_of, refuse_in_plan,
                                               refuse_summing_exchanges)
@@ -319,10 +319,7 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
     for rank, (rows, feats) in ranks.items():
         ctx = dataclasses.replace(base_ctx, batch_slice=rows, feature_slice=feats)
         layer = cls(node.conf, ctx)
-        try:
-            layer.out_shape = tuple(layer.setup(list(src_shapes)))
-        except LayerConfigError as err:
-            raise layer_error(cfg, node, err.field, err.value, err.expected) from None
+        set_up(cfg, node, layer, list(src_shapes))
         layers[rank] = layer
         held = (0, nfeat) if cls.feature_split_rows else feats or (0, nfeat)
         regions[rank] = Region(rows or block, held)
