@@ -71,6 +71,7 @@ class Plugin:
     origin: str  # the file it was imported from ("" for a namespace package)
     digest: str  # of that file's bytes: ranks that loaded different code disagree
     names: dict[str, list[str]]  # registry kind -> the names it registered
+    path: str = ""  # the file or package folder ``spec`` named ("" for a module name)
 
     def summary(self) -> str:
         what = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in self.names.items()) or "registers nothing"
@@ -122,6 +123,13 @@ def made_portable(job: job_pb2.JobProto, job_path: str | None) -> None:
         found = _plugin_path(spec, folder)
         if found is not None:
             job.plugin[k] = found
+
+
+def portable_specs() -> list[str]:
+    """Every plugin loaded here as a spec another process loads from any folder (a kernel co-runner
+    builds the job's plugin layers): files and package folders by absolute path, modules by name.
+    Entry points are left out: such a process loads the installed ones itself."""
+    return [plugin.path or plugin.spec for plugin in _loaded.values() if not plugin.how.startswith("entry point")]
 
 
 def _job_folder(job_path: str | None) -> str | None:
@@ -187,7 +195,7 @@ def load(spec: str, how: str = "--plugin", folder: str | None = None) -> Plugin:
             raise
         return module
 
-    return _register(spec, how, module_name, import_file)
+    return _register(spec, how, module_name, import_file, path)
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -211,7 +219,7 @@ def _module_of_path(path: str) -> tuple[str, str]:
     return parent, name[:-3] if name.endswith(".py") else name
 
 
-def _register(spec: str, how: str, module_name: str, do_import: Callable[[], ModuleType]) -> Plugin:
+def _register(spec: str, how: str, module_name: str, do_import: Callable[[], ModuleType], path: str = "") -> Plugin:
     """Import through ``do_import``, noting what the import registered; on failure undo its
     registrations and raise a one-line PluginError."""
     before = _user_names_now()
@@ -241,7 +249,7 @@ def _register(spec: str, how: str, module_name: str, do_import: Callable[[], Mod
     for registry in all_registries():
         names.setdefault(registry.kind, []).extend(_user_names(registry, before))
     names = {kind: sorted(found) for kind, found in sorted(names.items()) if found}
-    plugin = Plugin(spec, how, module.__name__, origin, _digest(origin), names)
+    plugin = Plugin(spec, how, module.__name__, origin, _digest(origin), names, path)
     _loaded[module.__name__] = plugin
     return plugin
 

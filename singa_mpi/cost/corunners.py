@@ -6,7 +6,8 @@ same kernel.  Co-runners are fresh Python processes (``python -m singa_mpi.cost.
 once per :class:`CoRunners` and fed specs over a pipe.  They are new programs, not forks: a process
 that has initialised MPI (a launched job choosing ``partition_dim: auto``) may start them, where
 forking it is not safe.  They run with the launcher's variables removed, so that nothing in them
-takes itself for an MPI rank, and with the parent's BLAS threads.
+takes itself for an MPI rank, and with the parent's BLAS threads.  They load the plugins the parent
+loaded (:func:`singa_mpi.plugins.portable_specs`, given as arguments): a plugin's layer builds there too.
 
 The protocol, one co-runner per pipe pair: the parent sends ``("run", spec)``; the child builds the
 kernel, answers ``R`` and runs forward and backward over and over until the next message, ``("stop",)``,
@@ -28,7 +29,8 @@ import weakref
 
 import numpy as np
 
-from singa_mpi.errors import SingaError
+from singa_mpi import plugins
+from singa_mpi.errors import SingaError, one_line
 from singa_mpi.layers.base import LayerContext, layer_class_of
 from singa_mpi.params import make_param
 from singa_mpi.proto import job_pb2
@@ -112,7 +114,8 @@ class CoRunners:
 
     def _start(self) -> None:
         env = corunner_environment(os.environ, self.blas_threads)
-        self.processes = [subprocess.Popen([sys.executable, "-m", "singa_mpi.cost.corunners"], env=env,
+        command = [sys.executable, "-m", "singa_mpi.cost.corunners", *plugins.portable_specs()]
+        self.processes = [subprocess.Popen(command, env=env,
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                           for _ in range(self.copies)]
         weakref.finalize(self, _release, list(self.processes))  # dropped without close(): they end too
@@ -204,8 +207,16 @@ def _waiting(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
-def main() -> int:
-    """A co-runner: build each kernel it is sent and run it until told to stop."""
+def main(plugin_specs: list[str]) -> int:
+    """A co-runner: load the parent's plugins, then build each kernel it is sent and run it until told
+    to stop."""
+    try:
+        plugins.load_entry_points()
+        for spec in plugin_specs:
+            plugins.load(spec, "--plugin")
+    except SingaError as err:  # the parent then says which kernel it could not build
+        print(f"singa-mpi: kernel co-runner: {one_line(str(err))}", file=sys.stderr, flush=True)
+        return err.exit_code
     inbox, outbox = sys.stdin.fileno(), sys.stdout.fileno()
     with tempfile.TemporaryDirectory(prefix="singa_mpi_corunner_") as workspace:
         while True:
@@ -223,4 +234,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,23 @@
+"""Kernel co-runners (singa_mpi.cost.corunners): they build every kernel the parent times."""
+import pathlib
+
+from singa_mpi.config.load import load_job
+from singa_mpi.cost.corunners import CoRunners
+from singa_mpi.cost.kernels import kernel_spec
+from singa_mpi.planner import plan
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_a_corunner_builds_a_plugin_layer_of_the_job_from_another_folder(tmp_path, monkeypatch):
+    """conf/digits_swish_lion.conf's kSwish comes from its plugin, named relative to the job's folder:
+    the co-runner, a new process, loads it too (it used to refuse user_type kSwish)."""
+    monkeypatch.chdir(tmp_path)
+    the_plan = plan(load_job(str(ROOT / "conf" / "digits_swish_lion.conf")), 2)
+    swish = next(sub for sub in the_plan.sublayers if sub.origin == "swish1")
+    pool = CoRunners(1)
+    try:
+        with pool.alongside(kernel_spec(the_plan, swish)):
+            assert pool.processes[0].poll() is None
+    finally:
+        pool.close()
