@@ -57,7 +57,8 @@ class KernelSpec:
 
 
 class Kernel:
-    """One sub-layer built from its spec, on fixed random inputs: ``forward``, ``backward``, ``step``."""
+    """One sub-layer built from its spec, on fixed random inputs it accepts (``Layer.example_input``; a
+    loss's labels 0): ``forward``, ``backward``, ``step``."""
 
     def __init__(self, spec: KernelSpec, workspace: str):
         self.spec = spec
@@ -70,7 +71,7 @@ class Kernel:
         layer.input_grads = list(spec.need)
         rng = np.random.default_rng(0)
         self.inputs = [np.zeros(shape[:1], np.int32) if kind == "aux"  # labels: one per row
-                       else rng.standard_normal(shape).astype(np.float32) for kind, shape in spec.inputs]
+                       else layer.example_input(index, shape, rng) for index, (kind, shape) in enumerate(spec.inputs)]
         self.layer = layer
         out = self.forward()
         self.grad = None if out is None or out.dtype.kind != "f" else np.ones_like(out)

@@ -344,6 +344,12 @@ class Layer:
         self.param_specs.append(ParamSpec(self.conf.param[index], tuple(logical_shape), tuple(shard), role,
                                           batch_factored, trained))
 
+    def example_input(self, index: int, shape: Shape, rng: np.random.Generator) -> np.ndarray:
+        """An input this set-up layer accepts from source ``index``, of local shape ``shape`` (rows
+        first): what the cost model times its kernel on.  Floats from N(0, 1); a layer that reads ids
+        (kOneHot, kEmbedding) overrides this, as may a plugin's."""
+        return rng.standard_normal(shape).astype(np.float32)
+
     def feature_units(self) -> int:
         """How many units ``partition_dim: 1`` splits: the output features (axis 1) by default."""
         return self.out_shape[0] if self.out_shape else 1

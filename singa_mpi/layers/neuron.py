@@ -298,6 +298,11 @@ def _token_ids(layer: Layer, x: np.ndarray, vocab: int) -> np.ndarray:
     return ids
 
 
+def _example_ids(shape: Shape, vocab: int, rng: np.random.Generator) -> np.ndarray:
+    """Ids inside the vocabulary, as float32 (as kCharRNN and the stores give them)."""
+    return rng.integers(0, vocab, shape).astype(np.float32)
+
+
 def _id_shape(shape: Shape, max_dims: int) -> Shape:
     """Per-sample shape of an id input, a trailing 1 dropped: () for one id, (T,) for a sequence."""
     ids = tuple(shape[:-1]) if shape and shape[-1] == 1 else tuple(shape)
@@ -347,6 +352,9 @@ class Embedding(Layer):
         self.ids = _token_ids(self, x.reshape((len(x),) + self.id_shape), self.conf.embedding_conf.vocab_size)
         return self.params[0].data[self.ids]  # (batch, [T,] local_dim)
 
+    def example_input(self, index, shape, rng):
+        return _example_ids(shape, self.conf.embedding_conf.vocab_size, rng)
+
     def backward(self, grad, need):
         table = self.params[0]
         # several rows may use one id: unbuffered add so every use accumulates
@@ -390,6 +398,9 @@ class OneHot(Layer):
         inside = (ids >= lo) & (ids < hi)
         out[np.nonzero(inside)[0], ids[inside] - lo] = 1
         return out
+
+    def example_input(self, index, shape, rng):
+        return _example_ids(shape, self.vocab, rng)
 
     def backward(self, grad, need):
         return [None]

@@ -322,6 +322,16 @@ def test_embedding_errors():
         layer.forward([np.array([1, 5])], True)
 
 
+def test_layers_that_read_ids_give_example_inputs_inside_their_vocabulary():
+    """What the cost model times a kernel on: ids a kOneHot or kEmbedding accepts, not N(0, 1) floats."""
+    rng = np.random.default_rng(0)
+    for text, shape in ((EMBED.format(extra=""), (3,)), ('name: "o" type: kOneHot onehot_conf { vocab_size: 5 }', ())):
+        layer = build_layer(conf(text), [shape], batch=64)
+        ids = layer.example_input(0, (64,) + shape, rng)
+        assert ids.shape == (64,) + shape and set(np.unique(ids)) == {0, 1, 2, 3, 4}
+        layer.forward([ids], True)
+
+
 def test_onehot_feature_slice_dtype_and_errors():
     text = 'name: "o" type: kOneHot onehot_conf { vocab_size: 5 }'
     ids = np.array([4, 0, 2], np.float32)
