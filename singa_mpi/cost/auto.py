@@ -54,6 +54,12 @@ class Choice:
     locations: dict[str, int] = dataclasses.field(default_factory=dict)  # a pipeline's worker per layer
     pipeline: tuple[str, int] | None = None  # (schedule, micro-batches) of a chosen pipeline
     fastest_pipeline: "Choice | None" = None  # the best pipeline priced, chosen or not
+    placed: bool = False  # every layer was free: the job's locations and pipeline gave way (placement_free)
+
+    def places_layers(self) -> bool:
+        """Whether the choice, not the job, says where each layer runs (a pipeline's stages, or the job's
+        locations and pipeline set aside: :func:`placement_free`)."""
+        return self.placed or self.pipeline is not None
 
     def describe(self) -> str:
         """The line a launch prints about it."""
@@ -83,10 +89,22 @@ def with_dims(cfg: JobConfig, dims: dict[str, int]) -> JobConfig:
     return dataclasses.replace(cfg, proto=proto)
 
 
+def placement_free(cfg: JobConfig) -> JobConfig:
+    """A copy of ``cfg`` without its layers' ``location``s and its ``neuralnet.pipeline``: where the
+    search places every layer, the job's placement (a hand-made pipeline's stages) is not a constraint,
+    and a location of 1 is not even plannable on the one worker :func:`stage_locations` times."""
+    proto = type(cfg.proto)()
+    proto.CopyFrom(cfg.proto)
+    for layer in proto.neuralnet.layer:
+        layer.ClearField("location")
+    proto.neuralnet.ClearField("pipeline")
+    return dataclasses.replace(cfg, proto=proto)
+
+
 def with_choice(cfg: JobConfig, choice: Choice) -> JobConfig:
-    """``cfg`` as ``choice`` says: partition_dims, and for a pipeline each layer's worker and the
-    ``neuralnet.pipeline`` setting."""
-    chosen = with_dims(cfg, choice.dims)
+    """``cfg`` as ``choice`` says: partition_dims (on :func:`placement_free` ``cfg`` where the choice
+    placed every layer), and for a pipeline each layer's worker and the ``neuralnet.pipeline`` setting."""
+    chosen = with_dims(placement_free(cfg) if choice.places_layers() else cfg, choice.dims)
     if choice.pipeline is None:
         return chosen
     for layer in chosen.proto.neuralnet.layer:
@@ -173,9 +191,10 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
     """The partition_dims with the lowest predicted step (see the module docstring).  ``free``: the
     layers to choose for (default: every layer); the others keep the job's values.  ``pipelines``:
     also price pipelines of the whole net over the workers (step 4)."""
-    search = Search(cfg, nranks, method, kernels, rates, memory_limit)
-    names = search.names
+    names = [layer.name for layer in cfg.proto.neuralnet.layer]
     free = list(dict.fromkeys(names if free is None else free))
+    placed = set(free) == set(names)
+    search = Search(placement_free(cfg) if placed else cfg, nranks, method, kernels, rates, memory_limit)
     written = original_dims(cfg)
     data = {name: (0 if name in free else written[name]) for name in names}
     candidates = [data, dict(data, **{name: 1 for name in free})]
@@ -205,8 +224,9 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
     data_price = search.price(data)
     if data_price is not None and best_price > data_price * (1 - MARGIN):
         best, best_price = data, data_price  # not clearly better: the simplest plan
-    choice = Choice(best, best_price, data_price, len(search.prices), search.memory(best), rates.source)
-    if pipelines and nranks > 1 and set(free) == set(names):
+    choice = Choice(best, best_price, data_price, len(search.prices), search.memory(best), rates.source,
+                    placed=placed)
+    if pipelines and nranks > 1 and placed:
         piped = _best_pipeline(search, kernels, rates)
         choice.fastest_pipeline = piped
         if piped is not None and piped.step < best_price * (1 - MARGIN):
@@ -261,7 +281,7 @@ def stage_locations(cfg: JobConfig, nranks: int, method: str, kernels, rates, sc
 
     # once per name: a layer of each phase may share one (the train and test data layers)
     names = list(dict.fromkeys(layer.name for layer in cfg.proto.neuralnet.layer))
-    serial_plan = partition(cfg, 1, "train")
+    serial_plan = partition(placement_free(cfg), 1, "train")
     serial = predict(serial_plan, method, kernels, rates)
     per_layer = {cost.name: cost.forward + cost.backward for cost in serial.layers}
     work = [per_layer.get(name, 0.0) for name in names]
@@ -341,12 +361,18 @@ def resolve_auto_layers(cfg, nworkers: int, method: str = "shared_memory"):
     if not free:
         return cfg, None
     choice = choose_for_job(cfg, nworkers, method, pipelines=True) if nworkers > 1 else None
-    if choice is not None and choice.pipeline is not None:
-        return with_choice(resolved(cfg, choice.dims), choice), f"{choice.describe()} on {nworkers} worker(s)"
-    dims = choice.dims if choice is not None else {name: 0 for name in free}
-    chosen = ", ".join(f"{name} {dims[name]}" for name in dict.fromkeys(free))
-    predicted = f" (predicted step {1e3 * choice.step:.2f} ms)" if choice is not None else ""
-    return resolved(cfg, dims), f"partition_dim: auto on {nworkers} worker(s) chose: {chosen}{predicted}"
+    if choice is None:
+        dims = {name: 0 for name in free}
+        return resolved(cfg, dims), f"partition_dim: auto on {nworkers} worker(s) chose: " + \
+            ", ".join(f"{name} 0" for name in dict.fromkeys(free))
+    chosen_cfg = resolved(cfg, choice.dims)
+    if choice.places_layers():
+        chosen_cfg = with_choice(chosen_cfg, choice)
+    if choice.pipeline is not None:
+        return chosen_cfg, f"{choice.describe()} on {nworkers} worker(s)"
+    chosen = ", ".join(f"{name} {choice.dims[name]}" for name in dict.fromkeys(free))
+    return chosen_cfg, (f"partition_dim: auto on {nworkers} worker(s) chose: {chosen} "
+                        f"(predicted step {1e3 * choice.step:.2f} ms)")
 
 
 def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalibrate: bool, nodes: int

@@ -111,7 +111,7 @@ def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
     if chosen is not None:
         notes.append(chosen.describe())
     cfg = _copy(resolved(cfg, chosen.dims if chosen is not None else None))
-    if chosen is not None and chosen.pipeline is not None:
+    if chosen is not None and chosen.places_layers():
         cfg = with_choice(cfg, chosen)
     topo, note = topology_of(cfg, world.size)
     notes += [note] if note else []

@@ -98,3 +98,19 @@ def test_a_heavy_layer_at_the_cut_is_split_over_both_stages(tmp_path):
     whole = dict.fromkeys(piped.dims, -1)  # the same stages and schedule, every layer whole
     search = Search(cfg, 2, ALLREDUCE, RowKernels(), cheap, None)
     assert piped.step < 0.7 * search.price(whole, dataclasses.replace(piped, dims=whole))
+
+
+def test_the_jobs_own_stages_give_way_where_every_layer_is_chosen(tmp_path):
+    """A hand-made 1F1B pipeline (layers at location 1, neuralnet.pipeline): `plan --auto` used to plan
+    those locations on the one worker that times the stages ("location = 1: expected a worker id below
+    the number of workers (1)"); the written job keeps neither the job's locations nor its pipeline
+    unless the choice is a pipeline."""
+    cfg = nets.job(nets.pipelined(nets.mlp("/tmp/unused.h5", 64, "stages", 2), 2, "1f1b"))
+    assert {layer.location for layer in cfg.proto.neuralnet.layer} == {0, 1}
+    cheap = Rates(1e10, FAST, FAST, FAST, "test")
+    choice = choose(cfg, 2, ALLREDUCE, RowKernels(), cheap, pipelines=True)
+    assert choice.pipeline is None and choice.fastest_pipeline is not None and choice.places_layers()
+    chosen = with_choice(cfg, choice)
+    assert not chosen.proto.neuralnet.HasField("pipeline")
+    assert all(layer.location == 0 for layer in chosen.proto.neuralnet.layer)
+    assert partition(chosen, 2).pipeline is None
