@@ -33,7 +33,7 @@ import dataclasses
 import math
 
 from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
-from singa_mpi.cost.model import predict
+from singa_mpi.cost.model import NotPriced, predict
 from singa_mpi.cost.rates import Network
 from singa_mpi.errors import ConfigError
 from singa_mpi.planner import plan as make_plan
@@ -155,6 +155,7 @@ class Search:
         self.kernels, self.rates, self.memory_limit = kernels, rates, memory_limit
         self.prices: dict[tuple, tuple[float, int] | None] = {}
         self.names = [layer.name for layer in cfg.proto.neuralnet.layer]
+        self.algorithm = job_algorithm(cfg)
 
     def price(self, dims: dict[str, int], pipeline: Choice | None = None) -> float | None:
         """The predicted step of ``dims`` (or of the pipeline ``pipeline`` describes), None where the
@@ -174,13 +175,14 @@ class Search:
 
     def _price(self, cfg: JobConfig) -> tuple[float, int] | None:
         try:
-            the_plan = make_plan(cfg, self.nranks, method=self.method)
+            the_plan = make_plan(cfg, self.nranks, method=self.method, algorithm=self.algorithm)
         except ConfigError:
             return None  # the planner refuses it (a loss split on features, too few outputs, ...)
         memory = plan_memory(the_plan)
         if self.memory_limit is not None and memory > self.memory_limit:
             return None
-        return predict(the_plan, self.method, self.kernels, self.rates).step, memory
+        # NotPriced for a CD job, as plan --cost says
+        return predict(the_plan, self.method, self.kernels, self.rates, self.algorithm).step, memory
 
     def memory(self, dims: dict[str, int], pipeline: Choice | None = None) -> int:
         return self.prices[self._key(dims, pipeline)][1]
@@ -282,7 +284,7 @@ def stage_locations(cfg: JobConfig, nranks: int, method: str, kernels, rates, sc
     # once per name: a layer of each phase may share one (the train and test data layers)
     names = list(dict.fromkeys(layer.name for layer in cfg.proto.neuralnet.layer))
     serial_plan = partition(placement_free(cfg), 1, "train")
-    serial = predict(serial_plan, method, kernels, rates)
+    serial = predict(serial_plan, method, kernels, rates, job_algorithm(cfg))
     per_layer = {cost.name: cost.forward + cost.backward for cost in serial.layers}
     work = [per_layer.get(name, 0.0) for name in names]
     if schedule != INTERLEAVED:
@@ -313,6 +315,13 @@ def timed_stage_locations(cfg: JobConfig, nworkers: int, method: str = "shared_m
     return locations
 
 
+def job_algorithm(cfg: JobConfig):
+    """The job's training algorithm: the model prices its programs, and refuses CD's (NotPriced)."""
+    from singa_mpi.algorithms import make_algorithm
+
+    return make_algorithm(cfg.proto.train_one_batch)
+
+
 def original_dims(cfg: JobConfig) -> dict[str, int]:
     return {layer.name: effective_partition_dim(cfg.proto, layer) for layer in cfg.proto.neuralnet.layer}
 
@@ -336,10 +345,25 @@ def choose_for_job(cfg: JobConfig, nworkers: int, method: str = "shared_memory",
         method = "allreduce"  # node-shared memory needs one node: the runtime then takes buckets
     with threads.limit_blas(1):  # as a launched rank runs: one BLAS thread each
         kernels = KernelTimes(recalibrate=recalibrate, corunners=corunners_for(-(-nworkers // nodes)))
-        choice = choose(cfg, nworkers, method, kernels, rates.network(nworkers, nodes), memory_limit,
-                        free=None if every_layer else auto_layers(cfg), pipelines=pipelines)
-    kernels.save()
+        try:
+            choice = choose(cfg, nworkers, method, kernels, rates.network(nworkers, nodes), memory_limit,
+                            free=None if every_layer else auto_layers(cfg), pipelines=pipelines)
+        except NotPriced as err:
+            if every_layer:
+                raise
+            raise ConfigError(f"{auto_where(cfg)}: partition_dim = auto: {err.reason()}: expected partition_dim "
+                              f"0, 1 or -1 (auto chooses for BP and BPTT jobs)") from None
+        finally:
+            kernels.save()
     return choice
+
+
+def auto_where(cfg: JobConfig) -> str:
+    """``FILE:LINE:COL`` of the job's first `partition_dim: auto` (the net's, else a layer's)."""
+    if cfg.proto.neuralnet.partition_dim == AUTO:
+        return cfg.where("neuralnet", "partition_dim")
+    first = next(index for index, layer in enumerate(cfg.proto.neuralnet.layer) if layer.partition_dim == AUTO)
+    return cfg.layer_where(first, "partition_dim")
 
 
 def resolved(cfg: JobConfig, dims: dict[str, int] | None) -> JobConfig:

@@ -61,6 +61,14 @@ class NotPriced(ConfigError):
     """A program with a pass the model has no kernel times for (a request the model cannot answer:
     one line, the configuration's exit code)."""
 
+    def __init__(self, passes: list[str]):
+        self.passes = passes
+        super().__init__(f"{self.reason()}: expected a BP or BPTT job (kBP, kBPTT)")
+
+    def reason(self) -> str:
+        return (f"the cost model times the layers' {' and '.join(PRICED)} passes only; this step also makes "
+                f"{', '.join(self.passes)} passes")
+
 
 @dataclasses.dataclass
 class LayerCost:
@@ -98,8 +106,7 @@ def predict(plan: Plan, method: str, kernels: KernelTimes, rates: Rates | Networ
     actions = {rank: prog.actions for rank, prog in programs(plan, algorithm, method).items()}
     unpriced = sorted({a.pass_ for steps in actions.values() for a in steps if isinstance(a, Compute)} - set(PRICED))
     if unpriced:
-        raise NotPriced(f"the cost model times the layers' {' and '.join(PRICED)} passes only; this step also "
-                        f"makes {', '.join(unpriced)} passes: expected a BP or BPTT job (kBP, kBPTT)")
+        raise NotPriced(unpriced)
     walk = Walk(plan, method, kernels, net)
     walk.run(actions)
     step = max(walk.clock)

@@ -62,3 +62,21 @@ def test_an_auto_job_trains(tmp_path, ranks):
     if ranks > 1:
         assert "partition_dim: auto chose" in out.stdout
         assert (tmp_path / "cache" / "singa_mpi" / "kernels.json").exists()  # rank 0 timed the kernels
+
+
+def test_a_cd_job_is_refused_by_the_search_as_by_plan_cost(tmp_path, monkeypatch):
+    """One rule: the model prices BP and BPTT steps.  `plan --auto` on a CD job used to price BP's
+    programs (0.06 ms for conf/rbm_digits_1.conf); `partition_dim: auto` on one says where it is
+    written and what to write instead."""
+    from cost_support import RowKernels, rates
+    from singa_mpi.cost.auto import choose, choose_for_job
+    from singa_mpi.cost.model import NotPriced
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    text = nets.rbm(str(tmp_path / "unused.h5"), 8)
+    with pytest.raises(NotPriced, match=r"passes only; .*positive.*: expected a BP or BPTT job"):
+        choose(nets.job(text), 2, "shared_memory", RowKernels(), rates())
+    auto = parse_job(text.replace("neuralnet { partition_dim: 0", "neuralnet { partition_dim: auto", 1), "rbm.conf")
+    with pytest.raises(ConfigError, match=r"^rbm\.conf:\d+:\d+: partition_dim = auto: the cost model times .*"
+                                          r"positive.*: expected partition_dim 0, 1 or -1"):
+        choose_for_job(auto, 2)
