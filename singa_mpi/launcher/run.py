@@ -136,7 +136,8 @@ def _both_phases(world, request: Request, body: Body, stops: StopSignals, life) 
     facts = world_facts(world)
     with said_once.recorded() as said:
         read, error = _attempt(lambda: read_job(request))
-        chosen = _auto_dims(world, read, facts)  # collective: every rank takes rank 0's choice
+        chosen, auto_error = _auto_dims(world, read, facts)  # collective: every rank takes rank 0's choice
+        error = error or auto_error
         the_launch, initial = None, None
         if error is None:
             the_launch, error = _attempt(lambda: describe(read, facts, request, chosen))
@@ -183,25 +184,25 @@ def _read_and_claim(the_launch: Launch, request: Request, is_root: bool) -> Chec
 
 
 def _auto_dims(world, read, facts: World):
-    """Rank 0's choice (:class:`~singa_mpi.cost.auto.Choice`) for the job's `partition_dim: auto` layers,
-    on every rank (one choice: kernel timings differ between ranks); a net whose every layer is `auto`
-    may become a pipeline.  Every rank calls this; None where there is nothing to choose or rank 0
-    could not (its phase-1 error then reaches every rank)."""
-    choice = None
-    if world.rank == 0 and read is not None:
-        try:
-            from singa_mpi.cost.auto import auto_layers, choose_for_job
-            from singa_mpi.config.load import wants_deterministic
-            from singa_mpi.launcher.describe import sync_method
+    """(rank 0's choice (:class:`~singa_mpi.cost.auto.Choice`) for the job's `partition_dim: auto` layers,
+    rank 0's error choosing as (message, exit code)), on every rank (one choice: kernel timings differ
+    between ranks); a net whose every layer is `auto` may become a pipeline.  Every rank calls this; the
+    choice is None where there is nothing to choose or rank 0 could not: every rank then reports its
+    error, which rank 0 alone met (the vote prints it once)."""
+    def choose():
+        from singa_mpi.cost.auto import auto_layers, choose_for_job
+        from singa_mpi.config.load import wants_deterministic
+        from singa_mpi.launcher.describe import sync_method
 
-            cfg = read[0]
-            if auto_layers(cfg):
-                topo, _ = topology_of(cfg, world.size)
-                method = sync_method(topo, facts, wants_deterministic(cfg.proto))
-                choice = choose_for_job(cfg, topo.workers_per_group, method, nodes=facts.nodes, pipelines=True)
-        except (SingaError, MemoryError):
-            choice = None
-    return world.root_value(choice, "partition_dim: auto")
+        cfg = read[0]
+        if not auto_layers(cfg):
+            return None
+        topo, _ = topology_of(cfg, world.size)
+        method = sync_method(topo, facts, wants_deterministic(cfg.proto))
+        return choose_for_job(cfg, topo.workers_per_group, method, nodes=facts.nodes, pipelines=True)
+
+    choice, error = _attempt(choose) if world.rank == 0 and read is not None else (None, None)
+    return world.root_value((choice, error), "partition_dim: auto")
 
 
 def _claim(the_launch: Launch, request: Request, is_root: bool) -> None:

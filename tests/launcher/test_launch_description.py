@@ -167,6 +167,25 @@ def test_rank_0s_auto_choice_may_be_a_pipeline_that_every_rank_runs(tmp_path, mo
         assert any(line.endswith("/mb1") for line in program.lines())
 
 
+def test_rank_0s_error_choosing_is_the_error_every_rank_reports_said_once(tmp_path, monkeypatch, capsys):
+    """Rank 0's choice failed (too few rows for the workers, a CD job): every rank used to say only
+    "partition_dim: auto was not resolved ... (it failed on rank 0; see its message)", and no rank
+    printed that message."""
+    data = nets.make_data(str(tmp_path / "d.h5"), 32, (12,), 5)
+    conf = tmp_path / "auto.conf"
+    conf.write_text(nets.mlp(data, 8, "data", steps=1).replace("neuralnet { partition_dim: 0",
+                                                               "neuralnet { partition_dim: auto", 1))
+
+    def choose(cfg, nworkers, method, nodes, pipelines):
+        raise ConfigError("auto.conf:3:5: partition_dim = auto: no plan fits: expected something else")
+    monkeypatch.setattr("singa_mpi.cost.auto.choose_for_job", choose)
+    request = Request(str(conf), lambda cfg: str(tmp_path / "ws"), RunOptions())
+    codes = run_ranks(2, lambda comm: run_parallel(comm, request, lambda *_: 0, StopSignals(), None), timeout=120)
+    assert codes == [ConfigError.exit_code] * 2
+    err = capsys.readouterr().err
+    assert err.count("singa-mpi: error: auto.conf:3:5: partition_dim = auto: no plan fits") == 1, err
+    assert "not resolved" not in err
+
 
 def test_the_launch_path_takes_few_parameters():
     """No function of the launch path takes more than 6 parameters (the launcher used to pass closures
