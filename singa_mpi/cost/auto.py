@@ -55,6 +55,7 @@ class Choice:
     pipeline: tuple[str, int] | None = None  # (schedule, micro-batches) of a chosen pipeline
     fastest_pipeline: "Choice | None" = None  # the best pipeline priced, chosen or not
     placed: bool = False  # every layer was free: the job's locations and pipeline gave way (placement_free)
+    data_refusal: str = ""  # why every layer on the batch was not priced, where it was not
 
     def places_layers(self) -> bool:
         """Whether the choice, not the job, says where each layer runs (a pipeline's stages, or the job's
@@ -154,6 +155,7 @@ class Search:
         self.cfg, self.nranks, self.method = cfg, nranks, method
         self.kernels, self.rates, self.memory_limit = kernels, rates, memory_limit
         self.prices: dict[tuple, tuple[float, int] | None] = {}
+        self.refusals: dict[tuple, tuple[str, int]] = {}  # of the unpriced: (the planner's words, 0) or ("", bytes)
         self.names = [layer.name for layer in cfg.proto.neuralnet.layer]
         self.algorithm = job_algorithm(cfg)
 
@@ -163,7 +165,11 @@ class Search:
         key = self._key(dims, pipeline)
         if key not in self.prices:
             cfg = with_dims(self.cfg, dims) if pipeline is None else with_choice(self.cfg, pipeline)
-            self.prices[key] = self._price(cfg)
+            found = self._price(cfg)
+            refused = isinstance(found[0], str)
+            self.prices[key] = None if refused else found
+            if refused:
+                self.refusals[key] = found
         found = self.prices[key]
         return None if found is None else found[0]
 
@@ -173,19 +179,38 @@ class Search:
             key += (tuple(sorted(pipeline.locations.items())), pipeline.pipeline)
         return key
 
-    def _price(self, cfg: JobConfig) -> tuple[float, int] | None:
+    def _price(self, cfg: JobConfig) -> tuple:
+        """(step, peak bytes), or why not: (the planner's refusal, 0) or ("", peak bytes over the limit)."""
         try:
             the_plan = make_plan(cfg, self.nranks, method=self.method, algorithm=self.algorithm)
-        except ConfigError:
-            return None  # the planner refuses it (a loss split on features, too few outputs, ...)
+        except ConfigError as err:
+            return str(err), 0  # the planner refuses it (a loss split on features, too few rows, ...)
         memory = plan_memory(the_plan)
         if self.memory_limit is not None and memory > self.memory_limit:
-            return None
+            return "", memory
         # NotPriced for a CD job, as plan --cost says
         return predict(the_plan, self.method, self.kernels, self.rates, self.algorithm).step, memory
 
     def memory(self, dims: dict[str, int], pipeline: Choice | None = None) -> int:
         return self.prices[self._key(dims, pipeline)][1]
+
+    def refusal(self, dims: dict[str, int]) -> str:
+        """Why ``dims`` (priced before) has no price, in words ("" where it has one)."""
+        planner, memory = self.refusals.get(self._key(dims, None), ("", 0))
+        if not memory:
+            return "refused by the planner" if planner else ""
+        return f"over the memory limit ({memory / 2**20:.1f} MiB on the fullest rank)"
+
+    def nothing_fits(self, data: dict[str, int]) -> ConfigError:
+        """The error where no plan was priced: the smallest over the memory limit, else the planner's
+        refusal of every layer on the batch (fewer rows than workers, ...)."""
+        over = [memory for _, memory in self.refusals.values() if memory]
+        where = f"no partitioning of {self.cfg.path} on {self.nranks} worker(s)"
+        if over:
+            return ConfigError(f"{where} fits {self.memory_limit / 2**20:.0f} MiB per rank (the smallest needs "
+                               f"{min(over) / 2**20:.1f} MiB on its fullest rank): expected a larger --memory-limit")
+        planner, _ = self.refusals[self._key(data, None)]
+        return ConfigError(f"{where} is plannable; every layer on the batch: {planner}")
 
 
 def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limit: int | None = None,
@@ -205,14 +230,30 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
             candidates.append(dict(data, **{name: 1 for name in free[lo:hi]}))
     if nranks == 1:
         candidates = [data]
+    choice = _best_partitioning(search, candidates, free, data, placed)
+    data_price = search.price(data)
+    if pipelines and nranks > 1 and placed:  # also where no partitioning fits: a pipeline may
+        piped = _best_pipeline(search, kernels, rates)
+        if choice is not None:
+            choice.fastest_pipeline = piped
+        if piped is not None and (choice is None or piped.step < choice.step * (1 - MARGIN)):
+            choice = dataclasses.replace(piped, data_parallel=data_price, evaluated=len(search.prices),
+                                         fastest_pipeline=piped)
+    if choice is None:
+        raise search.nothing_fits(data)
+    choice.data_refusal = search.refusal(data)
+    return choice
+
+
+def _best_partitioning(search: Search, candidates: list[dict[str, int]], free: list[str], data: dict[str, int],
+                       placed: bool) -> Choice | None:
+    """Steps 1-3 of the module docstring from ``candidates``; None where none is priced."""
     priced = [(search.price(c), i, c) for i, c in enumerate(candidates)]
     feasible = [(p, i, c) for p, i, c in priced if p is not None]
     if not feasible:
-        raise ConfigError(f"no partitioning of {cfg.path} on {nranks} worker(s) fits"
-                          + (f" {memory_limit / 2**20:.0f} MiB per rank" if memory_limit else "")
-                          + ": expected fewer workers or a larger memory limit")
+        return None
     best_price, _, best = min(feasible, key=lambda t: (t[0], t[1]))
-    improved = nranks > 1
+    improved = search.nranks > 1
     while improved:
         improved = False
         for name in free:
@@ -226,15 +267,8 @@ def choose(cfg: JobConfig, nranks: int, method: str, kernels, rates, memory_limi
     data_price = search.price(data)
     if data_price is not None and best_price > data_price * (1 - MARGIN):
         best, best_price = data, data_price  # not clearly better: the simplest plan
-    choice = Choice(best, best_price, data_price, len(search.prices), search.memory(best), rates.source,
-                    placed=placed)
-    if pipelines and nranks > 1 and placed:
-        piped = _best_pipeline(search, kernels, rates)
-        choice.fastest_pipeline = piped
-        if piped is not None and piped.step < best_price * (1 - MARGIN):
-            choice = dataclasses.replace(piped, data_parallel=data_price, evaluated=len(search.prices),
-                                         fastest_pipeline=piped)
-    return choice
+    return Choice(best, best_price, data_price, len(search.prices), search.memory(best), search.rates.source,
+                  placed=placed)
 
 
 def _best_pipeline(search: Search, kernels, rates) -> Choice | None:
@@ -419,7 +453,7 @@ def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalib
     if choice.pipeline:
         lines.append(f"  a pipeline: schedule {choice.pipeline[0]}, {choice.pipeline[1]} micro-batches "
                      f"(neuralnet.pipeline)")
-    data = f"{1e3 * choice.data_parallel:.2f} ms" if choice.data_parallel is not None else "refused by the planner"
+    data = f"{1e3 * choice.data_parallel:.2f} ms" if choice.data_parallel is not None else choice.data_refusal
     lines.append(f"predicted step {1e3 * choice.step:.2f} ms ("
                  f"peak {choice.memory / 2**20:.1f} MiB on the fullest rank); every layer on the batch: {data}")
     piped = choice.fastest_pipeline

@@ -4,6 +4,7 @@ partitionings, and chooses one only where it is predicted
 clearly faster; the memory it predicts counts what each schedule holds."""
 import dataclasses
 
+import pytest
 from google.protobuf import text_format
 
 import nets
@@ -11,6 +12,7 @@ from cost_support import RowKernels
 from singa_mpi.config.load import parse_job
 from singa_mpi.cost.auto import Search, choose, plan_memory, with_choice
 from singa_mpi.cost.rates import Link, Rates
+from singa_mpi.errors import ConfigError
 from singa_mpi.planner import ALLREDUCE, partition
 
 SLOW, FAST = Link(1e-3, 1e5), Link(1e-9, 1e12)
@@ -114,3 +116,34 @@ def test_the_jobs_own_stages_give_way_where_every_layer_is_chosen(tmp_path):
     assert not chosen.proto.neuralnet.HasField("pipeline")
     assert all(layer.location == 0 for layer in chosen.proto.neuralnet.layer)
     assert partition(chosen, 2).pipeline is None
+
+
+def _wide_mlp(batch: int = 64, width: int = 6000):
+    from nets import _act, _data_layer, _ip, _loss, job_text
+
+    return nets.job(job_text([_data_layer("/tmp/unused.h5", batch, (784,)), _ip("fc1", "data", width),
+                              _act("act1", "fc1", "kSTanh"), _ip("fc2", "act1", 10), _loss("fc2")]))
+
+
+def test_a_pipeline_is_chosen_where_only_a_pipeline_fits_the_memory_limit(tmp_path):
+    """A 784-6000-10 MLP at 30 MiB per rank: no partitioning fits (the replicated or split weights with
+    their gradients and history), a 1F1B pipeline does; the search used to stop at the partitionings."""
+    from cost_support import rates
+
+    cfg, limit = _wide_mlp(), 30 * 2**20
+    choice = choose(cfg, 2, ALLREDUCE, RowKernels(), rates(), memory_limit=limit, pipelines=True)
+    assert choice.pipeline is not None and choice.memory <= limit
+    assert choice.data_parallel is None and choice.data_refusal.startswith("over the memory limit (")
+    with pytest.raises(ConfigError, match=r"fits 20 MiB per rank \(the smallest needs \d+\.\d MiB on its fullest "
+                                          r"rank\): expected a larger --memory-limit$"):
+        choose(cfg, 2, ALLREDUCE, RowKernels(), rates(), memory_limit=20 * 2**20, pipelines=True)
+
+
+def test_fewer_rows_than_workers_is_said_as_the_planner_says_it():
+    """A batch of 4 on 7 workers: no plan at all, whatever the memory (it used to ask for fewer workers
+    or a larger memory limit)."""
+    from cost_support import rates
+
+    with pytest.raises(ConfigError) as err:
+        choose(_wide_mlp(batch=4, width=16), 7, ALLREDUCE, RowKernels(), rates(), pipelines=True)
+    assert "is plannable; every layer on the batch: " in str(err.value) and "memory" not in str(err.value)
