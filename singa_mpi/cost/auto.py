@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from singa_mpi import plugins
 from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
 from singa_mpi.cost.model import NotPriced, predict
 from singa_mpi.cost.rates import Network
@@ -465,6 +466,7 @@ def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalib
         lines.append(f"the fastest pipeline ({piped.pipeline[0]}, {piped.pipeline[1]} micro-batches, {placed}): "
                      f"{1e3 * piped.step:.2f} ms")
     chosen = with_choice(cfg, choice)
+    plugins.made_portable(chosen.proto, cfg.path)  # -o writes it elsewhere: its plugin files by absolute path
     job_text = (f"# {cfg.path} with partition_dim chosen by `singa-mpi plan --auto -n {nworkers}` "
                 f"(predicted {1e3 * choice.step:.2f} ms a step)\n" + text_format.MessageToString(chosen.proto))
     return lines, job_text

@@ -80,3 +80,28 @@ def test_a_cd_job_is_refused_by_the_search_as_by_plan_cost(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match=r"^rbm\.conf:\d+:\d+: partition_dim = auto: the cost model times .*"
                                           r"positive.*: expected partition_dim 0, 1 or -1"):
         choose_for_job(auto, 2)
+
+
+def test_the_job_plan_auto_writes_loads_its_plugins_from_any_folder(tmp_path, monkeypatch):
+    """`plan --auto -o elsewhere/chosen.conf` on conf/digits_swish_lion.conf wrote `plugin: "swish_lion.py"`,
+    relative to the original job's folder: `check elsewhere/chosen.conf` could not find it."""
+    import shutil
+
+    from singa_mpi.config.load import load_job
+    from singa_mpi.cost.auto import Choice, auto_report
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    for name in ("digits_swish_lion.conf", "swish_lion.py"):
+        shutil.copy(ROOT / "conf" / name, jobs / name)
+    monkeypatch.chdir(jobs)
+    cfg = load_job("digits_swish_lion.conf")
+    names = [layer.name for layer in cfg.proto.neuralnet.layer]
+    monkeypatch.setattr("singa_mpi.cost.auto.choose_for_job",
+                        lambda *args, **kwargs: Choice(dict.fromkeys(names, 0), 1e-3, 1e-3, 1, 0, placed=True))
+    _, text = auto_report(cfg, 2, "shared_memory", None, False, 1)
+    assert f'plugin: "{jobs / "swish_lion.py"}"' in text
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    written = parse_job(text, "chosen.conf")
+    assert list(written.proto.plugin) == [str(jobs / "swish_lion.py")]
