@@ -166,11 +166,11 @@ class Search:
         key = self._key(dims, pipeline)
         if key not in self.prices:
             cfg = with_dims(self.cfg, dims) if pipeline is None else with_choice(self.cfg, pipeline)
-            found = self._price(cfg)
-            refused = isinstance(found[0], str)
-            self.prices[key] = None if refused else found
+            priced = self._price(cfg)
+            refused = isinstance(priced[0], str)
+            self.prices[key] = None if refused else priced
             if refused:
-                self.refusals[key] = found
+                self.refusals[key] = priced
         found = self.prices[key]
         return None if found is None else found[0]
 
@@ -207,7 +207,7 @@ class Search:
         refusal of every layer on the batch (fewer rows than workers, ...)."""
         over = [memory for _, memory in self.refusals.values() if memory]
         where = f"no partitioning of {self.cfg.path} on {self.nranks} worker(s)"
-        if over:
+        if over and self.memory_limit is not None:
             return ConfigError(f"{where} fits {self.memory_limit / 2**20:.0f} MiB per rank (the smallest needs "
                                f"{min(over) / 2**20:.1f} MiB on its fullest rank): expected a larger --memory-limit")
         planner, _ = self.refusals[self._key(data, None)]
