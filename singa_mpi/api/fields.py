@@ -11,7 +11,7 @@ was expected.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -29,6 +29,17 @@ class ArgumentError(ConfigError, ValueError):
     """A bad argument of a job built in Python: one line naming the layer (or the job's part), the
     argument, the value and what was expected.  A ``ConfigError`` (the CLI's exit code 2) and a
     ``ValueError``."""
+
+
+def is_number(value: Any) -> TypeGuard[float]:
+    """A real number as the API takes one: Python's or numpy's (``np.float32(0.1)``), never a bool
+    (True is an int to Python, but no script means it as 1)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_integer(value: Any) -> TypeGuard[int]:
+    """A whole number as the API takes one: Python's or numpy's (``np.int64``), never a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class ProtoView:
@@ -106,8 +117,7 @@ def _scalar(field: FieldDescriptor, value: Any, where: str) -> Any:
         names = field.enum_type.values_by_name
         if isinstance(value, str) and value in names:
             return names[value].number
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
-                and int(value) in field.enum_type.values_by_number:
+        if is_integer(value) and int(value) in field.enum_type.values_by_number:
             return value
         raise ArgumentError(f"{where} = {value!r}: expected one of {', '.join(names)}")
     if field.cpp_type == FieldDescriptor.CPPTYPE_BOOL:
@@ -115,14 +125,14 @@ def _scalar(field: FieldDescriptor, value: Any, where: str) -> Any:
             raise ArgumentError(f"{where} = {value!r}: expected True or False")
         return value
     if field.cpp_type in (FieldDescriptor.CPPTYPE_FLOAT, FieldDescriptor.CPPTYPE_DOUBLE):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        if not is_number(value):
             raise ArgumentError(f"{where} = {value!r}: expected a number")
         return float(value)
     if field.cpp_type == FieldDescriptor.CPPTYPE_STRING:
         if not isinstance(value, str):
             raise ArgumentError(f"{where} = {value!r}: expected a string")
         return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_integer(value):
         raise ArgumentError(f"{where} = {value!r}: expected {_KINDS[field.cpp_type]}")
     value = int(value)
     bits = 32 if field.cpp_type in (FieldDescriptor.CPPTYPE_INT32, FieldDescriptor.CPPTYPE_UINT32) else 64
@@ -133,4 +143,4 @@ def _scalar(field: FieldDescriptor, value: Any, where: str) -> Any:
     return value
 
 
-__all__ = ["ArgumentError", "ProtoView", "fill", "set_field"]
+__all__ = ["ArgumentError", "ProtoView", "fill", "set_field", "is_number", "is_integer"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from singa_mpi.api.fields import ArgumentError, ProtoView, fill
+from singa_mpi.api.fields import ArgumentError, ProtoView, fill, is_number
 from singa_mpi.api.net import Net, Sequential
 from singa_mpi.config.load import AUTO, JobConfig, load_job, parse_job
 from singa_mpi.errors import ConfigError
@@ -42,7 +42,7 @@ class Updater(ProtoView):
     ``weight_decay``, ``rmsprop_conf={...}``)."""
 
     def __init__(self, type: str = "kSGD", lr: float | LearningRate | None = None, **more: Any):
-        rate = LearningRate("kFixed", lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else lr
+        rate = LearningRate("kFixed", lr) if is_number(lr) else lr
         self.proto = fill(job_pb2.UpdaterProto(), dict(type=type, learning_rate=rate, **more), f"updater ({type})")
 
 

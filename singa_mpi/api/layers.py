@@ -8,9 +8,9 @@ every layer: ``partition_dim`` (-1 whole, 0 rows, 1 features, ``"auto"``: the co
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
-from singa_mpi.api.fields import ArgumentError, ProtoView, fill
+from singa_mpi.api.fields import ArgumentError, ProtoView, fill, is_integer
 from singa_mpi.config.load import AUTO
 from singa_mpi.proto import job_pb2
 
@@ -138,9 +138,9 @@ def _partition_dim(value: int | str | None, where: str) -> int | None:
 def _location(value: int | None, where: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_integer(value) or value < 0:
         raise ArgumentError(f"{where}: argument location = {value!r}: expected a worker id (0, 1, ...)")
-    return value
+    return int(value)
 
 
 def _phases(value: str | Sequence[str] | None, where: str, argument: str) -> list[str] | None:
@@ -268,9 +268,9 @@ class RecordInput(Layer):
     def __init__(self, path: str, batchsize: int, shape: int | Sequence[int], name: str | None = None, *,
                  backend: str = "hdf5", kind: str = "kRecordInput", **store: Any):
         common = {key: store.pop(key) for key in ("phase", "exclude", "partition_dim", "location") if key in store}
-        shape = [shape] if isinstance(shape, int) else list(shape)
+        dims: list[Any] = [shape] if is_integer(shape) else list(cast(Sequence[int], shape))
         super().__init__(kind, name, (), store_conf=dict(backend=backend, path=path, batchsize=[batchsize],
-                                                         shape=shape, **store), **common)
+                                                         shape=dims, **store), **common)
 
 
     @classmethod

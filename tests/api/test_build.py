@@ -158,3 +158,14 @@ def test_check_names_the_layer_and_field_without_a_file_position():
     message = str(err.value)
     assert message.startswith("layer 'fc1' (#1, kInnerProduct): innerproduct_conf.num_output = -5"), message
     assert "<python>" not in message
+
+
+def test_numpy_numbers_are_numbers_wherever_the_api_takes_one():
+    import numpy as np
+
+    assert sm.SGD(np.float32(0.5)).proto.learning_rate.base_lr == 0.5
+    assert sm.SGD(np.int64(1)).proto.learning_rate.base_lr == 1.0
+    assert sm.ReLU("relu", location=np.int64(1)).proto.location == 1
+    assert list(sm.RecordInput("d.h5", np.int64(8), np.int64(4)).proto.store_conf.shape) == [4]
+    with pytest.raises(sm.ArgumentError, match="expected a dict of LRGenProto's fields"):
+        sm.SGD(True)  # a bool is no rate
