@@ -296,6 +296,10 @@ class RecordInput(Layer):
                                     f"one integer label per row of x ({len(data)},)")
             if labels.min() < 0:
                 raise ArgumentError(f"{where}: argument y holds {int(labels.min())}: expected labels from 0")
+            outside = memory.label_outside_int32(labels)
+            if outside is not None:  # the store holds int32: a cast would train it as another class
+                raise ArgumentError(f"{where}: argument y: row {outside[0]}: label {outside[1]}: expected a "
+                                    f"class index up to {memory.LABEL_RANGE[1]}")
         path = memory.register(name, data, labels)
         return cls(path, batchsize, list(data.shape[1:]), name, backend="memory",
                    has_label=None if labels is not None else False, **store)

@@ -24,11 +24,22 @@ _ARRAYS: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
 _BYTES: dict[str, bytes] = {}
 
 
+LABEL_RANGE = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))  # labels are held as int32
+
+
+def label_outside_int32(labels: np.ndarray) -> tuple[int, int] | None:
+    """(row, label) of the first label int32 cannot hold (a cast would wrap it: 2**40 becomes 0), or
+    None; ``labels`` of an integer dtype."""
+    outside = np.flatnonzero((labels < LABEL_RANGE[0]) | (labels > LABEL_RANGE[1]))
+    return (int(outside[0]), int(labels[outside[0]])) if len(outside) else None
+
+
 def register(name: str, data: np.ndarray, labels: np.ndarray | None = None) -> str:
     """Keep ``data`` (rows of records) and ``labels`` (one int per row, or None) for this process's
-    jobs; returns the path that names them (``memory:<name>@<digest of the contents>``)."""
+    jobs; returns the path that names them (``memory:<name>@<digest of the contents>``).  ValueError
+    for labels that are not integers or that int32 cannot hold (never wrapped into other classes)."""
     data = np.ascontiguousarray(data, np.float32)
-    labels = None if labels is None else np.ascontiguousarray(labels, np.int32)
+    labels = None if labels is None else _int32_labels(name, np.asarray(labels))
     digest = hashlib.blake2b(digest_size=8)
     for array in (data, labels):
         if array is not None:
@@ -37,6 +48,16 @@ def register(name: str, data: np.ndarray, labels: np.ndarray | None = None) -> s
     path = f"{SCHEME}{name}@{digest.hexdigest()}"
     _ARRAYS[path] = (data, labels)
     return path
+
+
+def _int32_labels(name: str, labels: np.ndarray) -> np.ndarray:
+    if labels.dtype.kind not in "iu":
+        raise ValueError(f"memory arrays {name!r}: labels of dtype {labels.dtype}: expected integers")
+    outside = label_outside_int32(labels)
+    if outside is not None:
+        raise ValueError(f"memory arrays {name!r}: row {outside[0]}: label {outside[1]}: expected a label "
+                         f"int32 holds ({LABEL_RANGE[0]}..{LABEL_RANGE[1]})")
+    return np.ascontiguousarray(labels, np.int32)
 
 
 def register_bytes(name: str, data: bytes) -> str:
@@ -76,4 +97,5 @@ def _no_writer(path: str, options: StoreOptions):
 
 BACKEND = Backend(reader=read, writer=_no_writer, in_memory=True)
 
-__all__ = ["register", "register_bytes", "is_memory_path", "held_bytes", "read", "BACKEND", "SCHEME"]
+__all__ = ["register", "label_outside_int32", "LABEL_RANGE", "register_bytes", "is_memory_path", "held_bytes", "read",
+           "BACKEND", "SCHEME"]

@@ -77,6 +77,11 @@ def test_predict_gives_the_scores_the_test_phase_measured(tmp_path):
     (np.zeros((4, 3), np.float32), np.zeros(5, np.int64), ["argument y of shape (5,)", "one integer label per row of x (4,)"]),
     (np.zeros((4, 3), np.float32), np.full(4, 0.5), ["argument y", "dtype float64"]),
     (np.zeros((4, 3), np.float32), np.array([0, 1, -1, 2]), ["argument y holds -1", "labels from 0"]),
+    # int32 holds the labels: 2**40 and 2**63 would wrap, training as class 0 (row and value named)
+    (np.zeros((48, 3), np.float32), np.where(np.arange(48) == 40, 2 ** 40, 1),
+     ["argument y: row 40: label 1099511627776", "up to 2147483647"]),
+    (np.zeros((48, 3), np.float32), np.where(np.arange(48) == 40, np.uint64(2 ** 63), np.uint64(1)),
+     ["argument y: row 40: label 9223372036854775808"]),
 ])
 def test_bad_arrays_raise_one_line_naming_the_layer_and_the_argument(x, y, words):
     with pytest.raises(sm.ArgumentError) as err:
@@ -84,6 +89,15 @@ def test_bad_arrays_raise_one_line_naming_the_layer_and_the_argument(x, y, words
     assert str(err.value).startswith("layer 'data' (kRecordInput): ")
     for word in words:
         assert word in str(err.value)
+
+
+def test_the_memory_store_never_wraps_a_label():
+    from singa_mpi.data import memory
+
+    with pytest.raises(ValueError, match=r"row 2: label 4294967296: expected a label int32 holds"):
+        memory.register("wide", np.zeros((3, 2), np.float32), np.array([0, 1, 2 ** 32]))
+    with pytest.raises(ValueError, match="labels of dtype float64: expected integers"):
+        memory.register("halves", np.zeros((2, 2), np.float32), np.array([0.5, 1.0]))
 
 
 def test_labels_beyond_the_loss_s_classes_stop_the_run_naming_the_layer_and_the_label(tmp_path):
