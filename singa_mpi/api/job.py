@@ -124,9 +124,10 @@ class Job:
 
     @classmethod
     def from_conf(cls, source: str | os.PathLike) -> Job:
-        """A job from a ``.conf`` file's path, or from its text (the plugins it names are loaded)."""
-        if isinstance(source, os.PathLike) or "\n" not in source and os.path.exists(source):
-            job = cls.from_proto(load_job(os.fspath(source)).proto)
+        """A job from a ``.conf`` file's path, or from its text (the plugins it names are loaded); a
+        one-line string that reads as a path (:func:`_names_a_file`) is a path, missing or not."""
+        if isinstance(source, os.PathLike) or "\n" not in source and (os.path.exists(source) or _names_a_file(source)):
+            job = cls.from_proto(load_job(os.fspath(source)).proto)  # a missing file: its one-line error
             job.origin = os.fspath(source)
             return job
         return cls.from_proto(parse_job(source, PYTHON).proto)
@@ -190,6 +191,14 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job({self.name!r}, {self.net!r})"
+
+
+def _names_a_file(source: str) -> bool:
+    """A one-line string that reads as a file's path rather than as job text (``conf/digits_mlpp.conf``,
+    mistyped): it ends in ``.conf``, or holds a path separator and none of the text's ``{`` and ``:``."""
+    separators = {os.sep, "/"} | ({os.altsep} if os.altsep else set())
+    return source.rstrip().endswith(".conf") or (any(sep in source for sep in separators)
+                                                 and not any(mark in source for mark in "{:"))
 
 
 __all__ = ["Job", "Updater", "LearningRate", "SGD", "AdaGrad", "Cluster", "LR_BLOCKS"]

@@ -169,3 +169,13 @@ def test_numpy_numbers_are_numbers_wherever_the_api_takes_one():
     assert list(sm.RecordInput("d.h5", np.int64(8), np.int64(4)).proto.store_conf.shape) == [4]
     with pytest.raises(sm.ArgumentError, match="expected a dict of LRGenProto's fields"):
         sm.SGD(True)  # a bool is no rate
+
+
+@pytest.mark.parametrize("source", ["conf/digits_mlpp.conf", "missing.conf", "runs/x/job"])
+def test_a_mistyped_path_says_the_file_is_missing_not_that_it_is_bad_job_text(source):
+    with pytest.raises(ConfigError, match=rf"^{source}: cannot read job configuration: No such file"):
+        sm.Job.from_conf(source)
+
+
+def test_one_line_of_job_text_is_still_job_text():
+    assert sm.Job.from_conf('name: "one-line"').name == "one-line"
