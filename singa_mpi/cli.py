@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import pathlib
 import signal
@@ -34,6 +33,8 @@ from typing import Iterator
 
 from singa_mpi import __version__, threads
 from singa_mpi.errors import ConfigError, DataError, SingaError, one_line, out_of_memory, writing
+from singa_mpi import option_values
+from singa_mpi.option_values import ValueRule
 
 # the example jobs ship inside the package (in a checkout, singa_mpi/conf links to the top-level conf/)
 EXAMPLES = pathlib.Path(__file__).resolve().parent / "conf"
@@ -700,14 +701,16 @@ class _IntermixedParser(_Parser):
 # argparse `type=` functions: a bad value is refused on one line before anything runs
 # (argparse adds "argument --steps: " in front of the message).
 
-INT64 = (-2 ** 63, 2 ** 63 - 1)  # JobProto.seed is an int64
-
-
-def _integer(text: str) -> int:
+def _option_value(text: str, rule: ValueRule) -> int | float:
+    """``text`` as a number that ``rule`` (:mod:`singa_mpi.option_values`: the API's rules too) takes."""
     try:
-        return int(text)
+        value = int(text) if rule.whole else float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {'an integer' if rule.whole else rule.expected}") \
+            from None
+    if not rule.holds(value):
+        raise argparse.ArgumentTypeError(f"{value if rule.whole else text}: expected {rule.expected}")
+    return value
 
 
 def one_character(text: str) -> str:
@@ -717,82 +720,46 @@ def one_character(text: str) -> str:
 
 
 def positive_int(text: str) -> int:
-    value = _integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: expected a count of at least 1")
-    return value
+    return int(_option_value(text, option_values.COUNT))
 
 
 def non_negative_int(text: str) -> int:
-    value = _integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: expected an integer >= 0")
-    return value
+    return int(_option_value(text, option_values.NON_NEGATIVE))
 
 
 def job_seed(text: str) -> int:
     """A job's seed, stored in the job's int64 ``seed`` field."""
-    value = _integer(text)
-    if not INT64[0] <= value <= INT64[1]:
-        raise argparse.ArgumentTypeError(f"{value}: expected a seed between {INT64[0]} and {INT64[1]} (64 bits)")
-    return value
+    return int(_option_value(text, option_values.JOB_SEED))
 
 
 def data_seed(text: str) -> int:
     """A seed for numpy's generator of data or samples, which takes no negative seed."""
-    value = _integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: expected a seed >= 0")
-    return value
+    return int(_option_value(text, option_values.DATA_SEED))
 
 
-def positive_number(text: str, what: str = "a finite number") -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected {what} > 0") from None
-    if not (math.isfinite(value) and value > 0):  # nan compares false: refused here too
-        raise argparse.ArgumentTypeError(f"{text}: expected {what} > 0")
-    return value
+def positive_number(text: str) -> float:
+    return float(_option_value(text, option_values.POSITIVE_NUMBER))
 
 
 def positive_seconds(text: str) -> float:
-    return positive_number(text, "a finite number of seconds")
+    return float(_option_value(text, option_values.POSITIVE_SECONDS))
 
 
 def writable_file(text: str) -> str:
-    """A file the command will write (see :func:`writable_path`); an existing folder is refused too."""
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text}: is a folder: expected a file name")
-    return writable_path(text)
+    """A file the command will write (:func:`singa_mpi.option_values.writable_file`)."""
+    return _writable(option_values.writable_file, text)
 
 
 def writable_path(text: str) -> str:
-    """A file or folder the command will write: refused now if its nearest existing folder cannot take it
-    (a path below a regular file, a folder without write permission, a read-only file system)."""
-    path = pathlib.Path(text)
-    if not text:
-        raise argparse.ArgumentTypeError("'': expected a file or folder name")
+    """A file or folder the command will write (:func:`singa_mpi.option_values.writable_path`)."""
+    return _writable(option_values.writable_path, text)
+
+
+def _writable(rule, text: str) -> str:
     try:
-        exists = path.exists()
-    except OSError as err:  # a name too long for the file system, a loop of links
-        raise argparse.ArgumentTypeError(f"{text}: {err.strerror or err}: expected a path the file system "
-                                         f"can hold") from None
-    if exists:
-        if not os.access(path, os.W_OK):
-            raise argparse.ArgumentTypeError(f"{text}: cannot be written (permission denied or a read-only "
-                                             f"file system): expected a path you can write")
-        return text
-    ancestor = path.absolute().parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: {ancestor} is a file, not a folder: expected a path below "
-                                         f"a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text}: cannot create it in {ancestor} (permission denied or a "
-                                         f"read-only file system): expected a path you can write")
-    return text
+        return rule(text)
+    except option_values.BadPath as err:
+        raise argparse.ArgumentTypeError(f"{text or repr(text)}: {err}") from None
 
 
 def _check_data_args(args) -> None:

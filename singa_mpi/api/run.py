@@ -15,7 +15,8 @@ import os
 import tempfile
 from typing import Any, Protocol
 
-from singa_mpi.api.fields import ArgumentError
+from singa_mpi import option_values
+from singa_mpi.api.fields import ArgumentError, is_integer, is_number
 from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED
 from singa_mpi.errors import SingaError
 
@@ -92,10 +93,15 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
     rank 0 printed the error line (a failure during training ends the whole job, as with the CLI)."""
     from singa_mpi.launcher import RunOptions, run_training
 
+    options = RunOptions(seed=_number("fit", "seed", seed, option_values.JOB_SEED),
+                         steps=_number("fit", "steps", steps, option_values.NON_NEGATIVE),
+                         stall_timeout=_number("fit", "stall_timeout", stall_timeout, option_values.POSITIVE_SECONDS),
+                         resume=_switch("fit", "resume", resume), overwrite=_switch("fit", "overwrite", overwrite),
+                         deterministic=_switch("fit", "deterministic", deterministic),
+                         profile=_switch("fit", "profile", profile), trace=_file_to_write("fit", "trace", trace))
+    _folder("fit", workspace)
     job.check()
     where = workspace_of(job, workspace)
-    options = RunOptions(seed=seed, steps=steps, stall_timeout=stall_timeout, resume=resume, overwrite=overwrite,
-                         deterministic=deterministic, profile=profile, trace=trace)
     code = run_training(_written(job, where), lambda cfg: where, options)
     history = History(_shared_records(os.path.join(where, "metrics.jsonl")))
     if code == EXIT_CHECKPOINTED:
@@ -111,6 +117,10 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     training when run on several ranks; the test's metrics (``loss``, ``accuracy``, ...)."""
     from singa_mpi.test_command import TEST_RESULTS, run_test
 
+    _folder("evaluate", workspace)
+    if checkpoints is not None and (isinstance(checkpoints, (str, bytes)) or not all(
+            isinstance(path, (str, os.PathLike)) for path in checkpoints)):
+        raise ArgumentError(f"evaluate: argument checkpoints = {checkpoints!r}: expected a list of checkpoint files")
     job.check()
     where = workspace_of(job, workspace)
     results = os.path.join(where, TEST_RESULTS)
@@ -149,6 +159,10 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
     from singa_mpi.runtimes.serial import SerialRuntime
     from singa_mpi.trainer import Trainer
 
+    _number("predict", "batchsize", batchsize, option_values.COUNT)
+    if layer is not None and not isinstance(layer, str):
+        raise ArgumentError(f"predict: argument layer = {layer!r}: expected a layer's name")
+    _folder("predict", workspace)
     where = workspace_of(job, workspace)
     found = newest_good(where)
     if found is None:
@@ -194,7 +208,7 @@ def _predicting(job: Any, rows: Any, batchsize: int | None) -> Any:
             raise ArgumentError(f"predict: argument x of shape {np.shape(rows)}: expected rows of "
                                 f"{tuple(conf.shape)} ({math.prod(conf.shape)} numbers each), the records "
                                 f"input layer '{layer.name}' of the trained net reads")
-        size = batchsize or (conf.batchsize[0] if conf.batchsize else 64)
+        size = batchsize if batchsize is not None else (conf.batchsize[0] if conf.batchsize else 64)
         phases = [job_phase for job_phase in layer.proto.include]
         replaced = RecordInput.from_arrays(rows, np.zeros(len(rows), np.int64), size, name=layer.name,
                                            mean_value=conf.mean_value if conf.HasField("mean_value") else None,
@@ -202,6 +216,42 @@ def _predicting(job: Any, rows: Any, batchsize: int | None) -> Any:
         replaced.proto.include.extend(phases)
         copy.net.layers[index] = replaced
     return copy
+
+
+# ------------------------------------------------------------ the arguments, checked before anything runs
+# by singa-mpi's own rules for its options (singa_mpi.option_values), named as the script wrote them
+
+def _number(function: str, name: str, value: Any, rule: option_values.ValueRule) -> Any:
+    """``value`` (None: not given) as ``rule`` takes it (an int or a float), else an ArgumentError."""
+    if value is None:
+        return None
+    if not (is_integer(value) if rule.whole else is_number(value)) or not rule.holds(value):
+        raise ArgumentError(f"{function}: argument {name} = {value!r}: expected {rule.expected}")
+    return int(value) if rule.whole else float(value)
+
+
+def _switch(function: str, name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{function}: argument {name} = {value!r}: expected True or False")
+    return value
+
+
+def _file_to_write(function: str, name: str, value: Any) -> str | None:
+    """A file the run will write (None: not given), refused now if it cannot be written there."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise ArgumentError(f"{function}: argument {name} = {value!r}: expected a file name")
+    try:
+        return option_values.writable_file(os.fspath(value))
+    except option_values.BadPath as err:
+        raise ArgumentError(f"{function}: argument {name} = {os.fspath(value)!r}: {err}") from None
+
+
+def _folder(function: str, value: Any) -> None:
+    """The workspace argument: None (the job's own) or a folder's name."""
+    if value is not None and (not isinstance(value, (str, os.PathLike)) or not os.fspath(value)):
+        raise ArgumentError(f"{function}: argument workspace = {value!r}: expected a folder's name")
 
 
 def _scores_layer(job: Any) -> str:

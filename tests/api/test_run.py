@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -152,6 +153,53 @@ def test_a_bad_job_raises_before_running(tmp_path):
     with pytest.raises(sm.ArgumentError, match=r"^layer 'fc1' \(#1, kInnerProduct\): innerproduct_conf.num_output"):
         sm.Job("bad", net, updater=sm.SGD(0.1), train_steps=2).fit(tmp_path / "ws")
     assert not (tmp_path / "ws").exists()
+
+
+@pytest.mark.parametrize("options,words", [
+    ({"steps": -5}, "fit: argument steps = -5: expected an integer >= 0"),
+    ({"steps": "10"}, "fit: argument steps = '10': expected an integer >= 0"),
+    ({"steps": 2.0}, "fit: argument steps = 2.0: expected an integer >= 0"),
+    ({"seed": "x"}, "fit: argument seed = 'x': expected a seed between"),
+    ({"seed": 2 ** 64}, "expected a seed between -9223372036854775808 and 9223372036854775807 (64 bits)"),
+    ({"stall_timeout": -1}, "fit: argument stall_timeout = -1: expected a finite number of seconds > 0"),
+    ({"stall_timeout": "x"}, "fit: argument stall_timeout = 'x': expected a finite number of seconds > 0"),
+    ({"stall_timeout": float("nan")}, "expected a finite number of seconds > 0"),
+    ({"resume": "yes"}, "fit: argument resume = 'yes': expected True or False"),
+    ({"trace": 5}, "fit: argument trace = 5: expected a file name"),
+])
+def test_fit_s_options_are_checked_by_the_cli_s_rules_before_anything_happens(tmp_path, options, words):
+    """Refused before the job is checked or the workspace touched: with overwrite=True the previous
+    run stays where it is."""
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    job = _small_job(data)
+    job.fit(tmp_path / "ws", steps=1)
+    before = sorted(p.name for p in (tmp_path / "ws").iterdir())
+    with pytest.raises(sm.ArgumentError) as err:
+        job.fit(tmp_path / "ws", overwrite=True, **options)
+    assert words in str(err.value) and "\n" not in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "ws").iterdir()) == before
+
+
+def test_the_cli_and_the_api_say_one_rule_in_the_same_words(capsys):
+    from singa_mpi import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--steps", "-5"])
+    with pytest.raises(sm.ArgumentError) as err:
+        sm.Job("j").fit(steps=-5)
+    said = str(err.value).split("-5: ")[1]
+    assert said == "expected an integer >= 0" and f"argument --steps: -5: {said}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda job, ws: job.evaluate(ws, checkpoints="step-1.h5"), "evaluate: argument checkpoints = 'step-1.h5'"),
+    (lambda job, ws: job.predict([[0.0] * 12], ws, batchsize=-1), "predict: argument batchsize = -1: expected a count"),
+    (lambda job, ws: job.predict([[0.0] * 12], ws, batchsize=0), "predict: argument batchsize = 0: expected a count"),
+    (lambda job, ws: job.predict([[0.0] * 12], ws, layer=3), "predict: argument layer = 3: expected a layer's name"),
+])
+def test_evaluate_and_predict_check_their_arguments(tmp_path, call, words):
+    with pytest.raises(sm.ArgumentError, match=re.escape(words)):
+        call(_small_job(str(tmp_path / "data.h5")), tmp_path / "ws")
 
 
 BAD_SCRIPT = textwrap.dedent('''
