@@ -13,6 +13,18 @@ from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.trainer import STOP_NOTE
 
 
+JOB_FILE = "job.conf"  # the job a run in the workspace trains, as the Python API writes it there
+
+
+def write_job_file(path: str, text: str) -> None:
+    """``text`` to ``path`` whole (a temporary file renamed over it: a reader never sees half of it),
+    with the mode any new file gets (0666 less the umask: readable by others, as the run's other files)."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as f:
+        f.write(text)
+    os.replace(temporary, path)
+
+
 def claim_workspace(workspace: str, options, is_root: bool, outputs: Sequence[str] = ()) -> None:
     """Before any communication (``options``: the run's ``resume`` and ``overwrite``): refuse a workspace that holds another run's checkpoints unless the
     run continues it (``--resume``) or moves it aside (``--overwrite``, done by the root, with the
@@ -84,7 +96,9 @@ def _file_in_the_way(path: str) -> str | None:
 def archive_run(workspace: str, outputs: Sequence[str] = ()) -> tuple[list[str], str]:
     """Move a previous run's checkpoint folder, metrics.jsonl, communication.json and output layers' files
     (``outputs``) to ``WORKSPACE/previous-<time>/``; returns (what moved, where).  Other files (logs) stay.
-    An output file keeps its path under the workspace; one outside it goes there by its name."""
+    An output file keeps its path under the workspace; one outside it goes there by its name.  The
+    run's job.conf goes with it as a copy: the new run may be reading that very file (``singa-mpi train
+    WORKSPACE/job.conf --overwrite``); the Python API replaces it once the new run starts."""
     names = [name for name in (os.path.basename(checkpoint.checkpoint_dir(workspace)), "metrics.jsonl",
                                "communication.json", STOP_NOTE) if os.path.exists(os.path.join(workspace, name))]
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -96,6 +110,9 @@ def archive_run(workspace: str, outputs: Sequence[str] = ()) -> tuple[list[str],
         os.makedirs(target)
         for name in names:
             os.replace(os.path.join(workspace, name), os.path.join(target, name))
+        if os.path.isfile(os.path.join(workspace, JOB_FILE)):
+            shutil.copy2(os.path.join(workspace, JOB_FILE), os.path.join(target, JOB_FILE))
+            names.append(f"a copy of {JOB_FILE}")
     for path in outputs:
         if os.path.isfile(path):
             inside = os.path.relpath(path, workspace)

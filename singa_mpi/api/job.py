@@ -128,7 +128,7 @@ class Job:
         one-line string that reads as a path (:func:`_names_a_file`) is a path, missing or not."""
         if isinstance(source, os.PathLike) or "\n" not in source and (os.path.exists(source) or _names_a_file(source)):
             job = cls.from_proto(load_job(os.fspath(source)).proto)  # a missing file: its one-line error
-            job.origin = os.fspath(source)
+            job.origin = os.path.abspath(source)  # its plugin files are found beside it from any folder
             return job
         return cls.from_proto(parse_job(source, PYTHON).proto)
 

@@ -2,9 +2,10 @@
 job when the script runs under ``mpirun -n N python script.py`` (every rank runs the same script).
 
 The run is the CLI's own (:mod:`singa_mpi.launcher`): the same two-phase failure protocol, checkpoints,
-resume, progress lines (rank 0 prints), stop signals, profile and trace.  The job's text is written to
-``WORKSPACE/job.conf`` first, so that the run's messages, its resume line and a later
-``singa-mpi train WORKSPACE/job.conf --resume`` all name a real file.  What the run recorded
+resume, progress lines (rank 0 prints), stop signals, profile and trace.  The job's text, with its
+workspace, is written to ``WORKSPACE/job.conf`` when the run starts training (never by a run that is
+refused: the file stays the run's whose checkpoints are there), so that its resume line and a later
+``singa-mpi train WORKSPACE/job.conf --resume`` name a real file.  What the run recorded
 (``metrics.jsonl``, rank 0's) comes back to every rank as a :class:`History`.
 """
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from typing import Any, Protocol
 
 from singa_mpi import option_values
@@ -20,7 +20,7 @@ from singa_mpi.api.fields import ArgumentError, is_integer, is_number
 from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED
 from singa_mpi.errors import SingaError
 
-JOB_FILE = "job.conf"
+EVALUATE_FILE = "evaluate.conf"  # what evaluate() tests: its own, so that job.conf stays the training's
 
 
 class Job(Protocol):
@@ -33,6 +33,13 @@ class Job(Protocol):
     cluster: Any
 
     def check(self) -> Any: ...
+
+    origin: str  # the file the job was read from, else "<python>"
+
+    def to_proto(self) -> Any: ...
+
+    @classmethod
+    def from_proto(cls, proto: Any) -> Any: ...
 
     def to_conf(self) -> str: ...
 
@@ -92,6 +99,7 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
     ``DataError`` naming the layer, ...), on several ranks :class:`RunFailed` on every rank, after
     rank 0 printed the error line (a failure during training ends the whole job, as with the CLI)."""
     from singa_mpi.launcher import RunOptions, run_training
+    from singa_mpi.workspace import JOB_FILE
 
     options = RunOptions(seed=_number("fit", "seed", seed, option_values.JOB_SEED),
                          steps=_number("fit", "steps", steps, option_values.NON_NEGATIVE),
@@ -102,7 +110,8 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
     _folder("fit", workspace)
     job.check()
     where = workspace_of(job, workspace)
-    code = run_training(_written(job, where), lambda cfg: where, options)
+    options.write_job, options.resume_hint = True, resume_hint(job)
+    code = run_training(_as_file(job, where, JOB_FILE), lambda cfg: where, options)
     history = History(_shared_records(os.path.join(where, "metrics.jsonl")))
     if code == EXIT_CHECKPOINTED:
         raise Stopped(history)
@@ -116,6 +125,7 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     """The test phase on the newest checkpoint of ``workspace`` (or ``checkpoints``), partitioned as
     training when run on several ranks; the test's metrics (``loss``, ``accuracy``, ...)."""
     from singa_mpi.test_command import TEST_RESULTS, run_test
+    from singa_mpi.workspace import make_workspace, write_job_file
 
     _folder("evaluate", workspace)
     if checkpoints is not None and (isinstance(checkpoints, (str, bytes)) or not all(
@@ -123,8 +133,11 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
         raise ArgumentError(f"evaluate: argument checkpoints = {checkpoints!r}: expected a list of checkpoint files")
     job.check()
     where = workspace_of(job, workspace)
+    make_workspace(where)
     results = os.path.join(where, TEST_RESULTS)
-    code = run_test(_written(job, where), lambda cfg: where, checkpoints=checkpoints)
+    cfg = _as_file(job, where, EVALUATE_FILE)
+    write_job_file(cfg.path, cfg.text)  # its own file: job.conf is the training run's
+    code = run_test(cfg, lambda cfg: where, checkpoints=checkpoints)
     if code != 0:
         raise RunFailed(code, "the test")
     return History(_shared_records(results)).last("test")
@@ -158,6 +171,7 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
     from singa_mpi.errors import DataError
     from singa_mpi.runtimes.serial import SerialRuntime
     from singa_mpi.trainer import Trainer
+    from singa_mpi.workspace import JOB_FILE
 
     _number("predict", "batchsize", batchsize, option_values.COUNT)
     if layer is not None and not isinstance(layer, str):
@@ -175,7 +189,8 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
                             f"{', '.join(dict.fromkeys(reader.net.names()))}")
     batch = reader.net[reader.net.names()[0]].proto.store_conf.batchsize[0]
     reader.settings.test_steps = math.ceil(len(rows) / batch)
-    cfg = parse_job(reader.to_conf(), os.path.join(where, JOB_FILE))
+    reader.origin = job.origin  # its plugin files, found where the job's are
+    cfg = parse_job(job_text(reader, where), os.path.join(where, JOB_FILE))
     trainer = Trainer(cfg, where, SerialRuntime(cfg, cfg.proto.seed, where), log=lambda line: None)
     trainer.restore(found, full=False)
     net = trainer.test_net
@@ -268,21 +283,40 @@ def _scores_layer(job: Any) -> str:
     return job.net.layers[-1].name
 
 
-def _written(job: Job, workspace: str):
-    """The job as this rank holds it, read as if from ``WORKSPACE/job.conf``, which it writes too
-    (every rank the same bytes, each file whole: a rank never reads a half-written one).  Each rank
-    runs its own text, not the file: ranks whose jobs differ (other arrays) are then refused by the
-    launch's vote, not by a confusing read of another rank's file."""
+def _as_file(job: Job, workspace: str, name: str):
+    """The job as this rank holds it (:func:`job_text`), read as if from ``WORKSPACE/<name>``, which
+    nothing writes here: ``fit`` writes ``job.conf`` once the run is the job's (a run refused because
+    the workspace holds another's leaves that run's file as it is), ``evaluate`` its own file.  Each
+    rank runs its own text, not a file: ranks whose jobs differ (other arrays) are then refused by
+    the launch's vote, not by a confusing read of another rank's file."""
     from singa_mpi.config.load import parse_job
 
-    text = job.to_conf()
-    os.makedirs(workspace, exist_ok=True)
-    path = os.path.join(workspace, JOB_FILE)
-    handle, temporary = tempfile.mkstemp(dir=workspace, prefix=".job-", suffix=".conf")
-    with os.fdopen(handle, "w") as f:
-        f.write(text)
-    os.replace(temporary, path)
-    return parse_job(text, path)
+    return parse_job(job_text(job, workspace), os.path.join(workspace, name))
+
+
+def job_text(job: Job, workspace: str) -> str:
+    """The job's text as its workspace holds it: with ``cluster.workspace`` (so that ``singa-mpi train
+    WORKSPACE/job.conf --resume`` continues there) and the plugin files it names by absolute path
+    (found, as when it was read, beside the file it came from: the copy lives in another folder)."""
+    from singa_mpi.plugins import made_portable
+
+    proto = job.to_proto()
+    proto.cluster.workspace = os.path.abspath(workspace)
+    made_portable(proto, job.origin)
+    return type(job).from_proto(proto).to_conf()  # the job's own class: run.py does not import job.py
+
+
+def resume_hint(job: Job) -> str | None:
+    """How a stopped run of ``job`` continues, when ``singa-mpi train WORKSPACE/job.conf --resume``
+    cannot: a job on arrays or a text the script holds (a file cannot carry them); None otherwise."""
+    from singa_mpi.data.memory import is_memory_path
+
+    for layer in job.to_proto().neuralnet.layer:
+        paths = [layer.store_conf.path, layer.char_rnn_conf.path, layer.char_rnn_conf.vocab_path]
+        if any(is_memory_path(path) for path in paths):
+            return (f"fit(..., resume=True) in the script that holds the arrays of layer '{layer.name}' "
+                    f"(a job file cannot carry them)")
+    return None
 
 
 def _shared_records(path: str) -> list[dict[str, Any]]:
@@ -304,4 +338,5 @@ def _read_records(path: str) -> list[dict[str, Any]]:
         return []
 
 
-__all__ = ["fit", "evaluate", "params", "predict", "History", "Stopped", "RunFailed", "workspace_of", "JOB_FILE"]
+__all__ = ["fit", "evaluate", "params", "predict", "History", "Stopped", "RunFailed", "workspace_of", "job_text",
+           "resume_hint", "EVALUATE_FILE"]

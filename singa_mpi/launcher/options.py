@@ -27,6 +27,10 @@ class RunOptions:
     check_finite: bool = True  # stop at the first NaN/inf in inputs, metrics or gradients (exit 5)
     debug: bool = False  # --debug: also the communication table's bookkeeping rows
     deterministic: bool = False  # --deterministic: the job's deterministic setting, on (its default blocks)
+    # the Python API: the job's text is written to its path (WORKSPACE/job.conf) once the run is known to
+    # be this job's (the workspace claimed, a resumed checkpoint this job's), never by a refused run
+    write_job: bool = False
+    resume_hint: str | None = None  # how the caller resumes, when not by the command (the API's fit(...))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +50,7 @@ class Request:
 
 
 # options that may differ between ranks: each rank's own watchdog, the root's pruning and printing
-PER_RANK_OPTIONS = {"seed", "steps", "workers", "stall_timeout", "keep", "profile", "trace", "debug"}
+PER_RANK_OPTIONS = {"seed", "steps", "workers", "stall_timeout", "keep", "profile", "trace", "debug", "resume_hint"}
 
 
 def options_to_agree(options: RunOptions) -> list[tuple[str, str]]:

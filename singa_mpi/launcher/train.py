@@ -20,6 +20,7 @@ from singa_mpi.launcher.start import launcher_name
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
 from singa_mpi.trainer import Trainer, write_stop_note
+from singa_mpi.workspace import write_job_file
 
 
 def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
@@ -46,6 +47,8 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     if options.trace:
         timeline.start(trainer.runtime)  # record from here on, one clock on every rank
     _load_initial_state(trainer, options, initial)
+    if options.write_job and trainer.runtime.is_root:  # this run is the job's now: its file names it
+        write_job_file(trainer.cfg.path, trainer.cfg.text)
     trainer.rescue = Rescue.from_environment(trainer)  # under `singa-mpi run --elastic` only
     if trainer.rescue is not None:
         trainer.rescue.start()
@@ -61,7 +64,7 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
             write_stop_note(trainer.workspace, [STOPPED_BEFORE_TRAINING])
         return checkpoint.EXIT_CHECKPOINTED
     trainer.training = True  # a stop signal from now on: after the step, with a checkpoint
-    trainer.resume_hint = f"resume with: {resume_command(trainer, options)}"  # for a stop's note too
+    trainer.resume_hint = f"resume with: {options.resume_hint or resume_command(trainer, options)}"  # a stop's note too
     try:
         trainer.run()
     except NonFiniteError as err:

@@ -4,6 +4,7 @@ numbers of the serial run; a run that fails raises on every rank, naming the exi
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 import nets
 import singa_mpi.api as sm
 from mpi_jobs import mpi_env, mpiexec_command
-from singa_mpi.errors import DataError
+from singa_mpi.errors import ConfigError, DataError, SingaError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -128,7 +129,10 @@ def test_fit_in_this_process_returns_the_run_s_records_and_writes_the_job_file(t
     history = job.fit(tmp_path / "ws")
     assert [r["step"] for r in history.records] == [0, 2]
     assert history.last()["step"] == 2 and all("loss" in r for r in history.records)
-    assert sm.Job.from_conf(tmp_path / "ws" / "job.conf").to_proto() == job.to_proto()
+    written = sm.Job.from_conf(tmp_path / "ws" / "job.conf")  # the job, with where it runs
+    assert written.cluster.proto.workspace == os.path.abspath(tmp_path / "ws")
+    written.cluster = job.cluster
+    assert written.to_proto() == job.to_proto()
     resumed = job.fit(tmp_path / "ws", steps=6, resume=True)
     assert [r["step"] for r in resumed.records] == [0, 2, 4]
     arrays = job.params(tmp_path / "ws")
@@ -230,3 +234,65 @@ def test_under_mpiexec_a_bad_argument_raises_on_every_rank_and_the_job_ends(tmp_
     raised = [line for line in done.stdout.splitlines() if line.startswith("RAISED")]
     assert len(raised) == 2 and all("layer 'fc1'" in line and "num_output" in line for line in raised)
     assert not (tmp_path / "ws").exists()
+
+
+def _other_job(data: str) -> sm.Job:
+    net = sm.Sequential([sm.RecordInput(data, 8, 12, name="data"), sm.InnerProduct(3, "fc0"),
+                         sm.InnerProduct(5, "fc1"), sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    return sm.Job("api-other", net, updater=sm.SGD(0.1), seed=1, train_steps=2, disp_freq=2)
+
+
+def test_a_refused_fit_or_evaluate_leaves_the_job_file_of_the_run_in_the_workspace(tmp_path):
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    mine, other, ws = _small_job(data), _other_job(data), tmp_path / "ws"
+    previous = os.umask(0o022)
+    try:
+        mine.fit(ws)
+    finally:
+        os.umask(previous)
+    kept = (ws / "job.conf").read_text()
+    assert (ws / "job.conf").stat().st_mode & 0o777 == 0o644  # as any new file: others may read it
+    with pytest.raises(ConfigError, match="holds another run's checkpoints"):
+        other.fit(ws)
+    with pytest.raises(SingaError):  # another net: the checkpoint does not fit it
+        other.evaluate(ws)
+    assert (ws / "job.conf").read_text() == kept and "fc0" in (ws / "evaluate.conf").read_text()
+    other.fit(ws, overwrite=True)  # the previous run moves aside with its job file
+    (archived,) = ws.glob("previous-*")
+    assert (archived / "job.conf").read_text() == kept and "fc0" in (ws / "job.conf").read_text()
+
+
+def test_the_cli_resumes_a_fit_run_from_its_job_file_alone(tmp_path, monkeypatch, capsys):
+    from singa_mpi import cli
+
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    _small_job(data).fit(tmp_path / "ws")
+    monkeypatch.chdir(tmp_path)  # elsewhere: the workspace is the file's, not workspace/<name>
+    assert cli.main(["train", str(tmp_path / "ws" / "job.conf"), "--resume", "--steps", "6"]) == 0
+    assert "resuming from" in capsys.readouterr().out
+    assert [r["step"] for r in map(json.loads, (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines())] \
+        == [0, 2, 4]
+
+
+def test_a_job_on_arrays_is_resumed_by_fit_not_by_its_file():
+    import numpy as np
+
+    from singa_mpi.api.run import resume_hint
+
+    x, y = np.zeros((8, 12), np.float32), np.zeros(8, np.int64)
+    arrays = sm.Job("a", sm.Sequential([sm.RecordInput.from_arrays(x, y, 4), sm.InnerProduct(5, "fc1"),
+                                        sm.SoftmaxLoss("loss", srcs=["fc1", "data"])]))
+    assert resume_hint(arrays).startswith("fit(..., resume=True) in the script that holds the arrays of layer 'data'")
+    assert resume_hint(_small_job("d.h5")) is None  # its file resumes it: singa-mpi train ... --resume
+
+
+def test_a_job_read_from_a_file_runs_its_plugin_from_any_folder(tmp_path, monkeypatch):
+    data = nets.make_data(str(tmp_path / "digits.h5"), 64, (64,), 10)
+    monkeypatch.chdir(ROOT)
+    job = sm.Job.from_conf("conf/digits_swish_lion.conf")  # plugin: "swish_lion.py", beside it
+    for layer in job.net.layers:
+        if layer.proto.HasField("store_conf"):
+            layer.proto.store_conf.path = data
+    monkeypatch.chdir(tmp_path)
+    job.fit(tmp_path / "ws", steps=2)
+    assert f'plugin: "{ROOT / "conf" / "swish_lion.py"}"' in (tmp_path / "ws" / "job.conf").read_text()
