@@ -14,6 +14,7 @@ string when one is written, else by the name of its enum value.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import sys
 import weakref
@@ -174,6 +175,14 @@ class Registry(Generic[T]):
     def user_names(self) -> list[str]:
         """The names plugins registered, sorted."""
         return sorted(self._user)
+
+    def close_builtin_names(self, name: str, count: int = 3, cutoff: float = 0.6) -> list[str]:
+        """The built-in names nearest ``name`` (a mistyped ``kInnerProdct``: ``kInnerProduct``), best
+        first, for a did-you-mean (``cutoff``: difflib's similarity, 0..1); case is ignored, as a
+        mistyped case is a typo too."""
+        by_lower = {known.lower(): known for known in self.builtin_names()}
+        found = difflib.get_close_matches(name.lower(), list(by_lower), n=count, cutoff=cutoff)
+        return [by_lower[close] for close in found]
 
     def builtin_names(self) -> list[str]:
         """The names singa_mpi's own modules registered, sorted: what an enum field (``type``, ``alg``) may name."""

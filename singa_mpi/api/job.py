@@ -9,6 +9,7 @@ from typing import Any
 from google.protobuf import text_format
 
 from singa_mpi.api.fields import ArgumentError, ProtoView, fill, is_number
+from singa_mpi.api.layers import Layer, refuse_unknown_type
 from singa_mpi.api.net import Net, Sequential
 from singa_mpi.config.load import AUTO, JobConfig, load_job, parse_job
 from singa_mpi.errors import ConfigError
@@ -147,7 +148,11 @@ class Job:
         the first problem, else the job's summary (layers, params, shapes)."""
         from singa_mpi.checks.job import validate
 
-        cfg = self.config()
+        cfg = self.config()  # loads the job's plugins
+        if self.origin == PYTHON:  # a script names a plugin's layer by Layer(type), never by user_type
+            for layer in self.net.layers:
+                if layer.proto.type == job_pb2.kUserLayer:
+                    refuse_unknown_type(layer.type, Layer.where(layer.name, layer.type))
         try:
             return validate(cfg)
         except ConfigError as err:

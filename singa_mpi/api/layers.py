@@ -14,6 +14,7 @@ from singa_mpi.api.fields import ArgumentError, ProtoView, fill, is_integer
 from singa_mpi.config.load import AUTO
 from singa_mpi.proto import job_pb2
 
+TYPO = 0.85  # difflib's similarity of a mistyped built-in name to its own (kInnerProdct: 0.96, MyReLU to kReLU: 0.73)
 PHASES = {"train": "kTrain", "test": "kTest", "val": "kVal", "validation": "kVal"}
 
 
@@ -86,6 +87,7 @@ class Layer(ProtoView):
         if type in job_pb2.LayerType.keys():
             self.proto.type = job_pb2.LayerType.Value(type)
         else:
+            refuse_unknown_type(type, where, mistyped_only=True)
             self.proto.type, self.proto.user_type = job_pb2.kUserLayer, type
         if name is not None:
             self.proto.name = name
@@ -122,6 +124,23 @@ class Layer(ProtoView):
 
     def __repr__(self) -> str:
         return f"Layer({self.type!r}, {self.name!r}, srcs={self.srcs!r})"
+
+
+def refuse_unknown_type(type: str, where: str, mistyped_only: bool = False) -> None:
+    """ArgumentError for a layer ``type`` that is no built-in and that no loaded plugin registers,
+    naming the built-ins it is close to.  ``mistyped_only`` (a layer being built: the job's plugins
+    may not be loaded yet): only a type so close to a built-in's name that a typo made it (a plugin's
+    ``MyReLU`` is not refused for ``kReLU``)."""
+    from singa_mpi.layers.base import LAYERS
+
+    if type in job_pb2.LayerType.keys() or type in LAYERS.user_names():
+        return
+    if mistyped_only and not LAYERS.close_builtin_names(type, cutoff=TYPO):
+        return
+    close = LAYERS.close_builtin_names(type)
+    builtins = f"a built-in layer type (did you mean {', '.join(close)}?)" if close else "a built-in layer type"
+    raise ArgumentError(f"{where}: argument type = {type!r}: expected {builtins} or a plugin's type (no loaded "
+                        f"plugin registers {type!r}: Job(..., plugin=[MODULE_OR_FILE]) loads one)")
 
 
 def _partition_dim(value: int | str | None, where: str) -> int | None:
@@ -362,4 +381,4 @@ class RBMHid(Layer):
 
 __all__ = ["Layer", "Param", "Init", "Constant", "Uniform", "Gaussian", "InnerProduct", "Dense", "Convolution",
            "Pooling", "LRN", "Dropout", "ReLU", "STanh", "Sigmoid", "Activation", "SoftmaxLoss", "EuclideanLoss",
-           "RecordInput", "CharRNN", "RBMVis", "RBMHid", "PHASES", "default_weights"]
+           "RecordInput", "CharRNN", "RBMVis", "RBMHid", "PHASES", "default_weights", "refuse_unknown_type"]

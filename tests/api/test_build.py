@@ -179,3 +179,20 @@ def test_a_mistyped_path_says_the_file_is_missing_not_that_it_is_bad_job_text(so
 
 def test_one_line_of_job_text_is_still_job_text():
     assert sm.Job.from_conf('name: "one-line"').name == "one-line"
+
+
+@pytest.mark.parametrize("type,close", [("kInnerProdct", "kInnerProduct"), ("krelu", "kReLU")])
+def test_a_mistyped_layer_type_names_the_built_ins_it_is_close_to(type, close):
+    with pytest.raises(sm.ArgumentError) as err:
+        sm.Layer(type, "fc1", innerproduct_conf={"num_output": 3})
+    assert str(err.value).startswith(f"layer 'fc1' ({type}): argument type = '{type}': expected a built-in layer "
+                                     f"type (did you mean {close}")
+    assert "user_type" not in str(err.value)
+
+
+def test_a_plugin_type_no_loaded_plugin_registers_is_named_as_the_script_wrote_it():
+    net = sm.Sequential([sm.RecordInput("d.h5", 8, 12, name="data"), sm.Layer("MySwish", "swish"),
+                         sm.InnerProduct(5, "fc1"), sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    with pytest.raises(sm.ArgumentError, match=r"^layer 'swish' \(MySwish\): argument type = 'MySwish': expected a "
+                                               r"built-in layer type or a plugin's type \(no loaded plugin registers"):
+        sm.Job("j", net, updater=sm.SGD(0.1), train_steps=2).check()
