@@ -214,6 +214,8 @@ def _predicting(job: Any, rows: Any, batchsize: int | None) -> Any:
     from singa_mpi.api.net import _is_input
 
     copy = type(job).from_proto(job.to_proto())  # the job's own class: run.py does not import job.py
+    # a job whose inputs all run in training alone (no test input) predicts with them all the same
+    tested = any(_is_input(layer) and _in_test_phase(layer.proto) for layer in copy.net.layers)
     for index, layer in enumerate(copy.net.layers):
         if not _is_input(layer):
             continue
@@ -224,7 +226,7 @@ def _predicting(job: Any, rows: Any, batchsize: int | None) -> Any:
                                 f"{tuple(conf.shape)} ({math.prod(conf.shape)} numbers each), the records "
                                 f"input layer '{layer.name}' of the trained net reads")
         size = batchsize if batchsize is not None else (conf.batchsize[0] if conf.batchsize else 64)
-        phases = [job_phase for job_phase in layer.proto.include]
+        phases = list(layer.proto.include) if tested else []
         replaced = RecordInput.from_arrays(rows, np.zeros(len(rows), np.int64), size, name=layer.name,
                                            mean_value=conf.mean_value if conf.HasField("mean_value") else None,
                                            std_value=conf.std_value if conf.HasField("std_value") else None)
@@ -267,6 +269,13 @@ def _folder(function: str, value: Any) -> None:
     """The workspace argument: None (the job's own) or a folder's name."""
     if value is not None and (not isinstance(value, (str, os.PathLike)) or not os.fspath(value)):
         raise ArgumentError(f"{function}: argument workspace = {value!r}: expected a folder's name")
+
+
+def _in_test_phase(layer: Any) -> bool:
+    """Whether a LayerProto runs in the test phase (as include/exclude say)."""
+    from singa_mpi.proto import job_pb2
+
+    return (not layer.include or job_pb2.kTest in layer.include) and job_pb2.kTest not in layer.exclude
 
 
 def _scores_layer(job: Any) -> str:

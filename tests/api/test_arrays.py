@@ -173,3 +173,10 @@ def test_nets_helper_layout_matches():
     """The hdf5 layout the first test writes by hand is the one tests/nets.py writes."""
     with h5py.File(nets.make_data("/tmp/singa_api_layout.h5", 4, (12,), 5)) as f:
         assert sorted(f) == ["data", "label"]
+
+
+def test_predict_needs_no_test_input(tmp_path):
+    x, y = _rows(48)
+    job = _job(sm.RecordInput.from_arrays(x, y, 16, phase="train"))  # a train input alone
+    job.fit(tmp_path / "ws")
+    assert job.predict(x[:5], tmp_path / "ws").shape == (5, 5)
