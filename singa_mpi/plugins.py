@@ -233,6 +233,9 @@ def _register(spec: str, how: str, module_name: str, do_import: Callable[[], Mod
         raise
     except DuplicateName as err:
         _undo(before, module_name)
+        if err.first == "singa_mpi":  # a registry whose names a plugin cannot share (store backends)
+            raise PluginError(f"plugin {spec}: {err.kind} {err.name} is a built-in one: expected a name of its own "
+                              f"(a job names a {err.kind} by one string, which finds the built-in)") from None
         raise PluginError(f"plugin {spec}: {err.kind} {err.name} is already registered by "
                           f"{_owner_of(err.first)}: expected a name no other plugin uses") from None
     except ModuleNotFoundError as err:

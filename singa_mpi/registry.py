@@ -88,9 +88,12 @@ class Registry(Generic[T]):
     looks only among the plugins' names, its enum ``type`` only among the built-ins.
     """
 
-    def __init__(self, kind: str, field: str | None = None) -> None:
+    def __init__(self, kind: str, field: str | None = None, shared_names: bool = True) -> None:
         self.kind = kind
         self.field = field or kind
+        # whether a plugin may reuse a built-in's name: only where a job can say which one it means
+        # (a user_type beside the enum); a store backend is one string, which always finds the built-in
+        self.shared_names = shared_names
         self._entries: dict[str, T | _Lazy] = {}  # the built-ins
         self._user: dict[str, T | _Lazy] = {}  # registered from outside singa_mpi
         _ALL.add(self)
@@ -209,6 +212,8 @@ class Registry(Generic[T]):
         """ValueError unless ``name`` is free or ``entry`` fulfils (or repeats as a string) its lazy promise."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} registry: name {name!r}: expected a non-empty string")
+        if space is self._user and not self.shared_names and name in self._entries:
+            raise DuplicateName(self.kind, name, "singa_mpi", _origin(entry))  # a built-in
         old = space.get(name)
         if old is None:
             return

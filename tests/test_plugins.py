@@ -1093,3 +1093,16 @@ def test_a_plugin_setup_that_returns_or_declares_no_shape_is_one_line_in_check(t
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     errors = [row for row in result.stderr.splitlines() if "error" in row]
     assert len(errors) == 1 and message in errors[0] and "job.conf:" in errors[0], result.stderr
+
+
+def test_a_plugin_backend_named_like_a_built_in_is_refused(tmp_path):
+    """store_conf.backend is one string: a plugin's "hdf5" was accepted, listed as the plugin's, and
+    never used (the built-in always won)."""
+    path = write(tmp_path / "pt_hdf5_backend.py", '''
+        from singa_mpi.data.stores import BACKENDS
+        BACKENDS.register("hdf5", obj=object())
+        ''')
+    with pytest.raises(plugins.PluginError) as err:
+        plugins.load(str(path))
+    assert str(err.value) == (f"plugin {path}: store backend hdf5 is a built-in one: expected a name of its own "
+                              f"(a job names a store backend by one string, which finds the built-in)")

@@ -484,7 +484,7 @@ class Backend:
     in_memory: bool = False  # its paths name what the process holds, not files (nothing to look for on disk)
 
 
-BACKENDS: Registry[Backend] = Registry("store backend", "backend")
+BACKENDS: Registry[Backend] = Registry("store backend", "backend", shared_names=False)  # no user_type to choose
 BACKENDS.register("hdf5", obj=Backend(reader=lambda path, o: HDF5Store(path, o.cache_limit),
                                       writer=lambda path, o: HDF5Writer(path)))
 BACKENDS.register("kvfile", obj=Backend(reader=lambda path, o: KVFileStore(path, o.cache_limit),
