@@ -1030,6 +1030,11 @@ BROKEN_LAYERS = '''
             self.declare_param(0, "scale", (src_shapes[0][0],), shard_axis=1)
             return tuple(src_shapes[0])
 
+    @LAYERS.register("kPtNaN")
+    class NaN(Passing):
+        def forward(self, inputs, train):
+            return inputs[0] * np.float32("nan")
+
     @LAYERS.register("kPtWrongGradient")
     class WrongGradient(Passing):
         def backward(self, grad, need):
@@ -1106,3 +1111,19 @@ def test_a_plugin_backend_named_like_a_built_in_is_refused(tmp_path):
         plugins.load(str(path))
     assert str(err.value) == (f"plugin {path}: store backend hdf5 is a built-in one: expected a name of its own "
                               f"(a job names a store backend by one string, which finds the built-in)")
+
+
+def test_check_equivalence_names_a_serial_nan_and_checks_an_auto_job_under_every_scheme(tmp_path):
+    """A layer giving NaN was reported as a partitioning mismatch ("loss = nan, serially nan"); a job
+    with partition_dim: auto failed with "partition_dim = 1: expected 0 or -1", a value it never wrote."""
+    write(tmp_path / "broken.py", BROKEN_LAYERS)
+    data = tiny_data(tmp_path, count=64)
+    sgd = "updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }"
+    nan = small_job(data, plugin_lines=f'plugin: "{tmp_path / "broken.py"}"', updater=sgd,
+                    act='layer { name: "act" user_type: "kPtNaN" srclayers: "fc1" }')
+    with pytest.raises(AssertionError, match=r"^serial run: step 0: loss = nan: the job gives non-finite values "):
+        check_equivalence(nan, workers=(2,), steps=2)
+    auto = small_job(data, plugin_lines="", updater=sgd, act='layer { name: "act" type: kReLU srclayers: "fc1" }'
+                     ).replace("neuralnet {", "neuralnet { partition_dim: auto", 1)
+    assert "partition_dim: auto" in auto
+    check_equivalence(auto, workers=(2,), steps=2)
