@@ -202,3 +202,28 @@ def test_argv_options_are_read_and_singa_s_flags_left_alone():
     with pytest.raises(ArgumentError, match="--write-conf: expected the path"):
         binding._argv_options(["x.py", "--write-conf"])
     assert re.search(r"Sequential\('mlp', argv=sys.argv\)", (SCRIPTS / "mnist_mlp.py").read_text())
+
+
+def test_evaluate_after_fit_tests_what_fit_trained(fresh_names, tmp_path, monkeypatch):
+    """Keras's order, m.fit(X, nb_epoch=N) then m.evaluate(X_test): evaluate trained the job again and
+    was refused the workspace fit had just filled ("holds another run's checkpoints")."""
+    import nets
+
+    monkeypatch.chdir(tmp_path)
+    nets.make_data("train.h5", 64, (6,), 3)
+    nets.make_data("test.h5", 32, (6,), 3, seed=4)
+    model = binding.Sequential("keras-order", [])
+    model.add(binding.Dense(8, init="uniform", activation="relu"))
+    model.add(binding.Dense(3, init="uniform", activation="softmax"))
+    model.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
+    train = binding.Data("recordinput", phase="train", conf=binding.Store(path="train.h5", backend="hdf5",
+                                                                          batchsize=16, shape=6))
+    test = binding.Data("recordinput", phase="test", conf=binding.Store(path="test.h5", backend="hdf5",
+                                                                        batchsize=32, shape=6))
+    trained = model.fit(train, nb_epoch=4, disp_freq=2)
+    assert sorted(trained) == [0, 2], trained
+    checkpoints = sorted(os.listdir("ws/checkpoint"))
+    tested = model.evaluate(test, test_steps=1)
+    (step, metrics), = tested.items()
+    assert step == 4 and set(metrics) == {"test_loss", "test_acc"}, tested
+    assert sorted(os.listdir("ws/checkpoint")) == checkpoints  # nothing trained again

@@ -151,6 +151,7 @@ class Model:
         self.layers: list[Any] = []
         self.label, self.argv = label, list(argv or [])
         self.accuracy = False
+        self.trained = False  # fit ran the job: evaluate then tests its newest checkpoint
 
     def add(self, layer: Any) -> None:
         """Add a layer (each kind of model says how its layers join)."""
@@ -276,12 +277,14 @@ class Model:
             _batch_size(data, fields["batch_size"])
         if not self.exist_datalayer("test"):
             self.layers.insert(0, data)
-        test_only = not self.exist_datalayer("train")
+        # Keras's order, fit(X) then evaluate(X_test): test what fit trained (it used to train again,
+        # or refuse the workspace fit had just filled)
+        test_only = not self.exist_datalayer("train") or self.trained
         if test_only and checkpoint_path is not None:
             setval(self.jobconf, "evaluate", checkpoint_path=checkpoint_path)
         setval(self.jobconf, "evaluate", test_steps=fields.get("test_steps", 10))
         setval(self.jobconf, "evaluate", **only(fields, JOB_FIELDS))
-        if not test_only and self.jobconf.test_freq <= 0:
+        if self.jobconf.HasField("train_steps") and self.jobconf.test_freq <= 0:
             # SINGA tested only every test_freq steps, so the binding's job without one never tested;
             # here the test is asked for (test_steps), so it runs at the start and the end of training
             self.jobconf.test_freq = max(self.jobconf.train_steps, 1)
@@ -325,6 +328,7 @@ class Model:
             checkpoints = list(self.jobconf.checkpoint_path) or None
             return results([{**job.evaluate(checkpoints=checkpoints), "phase": "test"}])
         history = job.fit(resume=options["resume"], overwrite=options["overwrite"])
+        self.trained = True
         return results(history.records)
 
 
