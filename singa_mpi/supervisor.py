@@ -45,6 +45,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 EXIT_SETUP = ConfigError.exit_code  # the launch refused the job before training: a restart cannot help
 DIED = ("vanished", "rank_died")  # events that say a rank died: its survivors save their state
 RESCUE_WAIT = 30.0  # seconds for the survivors to save their state (each gives up after emergency.LOCK_TIMEOUT)
+STOP_GRACE = 5.0  # seconds a stopped run's survivors of a death get to finish their stop checkpoint before the request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +199,18 @@ def why_not_restart(policy: Policy, attempts: list[Attempt]) -> str | None:
     return None
 
 
+def after_a_death(stopping: bool, since: float) -> str:
+    """What the supervisor does while a rank's death leaves the others running (kept ranks), ``since``
+    seconds after it heard of it: ``ask`` the survivors for their state (each saves it and exits), or
+    ``wait``.  A stopped run's survivors may be writing their stop checkpoint (the request would end them
+    in it): they get STOP_GRACE seconds to end by themselves; then they are asked too, for nothing else
+    ends them (the launcher leaves them running, and a survivor of a dead peer never gets through
+    MPI's finalization)."""
+    if stopping and since < STOP_GRACE:
+        return "wait"
+    return "ask"
+
+
 def lost_steps(failure: Failure | None, resumed_from: int | None) -> int | None:
     """Steps trained again after a restart: from the checkpoint resumed from to the step it died in."""
     if failure is None or failure.step is None:
@@ -226,7 +239,9 @@ class Supervisor:
             ranks, resumed_from, hosts = self.policy.ranks, None, list(self.policy.hosts)
             while True:
                 attempt = self._launch(ranks, resumed_from, hosts)
-                if attempt.failure is None or self.stopping is not None:  # done, or stopped (75)
+                if self.stopping is not None:  # stopped (75): nothing restarts
+                    return self._finish(self._stopped(attempt))
+                if attempt.failure is None:  # done
                     return self._finish(attempt.code)
                 reason = why_not_restart(self.policy, self.attempts)
                 if reason is not None:
@@ -293,17 +308,20 @@ class Supervisor:
     def _wait(self, events_path: str, rescue: str | None) -> bool:
         """Wait for the launcher; when a rank dies meanwhile, ask the survivors for their state (and
         end the launcher if they take longer than RESCUE_WAIT).  Whether they were asked."""
-        asked_at = None
+        asked_at, heard_at = None, None
         while True:
             try:
                 self.child.wait(timeout=0.1)
                 return asked_at is not None
             except subprocess.TimeoutExpired:
                 pass
-            if rescue is not None and asked_at is None and self.stopping is None and \
-                    any(e.get("kind") in DIED for e in run_events.read(events_path)):
-                emergency.request(rescue)
-                asked_at = time.monotonic()
+            if rescue is not None and asked_at is None:
+                if heard_at is None and any(e.get("kind") in DIED for e in run_events.read(events_path)):
+                    heard_at = time.monotonic()
+                if heard_at is not None and \
+                        after_a_death(self.stopping is not None, time.monotonic() - heard_at) == "ask":
+                    emergency.request(rescue)
+                    asked_at = time.monotonic()
             if asked_at is not None and time.monotonic() - asked_at > RESCUE_WAIT:
                 try:  # survivors that neither saved nor ended: end the launcher and what it started
                     os.killpg(self.child.pid, signal.SIGKILL)
@@ -359,6 +377,29 @@ class Supervisor:
             args += ["--workers", str(ranks - self.policy.servers)]
         return self.launcher.command(ranks, hosts) + [sys.executable, "-m", "singa_mpi", "train", self.job,
                                                "--workspace", self.workspace, *args]
+
+    def _stopped(self, attempt: Attempt) -> int:
+        """The exit code of a run a stop signal ended.  The ranks' own (75: they checkpointed and said how
+        to resume; 0: it finished first; a rank's error) as it is; when a rank died as well, the
+        launcher's code says nothing of the stop: 75, naming the newest checkpoint and the command that
+        resumes it."""
+        failure = attempt.failure
+        if failure is None or failure.kind in ("error", "setup_error"):
+            return attempt.code
+        self.log(f"singa-mpi: supervisor: stopped by {signal.Signals(self.stopping or 0).name}, not restarting "
+                 f"after {describe_failure(failure)}")
+        self.log(self.resume_hint(attempt.ranks))
+        return EXIT_CHECKPOINTED
+
+    def resume_hint(self, ranks: int) -> str:
+        """``newest checkpoint ...; resume with: singa-mpi run ... --resume`` (what a stopped run continues with)."""
+        step = newest_checkpoint_step(self.workspace)
+        args = [a for a in self.train_args if a not in ("--overwrite", "--resume")]
+        words = self.own_command(ranks) + [self.job, "--workspace", self.workspace, *args]
+        if step is None:  # nothing to resume: the same run afresh
+            return f"no checkpoint yet; start it again with: {shlex.join(words)}"
+        return (f"newest checkpoint {checkpoint_path(self.workspace, step)}; "
+                f"resume with: {shlex.join(words + ['--resume'])}")
 
     def _forward(self, signum, frame) -> None:
         self.stopping = signum
@@ -459,4 +500,4 @@ def newest_checkpoint_step(workspace: str) -> int | None:
 
 
 __all__ = ["Policy", "Failure", "Attempt", "Supervisor", "failure_of", "next_ranks", "why_not_restart",
-           "lost_steps", "hosts_lost", "summary_lines", "describe_failure", "newest_checkpoint_step"]
+           "after_a_death", "lost_steps", "hosts_lost", "summary_lines", "describe_failure", "newest_checkpoint_step"]

@@ -23,8 +23,8 @@ import pytest
 from mpi_jobs import launcher, mpi_env, ranks_of
 from singa_mpi.cli import _taken_out
 from singa_mpi.communication.hosts import Host, parse_hosts
-from singa_mpi.supervisor import (Attempt, Failure, Policy, Supervisor, describe_failure, failure_of, hosts_lost,
-                                  lost_steps, next_ranks, summary_lines, why_not_restart)
+from singa_mpi.supervisor import (STOP_GRACE, Attempt, Failure, Policy, Supervisor, after_a_death, describe_failure,
+                                  failure_of, hosts_lost, lost_steps, next_ranks, summary_lines, why_not_restart)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VANISHED = {"kind": "vanished", "time": 100.0, "ranks": [1], "ended": " (killed by SIGKILL)",
@@ -186,6 +186,33 @@ def test_the_summary_says_when_too_few_ranks_were_left(tmp_path):
     summary = supervisor.summary(9)
     assert summary["not_restarted"] == "2 ranks would be left, fewer than --min-ranks 3"
     assert summary["too_few_ranks"] and summary["restarts"] == 0
+
+
+def test_the_survivors_of_a_death_are_asked_for_their_state_when_stopping_too():
+    """Kept ranks outlive a death and only the request ends them: a stopped run's survivors (a stop
+    checkpoint written, or blocked on the dead peer) are asked as well, after a grace for their checkpoint."""
+    assert after_a_death(stopping=False, since=0.0) == "ask"
+    assert after_a_death(stopping=True, since=0.0) == "wait"
+    assert after_a_death(stopping=True, since=STOP_GRACE) == "ask"
+
+
+def test_a_stopped_run_in_which_a_rank_died_exits_75_naming_the_newest_checkpoint(tmp_path):
+    said = []
+    supervisor = Supervisor("job.conf", str(tmp_path), ["--overwrite", "--steps", "9"], Policy(2, elastic=True), None,
+                            log=said.append)
+    supervisor.stopping = signal.SIGTERM
+    died = Attempt(1, 2, None, 137, failure_of([VANISHED], 137, 0.0))
+    assert supervisor._stopped(died) == 75
+    assert said == ["singa-mpi: supervisor: stopped by SIGTERM, not restarting after rank 1 vanished at step 5016 "
+                    "(killed by SIGKILL)",
+                    "no checkpoint yet; start it again with: singa-mpi run -n 2 --elastic --min-ranks 1 --max-restarts "
+                    f"3 job.conf --workspace {tmp_path} --steps 9"]
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "step1503.h5").write_bytes(b"")
+    assert supervisor.resume_hint(2).endswith(f"step1503.h5; resume with: singa-mpi run -n 2 --elastic --min-ranks 1 "
+                                              f"--max-restarts 3 job.conf --workspace {tmp_path} --steps 9 --resume")
+    assert supervisor._stopped(Attempt(1, 2, None, 75)) == 75  # the ranks stopped and said it: as it is
+    assert supervisor._stopped(Attempt(1, 2, None, 1, failure_of([ERROR], 1, 0.0))) == 1  # a rank's error
 
 
 def test_run_takes_the_workspace_out_of_train_s_options():
@@ -383,6 +410,47 @@ def test_a_stop_signal_to_the_supervisor_checkpoints_and_nothing_restarts(tmp_pa
     summary = json.loads((tmp_path / "stopped" / "supervisor" / "summary.json").read_text())
     assert summary["restarts"] == 0 and summary["stopped_by_signal"] and summary["last_failure"] is None
     assert "stopped on a signal" in out and "restarting" not in out
+
+
+def _left_running(tmp_path: pathlib.Path) -> list[str]:
+    """The command lines of processes still running in ``tmp_path`` (their workspace is there)."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(tmp_path) in line and "pytest" not in line:
+            found.append(line)
+    return found
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_as_the_run_stops_ends_the_job_stopped(tmp_path):
+    """SIGTERM to the supervisor and rank 1 SIGKILLed 20 ms later: the kept survivor (its stop checkpoint
+    written, or blocked on the dead peer) used to wait for a request the supervisor never sent, forever;
+    now it is asked after a grace, and the supervisor exits 75 naming the checkpoint to resume."""
+    job = _job(tmp_path, "digits_mlp.conf", 200000, 100000)
+    proc = _supervised(tmp_path, job, 2, "stopped", "--elastic")
+    _wait_for_step(proc, tmp_path / "stopped", 0)
+    rank1 = ranks_of(proc.pid)[1]
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.02)
+    try:
+        os.kill(rank1, signal.SIGKILL)
+    except ProcessLookupError:  # it had stopped already: a plain stop, 75 all the same
+        pass
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # the old hang: end what this test started (the launcher's group ends the ranks)
+            for pid in ranks_of(proc.pid).values():
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+    assert proc.returncode == 75, out[-3000:]
+    assert "resume with: singa-mpi run -n 2 --elastic" in out and "restarting on" not in out
+    time.sleep(0.5)
+    assert _left_running(tmp_path) == []
 
 
 @pytest.mark.slow
