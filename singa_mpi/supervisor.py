@@ -229,6 +229,7 @@ class Supervisor:
         self.attempts: list[Attempt] = []
         self.child: subprocess.Popen | None = None
         self.stopping: int | None = None  # the stop signal received
+        self.stops, self.passed_on = 0, 0  # stop signals received, and passed on to the launcher now running
         self.gave_up: str | None = None  # why it did not restart after a failure
         self.name_hosts = policy.name_hosts  # once a host is left out, the launcher must be told where to go
 
@@ -238,6 +239,8 @@ class Supervisor:
         try:
             ranks, resumed_from, hosts = self.policy.ranks, None, list(self.policy.hosts)
             while True:
+                if self.stopping is not None:  # a stop while it decided to relaunch: no relaunch
+                    return self._finish(self._stopped(self.attempts[-1]))
                 attempt = self._launch(ranks, resumed_from, hosts)
                 if self.stopping is not None:  # stopped (75): nothing restarts
                     return self._finish(self._stopped(attempt))
@@ -315,6 +318,7 @@ class Supervisor:
                 return asked_at is not None
             except subprocess.TimeoutExpired:
                 pass
+            self._pass_on_stops()
             if rescue is not None and asked_at is None:
                 if heard_at is None and any(e.get("kind") in DIED for e in run_events.read(events_path)):
                     heard_at = time.monotonic()
@@ -386,8 +390,8 @@ class Supervisor:
         failure = attempt.failure
         if failure is None or failure.kind in ("error", "setup_error"):
             return attempt.code
-        self.log(f"singa-mpi: supervisor: stopped by {signal.Signals(self.stopping or 0).name}, not restarting "
-                 f"after {describe_failure(failure)}")
+        died = f", not restarting after {describe_failure(failure)}" if failure.kind in ("vanished", "host_lost") else ""
+        self.log(f"singa-mpi: supervisor: stopped by {signal.Signals(self.stopping or 0).name}{died}")
         self.log(self.resume_hint(attempt.ranks))
         return EXIT_CHECKPOINTED
 
@@ -402,8 +406,15 @@ class Supervisor:
                 f"resume with: {shlex.join(words + ['--resume'])}")
 
     def _forward(self, signum, frame) -> None:
+        """A stop signal: counted here, passed on by the loop that waits for the launcher (_pass_on_stops),
+        so that one arriving while a relaunch starts reaches the new launcher, not the old one."""
         self.stopping = signum
-        if self.child is not None and self.child.poll() is None:
+        self.stops += 1
+
+    def _pass_on_stops(self) -> None:
+        """Each stop signal received once to the launcher running now (a second one: the ranks' second Ctrl-C)."""
+        while self.passed_on < self.stops and self.child is not None and self.child.poll() is None:
+            self.passed_on += 1
             try:
                 # to the launcher alone, which passes it on to every rank once
                 self.child.send_signal(getattr(signal, self.launcher.stop_signal))

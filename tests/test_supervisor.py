@@ -215,6 +215,46 @@ def test_a_stopped_run_in_which_a_rank_died_exits_75_naming_the_newest_checkpoin
     assert supervisor._stopped(Attempt(1, 2, None, 1, failure_of([ERROR], 1, 0.0))) == 1  # a rank's error
 
 
+class Programs:
+    """A launcher whose attempts run the given Python programs (and ignore the train command after them)."""
+
+    stop_signal = "SIGTERM"
+
+    def __init__(self, *programs: str, launching=lambda attempt: None):
+        self.programs, self.launching, self.launched = list(programs), launching, 0
+
+    def command(self, n, hosts=None):
+        self.launched += 1
+        self.launching(self.launched)
+        return [sys.executable, "-c", self.programs[self.launched - 1]]
+
+    def environ(self, **extra):
+        return dict(os.environ, **extra)
+
+    def survivors_kept(self):
+        return None
+
+
+def test_a_stop_signal_while_it_relaunches_stops_instead(tmp_path):
+    """A stop between a failure and the relaunch used to be lost: the relaunched job trained to its end."""
+    said = []
+    launcher = Programs("import sys; sys.exit(9)", "import sys; sys.exit(0)")
+    supervisor = Supervisor("job.conf", str(tmp_path / "ws"), [], Policy(2, elastic=True), launcher,
+                            log=lambda line: said.append(line) or (
+                                "restarting on" in line and supervisor._forward(signal.SIGTERM, None)))
+    assert supervisor.run() == 75 and launcher.launched == 1
+    assert said[-2].startswith("no checkpoint yet; start it again with: singa-mpi run -n 2 --elastic")
+    summary = json.loads((tmp_path / "ws" / "supervisor" / "summary.json").read_text())
+    assert summary["exit_code"] == 75 and summary["stopped_by_signal"]
+    # one that arrives as the relaunch starts reaches the new launcher (it used to go to the old one)
+    launcher = Programs("import sys; sys.exit(9)", "import time; time.sleep(10)",
+                        launching=lambda attempt: attempt == 2 and supervisor._forward(signal.SIGTERM, None))
+    supervisor = Supervisor("job.conf", str(tmp_path / "ws2"), [], Policy(2, elastic=True), launcher, log=said.append)
+    began = time.monotonic()
+    assert supervisor.run() == 75 and launcher.launched == 2
+    assert time.monotonic() - began < 8 and supervisor.attempts[-1].code == -signal.SIGTERM
+
+
 def test_run_takes_the_workspace_out_of_train_s_options():
     assert _taken_out(["--steps", "5", "--workspace", "w", "--resume"], "--workspace") == (["--steps", "5", "--resume"],
                                                                                           "w")
