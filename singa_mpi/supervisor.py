@@ -13,7 +13,7 @@ dead one reported past its checkpoint).
 Bounded: at most ``--max-restarts`` restarts and never below ``--min-ranks``; a failure the job makes
 twice the same way at the same step (a bug, not a fault: a layer that raises at step 5) and an error
 before training (a bad job: exit code 2) end it with the reason instead of looping.  Stop signals
-still mean stop: SIGINT, SIGTERM and SIGUSR1 go to the launcher, the ranks checkpoint and exit 75,
+still mean stop: SIGINT, SIGTERM, SIGUSR1 and SIGHUP go to the launcher, the ranks checkpoint and exit 75,
 and nothing restarts.  What it cost is printed at the end and kept in ``WORKSPACE/supervisor/summary.json``:
 restarts, the dead ranks, the steps lost (from the step it died in back to the checkpoint resumed
 from) and the recovery time (from the death to the first step after the restart).
@@ -41,7 +41,10 @@ from singa_mpi.communication.hosts import Host, placement, ranks_on
 from singa_mpi.data.convert import atomic_path
 from singa_mpi.errors import ConfigError, SingaError
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+# stop signals: passed on to the job (SIGHUP too, the terminal closed: the launcher in a session of its own
+# would not get it, and its ranks would run on unwatched)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+END_WAIT = 10.0  # seconds a job whose supervisor fails gets to stop (and checkpoint) before it is killed
 EXIT_SETUP = ConfigError.exit_code  # the launch refused the job before training: a restart cannot help
 DIED = ("vanished", "rank_died")  # events that say a rank died: its survivors save their state
 RESCUE_WAIT = 30.0  # seconds for the survivors to save their state (each gives up after emergency.LOCK_TIMEOUT)
@@ -264,8 +267,25 @@ class Supervisor:
                          f"from {'checkpoint step ' + str(resumed_from) if resumed_from is not None else 'step 0'}"
                          f" (restart {len(self.attempts)} of at most {self.policy.max_restarts})")
         finally:
+            self._end_job()  # only a failure of the supervisor itself leaves one running
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def _end_job(self) -> None:
+        """End the launcher and its ranks if they still run: a stop signal (they checkpoint and exit 75), and
+        after END_WAIT seconds SIGKILL to the launcher's process group (MPICH's launcher then ends the ranks)."""
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        try:
+            child.send_signal(getattr(signal, self.launcher.stop_signal))
+            child.wait(timeout=END_WAIT)
+        except (OSError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            child.wait()
 
     def _launch(self, ranks: int, resumed_from: int | None, hosts: list[Host]) -> Attempt:
         attempt = Attempt(len(self.attempts) + 1, ranks, resumed_from, hosts=hosts)

@@ -255,6 +255,41 @@ def test_a_stop_signal_while_it_relaunches_stops_instead(tmp_path):
     assert time.monotonic() - began < 8 and supervisor.attempts[-1].code == -signal.SIGTERM
 
 
+@pytest.fixture
+def sighup_ignored():
+    """SIGHUP ignored while the test runs, unless the supervisor handles it (else it would end pytest)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
+def test_sighup_stops_the_job_as_the_other_stop_signals_do(tmp_path, sighup_ignored):
+    """A closed terminal used to end the supervisor alone: the launcher, in a session of its own, and its
+    ranks ran on unwatched.  Now SIGHUP goes to the launcher as a stop."""
+    import threading
+
+    launcher = Programs("import time; time.sleep(10)")
+    supervisor = Supervisor("job.conf", str(tmp_path / "ws"), [], Policy(2, elastic=True), launcher, log=print)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGHUP)).start()
+    began = time.monotonic()
+    assert supervisor.run() == 75 and supervisor.attempts[0].code == -signal.SIGTERM
+    assert time.monotonic() - began < 8 and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+
+
+def test_a_supervisor_that_fails_ends_its_job(tmp_path, monkeypatch):
+    launcher = Programs("import time; time.sleep(30)")
+    supervisor = Supervisor("job.conf", str(tmp_path / "ws"), [], Policy(2, elastic=True), launcher, log=print)
+
+    def fail():
+        raise RuntimeError("a bug in the supervisor")
+
+    monkeypatch.setattr(supervisor, "_pass_on_stops", fail)
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="a bug"):
+        supervisor.run()
+    assert supervisor.child.poll() == -signal.SIGTERM and time.monotonic() - began < 20
+
+
 def test_run_takes_the_workspace_out_of_train_s_options():
     assert _taken_out(["--steps", "5", "--workspace", "w", "--resume"], "--workspace") == (["--steps", "5", "--resume"],
                                                                                           "w")
