@@ -40,6 +40,7 @@ from singa_mpi.communication.guardian import GRACE as GUARDIAN_GRACE  # how long
 from singa_mpi.communication.hosts import Host, placement, ranks_on
 from singa_mpi.data.convert import atomic_path
 from singa_mpi.errors import ConfigError, SingaError
+from singa_mpi.workspace import make_workspace
 
 # stop signals: passed on to the job (SIGHUP too, the terminal closed: the launcher in a session of its own
 # would not get it, and its ranks would run on unwatched)
@@ -237,7 +238,8 @@ class Supervisor:
         self.name_hosts = policy.name_hosts  # once a host is left out, the launcher must be told where to go
 
     def run(self) -> int:
-        os.makedirs(self.folder, exist_ok=True)
+        make_workspace(self.workspace)  # one line (exit 3) if it cannot be written, as `train` says it
+        make_workspace(self.folder)
         previous = {s: signal.signal(s, self._forward) for s in STOP_SIGNALS}
         try:
             ranks, resumed_from, hosts = self.policy.ranks, None, list(self.policy.hosts)

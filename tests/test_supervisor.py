@@ -290,6 +290,21 @@ def test_a_supervisor_that_fails_ends_its_job(tmp_path, monkeypatch):
     assert supervisor.child.poll() == -signal.SIGTERM and time.monotonic() - began < 20
 
 
+def test_a_workspace_that_cannot_be_written_is_one_error_before_anything_starts(tmp_path):
+    """As `train` says it (exit 3): a traceback and exit 1 under `run` before."""
+    from singa_mpi.errors import DataError
+
+    (tmp_path / "afile").write_text("")
+    launcher = Programs()  # nothing may start
+    with pytest.raises(DataError, match="afile is a file, not a folder"):
+        Supervisor("job.conf", str(tmp_path / "afile" / "ws"), [], Policy(2, elastic=True), launcher).run()
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "supervisor").write_text("")
+    with pytest.raises(DataError, match="supervisor is a file, not a folder"):
+        Supervisor("job.conf", str(tmp_path / "ws"), [], Policy(2, elastic=True), launcher).run()
+    assert launcher.launched == 0 and DataError.exit_code == 3
+
+
 def test_run_takes_the_workspace_out_of_train_s_options():
     assert _taken_out(["--steps", "5", "--workspace", "w", "--resume"], "--workspace") == (["--steps", "5", "--resume"],
                                                                                           "w")
