@@ -116,10 +116,10 @@ def cmd_run(args) -> int:
     from singa_mpi.communication.hosts import HostListError, parse_hosts, read_hostfile, slurm_hosts
     from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
     from singa_mpi.config.load import load_job
-    from singa_mpi.supervisor import Policy, Supervisor
+    from singa_mpi.supervisor import Policy, Supervisor, spelled_out
 
     job_path = str(args.job or default_job_path())
-    train_args, workspace = _taken_out(args.train_args, "--workspace")
+    train_args, workspace = _taken_out(spelled_out(args.train_args, args.train_options), "--workspace")
     cfg = load_job(job_path)
     cluster = cfg.proto.cluster
     servers = (max(1, cluster.nserver_groups) * max(1, cluster.nservers_per_group)
@@ -476,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "and no checkpoint of it is written)")
     _plugin_option(p)
     p.set_defaults(func=cmd_train)
+    train_options = [option for action in p._actions for option in action.option_strings]  # run reads them
 
     p = sub.add_parser("run", help="train under MPI from one command, restarting on the survivors when a rank "
                                    "dies (--elastic)")
@@ -504,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", nargs="?", help="job configuration (default: conf/digits_mlp.conf)")
     p.add_argument("train_args", nargs=argparse.REMAINDER, metavar="...",
                    help="options of `singa-mpi train` (--workspace, --steps, --stall-timeout, ...)")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, train_options=train_options)
 
     p = sub.add_parser("test", help="run the test phase on a trained model")
     p.add_argument("job", help="the job file that trained it")

@@ -215,6 +215,22 @@ def after_a_death(stopping: bool, since: float) -> str:
     return "ask"
 
 
+def spelled_out(args: Sequence[str], options: Sequence[str]) -> list[str]:
+    """``args`` with each abbreviated long option written in full, as argparse reads it (allow_abbrev):
+    the one of ``options`` it begins (``--worksp`` -> ``--workspace``, ``--overw=`` -> ``--overwrite=``),
+    so that the supervisor finds the options it reads and rewrites; one that begins none or several is
+    left for `train` to refuse."""
+    full = []
+    for arg in args:
+        name, equals, value = arg.partition("=")
+        if name.startswith("--") and name not in options:
+            begun = [option for option in options if option.startswith(name)]
+            if len(begun) == 1:
+                arg = begun[0] + equals + value
+        full.append(arg)
+    return full
+
+
 def lost_steps(failure: Failure | None, resumed_from: int | None) -> int | None:
     """Steps trained again after a restart: from the checkpoint resumed from to the step it died in."""
     if failure is None or failure.step is None:
@@ -533,4 +549,4 @@ def newest_checkpoint_step(workspace: str) -> int | None:
 
 
 __all__ = ["Policy", "Failure", "Attempt", "Supervisor", "failure_of", "next_ranks", "why_not_restart",
-           "after_a_death", "lost_steps", "hosts_lost", "summary_lines", "describe_failure", "newest_checkpoint_step"]
+           "after_a_death", "spelled_out", "lost_steps", "hosts_lost", "summary_lines", "describe_failure", "newest_checkpoint_step"]

@@ -24,7 +24,8 @@ from mpi_jobs import launcher, mpi_env, ranks_of
 from singa_mpi.cli import _taken_out
 from singa_mpi.communication.hosts import Host, parse_hosts
 from singa_mpi.supervisor import (STOP_GRACE, Attempt, Failure, Policy, Supervisor, after_a_death, describe_failure,
-                                  failure_of, hosts_lost, lost_steps, next_ranks, summary_lines, why_not_restart)
+                                  failure_of, hosts_lost, lost_steps, next_ranks, spelled_out, summary_lines,
+                                  why_not_restart)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VANISHED = {"kind": "vanished", "time": 100.0, "ranks": [1], "ended": " (killed by SIGKILL)",
@@ -303,6 +304,21 @@ def test_a_workspace_that_cannot_be_written_is_one_error_before_anything_starts(
     with pytest.raises(DataError, match="supervisor is a file, not a folder"):
         Supervisor("job.conf", str(tmp_path / "ws"), [], Policy(2, elastic=True), launcher).run()
     assert launcher.launched == 0 and DataError.exit_code == 3
+
+
+def test_train_s_options_abbreviated_are_read_as_train_reads_them(tmp_path, monkeypatch):
+    """`--worksp` and `--overw` are train's --workspace and --overwrite (argparse's abbreviations): the
+    supervisor used to watch the job's default workspace and, on a restart, keep --overw beside --resume."""
+    options = ["--workspace", "--workers", "--steps", "--stall-timeout", "--overwrite", "--resume"]
+    assert spelled_out(["--worksp", "w", "--overw", "--ste=5", "--st", "--wor", "--", "x"], options) == [
+        "--workspace", "w", "--overwrite", "--steps=5", "--st", "--wor", "--", "x"]
+    from singa_mpi import cli
+
+    seen = {}
+    monkeypatch.setattr(Supervisor, "run", lambda self: seen.update(vars(self)) or 0)
+    assert cli.main(["run", "-n", "2", "--elastic", str(ROOT / "conf" / "digits_mlp.conf"), "--worksp",
+                     str(tmp_path / "w"), "--overw", "--ste", "5"]) == 0
+    assert seen["workspace"] == str(tmp_path / "w") and seen["train_args"] == ["--overwrite", "--steps", "5"]
 
 
 def test_run_takes_the_workspace_out_of_train_s_options():
