@@ -12,11 +12,12 @@ dead one reported past its checkpoint).
 
 Bounded: at most ``--max-restarts`` restarts and never below ``--min-ranks``; a failure the job makes
 twice the same way at the same step (a bug, not a fault: a layer that raises at step 5) and an error
-before training (a bad job: exit code 2) end it with the reason instead of looping.  Stop signals
-still mean stop: SIGINT, SIGTERM, SIGUSR1 and SIGHUP go to the launcher, the ranks checkpoint and exit 75,
-and nothing restarts.  What it cost is printed at the end and kept in ``WORKSPACE/supervisor/summary.json``:
-restarts, the dead ranks, the steps lost (from the step it died in back to the checkpoint resumed
-from) and the recovery time (from the death to the first step after the restart).
+before the first step (a bad job: exit code 2 or 3, a layer that always raises) end it with the reason
+instead of looping.  Stop signals still mean stop: SIGINT, SIGTERM, SIGUSR1 and SIGHUP go to the
+launcher, the ranks checkpoint and exit 75, and nothing restarts.  What it cost is printed at the end
+and kept in ``WORKSPACE/supervisor/summary.json``: restarts, the dead ranks, the steps lost (from the
+step it died in back to the checkpoint resumed from) and the recovery time (from the death to the
+first step after the restart).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from singa_mpi.workspace import make_workspace
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 END_WAIT = 10.0  # seconds a job whose supervisor fails gets to stop (and checkpoint) before it is killed
 EXIT_SETUP = ConfigError.exit_code  # the launch refused the job before training: a restart cannot help
+DEATHS = ("vanished", "host_lost")  # failures that are deaths (a rank's, a host's)
 DIED = ("vanished", "rank_died")  # events that say a rank died: its survivors save their state
 RESCUE_WAIT = 30.0  # seconds for the survivors to save their state (each gives up after emergency.LOCK_TIMEOUT)
 STOP_GRACE = 5.0  # seconds a stopped run's survivors of a death get to finish their stop checkpoint before the request
@@ -189,6 +191,8 @@ def why_not_restart(policy: Policy, attempts: list[Attempt]) -> str | None:
         return "not --elastic"
     if failure.kind == "setup_error" or failure.code == EXIT_SETUP:
         return f"the job was refused before training (exit code {failure.code}): a restart cannot change that"
+    if failure.kind == "error" and last.first_step_at is None:  # a rank's error line, and no step was done
+        return f"it failed before its first step (exit code {failure.code}): a restart cannot change that"
     before = [a.failure for a in attempts[:-1] if a.failure is not None]
     if before and before[-1].signature() == failure.signature():
         where = f" at step {failure.step}" if failure.step is not None else ""
@@ -428,7 +432,7 @@ class Supervisor:
         failure = attempt.failure
         if failure is None or failure.kind in ("error", "setup_error"):
             return attempt.code
-        died = f", not restarting after {describe_failure(failure)}" if failure.kind in ("vanished", "host_lost") else ""
+        died = f", not restarting after {describe_failure(failure)}" if failure.kind in DEATHS else ""
         self.log(f"singa-mpi: supervisor: stopped by {signal.Signals(self.stopping or 0).name}{died}")
         self.log(self.resume_hint(attempt.ranks))
         return EXIT_CHECKPOINTED
@@ -549,4 +553,5 @@ def newest_checkpoint_step(workspace: str) -> int | None:
 
 
 __all__ = ["Policy", "Failure", "Attempt", "Supervisor", "failure_of", "next_ranks", "why_not_restart",
-           "after_a_death", "spelled_out", "lost_steps", "hosts_lost", "summary_lines", "describe_failure", "newest_checkpoint_step"]
+           "after_a_death", "spelled_out", "lost_steps", "hosts_lost", "summary_lines", "describe_failure",
+           "newest_checkpoint_step"]

@@ -107,7 +107,9 @@ def test_a_lost_host_is_left_out_of_the_relaunch_and_every_host_lost_stops():
 
 
 def _attempts(*failures: Failure | None, ranks: int = 3) -> list[Attempt]:
-    return [Attempt(n + 1, ranks, None, 0 if f is None else f.code, f) for n, f in enumerate(failures)]
+    """Attempts that trained (each did a first step) and then failed so."""
+    return [Attempt(n + 1, ranks, None, 0 if f is None else f.code, f, first_step_at=1.0)
+            for n, f in enumerate(failures)]
 
 
 def test_when_to_restart_and_when_not():
@@ -122,6 +124,17 @@ def test_when_to_restart_and_when_not():
     assert why_not_restart(elastic, _attempts(died, ranks=2)) == "1 ranks would be left, fewer than --min-ranks 2"
     refused = Failure("setup_error", 2, [0], None, "bad.conf:3:1: ...", 0.0)
     assert "refused before training" in why_not_restart(elastic, _attempts(refused))
+
+
+def test_an_error_before_the_first_step_is_not_restarted():
+    """As the docs say (any error before the first step): it used to be restarted unless its exit code was 2."""
+    elastic = Policy(2, elastic=True)
+    early = Failure("error", 1, [0], 0, "RuntimeError: the plugin layer fails on its first forward pass", 0.0)
+    assert why_not_restart(elastic, [Attempt(1, 2, None, 1, early)]) == (
+        "it failed before its first step (exit code 1): a restart cannot change that")
+    assert why_not_restart(elastic, [Attempt(1, 2, None, 1, early, first_step_at=5.0)]) is None
+    # a rank that died in start-up is a fault, not the job's: restarted
+    assert why_not_restart(elastic, [Attempt(1, 2, None, 137, failure_of([VANISHED], 137, 0.0))]) is None
 
 
 def test_a_rank_count_for_the_relaunch():
