@@ -258,6 +258,9 @@ class Supervisor:
         self.name_hosts = policy.name_hosts  # once a host is left out, the launcher must be told where to go
 
     def run(self) -> int:
+        if self.policy.min_ranks > self.policy.ranks:  # it could never restart, nor say why until a rank died
+            raise ConfigError(f"run: --min-ranks {self.policy.min_ranks} is more than the {self.policy.ranks} ranks "
+                              f"launched (-n {self.policy.ranks}): expected at most {self.policy.ranks}")
         make_workspace(self.workspace)  # one line (exit 3) if it cannot be written, as `train` says it
         make_workspace(self.folder)
         previous = {s: signal.signal(s, self._forward) for s in STOP_SIGNALS}

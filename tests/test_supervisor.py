@@ -334,6 +334,17 @@ def test_train_s_options_abbreviated_are_read_as_train_reads_them(tmp_path, monk
     assert seen["workspace"] == str(tmp_path / "w") and seen["train_args"] == ["--overwrite", "--steps", "5"]
 
 
+def test_min_ranks_above_the_ranks_launched_is_refused_before_anything_starts(tmp_path, capsys):
+    from singa_mpi import cli
+
+    code = cli.main(["run", "-n", "2", "--elastic", "--min-ranks", "3", str(ROOT / "conf" / "digits_mlp.conf"),
+                     "--workspace", str(tmp_path / "w")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and lines == ["singa-mpi: error: run: --min-ranks 3 is more than the 2 ranks launched (-n 2): "
+                                   "expected at most 2"]
+    assert not (tmp_path / "w").exists()
+
+
 def test_run_takes_the_workspace_out_of_train_s_options():
     assert _taken_out(["--steps", "5", "--workspace", "w", "--resume"], "--workspace") == (["--steps", "5", "--resume"],
                                                                                           "w")
