@@ -134,7 +134,8 @@ def cmd_run(args) -> int:
         raise ConfigError(f"run: {err}") from None
     hosts = named or slurm_hosts() or []
     policy = Policy(args.ranks, args.elastic, args.min_ranks, args.max_restarts, args.shrink, servers,
-                    tuple(hosts), name_hosts=named is not None, emergency=args.emergency)
+                    tuple(hosts), name_hosts=named is not None, emergency=args.emergency, mpi=args.mpi,
+                    hostfile=args.hostfile)
     return Supervisor(job_path, resolve_workspace(cfg, workspace), train_args, policy, launcher).run()
 
 

@@ -68,6 +68,8 @@ class Policy:
     hosts: tuple[Host, ...] = ()  # where the ranks run, when known (--hosts, --hostfile, Slurm): a lost one is left out
     name_hosts: bool = False  # pass ``hosts`` to the launcher from the start (not only once one is left out)
     emergency: bool = True  # --elastic: survivors save their state when a rank dies (checkpoints.emergency)
+    mpi: str | None = None  # --mpi, as given (the resume command names it again)
+    hostfile: str | None = None  # --hostfile, as given (the resume command names it while no host is lost)
 
 
 @dataclasses.dataclass
@@ -319,7 +321,7 @@ class Supervisor:
         if os.path.exists(events_path):
             os.remove(events_path)
         env = self.launcher.environ(**{run_events.EVENTS_VARIABLE: os.path.abspath(events_path),
-                                       run_events.SUPERVISOR_VARIABLE: shlex.join(self.own_command(ranks))})
+                                       run_events.SUPERVISOR_VARIABLE: shlex.join(self.own_command(ranks, hosts))})
         where = hosts if self.name_hosts else None
         command = self._command(ranks, attempt.number, resumed_from, where)
         rescue = self._rescue_folder(attempt.number)
@@ -405,10 +407,17 @@ class Supervisor:
                 events, last_change = now, time.monotonic()
         return events
 
-    def own_command(self, ranks: int) -> list[str]:
-        """This supervisor's command up to the job, on ``ranks`` ranks (what a stopped run resumes with)."""
+    def own_command(self, ranks: int, hosts: list[Host] | None = None) -> list[str]:
+        """This supervisor's command up to the job, on ``ranks`` ranks and the ``hosts`` named by the user
+        that are left (default: all of them): what a stopped run resumes with."""
         policy = self.policy
         words = ["singa-mpi", "run", "-n", str(ranks)]
+        words += ["--mpi", policy.mpi] if policy.mpi else []
+        left = list(policy.hosts) if hosts is None else hosts
+        if policy.name_hosts and policy.hostfile and left == list(policy.hosts):
+            words += ["--hostfile", policy.hostfile]
+        elif policy.name_hosts and left:
+            words += ["--hosts", ",".join(f"{host.name}:{host.slots}" for host in left)]
         if policy.elastic:
             words += ["--elastic"] + (["--shrink"] if policy.shrink else [])
             words += ["--min-ranks", str(policy.min_ranks), "--max-restarts", str(policy.max_restarts)]
@@ -437,14 +446,14 @@ class Supervisor:
             return attempt.code
         died = f", not restarting after {describe_failure(failure)}" if failure.kind in DEATHS else ""
         self.log(f"singa-mpi: supervisor: stopped by {signal.Signals(self.stopping or 0).name}{died}")
-        self.log(self.resume_hint(attempt.ranks))
+        self.log(self.resume_hint(attempt.ranks, attempt.hosts))
         return EXIT_CHECKPOINTED
 
-    def resume_hint(self, ranks: int) -> str:
+    def resume_hint(self, ranks: int, hosts: list[Host] | None = None) -> str:
         """``newest checkpoint ...; resume with: singa-mpi run ... --resume`` (what a stopped run continues with)."""
         step = newest_checkpoint_step(self.workspace)
         args = [a for a in self.train_args if a not in ("--overwrite", "--resume")]
-        words = self.own_command(ranks) + [self.job, "--workspace", self.workspace, *args]
+        words = self.own_command(ranks, hosts) + [self.job, "--workspace", self.workspace, *args]
         if step is None:  # nothing to resume: the same run afresh
             return f"no checkpoint yet; start it again with: {shlex.join(words)}"
         return (f"newest checkpoint {checkpoint_path(self.workspace, step)}; "

@@ -190,6 +190,17 @@ def test_a_supervised_run_says_to_resume_with_the_supervisor(tmp_path):
     assert own == ["singa-mpi", "run", "-n", "2", "--elastic", "--shrink", "--min-ranks", "2", "--max-restarts", "3"]
     hint = resume_command(Trainer, RunOptions(), {"SINGA_MPI_SUPERVISOR": " ".join(own), "PMI_RANK": "0"})
     assert hint == "singa-mpi run -n 2 --elastic --shrink --min-ranks 2 --max-restarts 3 job.conf --workspace ws --resume"
+    # where and with which MPI it ran: the hosts named (those left), the hostfile, --mpi (they were dropped)
+    named = Policy(4, elastic=True, hosts=tuple(TWO_HOSTS), name_hosts=True, mpi="mpich")
+    assert Supervisor("job.conf", "ws", [], named, None).own_command(4)[:8] == [
+        "singa-mpi", "run", "-n", "4", "--mpi", "mpich", "--hosts", "n1:2,n2:2"]
+    assert Supervisor("job.conf", "ws", [], named, None).own_command(2, [Host("n1", 2)])[4:8] == [
+        "--mpi", "mpich", "--hosts", "n1:2"]
+    filed = Policy(4, elastic=True, hosts=tuple(TWO_HOSTS), name_hosts=True, hostfile="hosts.txt")
+    assert Supervisor("job.conf", "ws", [], filed, None).own_command(4)[4:6] == ["--hostfile", "hosts.txt"]
+    assert Supervisor("job.conf", "ws", [], filed, None).own_command(2, [Host("n2", 2)])[4:6] == ["--hosts", "n2:2"]
+    slurm = Policy(4, elastic=True, hosts=tuple(TWO_HOSTS))  # the allocation's: the next one has its own
+    assert "--hosts" not in Supervisor("job.conf", "ws", [], slurm, None).own_command(4)
 
 
 def test_the_summary_says_when_too_few_ranks_were_left(tmp_path):
