@@ -209,13 +209,18 @@ def why_not_restart(policy: Policy, attempts: list[Attempt]) -> str | None:
     return None
 
 
-def after_a_death(stopping: bool, since: float) -> str:
+def after_a_death(stopping: bool, since: float, trained: bool = True) -> str:
     """What the supervisor does while a rank's death leaves the others running (kept ranks), ``since``
-    seconds after it heard of it: ``ask`` the survivors for their state (each saves it and exits), or
-    ``wait``.  A stopped run's survivors may be writing their stop checkpoint (the request would end them
-    in it): they get STOP_GRACE seconds to end by themselves; then they are asked too, for nothing else
-    ends them (the launcher leaves them running, and a survivor of a dead peer never gets through
-    MPI's finalization)."""
+    seconds after it heard of it: ``ask`` the survivors for their state (each saves it and exits),
+    ``wait``, or ``end`` the launcher and its ranks at once.  Survivors of an attempt that has not
+    ``trained`` (no first step yet) hold no step to save, and those still setting up would never answer
+    (the request is read once training starts): ended at once, the relaunch resumes from the newest
+    checkpoint (it used to wait RESCUE_WAIT for them).  A stopped run's survivors may be writing their
+    stop checkpoint (the request would end them in it): they get STOP_GRACE seconds to end by
+    themselves; then they are asked too, for nothing else ends them (the launcher leaves them running,
+    and a survivor of a dead peer never gets through MPI's finalization)."""
+    if not trained:
+        return "end"
     if stopping and since < STOP_GRACE:
         return "wait"
     return "ask"
@@ -308,10 +313,7 @@ class Supervisor:
             child.send_signal(getattr(signal, self.launcher.stop_signal))
             child.wait(timeout=END_WAIT)
         except (OSError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            self._kill_launcher()
             child.wait()
 
     def _launch(self, ranks: int, resumed_from: int | None, hosts: list[Host]) -> Attempt:
@@ -367,18 +369,28 @@ class Supervisor:
                 pass
             self._pass_on_stops()
             if rescue is not None and asked_at is None:
-                if heard_at is None and any(e.get("kind") in DIED for e in run_events.read(events_path)):
+                events = run_events.read(events_path)
+                if heard_at is None and any(e.get("kind") in DIED for e in events):
                     heard_at = time.monotonic()
-                if heard_at is not None and \
-                        after_a_death(self.stopping is not None, time.monotonic() - heard_at) == "ask":
+                action = "wait" if heard_at is None else after_a_death(
+                    self.stopping is not None, time.monotonic() - heard_at,
+                    trained=any(e.get("kind") == "first_step" for e in events))
+                if action == "ask":
                     emergency.request(rescue)
                     asked_at = time.monotonic()
+                elif action == "end":
+                    self._kill_launcher()
+                    rescue = None  # nobody to ask
             if asked_at is not None and time.monotonic() - asked_at > RESCUE_WAIT:
-                try:  # survivors that neither saved nor ended: end the launcher and what it started
-                    os.killpg(self.child.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                self._kill_launcher()  # survivors that neither saved nor ended
                 asked_at = float("inf")  # once
+
+    def _kill_launcher(self) -> None:
+        """SIGKILL to the launcher's process group: MPICH's launcher then ends what it started."""
+        try:
+            os.killpg(self.child.pid, signal.SIGKILL)
+        except OSError:
+            pass
 
     def _emergency_checkpoint(self, rescue: str) -> str:
         """Write the checkpoint the survivors' pieces make whole, if they do and it is newer than the

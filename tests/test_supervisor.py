@@ -221,6 +221,13 @@ def test_the_survivors_of_a_death_are_asked_for_their_state_when_stopping_too():
     assert after_a_death(stopping=True, since=STOP_GRACE) == "ask"
 
 
+def test_the_survivors_of_a_death_in_start_up_are_ended_at_once():
+    """Survivors still setting up never read the request: the supervisor used to wait RESCUE_WAIT (30 s)
+    for them before the relaunch; an attempt with no first step has nothing to save."""
+    assert after_a_death(stopping=False, since=0.0, trained=False) == "end"
+    assert after_a_death(stopping=True, since=0.0, trained=False) == "end"
+
+
 def test_a_stopped_run_in_which_a_rank_died_exits_75_naming_the_newest_checkpoint(tmp_path):
     said = []
     supervisor = Supervisor("job.conf", str(tmp_path), ["--overwrite", "--steps", "9"], Policy(2, elastic=True), None,
