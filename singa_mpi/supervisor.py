@@ -51,7 +51,7 @@ EXIT_SETUP = ConfigError.exit_code  # the launch refused the job before training
 DEATHS = ("vanished", "host_lost")  # failures that are deaths (a rank's, a host's)
 DIED = ("vanished", "rank_died")  # events that say a rank died: its survivors save their state
 RESCUE_WAIT = 30.0  # seconds for the survivors to save their state (each gives up after emergency.LOCK_TIMEOUT)
-STOP_GRACE = 5.0  # seconds a stopped run's survivors of a death get to finish their stop checkpoint before the request
+STOP_GRACE = 5.0  # seconds a stopped run's survivors of a death get to end by themselves (their stop checkpoint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +226,13 @@ def after_a_death(stopping: bool, since: float, trained: bool = True) -> str:
     return "ask"
 
 
+def rescue_wait(stopping: bool) -> float:
+    """Seconds the survivors get to answer the request before the launcher is killed: RESCUE_WAIT, or
+    when stopping STOP_GRACE (they may already have stopped and checkpointed, and be blocked for good in
+    MPI's finalization, where no request is read)."""
+    return STOP_GRACE if stopping else RESCUE_WAIT
+
+
 def spelled_out(args: Sequence[str], options: Sequence[str]) -> list[str]:
     """``args`` with each abbreviated long option written in full, as argparse reads it (allow_abbrev):
     the one of ``options`` it begins (``--worksp`` -> ``--workspace``, ``--overw=`` -> ``--overwrite=``),
@@ -358,8 +365,9 @@ class Supervisor:
         return folder
 
     def _wait(self, events_path: str, rescue: str | None) -> bool:
-        """Wait for the launcher; when a rank dies meanwhile, ask the survivors for their state (and
-        end the launcher if they take longer than RESCUE_WAIT).  Whether they were asked."""
+        """Wait for the launcher, passing on stop signals; when a rank dies meanwhile, ask the survivors for
+        their state (after_a_death; the launcher is ended if they take longer than rescue_wait).  Whether
+        they were asked."""
         asked_at, heard_at = None, None
         while True:
             try:
@@ -381,7 +389,7 @@ class Supervisor:
                 elif action == "end":
                     self._kill_launcher()
                     rescue = None  # nobody to ask
-            if asked_at is not None and time.monotonic() - asked_at > RESCUE_WAIT:
+            if asked_at is not None and time.monotonic() - asked_at > rescue_wait(self.stopping is not None):
                 self._kill_launcher()  # survivors that neither saved nor ended
                 asked_at = float("inf")  # once
 
@@ -577,5 +585,5 @@ def newest_checkpoint_step(workspace: str) -> int | None:
 
 
 __all__ = ["Policy", "Failure", "Attempt", "Supervisor", "failure_of", "next_ranks", "why_not_restart",
-           "after_a_death", "spelled_out", "lost_steps", "hosts_lost", "summary_lines", "describe_failure",
-           "newest_checkpoint_step"]
+           "after_a_death", "rescue_wait", "spelled_out", "lost_steps", "hosts_lost", "summary_lines",
+           "describe_failure", "newest_checkpoint_step"]
