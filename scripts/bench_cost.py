@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_scaling import AUTO_PIPELINE, NETS, launch, layout, measure, partitioned, scheme_name  # noqa: E402 - scripts/ is on the path
 from bench_serial import job_on_synthetic_data  # noqa: E402
-from benchkit import blas_threads_as_train, report_if_cut_short  # noqa: E402
+from benchkit import blas_threads_as_train, positive_int, report_if_cut_short  # noqa: E402
 
 SCHEMES = ["data", "feature", "hybrid", "pipeline"]
 
@@ -106,12 +106,12 @@ def in_job(args) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2])
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     parser.add_argument("--schemes", nargs="+", default=SCHEMES, type=scheme_name, metavar="SCHEME",
                         help="as bench_scaling.py's: data, feature, hybrid, pipeline, gpipe-M, 1f1b-M")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per run (the convnet: half)")
-    parser.add_argument("--repeat", type=int, default=3, help="measured runs per configuration (median)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps per run (the convnet: half)")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="measured runs per configuration (median)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--in-job", action="store_true",
                         help="run under mpiexec: every net and scheme on the launched ranks (--ranks ignored)")

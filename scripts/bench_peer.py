@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_scaling import NETS, launch as launch_singa  # noqa: E402 - scripts/ is on the path from here on
-from benchkit import bench_env, blas_threads_as_train, mpiexec_command, report_if_cut_short  # noqa: E402
+from benchkit import bench_env, blas_threads_as_train, mpiexec_command, positive_int, report_if_cut_short  # noqa: E402
 
 # The update rule of each example conf (conf/mnist_mlp.conf, conf/cifar10_convnet.conf).
 SGD = {"mnist_mlp": dict(lr=0.001, momentum=0.0, weight_decay=0.0),
@@ -184,12 +184,12 @@ def print_table(rows: list[dict], weak: bool) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2])
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     parser.add_argument("--schemes", nargs="+", default=["data"], choices=["data", "feature", "hybrid", "auto"],
                         help="singa_mpi's schemes to run; the table shows the fastest")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per run (the convnet: half)")
-    parser.add_argument("--repeat", type=int, default=2, help="runs per configuration (medians are reported)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps per run (the convnet: half)")
+    parser.add_argument("--repeat", type=positive_int, default=2, help="runs per configuration (medians are reported)")
     parser.add_argument("--weak", action="store_true", help="every rank takes the example's whole batch")
     parser.add_argument("--json", help="write the runs and the table here")
     parser.add_argument("--worker", action="store_true", help="run PyTorch's side in this MPI world")

@@ -48,7 +48,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchkit import bench_env, blas_threads_as_train, mpiexec_command, report_if_cut_short  # noqa: E402
+from benchkit import bench_env, blas_threads_as_train, mpiexec_command, positive_int, report_if_cut_short  # noqa: E402
 
 NETS = {"mnist_mlp": ("mnist_mlp.conf", (784,), 64), "cifar10_convnet": ("cifar10_convnet.conf", (3, 32, 32), 100)}
 SCHEME_NAMES = ["data", "feature", "hybrid", "pipeline", "auto", "auto-pipeline"]
@@ -437,9 +437,9 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per run (the convnet: half)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per configuration (medians are reported)")
+    parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--steps", type=positive_int, default=30, help="timed steps per run (the convnet: half)")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="runs per configuration (medians are reported)")
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     parser.add_argument("--schemes", nargs="+", default=["data", "feature", "hybrid"],
                         type=scheme_name, metavar="SCHEME",

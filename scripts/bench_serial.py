@@ -26,8 +26,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from singa_mpi.config.load import parse_job  # noqa: E402
-from singa_mpi.runtimes.serial import SerialRuntime
+from singa_mpi.runtimes.serial import SerialRuntime  # noqa: E402
 from singa_mpi.trainer import Trainer  # noqa: E402
+from benchkit import positive_int  # noqa: E402 - scripts/ is on the path: this script's folder
 
 
 def synthetic_store(folder: str, name: str, shape: tuple[int, ...], count: int, classes: int = 10) -> str:
@@ -106,7 +107,7 @@ class NumpyMLP:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=positive_int, default=30)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="bench_data_")

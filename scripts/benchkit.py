@@ -5,6 +5,7 @@ giving a script's own process the BLAS threads `singa-mpi train` would.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import pathlib
@@ -14,6 +15,15 @@ import sys
 from typing import Callable, Iterator
 
 from singa_mpi.communication.launchers import find_launcher
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts (ranks, steps, repeats): 0 or less would run nothing, or divide by
+    zero deep inside a run, so argparse refuses it in one line."""
+    value = int(text) if text.strip().lstrip("+").isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
+    return value
 
 
 def bench_env() -> dict[str, str]:
