@@ -11,7 +11,7 @@ table gives both step times and predicted / measured.  The goal (issue #20) is w
 on a machine with a core per rank.
 
 Each row prints as it is measured; Ctrl-C or SIGTERM (a time limit) prints the summary of the rows
-done.
+done.  A run that fails is said in one line, the other configurations go on, and the exit code is 1.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_scaling import AUTO_PIPELINE, NETS, launch, layout, measure, partitioned, scheme_name  # noqa: E402 - scripts/ is on the path
+from bench_scaling import AUTO_PIPELINE, NETS, RunFailed, launch, layout, measure, partitioned, scheme_name  # noqa: E402 - scripts/ is on the path
 from bench_serial import job_on_synthetic_data  # noqa: E402
 from benchkit import blas_threads_as_train, positive_int, report_if_cut_short  # noqa: E402
 
@@ -128,8 +128,11 @@ def main() -> int:
     from singa_mpi.cost.kernels import KernelTimes, corunners_for
 
     rows: list[dict] = []
+    failed: list[str] = []  # one line per run that ended without a result
 
     def report() -> None:  # the rows were printed as they were measured: the summary of them
+        if failed:
+            print(f"{len(failed)} run(s) failed: " + "; ".join(failed), flush=True)
         within = [r for r in rows if not r["oversubscribed"]]
         if within:
             worst = max(within, key=lambda r: abs(r["ratio"] - 1))
@@ -154,13 +157,18 @@ def main() -> int:
                     if guess is None:
                         continue
                     steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
-                    measured = statistics.median(launch(net, scheme, ranks, steps)["step_ms"]
-                                                 for _ in range(args.repeat)) / 1e3
+                    try:
+                        measured = statistics.median(launch(net, scheme, ranks, steps)["step_ms"]
+                                                     for _ in range(args.repeat)) / 1e3
+                    except RunFailed as err:  # said in one line; the other configurations go on
+                        failed.append(str(err))
+                        print(f"  {err}", flush=True)
+                        continue
                     rows.append(row(net, scheme, ranks, guess, measured))
                     print_row(rows[-1])
                     kernels.save()
     report()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

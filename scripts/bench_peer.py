@@ -16,7 +16,9 @@ Timing as in bench_scaling: warm-up steps, then the median step time of the slow
 started at a barrier.
 
 Each run prints a line as it ends, each repeat the table so far; Ctrl-C or SIGTERM (a time limit)
-prints the table of the runs done.
+prints the table of the runs done.  A run that fails is said in one line and the others go on: its
+side of the row reads n/a (null in --json, which lists the failures under "failed"), and the exit code
+is 1.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_scaling import NETS, launch as launch_singa  # noqa: E402 - scripts/ is on the path from here on
+from bench_scaling import NETS, RunFailed, error_tail, launch as launch_singa  # noqa: E402 - scripts/ is on the path from here on
 from benchkit import bench_env, blas_threads_as_train, mpiexec_command, positive_int, report_if_cut_short  # noqa: E402
 
 # The update rule of each example conf (conf/mnist_mlp.conf, conf/cifar10_convnet.conf).
@@ -145,15 +147,20 @@ def torch_worker(args) -> int:
 
 def launch_torch(net: str, ranks: int, steps: int, weak: bool) -> dict:
     cmd = mpiexec_command(ranks) + [sys.executable, __file__, "--worker", "--net", net, "--steps", str(steps)]
-    out = subprocess.run(cmd + (["--weak"] if weak else []), env=bench_env(), capture_output=True, text=True,
-                         timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(f"PyTorch {net} on {ranks} ranks failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        out = subprocess.run(cmd + (["--weak"] if weak else []), env=bench_env(), capture_output=True, text=True,
+                             timeout=1800)
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"PyTorch {net} n={ranks} failed: no result within 1800 s") from None
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        raise RunFailed(f"PyTorch {net} n={ranks} failed (exit {out.returncode}): {error_tail(out.stderr or out.stdout)}")
+    return json.loads(lines[-1])
 
 
 def compare(runs: list[dict]) -> list[dict]:
-    """One row per (net, ranks): the median samples/s of each side (singa_mpi: its best scheme)."""
+    """One row per (net, ranks): the median samples/s of each side (singa_mpi: its best scheme); a side
+    with no run (all failed) is None, and so is the ratio."""
     rows = []
     for net, ranks in sorted({(r["net"], r["ranks"]) for r in runs}):
         here = [r for r in runs if (r["net"], r["ranks"]) == (net, ranks)]
@@ -162,12 +169,19 @@ def compare(runs: list[dict]) -> list[dict]:
         for r in here:
             if r.get("impl") != "pytorch":
                 by_scheme.setdefault(r["scheme"], []).append(r["samples_per_s"])
-        scheme, ours = max(((s, statistics.median(v)) for s, v in by_scheme.items()), key=lambda sv: sv[1])
-        theirs = statistics.median(peer) if peer else float("nan")
+        scheme, ours = max(((s, statistics.median(v)) for s, v in by_scheme.items()), key=lambda sv: sv[1],
+                           default=(None, None))
+        theirs = statistics.median(peer) if peer else None
         rows.append({"net": net, "ranks": ranks, "batch": here[0]["batch"], "scheme": scheme,
-                     "singa_mpi": ours, "pytorch": theirs, "ratio": ours / theirs,
+                     "singa_mpi": ours, "pytorch": theirs,
+                     "ratio": ours / theirs if ours is not None and theirs is not None else None,
                      "oversubscribed": ranks > (os.cpu_count() or 1)})
     return rows
+
+
+def shown(value: float | None, form: str) -> str:
+    """A table cell: ``value`` in ``form``, or n/a where that side has no run."""
+    return "n/a" if value is None else format(value, form)
 
 
 def print_table(rows: list[dict], weak: bool) -> None:
@@ -176,8 +190,8 @@ def print_table(rows: list[dict], weak: bool) -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         mark = "*" if r["oversubscribed"] else ""
-        print(f"| {r['net']} | {r['ranks']}{mark} | {r['batch']} | {r['singa_mpi']:,.0f} ({r['scheme']}) "
-              f"| {r['pytorch']:,.0f} | {r['ratio']:.2f} |", flush=True)
+        print(f"| {r['net']} | {r['ranks']}{mark} | {r['batch']} | {shown(r['singa_mpi'], ',.0f')} ({r['scheme'] or '-'}) "
+              f"| {shown(r['pytorch'], ',.0f')} | {shown(r['ratio'], '.2f')} |", flush=True)
     if any(r["oversubscribed"] for r in rows):
         print("* oversubscribed: more ranks than cores; correctness only, not speed")
 
@@ -204,37 +218,53 @@ def main() -> int:
         print(NO_TORCH, file=sys.stderr)
         return 3
     runs: list[dict] = []
+    failed: list[str] = []  # one line per run that ended without a result
 
     def report() -> None:
-        if not runs:
-            print("no run finished yet")
-            return
         rows = compare(runs)
-        print_table(rows, args.weak)
+        if rows:
+            print_table(rows, args.weak)
+        else:
+            print("no run finished yet")
+        if failed:
+            print(f"{len(failed)} run(s) failed: " + "; ".join(failed), flush=True)
         if args.json:
-            pathlib.Path(args.json).write_text(json.dumps({"table": rows, "runs": runs}, indent=1) + "\n")
+            pathlib.Path(args.json).write_text(json.dumps({"table": rows, "runs": runs, "failed": failed},
+                                                          indent=1) + "\n")
 
     with report_if_cut_short(report):
         for repeat in range(args.repeat):
             for net in args.nets:
                 steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
                 for ranks in args.ranks:
-                    for scheme in args.schemes:
-                        runs.append(dict(launch_singa(net, scheme, ranks, steps, args.weak), impl="singa_mpi"))
-                    try:
-                        runs.append(launch_torch(net, ranks, steps, args.weak))
-                    except RuntimeError as err:  # keep what was measured; the row says n/a
-                        print(f"  PyTorch {net} n={ranks} failed: {str(err).splitlines()[-1][:200]}", flush=True)
-                    mine = [r for r in runs if (r["net"], r["ranks"]) == (net, ranks)][-len(args.schemes) - 1:]
-                    print(f"  measured {net} n={ranks} ({repeat + 1}/{args.repeat}): " + ", ".join(
-                        f"{r.get('scheme', r['impl'])} {r['samples_per_s']:,.0f}" for r in mine) + " samples/s",
-                        flush=True)
-            if repeat + 1 < args.repeat:
+                    mine = measure_both(net, ranks, steps, args, failed)
+                    runs.extend(mine)
+                    print(f"  measured {net} n={ranks} ({repeat + 1}/{args.repeat}): " + (", ".join(
+                        f"{r.get('scheme', r['impl'])} {r['samples_per_s']:,.0f}" for r in mine) or "nothing")
+                        + " samples/s", flush=True)
+            if repeat + 1 < args.repeat and runs:
                 print(f"after {repeat + 1} of {args.repeat} repeats:")
                 print_table(compare(runs), args.weak)
     report()
-    return 0
+    return 1 if failed else 0
 
+
+def measure_both(net: str, ranks: int, steps: int, args, failed: list[str]) -> list[dict]:
+    """singa_mpi's runs (each of --schemes) and PyTorch's at ``ranks``; a run that fails is said in one
+    line and added to ``failed``, and the others go on (its row says n/a)."""
+    mine = []
+    for scheme in args.schemes:
+        try:
+            mine.append(dict(launch_singa(net, scheme, ranks, steps, args.weak), impl="singa_mpi"))
+        except RunFailed as err:
+            failed.append(str(err))
+            print(f"  {err}", flush=True)
+    try:
+        mine.append(launch_torch(net, ranks, steps, args.weak))
+    except RunFailed as err:
+        failed.append(str(err))
+        print(f"  {err}", flush=True)
+    return mine
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,7 +29,9 @@ runs it in deterministic mode with the mode's blocks for the job's batch (blocks
 ``--schemes data data+det`` measures what the mode costs, side by side.
 
 Each run prints a line as it ends, each scheme once measured the table so far; Ctrl-C or SIGTERM
-(a time limit) prints the table of the runs done.
+(a time limit) prints the table of the runs done.  A run that fails is said in one line (the run and
+the line of its output that says why) and the other runs go on; the table and --json (its "failed"
+list) then keep what was measured, and the exit code is 1.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import subprocess
@@ -347,17 +350,41 @@ def refusal(net: str, scheme: str, ranks: int, weak: int = 0) -> str | None:
     return None
 
 
+class RunFailed(RuntimeError):
+    """One run (net, scheme, ranks) ended without a result; its message is one line: which run, and the
+    line of its output that says why.  The loops report it and go on with the other runs."""
+
+
+def error_tail(output: str) -> str:
+    """The line of a failed run's output that says what went wrong: the last exception or error line
+    (MPICH's clean-up banner and Open MPI's notices follow it), else the last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"[\w.]*(Error|Exception)\b", line) or "error:" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
 def launch(net: str, scheme: str, ranks: int, steps: int, weak: int = 0) -> dict:
+    """Run one configuration under mpiexec; its result (RunFailed when it ends without one)."""
+    what = f"{net} {scheme} n={ranks}"
     env = bench_env()  # one BLAS thread per rank; the launcher's MPI (SINGA_MPI_FLAVOR=openmpi|mpich)
     cmd = mpiexec_command(ranks) + [sys.executable, __file__, "--worker", "--net", net, "--scheme", scheme,
                                     "--steps", str(steps)] + weak_flag(weak)
-    chosen = layout(net, scheme, ranks, weak)
+    try:
+        chosen = layout(net, scheme, ranks, weak)
+    except RuntimeError as err:  # plan --auto priced no pipeline
+        raise RunFailed(f"{what} failed: {err}") from None
     if chosen is not None:  # chosen once, here, so that every rank runs the same plan
         cmd += ["--dims", json.dumps(chosen)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(f"{net}/{scheme} on {ranks} ranks failed:\n{out.stderr[-3000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"{what} failed: no result within 1800 s") from None
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        raise RunFailed(f"{what} failed (exit {out.returncode}): {error_tail(out.stderr or out.stdout)}")
+    result = json.loads(lines[-1])
     if chosen is not None:
         result["layout"] = chosen  # what ran: auto's partition_dims, a pipeline's stages
     return result
@@ -476,17 +503,21 @@ def main() -> int:
             plot(rows, args.plot)
         return 0
     runs: list[dict] = []
+    failed: list[str] = []  # one line per run that ended without a result
 
     def report() -> None:
-        if not runs:
-            print("no run finished yet")
-            return
         rows = summarize(runs)
-        print_table(rows)
-        if args.plot:
+        if rows:
+            print_table(rows)
+        else:
+            print("no run finished yet")
+        if failed:
+            print(f"{len(failed)} run(s) failed: " + "; ".join(failed), flush=True)
+        if args.plot and rows:
             plot(rows, args.plot)
         if args.json:
-            pathlib.Path(args.json).write_text(json.dumps({"summary": rows, "runs": runs}, indent=1) + "\n")
+            pathlib.Path(args.json).write_text(json.dumps({"summary": rows, "runs": runs, "failed": failed},
+                                                          indent=1) + "\n")
 
     with report_if_cut_short(report):
         for net in args.nets:
@@ -498,14 +529,20 @@ def main() -> int:
                             print(f"  {net} {scheme} n={ranks}: refused by the planner ({refused})", flush=True)
                             continue
                         steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
-                        runs.append(launch(net, scheme, ranks, steps, args.weak))
+                        try:
+                            runs.append(launch(net, scheme, ranks, steps, args.weak))
+                        except RunFailed as err:  # said in one line; the other runs go on
+                            failed.append(str(err))
+                            print(f"  {err}", flush=True)
+                            continue
                         print(f"  measured {net} {scheme} n={ranks} ({repeat + 1}/{args.repeat}): "
                               f"{runs[-1]['samples_per_s']:,.1f} samples/s, {runs[-1]['step_ms']:.2f} ms/step",
                               flush=True)
-                print(f"{net} {scheme} done; the table so far:")
-                print_table(summarize(runs))
+                if runs:
+                    print(f"{net} {scheme} done; the table so far:")
+                    print_table(summarize(runs))
     report()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
