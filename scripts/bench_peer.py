@@ -230,7 +230,7 @@ def main() -> int:
             print(f"{len(failed)} run(s) failed: " + "; ".join(failed), flush=True)
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps({"table": rows, "runs": runs, "failed": failed},
-                                                          indent=1) + "\n")
+                                                          indent=1, allow_nan=False) + "\n")  # n/a is null
 
     with report_if_cut_short(report):
         for repeat in range(args.repeat):

@@ -399,7 +399,6 @@ def summarize(runs: list[dict]) -> list[dict]:
     rows = []
     for (net, scheme, weak, ranks), group in sorted(groups.items()):
         base = groups.get((net, scheme, weak, 1), [])
-        reference = statistics.median(b["samples_per_s"] for b in base) if base else float("nan")
         per_repeat = [r["samples_per_s"] / b["samples_per_s"] for r, b in zip(group, base)]
         row = {key: statistics.median(r[key] for r in group)
                for key in ("step_ms", "samples_per_s", "exposed_comm_share", "bytes_per_step")}
@@ -408,10 +407,10 @@ def summarize(runs: list[dict]) -> list[dict]:
         if all(r.get("step_allocations") for r in group):  # per rank, the median over the repeats
             row["step_alloc_mib"] = [statistics.median(r["step_allocations"][i] for r in group) / 2**20
                                      for i in range(ranks)]
-        best_base = max((b["samples_per_s"] for b in base), default=float("nan"))
         row.update(net=net, scheme=scheme, weak=weak, ranks=ranks, batch=group[0]["batch"], repeats=len(group),
-                   speedup=row["samples_per_s"] / reference,
-                   speedup_best=max(r["samples_per_s"] for r in group) / best_base,
+                   speedup=row["samples_per_s"] / statistics.median(b["samples_per_s"] for b in base) if base else None,
+                   speedup_best=(max(r["samples_per_s"] for r in group) / max(b["samples_per_s"] for b in base)
+                                 if base else None),  # None: no 1-rank run to compare with
                    speedup_range=[min(per_repeat), max(per_repeat)] if per_repeat else None,
                    oversubscribed=ranks > group[0].get("cores", os.cpu_count() or 1))
         rows.append(row)
@@ -429,7 +428,8 @@ def plot(rows: list[dict], path: str) -> None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for net, scheme in sorted({(r["net"], r["scheme"]) for r in rows}):
-        mine = sorted((r["ranks"], r["speedup"]) for r in rows if (r["net"], r["scheme"]) == (net, scheme))
+        mine = sorted((r["ranks"], r["speedup"]) for r in rows
+                      if (r["net"], r["scheme"]) == (net, scheme) and r["speedup"] is not None)
         ax.plot([n for n, _ in mine], [s for _, s in mine], marker="o", label=f"{net} {scheme}")
     most = max(r["ranks"] for r in rows)
     ax.plot([1, most], [1, most], color="grey", linestyle=":", label="linear")
@@ -441,11 +441,13 @@ def plot(rows: list[dict], path: str) -> None:
     print(f"plot {path}")
 
 
-def print_table(rows: list[dict]) -> None:
-    missing = sorted({(r["net"], r["scheme"]) for r in rows if r["speedup"] != r["speedup"]})
+def print_table(rows: list[dict], collected: bool = False) -> None:
+    """The table of ``rows``; ``collected``: read from a Slurm campaign's files (the hint for missing
+    1-rank runs then names the batch job that makes them, else this script's option)."""
+    missing = sorted({(r["net"], r["scheme"]) for r in rows if r["speedup"] is None})
     for r in rows:
         spread = f"({r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f})" if r["speedup_range"] else ""
-        known = r["speedup"] == r["speedup"]  # not NaN: a 1-rank row exists
+        known = r["speedup"] is not None  # a 1-rank row exists
         speedup = f"x{r['speedup']:.2f}" if known else "x n/a"
         best = f"x{r['speedup_best']:.2f}" if known else "n/a"
         memory = f"{r['peak_rss_max'] / 2**20:>6.0f} MiB peak" if r.get("peak_rss_max") else "  n/a MiB peak"
@@ -458,8 +460,9 @@ def print_table(rows: list[dict]) -> None:
               f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step  {memory}{allocates}  [{r['repeats']} runs]", flush=True)
     print("* oversubscribed: more ranks than cores; correctness only, not speed")
     if missing:
+        run = "sbatch --ntasks=1 slurm/bench.sbatch" if collected else "include 1 in --ranks"
         print("no 1-rank run for " + ", ".join(f"{net} {scheme}" for net, scheme in missing)
-              + ": their speed-ups are n/a (run the baselines: sbatch --ntasks=1 slurm/bench.sbatch)")
+              + f": their speed-ups are n/a (run the baselines: {run})")
 
 
 def main() -> int:
@@ -498,7 +501,7 @@ def main() -> int:
                   file=sys.stderr)
             return 1
         rows = summarize(runs)
-        print_table(rows)
+        print_table(rows, collected=True)
         if args.plot:
             plot(rows, args.plot)
         return 0
@@ -517,7 +520,7 @@ def main() -> int:
             plot(rows, args.plot)
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps({"summary": rows, "runs": runs, "failed": failed},
-                                                          indent=1) + "\n")
+                                                          indent=1, allow_nan=False) + "\n")  # strict JSON
 
     with report_if_cut_short(report):
         for net in args.nets:

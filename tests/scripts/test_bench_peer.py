@@ -69,3 +69,37 @@ def test_serial_comparison_prints_a_ratio_per_net(tmp_path):
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert {row.split("|")[1].strip() for row in rows} == {"mnist_mlp", "cifar10_convnet"}
     assert all(float(row.split("|")[6]) > 0 for row in rows)
+
+
+def test_a_peer_that_never_ran_reads_n_a_and_its_json_holds_null(tmp_path, monkeypatch, capsys):
+    """Every PyTorch run failed: the row says n/a (not nan), the JSON is strict (null, not NaN), exit 1."""
+    import json
+    import types
+
+    def launch_torch(net, ranks, steps, weak):
+        raise bench_scaling.RunFailed(f"PyTorch {net} n={ranks} failed (exit 3): no torch in the ranks' Python")
+
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setattr(bench_peer, "launch_singa", lambda net, scheme, ranks, steps, weak: run(ranks, 1000))
+    monkeypatch.setattr(bench_peer, "launch_torch", launch_torch)
+    out = tmp_path / "peer.json"
+    monkeypatch.setattr(sys, "argv", ["bench_peer.py", "--ranks", "1", "--repeat", "1", "--nets", "mnist_mlp",
+                                      "--json", str(out)])
+    assert bench_peer.main() == 1
+    printed = capsys.readouterr().out
+    assert "| mnist_mlp | 1 | 64 | 1,000 (data) | n/a | n/a |" in printed and "nan" not in printed
+    [row] = json.loads(out.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))["table"]
+    assert row["pytorch"] is None and row["ratio"] is None
+
+
+def test_a_speedup_without_a_one_rank_run_is_none_and_the_hint_fits_where_it_ran(capsys):
+    import json
+
+    [row] = bench_scaling.summarize([run(2, 1600)])
+    assert row["speedup"] is None and row["speedup_best"] is None and row["speedup_range"] is None
+    json.dumps(row, allow_nan=False)  # strict JSON
+    bench_scaling.print_table([row])
+    printed = capsys.readouterr().out
+    assert "x n/a" in printed and "(run the baselines: include 1 in --ranks)" in printed
+    bench_scaling.print_table([row], collected=True)
+    assert "(run the baselines: sbatch --ntasks=1 slurm/bench.sbatch)" in capsys.readouterr().out
