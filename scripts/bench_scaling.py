@@ -325,9 +325,37 @@ def worker(args) -> int:
         line = json.dumps(result)
         print(line)
         if args.out:
-            pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            pathlib.Path(args.out).write_text(line + "\n")
+            write_atomically(pathlib.Path(args.out), line + "\n")
     return 0
+
+
+def write_atomically(path: pathlib.Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file beside it and a rename: a job killed while
+    writing (a time limit) leaves no half-written result for --collect to read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+RESULT_KEYS = {"net", "scheme", "ranks", "batch", "samples_per_s", "step_ms", "exposed_comm_share", "bytes_per_step"}
+
+
+def collected_runs(folder: str) -> list[dict]:
+    """The worker results (JSON) in ``folder``; a file that is none (empty, cut short, another tool's)
+    is skipped with a one-line warning naming it."""
+    runs = []
+    for path in sorted(pathlib.Path(folder).glob("*.json")):
+        try:
+            run = json.loads(path.read_text())
+        except (OSError, ValueError):  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+            run = None
+        if not isinstance(run, dict) or not RESULT_KEYS <= run.keys():
+            print(f"warning: {path}: skipped: expected the JSON result of one bench_scaling.py --worker run",
+                  file=sys.stderr, flush=True)
+            continue
+        runs.append(run)
+    return runs
 
 
 def refusal(net: str, scheme: str, ranks: int, weak: int = 0) -> str | None:
@@ -495,7 +523,7 @@ def main() -> int:
     if args.worker:  # measure() sets the job's own
         return worker(args)
     if args.collect:
-        runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path(args.collect).glob("*.json"))]
+        runs = collected_runs(args.collect)
         if not runs:
             print(f"{args.collect}: no results (bench-*.json) yet: expected the benchmark jobs to have run",
                   file=sys.stderr)
@@ -519,8 +547,8 @@ def main() -> int:
         if args.plot and rows:
             plot(rows, args.plot)
         if args.json:
-            pathlib.Path(args.json).write_text(json.dumps({"summary": rows, "runs": runs, "failed": failed},
-                                                          indent=1, allow_nan=False) + "\n")  # strict JSON
+            write_atomically(pathlib.Path(args.json), json.dumps({"summary": rows, "runs": runs, "failed": failed},
+                                                                 indent=1, allow_nan=False) + "\n")  # strict JSON
 
     with report_if_cut_short(report):
         for net in args.nets:
