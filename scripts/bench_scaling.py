@@ -338,6 +338,17 @@ def write_atomically(path: pathlib.Path, text: str) -> None:
     os.replace(temporary, path)
 
 
+# The tasks of slurm/bench.sbatch's array, in its order (its NETS and SCHEMES): what a campaign expects
+# at each rank count.
+CAMPAIGN_TASKS = [(net, scheme) for net in NETS for scheme in ("data", "feature", "hybrid")]
+
+
+def missing_results(runs: list[dict], ranks: list[int]) -> list[str]:
+    """The campaign's tasks at ``ranks`` that left no result in ``runs`` (they failed, or never ran)."""
+    have = {(r["net"], r["scheme"], r["ranks"]) for r in runs}
+    return [f"{net} {scheme} n={n}" for n in ranks for net, scheme in CAMPAIGN_TASKS if (net, scheme, n) not in have]
+
+
 RESULT_KEYS = {"net", "scheme", "ranks", "batch", "samples_per_s", "step_ms", "exposed_comm_share", "bytes_per_step"}
 
 
@@ -493,6 +504,26 @@ def print_table(rows: list[dict], collected: bool = False) -> None:
               + f": their speed-ups are n/a (run the baselines: {run})")
 
 
+def collect(folder: str, expected_ranks: list[int], plot_path: str | None) -> int:
+    """--collect: the table of the results in ``folder``; 1 when a task expected at ``expected_ranks``
+    (a campaign's rank counts) left no result, naming each, or when there is no result at all."""
+    runs = collected_runs(folder)
+    if runs:
+        rows = summarize(runs)
+        print_table(rows, collected=True)
+        if plot_path:
+            plot(rows, plot_path)
+    missing = missing_results(runs, expected_ranks)
+    if missing:
+        print(f"{folder}: no result from {len(missing)} task(s): {', '.join(missing)}: expected each task's "
+              f"bench-NET-SCHEME-nN.json (its Slurm output, slurm-*.out, says why not)", file=sys.stderr)
+        return 1
+    if not runs:
+        print(f"{folder}: no results (bench-*.json) yet: expected the benchmark jobs to have run", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2, 4])
@@ -517,22 +548,16 @@ def main() -> int:
                         "layer, a pipeline's stage per layer")
     parser.add_argument("--out", help="--worker: also write the JSON result here")
     parser.add_argument("--collect", help="print the table of the JSON results in this folder")
+    parser.add_argument("--expect-ranks", type=positive_int, nargs="+", metavar="N",
+                        help="--collect: every task of slurm/bench.sbatch must have a result at each of these "
+                             "rank counts (a campaign's); the missing ones are named, exit 1")
     parser.add_argument("--plot", help="also draw the speed-ups into this PNG (needs matplotlib)")
     args = parser.parse_args()
     blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
     if args.worker:  # measure() sets the job's own
         return worker(args)
     if args.collect:
-        runs = collected_runs(args.collect)
-        if not runs:
-            print(f"{args.collect}: no results (bench-*.json) yet: expected the benchmark jobs to have run",
-                  file=sys.stderr)
-            return 1
-        rows = summarize(runs)
-        print_table(rows, collected=True)
-        if args.plot:
-            plot(rows, args.plot)
-        return 0
+        return collect(args.collect, args.expect_ranks or [], args.plot)
     runs: list[dict] = []
     failed: list[str] = []  # one line per run that ended without a result
 

@@ -357,7 +357,7 @@ set -e
 if [ "$status" -ne 0 ] || ! grep -Eq 'n=2.* x[0-9]+\.[0-9]{2} ' <<<"$table" || grep -q 'x n/a\|nan' <<<"$table"; then
   say "FAILED: the campaign (status $status) printed no speed-ups for 2 ranks; its table:"
   echo "$table" | tail -20
-  tail -20 "$WORK"/bench/slurm-*.out 2>/dev/null
+  tail -20 "$WORK"/bench/campaign-*/slurm-*.out 2>/dev/null  # (each campaign has its own folder)
   exit 1
 fi
 say "campaign table: $(grep -c ' n=2' <<<"$table") rows at 2 ranks with speed-ups over their 1-rank baselines"

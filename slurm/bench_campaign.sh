@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The scaling benchmark campaign in one command: slurm/bench.sbatch as job arrays for the 1-rank
 # baselines and for each rank count given, then a job that collects their results once all of them
-# have ended (afterany) into RESULTS/scaling.txt (the table; RESULTS/scaling.png too with matplotlib).
-# The tasks' Slurm output goes to RESULTS as well.
+# have ended (afterany) into CAMPAIGN/scaling.txt (the table; CAMPAIGN/scaling.png too with matplotlib).
+# CAMPAIGN is a new folder RESULTS/campaign-DATE-TIME-XXXX for each campaign: its results, and the tasks'
+# Slurm output, are never mixed with an earlier campaign's.  A task that left no result is named in
+# scaling.txt, and the collecting job (with --wait: this script) then exits 1.
 #
 #   bash slurm/bench_campaign.sh --wait          # 1 and 2 ranks; waits and prints the table here
-#   bash slurm/bench_campaign.sh 2 4 8 16        # returns at once; the table lands in RESULTS/scaling.txt
+#   bash slurm/bench_campaign.sh 2 4 8 16        # returns at once; the table lands in CAMPAIGN/scaling.txt
 #
 # Environment: as slurm/bench.sbatch (SINGA_PYTHON, RESULTS default bench-results, STEPS, SINGA_LAUNCHER).
 set -euo pipefail
@@ -21,9 +23,12 @@ for arg in "$@"; do
   esac
 done
 [ ${#COUNTS[@]} -gt 0 ] || COUNTS=(2)
-export RESULTS=${RESULTS:-bench-results}
 PY=${SINGA_PYTHON:-python3}
-mkdir -p "$RESULTS"
+mkdir -p "${RESULTS:-bench-results}"
+# this campaign's own folder: the tasks write into it (RESULTS, exported to them), the collector reads it
+RESULTS=$(mktemp -d "${RESULTS:-bench-results}/campaign-$(date +%Y%m%d-%H%M%S)-XXXX")
+export RESULTS
+echo "campaign folder: $RESULTS"
 
 ids=()
 for n in 1 "${COUNTS[@]}"; do  # the baselines first: every speed-up is against them
@@ -34,7 +39,7 @@ done
 deps=$(IFS=:; echo "${ids[*]}")
 collect=(sbatch --parsable --dependency="afterany:$deps" --ntasks=1 --time=00:05:00 --job-name=singa-bench-collect
          --output="$RESULTS/scaling.txt"
-         --wrap="$PY scripts/bench_scaling.py --collect $RESULTS --plot $RESULTS/scaling.png")
+         --wrap="$PY scripts/bench_scaling.py --collect $RESULTS --expect-ranks 1 ${COUNTS[*]} --plot $RESULTS/scaling.png")
 if [ "$WAIT" -eq 0 ]; then
   id=$("${collect[@]}")
   echo "submitted the collecting job ${id%%;*}: the table will be in $RESULTS/scaling.txt"

@@ -45,3 +45,26 @@ def test_a_result_is_written_whole_through_a_temporary_file(tmp_path):
     bench_scaling.write_atomically(path, json.dumps(result()) + "\n")
     assert json.loads(path.read_text())["net"] == "mnist_mlp"
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_a_campaign_s_missing_results_are_named_and_fail_the_collection(tmp_path):
+    (tmp_path / "bench-mnist_mlp-data-n1.json").write_text(json.dumps(result()) + "\n")
+    (tmp_path / "bench-mnist_mlp-data-n2.json").write_text(json.dumps(result(ranks=2, sps=1600.0)) + "\n")
+    assert bench_scaling.missing_results([result(), result(ranks=2)], [1]) == [
+        "mnist_mlp feature n=1", "mnist_mlp hybrid n=1", "cifar10_convnet data n=1", "cifar10_convnet feature n=1",
+        "cifar10_convnet hybrid n=1"]
+    out = collect(tmp_path, "--expect-ranks", "1", "2")
+    assert out.returncode == 1
+    assert "x1.60" in out.stdout  # the table of what there is
+    assert out.stderr.startswith(f"{tmp_path}: no result from 10 task(s): mnist_mlp feature n=1, "), out.stderr
+    assert len(out.stderr.splitlines()) == 1
+
+
+def test_the_campaign_s_tasks_are_bench_sbatch_s():
+    """bench_scaling.CAMPAIGN_TASKS is slurm/bench.sbatch's NETS x SCHEMES table, in its order."""
+    text = (ROOT / "slurm" / "bench.sbatch").read_text()
+    table = {}
+    for name in ("NETS", "SCHEMES"):
+        [line] = [line for line in text.splitlines() if line.startswith(f"{name}=(")]
+        table[name] = line.split("(", 1)[1].rstrip(")").split()
+    assert list(zip(table["NETS"], table["SCHEMES"])) == bench_scaling.CAMPAIGN_TASKS

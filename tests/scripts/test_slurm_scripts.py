@@ -1,0 +1,45 @@
+"""The Slurm scripts (slurm/) run under stand-ins for sbatch and scontrol (tests/scripts/fake_slurm: the
+job runs at once, here) with fake SLURM_* variables: no Slurm needed, seconds each."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FAKE_SLURM = pathlib.Path(__file__).resolve().parent / "fake_slurm"
+
+
+def slurm_env(tmp_path: pathlib.Path, **more: str) -> dict:
+    """This Python and the stand-ins first on PATH; the stand-ins' calls logged to tmp_path/slurm.log."""
+    path = os.pathsep.join([str(FAKE_SLURM), os.path.dirname(sys.executable), os.environ["PATH"]])
+    return dict(os.environ, PATH=path, SINGA_PYTHON=sys.executable, FAKE_SLURM_LOG=str(tmp_path / "slurm.log"),
+                **more)
+
+
+def old_campaign(results: pathlib.Path) -> None:
+    """Results an earlier campaign left in RESULTS (as campaigns did before they had their own folder)."""
+    results.mkdir(parents=True, exist_ok=True)
+    for ranks, sps in ((1, 1000.0), (2, 1600.0)):
+        (results / f"bench-mnist_mlp-data-n{ranks}.json").write_text(json.dumps(
+            {"net": "mnist_mlp", "scheme": "data", "ranks": ranks, "batch": 64, "samples_per_s": sps,
+             "step_ms": 64e3 / sps, "exposed_comm_share": 0.0, "bytes_per_step": 0.0, "cores": 16}) + "\n")
+
+
+def test_a_campaign_whose_tasks_all_fail_names_them_and_fails(tmp_path):
+    """Every task fails (an unknown launcher): no earlier campaign's table, each task named, exit 1."""
+    results = tmp_path / "results"
+    old_campaign(results)
+    env = slurm_env(tmp_path, RESULTS=str(results), SINGA_LAUNCHER="bogus")
+    out = subprocess.run(["bash", str(ROOT / "slurm" / "bench_campaign.sh"), "--wait"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "samples/s" not in out.stdout, out.stdout  # not the earlier campaign's table
+    [campaign] = [p for p in results.iterdir() if p.is_dir()]
+    assert campaign.name.startswith("campaign-")
+    tasks = [f"{net} {scheme} n={n}" for n in (1, 2) for net in ("mnist_mlp", "cifar10_convnet")
+             for scheme in ("data", "feature", "hybrid")]
+    assert f"{campaign}: no result from 12 task(s): {', '.join(tasks)}: expected" in out.stdout, out.stdout
+    assert (campaign / "scaling.txt").read_text() in out.stdout
+    task_outputs = list(campaign.glob("slurm-*.out"))
+    assert len(task_outputs) == 12 and "expected srun or mpiexec" in task_outputs[0].read_text()
