@@ -37,9 +37,11 @@ for n in 1 "${COUNTS[@]}"; do  # the baselines first: every speed-up is against 
   echo "submitted the benchmark array on $n rank(s): job ${id%%;*}"
 done
 deps=$(IFS=:; echo "${ids[*]}")
+# --wrap is one line of shell: each word quoted (%q), so that a path with spaces stays one word
+wrap=$(printf '%q ' "$PY" scripts/bench_scaling.py --collect "$RESULTS" --expect-ranks 1 "${COUNTS[@]}" \
+         --plot "$RESULTS/scaling.png")
 collect=(sbatch --parsable --dependency="afterany:$deps" --ntasks=1 --time=00:05:00 --job-name=singa-bench-collect
-         --output="$RESULTS/scaling.txt"
-         --wrap="$PY scripts/bench_scaling.py --collect $RESULTS --expect-ranks 1 ${COUNTS[*]} --plot $RESULTS/scaling.png")
+         --output="$RESULTS/scaling.txt" --wrap="$wrap")
 if [ "$WAIT" -eq 0 ]; then
   id=$("${collect[@]}")
   echo "submitted the collecting job ${id%%;*}: the table will be in $RESULTS/scaling.txt"

@@ -13,8 +13,8 @@ FAKE_SLURM = pathlib.Path(__file__).resolve().parent / "fake_slurm"
 def slurm_env(tmp_path: pathlib.Path, **more: str) -> dict:
     """This Python and the stand-ins first on PATH; the stand-ins' calls logged to tmp_path/slurm.log."""
     path = os.pathsep.join([str(FAKE_SLURM), os.path.dirname(sys.executable), os.environ["PATH"]])
-    return dict(os.environ, PATH=path, SINGA_PYTHON=sys.executable, FAKE_SLURM_LOG=str(tmp_path / "slurm.log"),
-                **more)
+    return {**os.environ, "PATH": path, "SINGA_PYTHON": sys.executable, "FAKE_SLURM_LOG": str(tmp_path / "slurm.log"),
+            **more}
 
 
 def old_campaign(results: pathlib.Path) -> None:
@@ -43,3 +43,20 @@ def test_a_campaign_whose_tasks_all_fail_names_them_and_fails(tmp_path):
     assert (campaign / "scaling.txt").read_text() in out.stdout
     task_outputs = list(campaign.glob("slurm-*.out"))
     assert len(task_outputs) == 12 and "expected srun or mpiexec" in task_outputs[0].read_text()
+
+
+def test_the_collecting_job_takes_paths_with_spaces(tmp_path):
+    """RESULTS and SINGA_PYTHON with a space: the collecting job's --wrap line keeps each one word."""
+    folder = tmp_path / "dir with space"
+    folder.mkdir()
+    python = folder / "my python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    results = folder / "my results"
+    env = slurm_env(tmp_path, RESULTS=str(results), SINGA_LAUNCHER="bogus", SINGA_PYTHON=str(python))
+    out = subprocess.run(["bash", str(ROOT / "slurm" / "bench_campaign.sh"), "--wait", "4"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    [campaign] = list(results.iterdir())
+    assert f"{campaign}: no result from 12 task(s): mnist_mlp data n=1, " in out.stdout, out.stdout
+    assert "cifar10_convnet hybrid n=4: expected" in out.stdout, out.stdout
