@@ -60,3 +60,52 @@ def test_the_collecting_job_takes_paths_with_spaces(tmp_path):
     [campaign] = list(results.iterdir())
     assert f"{campaign}: no result from 12 task(s): mnist_mlp data n=1, " in out.stdout, out.stdout
     assert "cifar10_convnet hybrid n=4: expected" in out.stdout, out.stdout
+
+
+def train_sbatch(tmp_path: pathlib.Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """slurm/train.sbatch as Slurm runs it (job 4242, 1 task), its workspace tmp_path/ws."""
+    knobs = ("SINGA_ELASTIC", "SINGA_LAUNCHER", "SLURM_")  # none from the environment the tests run in
+    environ = {key: value for key, value in slurm_env(tmp_path).items() if not key.startswith(knobs)}
+    environ.update(SLURM_JOB_ID="4242", SLURM_NTASKS="1", SINGA_WORKSPACE=str(tmp_path / "ws"), **env)
+    return subprocess.run(["bash", str(ROOT / "slurm" / "train.sbatch"), str(ROOT / "conf" / "digits_mlp.conf"),
+                           *args], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120)
+
+
+def requeued(tmp_path: pathlib.Path) -> bool:
+    log = tmp_path / "slurm.log"
+    return log.exists() and "scontrol requeue 4242" in log.read_text()
+
+
+def stale_summary(workspace: pathlib.Path) -> None:
+    """What the supervisor of an earlier allocation of the job left: it gave up for want of ranks."""
+    (workspace / "supervisor").mkdir(parents=True)
+    summary = workspace / "supervisor" / "summary.json"
+    summary.write_text('{"too_few_ranks": true}\n')
+    os.utime(summary, (1.7e9, 1.7e9))
+
+
+def test_a_supervisor_that_fails_early_is_not_requeued_on_an_earlier_summary(tmp_path):
+    """The supervisor refuses its options before it writes a summary: the job fails, not requeued."""
+    stale_summary(tmp_path / "ws")
+    out = train_sbatch(tmp_path, SINGA_ELASTIC="1", SINGA_ELASTIC_OPTIONS="--min-ranks two")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert not requeued(tmp_path)
+    assert not list((tmp_path / "ws").glob(".launched-*"))  # the mark is removed
+
+
+def test_a_supervisor_that_gives_up_for_want_of_ranks_requeues_the_job(tmp_path):
+    """This launch's summary says too few ranks: the job is requeued (exit 0)."""
+    stale_summary(tmp_path / "ws")
+    python = tmp_path / "python"  # the supervisor gives up at once; anything else is this Python
+    python.write_text(f"""#!/bin/sh
+if [ "$1 $2 $3" = "-m singa_mpi run" ]; then
+  echo '{{"too_few_ranks": true}}' > "{tmp_path}/ws/supervisor/summary.json"
+  echo "singa-mpi run: gave up: 1 rank would be left, fewer than --min-ranks 2" >&2
+  exit 1
+fi
+exec "{sys.executable}" "$@"
+""")
+    python.chmod(0o755)
+    out = train_sbatch(tmp_path, SINGA_ELASTIC="1", SINGA_ELASTIC_OPTIONS="--min-ranks 2", SINGA_PYTHON=str(python))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert requeued(tmp_path)
