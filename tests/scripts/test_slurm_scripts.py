@@ -109,3 +109,24 @@ exec "{sys.executable}" "$@"
     out = train_sbatch(tmp_path, SINGA_ELASTIC="1", SINGA_ELASTIC_OPTIONS="--min-ranks 2", SINGA_PYTHON=str(python))
     assert out.returncode == 0, out.stdout + out.stderr
     assert requeued(tmp_path)
+
+
+def test_singa_elastic_0_trains_without_the_supervisor(tmp_path):
+    """SINGA_ELASTIC=0 means no supervisor: the ranks train under mpiexec, and a failed run (a bad option)
+    with a stale summary saying too few ranks is not requeued as the supervisor's give-up would be."""
+    stale_summary(tmp_path / "ws")
+    python = tmp_path / "python"  # this Python, noting how it is called
+    python.write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/calls"\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    out = train_sbatch(tmp_path, "--steps", "x", SINGA_ELASTIC="0", SINGA_PYTHON=str(python))
+    assert out.returncode != 0 and not requeued(tmp_path), out.stdout + out.stderr
+    calls = (tmp_path / "calls").read_text()
+    assert "-m singa_mpi train " in calls and "-m singa_mpi run " not in calls, calls
+
+
+def test_singa_elastic_other_values_are_refused_in_one_line(tmp_path):
+    out = train_sbatch(tmp_path, SINGA_ELASTIC="on")
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("singa-mpi: SINGA_ELASTIC=on: expected 1 (train under the supervisor) or 0 "
+                                  "(true/false, yes/no)")
+    assert not (tmp_path / "ws").exists()
