@@ -3,8 +3,12 @@ job runs at once, here) with fake SLURM_* variables: no Slurm needed, seconds ea
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAKE_SLURM = pathlib.Path(__file__).resolve().parent / "fake_slurm"
@@ -130,3 +134,40 @@ def test_singa_elastic_other_values_are_refused_in_one_line(tmp_path):
     assert out.stderr.strip() == ("singa-mpi: SINGA_ELASTIC=on: expected 1 (train under the supervisor) or 0 "
                                   "(true/false, yes/no)")
     assert not (tmp_path / "ws").exists()
+
+
+def test_a_failed_run_s_error_reaches_slurm_s_output_and_the_log(tmp_path):
+    out = train_sbatch(tmp_path, "--steps", "x")
+    assert out.returncode == 2, out.stdout + out.stderr
+    log = tmp_path / "ws" / "slurm-4242.log"
+    error = "singa-mpi train: error: argument --steps: 'x': expected an integer"
+    assert error in out.stdout and error in log.read_text(), out.stdout
+    assert out.stdout.splitlines()[-1] == f"singa-mpi: training finished with exit code 2 (the ranks' output, the error above: {log})"
+
+
+@pytest.mark.slow
+def test_scancel_s_sigterm_to_every_process_still_checkpoints_and_requeues(tmp_path):
+    """scancel signals every process of the job, the tee of the output included: the ranks still
+    checkpoint (the launcher gets SIGUSR1), the job is requeued, and the last lines reach both outputs."""
+    knobs = ("SINGA_ELASTIC", "SINGA_LAUNCHER", "SLURM_")
+    environ = {key: value for key, value in slurm_env(tmp_path).items() if not key.startswith(knobs)}
+    environ.update(SLURM_JOB_ID="4243", SLURM_NTASKS="2", SINGA_WORKSPACE=str(tmp_path / "ws"))
+    job = subprocess.Popen(["bash", str(ROOT / "slurm" / "train.sbatch"), str(ROOT / "conf" / "digits_mlp.conf"),
+                            "--steps", "1000000"], cwd=tmp_path, env=environ, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = tmp_path / "ws" / "slurm-4243.log"
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "step     100/" in log.read_text()) and time.monotonic() < deadline:
+            assert job.poll() is None, job.stdout.read()
+            time.sleep(0.5)
+        os.killpg(job.pid, signal.SIGTERM)  # the job's own session: this test's processes only
+        output, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, output
+    assert "scontrol requeue 4243" in (tmp_path / "slurm.log").read_text()
+    last = "singa-mpi: checkpointed before the time limit; requeueing job 4243"
+    assert output.strip().splitlines()[-1] == last and log.read_text().strip().splitlines()[-1] == last
+    assert (tmp_path / "ws" / "checkpoint").is_dir()
