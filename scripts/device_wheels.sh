@@ -25,13 +25,29 @@ except metadata.PackageNotFoundError:
 EOF
 }
 
-rm -rf "$out"
-mkdir -p "$out"
-download() { "$python" -m pip download -q --no-deps --only-binary=:all: -d "$out" "$@"; }
+# Downloaded into a new folder beside FOLDER, which replaces it only when every download worked: a
+# failure (no network) leaves FOLDER as it was.
+out=${out%/}
+mkdir -p "$(dirname "$out")"
+new=$(mktemp -d "$(dirname "$out")/.$(basename "$out").new.XXXXXX")
+old=""
+trap 'rm -rf "$new" "$old"' EXIT
+chmod a+rx "$new"  # (mktemp's folder is the owner's only)
+download() {
+  "$python" -m pip download -q --no-deps --only-binary=:all: -d "$new" "$@" && return
+  echo "device_wheels: pip download $*: failed (pip's message above, if any): expected PyPI to be reachable;" \
+       "$out/ is left as it was" >&2
+  exit 1
+}
 download "$(pinned mpich)" "$(pinned threadpoolctl)"
 for version in 310 311 312 313; do
   download --python-version "$version" --implementation cp --platform manylinux_2_28_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "$(pinned mpi4py)" "$(pinned protobuf)"
 done
-ls -1 "$out" > "$out/MANIFEST"
+ls -1 "$new" > "$new/MANIFEST"
+if [ -e "$out" ]; then  # the earlier wheels aside, the new ones in, then the earlier ones gone
+  old=$(mktemp -d "$(dirname "$out")/.$(basename "$out").old.XXXXXX")
+  mv "$out" "$old/"
+fi
+mv "$new" "$out"
 echo "device_wheels: $(grep -c whl "$out/MANIFEST") wheels, $(du -sh "$out" | cut -f1) in $out/ (carry it: run(..., carry=[\"$out\"]))"
