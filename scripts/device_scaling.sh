@@ -18,7 +18,7 @@
 # Environment:
 #   SINGA_DEVICE_OUT     where the log, machine.json and each stage's JSON go (default: $OUT when the
 #                        device tool runs it, else bench-results/device-TIME)
-#   SINGA_DEVICE_BUDGET  seconds for this call (default 270); each stage gets at most what is left, and
+#   SINGA_DEVICE_BUDGET  whole seconds for this call (default 270); each stage gets at most what is left, and
 #                        a stage cut short still prints and keeps what it measured (the bench scripts
 #                        report on SIGTERM), the next stages are skipped and said so
 #   SINGA_DEVICE_WHEELS  the carried wheels (default wheels/)
@@ -35,6 +35,10 @@ dry=${SINGA_DEVICE_DRY_RUN:-0}
 wheels=${SINGA_DEVICE_WHEELS:-wheels}
 out=${SINGA_DEVICE_OUT:-${OUT:-bench-results/device-$(date +%Y%m%d-%H%M%S)}}
 budget=${SINGA_DEVICE_BUDGET:-270}
+if ! [[ $budget =~ ^[1-9][0-9]*$ ]]; then  # bash arithmetic would garble 5m (or read 0270 as octal)
+  echo "device_scaling: SINGA_DEVICE_BUDGET=$budget: expected whole seconds, e.g. 270" >&2
+  exit 2
+fi
 deadline=$(( $(date +%s) + budget ))
 
 if [ "$dry" = 1 ]; then

@@ -80,3 +80,10 @@ def test_the_dry_run_runs_every_stage_and_keeps_its_results(tmp_path):
     else:
         assert (out / "peer.json").exists()
     assert "train" in proc.stdout and "rank(s); BLAS threads per rank" in proc.stdout  # the profile's table
+
+
+def test_a_budget_that_is_no_whole_seconds_is_one_line(tmp_path):
+    proc = run_script(["all"], {"SINGA_DEVICE_BUDGET": "5m", "SINGA_DEVICE_OUT": str(tmp_path / "out")}, 60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "device_scaling: SINGA_DEVICE_BUDGET=5m: expected whole seconds, e.g. 270"
+    assert not (tmp_path / "out").exists()
