@@ -65,9 +65,13 @@ def time_steps(step, steps: int, warmup: int = 3) -> list[float]:
 
 
 def bench_singa(cfg, steps: int) -> float:
-    workspace = tempfile.mkdtemp(prefix="bench_ws_")
-    trainer = Trainer(cfg, workspace, SerialRuntime(cfg, 1, workspace), log=lambda line: None)
-    return statistics.median(time_steps(trainer.train_one_batch, steps))
+    with tempfile.TemporaryDirectory(prefix="bench_ws_") as workspace:  # removed also when a step fails
+        runtime = SerialRuntime(cfg, 1, workspace)
+        try:
+            trainer = Trainer(cfg, workspace, runtime, log=lambda line: None)
+            return statistics.median(time_steps(trainer.train_one_batch, steps))
+        finally:
+            runtime.close()
 
 
 class NumpyMLP:
@@ -105,31 +109,40 @@ class NumpyMLP:
             self.b[k] -= self.lr * db
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=positive_int, default=30)
-    parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args()
-    folder = tempfile.mkdtemp(prefix="bench_data_")
+def measure(folder: str, steps: int) -> dict:
+    """Both nets on synthetic data written into ``folder``: their ms per step (the MLP's also in numpy)."""
     results = {}
 
     mlp_cfg = job_on_synthetic_data("mnist_mlp.conf", folder, (784,), 2048)
-    singa_mlp = bench_singa(mlp_cfg, args.steps)
-    numpy_mlp = statistics.median(time_steps(NumpyMLP([784, 2500, 2000, 1500, 1000, 500, 10], 64).step, args.steps))
+    singa_mlp = bench_singa(mlp_cfg, steps)
+    numpy_mlp = statistics.median(time_steps(NumpyMLP([784, 2500, 2000, 1500, 1000, 500, 10], 64).step, steps))
     results["mnist_mlp"] = {"batch": 64, "singa_ms": 1e3 * singa_mlp, "numpy_ms": 1e3 * numpy_mlp,
                             "ratio": singa_mlp / numpy_mlp}
 
     conv_cfg = job_on_synthetic_data("cifar10_convnet.conf", folder, (3, 32, 32), 1000)
-    singa_conv = bench_singa(conv_cfg, max(5, args.steps // 3))
+    singa_conv = bench_singa(conv_cfg, max(5, steps // 3))
     results["cifar10_convnet"] = {"batch": 100, "singa_ms": 1e3 * singa_conv}
+    return results
 
+
+def print_results(results: dict, steps: int) -> None:
     threads = os.environ.get("OPENBLAS_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "default"))
-    print(f"serial step times (median of {args.steps}; BLAS threads: {threads})")
+    print(f"serial step times (median of {steps}; BLAS threads: {threads})")
     print(f"{'net':<18}{'batch':>6}{'singa_mpi ms':>14}{'numpy ms':>10}{'ratio':>8}")
     for name, r in results.items():
         numpy_ms = f"{r['numpy_ms']:.1f}" if "numpy_ms" in r else "-"
         ratio = f"{r['ratio']:.3f}" if "ratio" in r else "-"
         print(f"{name:<18}{r['batch']:>6}{r['singa_ms']:>14.1f}{numpy_ms:>10}{ratio:>8}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=positive_int, default=30)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench_data_") as folder:  # ~18 MB of synthetic data
+        results = measure(folder, args.steps)
+    print_results(results, args.steps)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0
