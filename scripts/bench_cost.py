@@ -41,7 +41,8 @@ def predicted(net: str, scheme: str, ranks: int, kernels, rates, method: str = "
     from singa_mpi.planner import plan
 
     conf, shape, _ = NETS[net]
-    chosen = layout(net, scheme, ranks) if scheme == AUTO_PIPELINE else None  # (the others choose their own)
+    # what the cost model chooses once for a run (auto, auto-pipeline); the other schemes choose their own
+    chosen = layout(net, scheme, ranks) if scheme in ("auto", AUTO_PIPELINE) else None
     with tempfile.TemporaryDirectory() as folder:
         cfg = partitioned(job_on_synthetic_data(conf, folder, shape, 256), scheme, chosen, stages=ranks)
         try:
@@ -109,7 +110,7 @@ def main() -> int:
     parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2])
     parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     parser.add_argument("--schemes", nargs="+", default=SCHEMES, type=scheme_name, metavar="SCHEME",
-                        help="as bench_scaling.py's: data, feature, hybrid, pipeline, gpipe-M, 1f1b-M")
+                        help="as bench_scaling.py's: data, feature, hybrid, auto, auto-pipeline, pipeline, gpipe-M, 1f1b-M")
     parser.add_argument("--steps", type=positive_int, default=20, help="timed steps per run (the convnet: half)")
     parser.add_argument("--repeat", type=positive_int, default=3, help="measured runs per configuration (median)")
     parser.add_argument("--json", help="write the rows here")
