@@ -11,7 +11,8 @@ table gives both step times and predicted / measured.  The goal (issue #20) is w
 on a machine with a core per rank.
 
 Each row prints as it is measured; Ctrl-C or SIGTERM (a time limit) prints the summary of the rows
-done.  A run that fails is said in one line, the other configurations go on, and the exit code is 1.
+done and writes them to --json (under --in-job once the configuration under way is measured: every rank
+stops at the same point, rank 0 reports; exit 143 or 130).  A run that fails is said in one line, the other configurations go on, and the exit code is 1.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_scaling import AUTO_PIPELINE, NETS, RunFailed, launch, layout, measure, partitioned, scheme_name  # noqa: E402 - scripts/ is on the path
 from bench_serial import job_on_synthetic_data  # noqa: E402
-from benchkit import blas_threads_as_train, positive_int, report_if_cut_short  # noqa: E402
+from benchkit import blas_threads_as_train, exit_code_of, positive_int, report_if_cut_short, stop_requests  # noqa: E402
 
 SCHEMES = ["data", "feature", "hybrid", "pipeline"]
 
@@ -65,9 +66,11 @@ def print_row(r: dict, where: str = "") -> None:
           flush=True)
 
 
-def in_job(args) -> list[dict]:
+def in_job(args, rows: list[dict], stops: list[int]) -> None:
     """Under mpiexec: every net and scheme on the launched world, predicted for the nodes it spans (ranks
-    in blocks per host: node-local rates within one, the network's between) and measured there."""
+    in blocks per host: node-local rates within one, the network's between) and measured there; rank 0
+    appends the rows to ``rows``.  A stop signal (``stops``, benchkit.stop_requests) ends it on every
+    rank together, after the configuration under way."""
     import socket
 
     from singa_mpi import threads
@@ -92,8 +95,9 @@ def in_job(args) -> list[dict]:
             guesses = [predicted(net, scheme, world.size, kernels, network, method) for net, scheme in configs]
             kernels.save()
     guesses = world.root_value(guesses, "predictions")  # the others asleep while rank 0 times kernels
-    rows = []
     for (net, scheme), guess in zip(configs, guesses):
+        if world.any(bool(stops)):  # a point every rank reaches
+            break
         if guess is None:
             continue
         steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
@@ -102,7 +106,20 @@ def in_job(args) -> list[dict]:
             rows.append(row(net, scheme, world.size, guess, statistics.median(r["step_ms"] for r in results) / 1e3,
                             results[-1]["blas_threads"]))
             print_row(rows[-1], f" ({nodes} node(s))")
-    return rows if world.rank == 0 else []
+
+
+def run_in_job(args, rows: list[dict], report) -> int:
+    """--in-job on every rank; rank 0 reports (also when a stop signal cut it short: the rows done)."""
+    from singa_mpi.communication import mpi as comm_module
+
+    with stop_requests() as stops:
+        in_job(args, rows, stops)
+    if comm_module.world().rank == 0:
+        if stops:
+            print(f"\ncut short ({'SIGTERM' if exit_code_of(stops) == 143 else 'Ctrl-C'}): the rows done so far",
+                  flush=True)
+        report()
+    return exit_code_of(stops)
 
 
 def main() -> int:
@@ -118,16 +135,6 @@ def main() -> int:
                         help="run under mpiexec: every net and scheme on the launched ranks (--ranks ignored)")
     args = parser.parse_args()
     blas_threads_as_train()  # as `singa-mpi train` chooses (benchkit); before any numpy work
-    if args.in_job:
-        rows = in_job(args)
-        if args.json and rows:
-            pathlib.Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
-        return 0
-
-    from singa_mpi import threads
-    from singa_mpi.cost import rates as rate_module
-    from singa_mpi.cost.kernels import KernelTimes, corunners_for
-
     rows: list[dict] = []
     failed: list[str] = []  # one line per run that ended without a result
 
@@ -139,9 +146,16 @@ def main() -> int:
             worst = max(within, key=lambda r: abs(r["ratio"] - 1))
             print(f"largest error where every rank has a core: {100 * (worst['ratio'] - 1):+.0f}% "
                   f"({worst['net']} {worst['scheme']} n={worst['ranks']}; {len(rows)} row(s))")
-        print("* oversubscribed: more ranks than cores (the model assumes a core per rank)")
+        print("* oversubscribed: more ranks than cores (the model assumes a core per rank)", flush=True)
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+    if args.in_job:
+        return run_in_job(args, rows, report)
+
+    from singa_mpi import threads
+    from singa_mpi.cost import rates as rate_module
+    from singa_mpi.cost.kernels import KernelTimes, corunners_for
 
     with threads.limit_blas(1), report_if_cut_short(report):
         kernel_sets: dict[int, KernelTimes] = {}  # by co-runners: kernels timed beside the other ranks

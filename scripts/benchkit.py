@@ -106,5 +106,30 @@ def report_if_cut_short(report: Callable[[], None]) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def stop_requests() -> Iterator[list[int]]:
+    """Under mpiexec: SIGTERM and Ctrl-C noted, not raised.  A rank cannot unwind while it waits inside
+    an MPI call, and ranks that stop apart leave the others waiting, so the loop asks at a point every
+    rank reaches (``world.any(bool(stops))``) and all stop there together.  Yields the signals noted."""
+    stops: list[int] = []
+
+    def note(signum, frame):
+        stops.append(signum)
+
+    previous = {number: signal.signal(number, note) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stops
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def exit_code_of(stops: list[int]) -> int:
+    """The exit code of a loop cut short by ``stops`` (as report_if_cut_short's: 143 SIGTERM, 130 Ctrl-C)."""
+    if not stops:
+        return 0
+    return 143 if signal.SIGTERM in stops else 130
+
+
 def verdict(ok: bool) -> str:
     return "goal met" if ok else "goal missed"

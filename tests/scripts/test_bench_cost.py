@@ -1,4 +1,5 @@
-"""Smoke test of scripts/bench_cost.py: one configuration predicted and measured, ratio printed."""
+"""scripts/bench_cost.py: one configuration predicted and measured, ratio printed; auto's prediction; --in-job cut short."""
+import json
 import os
 import pathlib
 import re
@@ -51,3 +52,48 @@ def test_auto_is_predicted_with_the_layout_the_cost_model_chose(monkeypatch):
                         lambda plan, method, kernels, rates: types.SimpleNamespace(step=0.1))
     assert bench_cost.predicted("mnist_mlp", "auto", 2, None, None) == 0.1
     assert chosen == [("mnist_mlp", "auto", 2)]
+
+
+def test_a_stop_signal_is_noted_for_the_ranks_to_agree_on():
+    import signal
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchkit import exit_code_of, stop_requests
+
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_requests() as stops:
+        os.kill(os.getpid(), signal.SIGTERM)  # noted, not raised
+        assert stops == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert (exit_code_of([]), exit_code_of(stops), exit_code_of([signal.SIGINT])) == (0, 143, 130)
+
+
+@pytest.mark.slow
+def test_in_job_cut_short_by_sigterm_reports_and_writes_the_rows_done(tmp_path):
+    """mpiexec gets SIGTERM (a time limit) after the first row: every rank stops after the configuration
+    under way, rank 0 prints the summary and writes --json; exit 143."""
+    import signal
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchkit import bench_env, mpiexec_command
+
+    out = tmp_path / "rows.json"
+    cmd = mpiexec_command(2) + [sys.executable, str(ROOT / "scripts" / "bench_cost.py"), "--in-job", "--nets",
+                                "mnist_mlp", "cifar10_convnet", "--schemes", "data", "feature", "hybrid", "--repeat",
+                                "1", "--steps", "2", "--json", str(out)]
+    job = subprocess.Popen(cmd, env=dict(bench_env(), XDG_CACHE_HOME=str(tmp_path)), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in job.stdout:
+            if " predicted " in line and " measured " in line:
+                job.send_signal(signal.SIGTERM)
+                break
+        rest, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 143, rest
+    assert "cut short (SIGTERM): the rows done so far" in rest
+    assert "largest error where every rank has a core:" in rest
+    rows = json.loads(out.read_text())
+    assert 1 <= len(rows) < 6 and rows[0]["scheme"] == "data"
