@@ -237,8 +237,9 @@ def main() -> int:
             for net in args.nets:
                 steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
                 for ranks in args.ranks:
-                    mine = measure_both(net, ranks, steps, args, failed)
-                    runs.extend(mine)
+                    done = len(runs)
+                    measure_both(net, ranks, steps, args, runs, failed)
+                    mine = runs[done:]
                     print(f"  measured {net} n={ranks} ({repeat + 1}/{args.repeat}): " + (", ".join(
                         f"{r.get('scheme', r['impl'])} {r['samples_per_s']:,.0f}" for r in mine) or "nothing")
                         + " samples/s", flush=True)
@@ -249,22 +250,20 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def measure_both(net: str, ranks: int, steps: int, args, failed: list[str]) -> list[dict]:
-    """singa_mpi's runs (each of --schemes) and PyTorch's at ``ranks``; a run that fails is said in one
-    line and added to ``failed``, and the others go on (its row says n/a)."""
-    mine = []
+def measure_both(net: str, ranks: int, steps: int, args, runs: list[dict], failed: list[str]) -> None:
+    """singa_mpi's runs (each of --schemes) and PyTorch's at ``ranks``, each added to ``runs`` as it ends;
+    a run that fails is said in one line and added to ``failed``, and the others go on (n/a in its row)."""
     for scheme in args.schemes:
         try:
-            mine.append(dict(launch_singa(net, scheme, ranks, steps, args.weak), impl="singa_mpi"))
+            runs.append(dict(launch_singa(net, scheme, ranks, steps, args.weak), impl="singa_mpi"))
         except RunFailed as err:
             failed.append(str(err))
             print(f"  {err}", flush=True)
     try:
-        mine.append(launch_torch(net, ranks, steps, args.weak))
+        runs.append(launch_torch(net, ranks, steps, args.weak))
     except RunFailed as err:
         failed.append(str(err))
         print(f"  {err}", flush=True)
-    return mine
 
 if __name__ == "__main__":
     sys.exit(main())
