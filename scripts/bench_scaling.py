@@ -447,7 +447,8 @@ def summarize(runs: list[dict]) -> list[dict]:
             row["step_alloc_mib"] = [statistics.median(r["step_allocations"][i] for r in group) / 2**20
                                      for i in range(ranks)]
         row.update(net=net, scheme=scheme, weak=weak, ranks=ranks, batch=group[0]["batch"], repeats=len(group),
-                   speedup=row["samples_per_s"] / statistics.median(b["samples_per_s"] for b in base) if base else None,
+                   speedup=(row["samples_per_s"] / statistics.median(b["samples_per_s"] for b in base)
+                            if base else None),
                    speedup_best=(max(r["samples_per_s"] for r in group) / max(b["samples_per_s"] for b in base)
                                  if base else None),  # None: no 1-rank run to compare with
                    speedup_range=[min(per_repeat), max(per_repeat)] if per_repeat else None,
