@@ -116,14 +116,14 @@ def check_equivalence(job: str, workers: Iterable[int] = (2,), steps: int = 3, p
     from singa_mpi.checkpoints.snapshot import collect
     from singa_mpi.checks.job import validate
     from singa_mpi.communication.local import run_ranks
-    from singa_mpi.config.load import load_job, parse_job
+    from singa_mpi.cost.auto import auto_layers
     from singa_mpi.launcher.checks import check_inputs
     from singa_mpi.runtimes.serial import SerialRuntime
     from singa_mpi.runtimes.worker import WorkerRuntime
     from singa_mpi.trainer import Trainer, collected_metrics, summarize
 
     def config(pdim: int | None):
-        cfg = load_job(job) if os.path.exists(job) else parse_job(job)
+        cfg = _read(job)
         if pdim is not None:
             _repartition(cfg.proto, pdim)
         validate(cfg)
@@ -138,7 +138,7 @@ def check_equivalence(job: str, workers: Iterable[int] = (2,), steps: int = 3, p
         trainer.runtime.close()
         return metrics, (None if snapshot is None else {name: np.array(v) for name, v in snapshot.params.items()})
 
-    if not partition_dims and _leaves_partitioning_to_the_cost_model(job):
+    if not partition_dims and auto_layers(_read(job)):  # the schemes the cost model chooses from
         partition_dims = (0, 1)
     with tempfile.TemporaryDirectory(prefix="singa-mpi-equivalence-") as scratch:
         serial_cfg = config(None if not partition_dims else partition_dims[0])
@@ -163,11 +163,11 @@ def check_equivalence(job: str, workers: Iterable[int] = (2,), steps: int = 3, p
         return {key: [m[key] for m in want] for key in want[0]} if want else {}
 
 
-def _leaves_partitioning_to_the_cost_model(job: str) -> bool:
+def _read(job: str):
+    """``job``, a file or job text, parsed."""
     from singa_mpi.config.load import load_job, parse_job
-    from singa_mpi.cost.auto import auto_layers
 
-    return bool(auto_layers(load_job(job) if os.path.exists(job) else parse_job(job)))
+    return load_job(job) if os.path.exists(job) else parse_job(job)
 
 
 def _check_finite(serial: list[dict[str, float]]) -> None:

@@ -36,7 +36,7 @@ from singa_mpi.launcher.describe import Launch, World, describe, read_job, topol
 from singa_mpi.launcher.options import Request
 from singa_mpi.launcher import said_once
 from singa_mpi.launcher.start import mpi_world, rank_life, world_facts
-from singa_mpi.launcher.vote import phase_one_verdict
+from singa_mpi.launcher.vote import Verdict, phase_one_verdict
 from singa_mpi.layers.output import output_files
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.stop_signals import StopSignals
@@ -145,10 +145,9 @@ def _both_phases(world, request: Request, body: Body, stops: StopSignals, life) 
             for line in the_launch.notes if world.rank == 0 else ():
                 print(line, flush=True)
             initial, error = _attempt(lambda: _read_and_claim(the_launch, request, world.rank == 0))
-    verdicts = world.allgather_object((error, stops.received is not None,
-                                       the_launch.facts if the_launch is not None else None, said))
-    said_once.say(said_once.union([rank_said for *_, rank_said in verdicts]), speaks=world.rank == 0)
-    verdicts = [verdict[:3] for verdict in verdicts]
+    verdicts = world.allgather_object(Verdict(error, stops.received is not None,
+                                              the_launch.facts if the_launch is not None else None, said))
+    said_once.say(said_once.union([verdict.warnings for verdict in verdicts]), speaks=world.rank == 0)
     code = phase_one_verdict(world, the_launch.cfg if the_launch is not None else None, verdicts)
     if code is not None:
         return code

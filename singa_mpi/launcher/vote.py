@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from typing import Any, NamedTuple
 
 from singa_mpi import run_events
 from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED
@@ -12,10 +13,19 @@ from singa_mpi.errors import ConfigError, one_line
 from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
 
 
-def phase_one_verdict(world, cfg: JobConfig | None, verdicts: list) -> int | None:
+class Verdict(NamedTuple):
+    """One rank's part of the vote."""
+
+    error: tuple[str, int] | None  # (message, exit code) of what failed on this rank in phase 1
+    stopped: bool  # a stop signal came during phase 1
+    facts: Any  # what every rank must share (Launch.facts), None where the launch was not described
+    warnings: list  # what setup warned of (launcher.said_once): rank 0 says every rank's, once
+
+
+def phase_one_verdict(world, cfg: JobConfig | None, verdicts: list[Verdict]) -> int | None:
     """The exit code every rank returns after the phase-1 vote (rank 0 prints why), or None to go on:
     the first error; else a stop signal (75); else the first thing a rank does not share with rank 0."""
-    failed = [(rank, error) for rank, (error, _, _) in enumerate(verdicts) if error is not None]
+    failed = [(rank, verdict.error) for rank, verdict in enumerate(verdicts) if verdict.error is not None]
     if failed:
         rank, (message, code) = failed[0]
         if world.rank == 0:
@@ -23,11 +33,11 @@ def phase_one_verdict(world, cfg: JobConfig | None, verdicts: list) -> int | Non
             print(f"singa-mpi: error{where}: {one_line(message)}", file=sys.stderr, flush=True)
             run_events.note("setup_error", rank=rank, code=code, message=one_line(message))
         return code
-    if any(stopped for _, stopped, _ in verdicts):
+    if any(verdict.stopped for verdict in verdicts):
         if world.rank == 0:
             print(STOPPED_BEFORE_TRAINING, flush=True)
         return EXIT_CHECKPOINTED
-    mismatch = first_disagreement([facts for _, _, facts in verdicts])
+    mismatch = first_disagreement([verdict.facts for verdict in verdicts])
     if mismatch is None:
         return None
     rank, what, theirs, ours = mismatch
