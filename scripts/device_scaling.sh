@@ -85,7 +85,14 @@ if [ "$dry" != 1 ]; then
   check_wheels || exit 2
   venv=/tmp/singa-device-venv  # kept while the machine stays warm: the second call reuses it
   if [ ! -x "$venv/bin/mpiexec" ]; then
-    python3 -m venv --system-site-packages "$venv" &&
+    # That machine's python3 is itself a venv (/opt/torch/.venv): a venv made from it sees its *base*
+    # Python's packages, not numpy and PyTorch, so a .pth file adds python3's own site folders, after
+    # the venv's (the carried mpi4py wins).  A venv, not pip --target: mpi4py finds the mpich wheel's
+    # libmpi under sys.prefix/lib, where --target does not put it (the system's MPI would be loaded).
+    parents=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))') &&
+      python3 -m venv --system-site-packages "$venv" &&
+      own=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])') &&
+      printf '%s\n' "$parents" > "$own/zz-device-python.pth" &&
       "$venv/bin/python" -m pip install -q --no-index --find-links "$wheels" --no-deps \
         mpich mpi4py protobuf threadpoolctl || { echo "device_scaling: installing the wheels failed" >&2; exit 2; }
   fi
