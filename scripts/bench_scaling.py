@@ -498,7 +498,8 @@ def print_table(rows: list[dict], collected: bool = False) -> None:
               f"{r['samples_per_s']:>9.1f} samples/s  {speedup} {spread:<11} best {best}  "
               f"exposed comm {100 * r['exposed_comm_share']:>4.1f}%  "
               f"{r['bytes_per_step'] / 2**20:>7.2f} MiB/step  {memory}{allocates}  [{r['repeats']} runs]", flush=True)
-    print("* oversubscribed: more ranks than cores; correctness only, not speed")
+    if any(r["oversubscribed"] for r in rows):  # (said only where a row is marked, as bench_peer does)
+        print("* oversubscribed: more ranks than cores; correctness only, not speed")
     if missing:
         run = "sbatch --ntasks=1 slurm/bench.sbatch" if collected else "include 1 in --ranks"
         print("no 1-rank run for " + ", ".join(f"{net} {scheme}" for net, scheme in missing)

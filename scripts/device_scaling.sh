@@ -134,6 +134,12 @@ from threadpoolctl import threadpool_info
 blas = next((lib for lib in threadpool_info() if lib["user_api"] == "blas"), None)
 facts["blas"] = f"{blas['internal_api']} {blas.get('version')} {blas.get('architecture')} kernels" if blas else None
 facts["avx512"] = "avx512f" in cpuinfo.get("flags", "").split()
+# Hardware threads per core, as the (virtual) machine reports them: 16 "cores" that are 8 cores' two
+# hyperthreads would cap a BLAS-bound step's speed-up near 8 (the 2026-11-30 run had no record of it).
+siblings, per_package = cpuinfo.get("siblings"), cpuinfo.get("cpu cores")
+facts["threads_per_core"] = (int(siblings) // int(per_package) if siblings and per_package
+                             and int(per_package) else None)
+facts["usable_cpus"] = len(os.sched_getaffinity(0))
 try:
     import torch
     facts["torch"] = torch.__version__

@@ -134,10 +134,15 @@ class CoRunners:
         self._answers(READY, f"building {spec.name}")
         try:
             yield
-        finally:
-            for process in self.processes:
-                _send(process.stdin.fileno(), ("stop",))
-            self._answers(DONE, f"stopping {spec.name}")
+        except BaseException:
+            # Interrupted (Ctrl-C, or SIGTERM, which `timeout` sends to the co-runners too) or failed:
+            # the co-runners' answers no longer matter, and waiting for them would replace this
+            # exception with a CoRunnerError (a benchmark cut short then lost the table it reports).
+            self.kill()
+            raise
+        for process in self.processes:
+            _send(process.stdin.fileno(), ("stop",))
+        self._answers(DONE, f"stopping {spec.name}")
 
     def _answers(self, expected: bytes, doing: str) -> None:
         for process in self.processes:
@@ -147,6 +152,17 @@ class CoRunners:
                 self.close()
                 raise CoRunnerError(f"a kernel co-runner failed while {doing} "
                                     f"({'no answer' if not ready else 'it exited'}; its error, if any, is above)")
+
+    def kill(self) -> None:
+        """End the co-runners now, whatever they are running (the next :meth:`alongside` starts new ones)."""
+        for process in self.processes:
+            with contextlib.suppress(OSError):
+                process.kill()
+            process.wait()
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+                process.stdout.close()
+        self.processes = []
 
     def close(self) -> None:
         for process in self.processes:

@@ -46,3 +46,22 @@ def test_auto_pipeline_runs_the_layout_plan_auto_chose(tmp_path):
     alone = job_on_synthetic_data("cifar10_convnet.conf", str(tmp_path), (3, 32, 32), 16)
     one = {"dims": dict.fromkeys(names, -1), "locations": dict.fromkeys(names, 0), "pipeline": None}
     assert partition(bench_scaling.partitioned(alone, "auto-pipeline", one, 1), 1).pipeline is None
+
+
+def _row(ranks, oversubscribed):
+    return dict(net="mnist_mlp", scheme="data", ranks=ranks, oversubscribed=oversubscribed, samples_per_s=1000.0,
+                speedup=1.0, speedup_best=1.0, speedup_range=None, exposed_comm_share=0.0, bytes_per_step=0,
+                repeats=1)
+
+
+def test_the_oversubscribed_footnote_only_under_a_marked_row(capsys):
+    """The 16-core machine's tables (16 ranks at most) each ended in "* oversubscribed: ... correctness
+    only, not speed", with no row marked: a reader could take the whole table for meaningless."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_scaling
+
+    bench_scaling.print_table([_row(1, False), _row(16, False)])
+    assert "oversubscribed" not in capsys.readouterr().out
+    bench_scaling.print_table([_row(1, False), _row(32, True)])
+    out = capsys.readouterr().out
+    assert "n=32*" in out and "* oversubscribed: more ranks than cores" in out

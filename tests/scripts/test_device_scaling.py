@@ -60,6 +60,7 @@ def test_the_dry_run_runs_every_stage_and_keeps_its_results(tmp_path):
     assert machine["cpu"] and f"model name\t: {machine['cpu']}\n" in cpuinfo, machine["cpu"]
     family, model = machine["cpu_family_model"].split("/")  # the CPU's generation, where its name is generic
     assert family.isdigit() and model.isdigit(), machine["cpu_family_model"]
+    assert machine["threads_per_core"] >= 1 and 1 <= machine["usable_cpus"] <= os.cpu_count(), machine
     strong = json.loads((out / "strong.json").read_text())["summary"]
     assert {(row["scheme"], row["ranks"]) for row in strong} == {(s, n) for s in ("data", "feature", "hybrid")
                                                                   for n in (1, 2)}
