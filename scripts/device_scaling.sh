@@ -182,8 +182,14 @@ if [ "$part" = scaling ] || [ "$part" = all ]; then
 fi
 if [ "$part" = peer-cost ] || [ "$part" = all ]; then
   stage calibrate 30 mpiexec -n 2 python3 -m singa_mpi calibrate
-  stage profile 40 mpiexec -n "$profile_ranks" python3 scripts/profile_step.py --net "${nets[-1]}" --scheme data \
-    --steps 10
+  # per layer at the most ranks, measured beside the cost model's prediction (--beside): which layers
+  # the model misses at scale (on 2026-11-30 it was 0.5-0.7x the convnet's step, 2.8x the MLP's)
+  stage profile 60 mpiexec -n "$profile_ranks" python3 scripts/profile_step.py --net "${nets[-1]}" --scheme data \
+    --steps 10 --beside
+  if [ "${#nets[@]}" -gt 1 ]; then
+    stage profile-mlp 45 mpiexec -n "$profile_ranks" python3 scripts/profile_step.py --net "${nets[0]}" --scheme data \
+      --steps 10 --beside
+  fi
   if python3 -c "import torch" 2> /dev/null; then
     stage peer 110 python3 scripts/bench_peer.py --ranks "${ranks[@]}" --nets "${nets[@]}" --repeat 1 "${steps[@]}" \
       --json "$out/peer.json"

@@ -13,7 +13,9 @@ JOB --profile``): it prints the same table at the end of the run and writes it t
 WORKSPACE/profile.json.  This script is the quick variant for the two example nets: synthetic
 data, the partitioning scheme of ``bench_scaling.py``, warm-up steps left out, ranks lined up by
 a barrier before every step (left out of the table).  Compare with ``-n 1`` to see which phase
-scales badly.  Each rank gets the BLAS threads `singa-mpi train` would give it (OMP_NUM_THREADS & co.
+scales badly.  ``--beside`` adds the cost model's prediction of each layer beside the measured table
+(as ``train --profile`` prints it): where a prediction at many ranks is off, which layer is.  Each rank
+gets the BLAS threads `singa-mpi train` would give it (OMP_NUM_THREADS & co.
 when set, else the node's cores shared among its ranks); the header says how many.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_scaling import NETS, scheme_name, trainer_on_world  # noqa: E402
 from benchkit import blas_threads_as_train  # noqa: E402
 from singa_mpi import profiling  # noqa: E402
+from singa_mpi.cost.beside import Prediction, beside_lines  # noqa: E402
 
 
 def main() -> int:
@@ -36,6 +39,8 @@ def main() -> int:
                         help="a scheme of bench_scaling.py: data, feature, hybrid, auto, pipeline, auto-pipeline, "
                              "gpipe-M, 1f1b-M, zb-M, interleaved-M (+det, +detN: deterministic mode)")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--beside", action="store_true",
+                        help="the cost model's step per layer beside the measured one (times kernels once per machine)")
     args = parser.parse_args()
 
     world, folder, runtime, trainer = trainer_on_world(args.net, args.scheme, "profile")
@@ -49,10 +54,16 @@ def main() -> int:
     part = profiling.worker_part(tracer, {})
     part["train"] = [row for row in part["train"] if row["name"] != "barrier"]  # this script's own
     parts = world.gather_object(part)
+    prediction = runtime.predict_step() if args.beside else None  # collective; after the timed steps
     if world.rank == 0:
         print(f"{args.net} {args.scheme} on {world.size} rank(s); BLAS threads per rank: "
               f"{', '.join(str(n) for n in blas)}")
-        print(profiling.format_table(profiling.build(parts)))
+        profile = profiling.build(parts)
+        print(profiling.format_table(profile))
+        if isinstance(prediction, Prediction):
+            print("\n".join(beside_lines(profile, prediction)))
+        elif prediction is not None:
+            print(prediction)
     runtime.close()
     shutil.rmtree(folder, ignore_errors=True)
     return 0

@@ -3,6 +3,7 @@ the carried wheels; bench_scaling.py's weak scaling at a given number of rows pe
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -81,6 +82,7 @@ def test_the_dry_run_runs_every_stage_and_keeps_its_results(tmp_path):
     else:
         assert (out / "peer.json").exists()
     assert "train" in proc.stdout and "rank(s); BLAS threads per rank" in proc.stdout  # the profile's table
+    assert re.search(r"step: predicted [\d.]+ ms .*predicted/measured [\d.]+", proc.stdout)  # and the model's beside it
 
 
 def test_a_budget_that_is_no_whole_seconds_is_one_line(tmp_path):
