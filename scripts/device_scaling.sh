@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Scaling where HPC users run it: singa_mpi at 1-16 ranks on a 16-core machine, beside PyTorch DDP, the
 # cost model's predictions beside the measurements, and one 16-rank convnet step profiled per layer.
-# Made for the device tool's window (15 minutes of machine time, no network there): two calls of at
-# at most 4.5 minutes each, leaving time for the machine's start.
+# Made for the device tool's window (15 minutes of machine time, no network there, a call at most 10
+# minutes, the machine warm for 30 s after each): `scaling` (4.5 minutes at most), then at once
+# `SINGA_DEVICE_BUDGET=450 ... peer-cost` (its PyTorch stage alone took 3.5 minutes on 2026-11-30), then,
+# if the window allows, `pipeline`.  The first call's start took about 30 s on 2026-11-30.
 #
 #   here, once:     bash scripts/device_wheels.sh                 (wheels/: what that machine lacks)
 #   there:          bash scripts/device_scaling.sh scaling        (strong and weak scaling, auto)
-#                   bash scripts/device_scaling.sh peer-cost      (PyTorch DDP, predicted vs measured,
-#                                                                  the 16-rank profile)
+#                   SINGA_DEVICE_BUDGET=450 bash scripts/device_scaling.sh peer-cost
+#                                                                 (PyTorch DDP, predicted vs measured, both
+#                                                                  nets' 16-rank profile beside the model's)
 #                   bash scripts/device_scaling.sh pipeline       (pipelines of 2 and 4 stages, 1F1B, ZB and
 #                                                                  GPipe over 4 and 8 micro-batches)
 #                   (the device tool: run(command="bash scripts/device_scaling.sh scaling",
@@ -177,7 +180,7 @@ if [ "$part" = scaling ] || [ "$part" = all ]; then
     --repeat 1 "${steps[@]}" --json "$out/strong.json"
   stage weak 50 python3 scripts/bench_scaling.py --weak "$weak_rows" --ranks "${ranks[@]}" --nets "${nets[@]}" --schemes data \
     --repeat 1 "${steps[@]}" --json "$out/weak.json"
-  stage auto 90 python3 scripts/bench_scaling.py --ranks "${ranks[@]}" --nets "${nets[@]}" --schemes auto \
+  stage auto 140 python3 scripts/bench_scaling.py --ranks "${ranks[@]}" --nets "${nets[@]}" --schemes auto \
     --repeat 1 "${steps[@]}" --json "$out/auto.json"
 fi
 if [ "$part" = peer-cost ] || [ "$part" = all ]; then
@@ -191,7 +194,7 @@ if [ "$part" = peer-cost ] || [ "$part" = all ]; then
       --steps 10 --beside
   fi
   if python3 -c "import torch" 2> /dev/null; then
-    stage peer 110 python3 scripts/bench_peer.py --ranks "${ranks[@]}" --nets "${nets[@]}" --repeat 1 "${steps[@]}" \
+    stage peer 220 python3 scripts/bench_peer.py --ranks "${ranks[@]}" --nets "${nets[@]}" --repeat 1 "${steps[@]}" \
       --json "$out/peer.json"
   else
     echo "== peer: skipped: PyTorch is not importable here (pip install -e '.[bench]')"
