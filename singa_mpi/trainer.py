@@ -249,7 +249,11 @@ class Trainer:
 
         Output layers' files are closed however the run ends."""
         try:
-            final = self._run_steps()
+            try:
+                final = self._run_steps()
+            except NonFiniteError:  # every rank stops at the same step (voted): the steps before it are profiled
+                self.finish_profile()
+                raise
             self.finish_profile()
             return final
         finally:
@@ -322,7 +326,9 @@ class Trainer:
             if halt:  # a NaN stops here, before its progress line and with no checkpoint
                 self.finite.look_at_values(self.runtime.sync())  # a stop writes one
                 self.finite.raise_if_found(self.runtime, step, "train", self.workspace)
-                if self.runtime.sync().nonfinite_elsewhere():
+                # voted: each worker reads its own servers' replies, and every worker of the group must raise
+                # together (the profile and the trace are gathered after it)
+                if self.runtime.any(self.runtime.sync().nonfinite_elsewhere()):
                     raise NonFiniteError(f"non-finite value at step {step} (train) in another worker group: "
                                          f"stopped without checkpointing it; {DIVERGED}")
             if display_now(job, step):

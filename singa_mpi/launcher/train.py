@@ -68,15 +68,21 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     try:
         trainer.run()
     except NonFiniteError as err:
+        _finish_trace(trainer, options)  # every rank stops at the same step (voted): the timeline up to it
         return _stopped_on_nonfinite(trainer, err)
-    if options.trace:
-        trainer.log(timeline.finish(trainer.runtime, options.trace))  # collective
+    _finish_trace(trainer, options)
     if trainer.stopped:
         trainer.log(trainer.resume_hint)
         if trainer.runtime.is_root:
             progress.also_on_stderr(trainer.resume_hint)
         return checkpoint.EXIT_CHECKPOINTED
     return 0
+
+
+def _finish_trace(trainer: Trainer, options: RunOptions) -> None:
+    """--trace: every rank's timeline to the root, which writes the file (collective)."""
+    if options.trace:
+        trainer.log(timeline.finish(trainer.runtime, options.trace))
 
 
 def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
