@@ -21,7 +21,9 @@ from singa_mpi.errors import ConfigError, DataError, MissingDependency, writing
 
 INSTALL = "pip install 'singa_mpi[plot]'"
 NOT_METRICS = {"step", "phase", "elapsed", "samples_per_s", "comm_share"}
+AXES = ("step", "elapsed")
 PHASE_STYLES = {"train": "-", "val": "--", "test": ":"}
+PROFILE_EXPECTED = "expected the profile a run writes at its end"
 COMM_COLOUR = "0.4"  # grey: the passes take C0, C1, ...
 
 
@@ -52,8 +54,15 @@ def read_metrics(workspace: str) -> list[dict]:
             entry = None
         if not isinstance(entry, dict):
             raise DataError(f"{path}:{number}: not a JSON object: expected one metrics entry per line")
+        for key in AXES:  # the x axes: the points are sorted by them
+            if key in entry and not is_number(entry[key]):
+                raise DataError(f"{path}:{number}: {key} = {json.dumps(entry[key])[:60]}: expected a number")
         entries.append(entry)
     return entries
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def save_figure(figure, output: str, what: str) -> str:
@@ -72,7 +81,7 @@ def save_figure(figure, output: str, what: str) -> str:
 def metric_names(runs: dict[str, list[dict]]) -> list[str]:
     """Metrics present in any run: loss first, accuracy next, then the rest by name."""
     names = {key for entries in runs.values() for entry in entries for key, value in entry.items()
-             if key not in NOT_METRICS and not key.endswith("/count") and isinstance(value, (int, float))}
+             if key not in NOT_METRICS and not key.endswith("/count") and is_number(value)}
     return sorted(names, key=lambda k: (k != "loss", k != "squared_error", k != "accuracy", k))
 
 
@@ -95,12 +104,12 @@ def metrics_figure(runs: dict[str, list[dict]]):
     axes = fig.subplots(len(names), 2, squeeze=False)
     colours = [f"C{i % 10}" for i in range(len(workspaces))]
     for row, name in enumerate(names):
-        for col, x_key in enumerate(("step", "elapsed")):
+        for col, x_key in enumerate(AXES):
             ax = axes[row][col]
             for colour, (workspace, entries) in zip(colours, runs.items()):
                 for phase, style in PHASE_STYLES.items():
                     points = sorted((e[x_key], e[name]) for e in entries
-                                    if e.get("phase") == phase and name in e and x_key in e)
+                                    if e.get("phase") == phase and is_number(e.get(name)) and x_key in e)
                     if points:
                         xs, ys = zip(*points)
                         ax.plot(xs, ys, style, color=colour, marker="." if len(xs) < 30 else None,
@@ -123,9 +132,28 @@ def plot_profile(workspace: str, output: str) -> str:
     except FileNotFoundError:
         raise DataError(f"{path}: no such file: expected the workspace of a finished `singa-mpi train` run") from None
     except ValueError:
-        raise DataError(f"{path}: not valid JSON: expected the profile a run writes at its end") from None
+        raise DataError(f"{path}: not valid JSON: {PROFILE_EXPECTED}") from None
+    check_profile(profile, path)
     figure = profile_figure(profile, workspace)
     return save_figure(figure, output, "the plot")
+
+
+def check_profile(profile, path: str) -> None:
+    """A DataError naming the first field of ``profile`` that is not as :func:`profiling.build` writes it
+    (a hand-edited or another program's file would end in a KeyError or TypeError while drawing)."""
+    if not isinstance(profile, dict):
+        raise DataError(f"{path}: a JSON {type(profile).__name__}, not an object: {PROFILE_EXPECTED}")
+    if not is_number(profile.get("steps")):
+        raise DataError(f"{path}: steps = {json.dumps(profile.get('steps'))}: expected the number of steps trained")
+    ranks = profile.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(rows, list) for rows in ranks):
+        raise DataError(f"{path}: ranks = {json.dumps(ranks)[:60]}: expected a list of row lists, one per rank")
+    for rank, rows in enumerate(ranks):
+        for number, row in enumerate(rows):
+            if not (isinstance(row, dict) and all(isinstance(row.get(key), str) for key in ("cat", "name"))
+                    and all(is_number(row.get(key)) for key in ("calls", "bytes", "seconds"))):
+                raise DataError(f"{path}: ranks[{rank}][{number}] = {json.dumps(row)[:60]}: expected a row with "
+                                f"cat and name (strings), calls, bytes and seconds (numbers)")
 
 
 def profile_figure(profile: dict, title: str):

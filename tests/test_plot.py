@@ -124,3 +124,40 @@ def test_plot_names_a_file_given_as_the_workspace_a_suffix_without_a_writer_and_
     (ws / "metrics.jsonl").write_text("[1, 2]\n")
     assert cli.main(["plot", str(ws)]) == 3
     assert "metrics.jsonl:1: not a JSON object" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("[]", "profile.json: a JSON list, not an object: expected the profile a run writes at its end"),
+    ('{"ranks": [[]]}', "profile.json: steps = null: expected the number of steps trained"),
+    ('{"steps": 3, "ranks": "x"}', 'profile.json: ranks = "x": expected a list of row lists, one per rank'),
+    ('{"steps": 3, "ranks": [[{"cat": "forward"}]]}', 'profile.json: ranks[0][0] = {"cat": "forward"}: expected a row'),
+    ('{"steps": 3, "ranks": [[{"cat": "comm", "name": "fc1", "calls": 1, "bytes": "8", "seconds": 0.1}]]}',
+     "profile.json: ranks[0][0] = "),
+])
+def test_a_profile_that_is_json_but_no_profile_is_a_one_line_error(tmp_path, capsys, content, expected):
+    """Each was a traceback (KeyError, TypeError) while drawing."""
+    (tmp_path / "profile.json").write_text(content)
+    assert cli.main(["plot", "--profile", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and "Traceback" not in err, err
+    assert not (tmp_path / "profile.png").exists()
+
+
+@pytest.mark.parametrize("bad", ['"a"', "null", "true", "[0]"])
+def test_a_step_or_elapsed_that_is_no_number_is_a_one_line_error(tmp_path, capsys, bad):
+    """A step that is not a number was a TypeError while sorting the points."""
+    for key in ("step", "elapsed"):
+        first = {"step": 0, "phase": "train", "loss": 1.0, "elapsed": 0.1, key: json.loads(bad)}
+        lines = [first, {"step": 1, "phase": "train", "loss": 2.0}]
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+        assert cli.main(["plot", str(tmp_path)]) == 3
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"metrics.jsonl:1: {key} = {bad}: expected a number" in err, err
+
+
+def test_a_metric_value_that_is_no_number_is_left_out_of_its_curve(tmp_path):
+    lines = [{"step": 0, "phase": "train", "loss": 1.0}, {"step": 1, "phase": "train", "loss": "x"},
+             {"step": 1, "phase": "train", "loss": 2.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert cli.main(["plot", str(tmp_path)]) == 0
+    assert (tmp_path / "metrics.png").read_bytes().startswith(PNG_MAGIC)
