@@ -10,7 +10,7 @@ from typing import Callable
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.config.load import JobConfig, layers_for_phase
-from singa_mpi.errors import DataError
+from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.launcher.describe import Launch
 from singa_mpi.launcher.options import Request
 
@@ -22,6 +22,8 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
     checkpoint_path files (None without them, or when --resume finds the workspace's own), or for
     ``test`` the checkpoints to test."""
     check_inputs(launch.cfg, launch.workspace, list(launch.phases), log)
+    if request.trains and request.options.trace:
+        check_trace_path(launch.cfg, launch.workspace, request.options.trace)
     # what step 0 would meet (under MPI voted, before any communication), and a label any later step would
     check_first_batches(launch.cfg, launch.workspace, list(launch.phases))
     if request.trains:
@@ -57,6 +59,38 @@ def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callabl
             for conf, field, path, todo in prepare.reader_files(layer, cfg.path):  # DataShards, char-rnn text
                 if path not in seen and resolve_path(path, workspace) is None:
                     raise _missing(_naming(cfg, index, layer.name, conf, field), path, workspace, todo)
+
+
+def check_trace_path(cfg: JobConfig, workspace: str, trace: str) -> None:
+    """--trace's file is none the run reads or writes: the timeline, written at the end, would replace
+    the job file, a store, a checkpoint or the workspace's record of the run (a ConfigError naming which)."""
+    real = os.path.realpath(trace)
+    if real.startswith(os.path.realpath(checkpoint.checkpoint_dir(workspace)) + os.sep):
+        raise ConfigError(f"--trace {trace}: is in the workspace's checkpoint folder: expected a file the run "
+                          f"neither reads nor writes")
+    for path, what in _run_files(cfg, workspace):
+        if os.path.realpath(path) == real:
+            raise ConfigError(f"--trace {trace}: is {what}: expected a file the run neither reads nor writes")
+
+
+def _run_files(cfg: JobConfig, workspace: str) -> list[tuple[str, str]]:
+    """(path, what it is) of the files a run reads or writes; a relative store path both as written and
+    under the workspace (where the input layers look for it)."""
+    from singa_mpi.data import prepare
+    from singa_mpi.layers.output import output_files
+    from singa_mpi.profiling import FILE as PROFILE
+    from singa_mpi.trainer import STOP_NOTE
+    from singa_mpi.workspace import JOB_FILE
+
+    files = [(cfg.path, "the job file")] if cfg.path else []
+    for layer in cfg.proto.neuralnet.layer:
+        for field, path in prepare.store_files(layer):
+            what = f"layer '{layer.name}' store_conf.{field}"
+            files += [(path, what), (os.path.join(workspace, path), what)]
+    files += [(path, "a checkpoint_path file") for path in cfg.proto.checkpoint_path]
+    files += [(path, "an output layer's file") for path in output_files(cfg.proto, workspace)]
+    names = ("metrics.jsonl", PROFILE, "communication.json", STOP_NOTE, JOB_FILE)
+    return files + [(os.path.join(workspace, name), f"the run's {name}") for name in names]
 
 
 def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str]) -> None:

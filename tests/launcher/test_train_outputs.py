@@ -1,13 +1,16 @@
-"""What `train` leaves behind when a run ends early: the --trace timeline and WORKSPACE/profile.json
-are written as on a finished run."""
+"""What `train` leaves behind: the --trace timeline and WORKSPACE/profile.json when a run ends early,
+as on a finished run, and no timeline written over a file the run reads or writes."""
 from __future__ import annotations
 
 import collections
 import json
+import os
 
 import numpy as np
 import pytest
 
+from checkpoint_jobs import job_file
+from singa_mpi import cli
 from test_nonfinite import BAD_STEP, assert_stopped, job, store, train
 from test_timeline import check_chrome_trace
 
@@ -24,3 +27,38 @@ def test_a_nonfinite_stop_still_writes_the_trace_and_the_profile(tmp_path, ranks
     assert batches == {rank: BAD_STEP + 1 for rank in range(ranks)}  # the bad step's batch included
     profile = json.loads((workspace / "profile.json").read_text())
     assert profile["steps"] == BAD_STEP + 1 and len(profile["ranks"]) == ranks
+
+
+@pytest.mark.parametrize("target, what", [
+    ("job.conf", "is the job file"),
+    ("data.h5", "is layer 'data' store_conf.path"),
+    ("ws/metrics.jsonl", "is the run's metrics.jsonl"),
+    ("ws/profile.json", "is the run's profile.json"),
+    ("ws/checkpoint/step2.h5", "is in the workspace's checkpoint folder"),
+])
+def test_a_trace_over_a_file_of_the_run_is_refused_before_training(tmp_path, capsys, monkeypatch, target, what):
+    """The timeline, written at the end, silently replaced the job file (or a store) with JSON."""
+    monkeypatch.chdir(tmp_path)
+    conf = job_file(tmp_path, "data", steps=2)
+    before = {name: (tmp_path / name).read_bytes() for name in ("job.conf", "data.h5")}
+    assert cli.main(["train", conf, "--workspace", "ws", "--trace", target]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--trace {target}: {what}: expected a file the run neither reads nor writes" in err
+    assert before == {name: (tmp_path / name).read_bytes() for name in before}
+    assert not os.path.exists(tmp_path / "ws" / "checkpoint")  # refused before the run
+
+
+def test_a_trace_beside_the_run_files_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    conf = job_file(tmp_path, "data", steps=2)
+    assert cli.main(["train", conf, "--workspace", "ws", "--trace", "ws/trace.json"]) == 0
+    assert json.loads((tmp_path / "ws" / "trace.json").read_text())["traceEvents"]
+
+
+def test_two_ranks_refuse_a_trace_over_the_job_file_in_one_line(tmp_path):
+    conf = job_file(tmp_path, "data", steps=2)
+    before = open(conf, "rb").read()
+    result = train(conf, tmp_path / "ws", "--trace", conf, ranks=2)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.count(f"--trace {conf}: is the job file") == 1, result.stderr[-2000:]
+    assert open(conf, "rb").read() == before
