@@ -74,6 +74,20 @@ def make_workspace(workspace: str) -> None:
         raise DataError(f"{folder}: cannot write into this workspace folder: {checkpoint.disk_problem(err)}") from None
 
 
+def probe_file_folder(path: str, option: str) -> None:
+    """A DataError now if the folder of ``path`` (its nearest existing one: the writer makes the rest) takes no
+    new file: the option's parser asks os.access, which says yes to root on a read-only or virtual file system
+    (/proc), and the file is written only at the end of the run."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        _probe_write(folder)
+    except OSError as err:
+        raise DataError(f"{option} {path}: cannot write a file in {folder}: {err.strerror or err}: expected a path "
+                        f"on a file system you can write") from None
+
+
 def _probe_write(folder: str) -> None:
     probe = os.path.join(folder, f".singa-mpi-write-test-{os.getpid()}")
     with open(probe, "wb"):

@@ -13,6 +13,7 @@ from singa_mpi.config.load import JobConfig, layers_for_phase
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.launcher.describe import Launch
 from singa_mpi.launcher.options import Request
+from singa_mpi.workspace import probe_file_folder
 
 
 def read_before_start(launch: Launch, request: Request, is_root: bool,
@@ -24,6 +25,8 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
     check_inputs(launch.cfg, launch.workspace, list(launch.phases), log)
     if request.trains and request.options.trace:
         check_trace_path(launch.cfg, launch.workspace, request.options.trace)
+        if is_root:  # the one that writes it
+            probe_file_folder(request.options.trace, "--trace")
     # what step 0 would meet (under MPI voted, before any communication), and a label any later step would
     check_first_batches(launch.cfg, launch.workspace, list(launch.phases))
     if request.trains:

@@ -62,3 +62,13 @@ def test_two_ranks_refuse_a_trace_over_the_job_file_in_one_line(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.count(f"--trace {conf}: is the job file") == 1, result.stderr[-2000:]
     assert open(conf, "rb").read() == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, a file system that takes no new file")
+def test_a_trace_folder_that_takes_no_file_is_refused_before_training(tmp_path, capsys):
+    """os.access passes /proc (and, for root, any read-only file system): the trace failed after the training."""
+    conf = job_file(tmp_path, "data", steps=2)
+    assert cli.main(["train", conf, "--workspace", str(tmp_path / "ws"), "--trace", "/proc/singa-mpi/t.json"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--trace /proc/singa-mpi/t.json: cannot write a file in /proc: " in err, err
+    assert not os.path.exists(tmp_path / "ws" / "checkpoint")
