@@ -163,7 +163,18 @@ def finish(runtime, path: str) -> str | None:
     parts = runtime.gather_object(rank_trace(runtime.tracer))
     if parts is None or not runtime.is_root:
         return None
-    place = getattr(runtime, "place", None)  # several worker groups: each gathers its own, group 0 writes
-    groups = place.groups if place is not None else 1
     line = write(path, parts)
-    return line if groups == 1 else line + f" (worker group 0 of {groups}: the others' timelines are not kept)"
+    left_out = _left_out(getattr(runtime, "place", None))
+    return line + f" ({left_out})" if left_out else line
+
+
+def _left_out(place) -> str:
+    """What the trace lacks, said in its line: several worker groups each gather their own (group 0
+    writes), and separate server ranks record no trainer."""
+    if place is None:
+        return ""
+    missing = [f"worker group 0 of {place.groups}: the others' timelines are not kept"] if place.groups > 1 else []
+    if place.has_servers:
+        servers = sum(len(ranks) for ranks in place.topo.server_groups)
+        missing.append(f"the {servers} server rank(s) are not traced")
+    return "; ".join(missing)

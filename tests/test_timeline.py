@@ -258,18 +258,36 @@ def test_an_unwritable_trace_file_is_a_one_line_error(tmp_path, capsys):
     assert stop.value.code == 2 and err.count("\n") == 1 and "a_file is a file, not a folder" in err, err
 
 
-@pytest.mark.parametrize("groups", [1, 3])
-def test_the_line_says_when_the_trace_holds_one_worker_group_of_several(tmp_path, groups):
-    """Downpour and Hogwild gather each group's timeline in the group; group 0 writes its own."""
+def finished_line(tmp_path, place) -> str:
     import types
 
     tracer = Tracer(rank=0)
     tracer.record = True
     with tracer.span("fc1", "layer"):
         pass
-    runtime = types.SimpleNamespace(tracer=tracer, is_root=True, gather_object=lambda part: [part],
-                                    place=types.SimpleNamespace(groups=groups) if groups > 1 else None)
+    runtime = types.SimpleNamespace(tracer=tracer, is_root=True, gather_object=lambda part: [part], place=place)
     line = timeline.finish(runtime, str(tmp_path / "t.json"))
     assert line.startswith(f"timeline {tmp_path / 't.json'}: 1 spans from 1 rank(s)")
-    assert line.endswith("(worker group 0 of 3: the others' timelines are not kept)") == (groups == 3)
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    return line
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_the_line_says_when_the_trace_holds_one_worker_group_of_several(tmp_path, groups):
+    """Downpour and Hogwild gather each group's timeline in the group; group 0 writes its own."""
+    import types
+
+    place = types.SimpleNamespace(groups=groups, has_servers=False) if groups > 1 else None  # Hogwild's groups
+    line = finished_line(tmp_path, place)
+    assert line.endswith("(worker group 0 of 3: the others' timelines are not kept)") == (groups == 3)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_the_line_says_that_server_ranks_are_not_traced(tmp_path, groups):
+    """Sandblaster's and Downpour's server ranks run no trainer: the trace had them silently missing."""
+    import types
+
+    topo = types.SimpleNamespace(server_groups=((3, 4),))
+    line = finished_line(tmp_path, types.SimpleNamespace(groups=groups, has_servers=True, topo=topo))
+    assert line.endswith("the 2 server rank(s) are not traced)"), line
+    assert ("(worker group 0 of 2: the others' timelines are not kept; " in line) == (groups == 2), line
