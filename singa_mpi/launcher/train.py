@@ -12,7 +12,7 @@ from singa_mpi import plugins, progress, run_events, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.emergency import Rescue
 from singa_mpi.config.load import JobConfig
-from singa_mpi.errors import ConfigError, DataError, NonFiniteError
+from singa_mpi.errors import ConfigError, DataError, NonFiniteError, one_line
 from singa_mpi.launcher.checks import merged_checkpoint_paths
 from singa_mpi.launcher.options import Request, RunOptions
 from singa_mpi.launcher.run import launch
@@ -70,6 +70,10 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     except NonFiniteError as err:
         _finish_trace(trainer, options)  # every rank stops at the same step (voted): the timeline up to it
         return _stopped_on_nonfinite(trainer, err)
+    except Exception:
+        if isinstance(trainer.runtime, SerialRuntime):  # the one rank: what it recorded is the whole run's
+            _keep_the_record(trainer, options)
+        raise
     _finish_trace(trainer, options)
     if trainer.stopped:
         trainer.log(trainer.resume_hint)
@@ -83,6 +87,17 @@ def _finish_trace(trainer: Trainer, options: RunOptions) -> None:
     """--trace: every rank's timeline to the root, which writes the file (collective)."""
     if options.trace:
         trainer.log(timeline.finish(trainer.runtime, options.trace))
+
+
+def _keep_the_record(trainer: Trainer, options: RunOptions) -> None:
+    """A serial run that failed: its profile and --trace timeline up to the failure, as a stopped run's.
+    (Under MPI the failing rank aborts the job: the other ranks' parts cannot be gathered.)  A second
+    failure here is one note: the first is the one reported."""
+    try:
+        trainer.finish_profile()
+        _finish_trace(trainer, options)
+    except Exception as err:
+        trainer.log(f"note: the profile or timeline of the failed run could not be written: {one_line(str(err))}")
 
 
 def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:

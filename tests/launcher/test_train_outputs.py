@@ -72,3 +72,26 @@ def test_a_trace_folder_that_takes_no_file_is_refused_before_training(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--trace /proc/singa-mpi/t.json: cannot write a file in /proc: " in err, err
     assert not os.path.exists(tmp_path / "ws" / "checkpoint")
+
+
+def test_a_serial_run_that_fails_still_writes_the_trace_and_the_profile(tmp_path, capsys, monkeypatch):
+    """One rank has nothing to gather: the timeline and the profile up to the failure were lost with it."""
+    from singa_mpi.errors import DataError
+    from singa_mpi.trainer import Trainer
+
+    def failing(trainer, step):
+        if step >= 2:
+            raise DataError("the disk went away")
+        return keep(trainer, step)
+
+    keep = Trainer.save_checkpoint
+    monkeypatch.setattr(Trainer, "save_checkpoint", failing)
+    conf = job_file(tmp_path, "data", steps=6, extra="\ncheckpoint_freq: 2\n")
+    trace, workspace = tmp_path / "trace.json", tmp_path / "ws"
+    assert cli.main(["train", conf, "--workspace", str(workspace), "--trace", str(trace)]) == DataError.exit_code
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "the disk went away" in captured.err, captured.err
+    assert f"timeline {trace}: " in captured.out
+    spans = check_chrome_trace(json.loads(trace.read_text()))
+    assert sum(e["name"] == "train_one_batch" for e in spans) == 2
+    assert json.loads((workspace / "profile.json").read_text())["steps"] == 2
