@@ -37,17 +37,11 @@ def figure_class():
 
 
 def read_metrics(workspace: str) -> list[dict]:
-    if os.path.isfile(workspace):
-        raise DataError(f"{workspace}: a file: expected the workspace folder that holds metrics.jsonl "
-                        f"({os.path.dirname(workspace) or '.'} here?)")
-    path = os.path.join(workspace, "metrics.jsonl")
-    try:
-        with open(path) as f:
-            lines = [line for line in f if line.strip()]
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file: expected the workspace of a `singa-mpi train` run") from None
+    path = workspace_file(workspace, "metrics.jsonl")
+    text = read_text(path, "expected the workspace of a `singa-mpi train` run")
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     entries = []
-    for number, line in enumerate(lines, 1):
+    for number, line in lines:  # numbered as an editor numbers them, blank lines included
         try:
             entry = json.loads(line)
         except ValueError:
@@ -59,6 +53,25 @@ def read_metrics(workspace: str) -> list[dict]:
                 raise DataError(f"{path}:{number}: {key} = {json.dumps(entry[key])[:60]}: expected a number")
         entries.append(entry)
     return entries
+
+
+def workspace_file(workspace: str, name: str) -> str:
+    if os.path.isfile(workspace):
+        raise DataError(f"{workspace}: a file: expected the workspace folder that holds {name} "
+                        f"({os.path.dirname(workspace) or '.'} here?)")
+    return os.path.join(workspace, name)
+
+
+def read_text(path: str, expected: str) -> str:
+    """The text of ``path``, or a one-line DataError (a folder in its place, a file that cannot be read).
+    Undecodable bytes (a damaged file) become U+FFFD: the JSON that holds them is then the error named."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file: {expected}") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read it: {err.strerror or err}: {expected}") from None
 
 
 def is_number(value) -> bool:
@@ -125,12 +138,10 @@ def metrics_figure(runs: dict[str, list[dict]]):
 def plot_profile(workspace: str, output: str) -> str:
     """Bars per worker: ms per training step of each layer's passes and communication, KiB per step."""
     figure_class()
-    path = os.path.join(workspace, profiling.FILE)
+    path = workspace_file(workspace, profiling.FILE)
+    text = read_text(path, "expected the workspace of a finished `singa-mpi train` run")
     try:
-        with open(path) as f:
-            profile = json.load(f)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file: expected the workspace of a finished `singa-mpi train` run") from None
+        profile = json.loads(text)
     except ValueError:
         raise DataError(f"{path}: not valid JSON: {PROFILE_EXPECTED}") from None
     check_profile(profile, path)

@@ -161,3 +161,24 @@ def test_a_metric_value_that_is_no_number_is_left_out_of_its_curve(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     assert cli.main(["plot", str(tmp_path)]) == 0
     assert (tmp_path / "metrics.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_unreadable_or_undecodable_files_are_one_line_errors(tmp_path, capsys):
+    """Each was a traceback: IsADirectoryError, NotADirectoryError, UnicodeDecodeError."""
+    (tmp_path / "folders" / "metrics.jsonl").mkdir(parents=True)
+    (tmp_path / "folders" / "profile.json").mkdir()
+    bytes_ws = tmp_path / "bytes"
+    bytes_ws.mkdir()
+    (bytes_ws / "metrics.jsonl").write_bytes(b'{"step": 0, "phase": "train", "loss": 1.0}\n\n\xff\xfe{"step": 1}\n')
+    (bytes_ws / "profile.json").write_bytes(b'{"steps": \x82\xff}')
+    cases = [(["plot", str(tmp_path / "folders")], "metrics.jsonl: cannot read it: Is a directory: expected the "
+                                                     "workspace of a `singa-mpi train` run"),
+             (["plot", "--profile", str(tmp_path / "folders")], "profile.json: cannot read it: Is a directory"),
+             (["plot", str(bytes_ws)], "metrics.jsonl:3: not a JSON object"),  # its line, blank lines counted
+             (["plot", "--profile", str(bytes_ws)], "profile.json: not valid JSON"),
+             (["plot", "--profile", str(bytes_ws / "metrics.jsonl")],
+              "metrics.jsonl: a file: expected the workspace folder that holds profile.json")]
+    for args, expected in cases:
+        assert cli.main(args) == 3, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and expected in err, (args, err)
