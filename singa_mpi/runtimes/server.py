@@ -223,9 +223,14 @@ class ServerRuntime:
             params.append((name, value.logical_shape, value.region(), value.data.copy()))
             for slot, array in self.updater.state(name).items():
                 states.append((name, slot, value.logical_shape, value.region(), array))
-        self.world.send_object({"params": params, "states": states, "counters": self.updater.counters()},
+        self.world.send_object({"params": params, "states": states, "counters": self._own_counters()},
                                rank, SNAPSHOT_REPLY, LABEL)
         return True
+
+    def _own_counters(self) -> dict[str, dict[str, int]]:
+        """The updater's counters of this server's ranges: the root merges every server's, so a
+        counter of a param another server updates must not come from here."""
+        return {name: values for name, values in self.updater.counters().items() if name in self.ranges}
 
     def emergency_pieces(self) -> list[dict] | str:
         """This server's ranges and their updater state for an emergency checkpoint, one piece per step
@@ -263,5 +268,6 @@ class ServerRuntime:
                          if array.shape == r.value.logical_shape}
                 if state:
                     self.updater.load_state(name, state)
-        if payload["full"]:
-            self.updater.load_counters(payload["counters"])
+        if payload["full"]:  # only this server's ranges count updates here
+            self.updater.load_counters({name: values for name, values in payload["counters"].items()
+                                        if name in self.ranges})

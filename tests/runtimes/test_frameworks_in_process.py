@@ -13,6 +13,7 @@ import pathlib
 import numpy as np
 import pytest
 
+from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.communication.local import run_ranks
 from singa_mpi.config.load import load_job
 from singa_mpi.launcher.checks import check_inputs
@@ -41,8 +42,9 @@ def framework_job(name: str, steps: int, workspace: pathlib.Path, share_memory: 
     return cfg
 
 
-def run_in_threads(cfg, workspace: pathlib.Path) -> list:
-    """Every rank of the job's cluster as a thread; each worker's trainer (None for a server)."""
+def run_in_threads(cfg, workspace: pathlib.Path, resume: checkpoint.Checkpoint | None = None) -> list:
+    """Every rank of the job's cluster as a thread; each worker's trainer (None for a server).
+    ``resume``: a checkpoint every worker restores in full first, as --resume does."""
     size = cfg.proto.cluster.nworker_groups * cfg.proto.cluster.nworkers_per_group
     if cfg.proto.cluster.server_worker_separate:
         size += cfg.proto.cluster.nserver_groups * cfg.proto.cluster.nservers_per_group
@@ -55,7 +57,9 @@ def run_in_threads(cfg, workspace: pathlib.Path) -> list:
         def body(trainer: Trainer) -> int:
             trainers[comm.rank] = trainer
             trainer.log, trainer.live_bar = (lambda line: None), False
-            trainer.runtime.begin_training(None, True)
+            if resume is not None:
+                trainer.restore(resume, full=True)
+            trainer.runtime.begin_training(trainer.loaded, True)
             trainer.run()
             return 0
         return run_role(comm, job, body)
@@ -91,6 +95,23 @@ def test_sandblaster_in_process_trains_the_serial_numbers(tmp_path, monkeypatch)
             whole = expected[param.name][tuple(slice(lo, hi) for lo, hi in param.shard)] if param.shard else \
                 expected[param.name]
             np.testing.assert_allclose(param.data, whole, rtol=1e-4, atol=1e-5, err_msg=param.name)
+
+
+def test_sandblaster_resumed_twice_keeps_every_servers_updater_counters(tmp_path, monkeypatch):
+    """Each server counts the updates of its own ranges (Adam's bias correction): a resume hands
+    every server every param's counter, and a server's copy of another server's param, never
+    updated, once overwrote the true count in the next checkpoint, so a second resume went wrong."""
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job("sandblaster", 2, tmp_path / "ws")
+    cfg.proto.updater.type = "kAdam"
+    cfg.proto.updater.adam_conf.bias_correction = True
+    run_in_threads(cfg, tmp_path / "ws")
+    assert cfg.proto.cluster.nservers_per_group == 2
+    for steps in (4, 6):
+        cfg.proto.train_steps = steps
+        run_in_threads(cfg, tmp_path / "ws", resume=checkpoint.newest_good(str(tmp_path / "ws")))
+        written = checkpoint.read(checkpoint.checkpoint_path(str(tmp_path / "ws"), steps))
+        assert written.counters == {name: {"steps": steps} for name in written.params}, written.counters
 
 
 @pytest.mark.slow
