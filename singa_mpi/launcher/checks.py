@@ -19,9 +19,9 @@ from singa_mpi.workspace import probe_file_folder
 def read_before_start(launch: Launch, request: Request, is_root: bool,
                       log: Callable[[str], None] | None) -> checkpoint.Checkpoint | None:
     """Check the input files of every phase (``log``: this rank's notes, None to say nothing) and the
-    first batches; return the parameters the run starts from: the job's
-    checkpoint_path files (None without them, or when --resume finds the workspace's own), or for
-    ``test`` the checkpoints to test."""
+    first batches; return the parameters the run starts from: with --resume the workspace's newest
+    good checkpoint, checked to be this job's (:func:`read_resumed`), else the job's checkpoint_path
+    files (None without them), or for ``test`` the checkpoints to test."""
     check_inputs(launch.cfg, launch.workspace, list(launch.phases), log)
     if request.trains and request.options.trace:
         check_trace_path(launch.cfg, launch.workspace, request.options.trace)
@@ -29,6 +29,8 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
             probe_file_folder(request.options.trace, "--trace")
     # what step 0 would meet (under MPI voted, before any communication), and a label any later step would
     check_first_batches(launch.cfg, launch.workspace, list(launch.phases))
+    if request.trains and resumes(launch.workspace, request.options.resume):
+        return read_resumed(launch, request.options.allow_other_job, log)
     if request.trains:
         return read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume)
     return checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root)
@@ -178,13 +180,50 @@ def _missing(naming: str, path: str, workspace: str, todo: str) -> DataError:
     return DataError(f"{naming} {path}: no such file (looked in the current folder {os.getcwd()}{where}): {todo}")
 
 
+def resumes(workspace: str, resume: bool) -> bool:
+    """--resume continues from the workspace's own checkpoints: it has some (else the job's
+    checkpoint_path files, if any, start it)."""
+    return resume and bool(checkpoint.listed(workspace))
+
+
+def read_resumed(launch: Launch, allow_other_job: bool,
+                 log: Callable[[str], None] | None) -> checkpoint.Checkpoint | None:
+    """--resume's checkpoint: the workspace's newest good one, read and checked to be this job's by
+    every rank in phase 1.  Every one damaged, or another job's, is then one voted line (exit 3 or
+    2) before any rank loads it: checked on the root alone after the vote, another rank loading
+    another net's params ended the job first, with its own error (a param's shape, exit 3)."""
+    ckpt = checkpoint.newest_good(launch.workspace)
+    if ckpt is None:  # removed since listed: nothing to check, the run notes it starts at step 0
+        return None
+    _check_job_identity(launch, ckpt, allow_other_job, log)
+    return ckpt
+
+
+def _check_job_identity(launch: Launch, ckpt: checkpoint.Checkpoint, allow_other_job: bool,
+                        log: Callable[[str], None] | None) -> None:
+    """Refuse another job's checkpoint (ConfigError) unless --allow-other-job; ``log``: the notes."""
+    from singa_mpi.checkpoints.snapshot import other_job
+
+    say = log or (lambda line: None)
+    if not ckpt.job_identity:
+        say(f"note: {ckpt.path} has no job identity (format {ckpt.format_version}, or converted): "
+            f"not checked that this job wrote it")
+        return
+    mismatch = other_job(launch.cfg, dict(launch.summary.params), ckpt)
+    if mismatch and not allow_other_job:
+        raise ConfigError(f"{mismatch}: expected this job's checkpoint: resume from it anyway with "
+                          f"--allow-other-job (params taken by name), or start afresh with --overwrite")
+    if mismatch:
+        say(f"note: --allow-other-job: {mismatch}")
+
+
 def read_checkpoint_paths(cfg: JobConfig, workspace: str, resume: bool) -> checkpoint.Checkpoint | None:
     """The job's checkpoint_path files, read in phase 1 so that a missing or damaged one is a voted error
     (one line from rank 0) rather than every rank's abort at step 0; None when the job names none, or
     when --resume continues from the workspace's own checkpoints."""
     from singa_mpi.checks.checkpoint_paths import missing_checkpoint_paths
 
-    if not cfg.proto.checkpoint_path or (resume and checkpoint.listed(workspace)):
+    if not cfg.proto.checkpoint_path or resumes(workspace, resume):
         return None
     missing = missing_checkpoint_paths(cfg)  # a line that names the job writing it, where one does
     if missing:

@@ -5,15 +5,14 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import warnings
 from typing import Callable
 
 from singa_mpi import plugins, progress, run_events, timeline
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.emergency import Rescue
 from singa_mpi.config.load import JobConfig
-from singa_mpi.errors import ConfigError, DataError, NonFiniteError, one_line
-from singa_mpi.launcher.checks import merged_checkpoint_paths
+from singa_mpi.errors import NonFiniteError, one_line
+from singa_mpi.launcher.checks import merged_checkpoint_paths, resumes
 from singa_mpi.launcher.options import Request, RunOptions
 from singa_mpi.launcher.run import launch
 from singa_mpi.launcher.start import launcher_name
@@ -136,45 +135,17 @@ def resume_command(trainer: Trainer, options: RunOptions, environ=None) -> str:
 
 
 def _load_initial_state(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint | None = None) -> None:
-    """--resume: the newest good checkpoint of the workspace; else the job's checkpoint_path files
-    (``initial`` when :func:`read_checkpoint_paths` read them before)."""
+    """--resume: the workspace's newest good checkpoint; else the job's checkpoint_path files.  Both
+    are ``initial`` when :func:`~singa_mpi.launcher.checks.read_before_start` read them before (every
+    rank, before the vote: a damaged or another job's checkpoint is one voted line there)."""
     job = trainer.job
+    if resumes(trainer.workspace, options.resume) and initial is not None:
+        trainer.log(f"resuming from {initial.path} (step {initial.step})")
+        trainer.restore(initial, full=True, allow_partial=options.allow_partial)
+        return
     if options.resume:
-        with warnings.catch_warnings():
-            if not trainer.runtime.is_root:
-                warnings.simplefilter("ignore")  # one report of a damaged file is enough
-            try:
-                ckpt = checkpoint.newest_good(trainer.workspace)
-            except DataError:  # every checkpoint damaged: the root's error ends every rank, in one line
-                if trainer.runtime.is_root:
-                    raise
-                ckpt = None
-        if ckpt is not None:
-            _check_job_identity(trainer, ckpt, options.allow_other_job)
-            trainer.log(f"resuming from {ckpt.path} (step {ckpt.step})")
-            trainer.restore(ckpt, full=True, allow_partial=options.allow_partial)
-            return
         trainer.log(f"note: no checkpoint in {checkpoint.checkpoint_dir(trainer.workspace)}: starting at step 0")
     if job.checkpoint_path:  # a fresh start (a first --resume of a requeued job included)
         merged = initial or merged_checkpoint_paths(trainer.cfg)
         trainer.log(f"initialising parameters from {', '.join(job.checkpoint_path)}")
         trainer.restore(merged, full=False, allow_partial=options.allow_partial)
-
-
-def _check_job_identity(trainer: Trainer, ckpt: checkpoint.Checkpoint, allow_other_job: bool) -> None:
-    """--resume: refuse another job's checkpoint (ConfigError) unless --allow-other-job.  The root alone
-    decides, as its error ends every rank and the others would print the same line."""
-    from singa_mpi.checkpoints.snapshot import other_job
-
-    if not trainer.runtime.is_root:
-        return
-    if not ckpt.job_identity:
-        trainer.log(f"note: {ckpt.path} has no job identity (format {ckpt.format_version}, or converted): "
-                    f"not checked that this job wrote it")
-        return
-    mismatch = other_job(trainer.cfg, trainer.job_params, ckpt)
-    if mismatch and not allow_other_job:
-        raise ConfigError(f"{mismatch}: expected this job's checkpoint: resume from it anyway with "
-                          f"--allow-other-job (params taken by name), or start afresh with --overwrite")
-    if mismatch:
-        trainer.log(f"note: --allow-other-job: {mismatch}")

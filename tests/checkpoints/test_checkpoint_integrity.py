@@ -263,6 +263,29 @@ def test_another_jobs_checkpoint_under_mpi_is_one_line_exit_2(tmp_path):
     assert len(lines) == 1 and "--allow-other-job" in lines[0], result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("cluster,n", [("nworkers_per_group: 2 nserver_groups: 1 nservers_per_group: 1 "
+                                       "server_worker_separate: true", 3),
+                                       ("nworker_groups: 2 nserver_groups: 2 share_memory: false", 2)],
+                         ids=["sandblaster", "hogwild"])
+def test_another_nets_checkpoint_under_a_framework_is_the_one_identity_line_exit_2(tmp_path, cluster, n):
+    """Another net (other param shapes): every rank checks the identity before the vote.  The root
+    alone checked it after, so a worker that loaded the params first ended the job with its own
+    line (rank 1: a param's shape, exit 3)."""
+    conf = job_file(tmp_path, steps=2, extra=f"cluster {{ {cluster} }}\n")
+    cmd = mpiexec_command(n) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws")]
+    first = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    other = tmp_path / "other.conf"
+    other.write_text(open(conf).read().replace("num_output: 16", "num_output: 20"))
+    cmd[cmd.index(conf)] = str(other)
+    result = subprocess.run(cmd + ["--resume", "--steps", "4"], cwd=ROOT, env=mpi_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "has shape" not in result.stderr, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if "written by another job" in line]
+    assert len(lines) == 1 and "--allow-other-job" in lines[0], result.stderr[-2000:]
+
+
 def test_format_2_checkpoints_are_read_and_resumed_with_a_note(trained, tmp_path, capsys):
     conf, ws = trained
     good = checkpoint.read(checkpoint.checkpoint_path(str(ws), 2))
