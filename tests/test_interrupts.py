@@ -147,6 +147,21 @@ def test_the_resume_hint_names_the_launcher_that_started_the_job():
     assert resume_command(trainer, RunOptions(), {}) == shlex.join(["singa-mpi", *tail[3:]])
 
 
+def test_the_resume_hint_of_a_framework_job_launches_every_group_and_server():
+    """A worker's runtime counts the workers of its group: Sandblaster's 2 workers and a server need
+    3 ranks, Downpour's 2 groups of 1 worker and a server too (the hint said 2, and `singa-mpi`)."""
+    from singa_mpi.launcher import RunOptions
+    from singa_mpi.launcher.train import resume_command
+
+    tail = ["python", "-m", "singa_mpi", "train", "j.conf", "--workspace", "ws", "--resume"]
+    for group in (2, 1):
+        world = types.SimpleNamespace(size=3)
+        runtime = types.SimpleNamespace(size=group, place=types.SimpleNamespace(world=world))
+        trainer = types.SimpleNamespace(runtime=runtime, cfg=types.SimpleNamespace(path="j.conf"), workspace="ws")
+        assert resume_command(trainer, RunOptions(), {"PMI_SIZE": "3", "MPI_LOCALNRANKS": "3"}) == \
+            shlex.join(["mpiexec", "-n", "3", *tail])
+
+
 # ------------------------------------------------------------------ what was saved, in every case
 
 def test_a_stop_leaves_what_it_saved_in_the_workspace(tmp_path, monkeypatch, capfd):

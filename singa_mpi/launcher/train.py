@@ -113,7 +113,7 @@ def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
 def resume_command(trainer: Trainer, options: RunOptions, environ=None) -> str:
     """The command that continues this run from its newest checkpoint (it may run on any number of
     ranks), with the launcher that started this one (``environ``: default this process's)."""
-    size, environ = trainer.runtime.size, os.environ if environ is None else environ
+    size, environ = launched_ranks(trainer.runtime), os.environ if environ is None else environ
     supervised = environ.get(run_events.SUPERVISOR_VARIABLE)
     if supervised:  # under `singa-mpi run`: resumed the way it was started
         words = shlex.split(supervised)
@@ -132,6 +132,14 @@ def resume_command(trainer: Trainer, options: RunOptions, environ=None) -> str:
     if options.deterministic:
         words.append("--deterministic")
     return shlex.join(words + ["--resume"])
+
+
+def launched_ranks(runtime) -> int:
+    """The ranks the job runs on: under a framework (worker groups, servers) every group's and every
+    server's, where the worker runtime's ``size`` is its group's (a Downpour job of 3 ranks was told to
+    resume with `singa-mpi train`, a Sandblaster one with one rank too few)."""
+    place = getattr(runtime, "place", None)
+    return place.world.size if place is not None else runtime.size
 
 
 def _load_initial_state(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint | None = None) -> None:
