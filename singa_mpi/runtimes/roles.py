@@ -38,12 +38,13 @@ class RoleJob:
 @dataclasses.dataclass
 class RoleHooks:
     """What the launcher watches a rank with (all optional): ``note`` says what the rank is doing
-    (its liveness record), ``named`` gives it its role's name, ``attach`` hands the trainer to the
+    (its liveness record), ``named`` gives it its role's name, ``attach`` hands the trainer (a
+    server rank: its ServerRuntime, which has the same ``stop_requested`` and ``stop_signal``) to the
     stop signals, ``finished`` says the body has returned."""
 
     note: Callable[[str], None] = lambda text: None
     named: Callable[[str], None] = lambda name: None
-    attach: Callable[[Trainer], None] = lambda trainer: None
+    attach: Callable[[Trainer | ServerRuntime], None] = lambda trainer: None
     finished: Callable[[], None] = lambda: None
 
 
@@ -62,6 +63,7 @@ def run_role(world, job: RoleJob, body: Callable[[Trainer], int], hooks: RoleHoo
         hooks.note("")
         with threads.limit_blas(1):  # element-wise updates: one thread each, beside the workers' BLAS
             server = ServerRuntime(cfg, cfg.proto.seed, world, topo, role, job.plans)
+            hooks.attach(server)  # a stop signal here stops the groups too
             emergency.serve_on_request(world.rank, server)
             server.serve()
         group.free()

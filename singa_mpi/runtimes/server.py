@@ -84,6 +84,9 @@ class ServerRuntime:
         self.group_of = {rank: (g, w) for g, ranks in enumerate(topo.worker_groups) for w, rank in enumerate(ranks)}
         self.finished_workers: set[int] = set()
         self.stop_reason = 0  # STOPPED_EARLY or FOUND_NONFINITE once a group stopped or sent one
+        # set by the stop signals' handler (launcher.run attaches this server as it attaches a trainer): a
+        # signal that reaches a server alone stops every group too (it was swallowed: the job trained on)
+        self.stop_requested, self.stop_signal = False, None
         self.check_finite = True
         self.replies: dict[tuple[int, int], tuple] = {}  # (group, id(piece)) -> (buffer, request)
         self.lock = threading.Lock()  # held while a range changes: an emergency piece sees none half-updated
@@ -161,6 +164,8 @@ class ServerRuntime:
                 finite = not self.check_finite or finite_at_a_glance(value.data) or np.isfinite(value.data).all()
         if not finite:
             status, self.stop_reason = NOT_FINITE, FOUND_NONFINITE  # every group stops, none checkpoints
+        if self.stop_requested:  # every group stops after this step, as on a group's own stop
+            self.stop_reason = max(self.stop_reason, STOPPED_EARLY)
         staleness = the_range.version - the_range.seen[g]
         the_range.version += 1
         the_range.clock[g] += 1

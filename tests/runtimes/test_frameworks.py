@@ -159,6 +159,23 @@ def test_a_killed_server_or_worker_rank_ends_the_job_and_is_named_with_its_role(
 
 
 @pytest.mark.slow
+def test_a_stop_signal_that_reaches_a_server_alone_stops_every_group_with_a_checkpoint(tmp_path):
+    """A server rank caught the signal and did nothing with it: the job trained on to its end.  It now
+    tells every group, as a group that stops does, and the job stops after one step (exit 75)."""
+    conf = digits_job(tmp_path, "signal", SANDBLASTER, 100000, extra="checkpoint_freq: 100000\n")
+    cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_for_progress(proc, tmp_path)
+    os.kill(rank_pids(conf)[2], signal.SIGTERM)  # the server
+    code, out, err = finish(proc, 60)
+    assert code == checkpoint.EXIT_CHECKPOINTED, err[-3000:]
+    (step, path), _ = checkpoint.listed(str(tmp_path / "ws"))  # the stop's, and step 0's
+    assert 0 < step < 100000 and checkpoint.read(path).step == step
+    assert f"stopped on a signal after {step} steps" in (tmp_path / "ws" / "stopped.txt").read_text()
+
+
+@pytest.mark.slow
 def test_a_downpour_checkpoint_resumes_under_other_frameworks_and_back(tmp_path):
     down = digits_job(tmp_path, "down", DOWNPOUR + ' workspace: "x"', 20, extra="checkpoint_freq: 10\n")
     code, out, err = run(3, down, tmp_path)
