@@ -133,15 +133,28 @@ class SharedHogwild(LocalSync):
     def __init__(self, node, params: list[Param]):
         super().__init__(params)
         sizes = [p.data.size for p in params]
-        self.window, segments = node.shared_arrays([sum(sizes) if r == 0 else 0 for r in range(node.size)])
-        values = segments[0]
+        # the values, then one stop word: the groups share no step and take no vote, so a group that stops
+        # early (a signal that reached it alone) raises it, and every other group stops after its step
+        self.window, segments = node.shared_arrays([sum(sizes) + 1 if r == 0 else 0 for r in range(node.size)])
+        values, self.stop_word = segments[0][:-1], segments[0][-1:]
         offset = 0
         for param, size in zip(params, sizes):
             if node.rank == 0:  # every rank starts from the same values: rank 0's copy serves them all
                 values[offset:offset + size] = param.data.reshape(-1)
             offset += size
+        if node.rank == 0:
+            self.stop_word[0] = 0.0
         node.memory_fence(self.window, "hogwild(values)")
         offset = 0
         for param, size in zip(params, sizes):
             param.data = values[offset:offset + size].reshape(param.data.shape)
             offset += size
+
+    def training_done(self, stopped: bool) -> None:
+        """A group that stops early tells the others (they read the word after each step)."""
+        if stopped:
+            self.stop_word[0] = 1.0
+
+    def stop_asked(self) -> bool:
+        """Another group stopped early: this one stops too."""
+        return bool(self.stop_word[0])

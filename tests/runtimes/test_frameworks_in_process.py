@@ -42,9 +42,11 @@ def framework_job(name: str, steps: int, workspace: pathlib.Path, share_memory: 
     return cfg
 
 
-def run_in_threads(cfg, workspace: pathlib.Path, resume: checkpoint.Checkpoint | None = None) -> list:
+def run_in_threads(cfg, workspace: pathlib.Path, resume: checkpoint.Checkpoint | None = None,
+                   prepare=lambda trainer: None) -> list:
     """Every rank of the job's cluster as a thread; each worker's trainer (None for a server).
-    ``resume``: a checkpoint every worker restores in full first, as --resume does."""
+    ``resume``: a checkpoint every worker restores in full first, as --resume does; ``prepare(trainer)``:
+    called on each worker's trainer before it trains."""
     size = cfg.proto.cluster.nworker_groups * cfg.proto.cluster.nworkers_per_group
     if cfg.proto.cluster.server_worker_separate:
         size += cfg.proto.cluster.nserver_groups * cfg.proto.cluster.nservers_per_group
@@ -60,6 +62,7 @@ def run_in_threads(cfg, workspace: pathlib.Path, resume: checkpoint.Checkpoint |
             if resume is not None:
                 trainer.restore(resume, full=True)
             trainer.runtime.begin_training(trainer.loaded, True)
+            prepare(trainer)
             trainer.run()
             return 0
         return run_role(comm, job, body)
@@ -112,6 +115,21 @@ def test_sandblaster_resumed_twice_keeps_every_servers_updater_counters(tmp_path
         run_in_threads(cfg, tmp_path / "ws", resume=checkpoint.newest_good(str(tmp_path / "ws")))
         written = checkpoint.read(checkpoint.checkpoint_path(str(tmp_path / "ws"), steps))
         assert written.counters == {name: {"steps": steps} for name in written.params}, written.counters
+
+
+def test_in_memory_hogwild_groups_stop_when_one_group_is_asked_to(tmp_path, monkeypatch):
+    """A stop signal that reaches one group's rank alone: the groups share no step and take no vote,
+    so the other group trained on to its last step; the stop word in the shared copy stops it too."""
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job("hogwild", 5000, tmp_path / "ws", share_memory=True)
+
+    def signalled_in_group_1(trainer):
+        trainer.stop_requested = trainer.runtime.place.role.group == 1
+
+    trainers = run_in_threads(cfg, tmp_path / "ws", prepare=signalled_in_group_1)
+    assert all(t.stopped for t in trainers), [(t.runtime.place.role.group, t.stopped) for t in trainers]
+    (step, _), *_ = checkpoint.listed(str(tmp_path / "ws"))
+    assert step < 5000
 
 
 @pytest.mark.slow
