@@ -107,8 +107,17 @@ def local_pieces(trainer) -> dict:
     carried = [(phase, layer.name, name, layer.ctx.rows(), layer.ctx.global_batch, np.array(value))
                for phase, net in trainer.nets().items() for layer in net.layers
                for name, value in layer.carried().items()]
-    return {"params": params, "states": states, "readers": readers, "counters": updater.counters(),
+    return {"params": params, "states": states, "readers": readers, "counters": _own(updater.counters(), trainer),
             "carried": carried}
+
+
+def _own(counters: dict[str, dict[str, int]], trainer) -> dict[str, dict[str, int]]:
+    """The updater counters of the params this rank updates (its owned params): the root merges every
+    rank's, so a counter of a param this rank does not update (a param of fewer node-shared chunks than
+    ranks, one a server updates) must neither be restored here, where it would stand still, nor come
+    from here."""
+    updated = {owner.name for owner in trainer.runtime.owned_params()}
+    return {name: values for name, values in counters.items() if name in updated}
 
 
 def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | None:
@@ -187,7 +196,7 @@ def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: boo
                  if value.shape == owner.logical_shape}
         if state:
             trainer.updater.load_state(owner.name, state)
-    trainer.updater.load_counters(ckpt.counters)
+    trainer.updater.load_counters(_own(ckpt.counters, trainer))
     for phase, net in trainer.nets().items():
         for layer in net.layers:
             if layer.name in ckpt.readers.get(phase, {}):

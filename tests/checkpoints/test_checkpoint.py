@@ -1,5 +1,6 @@
 """Checkpoints: exact resume, resume on other rank counts and partitionings, crash safety, damage, signals."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+import nets
 from singa_mpi.checkpoints import hdf5 as checkpoint, tools as ckpt_tools
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
@@ -297,3 +299,20 @@ def test_sigterm_checkpoints_and_the_resumed_run_continues_the_curve(tmp_path, n
     strip = lambda line: {k: v for k, v in __import__("json").loads(line).items()  # noqa: E731
                           if k in ("step", "loss", "accuracy")}
     assert [strip(x) for x in got_lines][-(total - stopped):] == [strip(x) for x in ref_lines][stopped:]
+
+
+def test_updater_counters_survive_two_resumes_where_a_rank_updates_no_chunk_of_a_param(tmp_path):
+    """On 3 ranks a param of 2 rows (fc2's) has node-shared chunks on 2 of them: the third restored its
+    counter, never advanced it, and its stale count, gathered last, overwrote the others' in the next
+    checkpoint, so textbook Adam's step went wrong after a second resume."""
+    rule = "updater { " + nets.UPDATER_RULES["adam-bias-corrected"] + " learning_rate { type: kFixed base_lr: 0.01 } }"
+    conf = job_file(tmp_path, steps=6)
+    text = re.sub(r"updater \{[^}]*\{[^}]*\} \}", rule, open(conf).read()).replace("num_output: 10", "num_output: 2")
+    assert rule in text
+    open(conf, "w").write(text)
+    for steps in (2, 4, 6):
+        mpi_train(3, conf, tmp_path / "ws", "--steps", str(steps), *(["--resume"] if steps > 2 else []))
+    mpi_train(3, conf, tmp_path / "whole")
+    assert final(tmp_path / "ws", 6).counters == {name: {"steps": 6} for name in final(tmp_path / "ws", 6).params}
+    for name, value in final(tmp_path / "whole", 6).params.items():
+        np.testing.assert_allclose(final(tmp_path / "ws", 6).params[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
