@@ -129,9 +129,15 @@ def _text_dataset(group, name: str, text: str) -> None:
     ds.attrs["crc32"] = zlib.crc32(text.encode())
 
 
-def write(path: str, ckpt: Checkpoint, fault_after: int | None = None) -> str:
+# what a training run that cannot write its checkpoint still has
+_RUN_GOES_ON = " (the previous checkpoints are intact: continue with --resume once it is fixed)"
+
+
+def write(path: str, ckpt: Checkpoint, fault_after: int | None = None, option: str = "--workspace",
+          after: str = _RUN_GOES_ON) -> str:
     """Write ``ckpt`` atomically to ``path``.  A disk that refuses (full, read-only, no permission) is a
-    DataError naming the file and what to do; the previous checkpoints stay intact, no part is left.
+    DataError naming the file and what to do (``option``: the option that chooses the place; ``after``:
+    what is left to the user, a run's: its previous checkpoints); no part is left.
 
     ``fault_after`` (tests only) raises after that many parameter datasets, to
     prove that an interrupted write leaves no file behind and the old one intact.
@@ -141,8 +147,7 @@ def write(path: str, ckpt: Checkpoint, fault_after: int | None = None) -> str:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         _write_durably(path, image)
     except OSError as err:
-        raise DataError(f"{path}: cannot write the checkpoint: {disk_problem(err)} (the previous checkpoints "
-                        f"are intact: continue with --resume once it is fixed)") from None
+        raise DataError(f"{path}: cannot write the checkpoint: {disk_problem(err, option)}{after}") from None
     return path
 
 
@@ -259,10 +264,14 @@ def _hdf5_reason(err: BaseException) -> str:
     return f" (HDF5: {found.group(1)})" if found else ""
 
 
-def disk_problem(err: OSError) -> str:
-    """``<the OS's words>: <what to do>`` for an OSError from writing into a workspace."""
+def disk_problem(err: OSError, option: str = "--workspace") -> str:
+    """``<the OS's words>: <what to do>`` for an OSError from writing into a workspace (``option``: the
+    command's option that names the place, `ckpt convert`'s --out)."""
     reason = err.strerror or " ".join(str(err).split())
-    return f"{reason}: {_DISK_ADVICE.get(err.errno, 'check the disk or choose another --workspace')}"
+    advice = _DISK_ADVICE.get(err.errno, "check the disk or choose another --workspace")
+    if option != "--workspace":  # not a run's workspace: --keep has nothing to prune there
+        advice = advice.replace(" (--keep K keeps fewer checkpoints)", "").replace("--workspace", option)
+    return f"{reason}: {advice}"
 
 
 def _scalar(value):

@@ -95,7 +95,7 @@ def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
         step = int(m.group(1)) if m else 0
     ckpt = checkpoint.Checkpoint(step=step, params=params, job_name="converted from SINGA 0.x",
                                  plan={"source": [os.path.basename(p) for p in paths]})
-    checkpoint.write(out, ckpt)
+    checkpoint.write(out, ckpt, option="--out", after="")  # no run, no previous checkpoints to speak of
     return f"wrote {out}: {len(params)} params from {len(paths)} SINGA file(s), step {step}"
 
 

@@ -236,6 +236,27 @@ def test_ckpt_commands_refuse_what_they_would_ignore_or_destroy(tmp_path, capsys
     assert "an HDF5 file (a singa_mpi checkpoint needs no conversion)" in capsys.readouterr().err
 
 
+def test_ckpt_convert_on_a_disk_that_refuses_names_its_own_option(tmp_path, monkeypatch, capsys):
+    """A full disk under `ckpt convert` advised a training run's way out: --keep, another --workspace,
+    and --resume from the previous checkpoints, none of which the command has."""
+    import errno
+
+    from singa_mpi import cli
+
+    blobs = job_pb2.BlobProtos(name=["0#b1"], version=[10])
+    blobs.blob.add(shape=[2], data=[1.0, 2.0])
+    (tmp_path / "step10-worker0").write_bytes(blobs.SerializeToString())
+
+    def full(path, image):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_durably", full)
+    assert cli.main(["ckpt", "convert", str(tmp_path / "step10-worker0"), "--out", str(tmp_path / "x.h5")]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "No space left on device: the disk is full: free space there or choose another --out" in err, err
+    assert "--workspace" not in err and "--resume" not in err and "--keep" not in err and "\n" not in err
+
+
 def test_no_pickle_in_checkpoint_code():
     for module in ("checkpoints/hdf5.py", "checkpoints/tools.py", "checkpoints/snapshot.py"):
         source = (ROOT / "singa_mpi" / module).read_text()
