@@ -172,7 +172,8 @@ def find_checkpoint(path: str | None, workspace: str) -> checkpoint.Checkpoint:
         if not os.path.isfile(path):
             raise DataError(f"{path}: no such file: expected a checkpoint such as WORKSPACE/checkpoint/step<N>.h5")
         return checkpoint.read(path)
-    ckpt = checkpoint.newest_good(workspace)
+    ckpt = checkpoint.newest_good(workspace, todo="none to sample from: expected `--checkpoint FILE` or a "
+                                                  "workspace with a good checkpoint")
     if ckpt is None:
         raise DataError(f"{workspace}: no checkpoint found: expected `--checkpoint FILE` or a trained workspace "
                         f"(`singa-mpi train JOB` writes WORKSPACE/checkpoint/step<N>.h5)")

@@ -150,7 +150,7 @@ def params(job: Job, workspace: str | os.PathLike | None = None) -> dict[str, An
     from singa_mpi.errors import DataError
 
     where = workspace_of(job, workspace)
-    found = newest_good(where)
+    found = newest_good(where, todo="none to read params from: expected a workspace that fit() wrote")
     if found is None:
         raise DataError(f"{where}: no checkpoint to read params from: expected a workspace that fit() wrote")
     return dict(found.params)
@@ -178,7 +178,7 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
         raise ArgumentError(f"predict: argument layer = {layer!r}: expected a layer's name")
     _folder("predict", workspace)
     where = workspace_of(job, workspace)
-    found = newest_good(where)
+    found = newest_good(where, todo="none to predict with: expected a workspace that fit() wrote")
     if found is None:
         raise DataError(f"{where}: no checkpoint to predict with: expected a workspace that fit() wrote")
     rows = np.asarray(x)

@@ -415,10 +415,15 @@ def listed(workspace: str) -> list[tuple[int, str]]:
     return sorted(found, reverse=True)
 
 
-def newest_good(workspace: str) -> Checkpoint | None:
+# what a run that resumes can do when every checkpoint is damaged
+RESUME_TODO = "none to continue from; move them aside to start again from step 0"
+
+
+def newest_good(workspace: str, todo: str = RESUME_TODO) -> Checkpoint | None:
     """The newest checkpoint that reads and verifies; damaged newer ones are skipped with a warning.
     None when the workspace has no checkpoint; DataError when it has some and every one is damaged
-    (taken for "none", a resumed run would start again from step 0 without a word)."""
+    (taken for "none", a resumed run would start again from step 0 without a word), ending with
+    ``todo``: what the caller, which need not resume (`test`, `sample`), can do about it."""
     files = listed(workspace)
     for _, path in files:
         try:
@@ -427,8 +432,7 @@ def newest_good(workspace: str) -> Checkpoint | None:
             warnings.warn(f"skipping damaged checkpoint: {err}", stacklevel=2)
     if files:
         raise DataError(f"{checkpoint_dir(workspace)}: every checkpoint there is damaged ({len(files)} file(s), "
-                        f"the newest {os.path.basename(files[0][1])}): none to continue from; move them aside "
-                        f"to start again from step 0")
+                        f"the newest {os.path.basename(files[0][1])}): {todo}")
     return None
 
 

@@ -133,7 +133,8 @@ def read_initial(path: str) -> checkpoint.Checkpoint:
     """
     if os.path.isdir(path):
         workspace = _workspace_of(path)
-        found = checkpoint.newest_good(workspace)
+        found = checkpoint.newest_good(workspace, todo="none to initialise from: expected the job that trains "
+                                                      f"into {workspace} to have run (again)")
         if found is None:
             raise DataError(f"{path}: no good checkpoint in {checkpoint.checkpoint_dir(workspace)}: expected "
                             f"the job that trains into {workspace} to have run")

@@ -251,6 +251,9 @@ def merged_checkpoint_paths(cfg: JobConfig) -> checkpoint.Checkpoint:
 
 
 
+NONE_TO_TEST = "none to test: expected `--checkpoint FILE` or a workspace with a good checkpoint"
+
+
 def checkpoints_to_test(workspace: str, checkpoints: list[str] | None, is_root: bool) -> checkpoint.Checkpoint:
     """The --checkpoint files (later ones override earlier ones, as in SINGA), else the workspace's
     newest good checkpoint; DataError when there is none."""
@@ -262,7 +265,7 @@ def checkpoints_to_test(workspace: str, checkpoints: list[str] | None, is_root: 
     with warnings.catch_warnings():
         if not is_root:
             warnings.simplefilter("ignore")  # one report of a damaged file is enough
-        ckpt = checkpoint.newest_good(workspace)
+        ckpt = checkpoint.newest_good(workspace, todo=NONE_TO_TEST)
     if ckpt is None:
         raise DataError(f"{workspace}: no checkpoint found: expected `--checkpoint FILE` or a trained workspace")
     return ckpt

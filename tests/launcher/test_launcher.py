@@ -181,3 +181,18 @@ def test_labels_that_a_kLabel_layer_takes_from_a_shard_are_checked_too(tmp_path)
         check_first_batches(nets.job(v01_job(shard, fc1="", label="")), str(tmp_path), ["train"])
     assert "label 7: expected a class index in 0..3" in str(err.value), err.value
     assert f"of layer 'data' read from {shard}" in str(err.value), err.value
+
+
+def test_test_command_on_a_workspace_of_damaged_checkpoints_says_what_it_expects(tmp_path):
+    """Every checkpoint damaged: `test` advised a training run's way out ("move them aside to start
+    again from step 0"); it says there is none to test and what it expects instead, in one line."""
+    conf = job_file(tmp_path, steps=2, extra=TEST_PHASE)
+    assert train(conf, tmp_path / "ws") == 0
+    for path in (tmp_path / "ws" / "checkpoint").glob("step*.h5"):
+        path.write_bytes(path.read_bytes()[:100])
+    cmd = [sys.executable, "-m", "singa_mpi", "test", conf, "--workspace", str(tmp_path / "ws")]
+    result = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("singa-mpi: error")]
+    assert result.returncode == 3 and len(errors) == 1, result.stderr[-2000:]
+    assert "every checkpoint there is damaged" in errors[0] and "none to test: expected `--checkpoint FILE`" in \
+        errors[0] and "step 0" not in errors[0], errors[0]
