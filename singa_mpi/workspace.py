@@ -41,10 +41,7 @@ def claim_workspace(workspace: str, options, is_root: bool, outputs: Sequence[st
     if not is_root:
         return
     make_workspace(workspace)
-    removed = checkpoint.remove_stale_temporaries(workspace)
-    if removed:
-        print(f"note: removed {len(removed)} temporary file(s) of an interrupted checkpoint write: "
-              f"{', '.join(removed)}", flush=True)
+    clear_dead_writes(workspace)
     if options.overwrite:
         try:
             moved, target = archive_run(workspace, outputs)
@@ -53,6 +50,15 @@ def claim_workspace(workspace: str, options, is_root: bool, outputs: Sequence[st
                             f"{checkpoint.disk_problem(err)}") from None
         if moved:
             print(f"--overwrite: moved the previous run ({', '.join(moved)}) to {target}", flush=True)
+
+
+def clear_dead_writes(workspace: str) -> None:
+    """Remove the temporary files of checkpoint writers that were killed, with a one-line note (the
+    root's, on the next start: a --resume refused for another job's checkpoint clears them too)."""
+    removed = checkpoint.remove_stale_temporaries(workspace)
+    if removed:
+        print(f"note: removed {len(removed)} temporary file(s) of an interrupted checkpoint write: "
+              f"{', '.join(removed)}", flush=True)
 
 
 def make_workspace(workspace: str) -> None:

@@ -13,7 +13,7 @@ from singa_mpi.config.load import JobConfig, layers_for_phase
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.launcher.describe import Launch
 from singa_mpi.launcher.options import Request
-from singa_mpi.workspace import probe_file_folder
+from singa_mpi.workspace import clear_dead_writes, probe_file_folder
 
 
 def read_before_start(launch: Launch, request: Request, is_root: bool,
@@ -30,6 +30,8 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
     # what step 0 would meet (under MPI voted, before any communication), and a label any later step would
     check_first_batches(launch.cfg, launch.workspace, list(launch.phases))
     if request.trains and resumes(launch.workspace, request.options.resume):
+        if is_root:  # before the checkpoint is judged: a refused resume leaves no dead writer's file either
+            clear_dead_writes(launch.workspace)
         return read_resumed(launch, request.options.allow_other_job, log)
     if request.trains:
         return read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume)

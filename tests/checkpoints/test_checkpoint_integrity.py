@@ -1,6 +1,7 @@
 """Checkpoint integrity and identity: flipped bytes, an edited header, another job's checkpoint,
 files of the previous format, and temporary files of killed writers."""
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -247,6 +248,22 @@ def test_resuming_another_jobs_checkpoint_is_refused_unless_asked(tmp_path):
     assert [step for step, _ in checkpoint.listed(str(tmp_path / "ws"))] == [2]  # nothing written
     assert train(str(other), tmp_path / "ws", resume=True, steps=4, allow_other_job=True) == 0
     assert checkpoint.read(checkpoint.checkpoint_path(str(tmp_path / "ws"), 4)).job_identity == theirs
+
+
+def test_a_refused_resume_still_removes_a_dead_writers_temporary_file(tmp_path):
+    """The identity check moved before the workspace's claim (every rank, before the vote), and a
+    refused --resume then left a killed writer's stepN.h5.tmp<PID> behind (the fuzz test of resuming
+    caught it): the root clears them before the checkpoint is judged."""
+    conf = job_file(tmp_path, steps=2)
+    assert train(conf, tmp_path / "ws") == 0
+    stale = tmp_path / "ws" / "checkpoint" / f"step9.h5.tmp{2**22 + 17}"  # no such PID
+    assert stale.parent == pathlib.Path(checkpoint.checkpoint_dir(str(tmp_path / "ws")))
+    stale.write_bytes(b"half a checkpoint")
+    other = tmp_path / "other.conf"
+    other.write_text(open(conf).read().replace("kSTanh", "kSigmoid"))
+    with pytest.raises(ConfigError, match="written by another job"):
+        train(str(other), tmp_path / "ws", resume=True, steps=4)
+    assert not stale.exists()
 
 
 def test_another_jobs_checkpoint_under_mpi_is_one_line_exit_2(tmp_path):
