@@ -235,16 +235,17 @@ def _remove_if_there(path: str) -> None:
         pass
 
 
+# {option}: the option that names the place (a run's --workspace, `ckpt convert`'s --out); {keep}: a
+# run's own way to free space, said only for a run's workspace
 _DISK_ADVICE = {
-    errno.ENOSPC: "the disk is full: free space there (--keep K keeps fewer checkpoints) or choose another "
-                  "--workspace",
-    errno.EDQUOT: "the disk quota is used up: free space there or choose another --workspace",
-    errno.EROFS: "the file system is read-only: choose a --workspace on a writable one",
-    errno.EACCES: "no permission to write there: fix its permissions or choose another --workspace",
-    errno.EPERM: "no permission to write there: fix its permissions or choose another --workspace",
-    errno.ENAMETOOLONG: "a name is too long for the file system: choose a shorter --workspace",
-    errno.ENOTDIR: "a part of the path is a file, not a folder: move that file or choose another --workspace",
-    errno.EEXIST: "a file is where a folder should be: move that file or choose another --workspace",
+    errno.ENOSPC: "the disk is full: free space there{keep} or choose another {option}",
+    errno.EDQUOT: "the disk quota is used up: free space there or choose another {option}",
+    errno.EROFS: "the file system is read-only: choose a {option} on a writable one",
+    errno.EACCES: "no permission to write there: fix its permissions or choose another {option}",
+    errno.EPERM: "no permission to write there: fix its permissions or choose another {option}",
+    errno.ENAMETOOLONG: "a name is too long for the file system: choose a shorter {option}",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: move that file or choose another {option}",
+    errno.EEXIST: "a file is where a folder should be: move that file or choose another {option}",
 }
 
 
@@ -268,10 +269,9 @@ def disk_problem(err: OSError, option: str = "--workspace") -> str:
     """``<the OS's words>: <what to do>`` for an OSError from writing into a workspace (``option``: the
     command's option that names the place, `ckpt convert`'s --out)."""
     reason = err.strerror or " ".join(str(err).split())
-    advice = _DISK_ADVICE.get(err.errno, "check the disk or choose another --workspace")
-    if option != "--workspace":  # not a run's workspace: --keep has nothing to prune there
-        advice = advice.replace(" (--keep K keeps fewer checkpoints)", "").replace("--workspace", option)
-    return f"{reason}: {advice}"
+    advice = _DISK_ADVICE.get(err.errno, "check the disk or choose another {option}")
+    keep = " (--keep K keeps fewer checkpoints)" if option == "--workspace" else ""
+    return f"{reason}: {advice.format(option=option, keep=keep)}"
 
 
 def _scalar(value):
