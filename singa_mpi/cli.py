@@ -391,7 +391,7 @@ def cmd_plot(args) -> int:
     if args.profile:
         if len(args.workspaces) != 1:
             raise ConfigError(f"plot --profile: {len(args.workspaces)} workspaces: expected one")
-        plot.plot_profile(args.workspaces[0], output)
+        plot.plot_profile(args.workspaces[0], output, args.debug)
     else:
         plot.plot_metrics(args.workspaces, output)
     print(f"wrote {output}")

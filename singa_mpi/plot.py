@@ -135,8 +135,9 @@ def metrics_figure(runs: dict[str, list[dict]]):
     return fig
 
 
-def plot_profile(workspace: str, output: str) -> str:
-    """Bars per worker: ms per training step of each layer's passes and communication, KiB per step."""
+def plot_profile(workspace: str, output: str, debug: bool = False) -> str:
+    """Bars per worker: ms per training step of each layer's passes and communication, KiB per step
+    (the run's bookkeeping rows only with ``debug``, as in the ``--profile`` table)."""
     figure_class()
     path = workspace_file(workspace, profiling.FILE)
     text = read_text(path, "expected the workspace of a finished `singa-mpi train` run")
@@ -145,7 +146,10 @@ def plot_profile(workspace: str, output: str) -> str:
     except ValueError:
         raise DataError(f"{path}: not valid JSON: {PROFILE_EXPECTED}") from None
     check_profile(profile, path)
-    figure = profile_figure(profile, workspace)
+    if not profile["steps"]:
+        raise DataError(f"{path}: steps = 0: the run trained no step, so there is nothing per step to draw; "
+                        f"expected the profile of a run that trained (its --steps above its start)")
+    figure = profile_figure(profile, workspace, debug)
     return save_figure(figure, output, "the plot")
 
 
@@ -167,13 +171,13 @@ def check_profile(profile, path: str) -> None:
                                 f"cat and name (strings), calls, bytes and seconds (numbers)")
 
 
-def profile_figure(profile: dict, title: str):
+def profile_figure(profile: dict, title: str, debug: bool = False):
     """The figure of :func:`plot_profile` from a profile.json's content."""
     figure = figure_class()
     ranks = profile["ranks"]
     if not ranks:
         raise DataError(f"{title}: the profile holds no worker: expected one row list per rank")
-    tables = [profiling.layer_rows(rows) for rows in ranks]
+    tables = [profiling.layer_rows(profiling.shown_rows(rows, debug)) for rows in ranks]
     height = max(1, *(len(labels) for _, labels, _ in tables))
     fig = figure(figsize=(11, (0.22 * height + 1.2) * len(ranks) + 0.4), dpi=80, layout="constrained")
     axes = fig.subplots(len(ranks), 2, squeeze=False, gridspec_kw={"width_ratios": [3, 1]})

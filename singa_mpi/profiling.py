@@ -12,13 +12,16 @@
 checkpoints, metric reductions included), divided by the steps trained; ``cat`` is ``comm``
 (one row per connection layer or sync label: bytes sent+received), ``step`` (trainer phases),
 or a layer pass (``forward``, ``backward``, an algorithm's phase).  A layer's pass time
-includes the communication it waits in.
+includes the communication it waits in.  The ``--profile`` table and ``plot --profile`` leave the
+run's bookkeeping rows out (set-up, verdicts, final gathers: ``progress.BOOKKEEPING_ROWS``): spread
+over the steps they would read as a per-step cost.  ``--debug`` shows them in the table.
 """
 from __future__ import annotations
 
 import json
 import os
 
+from singa_mpi.progress import BOOKKEEPING_ROWS
 from singa_mpi.tracing import Total, Tracer
 
 FILE = "profile.json"
@@ -73,6 +76,17 @@ def write(workspace: str, profile: dict) -> str:
     return path
 
 
+def is_bookkeeping(row: dict) -> bool:
+    """Whether ``row`` is the run's own bookkeeping (set-up, verdicts, the final gathers), as the
+    communication table counts it: spread over the steps it would read as a per-step cost."""
+    return row["cat"] == "comm" and row["name"] in BOOKKEEPING_ROWS
+
+
+def shown_rows(rows: list[dict], debug: bool = False) -> list[dict]:
+    """The rows a table or chart shows: the bookkeeping rows only with ``debug``."""
+    return rows if debug else [row for row in rows if not is_bookkeeping(row)]
+
+
 def layer_rows(rows: list[dict]) -> tuple[list[str], list[str], dict[str, dict]]:
     """(passes, labels, cells): the pass categories and labels in first-seen order; ``cells[label]``
     maps each pass to seconds per step, and ``comm``/``bytes`` to communication per step."""
@@ -95,18 +109,27 @@ def layer_rows(rows: list[dict]) -> tuple[list[str], list[str], dict[str, dict]]
     return passes, labels, cells
 
 
-def format_table(profile: dict) -> str:
+def format_table(profile: dict, debug: bool = False) -> str:
     """The ``--profile`` table: per worker and layer label, ms per step in each pass and in
-    communication calls, and KiB sent+received per step; then each worker's step phases."""
+    communication calls, and KiB sent+received per step; then each worker's step phases.  The run's
+    bookkeeping rows (set-up, verdicts, final gathers) only with ``debug``, as in the communication table."""
     steps = profile["steps"]
+    if not steps:
+        return "profile: this run trained no step: nothing per step to show"
     lines = [(f"profile: per training step over {steps} steps (test/validation passes left out; "
               f"a layer's time includes the communication it waits in):")]
     passes = []
     tables = []
+    hidden_labels: set[str] = set()
+    hidden_seconds = 0.0  # the most any rank's hidden rows hold
     for rows in profile["ranks"]:
-        mine, labels, cells = layer_rows(rows)
+        shown = shown_rows(rows, debug)
+        mine, labels, cells = layer_rows(shown)
         passes += [p for p in mine if p not in passes]
-        tables.append((labels, cells, rows))
+        tables.append((labels, cells, shown))
+        left_out = [row for row in rows if row not in shown]
+        hidden_labels |= {row["name"] for row in left_out}
+        hidden_seconds = max(hidden_seconds, sum(row["seconds"] for row in left_out))
     width = max([len("layer")] + [len(label) for labels, _, _ in tables for label in labels])
     lines.append(f"  {'rank':>4}  {'layer':<{width}}" + "".join(f"{p + ' ms':>13}" for p in passes)
                  + f"{'comm ms':>10}{'comm KiB':>10}")
@@ -126,4 +149,7 @@ def format_table(profile: dict) -> str:
         comm = sum(r["seconds"] for r in rows if r["cat"] == "comm")
         parts = ", ".join(f"{name} {1e3 * seconds:.3f}" for name, seconds in phases.items())
         lines.append(f"  rank {rank}: ms per step: {parts}; in communication calls {1e3 * comm:.3f}")
+    if hidden_labels:
+        lines.append(f"  ({len(hidden_labels)} rows of the run's own bookkeeping not shown (set-up, verdicts, "
+                     f"final gathers), up to {1e3 * hidden_seconds:.3f} ms per step on a rank: --debug shows them)")
     return "\n".join(lines)

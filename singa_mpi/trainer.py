@@ -277,7 +277,7 @@ class Trainer:
         profile = profiling.build(parts)
         profiling.write(self.workspace, profile)
         if self.print_profile:
-            self.log(profiling.format_table(profile))
+            self.log(profiling.format_table(profile, self.debug))
             if isinstance(prediction, Prediction):
                 self.log("\n".join(beside_lines(profile, prediction)))
             elif prediction is not None:

@@ -182,3 +182,22 @@ def test_unreadable_or_undecodable_files_are_one_line_errors(tmp_path, capsys):
         assert cli.main(args) == 3, args
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and expected in err, (args, err)
+
+
+def test_the_runs_bookkeeping_rows_are_drawn_only_with_debug(tmp_path):
+    """The final gather's wait, spread over the steps, was drawn as the longest bar of a layer-less row."""
+    rows = PROFILE["ranks"][0] + [{"cat": "comm", "name": "gather(objects)", "calls": 0.1, "bytes": 0.0,
+                                   "seconds": 0.017}]
+    profile = dict(PROFILE, ranks=[rows, PROFILE["ranks"][1]])
+    shown = [t.get_text() for t in plot.profile_figure(profile, "ws").axes[0].get_yticklabels()]
+    assert shown == ["fc1", "concate@0", "allreduce(bucket0)"]
+    every = [t.get_text() for t in plot.profile_figure(profile, "ws", debug=True).axes[0].get_yticklabels()]
+    assert every == shown + ["gather(objects)"]
+
+
+def test_a_profile_of_no_step_is_a_one_line_error_not_an_empty_chart(tmp_path, capsys):
+    (tmp_path / "profile.json").write_text(json.dumps(dict(PROFILE, steps=0)))
+    assert cli.main(["plot", "--profile", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "steps = 0: the run trained no step, so there is nothing per step to draw" in err
+    assert not (tmp_path / "profile.png").exists()
