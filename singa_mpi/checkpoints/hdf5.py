@@ -204,7 +204,7 @@ def _unsealed(path: str, image: bytes) -> bool:
         return False
     m = _SEAL.match(image)
     if m is None:
-        raise DataError(f"{path}: not a singa_mpi checkpoint, or its first bytes are damaged")
+        raise DataError(f"{path}: {_what_else(image)}")
     body = memoryview(image)[USER_BLOCK:]
     if int(m.group(1)) != len(body):
         raise DataError(f"{path}: fails its whole-file checksum (the file is truncated or damaged: {len(body)} "
@@ -212,6 +212,26 @@ def _unsealed(path: str, image: bytes) -> bool:
     if int(m.group(2)) != zlib.crc32(body):
         raise DataError(f"{path}: fails its whole-file checksum (the file is damaged)")
     return True
+
+
+def _what_else(image: bytes) -> str:
+    """What a file that is no checkpoint holds, as far as its first bytes tell: a job file or another
+    text given where a command takes a checkpoint is the usual mix-up (``draw filters JOB``)."""
+    expected = "expected a checkpoint such as WORKSPACE/checkpoint/step<N>.h5"
+    if not image:
+        return f"an empty file: {expected}"
+    head = image[:_TEXT_PROBE]
+    try:
+        head.decode("utf-8")
+        text = b"\0" not in head
+    except UnicodeDecodeError as err:  # a character cut at the probe's end is still text
+        text = b"\0" not in head and err.start >= len(head) - 3 and len(image) > len(head)
+    if text:
+        return f"a text file (a job file?), not a checkpoint: {expected}"
+    return "not a singa_mpi checkpoint, or its first bytes are damaged"
+
+
+_TEXT_PROBE = 512  # bytes read to tell a text file
 
 
 def _write_durably(path: str, image: bytes) -> None:

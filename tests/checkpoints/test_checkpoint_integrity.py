@@ -359,3 +359,19 @@ checkpoint.write({checkpoint.checkpoint_path(str(work), 6)!r}, ckpt)
     assert len(notes) == 1 and "removed 3 " in notes[0] and left[0] in notes[0], out
     assert sorted(name for name in os.listdir(folder) if ".tmp" in name) == [os.path.basename(live)]
     assert [step for step, _ in checkpoint.listed(str(work))] == [5, 4, 2]
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"name: 'mlp'\ntrain_steps: 4\n", "a text file (a job file?), not a checkpoint: expected a checkpoint such as "
+                                       "WORKSPACE/checkpoint/step<N>.h5"),
+    (b"#" * 511 + "\u2603 snowmen\n".encode(), "a text file (a job file?), not a checkpoint"),  # cut at the probe
+    (b"", "an empty file: expected a checkpoint such as WORKSPACE/checkpoint/step<N>.h5"),
+    (b"\x00\x01\x02garbage", "not a singa_mpi checkpoint, or its first bytes are damaged"),
+])
+def test_a_file_that_is_no_checkpoint_says_what_it_holds(tmp_path, content, expected):
+    """A job file given where a command takes a checkpoint (`draw filters JOB`) was called damaged."""
+    path = tmp_path / "given"
+    path.write_bytes(content)
+    with pytest.raises(DataError) as err:
+        checkpoint.read(str(path))
+    assert str(err.value).startswith(f"{path}: {expected}"), err.value
