@@ -19,7 +19,7 @@ import numpy as np
 from singa_mpi.algorithms.base import forward_pass
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checks.job import validate
-from singa_mpi.config.load import JobConfig, layers_for_phase, load_job, parse_job
+from singa_mpi.config.load import PHASES, JobConfig, layers_for_phase, load_job, parse_job
 from singa_mpi.errors import ConfigError, DataError, MissingDependency
 from singa_mpi.launcher.checks import check_inputs
 from singa_mpi.layers.base import layer_class_of, layer_type_name
@@ -141,6 +141,11 @@ def job_kind(cfg: JobConfig, phase: str) -> str:
     """"rbm" (a layer with energy_role visible) or "autoencoder" (kBP with a kEuclideanLoss layer)."""
     from singa_mpi.checks.phase import check_phase
 
+    reading = [name for name in PHASES if any(layer_class_of(layer).is_input
+                                                      for _, layer in layers_for_phase(cfg.proto, name))]
+    if phase not in reading:  # else check_phase would blame the first layer whose input is left out
+        raise ConfigError(f"--phase {phase}: {cfg.path} reads no data in its {phase} phase (no input layer is "
+                          f"kept for it): expected a phase it reads data in: {', '.join(reading) or 'none'}")
     check_phase(cfg, phase, {}, [])  # (validate checks the phases the job runs: test needs no test_steps here)
     layers = [layer for _, layer in layers_for_phase(cfg.proto, phase)]
     types = [layer_type_name(layer) for layer in layers]

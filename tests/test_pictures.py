@@ -182,3 +182,15 @@ def test_without_matplotlib_one_line_says_how_to_install_it(rbm, monkeypatch, ca
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     err = one_line_error(capsys, ["draw", "filters", rbm[2]], 2)  # as tests/cli/test_cli_optional.py
     assert "singa-mpi draw needs matplotlib" in err and "pip install 'singa_mpi[plot]'" in err
+
+
+def test_a_phase_the_job_reads_no_data_in_is_named_with_the_phases_it_has(rbm, tmp_path, capsys):
+    """`--phase val` on a job whose data layer is kept for train and test only blamed the RBM layer
+    whose input was left out of the phase."""
+    job, _, path = rbm
+    conf = tmp_path / "rbm.conf"
+    conf.write_text(pathlib.Path(job).read_text().replace('type: kRecordInput', 'type: kRecordInput include: kTrain '
+                                                          'include: kTest', 1))
+    err = one_line_error(capsys, ["draw", "reconstructions", str(conf), path, "--phase", "val"], 2)
+    assert (f"--phase val: {conf} reads no data in its val phase (no input layer is kept for it): expected a phase "
+            f"it reads data in: train, test") in err, err
