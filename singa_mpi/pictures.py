@@ -196,6 +196,8 @@ def draw_reconstructions(job: str, path: str, workspace_of: Callable[[JobConfig]
     job_kind(cfg, phase)  # before reading data or the checkpoint
     ckpt = read_checkpoint(path)
     inputs, outputs = reconstructions(cfg, ckpt, workspace_of(cfg), phase, n)
+    if len(inputs) < n:
+        print(f"note: -n {n}: the {phase} batch holds {len(inputs)} rows: drawing {len(inputs)}")
     output = output or os.path.join(os.path.dirname(path), f"{_stem(path)}_reconstructions.png")
     figure = reconstructions_figure(inputs, outputs, f"{cfg.proto.name or _stem(job)} step {ckpt.step}", shape)
     return save_figure(figure, output, "the picture")

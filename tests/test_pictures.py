@@ -154,6 +154,16 @@ def test_reconstructions_two_rows_of_n(rbm, capsys):
     assert image_size(out) == expected_size(6, 2)
 
 
+def test_more_reconstructions_than_the_batch_holds_are_named_in_a_note(rbm, capsys):
+    """-n above the batch drew the batch's rows without a word."""
+    pytest.importorskip("matplotlib")
+    job, ws, path = rbm
+    assert cli.main(["draw", "reconstructions", job, path, "-n", "100", "--workspace", ws]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "note: -n 100: the test batch holds 8 rows: drawing 8" in out, out
+    assert image_size(path.replace(".h5", "_reconstructions.png")) == expected_size(8, 2)
+
+
 def one_line_error(capsys, argv, code: int) -> str:
     assert cli.main(argv) == code
     err = capsys.readouterr().err
