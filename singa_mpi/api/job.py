@@ -43,6 +43,9 @@ class Updater(ProtoView):
     ``weight_decay``, ``rmsprop_conf={...}``)."""
 
     def __init__(self, type: str = "kSGD", lr: float | LearningRate | None = None, **more: Any):
+        if lr is not None and not is_number(lr) and not isinstance(lr, (LearningRate, dict)):
+            raise ArgumentError(f"updater ({type}): argument lr = {lr!r}: expected a number (a fixed rate), a "
+                                f"LearningRate(...), or else expected a dict of LRGenProto's fields")
         rate = LearningRate("kFixed", lr) if is_number(lr) else lr
         self.proto = fill(job_pb2.UpdaterProto(), dict(type=type, learning_rate=rate, **more), f"updater ({type})")
 
@@ -80,6 +83,11 @@ class Job:
                  cluster: Cluster | None = None, algorithm: str = "kBP", cd_k: int | None = None, **fields: Any):
         if fields.get("neuralnet") is not None:
             raise ArgumentError("job: argument neuralnet: expected the net as Job(name, net)")
+        for argument, value, kind, expected in (("net", net, Net, "a Net or a Sequential"),
+                                                ("updater", updater, Updater, "an updater such as SGD(0.1)"),
+                                                ("cluster", cluster, Cluster, "a Cluster(...)")):
+            if value is not None and not isinstance(value, kind):
+                raise ArgumentError(f"job: argument {argument} = {value!r}: expected {expected}")
         one_batch = dict(alg=algorithm, cd_conf={"cd_k": cd_k} if cd_k is not None else None)
         self.settings = fill(job_pb2.JobProto(), dict(name=name, **fields), "job")
         fill(self.settings.train_one_batch, one_batch, "job", "train_one_batch.")

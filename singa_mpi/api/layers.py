@@ -58,6 +58,9 @@ class Param(ProtoView):
 
     def __init__(self, name: str | None = None, init: dict[str, Any] | None = None, *, lr_scale: float | None = None,
                  wd_scale: float | None = None, share_from: str | None = None, **more: Any):
+        if init is not None and not isinstance(init, dict):
+            raise ArgumentError(f"param {name or ''!r}: argument init = {init!r}: expected an init such as "
+                                f"Uniform(-0.05, 0.05), Gaussian(std=0.01), Constant(0) or Init(type, ...)")
         self.proto = fill(job_pb2.ParamProto(), dict(name=name, init=init, lr_scale=lr_scale, wd_scale=wd_scale,
                                                      share_from=share_from, **more), f"param {name or ''!r}")
 
@@ -83,7 +86,11 @@ class Layer(ProtoView):
                  params: Sequence[Param] = (), partition_dim: int | str | None = None, location: int | None = None,
                  phase: str | Sequence[str] | None = None, exclude: str | Sequence[str] | None = None, **conf: Any):
         self.proto = job_pb2.LayerProto()
-        where = self.where(name, type)
+        if not isinstance(type, str):
+            raise ArgumentError(f"a layer: argument type = {type!r}: expected a layer type's name (kInnerProduct, ...)")
+        where = self.where(name if isinstance(name, str) else None, type)
+        if name is not None and not isinstance(name, str):
+            raise ArgumentError(f"{where}: argument name = {name!r}: expected a string")
         if type in job_pb2.LayerType.keys():
             self.proto.type = job_pb2.LayerType.Value(type)
         else:
@@ -91,7 +98,7 @@ class Layer(ProtoView):
             self.proto.type, self.proto.user_type = job_pb2.kUserLayer, type
         if name is not None:
             self.proto.name = name
-        fill(self.proto, dict(srclayers=[srcs] if isinstance(srcs, str) else list(srcs), param=list(params),
+        fill(self.proto, dict(srclayers=_sources(srcs, where), param=_params(params, where),
                               partition_dim=_partition_dim(partition_dim, where), location=_location(location, where),
                               include=_phases(phase, where, "phase"), exclude=_phases(exclude, where, "exclude"),
                               **conf), where)
@@ -143,6 +150,29 @@ def refuse_unknown_type(type: str, where: str, mistyped_only: bool = False) -> N
                         f"plugin registers {type!r}: Job(..., plugin=[MODULE_OR_FILE]) loads one)")
 
 
+def _sources(value: Any, where: str) -> list[str]:
+    """``srcs`` as the layers' names: one name, a list of names, or None (none)."""
+    if value is None:
+        return []
+    names = [value] if isinstance(value, str) else list(value) if _is_list(value) else None
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise ArgumentError(f"{where}: argument srcs = {value!r}: expected a layer's name or a list of layers' names")
+    return names
+
+
+def _params(value: Any, where: str) -> list[Param]:
+    """``params`` as a list of :class:`Param`."""
+    params = list(value) if _is_list(value) else None
+    if params is None or not all(isinstance(param, Param) for param in params):
+        raise ArgumentError(f"{where}: argument params = {value!r}: expected a list of Param(...)")
+    return params
+
+
+def _is_list(value: Any) -> bool:
+    """A sequence of items the API takes as a list (a string or a dict is one value, not a list)."""
+    return hasattr(value, "__iter__") and not isinstance(value, (str, bytes, dict))
+
+
 def _partition_dim(value: int | str | None, where: str) -> int | None:
     if value is None:
         return None
@@ -165,11 +195,11 @@ def _location(value: int | None, where: str) -> int | None:
 def _phases(value: str | Sequence[str] | None, where: str, argument: str) -> list[str] | None:
     if value is None:
         return None
-    names = [value] if isinstance(value, str) else list(value)
+    names = [value] if isinstance(value, str) else list(value) if _is_list(value) else [value]
     phases = []
     for name in names:
-        phase = PHASES.get(name, name)
-        if phase not in job_pb2.Phase.keys():
+        phase = PHASES.get(name, name) if isinstance(name, str) else name
+        if not isinstance(phase, str) or phase not in job_pb2.Phase.keys():
             raise ArgumentError(f"{where}: argument {argument} = {name!r}: expected one of "
                                 f"{', '.join(list(PHASES) + job_pb2.Phase.keys())}")
         phases.append(phase)
@@ -287,6 +317,12 @@ class RecordInput(Layer):
     def __init__(self, path: str, batchsize: int, shape: int | Sequence[int], name: str | None = None, *,
                  backend: str = "hdf5", kind: str = "kRecordInput", **store: Any):
         common = {key: store.pop(key) for key in ("phase", "exclude", "partition_dim", "location") if key in store}
+        where = Layer.where(name if isinstance(name, str) else None, kind)
+        if not is_integer(shape) and not _is_list(shape):
+            raise ArgumentError(f"{where}: argument shape = {shape!r}: expected a record's shape (an integer or a "
+                                f"list of integers)")
+        if not is_integer(batchsize):
+            raise ArgumentError(f"{where}: argument batchsize = {batchsize!r}: expected a positive integer")
         dims: list[Any] = [shape] if is_integer(shape) else list(cast(Sequence[int], shape))
         super().__init__(kind, name, (), store_conf=dict(backend=backend, path=path, batchsize=[batchsize],
                                                          shape=dims, **store), **common)
@@ -303,13 +339,13 @@ class RecordInput(Layer):
         from singa_mpi.data import memory
 
         where = Layer.where(name, "kRecordInput")
-        data = np.asarray(x)
+        data = _array(np, x, where, "x")
         if data.ndim < 2 or data.dtype.kind not in "iufb" or len(data) == 0:
             raise ArgumentError(f"{where}: argument x of shape {data.shape} and dtype {data.dtype}: expected numbers, "
                                 f"one record per row (at least 2 dimensions, at least one row)")
         labels = None
         if y is not None:
-            labels = np.asarray(y)
+            labels = _array(np, y, where, "y")
             if labels.shape != (len(data),) or labels.dtype.kind not in "iu":
                 raise ArgumentError(f"{where}: argument y of shape {labels.shape} and dtype {labels.dtype}: expected "
                                     f"one integer label per row of x ({len(data)},)")
@@ -322,6 +358,16 @@ class RecordInput(Layer):
         path = memory.register(name, data, labels)
         return cls(path, batchsize, list(data.shape[1:]), name, backend="memory",
                    has_label=None if labels is not None else False, **store)
+
+
+def _array(np: Any, value: Any, where: str, argument: str) -> Any:
+    """``value`` as a numpy array; a nested list whose rows differ in length is refused in one line
+    (numpy's own error names no argument)."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError):
+        raise ArgumentError(f"{where}: argument {argument}: rows of different lengths (a ragged nested list): "
+                            f"expected rows of one shape (an array, or lists of equal length)") from None
 
 
 class CharRNN(Layer):

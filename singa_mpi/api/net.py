@@ -24,6 +24,8 @@ class Net:
         if self.settings.layer:
             raise ArgumentError("net: argument layer: expected the layers as Net(layers=[...]) or net.add(layer)")
         self.layers: list[Layer] = []
+        if isinstance(layers, Layer) or not hasattr(layers, "__iter__"):
+            raise ArgumentError(f"net: argument layers = {layers!r}: expected a list of layers")
         for layer in layers:
             self.add(layer)
 

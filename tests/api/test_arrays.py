@@ -73,6 +73,8 @@ def test_predict_gives_the_scores_the_test_phase_measured(tmp_path):
 
 @pytest.mark.parametrize("x,y,words", [
     (np.zeros(12, np.float32), None, ["argument x of shape (12,)", "one record per row"]),
+    ([[1.0, 2.0], [3.0]], None, ["argument x: rows of different lengths", "expected rows of one shape"]),
+    (np.zeros((2, 3), np.float32), [[0], [1, 2]], ["argument y: rows of different lengths"]),
     (np.array([["a", "b"]]), None, ["argument x", "dtype <U1", "expected numbers"]),
     (np.zeros((4, 3), np.float32), np.zeros(5, np.int64), ["argument y of shape (5,)", "one integer label per row of x (4,)"]),
     (np.zeros((4, 3), np.float32), np.full(4, 0.5), ["argument y", "dtype float64"]),

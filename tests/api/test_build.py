@@ -196,3 +196,36 @@ def test_a_plugin_type_no_loaded_plugin_registers_is_named_as_the_script_wrote_i
     with pytest.raises(sm.ArgumentError, match=r"^layer 'swish' \(MySwish\): argument type = 'MySwish': expected a "
                                                r"built-in layer type or a plugin's type \(no loaded plugin registers"):
         sm.Job("j", net, updater=sm.SGD(0.1), train_steps=2).check()
+
+
+@pytest.mark.parametrize("build,message", [
+    (lambda: sm.SoftmaxLoss("loss", srcs=3),
+     "layer 'loss' (kSoftmaxLoss): argument srcs = 3: expected a layer's name or a list of layers' names"),
+    (lambda: sm.SoftmaxLoss("loss", srcs=["fc2", 3]),
+     "layer 'loss' (kSoftmaxLoss): argument srcs = ['fc2', 3]: expected a layer's name or a list of layers' names"),
+    (lambda: sm.ReLU("relu", params=3), "layer 'relu' (kReLU): argument params = 3: expected a list of Param(...)"),
+    (lambda: sm.ReLU("relu", phase=3), "layer 'relu' (kReLU): argument phase = 3: expected one of train, test"),
+    (lambda: sm.InnerProduct(10, 5), "a kInnerProduct layer: argument name = 5: expected a string"),
+    (lambda: sm.Layer(3, "x"), "a layer: argument type = 3: expected a layer type's name"),
+    (lambda: sm.RecordInput("d.h5", 8, "12", name="data"),
+     "layer 'data' (kRecordInput): argument shape = '12': expected a record's shape"),
+    (lambda: sm.RecordInput("d.h5", "8", 12, name="data"),
+     "layer 'data' (kRecordInput): argument batchsize = '8': expected a positive integer"),
+    (lambda: sm.Sequential(sm.ReLU("relu")), "net: argument layers = Layer('kReLU', 'relu', srcs=[]): expected a list"),
+    (lambda: sm.Net(3), "net: argument layers = 3: expected a list of layers"),
+    (lambda: sm.Job("j", 3), "job: argument net = 3: expected a Net or a Sequential"),
+    (lambda: sm.Job("j", updater=0.1), "job: argument updater = 0.1: expected an updater such as SGD(0.1)"),
+    (lambda: sm.Job("j", cluster=2), "job: argument cluster = 2: expected a Cluster(...)"),
+    (lambda: sm.SGD("0.1"), "updater (kSGD): argument lr = '0.1': expected a number (a fixed rate), a LearningRate(...)"),
+    (lambda: sm.Param("w", "uniform"), "param 'w': argument init = 'uniform': expected an init such as Uniform("),
+])
+def test_a_bad_wiring_argument_is_one_line_naming_the_argument_as_the_script_wrote_it(build, message):
+    """Not numpy's or Python's own error ('int' object is not iterable), nor the proto's field names
+    (srclayers, param) the script never wrote."""
+    with pytest.raises(sm.ArgumentError) as err:
+        build()
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+
+
+def test_srcs_none_reads_nothing():
+    assert sm.InnerProduct(3, "fc1", srcs=None).srcs == []
