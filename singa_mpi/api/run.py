@@ -181,7 +181,14 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
     found = newest_good(where, todo="none to predict with: expected a workspace that fit() wrote")
     if found is None:
         raise DataError(f"{where}: no checkpoint to predict with: expected a workspace that fit() wrote")
-    rows = np.asarray(x)
+    try:
+        rows = np.asarray(x)
+    except (ValueError, TypeError):
+        raise ArgumentError("predict: argument x: rows of different lengths (a ragged nested list): expected rows "
+                            "of one shape (an array, or lists of equal length)") from None
+    if rows.ndim < 2 or rows.dtype.kind not in "iufb" or len(rows) == 0:
+        raise ArgumentError(f"predict: argument x of shape {rows.shape} and dtype {rows.dtype}: expected numbers, "
+                            f"one row per sample (at least one row; x[None] for a single sample)")
     reader = _predicting(job, rows, batchsize)
     target = layer or _scores_layer(reader)
     if target not in reader.net.names():
@@ -221,7 +228,7 @@ def _predicting(job: Any, rows: Any, batchsize: int | None) -> Any:
             continue
         conf = layer.proto.store_conf
         record = tuple(np.shape(rows)[1:])
-        if conf.shape and len(record) and math.prod(record) != math.prod(conf.shape):
+        if conf.shape and record != tuple(conf.shape):  # a convnet's (channels, h, w): not flat rows
             raise ArgumentError(f"predict: argument x of shape {np.shape(rows)}: expected rows of "
                                 f"{tuple(conf.shape)} ({math.prod(conf.shape)} numbers each), the records "
                                 f"input layer '{layer.name}' of the trained net reads")

@@ -182,3 +182,35 @@ def test_predict_needs_no_test_input(tmp_path):
     job = _job(sm.RecordInput.from_arrays(x, y, 16, phase="train"))  # a train input alone
     job.fit(tmp_path / "ws")
     assert job.predict(x[:5], tmp_path / "ws").shape == (5, 5)
+
+
+def test_predict_refuses_rows_of_another_shape_than_a_convnet_s_records(tmp_path):
+    """Flat rows of a convnet's record size (4 * 6 * 6 numbers, a 2-D x) were read as images; now the
+    argument is refused in one line naming the per-sample shape the net reads."""
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((16, 4, 6, 6)).astype(np.float32), rng.integers(0, 3, 16)
+    net = sm.Sequential([sm.RecordInput.from_arrays(x, y, 8), sm.Convolution(2, 3, "conv", pad=1),
+                         sm.Pooling(2, "pool"), sm.InnerProduct(3, "fc"), sm.SoftmaxLoss("loss", srcs=["fc", "data"])])
+    job = sm.Job("convnet", net, updater=sm.SGD(0.05), seed=1, train_steps=2, disp_freq=1)
+    job.fit(tmp_path / "ws")
+    assert job.predict(x[:3], tmp_path / "ws").shape == (3, 3)
+    for rows in (x[:3].reshape(3, -1), x[:3].reshape(3, 4, 36), x[:3].reshape(3, 6, 6, 4)):
+        with pytest.raises(sm.ArgumentError) as err:
+            job.predict(rows, tmp_path / "ws")
+        assert str(err.value) == (f"predict: argument x of shape {rows.shape}: expected rows of (4, 6, 6) (144 numbers "
+                                  f"each), the records input layer 'data' of the trained net reads")
+
+
+@pytest.mark.parametrize("rows,words", [
+    (np.zeros(12, np.float32), "predict: argument x of shape (12,) and dtype float32: expected numbers, one row per "
+                               "sample (at least one row; x[None] for a single sample)"),
+    (np.zeros((0, 12), np.float32), "predict: argument x of shape (0, 12)"),
+    ([[0.0] * 12, [0.0] * 11], "predict: argument x: rows of different lengths"),
+])
+def test_predict_names_x_when_it_holds_no_rows_of_numbers(tmp_path, rows, words):
+    x, y = _rows(16)
+    job = _job(sm.RecordInput.from_arrays(x, y, 16))
+    job.fit(tmp_path / "ws", steps=1)
+    with pytest.raises(sm.ArgumentError) as err:
+        job.predict(rows, tmp_path / "ws")
+    assert str(err.value).startswith(words), str(err.value)
