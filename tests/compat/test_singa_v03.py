@@ -170,6 +170,28 @@ def fresh_names():
     (lambda: binding.Cluster(), r"^Cluster: argument workspace: expected the workspace folder$"),
     (lambda: binding.Data("recordinputs"), r"^layer 'data0' \(Data\): argument load = 'recordinputs': expected one "
                                            r"of .*\brecordinput\b"),
+    # raw Python errors, or the fields the script never wrote (lr_scale, std, a param's generated name)
+    (lambda: binding.SGD(lr=0.1, momentum="0.9"), r"^Updater: argument momentum = '0.9': expected a number >= 0$"),
+    (lambda: binding.SGD(lr=0.1, decay=-1), r"^Updater: argument decay = -1: expected a number >= 0$"),
+    (lambda: binding.Dense(10, init="normal"), r"^layer 'layer1' \(Dense\): argument init = 'normal': expected one of "
+                                               r"constant, gaussian, "),
+    (lambda: binding.Dense(10, w_lr="2"), r"^layer 'layer1' \(Dense\): argument w_lr = '2': expected a number$"),
+    (lambda: binding.Dense(10, b_wd=None), r"^layer 'layer1' \(Dense\): argument b_wd = None: expected a number$"),
+    (lambda: binding.Dense(10, w_std="x"), r"^layer 'layer1' \(Dense\): argument w_std = 'x': expected a number$"),
+    (lambda: binding.Dense(10, w_param=3), r"^layer 'layer1' \(Dense\): argument w_param = 3: expected a Parameter"),
+    (lambda: binding.Parameter(init="normal"), r"^Parameter: argument init = 'normal': expected one of "),
+    (lambda: binding.Parameter(lr="x"), r"^Parameter: argument lr = 'x': expected a number$"),
+    (lambda: binding.Convolution2D(32, (5,)), r"^layer 'conv1' \(Convolution2D\): argument kernel = \(5,\): expected a "
+                                              r"positive integer or a pair of them$"),
+    (lambda: binding.Convolution2D(32, 5, pad="x"), r"^layer 'conv1' \(Convolution2D\): argument pad = 'x': expected "
+                                                    r"an integer >= 0 or a pair of them$"),
+    (lambda: binding.Data("recordinput", conf=3), r"^layer 'data0' \(Data\): argument conf = 3: expected a Store"),
+    (lambda: binding.Loss("softmaxloss", topk="1"), r"^layer 'softmaxloss0' \(Loss\): argument topk = '1': expected a "
+                                                    r"positive integer$"),
+    (lambda: binding.Sequential("m", []).add(3), r"^Sequential.add: argument layer = 3: expected a layer"),
+    (lambda: binding.Sequential("m", []).fit(3, nb_epoch=3), r"^fit: argument data = 3: expected the training data"),
+    (lambda: binding.Sequential("m", []).fit(binding.Data("recordinput", path="x"), nb_epoch=3, batch_size="3"),
+     r"^fit: argument batch_size = '3': expected a positive integer$"),
 ])
 def test_a_bad_argument_raises_one_error_naming_the_layer_and_the_argument(fresh_names, build, message):
     with pytest.raises(ArgumentError, match=message):
@@ -227,3 +249,37 @@ def test_evaluate_after_fit_tests_what_fit_trained(fresh_names, tmp_path, monkey
     (step, metrics), = tested.items()
     assert step == 4 and set(metrics) == {"test_loss", "test_acc"}, tested
     assert sorted(os.listdir("ws/checkpoint")) == checkpoints  # nothing trained again
+
+
+def test_evaluate_of_a_test_only_model_tests_the_workspace_s_checkpoint(fresh_names, tmp_path, monkeypatch):
+    """A script that only tests (m.evaluate(X_test) without fit, the model trained by an earlier run):
+    its job has no training input, which the check refused ("expected the name of a layer of phase
+    train"); now it tests the newest checkpoint, or the checkpoint_path given, as evaluate after fit does."""
+    import nets
+
+    monkeypatch.chdir(tmp_path)
+    nets.make_data("train.h5", 64, (6,), 3)
+    nets.make_data("test.h5", 32, (6,), 3, seed=4)
+
+    def model():
+        binding.reset_names()
+        built = binding.Sequential("test-only", [])
+        built.add(binding.Dense(8, init="uniform", activation="relu"))
+        built.add(binding.Dense(3, init="uniform", activation="softmax"))
+        built.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
+        return built
+
+    def store(path, batch):
+        return binding.Store(path=path, backend="hdf5", batchsize=batch, shape=6)
+
+    trainer = model()
+    trainer.fit(binding.Data("recordinput", phase="train", conf=store("train.h5", 16)), nb_epoch=4)
+    after_fit = trainer.evaluate(binding.Data("recordinput", phase="test", conf=store("test.h5", 32)), test_steps=1)
+    tested = model().evaluate(binding.Data("recordinput", phase="test", conf=store("test.h5", 32)), test_steps=1)
+    assert tested == after_fit and sorted(tested[4]) == ["test_acc", "test_loss"], tested
+    tester = model()
+    given = tester.evaluate(binding.Data("recordinput", phase="test", conf=store("test.h5", 32)), test_steps=1,
+                            checkpoint_path=["ws/checkpoint/step4.h5"])
+    assert given == after_fit
+    assert [list(layer.include) for layer in tester.jobconf.neuralnet.layer if layer.type == job_pb2.kRecordInput] == [
+        [job_pb2.kTest]]  # the job built is the binding's: the test input of phase test

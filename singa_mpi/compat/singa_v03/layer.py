@@ -12,7 +12,8 @@ from typing import Any, Iterable, Sequence
 from singa_mpi.api.fields import ArgumentError
 from singa_mpi.compat.singa_v03.names import generate_name
 from singa_mpi.compat.singa_v03.parameter import PARAM_ARGUMENTS, Parameter, set_param_field
-from singa_mpi.compat.singa_v03.protos import LAYER_FIELDS, check_arguments, fields_of, layer_type, only, setval
+from singa_mpi.compat.singa_v03.protos import (LAYER_FIELDS, check_arguments, fields_of, init_method, layer_type, only,
+                                               setval)
 from singa_mpi.compat.singa_v03.protos import phase as phase_value
 from singa_mpi.proto import job_pb2
 
@@ -49,9 +50,13 @@ class Layer:
                 kwargs: dict[str, Any], defaults: tuple[str, str] = ("gaussian", "constant")) -> None:
         """The weight and bias params: given ones, else the ``init`` kind (the defaults: gaussian
         weights, constant biases), with the layer's ``w_``/``b_`` arguments."""
+        if init is not None and init != "none":
+            init_method(init, self.where)  # named as the layer's argument, not as a param it would make
         for given, pname, default in ((w_param, "w", defaults[0]), (b_param, "b", defaults[1])):
+            if given is not None and not isinstance(given, Parameter):
+                raise ArgumentError(f"{self.where}: argument {pname}_param = {given!r}: expected a Parameter(...)")
             param = given if given is not None else Parameter(init=init or default)
-            set_param_field(param.param, pname, changename, **kwargs)
+            set_param_field(param.param, pname, changename, where=self.where, **kwargs)
             setval(self.layer, self.where, param=param.param)
 
     def _activation(self, activation: str | None) -> None:
@@ -82,6 +87,8 @@ class Data(Layer):
             raise ArgumentError(f"layer {name!r} (Data): argument load = 'kData': Rafiki's user data layer is not "
                                 "supported: expected a layer type such as 'recordinput'")
         self._setup(name, kwargs, STORE_FIELDS if conf is None else ())
+        if conf is not None and not isinstance(getattr(conf, "proto", None), job_pb2.StoreProto):
+            raise ArgumentError(f"{self.where}: argument conf = {conf!r}: expected a Store(...)")
         setval(self.layer, self.where, type=layer_type(load, self.where), include=phase_value(phase, self.where))
         if conf is None:
             setval(self.layer.store_conf, self.where, **only(kwargs, STORE_FIELDS - LAYER_FIELDS))
@@ -90,11 +97,17 @@ class Data(Layer):
         self.checkpoint = checkpoint
 
 
-def _pairs(prefix: str, value: int | Sequence[int]) -> dict[str, int]:
-    """``kernel=5`` or ``kernel_x=5, kernel_y=3`` from an int or a pair."""
-    if isinstance(value, int):
-        return {prefix: value}
-    return {prefix + "_x": value[0], prefix + "_y": value[1]}
+def _pairs(prefix: str, value: int | Sequence[int], where: str, low: int = 1) -> dict[str, int]:
+    """``kernel=5`` or ``kernel_x=5, kernel_y=3`` from an int or a pair (each at least ``low``)."""
+    values = [value] if isinstance(value, int) and not isinstance(value, bool) else (
+        list(value) if isinstance(value, (tuple, list)) and len(value) == 2 else None)
+    if values is None or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
+        kind = "a positive integer" if low > 0 else "an integer >= 0"
+        pair = "" if isinstance(value, int) and not isinstance(value, bool) else " or a pair of them"
+        raise ArgumentError(f"{where}: argument {prefix} = {value!r}: expected {kind}{pair}")
+    if len(values) == 1:
+        return {prefix: values[0]}
+    return {prefix + "_x": values[0], prefix + "_y": values[1]}
 
 
 class Convolution2D(Layer):
@@ -107,10 +120,8 @@ class Convolution2D(Layer):
                  b_param: Parameter | None = None, activation: str | None = None, **kwargs: Any):
         self._setup(generate_name("conv", 1), kwargs, PARAM_ARGUMENTS, type=job_pb2.kCConvolution)
         self._positive("nb_filter", nb_filter)
-        for argument, value in (("kernel", kernel), ("stride", stride)):
-            for one in [value] if isinstance(value, int) else value:
-                self._positive(argument, one)
-        conf = {"num_filters": nb_filter, **_pairs("kernel", kernel), **_pairs("stride", stride), **_pairs("pad", pad)}
+        conf = {"num_filters": nb_filter, **_pairs("kernel", kernel, self.where), **_pairs("stride", stride, self.where),
+                **_pairs("pad", pad, self.where, low=0)}
         setval(self.layer.convolution_conf, self.where, **conf)
         self._params(w_param, b_param, init, True, kwargs)
         self._activation(activation)
@@ -159,6 +170,7 @@ class Loss(Layer):
     def __init__(self, lossname: str, topk: int = 1, **kwargs: Any):
         self._setup(generate_name(lossname), kwargs)
         setval(self.layer, self.where, type=layer_type(lossname, self.where, "lossname"))
+        self._positive("topk", topk)
         if lossname == "softmaxloss":
             self.layer.softmaxloss_conf.topk = topk
 
@@ -271,8 +283,8 @@ class RBM(Layer):
         weight = w_param if w_param is not None else Parameter(init="gaussian")
         bias = b_param if b_param is not None else Parameter(init="constant")
         if kind != job_pb2.kRBMHid:  # the hidden half's params come made (named after the visible's)
-            set_param_field(weight.param, "w", withnumber=False, level=level, **kwargs)
-            set_param_field(bias.param, "b", withnumber=False, level=level, **kwargs)
+            set_param_field(weight.param, "w", withnumber=False, where=self.where, level=level, **kwargs)
+            set_param_field(bias.param, "b", withnumber=False, where=self.where, level=level, **kwargs)
         setval(self.layer, self.where, param=[weight.param, bias.param])
         if kind == job_pb2.kRBMVis:
             shared = Parameter(name=weight.param.name + "_", init="none", share_from=weight.param.name)

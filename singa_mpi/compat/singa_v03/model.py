@@ -19,6 +19,9 @@ Where this differs from the binding, on purpose:
 * ``evaluate`` after ``fit(..., with_test=True)`` without a ``test_freq`` tests at the start and the
   end of training (``test_freq`` = ``nb_epoch``): the binding's job then never tested (SINGA tests
   every ``test_freq`` steps only), and ``singa-mpi check`` refuses ``test_steps`` without ``test_freq``;
+* ``evaluate`` without ``fit`` (a model that only tests) runs its job with the test input read in
+  every phase (every net of a job is built here, the training one too; SINGA's ``-test`` built the
+  test net alone); the job written (``--write-conf``, ``to_job``) is the binding's;
 * no GPU (``device``), no own executable (``execpath``), no Rafiki layer-by-layer calls
   (``ComputeFeature``, ``Dummy``); a second ``build`` replaces the net (the binding merged a second
   copy of every layer into it).
@@ -82,6 +85,9 @@ class Updater:
         if lr_type not in LR_TYPES:
             raise ArgumentError(f"{where}: argument lr_type = {lr_type!r}: expected one of "
                                 f"{', '.join(repr(t) for t in LR_TYPES)}")
+        for argument, value in (("decay", decay), ("momentum", momentum)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ArgumentError(f"{where}: argument {argument} = {value!r}: expected a number >= 0")
         self.proto = setval(job_pb2.UpdaterProto(), where, type=upd_type, **fields)
         setval(self.proto.learning_rate, where, base_lr=lr)
         if decay > 0:
@@ -166,10 +172,10 @@ class Model:
                 topk: int = 1, **kwargs: Any) -> None:
         """The updater, the cluster and the loss: ``'categorical_crossentropy'`` (a softmax loss,
         made of a last softmax activation or added) or ``'mean_squared_error'`` (euclidean)."""
-        if optimizer is None:
-            raise ArgumentError("compile: argument optimizer: expected an updater such as SGD(...)")
-        if cluster is None:
-            raise ArgumentError("compile: argument cluster: expected Cluster(workspace)")
+        if not isinstance(optimizer, Updater):
+            raise ArgumentError(f"compile: argument optimizer = {optimizer!r}: expected an updater such as SGD(...)")
+        if not isinstance(cluster, Cluster):
+            raise ArgumentError(f"compile: argument cluster = {cluster!r}: expected Cluster(workspace)")
         if loss is not None and loss not in LOSSES:
             raise ArgumentError(f"compile: argument loss = {loss!r}: expected one of {', '.join(LOSSES)}"
                                 + (" (the rnnlm user loss is not supported)" if loss == "user_loss_rnnlm" else ""))
@@ -239,13 +245,13 @@ class Model:
         """Train ``nb_epoch`` steps on ``data``; with ``with_test`` the run waits for :meth:`evaluate`
         (one job, tested as it trains).  ``fields``: ``batch_size``, ``validate_data`` and JobProto's
         fields (``disp_freq``, ``checkpoint_freq``, ...).  The results (the module says their form)."""
-        if data is None:
-            raise ArgumentError("fit: argument data: expected the training data (load_data's first value)")
+        if not isinstance(data, Data):
+            raise ArgumentError(f"fit: argument data = {data!r}: expected the training data (load_data's first value)")
         _steps("fit", "nb_epoch", nb_epoch)
         _cpu_only("fit", execpath, device)
         check_arguments("fit", fields, JOB_FIELDS | {"batch_size", "validate_data"})
         if "batch_size" in fields:
-            _batch_size(data, fields["batch_size"])
+            _batch_size(data, fields["batch_size"], "fit")
         if not self.exist_datalayer("train"):
             self.layers.insert(0, data)
         setval(self.jobconf, "fit", train_steps=nb_epoch, disp_freq=fields.get("disp_freq", nb_epoch // 10))
@@ -269,12 +275,13 @@ class Model:
         ``fit(..., with_test=True)`` the training job tested as it trains; else the test alone on
         ``checkpoint_path`` (default: the workspace's newest checkpoint).  ``show_acc`` adds an
         accuracy layer to the test."""
-        if data is None:
-            raise ArgumentError("evaluate: argument data: expected the test data (load_data's second value)")
+        if not isinstance(data, Data):
+            raise ArgumentError(f"evaluate: argument data = {data!r}: expected the test data (load_data's second "
+                                f"value)")
         _cpu_only("evaluate", execpath, device)
         check_arguments("evaluate", fields, JOB_FIELDS | {"batch_size"})
         if "batch_size" in fields:
-            _batch_size(data, fields["batch_size"])
+            _batch_size(data, fields["batch_size"], "evaluate")
         if not self.exist_datalayer("test"):
             self.layers.insert(0, data)
         # Keras's order, fit(X) then evaluate(X_test): test what fit trained (it used to train again,
@@ -326,7 +333,8 @@ class Model:
             return {}
         if test_only:
             checkpoints = list(self.jobconf.checkpoint_path) or None
-            return results([{**job.evaluate(checkpoints=checkpoints), "phase": "test"}])
+            inputs = {layer.layer.name for layer in self.layers if layer.is_datalayer}
+            return results([{**_testable(job, inputs).evaluate(checkpoints=checkpoints), "phase": "test"}])
         history = job.fit(resume=options["resume"], overwrite=options["overwrite"])
         self.trained = True
         return results(history.records)
@@ -342,8 +350,10 @@ class Sequential(Model):
         """Add ``layer`` at the end of the chain (an Autoencoder: its Dense layers)."""
         if getattr(layer, "layer_type", None) == "AutoEncoder":
             self.layers.extend(_autoencoder_layers(layer))
-        else:
+        elif isinstance(layer, Layer):
             self.layers.append(layer)
+        else:
+            raise ArgumentError(f"Sequential.add: argument layer = {layer!r}: expected a layer such as Dense(...)")
 
 
 class Energy(Model):
@@ -388,6 +398,21 @@ def _autoencoder_layers(auto: Autoencoder) -> list[Dense]:
     return layers
 
 
+def _testable(job: Job, inputs: set[str]) -> Job:
+    """A test-only job (``evaluate`` without ``fit``: its input layers, named ``inputs``, all of phase
+    test) as this project runs one: every net of a job is built, the training one too, so the test
+    inputs are read by every phase (SINGA's ``-test`` built the test net alone); nothing trains, the
+    test is the same."""
+    mine = [layer for layer in job.net.layers if layer.name in inputs]
+    if any(job_pb2.kTrain in layer.proto.include or not layer.proto.include for layer in mine):
+        return job
+    copy = Job.from_proto(job.to_proto())
+    for layer in copy.net.layers:
+        if layer.name in inputs and list(layer.proto.include) == [job_pb2.kTest]:
+            layer.proto.ClearField("include")
+    return copy
+
+
 def results(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     """The binding's results from the run's records: per step, the training metrics (``acc``,
     ``loss``, ``ppl``, ``se``) and the test's as ``test_acc``, ...."""
@@ -402,7 +427,9 @@ def results(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     return found
 
 
-def _batch_size(data: Data, size: int) -> None:
+def _batch_size(data: Data, size: int, where: str) -> None:
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ArgumentError(f"{where}: argument batch_size = {size!r}: expected a positive integer")
     del data.layer.store_conf.batchsize[:]
     setval(data.layer.store_conf, data.where, batchsize=size)
 

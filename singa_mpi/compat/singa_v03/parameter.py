@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from singa_mpi.api.fields import ArgumentError
+from singa_mpi.api.fields import ArgumentError, set_field
 from singa_mpi.compat.singa_v03.names import generate_name
 from singa_mpi.compat.singa_v03.protos import INIT_FIELDS, check_arguments, init_method, setval
 from singa_mpi.proto import job_pb2
@@ -42,7 +42,8 @@ class Parameter:
     def __init__(self, **kwargs: Any):
         check_arguments("Parameter", kwargs, PARAMETER_ARGUMENTS)
         self.param = job_pb2.ParamProto()
-        setval(self.param, "Parameter", lr_scale=kwargs.get("lr", 1), wd_scale=kwargs.get("wd", 1))
+        given = f"Parameter {kwargs['name']!r}" if "name" in kwargs else "Parameter"  # as the script wrote it
+        set_multipliers(self.param, given, kwargs.get("lr", 1), kwargs.get("wd", 1), "lr", "wd")
         if "name" not in kwargs:
             name = generate_name("param", 1)
         else:
@@ -51,15 +52,14 @@ class Parameter:
                 name += str(kwargs["level"])
                 if name.startswith("b"):
                     name += "2"
-        where = f"Parameter {name!r}"
-        setval(self.param, where, name=name)
+        setval(self.param, given, name=name)
         if "share_from" in kwargs:
-            setval(self.param, where, share_from=kwargs["share_from"])
+            setval(self.param, given, share_from=kwargs["share_from"])
         if "init" not in kwargs:  # the binding's default: uniform, in the schema's [-1, 1]
-            self.param.init.type = init_method("uniform", where)
+            self.param.init.type = init_method("uniform", given)
         elif kwargs["init"] != "none":
-            self.param.init.type = init_method(kwargs["init"], where)
-            setval(self.param.init, where, **init_values(kwargs["init"], kwargs))
+            self.param.init.type = init_method(kwargs["init"], given)
+            set_init(self.param.init, given, init_values(kwargs["init"], kwargs), "")
 
     def update(self, **fields: Any) -> None:
         """Set fields of the param or of its init, whichever has them."""
@@ -73,22 +73,38 @@ class Parameter:
                                     "ParamProto or ParamGenProto")
 
 
+def set_multipliers(param: job_pb2.ParamProto, where: str, lr: Any, wd: Any, lr_name: str, wd_name: str) -> None:
+    """The param's learning-rate and weight-decay multipliers, an error naming the argument the
+    script wrote (``lr``, ``w_lr``, ...) rather than the field (``lr_scale``)."""
+    fields = param.DESCRIPTOR.fields_by_name
+    set_field(param, fields["lr_scale"], lr, where, lr_name)
+    set_field(param, fields["wd_scale"], wd, where, wd_name)
+
+
+def set_init(init: job_pb2.ParamGenProto, where: str, values: dict[str, Any], prefix: str) -> None:
+    """Init fields from ``values``, an error naming the argument as written (``prefix`` + field: ``w_std``)."""
+    fields = init.DESCRIPTOR.fields_by_name
+    for key, value in values.items():
+        set_field(init, fields[key], value, where, prefix + key)
+
+
 def set_param_field(param: job_pb2.ParamProto, pname: str, changename: bool = False, withnumber: bool = True,
-                    **kwargs: Any) -> None:
+                    where: str | None = None, **kwargs: Any) -> None:
     """A layer's weight (``pname`` 'w') or bias ('b') from the layer's arguments: ``w_lr``/``w_wd``
     its multipliers, other ``w_*`` its init fields (``w_std``); it is named ``w<n>`` (``b<n>``) when
-    ``changename`` or while it has a generated ``param<n>`` name (``level``: the RBM stack's)."""
+    ``changename`` or while it has a generated ``param<n>`` name (``level``: the RBM stack's).  A bad
+    value names the layer (``where``) and its argument (``w_lr``)."""
     prefix = pname + "_"
     lr_scale, wd_scale = kwargs.get(prefix + "lr", param.lr_scale), kwargs.get(prefix + "wd", param.wd_scale)
     init = {key[2:]: value for key, value in kwargs.items()
             if key.startswith(prefix) and key not in (prefix + "lr", prefix + "wd")}
-    where = f"Parameter {param.name!r}"
+    where = where or f"Parameter {param.name!r}"
     if param.name.startswith("param") or changename:
         label = pname + str(kwargs["level"]) if "level" in kwargs else pname
         setval(param, where, name=generate_name(label, withnumber=withnumber))
-    setval(param, where, lr_scale=lr_scale, wd_scale=wd_scale)
+    set_multipliers(param, where, lr_scale, wd_scale, prefix + "lr", prefix + "wd")
     if init:
-        setval(param.init, f"Parameter {param.name!r}", **init)
+        set_init(param.init, where, init, prefix)
 
 
-__all__ = ["Parameter", "set_param_field", "init_values", "PARAM_ARGUMENTS"]
+__all__ = ["Parameter", "set_param_field", "set_multipliers", "set_init", "init_values", "PARAM_ARGUMENTS"]
