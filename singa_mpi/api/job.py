@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import warnings
+from types import FrameType
 from typing import Any
 
 from google.protobuf import text_format
@@ -146,9 +149,14 @@ class Job:
     def config(self) -> JobConfig:
         """The job as ``singa-mpi`` reads it (parsed from :meth:`to_conf`'s text)."""
         try:
-            return parse_job(self.to_conf(), self.origin)
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                cfg = parse_job(self.to_conf(), self.origin)
         except ConfigError as err:
             raise self._without_position(err) from None
+        for warning in said:  # said again without the generated text's position, where the script called
+            warnings.warn(self._unplaced(str(warning.message)), warning.category, stacklevel=_caller_level())
+        return cfg
 
     def check(self):
         """What ``singa-mpi check`` checks, without data or MPI: the layers' shapes and settings, the
@@ -162,14 +170,20 @@ class Job:
                 if layer.proto.type == job_pb2.kUserLayer:
                     refuse_unknown_type(layer.type, Layer.where(layer.name, layer.type))
         try:
-            return validate(cfg)
+            summary = validate(cfg)
         except ConfigError as err:
             raise self._without_position(err) from None
+        summary.warnings = [self._unplaced(line) for line in summary.warnings]
+        return summary
 
     def _without_position(self, err: ConfigError) -> ArgumentError:
         """The parser's message without its ``file:line:col``: lines of the generated text, which the
         script's author never saw (the message names the layer and the field)."""
-        return ArgumentError(re.sub(rf"^{re.escape(self.origin)}(:\d+:\d+)?: ", "", str(err)))
+        return ArgumentError(self._unplaced(str(err)))
+
+    def _unplaced(self, message: str) -> str:
+        """A check's line without the generated text's ``file:line:col`` (errors and warnings alike)."""
+        return re.sub(rf"^{re.escape(self.origin)}(:\d+:\d+)?: ", "", message)
 
     # ------------------------------------------------------------ running
 
@@ -204,6 +218,17 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job({self.name!r}, {self.net!r})"
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of a warning said in this module that names the first frame outside
+    singa_mpi: the line of the script that called the API."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _names_a_file(source: str) -> bool:

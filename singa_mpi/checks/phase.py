@@ -239,6 +239,6 @@ def _warn_missing_data(cfg: JobConfig, node: Node, warnings: list[str]) -> None:
                         f"data file {path!r} is {problems[0]}")
     if not problems:
         todo = ("training prepares it from scikit-learn's bundled digits" if is_bundled_digits(path, store)
-                else how_to_make(path, "path", store, cfg.path))
+                else how_to_make(path, "path", store, cfg.path if os.path.isfile(cfg.path) else None))
         warnings.append(f"{cfg.layer_where(node.index, conf, 'path')}: layer '{node.name}': "
                         f"data file {path!r} not found: {todo}")

@@ -160,6 +160,23 @@ def test_check_names_the_layer_and_field_without_a_file_position():
     assert "<python>" not in message
 
 
+def test_check_s_warnings_name_the_layer_and_the_argument_not_the_generated_text(tmp_path, monkeypatch):
+    """They began `<python>:8:7:` (lines of text the script never saw) and advised `--like <python>`;
+    a warning of the parser (gpu ignored) now points at the script's line that called check()."""
+    monkeypatch.chdir(tmp_path)
+    net = sm.Net([sm.RecordInput("d.h5", 8, 4, name="data"), sm.InnerProduct(5, "fc1", srcs="data"),
+                  sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    job = sm.Job("warned", net, updater=sm.SGD(0.01), train_steps=5, checkpoint_path=["nope/ck"], gpu=[0])
+    with pytest.warns(UserWarning, match=r"^gpu: \[0\] ignored: singa_mpi trains on CPUs$") as said:
+        summary = job.check()
+    assert [w.filename for w in said] == [__file__]
+    data, checkpoint = summary.warnings
+    assert data.startswith("layer 'data': data file 'd.h5' not found: make it with `singa-mpi data synthetic "
+                           "--like JOB.conf`"), data
+    assert checkpoint.startswith("checkpoint_path 'nope/ck' not found: "), checkpoint
+    assert all("<python>" not in line for line in summary.warnings)
+
+
 def test_numpy_numbers_are_numbers_wherever_the_api_takes_one():
     import numpy as np
 
