@@ -3,9 +3,10 @@ job when the script runs under ``mpirun -n N python script.py`` (every rank runs
 
 The run is the CLI's own (:mod:`singa_mpi.launcher`): the same two-phase failure protocol, checkpoints,
 resume, progress lines (rank 0 prints), stop signals, profile and trace.  The job's text, with its
-workspace, is written to ``WORKSPACE/job.conf`` when the run starts training (never by a run that is
-refused: the file stays the run's whose checkpoints are there), so that its resume line and a later
-``singa-mpi train WORKSPACE/job.conf --resume`` name a real file.  What the run recorded
+workspace, is written to ``WORKSPACE/job.conf`` before the run's checks in a workspace that holds no
+run, else when the run starts training (never by a run that is refused: the file stays the run's whose
+checkpoints are there), so that its messages, its resume line and a later ``singa-mpi train
+WORKSPACE/job.conf --resume`` name a real file.  What the run recorded
 (``metrics.jsonl``, rank 0's) comes back to every rank as a :class:`History`.
 """
 from __future__ import annotations
@@ -111,7 +112,9 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
     job.check()
     where = workspace_of(job, workspace)
     options.write_job, options.resume_hint = True, resume_hint(job)
-    code = run_training(_as_file(job, where, JOB_FILE), lambda cfg: where, options)
+    cfg = _as_file(job, where, JOB_FILE)
+    _write_where_no_run_is(cfg, where, options.overwrite)
+    code = run_training(cfg, lambda cfg: where, options)
     history = History(_shared_records(os.path.join(where, "metrics.jsonl")))
     if code == EXIT_CHECKPOINTED:
         raise Stopped(history)
@@ -308,6 +311,26 @@ def _as_file(job: Job, workspace: str, name: str):
     from singa_mpi.config.load import parse_job
 
     return parse_job(job_text(job, workspace), os.path.join(workspace, name))
+
+
+def _write_where_no_run_is(cfg: Any, workspace: str, overwrite: bool) -> None:
+    """The job's text to ``WORKSPACE/job.conf`` before the run's checks, where it replaces no run's
+    file: in a workspace that holds no checkpoint (and, with ``overwrite``, no job.conf to move aside),
+    so that a run that fails before training (a missing data file) names a file that is there, and
+    ``singa-mpi data synthetic --like WORKSPACE/job.conf`` reads it.  Elsewhere the run writes it
+    once it is the job's (the root alone; one written here by every rank holds the same text)."""
+    from singa_mpi.checkpoints.hdf5 import listed
+    from singa_mpi.communication.liveness import launched_rank
+    from singa_mpi.workspace import write_job_file
+
+    launched = launched_rank()
+    if (launched is not None and launched[0] != 0) or listed(workspace) or (overwrite and os.path.exists(cfg.path)):
+        return
+    try:
+        os.makedirs(workspace, exist_ok=True)
+        write_job_file(cfg.path, cfg.text)
+    except OSError:
+        return  # the run's own check of the workspace says what is wrong there
 
 
 def job_text(job: Job, workspace: str) -> str:

@@ -151,6 +151,22 @@ def test_a_failing_run_raises_the_run_s_error(tmp_path):
     assert "missing.h5: no such file" in str(err.value)
 
 
+def test_a_fit_that_fails_before_training_names_a_job_file_that_is_there(tmp_path):
+    """The message named WORKSPACE/job.conf:LINE:COL and advised `--like WORKSPACE/job.conf` while no
+    such file existed (it is written when training starts): in a workspace that holds no run, the file
+    is now written before the run's checks, and the line it names is the one the message is about."""
+    job = _small_job(str(tmp_path / "missing.h5"))
+    with pytest.raises(DataError) as err:
+        job.fit(tmp_path / "ws")
+    written = tmp_path / "ws" / "job.conf"
+    match = re.match(rf"^{re.escape(str(written))}:(\d+):(\d+): layer 'data': store_conf.path ", str(err.value))
+    assert match, str(err.value)
+    line = written.read_text().splitlines()[int(match.group(1)) - 1]
+    assert line[int(match.group(2)) - 1:].startswith(f'path: "{tmp_path / "missing.h5"}"'), line
+    assert f"--like {written}`" in str(err.value)
+    assert sm.Job.from_conf(written).net["data"].proto.store_conf.path == str(tmp_path / "missing.h5")
+
+
 def test_a_bad_job_raises_before_running(tmp_path):
     net = sm.Sequential([sm.RecordInput("d.h5", 8, 12, name="data"), sm.InnerProduct(0, "fc1"),
                          sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
