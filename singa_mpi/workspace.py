@@ -31,13 +31,14 @@ def claim_workspace(workspace: str, options, is_root: bool, outputs: Sequence[st
     files of the job's output layers, ``outputs``).  The root
     also makes sure it can write there (:func:`make_workspace`) and removes the temporary files of
     checkpoint writers that were killed (a one-line note says which)."""
+    resume, overwrite = options.said("--resume"), options.said("--overwrite")  # the caller's words for them
     if options.resume and options.overwrite:
-        raise ConfigError("--resume and --overwrite together: expected one of them (--resume continues the "
-                          "run in the workspace, --overwrite moves it aside)")
+        raise ConfigError(f"{resume} and {overwrite} together: expected one of them ({resume} continues the "
+                          f"run in the workspace, {overwrite} moves it aside)")
     found = [] if options.resume else checkpoint.listed(workspace)
     if found and not options.overwrite:
         raise ConfigError(f"{workspace} holds another run's checkpoints (newest {found[0][1]}): expected "
-                          f"--resume to continue that run, or --overwrite to move it to {workspace}/previous-<time>/")
+                          f"{resume} to continue that run, or {overwrite} to move it to {workspace}/previous-<time>/")
     if not is_root:
         return
     make_workspace(workspace)

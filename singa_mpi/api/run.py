@@ -21,6 +21,9 @@ from singa_mpi.api.fields import ArgumentError, is_integer, is_number
 from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED
 from singa_mpi.errors import SingaError
 
+# what a run's messages tell a script to do, for the options `singa-mpi train` spells as flags
+FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., overwrite=True)",
+                "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
 EVALUATE_FILE = "evaluate.conf"  # what evaluate() tests: its own, so that job.conf stays the training's
 
 
@@ -111,7 +114,7 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
     _folder("fit", workspace)
     job.check()
     where = workspace_of(job, workspace)
-    options.write_job, options.resume_hint = True, resume_hint(job)
+    options.write_job, options.resume_hint, options.spelling = True, resume_hint(job), FIT_SPELLING
     cfg = _as_file(job, where, JOB_FILE)
     _write_where_no_run_is(cfg, where, options.overwrite)
     code = run_training(cfg, lambda cfg: where, options)

@@ -12,7 +12,7 @@ from singa_mpi.checkpoints.tools import read_initial
 from singa_mpi.config.load import JobConfig, layers_for_phase
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.launcher.describe import Launch
-from singa_mpi.launcher.options import Request
+from singa_mpi.launcher.options import Request, RunOptions
 from singa_mpi.workspace import clear_dead_writes, probe_file_folder
 
 
@@ -32,7 +32,7 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
     if request.trains and resumes(launch.workspace, request.options.resume):
         if is_root:  # before the checkpoint is judged: a refused resume leaves no dead writer's file either
             clear_dead_writes(launch.workspace)
-        return read_resumed(launch, request.options.allow_other_job, log)
+        return read_resumed(launch, request.options, log)
     if request.trains:
         return read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume)
     return checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root)
@@ -188,7 +188,7 @@ def resumes(workspace: str, resume: bool) -> bool:
     return resume and bool(checkpoint.listed(workspace))
 
 
-def read_resumed(launch: Launch, allow_other_job: bool,
+def read_resumed(launch: Launch, options: RunOptions,
                  log: Callable[[str], None] | None) -> checkpoint.Checkpoint | None:
     """--resume's checkpoint: the workspace's newest good one, read and checked to be this job's by
     every rank in phase 1.  Every one damaged, or another job's, is then one voted line (exit 3 or
@@ -197,13 +197,14 @@ def read_resumed(launch: Launch, allow_other_job: bool,
     ckpt = checkpoint.newest_good(launch.workspace)
     if ckpt is None:  # removed since listed: nothing to check, the run notes it starts at step 0
         return None
-    _check_job_identity(launch, ckpt, allow_other_job, log)
+    _check_job_identity(launch, ckpt, options, log)
     return ckpt
 
 
-def _check_job_identity(launch: Launch, ckpt: checkpoint.Checkpoint, allow_other_job: bool,
+def _check_job_identity(launch: Launch, ckpt: checkpoint.Checkpoint, options: RunOptions,
                         log: Callable[[str], None] | None) -> None:
-    """Refuse another job's checkpoint (ConfigError) unless --allow-other-job; ``log``: the notes."""
+    """Refuse another job's checkpoint (ConfigError) unless --allow-other-job (``options``: the run's,
+    with the caller's words for them); ``log``: the notes."""
     from singa_mpi.checkpoints.snapshot import other_job
 
     say = log or (lambda line: None)
@@ -212,9 +213,11 @@ def _check_job_identity(launch: Launch, ckpt: checkpoint.Checkpoint, allow_other
             f"not checked that this job wrote it")
         return
     mismatch = other_job(launch.cfg, dict(launch.summary.params), ckpt)
-    if mismatch and not allow_other_job:
-        raise ConfigError(f"{mismatch}: expected this job's checkpoint: resume from it anyway with "
-                          f"--allow-other-job (params taken by name), or start afresh with --overwrite")
+    if mismatch and not options.allow_other_job:
+        anyway = options.said("--allow-other-job")  # "": the caller has no such option
+        ways = [f"resume from it anyway with {anyway} (params taken by name)"] if anyway else []
+        ways.append(f"start afresh with {options.said('--overwrite')}")
+        raise ConfigError(f"{mismatch}: expected this job's checkpoint: {', or '.join(ways)}")
     if mismatch:
         say(f"note: --allow-other-job: {mismatch}")
 

@@ -31,6 +31,13 @@ class RunOptions:
     # be this job's (the workspace claimed, a resumed checkpoint this job's), never by a refused run
     write_job: bool = False
     resume_hint: str | None = None  # how the caller resumes, when not by the command (the API's fit(...))
+    # the caller's words for an option when it is no command line (the API: "fit(..., resume=True)" for
+    # --resume; "" where it has no such option): what a message tells the user to do
+    spelling: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def said(self, flag: str) -> str:
+        """``flag`` (``--resume``) as the caller spells it."""
+        return self.spelling.get(flag, flag)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +57,8 @@ class Request:
 
 
 # options that may differ between ranks: each rank's own watchdog, the root's pruning and printing
-PER_RANK_OPTIONS = {"seed", "steps", "workers", "stall_timeout", "keep", "profile", "trace", "debug", "resume_hint"}
+PER_RANK_OPTIONS = {"seed", "steps", "workers", "stall_timeout", "keep", "profile", "trace", "debug", "resume_hint",
+                    "spelling"}
 
 
 def options_to_agree(options: RunOptions) -> list[tuple[str, str]]:

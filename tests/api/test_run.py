@@ -278,6 +278,24 @@ def test_a_refused_fit_or_evaluate_leaves_the_job_file_of_the_run_in_the_workspa
     assert (archived / "job.conf").read_text() == kept and "fc0" in (ws / "job.conf").read_text()
 
 
+def test_a_second_fit_is_told_what_fit_takes_not_the_command_s_flags(tmp_path):
+    """fit twice in one workspace, or resume=True with another job's checkpoint there, advised
+    --resume, --overwrite and --allow-other-job, which fit does not take."""
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    ws = tmp_path / "ws"
+    _small_job(data).fit(ws)
+    with pytest.raises(ConfigError) as err:
+        _small_job(data).fit(ws)
+    assert str(err.value).endswith(f"expected fit(..., resume=True) to continue that run, or fit(..., overwrite=True) "
+                                   f"to move it to {ws}/previous-<time>/"), str(err.value)
+    with pytest.raises(ConfigError) as err:
+        _other_job(data).fit(ws, resume=True)
+    assert str(err.value).endswith("expected this job's checkpoint: start afresh with fit(..., overwrite=True)"), \
+        str(err.value)
+    with pytest.raises(ConfigError, match=r"^fit\(\.\.\., resume=True\) and fit\(\.\.\., overwrite=True\) together"):
+        _small_job(data).fit(ws, resume=True, overwrite=True)
+
+
 def test_the_cli_resumes_a_fit_run_from_its_job_file_alone(tmp_path, monkeypatch, capsys):
     from singa_mpi import cli
 
