@@ -15,7 +15,7 @@ from singa_mpi.api.fields import ArgumentError, ProtoView, fill, is_number
 from singa_mpi.api.layers import Layer, refuse_unknown_type
 from singa_mpi.api.net import Net, Sequential
 from singa_mpi.config.load import AUTO, JobConfig, load_job, parse_job
-from singa_mpi.errors import ConfigError
+from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.proto import job_pb2
 
 # the block of each learning-rate change method's own settings
@@ -116,8 +116,14 @@ class Job:
         runs, with ``partition_dim: auto`` where the cost model is to choose."""
         text = _WRITTEN_AUTO.sub(r"\1auto", text_format.MessageToString(self.to_proto()))
         if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
+            if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+                raise ArgumentError(f"to_conf: argument path = {path!r}: expected a file name")
+            try:
+                with open(path, "w") as f:
+                    f.write(text)
+            except OSError as err:
+                raise DataError(f"{os.fspath(path)}: cannot write the job's text: {err.strerror or err}: expected "
+                                f"a file in a folder you can write") from None
         return text
 
     @classmethod
@@ -138,6 +144,8 @@ class Job:
     def from_conf(cls, source: str | os.PathLike) -> Job:
         """A job from a ``.conf`` file's path, or from its text (the plugins it names are loaded); a
         one-line string that reads as a path (:func:`_names_a_file`) is a path, missing or not."""
+        if not isinstance(source, (str, os.PathLike)):
+            raise ArgumentError(f"from_conf: argument source = {source!r}: expected a .conf file's path or job text")
         if isinstance(source, os.PathLike) or "\n" not in source and (os.path.exists(source) or _names_a_file(source)):
             job = cls.from_proto(load_job(os.fspath(source)).proto)  # a missing file: its one-line error
             job.origin = os.path.abspath(source)  # its plugin files are found beside it from any folder

@@ -4,6 +4,7 @@ raises one ArgumentError naming the layer and the argument (no file:line: the sc
 from __future__ import annotations
 
 import pathlib
+import re
 import warnings
 
 import pytest
@@ -246,3 +247,22 @@ def test_a_bad_wiring_argument_is_one_line_naming_the_argument_as_the_script_wro
 
 def test_srcs_none_reads_nothing():
     assert sm.InnerProduct(3, "fc1", srcs=None).srcs == []
+
+
+def test_saving_and_loading_a_job_say_what_is_wrong_in_one_line(tmp_path):
+    """to_conf into a folder that is not there, or onto a folder, raised Python's OSError; from_conf
+    of a number, a TypeError."""
+    from singa_mpi.errors import DataError
+
+    job = digits_mlp()
+    missing = tmp_path / "no" / "digits.conf"
+    with pytest.raises(DataError, match=rf"^{re.escape(str(missing))}: cannot write the job's text: No such file or "
+                                        rf"directory: expected a file in a folder you can write$"):
+        job.to_conf(missing)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(tmp_path))}: cannot write the job's text: Is a directory"):
+        job.to_conf(tmp_path)
+    with pytest.raises(sm.ArgumentError, match=r"^to_conf: argument path = 3: expected a file name$"):
+        job.to_conf(3)
+    with pytest.raises(sm.ArgumentError, match=r"^from_conf: argument source = 3: expected a .conf file's path or job "
+                                               r"text$"):
+        sm.Job.from_conf(3)
