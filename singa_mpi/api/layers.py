@@ -321,7 +321,7 @@ class RecordInput(Layer):
         if not is_integer(shape) and not _is_list(shape):
             raise ArgumentError(f"{where}: argument shape = {shape!r}: expected a record's shape (an integer or a "
                                 f"list of integers)")
-        if not is_integer(batchsize):
+        if not is_integer(batchsize) or batchsize <= 0:
             raise ArgumentError(f"{where}: argument batchsize = {batchsize!r}: expected a positive integer")
         dims: list[Any] = [shape] if is_integer(shape) else list(cast(Sequence[int], shape))
         super().__init__(kind, name, (), store_conf=dict(backend=backend, path=path, batchsize=[batchsize],

@@ -130,6 +130,8 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
              ) -> dict[str, Any]:
     """The test phase on the newest checkpoint of ``workspace`` (or ``checkpoints``), partitioned as
     training when run on several ranks; the test's metrics (``loss``, ``accuracy``, ...)."""
+    from singa_mpi.checkpoints.hdf5 import listed
+    from singa_mpi.errors import DataError
     from singa_mpi.test_command import TEST_RESULTS, run_test
     from singa_mpi.workspace import make_workspace, write_job_file
 
@@ -143,6 +145,13 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     results = os.path.join(where, TEST_RESULTS)
     cfg = _as_file(job, where, EVALUATE_FILE)
     write_job_file(cfg.path, cfg.text)  # its own file: job.conf is the training run's
+    # said in the API's words (the test command names itself and its --checkpoint option)
+    if job.to_proto().test_steps <= 0:
+        raise ArgumentError("evaluate: the job has no test (test_steps = 0): expected Job(..., test_steps=N), the "
+                            "batches each test reads")
+    if not checkpoints and not listed(where):
+        raise DataError(f"{where}: no checkpoint to test: expected a workspace that fit() wrote, or "
+                        f"evaluate(..., checkpoints=[FILE])")
     code = run_test(cfg, lambda cfg: where, checkpoints=checkpoints)
     if code != 0:
         raise RunFailed(code, "the test")

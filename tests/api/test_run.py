@@ -330,3 +330,26 @@ def test_a_job_read_from_a_file_runs_its_plugin_from_any_folder(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     job.fit(tmp_path / "ws", steps=2)
     assert f'plugin: "{ROOT / "conf" / "swish_lion.py"}"' in (tmp_path / "ws" / "job.conf").read_text()
+
+
+def test_evaluate_before_fit_or_of_a_job_without_a_test_says_so_in_the_api_s_words(tmp_path):
+    """It advised the CLI's `--checkpoint FILE`, or said `test_steps > 0 for \\`test\\``."""
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    tested = _small_job(data)
+    tested.settings.test_steps, tested.settings.test_freq = 1, 2
+    with pytest.raises(DataError) as err:
+        tested.evaluate(tmp_path / "ws")
+    assert str(err.value) == (f"{tmp_path / 'ws'}: no checkpoint to test: expected a workspace that fit() wrote, or "
+                              f"evaluate(..., checkpoints=[FILE])")
+    with pytest.raises(sm.ArgumentError, match=r"^evaluate: the job has no test \(test_steps = 0\): expected "
+                                               r"Job\(\.\.\., test_steps=N\)"):
+        _small_job(data).evaluate(tmp_path / "ws")
+    assert not (tmp_path / "ws" / "job.conf").exists()
+    tested.fit(tmp_path / "ws")
+    assert tested.evaluate(tmp_path / "ws")["step"] == 4
+
+
+def test_a_batch_size_of_zero_is_refused_where_the_script_wrote_it():
+    with pytest.raises(sm.ArgumentError, match=r"^layer 'data' \(kRecordInput\): argument batchsize = 0: expected a "
+                                               r"positive integer$"):
+        sm.RecordInput("d.h5", 0, 12, name="data")
