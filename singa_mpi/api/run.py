@@ -96,12 +96,15 @@ def workspace_of(job: Job, workspace: str | os.PathLike | None) -> str:
 
 def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | None = None, resume: bool = False,
         overwrite: bool = False, seed: int | None = None, stall_timeout: float | None = None,
-        deterministic: bool = False, profile: bool = False, trace: str | None = None) -> History:
+        deterministic: bool = False, profile: bool = False, trace: str | None = None,
+        said_as: dict[str, str] | None = None) -> History:
     """Train ``job`` (the arguments are ``singa-mpi train``'s options); every rank returns the same
     :class:`History`.  ArgumentError for a bad job (before any communication, on every rank),
     :class:`Stopped` on a stop signal; another failure: in one process the run's own error (a
     ``DataError`` naming the layer, ...), on several ranks :class:`RunFailed` on every rank, after
-    rank 0 printed the error line (a failure during training ends the whole job, as with the CLI)."""
+    rank 0 printed the error line (a failure during training ends the whole job, as with the CLI).
+    ``said_as``: how the run's messages name ``--resume``, ``--overwrite``, ... to the script's user
+    (default: fit's own arguments; the SINGA binding's scripts take them as flags in their argv)."""
     from singa_mpi.launcher import RunOptions, run_training
     from singa_mpi.workspace import JOB_FILE
 
@@ -112,9 +115,14 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
                          deterministic=_switch("fit", "deterministic", deterministic),
                          profile=_switch("fit", "profile", profile), trace=_file_to_write("fit", "trace", trace))
     _folder("fit", workspace)
+    if said_as is not None and (not isinstance(said_as, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in said_as.items())):
+        raise ArgumentError(f"fit: argument said_as = {said_as!r}: expected a dict of option flags to the words "
+                            f"that name them")
     job.check()
     where = workspace_of(job, workspace)
-    options.write_job, options.resume_hint, options.spelling = True, resume_hint(job), FIT_SPELLING
+    options.write_job, options.resume_hint, options.spelling = (True, resume_hint(job),
+                                                           FIT_SPELLING if said_as is None else dict(said_as))
     cfg = _as_file(job, where, JOB_FILE)
     _write_where_no_run_is(cfg, where, options.overwrite)
     code = run_training(cfg, lambda cfg: where, options)

@@ -18,6 +18,7 @@ from same_job import differences
 from singa_mpi.api.fields import ArgumentError
 from singa_mpi.compat.singa_v03 import model as binding
 from singa_mpi.config.load import load_job
+from singa_mpi.errors import ConfigError
 from singa_mpi.data.synthetic import write_synthetic
 from singa_mpi.layers.base import layer_class
 from singa_mpi.layers.neuron import _ACTIVATIONS
@@ -249,6 +250,11 @@ def test_evaluate_after_fit_tests_what_fit_trained(fresh_names, tmp_path, monkey
     (step, metrics), = tested.items()
     assert step == 4 and set(metrics) == {"test_loss", "test_acc"}, tested
     assert sorted(os.listdir("ws/checkpoint")) == checkpoints  # nothing trained again
+    again = binding.Sequential("keras-order", [])  # the script run a second time: its argv takes the flags
+    again.add(binding.Dense(3, init="uniform", activation="softmax"))
+    again.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
+    with pytest.raises(ConfigError, match=r"expected --resume to continue that run, or --overwrite to move it"):
+        again.fit(train, nb_epoch=4)
 
 
 def test_evaluate_of_a_test_only_model_tests_the_workspace_s_checkpoint(fresh_names, tmp_path, monkeypatch):

@@ -51,6 +51,7 @@ from singa_mpi.proto import job_pb2
 JOB_FIELDS = fields_of(job_pb2.JobProto)
 LOSSES = ("categorical_crossentropy", "mean_squared_error")
 LR_TYPES = (None, "fixed", "step", "manual", "linear")
+ARGV_SPELLING = {"--allow-other-job": ""}  # the options a script's argv takes keep their flags' names
 # metrics.jsonl's names -> the binding's result keys
 RESULT_KEYS = {"accuracy": "acc", "loss": "loss", "perplexity": "ppl", "squared_error": "se"}
 
@@ -335,7 +336,8 @@ class Model:
             checkpoints = list(self.jobconf.checkpoint_path) or None
             inputs = {layer.layer.name for layer in self.layers if layer.is_datalayer}
             return results([{**_testable(job, inputs).evaluate(checkpoints=checkpoints), "phase": "test"}])
-        history = job.fit(resume=options["resume"], overwrite=options["overwrite"])
+        # the script's argv takes --resume and --overwrite: the run's messages name them so
+        history = job.fit(resume=options["resume"], overwrite=options["overwrite"], said_as=ARGV_SPELLING)
         self.trained = True
         return results(history.records)
 
