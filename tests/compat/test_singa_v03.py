@@ -219,6 +219,18 @@ def test_no_gpu_and_no_executable(fresh_names):
         model.evaluate(data, execpath="bin/singa")
 
 
+def test_fit_or_evaluate_before_compile_says_so(fresh_names):
+    """It failed the job's check: "layer 'softmax1' (#2, kSoftmax): srclayers = ['layer1', 'data1']: expected
+    1 source layer(s)" (the loss compile makes of the softmax was not there)."""
+    data = binding.Data("recordinput", conf=binding.Store(path="x.bin", batchsize=8, shape=4))
+    for call in ("fit", "evaluate"):
+        model = binding.Sequential("m", [])
+        model.add(binding.Dense(3, activation="softmax"))
+        with pytest.raises(ArgumentError, match=rf"^{call}: the model is not compiled: expected m.compile\(loss=..., "
+                                                rf"optimizer=..., cluster=Cluster\(workspace\)\) first$"):
+            getattr(model, call)(data, **({"nb_epoch": 2} if call == "fit" else {}))
+
+
 def test_argv_options_are_read_and_singa_s_flags_left_alone():
     options = binding._argv_options(["x.py", "-singa_conf", "conf/singa.conf", "--resume", "--write-conf=a.conf"])
     assert options == {"resume": True, "overwrite": False, "write_conf": "a.conf"}

@@ -266,6 +266,7 @@ class Model:
         self.jobconf.train_one_batch.CopyFrom(Algorithm(algorithm(alg, "fit")).proto)
         if with_test:
             return None  # evaluate() runs the job
+        self._compiled("fit")
         self.build()
         return self._run(test_only=False)
 
@@ -298,6 +299,7 @@ class Model:
             self.jobconf.test_freq = max(self.jobconf.train_steps, 1)
         self.jobconf.train_one_batch.CopyFrom(Algorithm(algorithm(alg, "evaluate")).proto)
         self.accuracy = show_acc
+        self._compiled("evaluate")
         self.build()
         return self._run(test_only=test_only)
 
@@ -323,6 +325,13 @@ class Model:
     def layer_by_id(self, k: int) -> job_pb2.LayerProto:
         """The built net's ``k``-th LayerProto."""
         return self.jobconf.neuralnet.layer[k]
+
+    def _compiled(self, where: str) -> None:
+        """ArgumentError unless ``compile`` gave the job its cluster (and updater): the net built without
+        it fails the job's check on a loss layer that is not there, naming no call."""
+        if not self.jobconf.HasField("cluster"):
+            raise ArgumentError(f"{where}: the model is not compiled: expected m.compile(loss=..., optimizer=..., "
+                                f"cluster=Cluster(workspace)) first")
 
     def _run(self, test_only: bool) -> dict[int, dict[str, float]]:
         options = _argv_options(self.argv)
