@@ -328,9 +328,13 @@ def _as_file(job: Job, workspace: str, name: str):
     the workspace holds another's leaves that run's file as it is), ``evaluate`` its own file.  Each
     rank runs its own text, not a file: ranks whose jobs differ (other arrays) are then refused by
     the launch's vote, not by a confusing read of another rank's file."""
+    import warnings
+
     from singa_mpi.config.load import parse_job
 
-    return parse_job(job_text(job, workspace), os.path.join(workspace, name))
+    with warnings.catch_warnings():  # the parser's warnings (gpu ignored) job.check() said, at the script's line
+        warnings.simplefilter("ignore")
+        return parse_job(job_text(job, workspace), os.path.join(workspace, name))
 
 
 def _write_where_no_run_is(cfg: Any, workspace: str, overwrite: bool) -> None:

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -165,6 +166,18 @@ def test_a_fit_that_fails_before_training_names_a_job_file_that_is_there(tmp_pat
     assert line[int(match.group(2)) - 1:].startswith(f'path: "{tmp_path / "missing.h5"}"'), line
     assert f"--like {written}`" in str(err.value)
     assert sm.Job.from_conf(written).net["data"].proto.store_conf.path == str(tmp_path / "missing.h5")
+
+
+def test_fit_says_a_parser_s_warning_once_at_the_script_s_line(tmp_path):
+    """gpu: [0] ignored came twice: at the script's line, and again from the job text fit runs."""
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    job = _small_job(data)
+    job.settings.gpu.append(0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        job.fit(tmp_path / "ws")
+    assert [(str(w.message), w.filename) for w in said if "gpu" in str(w.message)] == [
+        ("gpu: [0] ignored: singa_mpi trains on CPUs", __file__)]
 
 
 def test_a_bad_job_raises_before_running(tmp_path):
