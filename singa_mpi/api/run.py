@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Protocol
 
 from singa_mpi import option_values
@@ -190,8 +191,9 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
     import numpy as np
 
     from singa_mpi.checkpoints.hdf5 import newest_good
+    from singa_mpi.checks.job import validate
     from singa_mpi.config.load import parse_job
-    from singa_mpi.errors import DataError
+    from singa_mpi.errors import ConfigError, DataError
     from singa_mpi.runtimes.serial import SerialRuntime
     from singa_mpi.trainer import Trainer
     from singa_mpi.workspace import JOB_FILE
@@ -219,12 +221,22 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
                             f"{', '.join(dict.fromkeys(reader.net.names()))}")
     batch = reader.net[reader.net.names()[0]].proto.store_conf.batchsize[0]
     reader.settings.test_steps = math.ceil(len(rows) / batch)
+    reader.settings.test_freq = reader.settings.test_freq or 1  # a job trained without a test: no test during training
     reader.origin = job.origin  # its plugin files, found where the job's are
     cfg = parse_job(job_text(reader, where), os.path.join(where, JOB_FILE))
+    try:  # a job trained without a test: its test phase's net was never checked
+        validate(cfg)
+    except ConfigError as err:  # without the position: lines of a text that is no file
+        said = re.sub(rf"^{re.escape(cfg.path)}(:\d+:\d+)?: ", "", str(err))
+        raise ArgumentError(f"predict: the job's test phase: {said}") from None
     trainer = Trainer(cfg, where, SerialRuntime(cfg, cfg.proto.seed, where), log=lambda line: None)
     trainer.restore(found, full=False)
     net = trainer.test_net
     assert net is not None  # test_steps > 0 above: the trainer built the test phase's net
+    if target not in net.by_name:  # a layer of training alone (phase="train")
+        tested = [name for name in dict.fromkeys(reader.net.names()) if name in net.by_name]
+        raise ArgumentError(f"predict: argument layer = {target!r}: it runs in training alone: expected a layer of "
+                            f"the test phase's net, one of {', '.join(tested)}")
     outputs = []
     for _ in range(reader.settings.test_steps):
         net.set_step(found.step)

@@ -214,3 +214,28 @@ def test_predict_names_x_when_it_holds_no_rows_of_numbers(tmp_path, rows, words)
     with pytest.raises(sm.ArgumentError) as err:
         job.predict(rows, tmp_path / "ws")
     assert str(err.value).startswith(words), str(err.value)
+
+
+def test_predict_of_a_layer_that_runs_in_training_alone_names_it(tmp_path):
+    """predict builds the test phase's net: a layer of phase train is not in it (a raw KeyError)."""
+    x, y = _rows(16)
+    net = sm.Sequential([sm.RecordInput.from_arrays(x, y, 16), sm.InnerProduct(5, "fc"),
+                         sm.ReLU("side", srcs="fc", phase="train"), sm.SoftmaxLoss("loss", srcs=["fc", "data"])])
+    job = sm.Job("train-only-layer", net, updater=sm.SGD(0.1), seed=1, train_steps=1)
+    job.fit(tmp_path / "ws")
+    with pytest.raises(sm.ArgumentError, match=r"^predict: argument layer = 'side': it runs in training alone: "
+                                               r"expected a layer of the test phase's net, one of data, fc, loss$"):
+        job.predict(x, tmp_path / "ws", layer="side")
+
+
+def test_predict_with_a_test_phase_the_job_never_checked_names_the_layer(tmp_path):
+    """A job trained without a test whose loss reads a layer of training alone: predict's test-phase
+    net failed in the graph's sort with a raw KeyError."""
+    x, y = _rows(16)
+    net = sm.Sequential([sm.RecordInput.from_arrays(x, y, 16), sm.InnerProduct(5, "fc"),
+                         sm.Dropout(0.5, "drop", phase="train"), sm.SoftmaxLoss("loss", srcs=["drop", "data"])])
+    job = sm.Job("train-only-source", net, updater=sm.SGD(0.1), seed=1, train_steps=1)
+    job.fit(tmp_path / "ws")
+    with pytest.raises(sm.ArgumentError, match=r"^predict: the job's test phase: layer 'loss' \(#3, kSoftmaxLoss\): "
+                                               r"srclayers\[0\] = 'drop': expected the name of a layer of phase test"):
+        job.predict(x, tmp_path / "ws", layer="fc")

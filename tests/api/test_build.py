@@ -234,7 +234,8 @@ def test_a_plugin_type_no_loaded_plugin_registers_is_named_as_the_script_wrote_i
     (lambda: sm.Job("j", 3), "job: argument net = 3: expected a Net or a Sequential"),
     (lambda: sm.Job("j", updater=0.1), "job: argument updater = 0.1: expected an updater such as SGD(0.1)"),
     (lambda: sm.Job("j", cluster=2), "job: argument cluster = 2: expected a Cluster(...)"),
-    (lambda: sm.SGD("0.1"), "updater (kSGD): argument lr = '0.1': expected a number (a fixed rate), a LearningRate(...)"),
+    (lambda: sm.SGD("0.1"),
+     "updater (kSGD): argument lr = '0.1': expected a number (a fixed rate), a LearningRate(...)"),
     (lambda: sm.Param("w", "uniform"), "param 'w': argument init = 'uniform': expected an init such as Uniform("),
 ])
 def test_a_bad_wiring_argument_is_one_line_naming_the_argument_as_the_script_wrote_it(build, message):

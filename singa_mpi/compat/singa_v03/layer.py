@@ -120,8 +120,8 @@ class Convolution2D(Layer):
                  b_param: Parameter | None = None, activation: str | None = None, **kwargs: Any):
         self._setup(generate_name("conv", 1), kwargs, PARAM_ARGUMENTS, type=job_pb2.kCConvolution)
         self._positive("nb_filter", nb_filter)
-        conf = {"num_filters": nb_filter, **_pairs("kernel", kernel, self.where), **_pairs("stride", stride, self.where),
-                **_pairs("pad", pad, self.where, low=0)}
+        conf = {"num_filters": nb_filter, **_pairs("kernel", kernel, self.where),
+                **_pairs("stride", stride, self.where), **_pairs("pad", pad, self.where, low=0)}
         setval(self.layer.convolution_conf, self.where, **conf)
         self._params(w_param, b_param, init, True, kwargs)
         self._activation(activation)
