@@ -232,6 +232,15 @@ class KVFileStore(RecordStore):
         labels = np.array([record.label for record in records], np.int32) if self.has_labels else None
         return data, labels
 
+    def every_label(self) -> np.ndarray | None:
+        """Each record's label, parsed from every record when the file is no bigger than MEMORY_LIMIT
+        (about a microsecond a record; a run decodes a store that size whole on its first read anyway)."""
+        if self._cache is not None or not self.has_labels or self._file.closed:
+            return super().every_label()
+        if len(self._buffer) > MEMORY_LIMIT:  # a pass over a bigger file is no cheap check
+            return None
+        return np.array([self.record(row).label for row in range(len(self))], np.int64)
+
     def _release(self) -> None:
         if not self._file.closed:
             if hasattr(self, "_buffer"):  # absent when the file was empty

@@ -163,3 +163,19 @@ def test_errors_name_layer_path_and_shapes(tmp_path):
     (tmp_path / "junk.h5").write_bytes(b"not hdf5")
     with warnings.catch_warnings(), pytest.raises(DataError, match="cannot read it as a hdf5 store"):
         open_store("hdf5", str(tmp_path / "junk.h5"))
+
+
+@pytest.mark.parametrize("backend", ["kvfile", "shard"])
+def test_kvfile_labels_are_read_whole_without_decoding_the_records(tmp_path, backend):
+    """every_label parses each record's label (the launcher checks them all before training); a store
+    without labels has none to give."""
+    from singa_mpi.data.convert import write_store
+
+    data = np.zeros((7, 2, 3), np.uint8)
+    path = write_store(str(tmp_path / "l"), backend, data, np.arange(7) * 3)
+    with open_store(backend, path) as store:
+        store.cache_limit = 0
+        np.testing.assert_array_equal(store.every_label(), np.arange(7) * 3)
+    path = write_store(str(tmp_path / "u"), backend, data, None)
+    with open_store(backend, path) as store:
+        assert store.every_label() is None

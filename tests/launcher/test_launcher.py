@@ -153,6 +153,31 @@ def test_a_bad_label_past_the_first_batch_is_named_with_its_file_and_record_befo
                               f"(layer 'loss' scores 5 classes)")
 
 
+@pytest.mark.parametrize("backend", ["kvfile", "shard"])
+def test_a_bad_kvfile_label_past_the_first_batch_is_named_before_training(tmp_path, backend):
+    """A kvfile's (or DataShard's) labels are parsed from every record before training: a label out of the
+    loss's classes was found by the step that read it, mid-run, naming neither the file nor the record."""
+    import h5py
+
+    from singa_mpi.data.convert import write_store
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher.checks import check_first_batches
+
+    cfg, h5 = _first_batch_job(tmp_path, 5)
+    with h5py.File(h5, "r") as f:
+        data, labels = f["data"][()], f["label"][()]
+    labels[90] = 12  # not in the first batch of 32 (the job's seeded shuffle leaves it out)
+    store = write_store(str(tmp_path / f"labels.{backend}"), backend, data, labels)
+    for layer in cfg.proto.neuralnet.layer:
+        if layer.HasField("store_conf"):
+            layer.store_conf.backend, layer.store_conf.path = backend, store
+    with pytest.raises(DataError) as err:
+        check_first_batches(cfg, str(tmp_path), ["train"])
+    where = store if backend == "kvfile" else f"{store}/shard.dat"
+    assert str(err.value) == (f"{where}: record 90: label 12: expected a class index in 0..4 "
+                              f"(layer 'loss' scores 5 classes)")
+
+
 def test_checkpoint_path_is_read_in_phase_one_unless_resume_continues_the_workspace(tmp_path):
     from singa_mpi.errors import DataError
     from singa_mpi.launcher.checks import read_checkpoint_paths
