@@ -51,10 +51,20 @@ def default_job_path() -> pathlib.Path:
 
 
 def resolve_workspace(cfg, override: str | None) -> str:
+    """--workspace, else the job's cluster.workspace (a ConfigError at its file:line:col when a file
+    is in the way of that folder), else workspace/JOB_NAME."""
     if override:
         return override
     if cfg.proto.cluster.workspace:
-        return cfg.proto.cluster.workspace
+        from singa_mpi.workspace import file_in_the_way
+
+        workspace = cfg.proto.cluster.workspace
+        blocker = file_in_the_way(workspace)
+        if blocker:
+            raise ConfigError(f"{cfg.where('cluster', 'workspace')}: cluster.workspace = {workspace}: {blocker} is a "
+                              f"file, not a folder: expected a folder for the run's checkpoints and logs (move "
+                              f"that file, or name another folder here or with --workspace)")
+        return workspace
     return os.path.join("workspace", cfg.proto.name or pathlib.Path(cfg.path).stem)
 
 

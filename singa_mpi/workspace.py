@@ -74,7 +74,7 @@ def make_workspace(workspace: str) -> None:
         if os.path.lexists(folder):  # else the first checkpoint creates it
             _probe_write(folder)
     except OSError as err:
-        blocker = _file_in_the_way(folder)
+        blocker = file_in_the_way(folder)
         if blocker:
             raise DataError(f"{folder}: cannot create this workspace folder: {blocker} is a file, not a folder: "
                             f"move that file or choose another --workspace") from None
@@ -102,7 +102,7 @@ def _probe_write(folder: str) -> None:
     os.remove(probe)
 
 
-def _file_in_the_way(path: str) -> str | None:
+def file_in_the_way(path: str) -> str | None:
     """The nearest of ``path`` and its parents that exists and is not a folder, if any."""
     path = os.path.abspath(path)
     while True:

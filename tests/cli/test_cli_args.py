@@ -220,3 +220,24 @@ def test_a_job_bigger_than_memory_is_one_line_exit_6(tmp_path):
     assert proc.returncode == 6 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("singa-mpi: error: out of memory (Unable to allocate 96.0 GiB") and \
         "lower the batch size" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("command", ["train", "test"])
+@pytest.mark.parametrize("below", [False, True])
+def test_a_job_whose_workspace_is_a_file_names_its_line(capsys, tmp_path, command, below):
+    """cluster.workspace naming a regular file (or a folder below one) was refused naming the path alone,
+    as if --workspace had named it; the job file's line and field say where to change it."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("not a folder")
+    workspace = a_file / "ws" if below else a_file
+    text = pathlib.Path(DIGITS).read_text()
+    lines = text.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("cluster {"))
+    lines[row] = f'cluster {{ workspace: "{workspace}" }}'
+    conf = tmp_path / "job.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    assert cli.main([command, str(conf)]) == ConfigError.exit_code
+    err = capsys.readouterr().err
+    assert err == (f"singa-mpi: error: {conf}:{row + 1}:11: cluster.workspace = {workspace}: {a_file} is a file, "
+                   f"not a folder: expected a folder for the run's checkpoints and logs (move that file, or name "
+                   f"another folder here or with --workspace)\n")
