@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
+import re
 import shutil
 import struct
 import zlib
@@ -31,22 +32,46 @@ EXTENSIONS = {"hdf5": ".h5", "kvfile": ".bin", "textfile": ".csv", "shard": "_sh
 
 
 @contextlib.contextmanager
-def atomic_path(out_path: str, what: str = "the store") -> Iterator[str]:
-    """A temporary path to write (a file or a DataShard folder); renamed to ``out_path`` on
-    success (replacing what was there), removed on failure.  Its folder is made; a file system
-    that refuses is a DataError naming ``out_path`` and ``what`` it was to hold (exit code 3)."""
+def atomic_path(out_path: str, what: str = "the store", folder: bool = False) -> Iterator[str]:
+    """A temporary path to write (a file, or with ``folder`` a DataShard folder); renamed to ``out_path``
+    on success (replacing what was there), removed on failure.  Its folder is made; a file system
+    that refuses is a DataError naming ``out_path`` (never the temporary name) and ``what`` it was to
+    hold (exit code 3), as is an ``out_path`` of the other kind (a folder where a file goes)."""
     tmp = f"{out_path}.tmp{os.getpid()}"
+    if os.path.isdir(out_path) != folder and os.path.exists(out_path):
+        found, expected = ("a file", "a folder") if folder else ("a folder", "a file name")
+        raise DataError(f"{out_path}: {found}: expected {expected} for {what}")
     try:
         with writing(out_path, what):
-            yield tmp
-            if os.path.isdir(tmp) and os.path.isdir(out_path):
-                shutil.rmtree(out_path)  # a folder is not replaced by a rename
-            os.replace(tmp, out_path)
+            try:
+                yield tmp
+                if os.path.isdir(tmp) and os.path.isdir(out_path):
+                    shutil.rmtree(out_path)  # a folder is not replaced by a rename
+                os.replace(tmp, out_path)
+            except OSError as err:
+                raise _naming_the_target(err, tmp, out_path) from None
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
         elif os.path.exists(tmp):
             os.remove(tmp)
+
+
+_HDF5_ERRNO = re.compile(r"\berrno = (\d+)")  # "(unable to open file: name = '...', errno = 36, ...)"
+
+
+def _naming_the_target(err: OSError, tmp: str, out_path: str) -> OSError:
+    """``err``, met while writing ``tmp``, as if met writing ``out_path``: the user named that one, and
+    the temporary name (in the OS's file name, or in HDF5's message text) is gone when they read it."""
+    def swap(text) -> str | None:
+        return None if text is None else os.fsdecode(text).replace(tmp, out_path)
+
+    found = _HDF5_ERRNO.search(str(err)) if err.filename is None else None
+    if found and int(found.group(1)):  # h5py's: the file name and the OS's errno inside HDF5's message
+        return OSError(int(found.group(1)), os.strerror(int(found.group(1))), out_path)
+    if err.errno is None or err.strerror is None:
+        return OSError(swap(" ".join(str(err).split())))
+    return OSError(err.errno, swap(err.strerror), swap(err.filename))
 
 
 def write_store(out_path: str, backend: str, data: np.ndarray, labels: np.ndarray | None,
@@ -57,7 +82,7 @@ def write_store(out_path: str, backend: str, data: np.ndarray, labels: np.ndarra
     pixel bytes; anything else as float32.  ``what``: the store, for an error that it cannot be written.
     """
     check_backend(backend)
-    with atomic_path(out_path, what) as tmp:
+    with atomic_path(out_path, what, folder=backend == "shard") as tmp:
         _write_store_at(tmp, backend, data, labels, pixels)
     return out_path
 
@@ -160,7 +185,8 @@ def convert_cifar10(batch_files: list[str], out_path: str, backend: str = "hdf5"
     if not mean_out:
         return [write_store(out_path, backend, images, labels)]
     # both under temporary names first: a mean file that cannot be written leaves the old store in place
-    with atomic_path(out_path, "the store") as store_tmp, atomic_path(mean_out, "the mean file") as mean_tmp:
+    with atomic_path(out_path, "the store", folder=backend == "shard") as store_tmp, \
+            atomic_path(mean_out, "the mean file") as mean_tmp:
         _write_store_at(store_tmp, backend, images, labels, pixels=False)
         _write_mean_at(mean_tmp, images.mean(axis=0, dtype=np.float64), backend)
     return [out_path, mean_out]

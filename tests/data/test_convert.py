@@ -229,3 +229,24 @@ def test_data_refuses_outputs_that_overwrite_its_inputs_and_separators_numpy_can
         code = exit_.code
     assert code == 2 and message.format(d=tmp_path) in capsys.readouterr().err
     assert (tmp_path / "in.csv").read_text() == "1,0.5\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_errors_name_the_users_output_never_its_temporary_name(tmp_path, backend):
+    """The store is written under a temporary name (OUT.tmpPID) and renamed: an error on the way named
+    that name (a name the user never gave, of a file that is gone), and an --out that is a folder
+    where a file goes (or the reverse) was found only at the rename."""
+    images = write_idx(tmp_path / "img", np.zeros((2, 2, 2)), 2051)
+    labels = write_idx(tmp_path / "lab", np.zeros(2), 2049)
+    longest = str(tmp_path / ("x" * 250))  # a name the file system takes; with .tmpPID appended it does not
+    with pytest.raises(DataError) as err:
+        convert.convert_mnist(images, labels, longest, backend)
+    assert str(err.value) == (f"{longest}: cannot write the store: File name too long: expected a path whose "
+                              f"folders exist or can be made, on a file system you can write")
+    other_kind = tmp_path / ("a_file" if backend == "shard" else "a_folder")
+    other_kind.write_text("") if backend == "shard" else other_kind.mkdir()
+    with pytest.raises(DataError) as err:
+        convert.convert_mnist(images, labels, str(other_kind), backend)
+    expected = "a file: expected a folder" if backend == "shard" else "a folder: expected a file name"
+    assert str(err.value) == f"{other_kind}: {expected} for the store"
+    assert sorted(os.listdir(tmp_path)) == sorted(["img", "lab", other_kind.name])
