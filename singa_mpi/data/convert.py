@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from singa_mpi.data.shard import mean_record_bytes
+from singa_mpi.data.shard import SHARD_FILE, mean_record_bytes
 from singa_mpi.data.stores import KVFileWriter, check_backend, open_store
 from singa_mpi.errors import ConfigError, DataError, writing
 from singa_mpi.proto import job_pb2
@@ -74,6 +74,17 @@ def _naming_the_target(err: OSError, tmp: str, out_path: str) -> OSError:
     return OSError(err.errno, swap(err.strerror), swap(err.filename))
 
 
+def check_replaceable(out_path: str, backend: str) -> None:
+    """A DataShard replaces a folder whole: refuse one that holds anything but a DataShard's file (a
+    user's folder named as --out lost every file in it)."""
+    if backend == "shard" and os.path.isdir(out_path):
+        others = sorted(set(os.listdir(out_path)) - {SHARD_FILE})
+        if others:
+            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raise DataError(f"{out_path}: a folder holding {shown}: expected a new folder or a DataShard's "
+                            f"(only {SHARD_FILE} in it), which the store replaces whole")
+
+
 def write_store(out_path: str, backend: str, data: np.ndarray, labels: np.ndarray | None,
                 pixels: bool = False, what: str = "the store") -> str:
     """Write all of (data (N, *shape), labels (N,) or None) as one store, atomically.
@@ -82,6 +93,7 @@ def write_store(out_path: str, backend: str, data: np.ndarray, labels: np.ndarra
     pixel bytes; anything else as float32.  ``what``: the store, for an error that it cannot be written.
     """
     check_backend(backend)
+    check_replaceable(out_path, backend)
     with atomic_path(out_path, what, folder=backend == "shard") as tmp:
         _write_store_at(tmp, backend, data, labels, pixels)
     return out_path
@@ -181,6 +193,7 @@ def convert_cifar10(batch_files: list[str], out_path: str, backend: str = "hdf5"
                     mean_out: str | None = None) -> list[str]:
     """CIFAR-10 binary batches -> one store (and, with ``mean_out``, the per-pixel mean file)."""
     check_backend(backend)
+    check_replaceable(out_path, backend)
     images, labels = read_cifar10(batch_files)
     if not mean_out:
         return [write_store(out_path, backend, images, labels)]

@@ -250,3 +250,21 @@ def test_errors_name_the_users_output_never_its_temporary_name(tmp_path, backend
     expected = "a file: expected a folder" if backend == "shard" else "a folder: expected a file name"
     assert str(err.value) == f"{other_kind}: {expected} for the store"
     assert sorted(os.listdir(tmp_path)) == sorted(["img", "lab", other_kind.name])
+
+
+def test_a_datashard_never_replaces_a_folder_of_other_files(tmp_path):
+    """A DataShard --out naming an existing folder replaced it whole: the user's files in it were deleted."""
+    images = write_idx(tmp_path / "img", np.zeros((2, 2, 2)), 2051)
+    labels = write_idx(tmp_path / "lab", np.zeros(2), 2049)
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(DataError) as err:
+        convert.convert_mnist(images, labels, str(folder), "shard")
+    assert str(err.value) == (f"{folder}: a folder holding notes.txt: expected a new folder or a DataShard's "
+                              f"(only shard.dat in it), which the store replaces whole")
+    assert (folder / "notes.txt").read_text() == "mine"
+    shard = str(tmp_path / "shard")
+    for _ in range(2):  # a DataShard is replaced by a new one
+        assert convert.convert_mnist(images, labels, shard, "shard") == [shard]
+    assert os.listdir(shard) == ["shard.dat"]
