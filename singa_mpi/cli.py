@@ -332,6 +332,7 @@ def cmd_data(args) -> int:
     from singa_mpi.data import convert
 
     _refuse_collisions(args)
+    _refuse_replacing(args)
     if args.source == "synthetic":
         from singa_mpi.data.synthetic import write_synthetic
 
@@ -379,6 +380,26 @@ def _refuse_collisions(args) -> None:
         if real in seen:
             raise ConfigError(f"data {args.source}: {option} {path} is also {seen[real]}: expected two files")
         seen[real] = option
+
+
+def _refuse_replacing(args) -> None:
+    """ConfigError when a file a converter would write exists and --overwrite is not given (a converted
+    store, or the digits, text and vocabulary in --out, were replaced without a word)."""
+    from singa_mpi.data.convert import EXTENSIONS
+    from singa_mpi.data.text import INPUT_FILE, VOCAB_FILE
+
+    if args.overwrite or args.source == "synthetic" or not args.out:  # synthetic leaves existing files alone
+        return
+    outputs = [("--out", args.out)] + ([("--mean", args.mean)] if args.mean else [])
+    if args.source in ("digits", "text"):  # --out is their folder
+        names = [INPUT_FILE, VOCAB_FILE] if args.source == "text" else \
+            [f"{split}{EXTENSIONS[args.backend]}" for split in ("train", "test")]
+        outputs = [("", os.path.join(args.out, name)) for name in names]
+    found = [f"{option} {path}".strip() for option, path in outputs if os.path.lexists(path)]
+    if found:
+        one = len(found) == 1
+        raise ConfigError(f"data {args.source}: {' and '.join(found)} {'exists' if one else 'exist'}: expected "
+                          f"--overwrite to replace {'it' if one else 'them'}, or another --out")
 
 
 def _data_text(args) -> int:
@@ -651,7 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=positive_int, default=1000, help="synthetic: records per store")
     p.add_argument("--classes", type=positive_int, default=None,
                    help="synthetic: label range (default: the classes the job's softmax loss scores, else 10)")
-    p.add_argument("--overwrite", action="store_true", help="synthetic: replace existing files")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing files (synthetic: else they are left alone; the converters: else refused)")
     p.add_argument("--max-bytes", type=positive_int, default=2_000_000,
                    help="text: keep the first N bytes (default 2,000,000)")
     p.set_defaults(func=cmd_data)

@@ -268,3 +268,34 @@ def test_a_datashard_never_replaces_a_folder_of_other_files(tmp_path):
     for _ in range(2):  # a DataShard is replaced by a new one
         assert convert.convert_mnist(images, labels, shard, "shard") == [shard]
     assert os.listdir(shard) == ["shard.dat"]
+
+
+@pytest.mark.parametrize("argv, existing", [
+    (["mnist", "--images", "{d}/img", "--labels", "{d}/lab", "--out", "{d}/o.h5"], ["--out {d}/o.h5"]),
+    (["cifar10", "--batches", "{d}/a.bin", "--out", "{d}/new.h5", "--mean", "{d}/o.h5"], ["--mean {d}/o.h5"]),
+    (["csv", "--csv", "{d}/in.csv", "--out", "{d}/o.h5"], ["--out {d}/o.h5"]),
+    (["digits", "--out", "{d}/digits"], ["{d}/digits/train.h5", "{d}/digits/test.h5"]),
+    (["text", "{d}/in.csv", "--out", "{d}/text"], ["{d}/text/vocab.txt"]),
+])
+def test_the_converters_replace_an_existing_output_only_with_overwrite(tmp_path, capsys, argv, existing):
+    """`singa-mpi data mnist|cifar10|csv|digits|text` replaced existing stores without a word (synthetic
+    and examples leave them alone, train refuses another run's workspace without --overwrite)."""
+    from singa_mpi import cli
+
+    (tmp_path / "in.csv").write_text("1,0.5\n")
+    write_idx(tmp_path / "img", np.zeros((2, 2, 2)), 2051)
+    write_idx(tmp_path / "lab", np.zeros(2), 2049)
+    cifar_batch(tmp_path / "a.bin", [0, 1], 1)
+    for folder in ("digits", "text"):
+        (tmp_path / folder).mkdir()
+    for path in ("o.h5", "digits/train.h5", "digits/test.h5", "text/vocab.txt"):
+        (tmp_path / path).write_text("old")
+    argv = [arg.format(d=tmp_path) for arg in argv]
+    assert cli.main(["data", *argv]) == 2
+    shown = " and ".join(existing).format(d=tmp_path)
+    one = len(existing) == 1
+    assert capsys.readouterr().err == (f"singa-mpi: error: data {argv[0]}: {shown} {'exists' if one else 'exist'}: "
+                                       f"expected --overwrite to replace {'it' if one else 'them'}, or another --out\n")
+    assert (tmp_path / "o.h5").read_text() == "old" and (tmp_path / "text" / "vocab.txt").read_text() == "old"
+    assert not (tmp_path / "new.h5").exists()
+    assert cli.main(["data", *argv, "--overwrite"]) == 0

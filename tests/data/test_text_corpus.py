@@ -71,7 +71,7 @@ def test_the_data_text_command(tmp_path, capsys):
     assert f"wrote {out}/input.txt" in printed and "9 bytes of text, 7 symbols" in printed
     assert (tmp_path / "out" / "input.txt").read_bytes() == b"hello\nwor"
     assert (tmp_path / "out" / "vocab.txt").read_bytes() == b"\nehlorw"
-    assert cli.main(["data", "text", paths[1], "--out", out]) == 0  # or before them
+    assert cli.main(["data", "text", paths[1], "--out", out, "--overwrite"]) == 0  # or before them
     assert (tmp_path / "out" / "input.txt").read_bytes() == b"world\n"
 
 
