@@ -22,8 +22,8 @@ import struct
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from singa_mpi.data.stores import (MAX_KEY_BYTES, Backend, KVFileStore, KVFileWriter, read_first_record,
-                                   record_values)
+from singa_mpi.data.stores import (MAX_KEY_BYTES, Backend, KVFileStore, KVFileWriter, foreign_kind,
+                                   read_first_record, record_values)
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
 
@@ -130,6 +130,10 @@ def read_mean_file(path: str) -> np.ndarray:
         blob = f.read()
     if _is_kvfile(blob):
         return read_first_record(path)
+    kind = foreign_kind(path)
+    if kind is not None:
+        raise DataError(f"{path}: {kind}: expected a mean file: a serialized SingleLabelImageRecord (SINGA 0.1's "
+                        f"image_mean.bin) or a kvfile whose record holds the mean")
     record = job_pb2.RecordProto()
     try:
         record.ParseFromString(blob)

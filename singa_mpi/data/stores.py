@@ -248,13 +248,53 @@ class KVFileStore(RecordStore):
             self._file.close()
 
 
+MEAN_EXPECTED = ("expected a kvfile of one record holding one value per input value (`singa-mpi data cifar10 "
+                 "... --mean FILE` writes SINGA's image_mean.bin)")
+
+
 def read_first_record(path: str) -> np.ndarray:
-    """The values of a kvfile's first record (SINGA's mean/std file, e.g. image_mean.bin)."""
-    store = KVFileStore(path, cache_limit=0)
+    """The values of a kvfile's first record (SINGA's mean/std file, e.g. image_mean.bin).  A file of
+    another kind (an HDF5 or text store, a kvfile of labelled samples) is a DataError saying what it
+    is, not that a kvfile is damaged."""
     try:
+        store = KVFileStore(path, cache_limit=0)
+    except DataError:
+        kind = foreign_kind(path)
+        if kind is None:
+            raise
+        raise DataError(f"{path}: {kind}: {MEAN_EXPECTED}") from None
+    try:
+        if len(store) > 1 and store.has_labels:  # SINGA took an image store's first image as the mean
+            raise DataError(f"{path}: a kvfile of {len(store)} labelled records (a store of samples?): "
+                            f"{MEAN_EXPECTED}")
         return record_values(store.record(0)).astype(np.float32)
     finally:
         store.close()
+
+
+_MAGIC = ((b"\x89HDF\r\n\x1a\n", "an HDF5 file"), (b"\x1f\x8b", "a gzip file"),
+          (b"\x00\x00\x08\x03", "an MNIST IDX image file"), (b"\x00\x00\x08\x01", "an MNIST IDX label file"),
+          (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"))
+
+
+def foreign_kind(path: str) -> str | None:
+    """What a file that is no kvfile or SINGA record looks like, by its first bytes: an HDF5, gzip, IDX
+    or image file by its magic number, text (a CSV?) when it is printable UTF-8; else None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    found = next((kind for magic, kind in _MAGIC if head.startswith(magic)), None)
+    if found or not head:
+        return found
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 3:  # not only a character cut at the end of the 4096 bytes
+            return None
+        text = head[:err.start].decode("utf-8")
+    return "a text file (a CSV store?)" if all(c.isprintable() or c in "\t\r\n" for c in text) else None
 
 
 def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> ArrayStore:

@@ -177,3 +177,15 @@ def test_synthetic_like_writes_shards_and_the_v01_mean(tmp_path):
     assert read_mean_file(str(tmp_path / "image_mean.bin")).shape == (3 * 32 * 32,)
     assert write_synthetic(str(conf)) == []  # existing files are kept
     assert known_shape("examples/mnist/mnist_test_shard") == (28, 28) and known_shape("x/y") is None
+
+
+def test_a_v01_mean_file_of_another_kind_says_what_it_is(tmp_path):
+    """An HDF5 or CSV store given as rgbimage_conf.meanfile was "not a mean file" at best, or parsed as a
+    record of nonsense values."""
+    convert.write_store(str(tmp_path / "a.h5"), "hdf5", np.zeros((3, 2), np.float32), np.arange(3))
+    (tmp_path / "a.csv").write_text("1,2,3\n")
+    for name, kind in (("a.h5", "an HDF5 file"), ("a.csv", "a text file (a CSV store?)")):
+        with pytest.raises(DataError) as err:
+            read_mean_file(str(tmp_path / name))
+        assert str(err.value) == (f"{tmp_path / name}: {kind}: expected a mean file: a serialized SingleLabelImage"
+                                  f"Record (SINGA 0.1's image_mean.bin) or a kvfile whose record holds the mean")

@@ -179,3 +179,23 @@ def test_kvfile_labels_are_read_whole_without_decoding_the_records(tmp_path, bac
     path = write_store(str(tmp_path / "u"), backend, data, None)
     with open_store(backend, path) as store:
         assert store.every_label() is None
+
+
+def test_a_mean_file_of_another_kind_says_what_it_is(tmp_path):
+    """An HDF5 or CSV store, an MNIST file or a kvfile of labelled samples given as a mean file was "a
+    damaged kvfile" (a corrupt key length at byte 0), or worse, its first image was taken as the mean."""
+    from singa_mpi.data.convert import write_store
+
+    expected = ("expected a kvfile of one record holding one value per input value (`singa-mpi data cifar10 ... "
+                "--mean FILE` writes SINGA's image_mean.bin)")
+    data, labels = np.zeros((3, 2), np.float32), np.arange(3)
+    files = {"a.h5": "an HDF5 file", "a.csv": "a text file (a CSV store?)",
+             "a.bin": "a kvfile of 3 labelled records (a store of samples?)", "idx": "an MNIST IDX image file"}
+    write_store(str(tmp_path / "a.h5"), "hdf5", data, labels)
+    write_store(str(tmp_path / "a.csv"), "textfile", data, labels)
+    write_store(str(tmp_path / "a.bin"), "kvfile", data, labels)
+    (tmp_path / "idx").write_bytes(bytes([0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 7]))
+    for name, kind in files.items():
+        with pytest.raises(DataError) as err:
+            read_first_record(str(tmp_path / name))
+        assert str(err.value) == f"{tmp_path / name}: {kind}: {expected}"
