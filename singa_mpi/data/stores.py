@@ -303,8 +303,10 @@ def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> Ar
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # numpy warns on an empty file; we raise below
             table = np.loadtxt(path, delimiter=separator or None, dtype=np.float64, ndmin=2)
-    except ValueError as err:
-        raise DataError(f"{path}: not a table of numbers separated by {separator!r} ({err})") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        between = repr(separator) if separator else "whitespace"
+        found = first_bad_field(path, separator) or f"({_shortened(' '.join(str(err).split()), 200)})"
+        raise DataError(f"{path}: {found}: expected a table of numbers separated by {between}") from None
     if table.size == 0:
         raise DataError(f"{path}: empty text file (no records)")
     if not has_label:
@@ -318,6 +320,37 @@ def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> Ar
         raise DataError(f"{path}: row {row + 1}: label {labels[row]:g}: expected a whole number >= 0 in the "
                         f"first column (has_label: false, or --no-label, if the file holds no labels)")
     return ArrayStore(path, table[:, 1:], labels.astype(np.int32))
+
+
+def _shortened(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def first_bad_field(path: str, separator: str) -> str | None:
+    """Where a text table is not numbers, as a reader can find it: ``line L, column C: 'x' is not a
+    number`` (the field alone, cut short: a row may be megabytes), a line of another column count, or
+    a byte that is no UTF-8; None when every field reads (numpy refused it for another reason).
+    Lines and columns count from 1; ``#`` starts a comment and blank lines are skipped, as numpy does."""
+    columns, first = None, 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return f"line {number}, byte {err.start + 1}: 0x{raw[err.start]:02x} is not UTF-8 text"
+            fields = line.split("#", 1)[0].split(separator or None)
+            if not "".join(fields).strip():
+                continue
+            for column, field in enumerate(fields, 1):
+                try:
+                    float(field)
+                except ValueError:
+                    return f"line {number}, column {column}: {_shortened(field.strip())!r} is not a number"
+            if columns is None:
+                columns, first = len(fields), number
+            elif len(fields) != columns:
+                return f"line {number}: {len(fields)} values, where line {first} has {columns}"
+    return None
 
 
 # What h5py raises on a damaged file depends on the damaged byte (flipping bytes of a small store gives

@@ -133,7 +133,7 @@ def test_textfile_with_and_without_labels(tmp_path):
     np.testing.assert_array_equal(open_store("textfile", str(tmp_path / "s.txt"), separator=";").read([0])[0],
                                   [[7, 8]])
     (tmp_path / "bad.csv").write_text("1,a,2\n")
-    with pytest.raises(DataError, match="bad.csv: not a table of numbers"):
+    with pytest.raises(DataError, match="bad.csv: line 1, column 2: 'a' is not a number: expected a table of numbers"):
         open_store("textfile", str(tmp_path / "bad.csv"))
 
 
@@ -199,3 +199,22 @@ def test_a_mean_file_of_another_kind_says_what_it_is(tmp_path):
         with pytest.raises(DataError) as err:
             read_first_record(str(tmp_path / name))
         assert str(err.value) == f"{tmp_path / name}: {kind}: {expected}"
+
+
+@pytest.mark.parametrize("text, separator, problem", [
+    (b"1," + b",".join([b"0.5"] * 5000) + b"\n2," + b"0.5," * 999 + b"abc," + b",".join([b"0.5"] * 4000) + b"\n",
+     ",", "line 2, column 1001: 'abc' is not a number"),
+    (b"# a comment\n\n1,2,3\n2,3," + b"9" * 500 + b"a\n", ",",
+     "line 4, column 3: '9999999999999999999999999999999999999999... (501 characters)' is not a number"),
+    (b"1 2 3\n4 5 6\n", ",", "line 1, column 1: '1 2 3' is not a number"),
+    (b"1,2,3\n2,3\n", ",", "line 2: 2 values, where line 1 has 3"),
+    (b"1 2 3\n2 3 \xe9\n", "", "line 2, byte 5: 0xe9 is not UTF-8 text"),
+])
+def test_a_text_table_that_is_not_numbers_names_the_field_not_the_row(tmp_path, text, separator, problem):
+    """numpy's message quoted the whole field (with a wrong separator, the whole row: megabytes on one
+    line), counted rows from 0, and said nothing about the line of a byte that is no UTF-8."""
+    (tmp_path / "t.csv").write_bytes(text)
+    with pytest.raises(DataError) as err:
+        open_store("textfile", str(tmp_path / "t.csv"), separator=separator)
+    between = "whitespace" if not separator else repr(separator)
+    assert str(err.value) == f"{tmp_path / 't.csv'}: {problem}: expected a table of numbers separated by {between}"
