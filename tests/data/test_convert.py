@@ -299,3 +299,14 @@ def test_the_converters_replace_an_existing_output_only_with_overwrite(tmp_path,
     assert (tmp_path / "o.h5").read_text() == "old" and (tmp_path / "text" / "vocab.txt").read_text() == "old"
     assert not (tmp_path / "new.h5").exists()
     assert cli.main(["data", *argv, "--overwrite"]) == 0
+
+
+def test_mnist_labels_outside_the_ten_digits_are_refused(tmp_path):
+    """A label byte of 10 or more was converted without a word, and the job stopped on it mid-run."""
+    images = write_idx(tmp_path / "img", np.zeros((4, 2, 2)), 2051)
+    labels = write_idx(tmp_path / "lab", np.array([3, 9, 12, 200]), 2049)
+    with pytest.raises(DataError) as err:
+        convert.convert_mnist(images, labels, str(tmp_path / "o.h5"))
+    assert str(err.value) == (f"{labels}: record 2 (byte 10): label 12: expected a digit 0..9 (2 label(s) "
+                              f"outside; not an MNIST label file?)")
+    assert not (tmp_path / "o.h5").exists()
