@@ -64,6 +64,18 @@ class _Window(Layer):
     feature_split_refusal = "rnnlm's layers split only the time steps of a window"
 
 
+def example_rows(rows: int, vocab_size: int, nclass: int, rng: np.random.Generator) -> np.ndarray:
+    """kData's rows for the cost model to time a layer on: random words of ``vocab_size`` in ``nclass``
+    classes of consecutive words, every row in the window.  # (rows, 6)"""
+    bounds = np.linspace(0, vocab_size, min(nclass, vocab_size) + 1).astype(np.int64)  # class c: bounds[c:c+2]
+    words = rng.integers(0, vocab_size, (rows, 2))
+    cls = np.searchsorted(bounds, words[:, 1], side="right") - 1
+    out = np.ones((rows, 6), np.float32)
+    out[:, INPUT], out[:, TARGET], out[:, CLASS] = words[:, 0], words[:, 1], cls
+    out[:, CLASS_START], out[:, CLASS_END] = bounds[cls], bounds[cls + 1]
+    return out
+
+
 @LAYERS.register("kData")
 class WordWindow(_Window):
     """Rows t = 0..max_window-1: [word t, word t+1, its class, its class's first and end word, valid]."""
@@ -163,11 +175,15 @@ class WordEmbedding(_Window):
     def forward(self, inputs, train):
         rows = inputs[0]
         self.ids = rows[:, INPUT].astype(np.int64)
-        if self.ids.size and (self.ids.min() < 0 or self.ids.max() >= self.vocab_size):
-            raise DataError(f"layer '{self.name}': word index {int(self.ids.max())} outside the vocabulary of "
+        outside = np.flatnonzero((self.ids < 0) | (self.ids >= self.vocab_size))
+        if outside.size:
+            raise DataError(f"layer '{self.name}': word index {int(self.ids[outside[0]])} outside the vocabulary of "
                             f"{self.vocab_size} ([embedding_conf].vocab_size): a store made for a larger vocabulary")
         self.valid = rows[:, VALID:VALID + 1]
         return self.params[0].data[self.ids] * self.valid
+
+    def example_input(self, index, shape, rng):
+        return example_rows(shape[0], self.vocab_size, 1, rng)
 
     def backward(self, grad, need):
         # a word used twice in a window adds both gradients (SINGA's Copy kept only the last)
@@ -268,6 +284,12 @@ class ClassFactoredLoss(_Window):
         self.sums["loss"] += float(-np.log(np.maximum(p[rows_at, 0], np.finfo(np.float32).tiny)).sum())
         self.sums["loss/count"] += float(len(rows_at))
         return p
+
+    def example_input(self, index, shape, rng):
+        if index == 0:
+            return super().example_input(index, shape, rng)
+        rows = example_rows(shape[0], self.vocab_size, self.nclass, rng)
+        return rows if tuple(shape[1:]) == (6,) else rows[:, LABEL_COLUMNS]  # kData's rows, or kLabel's
 
     def _check(self, target, cls, first, end):
         if (end > self.vocab_size).any() or (cls >= self.nclass).any() or ((target < first) | (target >= end)).any():

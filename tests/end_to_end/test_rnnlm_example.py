@@ -22,6 +22,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import pathlib
 import re
 import subprocess
@@ -641,3 +642,27 @@ def test_singa_job_conf_trains_on_the_python_docs_serially_and_on_2_ranks(tmp_pa
     assert 5.5 < val_losses[0] < 7
     assert all(loss < train_losses[0] - 1 for loss in train_losses[1:]), train_losses  # the first is one window
     assert val_losses[-1] < val_losses[0] - 0.3, val_losses  # the validation file's ppl falls by more than a quarter
+
+
+@pytest.mark.parametrize("job", [SINGA_JOB, ROOT / "tests" / "config" / "singa_examples" / "v0.1.0" / "examples"
+                                 / "rnnlm" / "job.conf"], ids=["v0.3", "v0.1"])
+def test_plan_cost_times_every_layer_of_singas_job(tmp_path, job):
+    """`plan --cost` timed kEmbedding on N(0, 1) floats, which it refused as word indices (exit 3, "word
+    index 1 outside the vocabulary of 3720"): rnnlm's layers give the cost model kData's rows."""
+    done = subprocess.run([sys.executable, "-m", "singa_mpi", "plan", str(job.relative_to(ROOT)), "-n", "2", "--cost",
+                           "--plugin", "examples/rnnlm/rnnlm.py"], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=300, env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    timed = [line.split()[0] for line in done.stdout.splitlines() if re.match(r"\w+ +\d+\.\d+ +\d+\.\d+", line)]
+    assert {"embedding", "hidden", "loss"} <= set(timed), done.stdout
+    assert "predicted step" in done.stdout
+
+
+def test_embedding_names_a_negative_word_index(rnnlm):
+    """The message named the largest index, inside the vocabulary, when a negative one was the culprit."""
+    from singa_mpi.errors import DataError
+
+    layer = build_layer('name: "embedding" user_type: "kEmbedding" [embedding_conf] { word_dim: 2 vocab_size: 4 } '
+                        f'param {{ name: "w1" {UNIFORM} }}', [(6,)], batch=2)
+    with pytest.raises(DataError, match=r"word index -1 outside the vocabulary of 4"):
+        layer.forward([data_rows([(-1, 1, 0, 0, 2, 1), (3, 2, 0, 0, 2, 1)])], True)
