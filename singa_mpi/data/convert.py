@@ -109,6 +109,8 @@ def _write_store_at(path: str, backend: str, data: np.ndarray, labels: np.ndarra
 
 def _read_bytes(path: str) -> bytes:
     """A whole file, gunzipped when its name ends in .gz."""
+    if os.path.isdir(path):
+        raise DataError(f"{path}: a folder: expected a file")
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file")
     try:

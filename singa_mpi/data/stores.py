@@ -606,12 +606,15 @@ def open_store(backend: str, path: str, mode: str = "r", *, layer: str | None = 
         raise ValueError(f"open_store mode {mode!r}: expected 'r' or 'w'")
     if not kind.in_memory and not os.path.exists(path):
         raise DataError(f"{_where(path, layer)}: no such file")
+    if backend in ("hdf5", "textfile") and os.path.isdir(path):  # a kvfile may be a v0.1 folder (shard.dat)
+        raise DataError(f"{_where(path, layer)}: a folder: expected a file")
     try:
         store = kind.reader(path, options)
     except DataError as err:
         raise DataError(f"layer '{layer}': {err}" if layer else str(err)) from None
-    except OSError as err:
-        raise DataError(f"{_where(path, layer)}: cannot read it as a {backend} store ({err})") from None
+    except OSError as err:  # the OS's reason, not Python's "[Errno 21] ...: 'path'"
+        raise DataError(f"{_where(path, layer)}: cannot read it as a {backend} store "
+                        f"({err.strerror or ' '.join(str(err).split())})") from None
     if len(store) == 0:  # every reader refuses one already; a plugin's might not
         store.close()
         raise DataError(f"{_where(path, layer)}: empty {backend} store (no records)")

@@ -310,3 +310,20 @@ def test_mnist_labels_outside_the_ten_digits_are_refused(tmp_path):
     assert str(err.value) == (f"{labels}: record 2 (byte 10): label 12: expected a digit 0..9 (2 label(s) "
                               f"outside; not an MNIST label file?)")
     assert not (tmp_path / "o.h5").exists()
+
+
+@pytest.mark.parametrize("source", ["mnist", "cifar10", "csv"])
+def test_an_input_that_is_a_folder_is_named_as_one(tmp_path, source):
+    """A folder given as an input file was "no such file" (MNIST, CIFAR-10), or Python's
+    "[Errno 21] Is a directory: '...'" (CSV)."""
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    labels = write_idx(tmp_path / "lab", np.zeros(2), 2049)
+    with pytest.raises(DataError) as err:
+        if source == "mnist":
+            convert.convert_mnist(str(folder), labels, str(tmp_path / "o.h5"))
+        elif source == "cifar10":
+            convert.convert_cifar10([str(folder)], str(tmp_path / "o.h5"))
+        else:
+            convert.convert_csv(str(folder), str(tmp_path / "o.h5"))
+    assert str(err.value) == f"{folder}: a folder: expected a file"
