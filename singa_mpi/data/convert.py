@@ -86,6 +86,12 @@ def check_replaceable(out_path: str, backend: str) -> None:
                             f"(only {SHARD_FILE} in it), which the store replaces whole")
 
 
+def check_folder(out_dir: str, what: str) -> None:
+    """DataError when ``out_dir``, where ``what`` is written, is a file (the OS says only "File exists")."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise DataError(f"{out_dir}: a file: expected a folder for {what}")
+
+
 def write_store(out_path: str, backend: str, data: np.ndarray, labels: np.ndarray | None,
                 pixels: bool = False, what: str = "the store") -> str:
     """Write all of (data (N, *shape), labels (N,) or None) as one store, atomically.
@@ -233,6 +239,7 @@ def convert_digits(out_dir: str, backend: str = "hdf5", test_fraction: float = 0
     from sklearn.datasets import load_digits
 
     check_backend(backend)
+    check_folder(out_dir, "the digits' train and test stores")
     if not 0 < test_fraction < 1:
         raise ConfigError(f"test_fraction {test_fraction}: expected a fraction between 0 and 1")
     digits = load_digits()

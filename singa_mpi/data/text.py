@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from singa_mpi.data import memory
-from singa_mpi.data.convert import atomic_path
+from singa_mpi.data.convert import atomic_path, check_folder
 from singa_mpi.errors import DataError
 
 INPUT_FILE, VOCAB_FILE = "input.txt", "vocab.txt"
@@ -73,6 +73,7 @@ def write_text_corpus(out_dir: str, files: Sequence[str] | None = None,
     """Write ``out_dir``/input.txt and ``out_dir``/vocab.txt; returns their paths.
 
     ``files`` None or empty: the standard library's source (see the module docstring)."""
+    check_folder(out_dir, f"the text and its vocabulary ({INPUT_FILE}, {VOCAB_FILE})")
     text = collect_text(list(files) if files else stdlib_sources(), max_bytes)
     vocab = bytes(sorted(set(text)))
     written = []

@@ -327,3 +327,20 @@ def test_an_input_that_is_a_folder_is_named_as_one(tmp_path, source):
         else:
             convert.convert_csv(str(folder), str(tmp_path / "o.h5"))
     assert str(err.value) == f"{folder}: a folder: expected a file"
+
+
+def test_a_file_where_the_output_folder_goes_is_named_as_one(tmp_path):
+    """`data digits --out FILE` (and `data text`) said "cannot write the store: File exists (FILE)"."""
+    from singa_mpi.data.text import write_text_corpus
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    with pytest.raises(DataError) as err:
+        convert.convert_digits(str(a_file))
+    assert str(err.value) == f"{a_file}: a file: expected a folder for the digits' train and test stores"
+    (tmp_path / "in.txt").write_text("hello")
+    with pytest.raises(DataError) as err:
+        write_text_corpus(str(a_file), [str(tmp_path / "in.txt")])
+    assert str(err.value) == (f"{a_file}: a file: expected a folder for the text and its vocabulary "
+                              f"(input.txt, vocab.txt)")
+    assert a_file.read_text() == "mine"
