@@ -805,6 +805,25 @@ def _check_data_args(args) -> None:
     if getattr(args, "files", None) and args.source != "text":
         raise ConfigError(f"data {args.source}: unexpected arguments {' '.join(args.files)}: expected options only "
                           f"(file arguments are for `data text`)")
+    mine = DATA_OPTIONS.get(getattr(args, "source", ""), ())
+    for name, default in DATA_DEFAULTS.items():
+        if name not in mine and getattr(args, name, default) != default:  # given, and silently unused
+            owners = [source for source, names in DATA_OPTIONS.items() if name in names]
+            owners = f"data {', '.join(owners[:-1])} and {owners[-1]}" if len(owners) > 1 else f"data {owners[0]}"
+            takes = ", ".join(f"--{n.replace('_', '-')}" for n in (*mine, "overwrite"))
+            raise ConfigError(f"data {args.source}: --{name.replace('_', '-')} is an option of {owners}: expected "
+                              f"options of data {args.source} ({takes})")
+
+
+# the options each source of `data` reads (besides --overwrite), and their defaults: one given to another
+# source is refused (`data mnist --mean FILE` wrote no mean file, without a word)
+DATA_OPTIONS = {"mnist": ("images", "labels", "out", "backend"), "cifar10": ("batches", "out", "mean", "backend"),
+                "csv": ("csv", "out", "backend", "no_label", "separator"),
+                "digits": ("out", "backend", "test_fraction", "seed"),
+                "synthetic": ("like", "count", "classes", "seed"), "text": ("out", "max_bytes")}
+DATA_DEFAULTS = {"out": None, "backend": "hdf5", "images": None, "labels": None, "batches": None, "mean": None,
+                 "csv": None, "no_label": False, "separator": ",", "test_fraction": 0.2, "seed": 0, "like": None,
+                 "count": 1000, "classes": None, "max_bytes": 2_000_000}
 
 
 # commands that use no MPI: under mpiexec or srun each rank runs the same one, and rank 0 alone speaks

@@ -344,3 +344,24 @@ def test_a_file_where_the_output_folder_goes_is_named_as_one(tmp_path):
     assert str(err.value) == (f"{a_file}: a file: expected a folder for the text and its vocabulary "
                               f"(input.txt, vocab.txt)")
     assert a_file.read_text() == "mine"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mnist", "--images", "i", "--labels", "l", "--out", "o.h5", "--mean", "m.bin"],
+     "data mnist: --mean is an option of data cifar10: expected options of data mnist (--images, --labels, --out, "
+     "--backend, --overwrite)"),
+    (["synthetic", "--like", "job.conf", "--out", "x"],
+     "data synthetic: --out is an option of data mnist, cifar10, csv, digits and text: expected options of data "
+     "synthetic (--like, --count, --classes, --seed, --overwrite)"),
+    (["digits", "--out", "d", "--no-label"], "data digits: --no-label is an option of data csv: expected options "
+                                             "of data digits (--out, --backend, --test-fraction, --seed, --overwrite)"),
+])
+def test_an_option_of_another_source_is_refused_not_ignored(tmp_path, capsys, monkeypatch, argv, message):
+    """`data mnist ... --mean FILE` wrote no mean file and said nothing; `data synthetic --out DIR` wrote
+    at the job's paths, not in DIR."""
+    from singa_mpi import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["data", *argv]) == 2
+    assert capsys.readouterr().err == f"singa-mpi: error: {message}\n"
+    assert os.listdir(tmp_path) == []
