@@ -310,7 +310,7 @@ def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> Ar
     if table.size == 0:
         raise DataError(f"{path}: empty text file (no records)")
     if not has_label:
-        return ArrayStore(path, table, None)
+        return ArrayStore(path, _finite(path, table, 0), None)
     if table.shape[1] < 2:
         raise DataError(f"{path}: one column only, expected label,v1,v2,... (has_label: false?)")
     labels = table[:, 0]
@@ -319,7 +319,18 @@ def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> Ar
         row = int(np.argmin(whole))
         raise DataError(f"{path}: row {row + 1}: label {labels[row]:g}: expected a whole number >= 0 in the "
                         f"first column (has_label: false, or --no-label, if the file holds no labels)")
-    return ArrayStore(path, table[:, 1:], labels.astype(np.int32))
+    return ArrayStore(path, _finite(path, table[:, 1:], 1), labels.astype(np.int32))
+
+
+def _finite(path: str, values: np.ndarray, before: int) -> np.ndarray:
+    """``values`` (columns ``before`` + 1 on of the file), or a DataError naming the first nan or inf:
+    numpy reads them, and the net would learn nothing from them, to say so only after some steps."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        row, column = (int(i) for i in np.argwhere(~finite)[0])
+        raise DataError(f"{path}: row {row + 1}, column {column + 1 + before}: {values[row, column]:g}: expected "
+                        f"a finite number (a missing value?)")
+    return values
 
 
 def _shortened(text: str, limit: int = 40) -> str:

@@ -218,3 +218,13 @@ def test_a_text_table_that_is_not_numbers_names_the_field_not_the_row(tmp_path, 
         open_store("textfile", str(tmp_path / "t.csv"), separator=separator)
     between = "whitespace" if not separator else repr(separator)
     assert str(err.value) == f"{tmp_path / 't.csv'}: {problem}: expected a table of numbers separated by {between}"
+
+
+@pytest.mark.parametrize("has_label, column", [(True, 3), (False, 3)])
+def test_a_text_store_of_nan_or_inf_is_refused_naming_the_value(tmp_path, has_label, column):
+    """numpy reads "nan" and "inf": a CSV with missing values converted (and trained) without a word."""
+    (tmp_path / "t.csv").write_text("1,0.5,2\n0,1.5,nan\n1,2,inf\n")
+    with pytest.raises(DataError) as err:
+        open_store("textfile", str(tmp_path / "t.csv"), has_label=has_label)
+    assert str(err.value) == (f"{tmp_path / 't.csv'}: row 2, column {column}: nan: expected a finite number "
+                              f"(a missing value?)")
