@@ -7,7 +7,8 @@ the job's softmax loss scores), plus the mean and std files if the layer names t
 kShardData layers get a DataShard folder of the shape of the data set their path names (MNIST,
 CIFAR-10), else of what their
 parsers read (3x32x32 images for kRGBImage, 28x28 otherwise), and a kRGBImage's
-``meanfile`` in v0.1's format.  A kCharRNN layer (char-rnn) gets a random text and its vocabulary:
+``meanfile`` in v0.1's format.  A store of a script's arrays (backend ``memory``) is no file: only its
+mean and std files are written.  A kCharRNN layer (char-rnn) gets a random text and its vocabulary:
 symbols of :data:`TEXT_SYMBOLS`, as many as the kOneHot layers it feeds encode (an existing vocabulary
 is kept and the text drawn from it), and enough bytes for a few windows per row.  Existing files are
 left alone unless ``overwrite``.
@@ -21,6 +22,8 @@ import numpy as np
 from singa_mpi.config.load import load_job
 from singa_mpi.data.convert import atomic_path, write_mean_file, write_store
 from singa_mpi.data.shard import known_shape
+from singa_mpi.data.memory import is_memory_path
+from singa_mpi.data.stores import in_memory
 from singa_mpi.data.text import read_bytes, read_vocab
 from singa_mpi.errors import ConfigError, DataError, Unwritable
 from singa_mpi.proto import job_pb2
@@ -59,7 +62,7 @@ def _write_inputs(layers, rng: np.random.Generator, count: int, classes: int, ov
         store = layer.store_conf
         shape = tuple(store.shape)
         backend = store.backend or "textfile"
-        if store.path and (overwrite or not os.path.exists(store.path)):
+        if store.path and not in_memory(backend) and (overwrite or not os.path.exists(store.path)):
             data = rng.integers(0, 256, (count, *shape)).astype(np.uint8)
             labels = rng.integers(0, classes, count).astype(np.int32) if store.has_label else None
             written.append(write_store(store.path, backend, data, labels, pixels=True))
@@ -92,8 +95,8 @@ def _write_text(layer: job_pb2.LayerProto, layers, rng: np.random.Generator, cou
                 overwrite: bool) -> list[str]:
     """A random text (at least ``count`` bytes) and its vocabulary for a kCharRNN layer."""
     conf = layer.char_rnn_conf
-    if not conf.path or not conf.vocab_path:
-        return []
+    if not conf.path or not conf.vocab_path or is_memory_path(conf.path) or is_memory_path(conf.vocab_path):
+        return []  # a script's text is no file
     keep_text = os.path.exists(conf.path) and not overwrite
     keep_vocab = os.path.exists(conf.vocab_path) and not overwrite
     if keep_text and keep_vocab:
