@@ -339,7 +339,7 @@ def cmd_data(args) -> int:
         paths = write_synthetic(args.like, count=args.count, classes=args.classes or _classes_of(args.like),
                                 seed=args.seed, overwrite=args.overwrite)
         if not paths:
-            print("nothing to write: the job's data files exist (use --overwrite to replace them)")
+            print(_nothing_written(args.like))
     elif args.source == "digits":
         paths = convert.convert_digits(args.out, backend=args.backend, test_fraction=args.test_fraction,
                                        seed=args.seed)
@@ -355,6 +355,26 @@ def cmd_data(args) -> int:
     for path in paths if isinstance(paths, (list, tuple)) else [paths]:
         print(f"wrote {path}")
     return 0
+
+
+def _nothing_written(job: str) -> str:
+    """Why `data synthetic --like JOB` wrote nothing: the job names no data files, synthetic makes none
+    of those missing (a plugin's reader: how to make it), or they all exist."""
+    from singa_mpi.config.load import load_job
+    from singa_mpi.data.prepare import reader_files, store_files
+
+    cfg = load_job(job)
+    files = [(layer.name, f"store_conf.{field}", path, "") for layer in cfg.proto.neuralnet.layer
+             for field, path in store_files(layer)]
+    files += [(layer.name, f"{conf}.{field}", path, todo) for layer in cfg.proto.neuralnet.layer
+              for conf, field, path, todo in reader_files(layer, job)]
+    if not files:
+        return f"nothing to write: {job} names no data files"
+    missing = [file for file in files if not os.path.exists(file[2])]
+    if missing:
+        name, field, path, todo = missing[0]
+        return f"nothing written: data synthetic does not make {path} ({field} of layer '{name}'): {todo}"
+    return "nothing to write: the job's data files exist (use --overwrite to replace them)"
 
 
 def _classes_of(job: str) -> int:

@@ -23,3 +23,35 @@ def test_a_script_s_arrays_and_text_are_no_files_to_write(tmp_path, monkeypatch)
     assert 'path: "memory:t@1"' in (tmp_path / "rnn.conf").read_text()
     assert write_synthetic("rnn.conf", count=5) == []
     assert sorted(os.listdir(tmp_path)) == ["data", "job.conf", "mean.bin", "rnn.conf"]
+
+
+def test_a_job_without_data_files_is_not_told_they_exist(tmp_path, capsys, monkeypatch):
+    """A job that names no data files was told "the job's data files exist (use --overwrite ...)"."""
+    from singa_mpi import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.conf").write_text('name: "x"\n')
+    assert cli.main(["data", "synthetic", "--like", "job.conf"]) == 0
+    assert capsys.readouterr().out == "nothing to write: job.conf names no data files\n"
+    (tmp_path / "digits.conf").write_text((REPO / "conf" / "digits_mlp.conf").read_text())
+    assert cli.main(["data", "synthetic", "--like", "digits.conf", "--count", "5"]) == 0
+    assert cli.main(["data", "synthetic", "--like", "digits.conf"]) == 0
+    assert capsys.readouterr().out.endswith(
+        "nothing to write: the job's data files exist (use --overwrite to replace them)\n")
+
+
+def test_a_plugin_s_data_is_not_said_to_exist(tmp_path):
+    """examples/rnnlm's job (its reader a plugin's: synthetic makes none of its data) was told its data
+    files exist; in a fresh process, as protobuf keeps the plugin's extensions for the process's life."""
+    import subprocess
+    import sys
+
+    job = tmp_path / "job.conf"
+    job.write_text(f'plugin: "{REPO / "examples" / "rnnlm" / "rnnlm.py"}"\n'
+                   + (REPO / "examples" / "rnnlm" / "job.conf").read_text())
+    done = subprocess.run([sys.executable, "-m", "singa_mpi", "data", "synthetic", "--like", str(job)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("nothing written: data synthetic does not make examples/rnnlm/train_data.bin ([data_conf]."
+                           "path of layer 'data'): make it with `python examples/rnnlm/create_data.py --python-docs "
+                           "--out DIR` (or --train FILE)\n")
