@@ -170,9 +170,13 @@ def read_cifar10(batch_files: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
     for path in batch_files:
         blob = np.frombuffer(_read_bytes(path), np.uint8)
-        if blob.size == 0 or blob.size % CIFAR_RECORD:
+        if blob.size == 0:
+            raise DataError(f"{path}: empty: expected CIFAR-10 records ({CIFAR_RECORD} bytes each)")
+        if blob.size % CIFAR_RECORD:
+            whole, over = divmod(blob.size, CIFAR_RECORD)
             raise DataError(f"{path}: {blob.size} bytes is not a whole number of CIFAR-10 records "
-                            f"({CIFAR_RECORD} bytes each)")
+                            f"({CIFAR_RECORD} bytes each): {whole} whole and {over} bytes over (a truncated file, "
+                            f"or not CIFAR-10's binary version?)")
         records = blob.reshape(-1, CIFAR_RECORD)
         if records[:, 0].max() >= CIFAR_CLASSES:
             raise DataError(f"{path}: label byte {records[:, 0].max()}: expected 0..{CIFAR_CLASSES - 1} "

@@ -365,3 +365,19 @@ def test_an_option_of_another_source_is_refused_not_ignored(tmp_path, capsys, mo
     assert cli.main(["data", *argv]) == 2
     assert capsys.readouterr().err == f"singa-mpi: error: {message}\n"
     assert os.listdir(tmp_path) == []
+
+
+def test_an_empty_or_truncated_cifar_batch_says_which(tmp_path):
+    """An empty batch file was "0 bytes is not a whole number of CIFAR-10 records"; a truncated one said
+    nothing of how much of it was whole."""
+    (tmp_path / "empty.bin").write_bytes(b"")
+    with pytest.raises(DataError) as err:
+        convert.convert_cifar10([str(tmp_path / "empty.bin")], str(tmp_path / "o.h5"))
+    assert str(err.value) == f"{tmp_path / 'empty.bin'}: empty: expected CIFAR-10 records (3073 bytes each)"
+    path, _ = cifar_batch(tmp_path / "a.bin", [1, 2], 1)
+    (tmp_path / "cut.bin").write_bytes(open(path, "rb").read()[:-5])
+    with pytest.raises(DataError) as err:
+        convert.convert_cifar10([str(tmp_path / "cut.bin")], str(tmp_path / "o.h5"))
+    assert str(err.value) == (f"{tmp_path / 'cut.bin'}: 6141 bytes is not a whole number of CIFAR-10 records (3073 "
+                              f"bytes each): 1 whole and 3068 bytes over (a truncated file, or not CIFAR-10's binary "
+                              f"version?)")
