@@ -83,14 +83,17 @@ def framework_name(ngroups: int, nserver_groups: int, separate: bool) -> str:
     return f"{ngroups} worker group(s) and {nserver_groups} server group(s)"  # a shape SINGA gave no name
 
 
-def topology(world_size: int, cluster, nworkers: int | None = None, where: str = "cluster") -> Topology:
+def topology(world_size: int, cluster, nworkers: int | None = None, where: str = "cluster",
+             launcher: str = "mpiexec") -> Topology:
     """Roles of every rank for ``cluster`` (a ClusterProto).
 
     ``nworkers``: workers per group when the job leaves ``nworkers_per_group``
     unset (the launcher passes what the world size implies).  ConfigError (``where``: the cluster's
-    FILE:LINE:COL), saying how many ranks to launch, if the world does not fit the cluster.
+    FILE:LINE:COL), saying how many ranks to launch (``launcher``: the command that started this world,
+    :func:`singa_mpi.launcher.start.launcher_name`; mpiexec is every MPI's), if the world does not fit.
     """
-    ngroups, per_group, nserver_groups, per_server_group, separate = _fit(world_size, cluster, nworkers, where)
+    ngroups, per_group, nserver_groups, per_server_group, separate = _fit(world_size, cluster, nworkers, where,
+                                                                          launcher)
     roles: list[Role] = []
     worker_groups = []
     for g in range(ngroups):
@@ -112,9 +115,11 @@ def topology(world_size: int, cluster, nworkers: int | None = None, where: str =
                     framework_name(ngroups, nserver_groups, separate))
 
 
-def _fit(world_size: int, cluster, nworkers: int | None, where: str) -> tuple[int, int, int, int, bool]:
+def _fit(world_size: int, cluster, nworkers: int | None, where: str,
+         launcher: str = "mpiexec") -> tuple[int, int, int, int, bool]:
     """(worker groups, workers per group, server groups, servers per group, servers separate) of
-    ``cluster`` on ``world_size`` ranks; ConfigError saying how many ranks to launch if they do not fit."""
+    ``cluster`` on ``world_size`` ranks; ConfigError saying how many ranks to launch (with ``launcher``)
+    if they do not fit."""
     ngroups = max(1, cluster.nworker_groups)
     per_group = cluster.nworkers_per_group if cluster.HasField("nworkers_per_group") else None
     nserver_groups = max(1, cluster.nserver_groups)
@@ -135,7 +140,7 @@ def _fit(world_size: int, cluster, nworkers: int | None, where: str) -> tuple[in
         elif server_ranks > ngroups * per_group:  # the servers, not the workers, set the count
             parts[0] += f" with {server_ranks} co-located server(s) (cluster.nservers_per_group)"
         raise ConfigError(f"{where}: {' + '.join(parts)} need {needed} ranks, launched with {world_size}: "
-                          f"expected mpirun -n {needed}")
+                          f"expected {launcher} -n {needed}")
     return ngroups, per_group, nserver_groups, per_server_group, separate
 
 

@@ -35,6 +35,12 @@ def mpiexec_command(n: int) -> list[str]:
     return launcher().command(n)
 
 
+def launcher_word() -> str:
+    """The launcher's name as the ranks it starts name it in their messages (launcher.start.launcher_name):
+    Open MPI's mpirun, MPICH's mpiexec."""
+    return "mpirun" if launcher().flavor == "openmpi" else "mpiexec"
+
+
 def rank_pids(marker: str) -> dict[int, int]:
     """PIDs of the singa_mpi processes whose command line contains ``marker``, by MPI rank."""
     found = {}

@@ -83,8 +83,11 @@ def test_workers_per_group_follow_the_world_when_the_job_leaves_it_open():
 @pytest.mark.parametrize("fields,world,needed", [(SANDBLASTER, 4, 5), (DOWNPOUR, 5, 6), (HOGWILD, 2, 3),
                                                  (ALLREDUCE, 4, 3)])
 def test_a_world_that_does_not_fit_says_how_many_ranks_to_launch(fields, world, needed):
-    with pytest.raises(ConfigError, match=f"expected mpirun -n {needed}$"):
+    with pytest.raises(ConfigError, match=f"expected mpiexec -n {needed}$"):  # every MPI's launcher
         topology(world, cluster(**fields))
+    for launcher in ("mpirun", "srun"):  # the one that started the world, when known
+        with pytest.raises(ConfigError, match=f"expected {launcher} -n {needed}$"):
+            topology(world, cluster(**fields), launcher=launcher)
 
 
 def test_describe_names_groups_and_ranks():

@@ -37,6 +37,7 @@ class World:
     size: int = 1
     nodes: int = 1
     shared_memory: bool = False
+    launcher: str = "mpiexec"  # the command that started the world (start.launcher_name): named in its errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +114,7 @@ def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
     cfg = _copy(resolved(cfg, chosen.dims if chosen is not None else None))
     if chosen is not None and chosen.places_layers():
         cfg = with_choice(cfg, chosen)
-    topo, note = topology_of(cfg, world.size)
+    topo, note = topology_of(cfg, world.size, world.launcher)
     notes += [note] if note else []
     built = job_programs(cfg, topo.workers_per_group, phases, servers=topo.servers_separate,
                          method=sync_method(topo, world, deterministic_of(cfg.proto) is not None))
@@ -168,25 +169,26 @@ def one_process_notes(cfg: JobConfig) -> tuple[str, ...]:
             f"net, serially and synchronously (launch with mpirun -n N to run the cluster it describes)",)
 
 
-def topology_of(cfg: JobConfig, size: int) -> tuple[Topology, str | None]:
+def topology_of(cfg: JobConfig, size: int, launcher: str = "mpiexec") -> tuple[Topology, str | None]:
     """Every rank's role from the job's cluster, and a note when the job's worker count gave way to
-    the launched one; ConfigError for shapes not built and for a rank count that does not fit."""
+    the launched one; ConfigError for shapes not built and for a rank count that does not fit, saying
+    how to launch with ``launcher`` (the command that started the world)."""
     cluster, note = cfg.proto.cluster, None
     if cluster.HasField("nworkers_per_group") and cluster.nworkers_per_group != size and \
             cluster.nworker_groups <= 1 and not cluster.server_worker_separate:
         workers = cluster.nworkers_per_group
         if cfg.workers is not None:  # asked for with --workers
             raise ConfigError(f"--workers {workers}: expected the number of MPI ranks ({size}); "
-                              f"launch with mpirun -n {workers} or pass --workers {size}")
-        note = follow_launched_count(cfg, size)
+                              f"launch with {launcher} -n {workers} or pass --workers {size}")
+        note = follow_launched_count(cfg, size, launcher)
     single = cluster.nworker_groups <= 1 and not cluster.server_worker_separate
     topo = topology(size, cluster, nworkers=None if cluster.HasField("nworkers_per_group") or not single else size,
-                    where=cfg.where("cluster"))
+                    where=cfg.where("cluster"), launcher=launcher)
     check_supported(topo, cfg.where("cluster"))
     return topo, note
 
 
-def follow_launched_count(cfg: JobConfig, size: int) -> str:
+def follow_launched_count(cfg: JobConfig, size: int, launcher: str = "mpiexec") -> str:
     """A job file's ``nworkers_per_group`` is SINGA's process count, not part of the net: run on the
     ``size`` launched ranks instead when every layer can (``partition_dim`` splits over any count;
     a ``location`` must name one of them: ConfigError naming the layer otherwise).  Returns the note."""
@@ -197,7 +199,7 @@ def follow_launched_count(cfg: JobConfig, size: int) -> str:
             raise ConfigError(f"{cfg.layer_where(index, 'location')}: layer '{layer.name}': location = "
                               f"{layer.location}: expected a worker below {size}, the number of MPI ranks "
                               f"(the job places layers on workers up to {layer.location}; its "
-                              f"cluster.nworkers_per_group is {workers}): launch with mpirun -n {workers}")
+                              f"cluster.nworkers_per_group is {workers}): launch with {launcher} -n {workers}")
     cfg.proto.cluster.nworkers_per_group = size
     return (f"note: {where}: cluster.nworkers_per_group = {workers} in the job; running on the {size} "
             f"launched rank(s)")

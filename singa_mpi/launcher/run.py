@@ -196,7 +196,7 @@ def _auto_dims(world, read, facts: World):
         cfg = read[0]
         if not auto_layers(cfg):
             return None
-        topo, _ = topology_of(cfg, world.size)
+        topo, _ = topology_of(cfg, world.size, facts.launcher)
         method = sync_method(topo, facts, wants_deterministic(cfg.proto))
         return choose_for_job(cfg, topo.workers_per_group, method, nodes=facts.nodes, pipelines=True)
 

@@ -98,4 +98,5 @@ def world_facts(world) -> World:
     from singa_mpi.sync.shared_memory import shared_memory_enabled
 
     one_node = world.on_one_node()
-    return World(world.size, -(-world.size // world.node_size()), shared_memory=one_node and shared_memory_enabled())
+    return World(world.size, -(-world.size // world.node_size()), shared_memory=one_node and shared_memory_enabled(),
+                 launcher=launcher_name(os.environ))

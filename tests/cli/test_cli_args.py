@@ -185,7 +185,7 @@ def test_check_on_n_workers_refuses_a_cluster_a_launch_on_n_refuses(capsys, tmp_
     assert cli.main(["check", "-n", "2", str(conf)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"singa-mpi: error: {conf}:68:1: 1 worker group(s) x 2 worker(s) with 3 co-located "
-                          f"server(s) (cluster.nservers_per_group) need 3 ranks, launched with 2: expected mpirun -n 3")
+                          f"server(s) (cluster.nservers_per_group) need 3 ranks, launched with 2: expected mpiexec -n 3")
     assert cli.main(["check", "-n", "3", str(conf)]) == 0
 
 

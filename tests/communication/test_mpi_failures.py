@@ -12,7 +12,7 @@ import time
 import pytest
 
 import nets
-from mpi_jobs import finish, mpi_env, mpiexec_command, rank_pids, wait_for_progress
+from mpi_jobs import finish, launcher_word, mpi_env, mpiexec_command, rank_pids, wait_for_progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -100,7 +100,7 @@ def test_cluster_size_mismatch_is_one_line_on_rank_0(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1, proc.stderr
     assert "layer 'loss': location = 2: expected a worker below 2, the number of MPI ranks" in errors[0]
-    assert "nworkers_per_group is 3" in errors[0] and "launch with mpirun -n 3" in errors[0]
+    assert "nworkers_per_group is 3" in errors[0] and f"launch with {launcher_word()} -n 3" in errors[0]
 
 
 # ------------------------------------------------------------------ errors at the first step (#36)

@@ -100,7 +100,7 @@ def test_a_location_beyond_the_launched_ranks_names_the_layer(tmp_path):
     conf = tmp_path / "placed.conf"
     conf.write_text(nets.mlp(data, 7, "pipeline", 3, steps=4) + "\ncluster { nworkers_per_group: 3 }\n")
     with pytest.raises(ConfigError, match=r"placed.conf:\d+:\d+: layer '\w+': location = 2: expected a worker "
-                                          r"below 2, the number of MPI ranks .* launch with mpirun -n 3"):
+                                          r"below 2, the number of MPI ranks .* launch with mpiexec -n 3"):
         _described(str(conf), 2)
 
 
