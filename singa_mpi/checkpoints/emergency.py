@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
-from singa_mpi.checkpoints.snapshot import job_identity, plan_summary, put_region
+from singa_mpi.checkpoints.snapshot import job_identity, job_ranks, job_shape, plan_summary, put_region
 from singa_mpi.communication.liveness import close_lives, launched_rank
 from singa_mpi.data.convert import atomic_path
 
@@ -119,8 +119,8 @@ class Rescue:
                 "refused": None, "elapsed": self.elapsed, "trains": True,
                 "expected": {name: tuple(shape) for name, shape in (known or {}).items()},
                 "header": {"job_name": trainer.job.name, "job_config": trainer.cfg.text,
-                           "plan": plan_summary(trainer.cfg, runtime.size), "seed": trainer.job.seed,
-                           "nranks": runtime.size,
+                           "plan": plan_summary(trainer.cfg, runtime.size, job_shape(runtime)),
+                           "seed": trainer.job.seed, "nranks": job_ranks(runtime),
                            "job_identity": job_identity(trainer.cfg, known) if known is not None else ""}}
 
 

@@ -44,13 +44,32 @@ def _take(source: np.ndarray, region: tuple) -> np.ndarray:
     return source[index]
 
 
-def plan_summary(cfg, nranks: int) -> dict:
-    """How the job is partitioned, for the checkpoint and the diff shown when resuming differently."""
+def plan_summary(cfg, nranks: int, shape: dict | None = None) -> dict:
+    """How the job is partitioned (``nranks``: the workers of a group), for the checkpoint and the diff
+    shown when resuming differently; ``shape`` (:func:`job_shape`): the framework's groups and servers."""
     layers = {}
     for layer in cfg.proto.neuralnet.layer:
         pdim = effective_partition_dim(cfg.proto, layer)
         layers[layer.name] = f"partition_dim {pdim}" + (f" location {layer.location}" if pdim == -1 else "")
-    return {"nranks": nranks, "layers": layers}
+    return {"nranks": nranks, "layers": layers, **({"cluster": shape} if shape else {})}
+
+
+def job_shape(runtime) -> dict:
+    """The whole job a checkpoint's writer belongs to, under a framework (worker groups, or server
+    ranks: a worker runtime's ``size`` is its group's): its framework, ranks, worker groups, workers
+    per group and server ranks; {} for one group of workers."""
+    place = getattr(runtime, "place", None)
+    if place is None:
+        return {}
+    topo = place.topo
+    return {"framework": topo.framework, "ranks": topo.world_size, "worker_groups": len(topo.worker_groups),
+            "workers_per_group": topo.workers_per_group,
+            "servers": sum(1 for role in topo.roles if role.kind == "server")}
+
+
+def job_ranks(runtime) -> int:
+    """Every rank of the job (:func:`job_shape`), where ``runtime.size`` counts one group's workers."""
+    return job_shape(runtime).get("ranks", runtime.size)
 
 
 def identity_parts(cfg, params: ParamShapes) -> dict:
@@ -133,8 +152,8 @@ def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | 
                                 "counters": part["counters"], "carried": []} for part in served]
     known = trainer.job_params  # None: a trainer built without them (a test's, a script's) writes no identity
     ckpt = checkpoint.Checkpoint(step=step, params={}, job_name=trainer.job.name, job_config=trainer.cfg.text,
-                                 plan=plan_summary(trainer.cfg, trainer.runtime.size), seed=trainer.job.seed,
-                                 nranks=trainer.runtime.size,
+                                 plan=plan_summary(trainer.cfg, trainer.runtime.size, job_shape(trainer.runtime)),
+                                 seed=trainer.job.seed, nranks=job_ranks(trainer.runtime),
                                  job_identity=job_identity(trainer.cfg, known) if known is not None else "")
     for pieces in everyone:
         for name, shape, region, value in pieces["params"]:

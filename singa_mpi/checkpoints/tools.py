@@ -28,7 +28,7 @@ def inspect(path: str) -> str:
         raise DataError(f"{path}: DAMAGED: {str(err).removeprefix(path + ': ')}") from None
     identity = f"identity {ckpt.job_identity}" if ckpt.job_identity else "no job identity"
     lines = [f"{path}: step {ckpt.step}, job '{ckpt.job_name}' ({identity}), seed {ckpt.seed}, written by "
-             f"{ckpt.nranks} worker(s), format {ckpt.format_version}; {verdict}"]
+             f"{_writers(ckpt)}, format {ckpt.format_version}; {verdict}"]
     total = sum(v.size for v in ckpt.params.values())
     lines.append(f"params ({len(ckpt.params)}, {total:,} values):")
     for name, value in sorted(ckpt.params.items()):
@@ -44,6 +44,17 @@ def inspect(path: str) -> str:
     if ckpt.job_config:
         lines.append(f"job config: {len(ckpt.job_config.splitlines())} lines (h5dump -d job_config {path})")
     return "\n".join(lines)
+
+
+def _writers(ckpt: checkpoint.Checkpoint) -> str:
+    """The job that wrote ``ckpt``: its workers, or under a framework every rank, by groups and servers
+    (files written before the plan named them: one group's workers)."""
+    shape = ckpt.plan.get("cluster")
+    if not isinstance(shape, dict):
+        return f"{ckpt.nranks} worker(s)"
+    servers = f" + {shape.get('servers')} server(s)" if shape.get("servers") else ""
+    return (f"{shape.get('ranks', ckpt.nranks)} rank(s) ({shape.get('framework')}: {shape.get('worker_groups')} "
+            f"worker group(s) x {shape.get('workers_per_group')} worker(s){servers})")
 
 
 def read_blobprotos(path: str) -> list[tuple[str, int, np.ndarray]]:

@@ -149,3 +149,18 @@ def test_asynchronous_frameworks_in_process_converge(tmp_path, monkeypatch, name
     fell, serial_fell = start - np.mean(curve[-5:]), start - np.mean(reference[-5:])
     assert serial_fell > 0.5 and fell > 0.5 * serial_fell, \
         f"{name}: the loss fell by {fell:.3f} over {STEPS} steps, the serial run's by {serial_fell:.3f}"
+
+
+@pytest.mark.parametrize("name,writers", [
+    ("downpour", "written by 6 rank(s) (Downpour: 2 worker group(s) x 2 worker(s) + 2 server(s))"),
+    ("hogwild", "written by 3 rank(s) (Hogwild: 3 worker group(s) x 1 worker(s))")])
+def test_ckpt_inspect_names_every_rank_of_a_framework_job(tmp_path, monkeypatch, name, writers):
+    """`ckpt inspect` said "written by 2 worker(s)" of a Downpour job of 6 ranks: one group's workers."""
+    from singa_mpi.checkpoints.tools import inspect
+
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job(name, 2, tmp_path / "ws")
+    run_in_threads(cfg, tmp_path / "ws")
+    path = checkpoint.checkpoint_path(str(tmp_path / "ws"), 2)
+    assert writers in inspect(path).splitlines()[0]
+    assert checkpoint.read(path).nranks == int(writers.split()[2])
