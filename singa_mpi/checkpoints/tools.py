@@ -84,10 +84,8 @@ def read_blobprotos(path: str) -> list[tuple[str, int, np.ndarray]]:
 def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
     """SINGA 0.x worker checkpoints (step<N>-worker<W>) -> one singa_mpi HDF5 checkpoint.
 
-    A param found in several worker files with equal values is a data-parallel
-    replica; otherwise it is a feature-partitioned param whose parts are joined
-    along axis 0 in worker order (SINGA split inner-product and convolution
-    weights and biases along axis 0).
+    A param found in several worker files is a feature-partitioned param whose parts are joined along
+    axis 0 in worker order (:func:`_join`).
     """
     pieces: dict[str, list[tuple[str, np.ndarray]]] = {}
     for path in paths:
@@ -111,12 +109,17 @@ def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
 
 
 def _join(pieces: dict[str, list[tuple[str, np.ndarray]]]) -> dict[str, np.ndarray]:
-    """Per param, its values from several worker files: one replica, or parts joined on axis 0."""
+    """Per param, its values from the worker files (in worker order) that hold it: the whole param
+    from one file, or parts joined on axis 0.  SINGA's ``Worker::Checkpoint`` writes only the params
+    a worker owns: a data-parallel replica (``partition_dim: 0``) is its owner's, worker 0's, alone,
+    so a name in several files is a feature-partitioned param (``partition_dim: 1``: weights and
+    biases cut along axis 0 into parts of one shape), even where the parts hold equal values (the
+    zero biases of step 0): taken for one replica, such a param came out a part of its size."""
     params = {}
     for name, parts in pieces.items():
         shapes = {v.shape for _, v in parts}
         first = parts[0][1]
-        if all(v.shape == first.shape and np.array_equal(v, first) for _, v in parts):
+        if len(parts) == 1:
             params[name] = first
         elif all(len(s) == first.ndim and s[1:] == first.shape[1:] for s in shapes):
             params[name] = np.concatenate([v for _, v in parts], axis=0)

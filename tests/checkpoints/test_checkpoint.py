@@ -194,17 +194,22 @@ def test_param_without_init_must_come_from_checkpoint_path(tmp_path):
 def test_inspect_and_convert_singa_checkpoints(tmp_path):
     rng = np.random.default_rng(0)
     w = rng.normal(size=(4, 3)).astype(np.float32)
-    for worker, rows in ((0, w[:2]), (1, w[2:])):
+    for worker, rows in ((0, w[:2]), (1, w[2:])):  # w1, b1: a feature-partitioned layer's parts
         blobs = job_pb2.BlobProtos(name=["0#w1", "0#b1"], version=[10, 10])
         blobs.blob.add(shape=[2, 3], data=rows.reshape(-1).tolist())
-        blobs.blob.add(shape=[2], data=[1.0, 2.0])
+        blobs.blob.add(shape=[2], data=[1.0, 2.0])  # equal parts (SINGA writes no replica twice): joined too
+        if worker == 0:  # b0: a data-parallel layer's, written by its owner, worker 0, alone
+            blobs.name.append("0#b0")
+            blobs.version.append(10)
+            blobs.blob.add(shape=[3], data=[7.0, 8.0, 9.0])
         (tmp_path / f"step10-worker{worker}").write_bytes(blobs.SerializeToString())
     out = str(tmp_path / "converted.h5")
     message = ckpt_tools.convert_singa([str(tmp_path / "step10-worker1"), str(tmp_path / "step10-worker0")], out)
-    assert "2 params" in message and "step 10" in message
+    assert "3 params" in message and "step 10" in message
     ckpt = checkpoint.read(out)
     np.testing.assert_allclose(ckpt.params["w1"], w)  # feature parts joined in worker order
-    np.testing.assert_allclose(ckpt.params["b1"], [1, 2])
+    np.testing.assert_allclose(ckpt.params["b1"], [1, 2, 1, 2])  # once taken for one replica: [1, 2]
+    np.testing.assert_allclose(ckpt.params["b0"], [7, 8, 9])
     text = ckpt_tools.inspect(out)
     assert "step 10" in text and "w1" in text and "[4, 3]" in text and "checksums OK" in text
 

@@ -84,9 +84,13 @@ def test_singa_checkpoint_names_read_ours_or_singa_s_blobprotos(tmp_path):
         read_initial(str(folder / "step5-worker0"))
     singa = tmp_path / "singa"
     singa.mkdir()
-    for worker, rows in ((0, [[1, 2]]), (1, [[3, 4]])):  # W split on axis 0 over two workers, b replicated
+    # W split on axis 0 over two workers; b11 of a data-parallel layer, written by its owner (worker 0) alone;
+    # b12 a feature-partitioned bias whose parts are equal (zeros at step 0): parts all the same
+    for worker, rows in ((0, [[1, 2]]), (1, [[3, 4]])):
         blobs = job_pb2.BlobProtos()
-        for name, value in (("0#w1", rows), ("0#b11", [5, 6])):
+        for name, value in (("0#w1", rows), ("0#b11", [5, 6]), ("0#b12", [0])):
+            if name == "0#b11" and worker != 0:
+                continue
             blobs.name.append(name)
             blob = blobs.blob.add()
             arr = np.asarray(value, np.float32)
@@ -97,3 +101,4 @@ def test_singa_checkpoint_names_read_ours_or_singa_s_blobprotos(tmp_path):
     assert ckpt.step == 6000
     np.testing.assert_array_equal(ckpt.params["w1"], [[1, 2], [3, 4]])
     np.testing.assert_array_equal(ckpt.params["b11"], [5, 6])
+    np.testing.assert_array_equal(ckpt.params["b12"], [0, 0])
