@@ -173,6 +173,44 @@ def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | 
     return ckpt
 
 
+def misfit(ckpt: checkpoint.Checkpoint, name: str, shape: Sequence[int], from_checkpoint: bool, full: bool,
+           allow_partial: bool | None) -> str | None:
+    """Whether param ``name`` of logical ``shape`` can take its values from ``ckpt`` (:func:`restore`'s
+    rule; ``from_checkpoint``: the job gives it no init): None when it can, the note of a param left as
+    initialised when it may be, else DataError.  Pure: every rank judges the whole job's params with it
+    before any communication (:func:`misfits`), so a checkpoint that does not fit is one voted line."""
+    shape = tuple(shape)
+    value = ckpt.params.get(name)
+    problem = None
+    if value is None and from_checkpoint:
+        raise DataError(f"{ckpt.path}: no parameter {name!r} (shape {shape}): expected it "
+                        f"there, as the job gives it no init {{ ... }} to start from")
+    if value is None:
+        if not full:  # SINGA's checkpoint_path: params it lacks start from their init
+            return f"{name} (not in the checkpoint)"
+        problem = f"no parameter {name!r} (shape {shape})"
+    elif value.shape != shape:
+        problem = f"parameter {name!r} has shape {value.shape}, the net expects {shape}"
+    if problem is None:
+        return None
+    if from_checkpoint:
+        raise DataError(f"{ckpt.path}: {problem}: expected it to fit, as the job gives it no init {{ ... }}")
+    if allow_partial is None:  # testing or predicting: a param at its initial value is no answer
+        raise DataError(f"{ckpt.path}: {problem}: expected a checkpoint of this net (a job with "
+                        f"other layers or shapes wrote it)")
+    if not allow_partial:
+        raise DataError(f"{ckpt.path}: {problem} (use --allow-partial to keep the initial values)")
+    return f"{name} ({problem})"
+
+
+def misfits(ckpt: checkpoint.Checkpoint, params: ParamShapes, without_init: set[str], full: bool,
+            allow_partial: bool | None) -> list[str]:
+    """:func:`misfit` over the job's ``params`` (owners -> logical shape; ``without_init``: those the job
+    gives no init), in their order: the notes of params left as initialised, or the first DataError."""
+    return [unfit for name, shape in params.items()
+            if (unfit := misfit(ckpt, name, shape, name in without_init, full, allow_partial)) is not None]
+
+
 def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool | None = None) -> list[str]:
     """Load ``ckpt`` into this rank's shards.  ``full``: also updater state and data positions.
 
@@ -184,29 +222,11 @@ def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: boo
     skipped = []
     params = {p.name: p for net in trainer.nets().values() for p in net.params}
     for param in {id(p): p for p in params.values()}.values():
-        value = ckpt.params.get(param.name)
-        problem = None
-        if value is None and param.from_checkpoint:
-            raise DataError(f"{ckpt.path}: no parameter {param.name!r} (shape {param.logical_shape}): expected it "
-                            f"there, as the job gives it no init {{ ... }} to start from")
-        if value is None:
-            if not full:  # SINGA's checkpoint_path: params it lacks start from their init
-                skipped.append(f"{param.name} (not in the checkpoint)")
-                continue
-            problem = f"no parameter {param.name!r} (shape {param.logical_shape})"
-        elif value.shape != param.logical_shape:
-            problem = f"parameter {param.name!r} has shape {value.shape}, the net expects {param.logical_shape}"
-        if problem:
-            if param.from_checkpoint:
-                raise DataError(f"{ckpt.path}: {problem}: expected it to fit, as the job gives it no init {{ ... }}")
-            if allow_partial is None:  # testing or predicting: a param at its initial value is no answer
-                raise DataError(f"{ckpt.path}: {problem}: expected a checkpoint of this net (a job with "
-                                f"other layers or shapes wrote it)")
-            if not allow_partial:
-                raise DataError(f"{ckpt.path}: {problem} (use --allow-partial to keep the initial values)")
-            skipped.append(f"{param.name} ({problem})")
+        unfit = misfit(ckpt, param.name, param.logical_shape, param.from_checkpoint, full, allow_partial)
+        if unfit is not None:
+            skipped.append(unfit)
             continue
-        param.data[...] = _take(value, ("nd", param.shard))
+        param.data[...] = _take(ckpt.params[param.name], ("nd", param.shard))
     if not full:
         return skipped
     for owner in trainer.runtime.owned_params():

@@ -32,10 +32,28 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
     if request.trains and resumes(launch.workspace, request.options.resume):
         if is_root:  # before the checkpoint is judged: a refused resume leaves no dead writer's file either
             clear_dead_writes(launch.workspace)
-        return read_resumed(launch, request.options, log)
+        return fitting(launch, read_resumed(launch, request.options, log), True, request.options.allow_partial)
     if request.trains:
-        return read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume)
-    return checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root)
+        return fitting(launch, read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume), False,
+                       request.options.allow_partial)
+    return fitting(launch, checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root), False, None)
+
+
+def fitting(launch: Launch, ckpt: checkpoint.Checkpoint | None, full: bool,
+            allow_partial: bool | None) -> checkpoint.Checkpoint | None:
+    """``ckpt``, once every param of the job fits it as loading it will require (``full``: --resume, also
+    the params it lacks; ``allow_partial``: None for `test`): checked by every rank alike in phase 1, so
+    another net's checkpoint (taken with --allow-other-job, or given to `test`) is one voted line from
+    rank 0 (exit 3), not the first failing rank's abort when it loads it."""
+    from singa_mpi.checkpoints.snapshot import misfits
+
+    if ckpt is not None:
+        written = [param for layer in launch.cfg.proto.neuralnet.layer for param in layer.param]
+        without_init = {param.name for param in written if not param.share_from and not param.HasField("init")}
+        order = {name: k for k, name in enumerate(dict.fromkeys(param.name for param in written))}
+        params = sorted(launch.summary.params, key=lambda item: (order.get(item[0], len(order)), item[0]))
+        misfits(ckpt, dict(params), without_init, full, allow_partial)  # the first misfit in the job's order
+    return ckpt
 
 
 def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callable[[str], None] | None) -> None:

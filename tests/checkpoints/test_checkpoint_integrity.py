@@ -375,3 +375,25 @@ def test_a_file_that_is_no_checkpoint_says_what_it_holds(tmp_path, content, expe
     with pytest.raises(DataError) as err:
         checkpoint.read(str(path))
     assert str(err.value).startswith(f"{path}: {expected}"), err.value
+
+
+@pytest.mark.parametrize("command", ["train --allow-other-job", "test"])
+def test_another_nets_checkpoint_taken_anyway_is_one_voted_line_from_rank_0_exit_3(tmp_path, command):
+    """Another net's checkpoint (other param shapes) resumed with --allow-other-job, or given to `test`:
+    the line came from the first rank that failed to load it (`singa-mpi: rank 1: error at step 0`),
+    by abort.  Every rank now checks the params' shapes before the vote: one line, from rank 0, exit 3."""
+    conf = job_file(tmp_path, steps=2, extra="test_steps: 1 test_freq: 2\n")
+    assert train(conf, tmp_path / "ws") == 0
+    other = tmp_path / "other.conf"
+    other.write_text(open(conf).read().replace("num_output: 16", "num_output: 20"))
+    words = command.split()
+    extra = ["--resume", "--steps", "4", *words[1:]] if words[0] == "train" else []
+    cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", words[0], str(other), "--workspace",
+                                str(tmp_path / "ws"), *extra]
+    result = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "error at step" not in result.stderr, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if "has shape" in line]
+    assert len(lines) == 1 and lines[0].startswith("singa-mpi: error: "), result.stderr[-2000:]
+    assert "(on rank" not in lines[0] and "the net expects" in lines[0], lines  # every rank found it
+    assert [step for step, _ in checkpoint.listed(str(tmp_path / "ws"))] == [2]  # nothing written
