@@ -82,6 +82,18 @@ def _parse(text: str, path: str, allow_unknown_extension: bool) -> job_pb2.JobPr
     return job
 
 
+def updater_named(text: str) -> str | None:
+    """The updater a job's text selects (``kSGD``, a plugin's ``user_type``: the registry's name), or None
+    where the text names none or does not parse here (a checkpoint's copy of the job that wrote it)."""
+    from singa_mpi.registry import selected_name
+
+    try:
+        job = _parse(_AUTO_WORD.sub(lambda m: m.group(1) + str(AUTO), text), "<job>", allow_unknown_extension=True)
+    except (ConfigError, ValueError):
+        return None
+    return selected_name(job.updater) if job.HasField("updater") else None
+
+
 def _infer_onehot_vocabulary(job: job_pb2.JobProto, path: str) -> None:
     """SINGA's char-rnn sample.conf gives its kOneHot no vocab_size (SINGA built a one-hot of width 0,
     so the file never sampled): take it from the kRNNDummy that feeds it, whose integers lie in

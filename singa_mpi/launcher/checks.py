@@ -216,7 +216,25 @@ def read_resumed(launch: Launch, options: RunOptions,
     if ckpt is None:  # removed since listed: nothing to check, the run notes it starts at step 0
         return None
     _check_job_identity(launch, ckpt, options, log)
+    _updater_state_for(launch, ckpt, log)
     return ckpt
+
+
+def _updater_state_for(launch: Launch, ckpt: checkpoint.Checkpoint, log: Callable[[str], None] | None) -> None:
+    """A job may go on from its checkpoint with another updater (the job identity leaves it out, as it
+    leaves out the learning rate), but the state of the checkpoint's updater means something else to
+    this one (SGD's momentum is no Adam average; AdaGrad's sum of squares no RMSProp average): the params
+    are resumed, the updater's state and counters start afresh on every rank, said in one line (``log``)."""
+    from singa_mpi.config.load import updater_named
+    from singa_mpi.registry import selected_name
+
+    theirs, mine = updater_named(ckpt.job_config), selected_name(launch.cfg.proto.updater)
+    if theirs is None or theirs == mine or not (ckpt.updater or ckpt.counters):
+        return
+    ckpt.updater, ckpt.counters = {}, {}
+    if log is not None:
+        log(f"warning: {ckpt.path}: written with updater {theirs}, this job uses {mine}: the params are resumed, "
+            f"{mine}'s state starts afresh ({theirs}'s state means something else to it)")
 
 
 def _check_job_identity(launch: Launch, ckpt: checkpoint.Checkpoint, options: RunOptions,

@@ -1,6 +1,7 @@
 """Checkpoints: exact resume, resume on other rank counts and partitionings, crash safety, damage, signals."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -342,3 +343,32 @@ def test_updater_counters_survive_two_resumes_where_a_rank_updates_no_chunk_of_a
     assert final(tmp_path / "ws", 6).counters == {name: {"steps": 6} for name in final(tmp_path / "ws", 6).params}
     for name, value in final(tmp_path / "whole", 6).params.items():
         np.testing.assert_allclose(final(tmp_path / "ws", 6).params[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_resuming_with_another_updater_resumes_the_params_and_starts_its_state_afresh(tmp_path, capsys):
+    """A checkpoint of SGD with momentum resumed by a job that now uses Adam: SGD's momentum history was
+    loaded as Adam's first moment, silently.  Now one warning, and Adam starts as from no state."""
+    conf = job_file(tmp_path, steps=2)
+    assert train(conf, tmp_path / "ws") == 0
+    assert final(tmp_path / "ws", 2).updater  # SGD's momentum history is in it
+    shutil.copytree(tmp_path / "ws", tmp_path / "fresh")
+    start = final(tmp_path / "fresh", 2)
+    start.updater, start.counters = {}, {}  # what Adam must start from
+    checkpoint.write(checkpoint.checkpoint_path(str(tmp_path / "fresh"), 2), start)
+    adam = tmp_path / "adam.conf"
+    adam.write_text(open(conf).read().replace("type: kSGD momentum: 0.9", "type: kAdam adam_conf { beta1: 0.9 beta2: 0.99 }"))
+    capsys.readouterr()
+    assert train(str(adam), tmp_path / "ws", resume=True, steps=4) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "updater" in line]
+    assert said == [f"warning: {checkpoint.checkpoint_path(str(tmp_path / 'ws'), 2)}: written with updater kSGD, "
+                    f"this job uses kAdam: the params are resumed, kAdam's state starts afresh (kSGD's state means "
+                    f"something else to it)"], said
+    assert train(str(adam), tmp_path / "fresh", resume=True, steps=4) == 0
+    resumed, expected = final(tmp_path / "ws", 4), final(tmp_path / "fresh", 4)
+    for name in expected.params:
+        np.testing.assert_array_equal(resumed.params[name], expected.params[name], err_msg=name)
+        for slot in expected.updater[name]:
+            np.testing.assert_array_equal(resumed.updater[name][slot], expected.updater[name][slot], err_msg=name)
+    capsys.readouterr()
+    assert train(str(adam), tmp_path / "ws", resume=True, steps=6) == 0  # the same updater: no word, state kept
+    assert "updater" not in capsys.readouterr().out
