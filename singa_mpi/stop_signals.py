@@ -59,6 +59,8 @@ class StopSignals:
     def attach(self, trainer: Trainer) -> None:
         """From now on a signal asks ``trainer`` to stop after its step (one received already: at once)."""
         self.trainer = trainer
+        if isinstance(trainer, Trainer):
+            trainer.acknowledge = self.acknowledge_elsewhere
         if self.received is not None:
             trainer.stop_requested = True
             trainer.stop_signal = self.received
@@ -92,23 +94,31 @@ class StopSignals:
         if self.is_root and not asked:
             self._acknowledge_once(signum)
 
+    def acknowledge_elsewhere(self, signum: int) -> None:
+        """Root: the stop signal ``signum`` reached another rank alone (a server, a worker of another
+        group or of its own), as the stop's vote told: acknowledged as one that reached the root."""
+        if not self.finished and self.is_root:
+            self._acknowledge_once(signum, elsewhere=True)
+
     def _seen_from_thread(self, signum: int) -> None:
         if not self.finished and self.is_root:
             self._acknowledge_once(signum)
 
-    def _acknowledge_once(self, signum: int) -> None:
+    def _acknowledge_once(self, signum: int, elsewhere: bool = False) -> None:
         with self._acknowledging:  # the handler or the watcher thread, whichever sees the signal first
             if self._acknowledged:
                 return
             self._acknowledged = True
-        self._acknowledge(signum)
+        self._acknowledge(signum, elsewhere)
 
-    def _acknowledge(self, signum: int) -> None:
-        """Root, on the first stop signal: one line on stderr at once (raw write: a handler may interrupt
-        a print), and while training the pending stop in WORKSPACE/stopped.txt, naming the newest
-        checkpoint there is, in case the launcher ends the run before the stop's checkpoint is written."""
+    def _acknowledge(self, signum: int, elsewhere: bool = False) -> None:
+        """Root, on the first stop signal (``elsewhere``: one that reached another rank alone): one line
+        on stderr at once (raw write: a handler may interrupt a print), and while training the pending
+        stop in WORKSPACE/stopped.txt, naming the newest checkpoint there is, in case the launcher ends
+        the run before the stop's checkpoint is written."""
         name = "Ctrl-C" if signum == signal.SIGINT else signal_name(signum)
-        again = " (Ctrl-C again to abort without one)" if signum == signal.SIGINT else ""
+        name += " (it reached another rank)" if elsewhere else ""
+        again = " (Ctrl-C again to abort without one)" if signum == signal.SIGINT and not elsewhere else ""
         trainer = self.trainer
         if trainer is None or not trainer.training:  # setting up: the run stops before training
             os.write(2, f"singa-mpi: {name}: stopping before training starts; nothing is written\n".encode())

@@ -174,6 +174,9 @@ class Trainer:
         self.keep: int | None = None  # checkpoints to keep (None: all)
         self.stop_requested = False  # set by a signal handler: checkpoint and stop after this step
         self.stop_signal: int | None = None  # the signal that asked for it, when this process got one
+        # the root's acknowledgement of a stop signal another rank received (StopSignals.attach sets it;
+        # a signal this rank received is acknowledged as it arrives)
+        self.acknowledge: Callable[[int], None] | None = None
         self.training = False  # the steps have begun: a stop now writes a checkpoint (else none)
         self.resume_hint: str | None = None  # "resume with: ...", for WORKSPACE/stopped.txt
         self.stopped = False
@@ -322,7 +325,8 @@ class Trainer:
             if bar is not None:
                 bar.advance()
             # one vote a step, on stop signals and non-finite values; every rank stops after the same step
-            halt = self.runtime.vote_to_stop(self.stop_requested or self.finite.found is not None or self.runtime.sync().stop_asked())
+            halt = self.runtime.vote_to_stop(self.stop_requested or self.finite.found is not None
+                                             or self.runtime.sync().stop_asked(), self.stop_signal)
             if halt:  # a NaN stops here, before its progress line and with no checkpoint
                 self.finite.look_at_values(self.runtime.sync())  # a stop writes one
                 self.finite.raise_if_found(self.runtime, step, "train", self.workspace)
@@ -344,9 +348,8 @@ class Trainer:
                 last_time, steps_since = now, 0
             if halt:
                 done = step + 1  # batches trained: stepN.h5 is the state after N of them
-                # the signal that stopped the group, also where it reached other ranks only (collective)
-                self.stop_signal = next((s for s in self.runtime.allgather_object(self.stop_signal) if s), None)
-                self.runtime.sync().training_done(stopped=True)
+                self._learn_stop_signal()
+                self.runtime.sync().training_done(stopped=True, signal=self.stop_signal)
                 path = self.save_checkpoint(done, final=True)
                 self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")
                 self.note_stop(done, path)
@@ -362,6 +365,16 @@ class Trainer:
             self.log(table)
         self.summarize_run(self.train_steps, path)
         return final
+
+    def _learn_stop_signal(self) -> None:
+        """The signal that stopped the job, also where it reached other ranks only (collective over the
+        group): a rank of the group, else a server rank or another group (as the sync was told); the
+        root acknowledges one it did not receive itself, as it does its own."""
+        own = self.stop_signal
+        self.stop_signal = next((s for s in self.runtime.allgather_object(self.stop_signal) if s), None) \
+            or self.runtime.sync().signal_elsewhere()
+        if own is None and self.stop_signal is not None and self.acknowledge is not None and self.runtime.is_root:
+            self.acknowledge(self.stop_signal)
 
     def note_stop(self, done: int, path: str | None) -> None:
         """Root: what the stop saved, in WORKSPACE/stopped.txt (its first line also on stderr while

@@ -87,6 +87,7 @@ class ServerRuntime:
         # set by the stop signals' handler (launcher.run attaches this server as it attaches a trainer): a
         # signal that reaches a server alone stops every group too (it was swallowed: the job trained on)
         self.stop_requested, self.stop_signal = False, None
+        self.group_signal = 0  # the stop signal a group that stopped received (FINISHED's word 2)
         self.check_finite = True
         self.replies: dict[tuple[int, int], tuple] = {}  # (group, id(piece)) -> (buffer, request)
         self.lock = threading.Lock()  # held while a range changes: an emergency piece sees none half-updated
@@ -125,7 +126,7 @@ class ServerRuntime:
                 if kind == BYE:
                     said_bye.add(source)
                 elif kind == FINISHED:
-                    self._finished(source, bool(arg))
+                    self._finished(source, bool(arg), int(control[2]))
                 elif kind == GET:
                     self._send_values(source)
                 elif kind == SNAPSHOT:
@@ -184,7 +185,7 @@ class ServerRuntime:
                 continue
             the_range.seen[g] = the_range.version
             header = [status, the_range.version, staleness, min(the_range.clock), max(the_range.clock),
-                      self.stop_reason]
+                      self.stop_reason, self._signal_word()]
             for piece, _, rank in the_range.incoming[g]:
                 self._reply(g, piece, rank, the_range, header)
         the_range.held = kept
@@ -207,10 +208,15 @@ class ServerRuntime:
             if piece.worker == w:
                 r = self.ranges[piece.name]
                 self._reply(g, piece, rank, r, [APPLIED, r.version, 0, min(r.clock), max(r.clock),
-                                                self.stop_reason])
+                                                self.stop_reason, self._signal_word()])
 
     # ------------------------------------------------------------- groups finishing, snapshots
-    def _finished(self, rank: int, stopped: bool) -> None:
+    def _signal_word(self) -> int:
+        """A reply's SIGNAL word: the stop signal this server or a group received first (0: none)."""
+        return self.group_signal or int(self.stop_signal or 0)
+
+    def _finished(self, rank: int, stopped: bool, signal: int = 0) -> None:
+        self.group_signal = self.group_signal or signal
         self.finished_workers.add(rank)
         self.stop_reason = max(self.stop_reason, STOPPED_EARLY if stopped else 0)
         for the_range in self.ranges.values():  # the slowest group may have just left

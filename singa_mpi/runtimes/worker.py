@@ -350,12 +350,13 @@ class WorkerRuntime:
         """True on every worker of the group if ``flag`` is on any."""
         return self.comm.any(flag)
 
-    def vote_to_stop(self, flag: bool) -> bool:
+    def vote_to_stop(self, flag: bool, signal: int | None = None) -> bool:
         """The trainer's vote after each step; distributed Hogwild's groups must stop together (their
-        exchanges are collective): they vote at the exchanges only, every worker of every group."""
+        exchanges are collective): they vote at the exchanges only, every worker of every group (and
+        learn the stop ``signal`` a rank of another group received)."""
         for strategy in self._sync.strategies if self._sync is not None else []:
             if isinstance(strategy, GroupDeltaSync):
-                return strategy.vote(flag)
+                return strategy.vote(flag, signal)
         return self.any(flag)
 
     def barrier(self) -> None:

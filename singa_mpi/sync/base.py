@@ -157,9 +157,15 @@ class Synchronizer:
         """Before a test or validation pass: the latest values where others update them too."""
         self._each("refresh")
 
-    def training_done(self, stopped: bool) -> None:
-        """This worker trained its last step (``stopped``: early, on a signal or a finding)."""
-        self._each("training_done", stopped)
+    def training_done(self, stopped: bool, signal: int | None = None) -> None:
+        """This worker trained its last step (``stopped``: early, on a signal or a finding; ``signal``:
+        the stop signal its group received, told to the other groups)."""
+        self._each("training_done", stopped, signal)
+
+    def signal_elsewhere(self) -> int | None:
+        """The stop signal that a server rank or another worker group received, as far as it was told
+        here (with a stop: the groups and servers stop after it), else None."""
+        return next((signal for signal in self._each("signal_elsewhere") if signal), None)
 
     def stop_asked(self) -> bool:
         """Another group stopped early: this one stops too (after its vote)."""

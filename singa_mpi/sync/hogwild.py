@@ -45,6 +45,8 @@ class GroupDeltaSync:
         self.request = None
         self.step = step  # updates so far (the step numbers every group shares)
         self.pending_stop = False
+        self.pending_signal: int | None = None  # the stop signal this worker received, till the vote
+        self.signal: int | None = None  # the stop signal any worker of any group received, once voted
 
     def restart(self) -> None:
         """Training starts (or resumes) from the params as they are now: the base of every delta."""
@@ -105,15 +107,21 @@ class GroupDeltaSync:
             self.request = None
 
     # ------------------------------------------------------------- stopping together
-    def vote(self, flag: bool) -> bool:
+    def vote(self, flag: bool, signal: int | None = None) -> bool:
         """The per-step stop vote: kept until the next exchange, then taken over every worker of every
-        group (so that all stop after the same step, with the same number of exchanges behind them)."""
+        group (so that all stop after the same step, with the same number of exchanges behind them);
+        on a stop every worker learns the stop signal one of them received (``signal``: this one's)."""
         self.pending_stop = self.pending_stop or flag
-        if not self.at_exchange():
+        self.pending_signal = self.pending_signal or signal
+        if not self.at_exchange() or not self.world.any(self.pending_stop):
             return False
-        return self.world.any(self.pending_stop)
+        self.signal = next((s for s in self.world.allgather_object(self.pending_signal) if s), None)
+        return True
 
-    def training_done(self, stopped: bool) -> None:
+    def signal_elsewhere(self) -> int | None:
+        return self.signal
+
+    def training_done(self, stopped: bool, signal: int | None = None) -> None:
         """At the end, a last exchange, blocking: every group ends with every group's updates.  On a
         stop the exchange in flight completes (every group stopped after the same step, but a group
         that found a non-finite value ends without this)."""
@@ -150,11 +158,17 @@ class SharedHogwild(LocalSync):
             param.data = values[offset:offset + size].reshape(param.data.shape)
             offset += size
 
-    def training_done(self, stopped: bool) -> None:
-        """A group that stops early tells the others (they read the word after each step)."""
+    def training_done(self, stopped: bool, signal: int | None = None) -> None:
+        """A group that stops early tells the others (they read the word after each step): the stop
+        ``signal`` it received, or -1 for a stop without one."""
         if stopped:
-            self.stop_word[0] = 1.0
+            self.stop_word[0] = float(signal) if signal else -1.0
 
     def stop_asked(self) -> bool:
         """Another group stopped early: this one stops too."""
         return bool(self.stop_word[0])
+
+    def signal_elsewhere(self) -> int | None:
+        """The stop signal the group that stopped first received (None: it stopped without one)."""
+        word = float(self.stop_word[0])
+        return int(word) if word > 0 else None

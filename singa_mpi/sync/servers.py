@@ -15,11 +15,13 @@ Messages (tags below :data:`singa_mpi.planner.servers.FIRST_PIECE_TAG` are the p
 * a reply: float32[n + HEADER]: the values, then int32 words ``status`` (APPLIED, or NOT_FINITE:
   the summed gradient held a NaN or an infinity and was not applied), the range's version (updates
   applied so far), the staleness of this update (other groups' updates applied since this group
-  last got the range's values), the slowest and fastest group's update count, and ``stop`` (why
+  last got the range's values), the slowest and fastest group's update count, ``stop`` (why
   every group stops after its current step: STOPPED_EARLY, a group stopped on a signal; or
-  FOUND_NONFINITE, a group's gradient was not finite);
+  FOUND_NONFINITE, a group's gradient was not finite), and ``signal`` (the stop signal a server or a
+  group received, 0 for none: the job's root names it in its acknowledgement and WORKSPACE/stopped.txt);
 * control messages int32[CONTROL_WORDS] on tag CONTROL: GET (send me my pieces' current values),
-  FINISHED (this worker trained its last step; word 1: it stopped early), SNAPSHOT (send the root
+  FINISHED (this worker trained its last step; word 1: it stopped early; word 2: the stop signal its
+  group received, 0 for none), SNAPSHOT (send the root
   your params and updater state; word 1: only once every group has finished), BYE (this worker
   is done with the servers);
 * INIT (an object, from the job's root worker before any gradient): the checkpoint to start from,
@@ -32,10 +34,10 @@ import numpy as np
 from singa_mpi.params import Param
 
 CONTROL, SNAPSHOT_REPLY, INIT = 1, 2, 3  # tags
-CONTROL_WORDS = 2
+CONTROL_WORDS = 3
 GET, FINISHED, SNAPSHOT, BYE = 1, 2, 3, 4  # control kinds
-HEADER = 6  # int32 words after a reply's values
-STATUS, VERSION, STALENESS, SLOWEST, FASTEST, STOP = range(HEADER)
+HEADER = 7  # int32 words after a reply's values
+STATUS, VERSION, STALENESS, SLOWEST, FASTEST, STOP, SIGNAL = range(HEADER)
 APPLIED, NOT_FINITE = 0, 1
 STOPPED_EARLY, FOUND_NONFINITE = 1, 2  # a reply's STOP word: why every group stops
 LABEL = "servers"
@@ -72,6 +74,7 @@ class ServerSync:
         self.talks_to = sorted({piece.server for piece, _ in self.pieces})
         self._nonfinite: Param | None = None
         self._stop = 0  # the largest STOP word seen
+        self._signal = 0  # the first stop signal a reply named (a server's, another group's)
         self._seen: list[np.ndarray] = []  # reply headers since the last metrics()
         self._reset()
 
@@ -120,6 +123,7 @@ class ServerSync:
             if header[STATUS] == NOT_FINITE and self._nonfinite is None:
                 self._nonfinite = param
             self._stop = max(self._stop, int(header[STOP]))
+            self._signal = self._signal or int(header[SIGNAL])
         self._reset()
 
     def update(self, step: int, updater) -> None:
@@ -156,8 +160,12 @@ class ServerSync:
         self.world.Waitall(requests, LABEL, awaits=tuple(self.servers))
         self._take_values()
 
-    def training_done(self, stopped: bool) -> None:
-        self._control(FINISHED, int(stopped))
+    def training_done(self, stopped: bool, signal: int | None = None) -> None:
+        self._control(FINISHED, int(stopped), signal or 0)
+
+    def signal_elsewhere(self) -> int | None:
+        """The stop signal a server rank or another group received, as the servers' replies named it."""
+        return self._signal or None
 
     def stop_asked(self) -> bool:
         """A server said a group stopped early (a signal, a non-finite gradient): stop too."""
@@ -195,12 +203,12 @@ class ServerSync:
         has finished training)."""
         parts = []
         for rank in self.servers:
-            self.world.Send(np.array([SNAPSHOT, int(final)], np.int32), rank, CONTROL, LABEL)
+            self.world.Send(np.array([SNAPSHOT, int(final), 0], np.int32), rank, CONTROL, LABEL)
             # the last checkpoint waits for every group to finish: as long as the slowest group takes
             parts.append(self.world.recv_object(rank, SNAPSHOT_REPLY, LABEL, patient=final and self.asynchronous))
         return parts
 
-    def _control(self, kind: int, arg: int = 0) -> None:
-        message = np.array([kind, arg], np.int32)
+    def _control(self, kind: int, arg: int = 0, signal: int = 0) -> None:
+        message = np.array([kind, arg, signal], np.int32)
         for server in (self.talks_to if kind == GET else range(len(self.servers))):
             self.world.Send(message, self.servers[server], CONTROL, LABEL)

@@ -158,21 +158,27 @@ def test_a_killed_server_or_worker_rank_ends_the_job_and_is_named_with_its_role(
     assert f"rank {victim} (pid {pid}" in named[0] and role in named[0], named[0]
 
 
+@pytest.mark.parametrize("cluster,victim", [(SANDBLASTER, 2), (DOWNPOUR, 1)], ids=["server", "worker-group-1"])
 @pytest.mark.slow
-def test_a_stop_signal_that_reaches_a_server_alone_stops_every_group_with_a_checkpoint(tmp_path):
+def test_a_stop_signal_that_reaches_a_server_alone_stops_every_group_with_a_checkpoint(tmp_path, cluster, victim):
     """A server rank caught the signal and did nothing with it: the job trained on to its end.  It now
-    tells every group, as a group that stops does, and the job stops after one step (exit 75)."""
-    conf = digits_job(tmp_path, "signal", SANDBLASTER, 100000, extra="checkpoint_freq: 100000\n")
+    tells every group, as a group that stops does, and the job stops after one step (exit 75).  The
+    signal of a server or of another group's worker is named and acknowledged by rank 0."""
+    conf = digits_job(tmp_path, "signal", cluster, 100000, extra="checkpoint_freq: 100000\n")
     cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     wait_for_progress(proc, tmp_path)
-    os.kill(rank_pids(conf)[2], signal.SIGTERM)  # the server
+    os.kill(rank_pids(conf)[victim], signal.SIGTERM)  # the server, or group 1's worker
     code, out, err = finish(proc, 60)
     assert code == checkpoint.EXIT_CHECKPOINTED, err[-3000:]
     (step, path), _ = checkpoint.listed(str(tmp_path / "ws"))  # the stop's, and step 0's
     assert 0 < step < 100000 and checkpoint.read(path).step == step
-    assert f"stopped on a signal after {step} steps" in (tmp_path / "ws" / "stopped.txt").read_text()
+    # named, and acknowledged by rank 0 as a signal of its own is (they once said neither)
+    assert f"stopped on a signal (SIGTERM) after {step} steps" in (tmp_path / "ws" / "stopped.txt").read_text()
+    said = [line for line in err.splitlines() if line.startswith("singa-mpi: SIGTERM")]
+    assert said == [f"singa-mpi: SIGTERM (it reached another rank): stopping after this step and writing a checkpoint; "
+                    f"what was saved: {tmp_path / 'ws' / 'stopped.txt'}"], err[-3000:]
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ serial run's, from the serial run's start (the same starting values).  Their MPI
 tests/runtimes/test_frameworks.py and tests/mpi/test_servers.py.
 """
 import pathlib
+import signal
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from singa_mpi.launcher.checks import check_inputs
 from singa_mpi.launcher.describe import World, describe, read_job
 from singa_mpi.launcher.options import Request
 from singa_mpi.workspace import make_workspace
-from singa_mpi.runtimes.roles import RoleJob, run_role
+from singa_mpi.runtimes.roles import RoleHooks, RoleJob, run_role
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.trainer import Trainer
 
@@ -43,10 +44,11 @@ def framework_job(name: str, steps: int, workspace: pathlib.Path, share_memory: 
 
 
 def run_in_threads(cfg, workspace: pathlib.Path, resume: checkpoint.Checkpoint | None = None,
-                   prepare=lambda trainer: None) -> list:
+                   prepare=lambda trainer: None, serving=lambda server: None) -> list:
     """Every rank of the job's cluster as a thread; each worker's trainer (None for a server).
     ``resume``: a checkpoint every worker restores in full first, as --resume does; ``prepare(trainer)``:
-    called on each worker's trainer before it trains."""
+    called on each worker's trainer before it trains; ``serving(server)``: on each server's runtime
+    before it serves (as the launcher hands it to the stop signals)."""
     size = cfg.proto.cluster.nworker_groups * cfg.proto.cluster.nworkers_per_group
     if cfg.proto.cluster.server_worker_separate:
         size += cfg.proto.cluster.nserver_groups * cfg.proto.cluster.nservers_per_group
@@ -65,7 +67,11 @@ def run_in_threads(cfg, workspace: pathlib.Path, resume: checkpoint.Checkpoint |
             prepare(trainer)
             trainer.run()
             return 0
-        return run_role(comm, job, body)
+        def attach(runtime) -> None:
+            if not isinstance(runtime, Trainer):
+                serving(runtime)
+
+        return run_role(comm, job, body, RoleHooks(attach=attach))
 
     assert run_ranks(size, rank, timeout=240.0) == [0] * size
     return trainers
@@ -164,3 +170,35 @@ def test_ckpt_inspect_names_every_rank_of_a_framework_job(tmp_path, monkeypatch,
     path = checkpoint.checkpoint_path(str(tmp_path / "ws"), 2)
     assert writers in inspect(path).splitlines()[0]
     assert checkpoint.read(path).nranks == int(writers.split()[2])
+
+
+@pytest.mark.parametrize("name,share_memory,where", [
+    ("sandblaster", None, "server"), ("downpour", None, "server"), ("downpour", None, "group 1"),
+    ("hogwild", True, "group 1"), ("hogwild", False, "group 1")])
+def test_a_stop_signal_that_reached_a_server_or_another_group_is_named_and_acknowledged_by_the_root(
+        tmp_path, monkeypatch, name, share_memory, where):
+    """A SIGTERM that reached a server rank or a worker of another group alone stopped the job with a
+    checkpoint, but stopped.txt said "stopped on a signal after N steps" without naming it, and rank 0
+    said nothing at once (as it does for a signal of its own).  The signal travels with the stop now."""
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job(name, 5000, tmp_path / "ws", share_memory=share_memory)
+    acknowledged = []
+
+    def prepare(trainer):
+        if trainer.runtime.is_root:
+            trainer.acknowledge = acknowledged.append
+        if where == "group 1" and trainer.runtime.place.role.group == 1 and trainer.runtime.rank == 0:
+            trainer.stop_requested, trainer.stop_signal = True, signal.SIGTERM
+
+    def serving(server):
+        if where == "server" and server.role.index == 0:
+            server.stop_requested, server.stop_signal = True, signal.SIGTERM
+
+    trainers = run_in_threads(cfg, tmp_path / "ws", prepare=prepare, serving=serving)
+    root = next(t for t in trainers if t is not None and t.runtime.is_root)
+    assert root.stopped and root.stop_signal == signal.SIGTERM
+    assert acknowledged == [signal.SIGTERM]
+    (step, path), *_ = checkpoint.listed(str(tmp_path / "ws"))
+    assert step < 5000
+    assert (tmp_path / "ws" / "stopped.txt").read_text().startswith(
+        f"stopped on a signal (SIGTERM) after {step} steps: checkpoint {path}")
