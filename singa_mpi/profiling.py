@@ -68,11 +68,11 @@ def build(parts: list[dict]) -> dict:
 
 
 def write(workspace: str, profile: dict) -> str:
+    """WORKSPACE/profile.json, whole or not at all (an OSError, no temporary file left)."""
+    from singa_mpi.checkpoints.hdf5 import write_whole
+
     path = os.path.join(workspace, FILE)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(profile, f, indent=1)
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(profile, indent=1))
     return path
 
 

@@ -126,13 +126,13 @@ def chrome_trace(parts: list[dict]) -> dict:
 
 def write(path: str, parts: list[dict]) -> str:
     """Write the trace atomically; returns one line saying what was written."""
+    from singa_mpi.checkpoints.hdf5 import write_whole
+
     trace = chrome_trace(parts)
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(tmp, "w") as f:
-            f.write(json.dumps(trace, separators=(",", ":")))  # one string: much faster than json.dump's chunks
-        os.replace(tmp, path)
+        # one string: much faster than json.dump's chunks; no temporary file left if it fails
+        write_whole(path, json.dumps(trace, separators=(",", ":")))
     except OSError as err:
         raise DataError(f"--trace {path}: could not write the timeline: {err.strerror or err}") from None
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")

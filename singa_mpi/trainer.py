@@ -124,11 +124,8 @@ def write_stop_note(workspace: str, lines: list[str]) -> str | None:
     workspace cannot be written (the stop goes on: this note is not worth failing it)."""
     path = os.path.join(workspace, STOP_NOTE)
     try:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write("".join(f"{line}\n" for line in lines))
-        os.replace(tmp, path)
-    except OSError:
+        checkpoint.write_whole(path, "".join(f"{line}\n" for line in lines))
+    except OSError:  # (no stopped.txt.tmp<PID> left: a full disk's is removed)
         return None
     return path
 
@@ -278,7 +275,11 @@ class Trainer:
         if parts is None or not self.runtime.is_root:  # several groups: group 0's root writes
             return
         profile = profiling.build(parts)
-        profiling.write(self.workspace, profile)
+        try:
+            profiling.write(self.workspace, profile)
+        except OSError as err:  # a by-product: the run (its checkpoint written) is not failed for it
+            self.log(f"note: {os.path.join(self.workspace, profiling.FILE)}: not written: "
+                     f"{checkpoint.disk_problem(err)}")
         if self.print_profile:
             self.log(profiling.format_table(profile, self.debug))
             if isinstance(prediction, Prediction):

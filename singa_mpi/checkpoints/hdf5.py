@@ -234,6 +234,14 @@ def _what_else(image: bytes) -> str:
 _TEXT_PROBE = 512  # bytes read to tell a text file
 
 
+def write_whole(path: str, text: str) -> None:
+    """``text`` into ``path`` as a checkpoint is written: through a temporary file, fsynced and renamed; a
+    failure (a full disk, a Ctrl-C) is raised with the temporary removed: no part of a file is left (the
+    run's smaller files, profile.json and stopped.txt, whose writers must not end a run that saved its
+    checkpoint)."""
+    _write_durably(path, text.encode())
+
+
 def _write_durably(path: str, image: bytes) -> None:
     """``image`` to ``path`` through a temporary file: written, fsynced, renamed (or removed on failure)."""
     tmp = f"{path}.tmp{os.getpid()}"

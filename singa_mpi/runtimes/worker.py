@@ -19,6 +19,7 @@ import numpy as np
 
 from singa_mpi import plugins
 from singa_mpi.algorithms import frozen_params, make_algorithm
+from singa_mpi.checkpoints.hdf5 import disk_problem, write_whole
 from singa_mpi.config.load import JobConfig
 from singa_mpi.cost.beside import Prediction, predict_plan
 from singa_mpi.errors import ConfigError, SingaError
@@ -405,18 +406,19 @@ class WorkerRuntime:
         rows = self.gather_object(self.measured())
         if rows is None or steps <= 0 or not self.is_root:
             return None
-        self._write_measured(rows, steps)
-        return communication_table(rows, steps, debug)
+        table = communication_table(rows, steps, debug)
+        try:
+            self._write_measured(rows, steps)
+        except OSError as err:  # a by-product: the run (its checkpoint written) is not failed for it
+            note = f"note: {os.path.join(self.workspace, 'communication.json')}: not written: {disk_problem(err)}"
+            return f"{table}\n{note}" if table else note
+        return table
 
     def _write_measured(self, rows: list[dict], steps: int) -> None:
         table = {"steps": steps, "method": self.method,
                  "workers": [{label: {"calls": c, "bytes": b, "seconds": s} for label, (c, b, s) in per_rank.items()}
                              for per_rank in rows]}
-        path = os.path.join(self.workspace, "communication.json")
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(table, f, indent=1)
-        os.replace(tmp, path)
+        write_whole(os.path.join(self.workspace, "communication.json"), json.dumps(table, indent=1))
 
     def close(self) -> None:
         """Finish outstanding sends, then free every communicator and window made for this run

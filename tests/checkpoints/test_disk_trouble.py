@@ -190,3 +190,39 @@ def test_a_workspace_on_a_read_only_file_system(tmp_path, nranks):
     with mounted(tmp_path / "ro", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs") as disk:
         one_error_line(cli_train(nranks, conf, disk / "ws"), f"{disk / 'ws'}: cannot write into this workspace "
                        f"folder: Read-only file system", "choose a --workspace on a writable one")
+
+
+def leftovers(folder) -> list[str]:
+    """Temporary files of interrupted writes anywhere under ``folder``."""
+    return sorted(os.path.join(d, name) for d, _, names in os.walk(folder) for name in names if ".tmp" in name)
+
+
+def test_a_stop_note_that_cannot_be_written_leaves_no_part_of_it(tmp_path):
+    """stopped.txt is written whole or not at all: a failing write once left stopped.txt.tmp<PID>."""
+    from singa_mpi.trainer import write_stop_note
+
+    (tmp_path / "stopped.txt").mkdir()  # what cannot be replaced, as a full disk refuses the write
+    (tmp_path / "stopped.txt" / "x").write_text("")
+    assert write_stop_note(str(tmp_path), ["stopped on a signal"]) is None
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_a_run_whose_profile_cannot_be_written_after_its_checkpoint_ends_well(tmp_path, nranks):
+    """A disk that refused profile.json (or communication.json) after the last checkpoint was written:
+    the run ended with a traceback (exit 1, an abort under MPI) and left the file's .tmp<PID>.  The
+    run's checkpoint stands: one note each, exit 0, nothing half-written."""
+    conf = job(tmp_path, steps=2)
+    ws = tmp_path / "ws"
+    for name in ("profile.json", "communication.json"):  # in the way of their writers' rename
+        (ws / name).mkdir(parents=True)
+        (ws / name / "x").write_text("")
+    result = cli_train(nranks, conf, ws)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    notes = [line for line in result.stdout.splitlines() if ": not written: " in line]
+    written = ["profile.json", "communication.json"] if nranks > 1 else ["profile.json"]  # (serially: none)
+    assert sorted(notes) == sorted(f"note: {ws / name}: not written: Is a directory: check the disk or choose "
+                                   f"another --workspace" for name in written), result.stdout[-3000:]
+    assert checkpoint.read(checkpoint.checkpoint_path(str(ws), 2)).step == 2
+    assert leftovers(ws) == []
