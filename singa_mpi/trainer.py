@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from singa_mpi import profiling
 from singa_mpi import progress
@@ -29,7 +29,7 @@ from singa_mpi.data.convert import atomic_path
 from singa_mpi.cost.beside import Prediction, beside_lines
 from singa_mpi.layers.base import fold_block_sums, layer_class_of
 from singa_mpi.net import Net, global_batch_size, phase_nodes
-from singa_mpi.errors import NonFiniteError
+from singa_mpi.errors import DataError, NonFiniteError
 from singa_mpi.nonfinite import DIVERGED, NonFiniteCheck
 from singa_mpi.proto import job_pb2
 from singa_mpi.updaters import load_blas, make_updater
@@ -289,10 +289,11 @@ class Trainer:
 
     def _run_steps(self) -> dict[str, float]:
         os.makedirs(self.workspace, exist_ok=True)
-        if self.runtime.is_root and self.start_step == 0:
-            open(self.metrics_path, "w").close()
-        elif self.runtime.is_root:
-            drop_records_from(self.metrics_path, self.start_step)
+        with self._metrics_written():
+            if self.runtime.is_root and self.start_step == 0:
+                open(self.metrics_path, "w").close()
+            elif self.runtime.is_root:
+                drop_records_from(self.metrics_path, self.start_step)
         bar = progress.open_bar(self.train_steps, self.start_step) if self.live_bar and self.runtime.is_root else None
         if self.rescue:
             with self.rescue.lock:
@@ -476,9 +477,19 @@ class Trainer:
         self.history.append(entry)
         if not self.runtime.is_root:
             return
-        with open(self.metrics_path, "a") as f:
+        with self._metrics_written(), open(self.metrics_path, "a") as f:
             f.write(json.dumps(entry) + "\n")
         self.log(self.progress_line(entry, metrics, now))
+
+    @contextlib.contextmanager
+    def _metrics_written(self) -> Iterator[None]:
+        """metrics.jsonl refused (a full disk, a read-only one): a DataError naming it and what to do, as a
+        checkpoint that cannot be written is (a half-written line is dropped when the run resumes)."""
+        try:
+            yield
+        except OSError as err:
+            raise DataError(f"{self.metrics_path}: cannot write the run's metrics: {checkpoint.disk_problem(err)}"
+                            f"{checkpoint.RUN_GOES_ON}") from None
 
     def progress_line(self, entry: dict, metrics: dict[str, float], now: float) -> str:
         """``step   20/100  train  loss 0.6931  accuracy 0.5000  1,234 samples/s  comm 12%  elapsed 3.2s  ETA 12.8s``.

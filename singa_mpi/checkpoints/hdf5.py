@@ -130,11 +130,11 @@ def _text_dataset(group, name: str, text: str) -> None:
 
 
 # what a training run that cannot write its checkpoint still has
-_RUN_GOES_ON = " (the previous checkpoints are intact: continue with --resume once it is fixed)"
+RUN_GOES_ON = " (the previous checkpoints are intact: continue with --resume once it is fixed)"
 
 
 def write(path: str, ckpt: Checkpoint, fault_after: int | None = None, option: str = "--workspace",
-          after: str = _RUN_GOES_ON) -> str:
+          after: str = RUN_GOES_ON) -> str:
     """Write ``ckpt`` atomically to ``path``.  A disk that refuses (full, read-only, no permission) is a
     DataError naming the file and what to do (``option``: the option that chooses the place; ``after``:
     what is left to the user, a run's: its previous checkpoints); no part is left.

@@ -226,3 +226,16 @@ def test_a_run_whose_profile_cannot_be_written_after_its_checkpoint_ends_well(tm
                                    f"another --workspace" for name in written), result.stdout[-3000:]
     assert checkpoint.read(checkpoint.checkpoint_path(str(ws), 2)).step == 2
     assert leftovers(ws) == []
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_metrics_that_cannot_be_written_are_one_line_exit_3(tmp_path, nranks):
+    """metrics.jsonl refused (a full disk mid-run; here a folder in its way): a traceback (exit 1, an
+    abort under MPI).  Now the one line a checkpoint that cannot be written gives, exit 3."""
+    conf = job(tmp_path, steps=2)
+    ws = tmp_path / "ws"
+    (ws / "metrics.jsonl").mkdir(parents=True)
+    (ws / "metrics.jsonl" / "x").write_text("")
+    one_error_line(cli_train(nranks, conf, ws), f"{ws / 'metrics.jsonl'}: cannot write the run's metrics: ",
+                   "the previous checkpoints are intact")
+    assert leftovers(ws) == []
