@@ -328,7 +328,8 @@ class Trainer:
                 bar.advance()
             # one vote a step, on stop signals and non-finite values; every rank stops after the same step
             halt = self.runtime.vote_to_stop(self.stop_requested or self.finite.found is not None
-                                             or self.runtime.sync().stop_asked(), self.stop_signal)
+                                             or self.runtime.sync().stop_asked(), self.stop_signal,
+                                             self.finite.found is not None)
             if halt:  # a NaN stops here, before its progress line and with no checkpoint
                 self.finite.look_at_values(self.runtime.sync())  # a stop writes one
                 self.finite.raise_if_found(self.runtime, step, "train", self.workspace)

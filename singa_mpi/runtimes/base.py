@@ -43,9 +43,9 @@ class Runtime(Protocol):
     def server_state(self, final: bool) -> list[dict] | None:
         """The servers' params and updater state for a checkpoint (root), or None without servers."""
 
-    def vote_to_stop(self, flag: bool, signal: int | None = None) -> bool:
+    def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False) -> bool:
         """The trainer's vote after each step: True on every worker that must stop with the others
-        (``signal``: the stop signal this rank received, if any)."""
+        (``signal``: the stop signal this rank received, if any; ``nonfinite``: this rank found a NaN)."""
 
     def allgather_object(self, value) -> list:
         """Every worker's ``value`` on every worker of the group."""

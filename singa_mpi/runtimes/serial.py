@@ -52,7 +52,7 @@ class SerialRuntime:
     def server_state(self, final: bool) -> list[dict] | None:
         return None
 
-    def vote_to_stop(self, flag: bool, signal: int | None = None) -> bool:
+    def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False) -> bool:
         return flag
 
     def allgather_object(self, value) -> list:

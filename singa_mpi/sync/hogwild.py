@@ -46,7 +46,9 @@ class GroupDeltaSync:
         self.step = step  # updates so far (the step numbers every group shares)
         self.pending_stop = False
         self.pending_signal: int | None = None  # the stop signal this worker received, till the vote
+        self.pending_nonfinite = False  # this worker found a non-finite value, till the vote
         self.signal: int | None = None  # the stop signal any worker of any group received, once voted
+        self.nonfinite = False  # a worker of any group found a non-finite value, once voted
 
     def restart(self) -> None:
         """Training starts (or resumes) from the params as they are now: the base of every delta."""
@@ -107,19 +109,28 @@ class GroupDeltaSync:
             self.request = None
 
     # ------------------------------------------------------------- stopping together
-    def vote(self, flag: bool, signal: int | None = None) -> bool:
+    def vote(self, flag: bool, signal: int | None = None, nonfinite: bool = False) -> bool:
         """The per-step stop vote: kept until the next exchange, then taken over every worker of every
         group (so that all stop after the same step, with the same number of exchanges behind them);
-        on a stop every worker learns the stop signal one of them received (``signal``: this one's)."""
+        on a stop every worker learns the stop signal one of them received (``signal``: this one's) and
+        whether one found a non-finite value (``nonfinite``): the exchange under way carries that
+        group's values to every group, which must then write no checkpoint either."""
         self.pending_stop = self.pending_stop or flag
         self.pending_signal = self.pending_signal or signal
+        self.pending_nonfinite = self.pending_nonfinite or nonfinite
         if not self.at_exchange() or not self.world.any(self.pending_stop):
             return False
-        self.signal = next((s for s in self.world.allgather_object(self.pending_signal) if s), None)
+        everyone = self.world.allgather_object((self.pending_signal, self.pending_nonfinite))
+        self.signal = next((s for s, _ in everyone if s), None)
+        self.nonfinite = any(found for _, found in everyone)
         return True
 
     def signal_elsewhere(self) -> int | None:
         return self.signal
+
+    def nonfinite_elsewhere(self) -> bool:
+        """A worker of some group found a non-finite value: every group stops as on its own finding."""
+        return self.nonfinite
 
     def training_done(self, stopped: bool, signal: int | None = None) -> None:
         """At the end, a last exchange, blocking: every group ends with every group's updates.  On a

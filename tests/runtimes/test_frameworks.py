@@ -181,6 +181,48 @@ def test_a_stop_signal_that_reaches_a_server_alone_stops_every_group_with_a_chec
                     f"what was saved: {tmp_path / 'ws' / 'stopped.txt'}"], err[-3000:]
 
 
+NAN = textwrap.dedent('''\
+    """Test plugin: a pass-through layer whose output turns NaN after 5 training steps on world rank NAN_RANK."""
+    import os
+
+    import numpy as np
+
+    from singa_mpi.layers import LAYERS, Layer
+
+
+    @LAYERS.register("kNaNOnOneRank")
+    class NaN(Layer):
+        def setup(self, src_shapes):
+            rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+            self.poisons, self.calls = rank == os.environ.get("NAN_RANK"), 0
+            return tuple(src_shapes[0])
+
+        def forward(self, inputs, train):
+            self.calls += int(train)
+            return inputs[0] * np.float32("nan") if train and self.poisons and self.calls > 5 else inputs[0]
+
+        def backward(self, grad, need):
+            return [grad if need[0] else None]
+    ''')
+
+
+@pytest.mark.slow
+def test_a_non_finite_value_in_one_hogwild_group_stops_every_group_without_a_checkpoint(tmp_path):
+    """Distributed Hogwild: group 1 found a NaN and stopped without a checkpoint (exit 5), but group 0
+    only saw a stop in the vote, took group 1's NaN change in the last exchange and wrote it as a
+    checkpoint "stopped on a signal" (exit 75) that --resume would take as its newest good one."""
+    (tmp_path / "nan.py").write_text(NAN)
+    layer = '  layer { name: "slow" type: kUserLayer user_type: "kNaNOnOneRank" srclayers: "data" }\n'
+    conf = digits_job(tmp_path, "nan", HOGWILD + " share_memory: false", 1000,
+                      extra=f'plugin: "{tmp_path}/nan.py"\ncheckpoint_freq: 100000\n', layers=layer)
+    code, out, err = run(2, conf, tmp_path, env=mpi_env(NAN_RANK="1"))
+    assert code == 5, err[-3000:]
+    assert [step for step, _ in checkpoint.listed(str(tmp_path / "ws"))] in ([], [0]), err[-3000:]
+    assert not (tmp_path / "ws" / "stopped.txt").exists() and "stopped on a signal" not in out
+    lines = [line for line in err.splitlines() if line.startswith("singa-mpi: error")]
+    assert len(lines) == 1 and "worker group 1" in lines[0], err[-3000:]
+
+
 @pytest.mark.slow
 def test_a_downpour_checkpoint_resumes_under_other_frameworks_and_back(tmp_path):
     down = digits_job(tmp_path, "down", DOWNPOUR + ' workspace: "x"', 20, extra="checkpoint_freq: 10\n")
