@@ -9,8 +9,8 @@ Launch examples::
     singa-mpi check conf/cifar10_convnet.conf
     singa-mpi data digits --out data/digits
     singa-mpi examples conf                           # copy the example jobs out for editing
-    mpirun -n 2 python -m singa_mpi train conf/cifar10_hybrid.conf
-    mpirun -n 3 python -m singa_mpi train conf/cifar10_hybrid.conf --workers 3
+    mpiexec -n 2 python -m singa_mpi train conf/cifar10_hybrid.conf
+    mpiexec -n 3 python -m singa_mpi train conf/cifar10_hybrid.conf --workers 3
 
 Errors reach the user as one line on stderr and a non-zero exit code
 (2 for a bad configuration, 3 for bad data, 5 for a NaN or infinity in training (see

@@ -158,7 +158,7 @@ def one_process_notes(cfg: JobConfig) -> tuple[str, ...]:
     cluster = cfg.proto.cluster
     if cfg.workers is not None and cfg.workers != 1:
         raise ConfigError(f"--workers {cfg.workers}: expected the number of MPI ranks (1: no launcher started "
-                          f"this process); launch with mpirun -n {cfg.workers} or leave --workers out")
+                          f"this process); launch with mpiexec -n {cfg.workers} or leave --workers out")
     asked = [f"{field} = {getattr(cluster, field)}" for field in ("nworkers_per_group", "nworker_groups",
                                                                   "nserver_groups", "nservers_per_group")
              if cluster.HasField(field) and getattr(cluster, field) > 1]
@@ -166,7 +166,7 @@ def one_process_notes(cfg: JobConfig) -> tuple[str, ...]:
     if not asked:
         return ()
     return (f"note: {cfg.where('cluster')}: cluster {', '.join(asked)} in the job; running as one process: the whole "
-            f"net, serially and synchronously (launch with mpirun -n N to run the cluster it describes)",)
+            f"net, serially and synchronously (launch with mpiexec -n N to run the cluster it describes)",)
 
 
 def topology_of(cfg: JobConfig, size: int, launcher: str = "mpiexec") -> tuple[Topology, str | None]:

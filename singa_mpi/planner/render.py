@@ -200,7 +200,7 @@ def roles_lines(cfg, the_plan) -> list[str]:
         return []
     cluster.nworkers_per_group = the_plan.nranks
     topo = topology(ranks_needed(cluster), cluster, where=cfg.where("cluster"))
-    lines = [f"cluster: {topo.describe()} (launch with mpirun -n {topo.world_size})"]
+    lines = [f"cluster: {topo.describe()} (launch with mpiexec -n {topo.world_size})"]
     if topo.servers_separate:
         frozen = frozen_params(cfg.proto) | untrained_params(the_plan.sublayers)
         ranges = server_ranges(trained_params(the_plan, frozen), len(topo.server_groups[0]))

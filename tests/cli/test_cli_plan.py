@@ -25,6 +25,13 @@ def test_plan_text_without_mpi():
     assert "traffic/step" in out.stdout and "total:" in out.stdout
 
 
+def test_plan_of_a_cluster_names_mpiexec_the_launcher_every_mpi_has():
+    """plan said "launch with mpirun -n 6" of a Downpour job; MPICH's launcher is mpiexec (Open MPI has both)."""
+    out = run("plan", "conf/digits_downpour.conf")
+    assert out.returncode == 0, out.stderr
+    assert "(launch with mpiexec -n 6)" in out.stdout and "mpirun" not in out.stdout
+
+
 def test_plan_of_a_phase_the_job_does_not_run_is_one_line():
     """digits_mlp has no validation phase: its val net reads no input layer (a traceback before); the
     check of that phase says so, as `check` does for the phases a job runs."""

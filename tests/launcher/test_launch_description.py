@@ -104,6 +104,15 @@ def test_one_process_says_it_runs_the_whole_net_and_refuses_workers_it_does_not_
         _launch(str(ROOT / "conf" / "digits_mlp.conf"), 1, RunOptions(workers=3))
 
 
+def test_one_process_names_mpiexec_the_launcher_every_mpi_has():
+    """The one-process notes said "launch with mpirun -n N", a command MPICH's users may not have (its
+    launcher is mpiexec, which Open MPI has too); the other launch hints already say mpiexec."""
+    sandblaster = _launch(str(ROOT / "conf" / "digits_sandblaster.conf"), 1)
+    assert sandblaster.notes[0].endswith("(launch with mpiexec -n N to run the cluster it describes)")
+    with pytest.raises(ConfigError, match=r"; launch with mpiexec -n 3 or leave --workers out$"):
+        _launch(str(ROOT / "conf" / "digits_mlp.conf"), 1, RunOptions(workers=3))
+
+
 def test_each_rank_reads_and_checks_the_job_once_and_takes_rank_0s_auto_choice(tmp_path, monkeypatch):
     """Under MPI (here 2 ranks on threads), phase 1 reads the job once per rank, rank 0 alone chooses
     the `auto` layers, and every rank's net runs the program the description proved."""

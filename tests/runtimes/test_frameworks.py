@@ -267,7 +267,7 @@ def test_singas_four_framework_examples_run_with_the_ranks_they_imply(tmp_path, 
                           text=True, timeout=60)
     assert plan.returncode == 0, plan.stderr
     if roles:
-        assert roles in plan.stdout and f"launch with mpirun -n {n}" in plan.stdout, plan.stdout
+        assert roles in plan.stdout and f"launch with mpiexec -n {n}" in plan.stdout, plan.stdout
     cmd = mpiexec_command(n) + [sys.executable, "-m", "singa_mpi", "train", conf, "--steps", "20",
                                 "--workspace", str(tmp_path / "ws")]
     result = subprocess.run(cmd, cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=240)
