@@ -180,6 +180,7 @@ def cmd_plan(args) -> int:
     from singa_mpi.planner import plan, render
     from singa_mpi.planner.syncs import ALLREDUCE, DETERMINISTIC, DETERMINISTIC_SHARED
 
+    check_plan_options(args)
     cfg = load_job(args.job)
     validate(cfg)
     if args.phase not in phases_of(cfg):  # validate checked only the phases the job runs
@@ -209,6 +210,28 @@ def cmd_plan(args) -> int:
     else:
         print(text)
     return 0
+
+
+# what Graphviz draws a plan into (by -o's suffix); the text formats are written as they are
+PICTURE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".gif", ".ps", ".eps")
+
+
+def check_plan_options(args) -> None:
+    """ConfigError for ``plan`` options that do not go together, before the job is read: each was
+    ignored without a word (a --memory-limit without --auto, a --format beside --cost or --auto, which
+    print their own text) or wrote text under a picture's name (``-o plan.png`` without --format dot)."""
+    if args.memory_limit is not None and not args.auto:
+        raise ConfigError(f"--memory-limit {args.memory_limit}: expected --auto beside it (the limit applies to "
+                          f"the partitionings --auto prices; --cost and a plain plan take none)")
+    made = "--cost" if args.cost else "--auto" if args.auto else ""
+    if made and args.format != "text":
+        raise ConfigError(f"--format {args.format} with {made}: expected --format text ({made} prints its own "
+                          f"table{'; -o writes the chosen job' if args.auto else ''})")
+    suffix = pathlib.Path(args.output or "").suffix.lower()
+    if suffix in PICTURE_SUFFIXES and args.format != "dot":
+        what, draw = (made, "") if made else (f"--format {args.format}", "--format dot to draw the plan, or ")
+        raise ConfigError(f"-o {args.output}: {what} writes text, not a {suffix} picture: expected {draw}a text "
+                          f"file name")
 
 
 def write_output(path: str, text: str, what: str) -> None:
@@ -601,7 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "calibrated rates, across nodes the network's (calibrate under mpiexec on several nodes)")
     p.add_argument("--auto", action="store_true",
                    help="choose every layer's partition_dim by predicted step time (-o FILE: write the job so)")
-    p.add_argument("--memory-limit", type=positive_int, metavar="MIB",
+    p.add_argument("--memory-limit", type=mebibytes, metavar="MIB",
                    help="--auto: skip partitionings that need more than MIB MiB on a rank")
     _plugin_option(p)
     p.set_defaults(func=cmd_plan)
@@ -775,6 +798,18 @@ def one_character(text: str) -> str:
 
 def positive_int(text: str) -> int:
     return int(_option_value(text, option_values.COUNT))
+
+
+def mebibytes(text: str) -> int:
+    """A size in MiB, as a whole number: ``4GB`` or ``0`` is refused saying what was expected."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of MiB, at least 1, without a unit "
+                                         f"(4096 for 4 GiB)")
+    return value
 
 
 def non_negative_int(text: str) -> int:

@@ -241,3 +241,30 @@ def test_a_job_whose_workspace_is_a_file_names_its_line(capsys, tmp_path, comman
     assert err == (f"singa-mpi: error: {conf}:{row + 1}:11: cluster.workspace = {workspace}: {a_file} is a file, "
                    f"not a folder: expected a folder for the run's checkpoints and logs (move that file, or name "
                    f"another folder here or with --workspace)\n")
+
+
+@pytest.mark.parametrize("value", ["5GB", "4096MiB", "0", "-3", "1.5"])
+def test_a_memory_limit_with_a_unit_or_below_one_mib_says_it_takes_whole_mib(capsys, value):
+    line = refused(capsys, "plan", DIGITS, "-n", "2", "--auto", "--memory-limit", value)
+    assert f"argument --memory-limit: {value!r}: expected a whole number of MiB, at least 1, without a unit " \
+           f"(4096 for 4 GiB)" in line, line
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["--memory-limit", "100"], "--memory-limit 100: expected --auto beside it"),
+    (["--cost", "--format", "json"], "--format json with --cost: expected --format text"),
+    (["--auto", "--format", "dot"], "--format dot with --auto: expected --format text"),
+    (["-o", "{tmp}/plan.png"], "-o {tmp}/plan.png: --format text writes text, not a .png picture: expected "
+                               "--format dot to draw the plan, or a text file name"),
+    (["--format", "json", "-o", "{tmp}/plan.SVG"], "--format json writes text, not a .svg picture"),
+    (["--cost", "-o", "{tmp}/cost.pdf"], "--cost writes text, not a .pdf picture: expected a text file name"),
+])
+def test_plan_options_that_were_ignored_or_wrote_text_as_a_picture_are_one_line(capsys, tmp_path, extra, expected):
+    """Each ran and exited 0: the memory limit of a plain plan and --cost's --format were ignored, and
+    `-o plan.png` without --format dot wrote the text plan into plan.png."""
+    argv = ["plan", DIGITS, "-n", "2", *[arg.replace("{tmp}", str(tmp_path)) for arg in extra]]
+    assert cli.main(argv) == ConfigError.exit_code
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and expected.replace("{tmp}", str(tmp_path)) in lines[0], captured.err
+    assert captured.out == "" and list(tmp_path.iterdir()) == []
