@@ -521,8 +521,20 @@ def _check_every_rank_busy(cfg: JobConfig, sublayers: list[SubLayer], nranks: in
     idle = [r for r in range(nranks) if r not in busy]
     if idle:  # no one layer's fault: the net's place in the job
         raise ConfigError(
-            f"{cfg.where('neuralnet')}: worker(s) {', '.join(map(str, idle))} of {nranks} would run no layer: expected every worker to "
+            f"{cfg.where('neuralnet')}: worker(s) {_runs(idle)} of {nranks} would run no layer: expected every worker to "
             f"own part of the net (use fewer workers, partition_dim 0/1, or location to place layers there)")
+
+
+def _runs(ranks: list[int]) -> str:
+    """``[1, 2, 5, 6, 7, 8]`` as ``1, 2, 5..8``: a run of three or more ranks as its ends, so that a line
+    naming the idle workers of ``-n 1024`` stays one short line."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ", ".join(f"{run[0]}..{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
 
 
 def _param_syncs(cfg: JobConfig, placed: dict[str, _Placed], sublayers: list[SubLayer]) -> list[ParamSync]:

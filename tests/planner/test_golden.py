@@ -118,6 +118,14 @@ def test_rejects_idle_worker():
         plan(nets.job(text), 3)  # at the net's line: no one layer is at fault
 
 
+def test_idle_workers_of_a_large_rank_count_are_named_as_runs():
+    """`plan -n 1024` of a net placed on worker 0 named all 1,023 idle workers, a line of 5 KB."""
+    none = "partition_dim: -1"
+    text = cnn({k: none for k in ("data", "conv1", "relu1", "pool1", "fc1", "loss")})
+    with pytest.raises(ConfigError, match=r"^<test>:\d+:\d+: worker\(s\) 1\.\.1023 of 1024 would run no layer: "):
+        plan(nets.job(text), 1024)
+
+
 def test_rejects_location_beyond_workers():
     with pytest.raises(ConfigError, match=r"layer 'fc1'.*location = 5: expected a worker id below"):
         plan(nets.job(cnn({"fc1": "partition_dim: -1 location: 5"})), 2)
