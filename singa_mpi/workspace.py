@@ -4,6 +4,7 @@ the run continues them or moves them aside), created and proved writable, a prev
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from typing import Sequence
@@ -53,13 +54,54 @@ def claim_workspace(workspace: str, options, is_root: bool, outputs: Sequence[st
             print(f"--overwrite: moved the previous run ({', '.join(moved)}) to {target}", flush=True)
 
 
+# the temporary names of the run's other files written whole (profile.json, communication.json,
+# stopped.txt, metrics.jsonl: ``NAME.tmp<PID>``; job.conf: ``job.conf.<PID>.tmp``)
+_RUN_FILE_TEMPORARY = re.compile(r"^(?:(?:profile\.json|communication\.json|stopped\.txt|metrics\.jsonl)\.tmp(\d+)"
+                                 r"|job\.conf\.(\d+)\.tmp)$")
+
+
 def clear_dead_writes(workspace: str) -> None:
-    """Remove the temporary files of checkpoint writers that were killed, with a one-line note (the
-    root's, on the next start: a --resume refused for another job's checkpoint clears them too)."""
+    """Remove the temporary files of checkpoint writers that were killed, and those of the run's other
+    files (:func:`stale_run_file_temporaries`), with a one-line note each (the root's, on the next start:
+    a --resume refused for another job's checkpoint clears them too)."""
     removed = checkpoint.remove_stale_temporaries(workspace)
     if removed:
         print(f"note: removed {len(removed)} temporary file(s) of an interrupted checkpoint write: "
               f"{', '.join(removed)}", flush=True)
+    removed = []
+    for path in stale_run_file_temporaries(workspace):
+        try:
+            os.remove(path)
+        except OSError:  # one that cannot be removed stays
+            continue
+        removed.append(path)
+    if removed:
+        print(f"note: removed {len(removed)} temporary file(s) of an interrupted write of the run's files: "
+              f"{', '.join(removed)}", flush=True)
+
+
+def stale_run_file_temporaries(workspace: str, now: float | None = None) -> list[str]:
+    """The temporary files in ``workspace`` of writers of the run's files (profile.json, communication.json,
+    stopped.txt, metrics.jsonl, job.conf) that are gone, by the rule for checkpoints'
+    (:func:`singa_mpi.checkpoints.hdf5.writer_gone`); a live writer's stay."""
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(workspace)
+    except OSError:
+        return []
+    stale = []
+    for name in names:
+        m = _RUN_FILE_TEMPORARY.match(name)
+        if m is None:
+            continue
+        path = os.path.join(workspace, name)
+        try:
+            idle = now - os.path.getmtime(path)
+        except OSError:  # removed meanwhile (its writer finished)
+            continue
+        if os.path.isfile(path) and checkpoint.writer_gone(int(m.group(1) or m.group(2)), idle):
+            stale.append(path)
+    return sorted(stale)
 
 
 def make_workspace(workspace: str) -> None:

@@ -478,10 +478,16 @@ def stale_temporaries(workspace: str, now: float | None = None) -> list[str]:
             idle = now - os.path.getmtime(path)
         except OSError:  # removed meanwhile (its writer finished)
             continue
-        pid = int(m.group(1))
-        if pid == os.getpid() or not _process_alive(pid) or idle > STALE_TEMPORARY_SECONDS:
+        if writer_gone(int(m.group(1)), idle):
             stale.append(path)
     return sorted(stale)
+
+
+def writer_gone(pid: int, idle: float) -> bool:
+    """Whether the writer of a temporary file named for ``pid`` and untouched for ``idle`` seconds is gone:
+    ``pid`` is no live process on this host (or is this process's own: a PID reused), or nobody has written
+    the file for STALE_TEMPORARY_SECONDS (a writer on another host, a PID since reused by another program)."""
+    return pid == os.getpid() or not _process_alive(pid) or idle > STALE_TEMPORARY_SECONDS
 
 
 def remove_stale_temporaries(workspace: str) -> list[str]:
