@@ -11,13 +11,14 @@ from typing import Callable
 
 from singa_mpi import threads
 from singa_mpi.checkpoints import emergency
+from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED
 from singa_mpi.config.load import JobConfig
 from singa_mpi.program.job import JobPrograms
 from singa_mpi.runtimes.server import ServerRuntime
 from singa_mpi.runtimes.worker import Place, WorkerRuntime
 from singa_mpi.sync.shared_memory import shared_memory_enabled
 from singa_mpi.topology import SERVER, Topology
-from singa_mpi.trainer import Trainer
+from singa_mpi.trainer import Trainer, signal_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,7 @@ def run_role(world, job: RoleJob, body: Callable[[Trainer], int], hooks: RoleHoo
             server.serve()
         group.free()
         world.barrier(patient=True)
-        return 0
+        return agreed_exit_code(world, topo, 0, server.stop_signal or server.group_signal or None)
     runtime = WorkerRuntime(cfg, cfg.proto.seed, job.workspace, group, job.programs, place)
     trainer = Trainer(cfg, job.workspace, runtime, train_steps=job.steps)
     hooks.attach(trainer)
@@ -79,7 +80,28 @@ def run_role(world, job: RoleJob, body: Callable[[Trainer], int], hooks: RoleHoo
         hooks.finished()
     runtime.close()
     world.barrier(patient=place is not None)  # a worker group may finish well before the others
-    return code
+    return agreed_exit_code(world, topo, code, trainer.stop_signal) if place is not None else code
+
+
+def agreed_exit_code(world, topo: Topology, code: int, signal: int | None) -> int:
+    """The exit code every rank of a job with several worker groups or servers returns (collective over the
+    world, every rank past the final barrier): group 0's root writes the job's checkpoints, so its code is
+    the job's.  A group that stopped on a stop signal (75) after group 0 had trained its last step (its
+    final checkpoint waits for every group) leaves a complete run: 0, and the root says the late signal
+    did not stop the job.  Otherwise the first error any rank met (a server's, another group's)."""
+    everyone = world.allgather_object((code, signal))
+    lead = topo.worker_groups[0][0]
+    job = everyone[lead][0]
+    if job == 0:
+        job = next((c for c, _ in everyone if c not in (0, EXIT_CHECKPOINTED)), 0)
+    late = next((s for c, s in everyone if c == EXIT_CHECKPOINTED and s), None)
+    if job == 0 and late is not None and world.rank == lead:
+        late_groups = sorted({topo.role(rank).group for rank, (c, _) in enumerate(everyone)
+                              if c == EXIT_CHECKPOINTED and topo.role(rank).kind != SERVER})
+        print(f"note: {signal_name(late)} reached the job after worker group 0 had trained its last step: "
+              f"the run is complete (its final checkpoint written), worker group(s) "
+              f"{', '.join(map(str, late_groups))} stopped early; exit 0", flush=True)
+    return job
 
 
 def place_of(world, topo: Topology, role, cluster) -> Place | None:

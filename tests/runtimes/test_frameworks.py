@@ -181,6 +181,34 @@ def test_a_stop_signal_that_reaches_a_server_alone_stops_every_group_with_a_chec
                     f"what was saved: {tmp_path / 'ws' / 'stopped.txt'}"], err[-3000:]
 
 
+@pytest.mark.slow
+def test_a_stop_signal_after_group_0_finished_ends_the_complete_run_with_exit_0_on_every_rank(tmp_path):
+    """Group 0 had trained its last step when group 1 received SIGTERM: group 0's ranks exited 0 with the
+    final checkpoint, group 1's 75, so the job's exit status was whichever the launcher picked.  Every
+    rank now returns 0 (the run is complete) and rank 0 says the late signal stopped only group 1."""
+    (tmp_path / "slow.py").write_text(SLOW)
+    layer = '  layer { name: "slow" type: kUserLayer user_type: "kSlowOnSomeRanks" srclayers: "data" }\n'
+    conf = digits_job(tmp_path, "late", DOWNPOUR, 20, extra=f'plugin: "{tmp_path}/slow.py"\n', layers=layer)
+    with open(conf) as f:
+        text = f.read().replace("disp_freq: 10", "disp_freq: 1")  # group 0's every step is in metrics.jsonl
+    with open(conf, "w") as f:
+        f.write(text)
+    cmd = mpiexec_command(3) + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(tmp_path / "ws")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(SLOW_RANKS="1", SLOW_SECONDS="1.0"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not any(e["step"] == 19 for e in (entries(tmp_path, "train") if (tmp_path / "ws" / "metrics.jsonl").exists()
+                                            else [])):
+        assert proc.poll() is None and time.monotonic() < deadline, "group 0 did not reach its last step"
+        time.sleep(0.2)
+    os.kill(rank_pids(conf)[1], signal.SIGTERM)  # group 1's worker, still at its early steps
+    code, out, err = finish(proc, 120)
+    assert code == 0, err[-3000:]
+    assert [step for step, _ in checkpoint.listed(str(tmp_path / "ws"))][0] == 20
+    said = [line for line in out.splitlines() if "reached the job after worker group 0" in line]
+    assert len(said) == 1 and "SIGTERM" in said[0] and "group(s) 1 stopped early" in said[0], out[-3000:]
+
+
 NAN = textwrap.dedent('''\
     """Test plugin: a pass-through layer whose output turns NaN after 5 training steps on world rank NAN_RANK."""
     import os
