@@ -290,7 +290,8 @@ class Supervisor:
                     return self._finish(attempt.code)
                 reason = why_not_restart(self.policy, self.attempts)
                 if reason is not None:
-                    self.log(f"singa-mpi: supervisor: not restarting: {reason}")
+                    if self.policy.elastic:  # without it, run only launches: the ranks' own line names the failure
+                        self.log(f"singa-mpi: supervisor: not restarting: {reason}")
                     self.gave_up = reason
                     return self._finish(attempt.code)
                 ranks = next_ranks(self.policy, attempt.ranks, attempt.failure)
@@ -500,7 +501,7 @@ class Supervisor:
         with atomic_path(os.path.join(self.folder, "summary.json"), "the supervisor's summary") as temporary, \
                 open(temporary, "w") as f:
             json.dump(summary, f, indent=1)
-        if len(self.attempts) > 1 or code != 0:
+        if len(self.attempts) > 1 or (code != 0 and self.policy.elastic):
             self.log("\n".join(summary_lines(summary)))
         return code
 

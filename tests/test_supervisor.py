@@ -289,6 +289,25 @@ def test_a_stop_signal_while_it_relaunches_stops_instead(tmp_path):
     assert time.monotonic() - began < 8 and supervisor.attempts[-1].code == -signal.SIGTERM
 
 
+def test_without_elastic_a_dead_rank_is_the_ranks_own_line_and_nothing_more(tmp_path):
+    """`run` without --elastic only launches, but after a rank's death it added "not restarting: not
+    --elastic" and a summary block ("restarts 0 ... ended with exit code 9") that named no rank: the
+    ranks' one line naming the dead rank is now all there is, as under the launcher alone."""
+    said = []
+    died = (f"from singa_mpi import run_events; run_events.note({VANISHED['kind']!r}, "
+            f"**{ {k: v for k, v in VANISHED.items() if k not in ('kind', 'time')} !r}); import sys; sys.exit(9)")
+    supervisor = Supervisor("job.conf", str(tmp_path / "ws"), [], Policy(2), Programs(died), log=said.append)
+    assert supervisor.run() == 9 and said == []
+    summary = json.loads((tmp_path / "ws" / "supervisor" / "summary.json").read_text())
+    assert summary["last_failure"]["ranks"] == [1] and summary["not_restarted"] == "not --elastic"
+    # with --elastic, a failure it does not restart after is said, with the summary
+    supervisor = Supervisor("job.conf", str(tmp_path / "ws2"), [], Policy(2, elastic=True, max_restarts=0),
+                            Programs(died), log=said.append)
+    assert supervisor.run() == 9
+    assert said[0] == "singa-mpi: supervisor: not restarting: it reached --max-restarts 0"
+    assert said[1].startswith("supervisor summary:")
+
+
 @pytest.fixture
 def sighup_ignored():
     """SIGHUP ignored while the test runs, unless the supervisor handles it (else it would end pytest)."""
