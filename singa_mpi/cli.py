@@ -128,6 +128,13 @@ def cmd_run(args) -> int:
     from singa_mpi.config.load import load_job
     from singa_mpi.supervisor import Policy, Supervisor, spelled_out
 
+    healing = [option for option, given in (("--shrink", args.shrink), ("--min-ranks", args.min_ranks is not None),
+                                            ("--max-restarts", args.max_restarts is not None),
+                                            ("--no-emergency-checkpoint", not args.emergency)) if given]
+    if healing and not args.elastic:  # they say how a run heals: without --elastic it would not, silently
+        raise ConfigError(f"run: {' and '.join(healing)} without --elastic: expected --elastic with "
+                          f"{'it' if len(healing) == 1 else 'them'} (without --elastic, run only launches and "
+                          f"restarts nothing)")
     job_path = str(args.job or default_job_path())
     train_args, workspace = _taken_out(spelled_out(args.train_args, args.train_options), "--workspace")
     cfg = load_job(job_path)
@@ -143,7 +150,8 @@ def cmd_run(args) -> int:
     except HostListError as err:
         raise ConfigError(f"run: {err}") from None
     hosts = named or slurm_hosts() or []
-    policy = Policy(args.ranks, args.elastic, args.min_ranks, args.max_restarts, args.shrink, servers,
+    policy = Policy(args.ranks, args.elastic, args.min_ranks or 1,
+                    Policy.max_restarts if args.max_restarts is None else args.max_restarts, args.shrink, servers,
                     tuple(hosts), name_hosts=named is not None, emergency=args.emergency, mpi=args.mpi,
                     hostfile=args.hostfile)
     return Supervisor(job_path, resolve_workspace(cfg, workspace), train_args, policy, launcher).run()
@@ -560,9 +568,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when a rank dies, relaunch and resume from the newest checkpoint (docs/self-healing.md)")
     p.add_argument("--shrink", action="store_true",
                    help="--elastic: relaunch on the surviving ranks only (default: as many ranks as before)")
-    p.add_argument("--min-ranks", type=positive_int, default=1, metavar="M",
+    p.add_argument("--min-ranks", type=positive_int, default=None, metavar="M",
                    help="--elastic: stop rather than run on fewer than M ranks (default: 1)")
-    p.add_argument("--max-restarts", type=non_negative_int, default=3, metavar="R",
+    p.add_argument("--max-restarts", type=non_negative_int, default=None, metavar="R",
                    help="--elastic: stop after R restarts (default: 3)")
     p.add_argument("--no-emergency-checkpoint", dest="emergency", action="store_false",
                    help="--elastic: when a rank dies, do not ask the survivors to save what they hold (by default "

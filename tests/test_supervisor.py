@@ -384,6 +384,22 @@ def test_min_ranks_above_the_ranks_launched_is_refused_before_anything_starts(tm
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("options, named", [(["--shrink"], "--shrink"), (["--max-restarts", "5"], "--max-restarts"),
+                                             (["--min-ranks", "1", "--no-emergency-checkpoint"],
+                                              "--min-ranks and --no-emergency-checkpoint")])
+def test_how_to_heal_without_elastic_is_refused_before_anything_starts(tmp_path, capsys, options, named):
+    """`run -n 3 --shrink JOB` (--elastic forgotten) ran a job that restarted nothing, saying nothing."""
+    from singa_mpi import cli
+
+    code = cli.main(["run", "-n", "2", *options, str(ROOT / "conf" / "digits_mlp.conf"), "--workspace",
+                     str(tmp_path / "w")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    them = "them" if " and " in named else "it"
+    assert code == 2 and lines == [f"singa-mpi: error: run: {named} without --elastic: expected --elastic with {them} "
+                                   f"(without --elastic, run only launches and restarts nothing)"]
+    assert not (tmp_path / "w").exists()
+
+
 def test_run_takes_the_workspace_out_of_train_s_options():
     assert _taken_out(["--steps", "5", "--workspace", "w", "--resume"], "--workspace") == (["--steps", "5", "--resume"],
                                                                                           "w")
