@@ -281,7 +281,7 @@ class Supervisor:
         try:
             ranks, resumed_from, hosts = self.policy.ranks, None, list(self.policy.hosts)
             while True:
-                if self.stopping is not None:  # a stop while it decided to relaunch: no relaunch
+                if self.stopping is not None and self.attempts:  # a stop while it decided to relaunch: no relaunch
                     return self._finish(self._stopped(self.attempts[-1]))
                 attempt = self._launch(ranks, resumed_from, hosts)
                 if self.stopping is not None:  # stopped (75): nothing restarts

@@ -308,6 +308,16 @@ def test_without_elastic_a_dead_rank_is_the_ranks_own_line_and_nothing_more(tmp_
     assert said[1].startswith("supervisor summary:")
 
 
+def test_a_stop_signal_before_the_first_launch_reaches_the_job(tmp_path):
+    """A stop that came as the supervisor set up (its handler installed, nothing launched yet) ended it
+    with an IndexError traceback; the job it launches now gets the stop at once, as any later one does."""
+    launcher = Programs("import time; time.sleep(10)")
+    supervisor = Supervisor("job.conf", str(tmp_path / "ws"), [], Policy(2, elastic=True), launcher, log=print)
+    supervisor._forward(signal.SIGTERM, None)  # as the handler does
+    assert supervisor.run() == 75 and launcher.launched == 1
+    assert supervisor.attempts[0].code == -signal.SIGTERM  # stopped, not slept out
+
+
 @pytest.fixture
 def sighup_ignored():
     """SIGHUP ignored while the test runs, unless the supervisor handles it (else it would end pytest)."""
