@@ -61,6 +61,7 @@ import h5py
 import numpy as np
 
 from singa_mpi.errors import DataError
+from singa_mpi.file_kinds import TEXT, kind_of
 
 FORMAT_VERSION = 3
 FIRST_CHECKSUMMED_HEADER = 3  # format 2 files have no header_crc32 and unchecked /job_config, /plan
@@ -215,23 +216,18 @@ def _unsealed(path: str, image: bytes) -> bool:
 
 
 def _what_else(image: bytes) -> str:
-    """What a file that is no checkpoint holds, as far as its first bytes tell: a job file or another
-    text given where a command takes a checkpoint is the usual mix-up (``draw filters JOB``)."""
+    """What a file that is no checkpoint holds, as far as its first bytes tell (:mod:`singa_mpi.file_kinds`):
+    a job file or another text given where a command takes a checkpoint is the usual mix-up
+    (``draw filters JOB``)."""
     expected = "expected a checkpoint such as WORKSPACE/checkpoint/step<N>.h5"
     if not image:
         return f"an empty file: {expected}"
-    head = image[:_TEXT_PROBE]
-    try:
-        head.decode("utf-8")
-        text = b"\0" not in head
-    except UnicodeDecodeError as err:  # a character cut at the probe's end is still text
-        text = b"\0" not in head and err.start >= len(head) - 3 and len(image) > len(head)
-    if text:
-        return f"a text file (a job file?), not a checkpoint: {expected}"
+    kind = kind_of(image)
+    if kind == TEXT:
+        return f"{kind} (a job file?), not a checkpoint: {expected}"
+    if kind is not None:
+        return f"{kind}, not a checkpoint: {expected}"
     return "not a singa_mpi checkpoint, or its first bytes are damaged"
-
-
-_TEXT_PROBE = 512  # bytes read to tell a text file
 
 
 def write_whole(path: str, text: str) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from singa_mpi.errors import DataError
+from singa_mpi.file_kinds import TEXT, kind_of_file
 from singa_mpi.proto import job_pb2
 from singa_mpi.registry import Registry
 
@@ -272,29 +273,11 @@ def read_first_record(path: str) -> np.ndarray:
         store.close()
 
 
-_MAGIC = ((b"\x89HDF\r\n\x1a\n", "an HDF5 file"), (b"\x1f\x8b", "a gzip file"),
-          (b"\x00\x00\x08\x03", "an MNIST IDX image file"), (b"\x00\x00\x08\x01", "an MNIST IDX label file"),
-          (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"))
-
-
 def foreign_kind(path: str) -> str | None:
-    """What a file that is no kvfile or SINGA record looks like, by its first bytes: an HDF5, gzip, IDX
-    or image file by its magic number, text (a CSV?) when it is printable UTF-8; else None."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return None
-    found = next((kind for magic, kind in _MAGIC if head.startswith(magic)), None)
-    if found or not head:
-        return found
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if err.start < len(head) - 3:  # not only a character cut at the end of the 4096 bytes
-            return None
-        text = head[:err.start].decode("utf-8")
-    return "a text file (a CSV store?)" if all(c.isprintable() or c in "\t\r\n" for c in text) else None
+    """What a file that is no kvfile or SINGA record looks like (:mod:`singa_mpi.file_kinds`): an HDF5,
+    gzip, IDX or image file, or text (a CSV?); else None."""
+    kind = kind_of_file(path)
+    return f"{kind} (a CSV store?)" if kind == TEXT else kind
 
 
 def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> ArrayStore:

@@ -364,7 +364,8 @@ checkpoint.write({checkpoint.checkpoint_path(str(work), 6)!r}, ckpt)
 @pytest.mark.parametrize("content, expected", [
     (b"name: 'mlp'\ntrain_steps: 4\n", "a text file (a job file?), not a checkpoint: expected a checkpoint such as "
                                        "WORKSPACE/checkpoint/step<N>.h5"),
-    (b"#" * 511 + "\u2603 snowmen\n".encode(), "a text file (a job file?), not a checkpoint"),  # cut at the probe
+    (b"#" * 4095 + "\u2603 snowmen\n".encode(), "a text file (a job file?), not a checkpoint"),  # cut at the probe
+    (b"\x1f\x8b\x08\x00", "a gzip file, not a checkpoint: expected a checkpoint such as"),
     (b"", "an empty file: expected a checkpoint such as WORKSPACE/checkpoint/step<N>.h5"),
     (b"\x00\x01\x02garbage", "not a singa_mpi checkpoint, or its first bytes are damaged"),
 ])
