@@ -72,6 +72,8 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     except Exception:
         if isinstance(trainer.runtime, SerialRuntime):  # the one rank: what it recorded is the whole run's
             _keep_the_record(trainer, options)
+        else:
+            _keep_own_timeline(trainer, options)
         raise
     _finish_trace(trainer, options)
     if trainer.stopped:
@@ -97,6 +99,22 @@ def _keep_the_record(trainer: Trainer, options: RunOptions) -> None:
         _finish_trace(trainer, options)
     except Exception as err:
         trainer.log(f"note: the profile or timeline of the failed run could not be written: {one_line(str(err))}")
+
+
+def _keep_own_timeline(trainer: Trainer, options: RunOptions) -> None:
+    """A rank that failed under MPI: its own --trace timeline up to the failure, beside the file the run
+    would have written (``TRACE.rank<R>.json``).  Its failure aborts the job, so the ranks' parts cannot
+    be gathered; what it did last is what a user looks for.  A failure here is one note: the first is
+    the one reported."""
+    if not options.trace:
+        return
+    stem, suffix = os.path.splitext(options.trace)
+    path = f"{stem}.rank{trainer.runtime.tracer.rank}{suffix or '.json'}"
+    try:
+        line = timeline.write(path, [timeline.rank_trace(trainer.runtime.tracer)])
+        print(f"{line} (this rank's alone, up to its failure: the job is aborted)", flush=True)
+    except Exception as err:
+        print(f"note: the timeline of this failed rank could not be written: {one_line(str(err))}", flush=True)
 
 
 def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:

@@ -95,3 +95,60 @@ def test_a_serial_run_that_fails_still_writes_the_trace_and_the_profile(tmp_path
     spans = check_chrome_trace(json.loads(trace.read_text()))
     assert sum(e["name"] == "train_one_batch" for e in spans) == 2
     assert json.loads((workspace / "profile.json").read_text())["steps"] == 2
+
+
+FAIL = '''\
+"""Test plugin: a pass-through layer that raises a DataError at its fourth training forward on world rank 1."""
+import os
+
+from singa_mpi.errors import DataError
+from singa_mpi.layers import LAYERS, Layer
+
+
+@LAYERS.register("kFailOnRank1")
+class Fail(Layer):
+    def setup(self, src_shapes):
+        rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+        self.fails, self.calls = rank == "1", 0
+        return tuple(src_shapes[0])
+
+    def forward(self, inputs, train):
+        self.calls += int(train)
+        if self.fails and self.calls == 4:
+            raise DataError("the store's disk went away")
+        return inputs[0]
+
+    def backward(self, grad, need):
+        return [grad if need[0] else None]
+'''
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_under_mpi_keeps_its_own_timeline(tmp_path):
+    """One rank's failure aborts the job: every rank's timeline was lost with it.  The failing rank now
+    writes its own part beside the file (trace.rank1.json), up to the failure."""
+    import subprocess
+    import sys
+
+    from mpi_jobs import mpi_env, mpiexec_command
+
+    (tmp_path / "fail.py").write_text(FAIL)
+    conf = job_file(tmp_path, "data", steps=8)
+    text = open(conf).read().replace('layer { name: "fc1" type: kInnerProduct srclayers: "data"',
+                                     'layer { name: "fail" type: kUserLayer user_type: "kFailOnRank1" srclayers: '
+                                     '"data" }\nlayer { name: "fc1" type: kInnerProduct srclayers: "fail"')
+    conf_path = tmp_path / "fail.conf"
+    conf_path.write_text(f'plugin: "{tmp_path}/fail.py"\n' + text)
+    trace = tmp_path / "out" / "trace.json"
+    cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf_path), "--workspace",
+                                str(tmp_path / "ws"), "--trace", str(trace)]
+    result = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "the store's disk went away" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+    own = tmp_path / "out" / "trace.rank1.json"
+    assert f"timeline {own}: " in result.stdout and "(this rank's alone, up to its failure" in result.stdout, \
+        result.stdout[-2000:]
+    spans = check_chrome_trace(json.loads(own.read_text()))
+    assert {e["pid"] for e in spans} == {1}
+    assert sum(e["name"] == "train_one_batch" for e in spans) == 4  # the failing step's span included
+    assert not trace.exists()
