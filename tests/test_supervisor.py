@@ -531,9 +531,9 @@ def test_a_feature_split_s_shard_lost_with_its_rank_resumes_from_the_periodic_ch
 
 @pytest.mark.slow
 def test_sandblaster_heals_when_a_worker_is_killed(tmp_path):
-    job = _job(tmp_path, "digits_sandblaster.conf", 4000, 500)
+    job = _job(tmp_path, "digits_sandblaster.conf", 2400, 500)
     reference = _uninterrupted(tmp_path, job, 5, "reference", "--deterministic")
-    out, attempt = _healed(tmp_path, job, 5, 4000, 1200, "--deterministic")
+    out, attempt = _healed(tmp_path, job, 5, 2400, 1200, "--deterministic")
     assert attempt["relaunched_on"] == 4 and "--workers" not in out
     if launcher().flavor == "mpich":
         # the servers save their ranges and the workers their data position: whole unless a server had
