@@ -127,7 +127,7 @@ def format_table(profile: dict, debug: bool = False) -> str:
         mine, labels, cells = layer_rows(shown)
         passes += [p for p in mine if p not in passes]
         tables.append((labels, cells, shown))
-        left_out = [row for row in rows if row not in shown]
+        left_out = [] if debug else [row for row in rows if is_bookkeeping(row)]
         hidden_labels |= {row["name"] for row in left_out}
         hidden_seconds = max(hidden_seconds, sum(row["seconds"] for row in left_out))
     width = max([len("layer")] + [len(label) for labels, _, _ in tables for label in labels])

@@ -19,11 +19,10 @@ JOB_FILE = "job.conf"  # the job a run in the workspace trains, as the Python AP
 
 def write_job_file(path: str, text: str) -> None:
     """``text`` to ``path`` whole (a temporary file renamed over it: a reader never sees half of it),
-    with the mode any new file gets (0666 less the umask: readable by others, as the run's other files)."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w") as f:
-        f.write(text)
-    os.replace(temporary, path)
+    with the mode any new file gets (0666 less the umask: readable by others, as the run's other files).
+    Written as the run's other small files are (:func:`checkpoint.write_whole`); the next start also
+    clears the ``job.conf.<PID>.tmp`` that versions before it left."""
+    checkpoint.write_whole(path, text)
 
 
 def claim_workspace(workspace: str, options, is_root: bool, outputs: Sequence[str] = ()) -> None:
