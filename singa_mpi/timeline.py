@@ -28,7 +28,9 @@ import json
 import os
 import socket
 import time
+import uuid
 
+from singa_mpi import timeline_parts
 from singa_mpi.errors import DataError
 from singa_mpi.tracing import Span, Tracer
 
@@ -100,8 +102,14 @@ def in_flight_events(events: list[Span], pid: int) -> list[dict]:
 
 def rank_trace(tracer: Tracer) -> dict:
     """This rank's part of the trace: its events and the metadata naming its process and tracks."""
-    pid = tracer.rank
-    events = span_events(tracer.events, pid) + in_flight_events(tracer.events, pid)
+    origin_unix = time.time() - (time.perf_counter() - tracer.origin)
+    return part_of(tracer.rank, tracer.events, origin_unix)
+
+
+def part_of(pid: int, spans: list[Span], origin_unix: float) -> dict:
+    """One rank's part of the trace from its recorded spans (:func:`rank_trace`, or a part read back
+    from the file that rank wrote as it ran: :mod:`singa_mpi.timeline_parts`)."""
+    events = span_events(spans, pid) + in_flight_events(spans, pid)
     tids = sorted({e["tid"] for e in events} | set(TRACK_NAMES))
     meta = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}},
             {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
@@ -110,7 +118,6 @@ def rank_trace(tracer: Tracer) -> dict:
         meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     events.sort(key=lambda e: (e["tid"], e["ts"], -e["dur"]))
-    origin_unix = time.time() - (time.perf_counter() - tracer.origin)
     return {"rank": pid, "origin_unix": origin_unix, "events": meta + events}
 
 
@@ -140,21 +147,26 @@ def write(path: str, parts: list[dict]) -> str:
             f"open it in https://ui.perfetto.dev or chrome://tracing")
 
 
-def start(runtime) -> None:
-    """Record from now on, with one time origin on every worker (collective over the runtime).
+def start(runtime, path: str | None = None) -> str:
+    """Record from now on, with one time origin on every worker (collective over the runtime); returns
+    the run's name for its ranks' part files (:mod:`singa_mpi.timeline_parts`), rank 0's, after the root
+    removed the parts an earlier run left beside ``path``.
 
     After a barrier every rank restarts its clock; ranks on rank 0's node then take rank 0's origin,
     as their perf_counter is the node's one monotonic clock: a rank descheduled as it left the
     barrier (an oversubscribed node) would otherwise be milliseconds off.  Other nodes keep the
     barrier's alignment."""
+    if path is not None and runtime.is_root:
+        timeline_parts.remove_stale(path)
     runtime.tracer.record = True
     runtime.barrier()
     runtime.tracer.restart_clock()
-    mine = (socket.gethostname(), runtime.tracer.origin)
-    host, origin = runtime.allgather_object(mine)[0]
+    mine = (socket.gethostname(), runtime.tracer.origin, uuid.uuid4().hex)
+    host, origin, run = runtime.allgather_object(mine)[0]
     if host == mine[0]:
         runtime.tracer.restart_clock()  # the exchange above was recorded on this rank's own clock
         runtime.tracer.origin = origin
+    return run
 
 
 def finish(runtime, path: str) -> str | None:

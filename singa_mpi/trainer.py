@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import time
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from singa_mpi import profiling
 from singa_mpi import progress
@@ -33,6 +33,9 @@ from singa_mpi.errors import DataError, NonFiniteError
 from singa_mpi.nonfinite import DIVERGED, NonFiniteCheck
 from singa_mpi.proto import job_pb2
 from singa_mpi.updaters import load_blas, make_updater
+
+if TYPE_CHECKING:
+    from singa_mpi import timeline_parts
 
 
 # SINGA 0.3 include/singa/worker.h, verbatim semantics
@@ -183,6 +186,11 @@ class Trainer:
         self.evaluation_totals: dict = {}  # tracer totals of test/validation passes (kept out of profile.json)
         self.finite = NonFiniteCheck(cfg, runtime.rank)  # NaN/inf stop the run (switch_off: --no-check-finite)
         self.rescue = None  # checkpoints.emergency.Rescue under `singa-mpi run --elastic`: survivors save their state
+        # called after every step: under MPI with --trace, this rank's new spans to its part file
+        # (launcher.train; timeline_parts), with what it needs to merge the parts if the job fails
+        self.after_step: Callable[[], None] | None = None
+        self.trace_part: timeline_parts.PartWriter | None = None
+        self.trace_run = ""
 
     def nets(self) -> dict[str, Net]:
         nets = {"train": self.train_net, "test": self.test_net, "val": self.val_net}
@@ -338,6 +346,8 @@ class Trainer:
                 if self.runtime.any(self.runtime.sync().nonfinite_elsewhere()):
                     raise NonFiniteError(f"non-finite value at step {step} (train) in another worker group: "
                                          f"stopped without checkpointing it; {DIVERGED}")
+            if self.after_step is not None:
+                self.after_step()
             if display_now(job, step):
                 now = time.perf_counter()
                 rate = steps_since * self.batch / max(now - last_time, 1e-9)

@@ -146,10 +146,10 @@ def test_taking_rank_0s_origin_leaves_no_span_on_the_old_clock():
 
         def allgather_object(self, value):
             with self.tracer.span("allgather(objects)", "comm", {"op": "allgather"}):
-                return [(socket.gethostname(), self.tracer.origin + 0.5), value]  # rank 0 left later
+                return [(socket.gethostname(), self.tracer.origin + 0.5, "rank0s"), value]  # rank 0 left later
 
     runtime = Runtime()
-    timeline.start(runtime)
+    assert timeline.start(runtime) == "rank0s"  # the run's name for its part files: rank 0's
     with runtime.tracer.span("stop-signal vote", "comm", {"op": "Allreduce"}):
         pass
     assert [e.name for e in runtime.tracer.events] == ["stop-signal vote"]

@@ -7,7 +7,7 @@ import shlex
 import sys
 from typing import Callable
 
-from singa_mpi import plugins, progress, run_events, timeline
+from singa_mpi import plugins, progress, run_events, timeline, timeline_parts
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.emergency import Rescue
 from singa_mpi.config.load import JobConfig
@@ -43,8 +43,9 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     trainer.debug = options.debug
     if not options.check_finite:
         trainer.finite.switch_off(list(trainer.nets().values()))
-    if options.trace:
-        timeline.start(trainer.runtime)  # record from here on, one clock on every rank
+    if options.trace:  # record from here on, one clock on every rank
+        serial = isinstance(trainer.runtime, SerialRuntime)
+        trainer.trace_run = timeline.start(trainer.runtime, None if serial else options.trace)
     _load_initial_state(trainer, options, initial)
     if options.write_job and trainer.runtime.is_root:  # this run is the job's now: its file names it
         write_job_file(trainer.cfg.path, trainer.cfg.text)
@@ -64,6 +65,7 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
         return checkpoint.EXIT_CHECKPOINTED
     trainer.training = True  # a stop signal from now on: after the step, with a checkpoint
     trainer.resume_hint = f"resume with: {options.resume_hint or resume_command(trainer, options)}"  # a stop's note too
+    _write_trace_parts(trainer, options)
     try:
         trainer.run()
     except NonFiniteError as err:
@@ -73,7 +75,7 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
         if isinstance(trainer.runtime, SerialRuntime):  # the one rank: what it recorded is the whole run's
             _keep_the_record(trainer, options)
         else:
-            _keep_own_timeline(trainer, options)
+            _keep_the_timelines(trainer, options)
         raise
     _finish_trace(trainer, options)
     if trainer.stopped:
@@ -84,10 +86,21 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     return 0
 
 
+def _write_trace_parts(trainer: Trainer, options: RunOptions) -> None:
+    """Under MPI with --trace, each rank writes its spans, step by step, to its own part file: a failure
+    aborts the job before the ranks' timelines can be gathered (``_keep_the_timelines``)."""
+    if options.trace and not isinstance(trainer.runtime, SerialRuntime):
+        part = timeline_parts.PartWriter(options.trace, trainer.runtime.tracer, trainer.trace_run)
+        trainer.trace_part, trainer.after_step = part, part.flush
+
+
 def _finish_trace(trainer: Trainer, options: RunOptions) -> None:
-    """--trace: every rank's timeline to the root, which writes the file (collective)."""
+    """--trace: every rank's timeline to the root, which writes the file (collective); the ranks' part
+    files are not needed any more."""
     if options.trace:
         trainer.log(timeline.finish(trainer.runtime, options.trace))
+        if trainer.trace_part is not None:  # the trace is written: a part that stopped early does not matter
+            trainer.trace_part.close(remove=True)
 
 
 def _keep_the_record(trainer: Trainer, options: RunOptions) -> None:
@@ -101,20 +114,32 @@ def _keep_the_record(trainer: Trainer, options: RunOptions) -> None:
         trainer.log(f"note: the profile or timeline of the failed run could not be written: {one_line(str(err))}")
 
 
-def _keep_own_timeline(trainer: Trainer, options: RunOptions) -> None:
-    """A rank that failed under MPI: its own --trace timeline up to the failure, beside the file the run
-    would have written (``TRACE.rank<R>.json``).  Its failure aborts the job, so the ranks' parts cannot
-    be gathered; what it did last is what a user looks for.  A failure here is one note: the first is
-    the one reported."""
-    if not options.trace:
+def _keep_the_timelines(trainer: Trainer, options: RunOptions) -> None:
+    """A rank that failed under MPI (or saw another fail): its failure aborts the job, so the ranks'
+    timelines cannot be gathered.  It writes the trace itself from every rank's part file it can read
+    (each up to the rank's last finished step) and its own spans, up to the failure.  A failure here
+    is one note: the first is the one reported."""
+    part = trainer.trace_part
+    if not options.trace or part is None:
         return
-    stem, suffix = os.path.splitext(options.trace)
-    path = f"{stem}.rank{trainer.runtime.tracer.rank}{suffix or '.json'}"
+    part.close()
+    tracer = trainer.runtime.tracer
     try:
-        line = timeline.write(path, [timeline.rank_trace(trainer.runtime.tracer)])
-        print(f"{line} (this rank's alone, up to its failure: the job is aborted)", flush=True)
+        others = [(header, spans) for header, spans in timeline_parts.read_parts(options.trace, trainer.trace_run)
+                  if header["rank"] != tracer.rank]
+        parts = [timeline.part_of(header["rank"], spans, header["origin_unix"]) for header, spans in others]
+        line = timeline.write(options.trace, parts + [timeline.rank_trace(tracer)])
+        timeline_parts.remove_parts(options.trace, trainer.trace_run)
     except Exception as err:
-        print(f"note: the timeline of this failed rank could not be written: {one_line(str(err))}", flush=True)
+        print(f"note: the timeline of the failed run could not be written: {one_line(str(err))}", flush=True)
+        return
+    if part.note:  # this rank's own spans are in the trace whole, from memory
+        print(part.note, flush=True)
+    ranks = sorted([header["rank"] for header, _ in others] + [tracer.rank])
+    missing = trainer.runtime.size - len(ranks)
+    lost = f"; {missing} rank(s)' parts were not found (on another node's disk?)" if missing > 0 else ""
+    print(f"{line} (up to the failure: rank {tracer.rank}'s to its failure, the others' to their last "
+          f"finished step; ranks {' '.join(map(str, ranks))}{lost}; the job is aborted)", flush=True)
 
 
 def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
