@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import os
 import re
 import shutil
@@ -38,7 +39,7 @@ def atomic_path(out_path: str, what: str = "the store", folder: bool = False) ->
     on success (replacing what was there), removed on failure.  Its folder is made; a file system
     that refuses is a DataError naming ``out_path`` (never the temporary name) and ``what`` it was to
     hold (exit code 3), as is an ``out_path`` of the other kind (a folder where a file goes)."""
-    tmp = f"{out_path}.tmp{os.getpid()}"
+    tmp = temporary_path(out_path)
     if os.path.isdir(out_path) != folder and os.path.exists(out_path):
         found, expected = ("a file", "a folder") if folder else ("a folder", "a file name")
         raise DataError(f"{out_path}: {found}: expected {expected} for {what}")
@@ -56,6 +57,27 @@ def atomic_path(out_path: str, what: str = "the store", folder: bool = False) ->
             shutil.rmtree(tmp, ignore_errors=True)
         elif os.path.exists(tmp):
             os.remove(tmp)
+
+
+NAME_MAX = 255  # bytes in one file name (Linux, macOS), where the file system does not say
+
+
+def temporary_path(out_path: str) -> str:
+    """``OUT.tmp<PID>`` in ``out_path``'s folder; where that name is longer than a file name can be (a
+    valid --out of 250 characters), the start of the name, a digest of the whole and ``.tmp<PID>``."""
+    suffix = f".tmp{os.getpid()}"
+    folder, name = os.path.split(out_path)
+    try:
+        limit = os.pathconf(folder or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):  # a folder still to be made
+        limit = NAME_MAX
+    if not name or len(os.fsencode(name + suffix)) <= limit:
+        return out_path + suffix
+    digest = "~" + hashlib.sha1(os.fsencode(name)).hexdigest()[:12]
+    head = name
+    while head and len(os.fsencode(head + digest + suffix)) > limit:
+        head = head[:-1]
+    return os.path.join(folder, head + digest + suffix)
 
 
 _HDF5_ERRNO = re.compile(r"\berrno = (\d+)")  # "(unable to open file: name = '...', errno = 36, ...)"

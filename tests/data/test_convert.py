@@ -238,7 +238,7 @@ def test_errors_name_the_users_output_never_its_temporary_name(tmp_path, backend
     where a file goes (or the reverse) was found only at the rename."""
     images = write_idx(tmp_path / "img", np.zeros((2, 2, 2)), 2051)
     labels = write_idx(tmp_path / "lab", np.zeros(2), 2049)
-    longest = str(tmp_path / ("x" * 250))  # a name the file system takes; with .tmpPID appended it does not
+    longest = str(tmp_path / ("x" * 256))  # one byte more than a file name can hold (its temporary fits)
     with pytest.raises(DataError) as err:
         convert.convert_mnist(images, labels, longest, backend)
     assert str(err.value) == (f"{longest}: cannot write the store: File name too long: expected a path whose "
@@ -250,6 +250,22 @@ def test_errors_name_the_users_output_never_its_temporary_name(tmp_path, backend
     expected = "a file: expected a folder" if backend == "shard" else "a folder: expected a file name"
     assert str(err.value) == f"{other_kind}: {expected} for the store"
     assert sorted(os.listdir(tmp_path)) == sorted(["img", "lab", other_kind.name])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_output_name_as_long_as_the_file_system_takes_is_written(tmp_path, backend):
+    """A valid --out of 250 characters was refused as "File name too long": the temporary beside it was
+    the same name with .tmpPID appended.  A name of 255 bytes (250 letters, .h5 and a 2-byte letter)."""
+    images = write_idx(tmp_path / "img", np.arange(8).reshape(2, 2, 2), 2051)
+    labels = write_idx(tmp_path / "lab", np.array([3, 1]), 2049)
+    for name in ("x" * 250, "é" * 125 + "x.h5"):
+        out = str(tmp_path / name)
+        assert convert.convert_mnist(images, labels, out, backend) == [out]
+        data, stored = read_all(backend, out, **({"has_label": True} if backend == "textfile" else {}))
+        np.testing.assert_array_equal(stored, [3, 1])
+        assert data.reshape(2, -1)[1].tolist() == [4, 5, 6, 7]
+        assert sorted(os.listdir(tmp_path)) == sorted(["img", "lab", *([name] if name[0] == "x" else
+                                                                      ["x" * 250, name])])
 
 
 def test_a_datashard_never_replaces_a_folder_of_other_files(tmp_path):
