@@ -317,15 +317,15 @@ def test_the_converters_replace_an_existing_output_only_with_overwrite(tmp_path,
     assert cli.main(["data", *argv, "--overwrite"]) == 0
 
 
-def test_mnist_labels_outside_the_ten_digits_are_refused(tmp_path):
-    """A label byte of 10 or more was converted without a word, and the job stopped on it mid-run."""
-    images = write_idx(tmp_path / "img", np.zeros((4, 2, 2)), 2051)
-    labels = write_idx(tmp_path / "lab", np.array([3, 9, 12, 200]), 2049)
-    with pytest.raises(DataError) as err:
-        convert.convert_mnist(images, labels, str(tmp_path / "o.h5"))
-    assert str(err.value) == (f"{labels}: record 2 (byte 10): label 12: expected a digit 0..9 (2 label(s) "
-                              f"outside; not an MNIST label file?)")
-    assert not (tmp_path / "o.h5").exists()
+def test_emnist_labels_past_the_ten_digits_are_converted(tmp_path):
+    """EMNIST's IDX files (balanced: labels 0..46) were refused as "expected a digit 0..9 (not an MNIST
+    label file?)", with no other converter to turn to; their labels are now stored as the file holds them."""
+    images = write_idx(tmp_path / "img", np.arange(16).reshape(4, 2, 2), 2051)
+    labels = write_idx(tmp_path / "lab", np.array([3, 9, 12, 46]), 2049)
+    out = convert.convert_mnist(images, labels, str(tmp_path / "o.h5"))[0]
+    data, stored = read_all("hdf5", out)
+    np.testing.assert_array_equal(stored, [3, 9, 12, 46])
+    assert data.reshape(4, -1)[3].tolist() == [12, 13, 14, 15]
 
 
 @pytest.mark.parametrize("source", ["mnist", "cifar10", "csv"])
