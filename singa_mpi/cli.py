@@ -79,6 +79,7 @@ def cmd_check(args) -> int:
         print(resolve_workspace(cfg, None))
         return 0
     summary = validate(cfg)
+    resolve_workspace(cfg, None)  # a file where the workspace goes: train refuses it
     for warning in summary.warnings:
         print(f"warning: {warning}")
     steps = f"{summary.train_steps} steps" if summary.train_steps else "test only (no train_steps)"

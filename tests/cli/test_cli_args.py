@@ -189,6 +189,19 @@ def test_check_on_n_workers_refuses_a_cluster_a_launch_on_n_refuses(capsys, tmp_
     assert cli.main(["check", "-n", "3", str(conf)]) == 0
 
 
+def test_check_refuses_a_workspace_that_is_a_file_as_train_does(capsys, tmp_path, monkeypatch):
+    """`check JOB` said OK to a cluster.workspace naming an existing file (only --print-workspace and
+    train refused it): the run it passed then stopped at launch."""
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "job.conf"
+    conf.write_text(pathlib.Path(DIGITS).read_text().replace('workspace: "workspace/digits_mlp"', 'workspace: "ws"'))
+    (tmp_path / "ws").write_text("")
+    assert cli.main(["check", str(conf)]) == 2
+    assert capsys.readouterr().err == (f"singa-mpi: error: {conf}:68:11: cluster.workspace = ws: {tmp_path}/ws is "
+                                       f"a file, not a folder: expected a folder for the run's checkpoints and logs "
+                                       f"(move that file, or name another folder here or with --workspace)\n")
+
+
 @pytest.mark.parametrize("written,shown", [("fc\\nb", "fc\\nb"), ("fc\u0085b", "fc\\x85b"), ("fc\u2028b", "fc\\u2028b")])
 def test_a_name_with_a_line_break_stays_on_one_error_line(capsys, tmp_path, written, shown):
     """A layer named with a newline (an escape in the file), NEL or LINE SEPARATOR (UTF-8 in the file)
