@@ -119,7 +119,9 @@ def test_synthetic_data_refuses_bad_counts_and_unwritable_stores(tmp_path):
     job.write_text(pathlib.Path(DIGITS).read_text().replace("data/digits/", f"{blocker}/digits/"))
     with pytest.raises(DataError) as err:
         write_synthetic(str(job), count=5)
-    assert str(err.value).startswith(f"{blocker}") and "cannot write a synthetic store" in str(err.value)
+    assert str(err.value) == (f"{job}:24:34: layer 'data': store_conf.path {blocker}/digits/train.h5: cannot write "
+                              f"a synthetic store: Not a directory ({blocker}/digits): expected a path whose folders exist or "
+                              f"can be made, on a file system you can write")
 
 
 def test_digits_that_cannot_be_prepared_are_one_line(tmp_path):

@@ -55,3 +55,23 @@ def test_a_plugin_s_data_is_not_said_to_exist(tmp_path):
     assert done.stdout == ("nothing written: data synthetic does not make examples/rnnlm/train_data.bin ([data_conf]."
                            "path of layer 'data'): make it with `python examples/rnnlm/create_data.py --python-docs "
                            "--out DIR` (or --train FILE)\n")
+
+
+def test_a_store_path_that_cannot_be_written_names_the_job_s_field(tmp_path, capsys, monkeypatch):
+    """`data synthetic --overwrite` onto a store path that is a folder (or below a file) named the path
+    alone, not the job's file:line and field as its other path errors (a missing store) do."""
+    from singa_mpi import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.conf").write_text((REPO / "conf" / "digits_mlp.conf").read_text())
+    (tmp_path / "data" / "digits" / "train.h5").mkdir(parents=True)
+    assert cli.main(["data", "synthetic", "--like", "job.conf", "--overwrite", "--count", "5"]) == 3
+    assert capsys.readouterr().err == ("singa-mpi: error: job.conf:24:34: layer 'data': store_conf.path "
+                                       "data/digits/train.h5: a folder: expected a file name for a synthetic store\n")
+    text = (REPO / "conf" / "cifar10_convnet.conf").read_text()
+    (tmp_path / "cifar.conf").write_text(text.replace('mean_file: "', 'mean_file: "a-file/'))
+    (tmp_path / "a-file").write_text("")
+    assert cli.main(["data", "synthetic", "--like", "cifar.conf", "--count", "5"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("singa-mpi: error: cifar.conf:") and err.count("\n") == 1, err
+    assert ": layer 'data': store_conf.mean_file a-file/" in err and "cannot write the mean file" in err, err
