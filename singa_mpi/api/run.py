@@ -25,6 +25,7 @@ from singa_mpi.errors import SingaError
 # what a run's messages tell a script to do, for the options `singa-mpi train` spells as flags
 FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., overwrite=True)",
                 "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
+RECORDED_PHASES = ("train", "test", "validation")  # the phases of metrics.jsonl's records
 EVALUATE_FILE = "evaluate.conf"  # what evaluate() tests: its own, so that job.conf stays the training's
 
 
@@ -77,13 +78,25 @@ class History:
     records: list[dict[str, Any]]
 
     def metric(self, name: str, phase: str = "train") -> list[tuple[int, float]]:
-        """(step, value) of ``name`` in ``phase``'s records, in order."""
+        """(step, value) of ``name`` in ``phase``'s records, in order; ArgumentError for a ``phase``
+        that is none of a run's (``train``, ``test``, ``validation``)."""
+        self._known("metric", phase)
         return [(r["step"], r[name]) for r in self.records if r.get("phase") == phase and name in r]
 
     def last(self, phase: str = "train") -> dict[str, Any]:
-        """The newest record of ``phase`` (empty when there is none)."""
+        """The newest record of ``phase`` (empty when there is none); ArgumentError as :meth:`metric`."""
+        self._known("last", phase)
         found = [r for r in self.records if r.get("phase") == phase]
         return found[-1] if found else {}
+
+    def _known(self, function: str, phase: Any) -> None:
+        """A phase no run records ("val", "Test") found no records without a word: refused, listing them."""
+        held = list(dict.fromkeys(r["phase"] for r in self.records if isinstance(r.get("phase"), str)))
+        if phase in RECORDED_PHASES or phase in held:
+            return
+        raise ArgumentError(f"History.{function}: argument phase = {phase!r}: expected one of "
+                            f"{', '.join(dict.fromkeys([*RECORDED_PHASES, *held]))} (this history holds "
+                            f"{', '.join(held) or 'no records'})")
 
 
 def workspace_of(job: Job, workspace: str | os.PathLike | None) -> str:

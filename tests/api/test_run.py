@@ -366,3 +366,20 @@ def test_a_batch_size_of_zero_is_refused_where_the_script_wrote_it():
     with pytest.raises(sm.ArgumentError, match=r"^layer 'data' \(kRecordInput\): argument batchsize = 0: expected a "
                                                r"positive integer$"):
         sm.RecordInput("d.h5", 0, 12, name="data")
+
+
+def test_a_history_asked_for_a_phase_no_run_records_lists_the_phases():
+    """history.metric("loss", "val") (or "Test") found nothing and returned [] without a word."""
+    history = sm.History([{"step": 0, "phase": "train", "loss": 2.0}, {"step": 0, "phase": "test", "loss": 2.5},
+                          {"step": 2, "phase": "train", "loss": 1.0}])
+    assert history.metric("loss") == [(0, 2.0), (2, 1.0)] and history.last("test")["loss"] == 2.5
+    assert history.metric("loss", "validation") == [] and history.last("validation") == {}  # a phase without records
+    for call, function in ((lambda: history.metric("loss", "val"), "metric"), (lambda: history.last("Test"), "last")):
+        with pytest.raises(sm.ArgumentError) as err:
+            call()
+        phase = "'val'" if function == "metric" else "'Test'"
+        assert str(err.value) == (f"History.{function}: argument phase = {phase}: expected one of train, test, "
+                                  f"validation (this history holds train, test)")
+    with pytest.raises(sm.ArgumentError, match=r"expected one of train, test, validation \(this history holds no "
+                                               r"records\)$"):
+        sm.History([]).metric("loss", "tset")
