@@ -27,6 +27,7 @@ FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., ov
                 "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
 RECORDED_PHASES = ("train", "test", "validation")  # the phases of metrics.jsonl's records
 EVALUATE_FILE = "evaluate.conf"  # what evaluate() tests: its own, so that job.conf stays the training's
+GIVEN_FILE = "fit.conf"  # the job fit() was given, where job.conf is still another run's (until training starts)
 
 
 class Job(Protocol):
@@ -139,6 +140,9 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
                                                            FIT_SPELLING if said_as is None else dict(said_as))
     cfg = _as_file(job, where, JOB_FILE)
     _write_where_no_run_is(cfg, where, options.overwrite)
+    if _another_run_s(cfg, where):  # messages before training name the job given, at its lines
+        cfg = _as_file(job, where, GIVEN_FILE)
+        _write_given(cfg)
     code = run_training(cfg, lambda cfg: where, options)
     history = History(_shared_records(os.path.join(where, "metrics.jsonl")))
     if code == EXIT_CHECKPOINTED:
@@ -382,6 +386,31 @@ def _write_where_no_run_is(cfg: Any, workspace: str, overwrite: bool) -> None:
         return  # the run's own check of the workspace says what is wrong there
 
 
+def _another_run_s(cfg: Any, workspace: str) -> bool:
+    """Whether ``WORKSPACE/job.conf`` is not this job's text while the workspace holds a run's
+    checkpoints (it is that run's, or gone): a message naming it before training would name
+    another job's lines (a missing data file at another layer's line, ``--like`` making that job's data)."""
+    from singa_mpi.checkpoints.hdf5 import listed
+
+    if not listed(workspace):
+        return False
+    try:
+        with open(cfg.path, encoding="utf-8") as f:
+            return f.read() != cfg.text
+    except (OSError, UnicodeDecodeError):
+        return True
+
+
+def _write_given(cfg: Any) -> None:
+    """The job's text to ``WORKSPACE/fit.conf`` (every rank writes the same text)."""
+    from singa_mpi.workspace import write_job_file
+
+    try:
+        write_job_file(cfg.path, cfg.text)
+    except OSError:
+        return  # the run's own check of the workspace says what is wrong there
+
+
 def job_text(job: Job, workspace: str) -> str:
     """The job's text as its workspace holds it: with ``cluster.workspace`` (so that ``singa-mpi train
     WORKSPACE/job.conf --resume`` continues there) and the plugin files it names by absolute path
@@ -427,4 +456,4 @@ def _read_records(path: str) -> list[dict[str, Any]]:
 
 
 __all__ = ["fit", "evaluate", "params", "predict", "History", "Stopped", "RunFailed", "workspace_of", "job_text",
-           "resume_hint", "EVALUATE_FILE"]
+           "resume_hint", "EVALUATE_FILE", "GIVEN_FILE"]

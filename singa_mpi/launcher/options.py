@@ -27,8 +27,8 @@ class RunOptions:
     check_finite: bool = True  # stop at the first NaN/inf in inputs, metrics or gradients (exit 5)
     debug: bool = False  # --debug: also the communication table's bookkeeping rows
     deterministic: bool = False  # --deterministic: the job's deterministic setting, on (its default blocks)
-    # the Python API: the job's text is written to its path (WORKSPACE/job.conf) once the run is known to
-    # be this job's (the workspace claimed, a resumed checkpoint this job's), never by a refused run
+    # the Python API: the job's text is written to WORKSPACE/job.conf (the folder of its path) once the run
+    # is known to be this job's (the workspace claimed, a resumed checkpoint this job's), never by a refused run
     write_job: bool = False
     resume_hint: str | None = None  # how the caller resumes, when not by the command (the API's fit(...))
     # the caller's words for an option when it is no command line (the API: "fit(..., resume=True)" for

@@ -19,7 +19,7 @@ from singa_mpi.launcher.start import launcher_name
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
 from singa_mpi.trainer import Trainer, write_stop_note
-from singa_mpi.workspace import write_job_file
+from singa_mpi.workspace import JOB_FILE, write_job_file
 
 
 def run_training(job: str | JobConfig, workspace_of: Callable[[JobConfig], str],
@@ -48,7 +48,7 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
         trainer.trace_run = timeline.start(trainer.runtime, None if serial else options.trace)
     _load_initial_state(trainer, options, initial)
     if options.write_job and trainer.runtime.is_root:  # this run is the job's now: its file names it
-        write_job_file(trainer.cfg.path, trainer.cfg.text)
+        write_job_file(os.path.join(os.path.dirname(trainer.cfg.path), JOB_FILE), trainer.cfg.text)
     trainer.rescue = Rescue.from_environment(trainer)  # under `singa-mpi run --elastic` only
     if trainer.rescue is not None:
         trainer.rescue.start()

@@ -383,3 +383,28 @@ def test_a_history_asked_for_a_phase_no_run_records_lists_the_phases():
     with pytest.raises(sm.ArgumentError, match=r"expected one of train, test, validation \(this history holds no "
                                                r"records\)$"):
         sm.History([]).metric("loss", "tset")
+
+
+@pytest.mark.parametrize("options", [{}, {"overwrite": True}, {"resume": True}])
+def test_a_fit_that_fails_before_training_where_another_run_is_names_the_job_it_was_given(tmp_path, options):
+    """In a workspace holding another job's checkpoints, a fit that failed before training (a missing
+    data file) named WORKSPACE/job.conf:LINE:COL, the other job's file, and advised `--like` on it
+    (random data for that job); it now names WORKSPACE/fit.conf, this job's text, and job.conf is
+    left as it is until this job's training starts."""
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    ws = tmp_path / "ws"
+    _other_job(data).fit(ws)
+    kept = (ws / "job.conf").read_text()
+    mine = _small_job(str(tmp_path / "missing.h5"))
+    with pytest.raises(DataError) as err:
+        mine.fit(ws, **options)
+    given = ws / "fit.conf"
+    match = re.match(rf"^{re.escape(str(given))}:(\d+):(\d+): layer 'data': store_conf.path ", str(err.value))
+    assert match, str(err.value)
+    line = given.read_text().splitlines()[int(match.group(1)) - 1]
+    assert line[int(match.group(2)) - 1:].startswith(f'path: "{tmp_path / "missing.h5"}"'), line
+    assert f"--like {given}`" in str(err.value) and (ws / "job.conf").read_text() == kept
+    assert sm.Job.from_conf(given).name == "api-serial"
+    if options == {"overwrite": True}:  # training starts: job.conf is this job's
+        _small_job(data).fit(ws, overwrite=True)
+        assert sm.Job.from_conf(ws / "job.conf").name == "api-serial"
