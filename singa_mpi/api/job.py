@@ -15,6 +15,7 @@ from singa_mpi.api.fields import ArgumentError, ProtoView, fill, is_number
 from singa_mpi.api.layers import Layer, refuse_unknown_type
 from singa_mpi.api.net import Net, Sequential
 from singa_mpi.config.load import AUTO, JobConfig, load_job, parse_job
+from singa_mpi.data.prepare import synthetic_command
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.proto import job_pb2
 
@@ -23,6 +24,8 @@ LR_BLOCKS = {"kFixedStep": "fixedstep_conf", "kStep": "step_conf", "kLinear": "l
              "kExponential": "exponential_conf", "kInverse": "inverse_conf", "kInverseT": "inverset_conf"}
 _WRITTEN_AUTO = re.compile(rf"(\bpartition_dim: ){AUTO}\b")
 PYTHON = "<python>"  # where a job built in Python comes from, for the parser
+# random stores of a Python-built job's shapes (the command reads a job file)
+SYNTHETIC_FROM_PYTHON = '`singa-mpi data synthetic --like job.conf` on the file job.to_conf("job.conf") writes'
 
 
 class LearningRate(ProtoView):
@@ -182,6 +185,9 @@ class Job:
         except ConfigError as err:
             raise self._without_position(err) from None
         summary.warnings = [self._unplaced(line) for line in summary.warnings]
+        if self.origin == PYTHON:  # a job that is no file: the command's placeholder, in the API's words
+            unwritten = synthetic_command(None)
+            summary.warnings = [line.replace(unwritten, SYNTHETIC_FROM_PYTHON) for line in summary.warnings]
         return summary
 
     def _without_position(self, err: ConfigError) -> ArgumentError:

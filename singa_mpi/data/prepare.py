@@ -107,9 +107,14 @@ def known_set_command(path: str, field: str, store: job_pb2.StoreProto) -> str |
     return None
 
 
+def synthetic_command(job_path: str | None) -> str:
+    """The command that writes random stores for the job in ``job_path`` (None: a job that is no file)."""
+    return f"`singa-mpi data synthetic --like {job_path or 'JOB.conf'}`"
+
+
 def how_to_make(path: str, field: str, store: job_pb2.StoreProto, job_path: str | None) -> str:
     """One clause saying which command writes the missing file ``path`` (store_conf.``field``)."""
-    synthetic = f"`singa-mpi data synthetic --like {job_path or 'JOB.conf'}`"
+    synthetic = synthetic_command(job_path)
     known = known_set_command(path, field, store)
     if known is None:
         return f"make it with {synthetic} (random data of the job's shapes) or convert your data (`singa-mpi data -h`)"

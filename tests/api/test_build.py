@@ -162,7 +162,8 @@ def test_check_names_the_layer_and_field_without_a_file_position():
 
 
 def test_check_s_warnings_name_the_layer_and_the_argument_not_the_generated_text(tmp_path, monkeypatch):
-    """They began `<python>:8:7:` (lines of text the script never saw) and advised `--like <python>`;
+    """They began `<python>:8:7:` (lines of text the script never saw) and advised `--like <python>`
+    (then `--like JOB.conf`, a file the script never wrote);
     a warning of the parser (gpu ignored) now points at the script's line that called check()."""
     monkeypatch.chdir(tmp_path)
     net = sm.Net([sm.RecordInput("d.h5", 8, 4, name="data"), sm.InnerProduct(5, "fc1", srcs="data"),
@@ -173,9 +174,26 @@ def test_check_s_warnings_name_the_layer_and_the_argument_not_the_generated_text
     assert [w.filename for w in said] == [__file__]
     data, checkpoint = summary.warnings
     assert data.startswith("layer 'data': data file 'd.h5' not found: make it with `singa-mpi data synthetic "
-                           "--like JOB.conf`"), data
+                           "--like job.conf` on the file job.to_conf(\"job.conf\") writes"), data
     assert checkpoint.startswith("checkpoint_path 'nope/ck' not found: "), checkpoint
-    assert all("<python>" not in line for line in summary.warnings)
+    assert all("<python>" not in line and "JOB.conf" not in line for line in summary.warnings)
+
+
+def test_check_s_advice_for_missing_data_works_as_said(tmp_path, monkeypatch):
+    """A script's job was told `singa-mpi data synthetic --like JOB.conf`, a command-line placeholder for
+    a file the script never wrote; the advice now says how to write it, and following it makes the data."""
+    from singa_mpi.data.synthetic import write_synthetic
+
+    monkeypatch.chdir(tmp_path)
+    net = sm.Sequential([sm.RecordInput("d.h5", 8, 4, name="data"), sm.InnerProduct(5, "fc1"),
+                         sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    job = sm.Job("advised", net, updater=sm.SGD(0.01), train_steps=5)
+    (advice,) = job.check().warnings
+    command = re.search(r"`singa-mpi data synthetic --like (\S+)` on the file job\.to_conf\(\"(\S+)\"\) writes",
+                        advice)
+    assert command and command.group(1) == command.group(2), advice
+    job.to_conf(command.group(2))
+    assert write_synthetic(command.group(1), count=8) == ["d.h5"] and job.check().warnings == []
 
 
 def test_numpy_numbers_are_numbers_wherever_the_api_takes_one():
