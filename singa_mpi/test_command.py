@@ -16,11 +16,11 @@ TEST_RESULTS = "test_results.jsonl"  # one line per `singa-mpi test` run, in the
 
 
 def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: list[str] | None = None,
-             workers: int | None = None) -> int:
+             workers: int | None = None, spelling: dict[str, str] | None = None) -> int:
     """Load parameters from checkpoints (default: the newest good one in the workspace) and run the
     test phase once, partitioned like training when launched on several ranks (``workers``:
-    overrides cluster.nworkers_per_group)."""
-    request = Request(job, workspace_of, RunOptions(workers=workers), command=TEST,
+    overrides cluster.nworkers_per_group; ``spelling``: the caller's words for ``--checkpoint``)."""
+    request = Request(job, workspace_of, RunOptions(workers=workers, spelling=dict(spelling or {})), command=TEST,
                       checkpoints=tuple(checkpoints or ()))
 
     def test(trainer: Trainer, ckpt: checkpoint.Checkpoint) -> int:

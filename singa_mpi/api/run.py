@@ -26,6 +26,7 @@ from singa_mpi.errors import SingaError
 FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., overwrite=True)",
                 "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
 RECORDED_PHASES = ("train", "test", "validation")  # the phases of metrics.jsonl's records
+EVALUATE_SPELLING = {"--checkpoint": "evaluate(..., checkpoints=[FILE])"}  # the test command's option, as evaluate takes it
 EVALUATE_FILE = "evaluate.conf"  # what evaluate() tests: its own, so that job.conf stays the training's
 GIVEN_FILE = "fit.conf"  # the job fit() was given, where job.conf is still another run's (until training starts)
 
@@ -178,7 +179,7 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     if not checkpoints and not listed(where):
         raise DataError(f"{where}: no checkpoint to test: expected a workspace that fit() wrote, or "
                         f"evaluate(..., checkpoints=[FILE])")
-    code = run_test(cfg, lambda cfg: where, checkpoints=checkpoints)
+    code = run_test(cfg, lambda cfg: where, checkpoints=checkpoints, spelling=EVALUATE_SPELLING)
     if code != 0:
         raise RunFailed(code, "the test")
     return History(_shared_records(results)).last("test")

@@ -36,7 +36,8 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
     if request.trains:
         return fitting(launch, read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume), False,
                        request.options.allow_partial)
-    return fitting(launch, checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root), False, None)
+    return fitting(launch, checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root,
+                                               request.options), False, None)
 
 
 def fitting(launch: Launch, ckpt: checkpoint.Checkpoint | None, full: bool,
@@ -292,12 +293,13 @@ def merged_checkpoint_paths(cfg: JobConfig) -> checkpoint.Checkpoint:
 
 
 
-NONE_TO_TEST = "none to test: expected `--checkpoint FILE` or a workspace with a good checkpoint"
-
-
-def checkpoints_to_test(workspace: str, checkpoints: list[str] | None, is_root: bool) -> checkpoint.Checkpoint:
+def checkpoints_to_test(workspace: str, checkpoints: list[str] | None, is_root: bool,
+                        options: RunOptions | None = None) -> checkpoint.Checkpoint:
     """The --checkpoint files (later ones override earlier ones, as in SINGA), else the workspace's
-    newest good checkpoint; DataError when there is none."""
+    newest good checkpoint; DataError when there is none, naming --checkpoint as ``options`` spell it
+    (the API: evaluate's argument)."""
+    spelled = (options or RunOptions()).said("--checkpoint")
+    given = "`--checkpoint FILE`" if spelled == "--checkpoint" else spelled
     if checkpoints:
         ckpt = checkpoint.read(checkpoints[0])
         for path in checkpoints[1:]:  # later files override earlier ones (SINGA)
@@ -306,7 +308,8 @@ def checkpoints_to_test(workspace: str, checkpoints: list[str] | None, is_root: 
     with warnings.catch_warnings():
         if not is_root:
             warnings.simplefilter("ignore")  # one report of a damaged file is enough
-        ckpt = checkpoint.newest_good(workspace, todo=NONE_TO_TEST)
+        ckpt = checkpoint.newest_good(workspace, todo=f"none to test: expected {given} or a workspace with a good "
+                                                      f"checkpoint")
     if ckpt is None:
-        raise DataError(f"{workspace}: no checkpoint found: expected `--checkpoint FILE` or a trained workspace")
+        raise DataError(f"{workspace}: no checkpoint found: expected {given} or a trained workspace")
     return ckpt

@@ -408,3 +408,21 @@ def test_a_fit_that_fails_before_training_where_another_run_is_names_the_job_it_
     if options == {"overwrite": True}:  # training starts: job.conf is this job's
         _small_job(data).fit(ws, overwrite=True)
         assert sm.Job.from_conf(ws / "job.conf").name == "api-serial"
+
+
+def test_evaluate_with_every_checkpoint_damaged_says_its_own_argument(tmp_path):
+    """It advised `--checkpoint FILE`, the test command's option, which evaluate() does not take."""
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    job = _small_job(data)
+    job.settings.test_steps, job.settings.test_freq = 1, 2
+    job.fit(tmp_path / "ws")
+    damaged = sorted((tmp_path / "ws" / "checkpoint").glob("step*.h5"))
+    for path in damaged:
+        path.write_bytes(b"\0" * 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # each damaged file's own note
+        with pytest.raises(DataError) as err:
+            job.evaluate(tmp_path / "ws")
+    assert str(err.value) == (f"{tmp_path / 'ws' / 'checkpoint'}: every checkpoint there is damaged "
+                              f"({len(damaged)} file(s), the newest step4.h5): none to test: expected "
+                              f"evaluate(..., checkpoints=[FILE]) or a workspace with a good checkpoint")
