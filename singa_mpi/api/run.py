@@ -205,6 +205,7 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
     forward in this process alone (on every rank that calls it: no communication), in batches of
     ``batchsize`` (default: the test input's).  One row of output per row of ``x``."""
     import math
+    import warnings
 
     import numpy as np
 
@@ -220,6 +221,7 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
     if layer is not None and not isinstance(layer, str):
         raise ArgumentError(f"predict: argument layer = {layer!r}: expected a layer's name")
     _folder("predict", workspace)
+    job.check()  # as fit and evaluate: a field the run ignores is said at the script's line, not the text's
     where = workspace_of(job, workspace)
     found = newest_good(where, todo="none to predict with: expected a workspace that fit() wrote")
     if found is None:
@@ -241,7 +243,9 @@ def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, lay
     reader.settings.test_steps = math.ceil(len(rows) / batch)
     reader.settings.test_freq = reader.settings.test_freq or 1  # a job trained without a test: no test during training
     reader.origin = job.origin  # its plugin files, found where the job's are
-    cfg = parse_job(job_text(reader, where), os.path.join(where, JOB_FILE))
+    with warnings.catch_warnings():  # the parser's warnings (gpu ignored): job.check() said them, at the script's line
+        warnings.simplefilter("ignore")
+        cfg = parse_job(job_text(reader, where), os.path.join(where, JOB_FILE))
     try:  # a job trained without a test: its test phase's net was never checked
         validate(cfg)
     except ConfigError as err:  # without the position: lines of a text that is no file

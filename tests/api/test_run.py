@@ -180,6 +180,24 @@ def test_fit_says_a_parser_s_warning_once_at_the_script_s_line(tmp_path):
         ("gpu: [0] ignored: singa_mpi trains on CPUs", __file__)]
 
 
+def test_predict_says_a_parser_s_warning_at_the_script_s_line_not_the_workspace_s_file(tmp_path):
+    """gpu: [0] ignored was said as `WS/job.conf: gpu: ...` from inside singa_mpi: a file whose text
+    was not the one read (predict's copy of the job), and no line of the script."""
+    import numpy as np
+
+    data = nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5)
+    job = _small_job(data)
+    job.settings.gpu.append(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        job.fit(tmp_path / "ws")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert job.predict(np.zeros((3, 12), np.float32), tmp_path / "ws").shape == (3, 5)
+    assert [(str(w.message), w.filename) for w in said if "gpu" in str(w.message)] == [
+        ("gpu: [0] ignored: singa_mpi trains on CPUs", __file__)]
+
+
 def test_a_bad_job_raises_before_running(tmp_path):
     net = sm.Sequential([sm.RecordInput("d.h5", 8, 12, name="data"), sm.InnerProduct(0, "fc1"),
                          sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
