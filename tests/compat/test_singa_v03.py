@@ -231,6 +231,28 @@ def test_fit_or_evaluate_before_compile_says_so(fresh_names):
             getattr(model, call)(data, **({"nb_epoch": 2} if call == "fit" else {}))
 
 
+def test_a_chain_compiled_without_a_loss_says_a_loss_is_needed(fresh_names):
+    """compile(loss=None), an Energy model's call, on a Sequential chain failed the job's check:
+    "layer 'softmax2' (#4, kSoftmax): srclayers = ['layer2', 'data2']: expected 1 source layer(s)"."""
+    data = binding.Data("recordinput", conf=binding.Store(path="x.bin", batchsize=8, shape=4))
+    for call in ("fit", "evaluate"):
+        model = binding.Sequential("m", [])
+        model.add(binding.Dense(8, activation="relu"))
+        model.add(binding.Dense(3, activation="softmax"))
+        model.compile(optimizer=binding.SGD(0.1), cluster=binding.Cluster("ws"))
+        with pytest.raises(ArgumentError) as err:
+            getattr(model, call)(data, **({"nb_epoch": 2} if call == "fit" else {}))
+        assert str(err.value) == (f"{call}: the model has no loss: expected m.compile(loss=..., ...) with one of "
+                                  f"'categorical_crossentropy', 'mean_squared_error' (loss=None is for an Energy "
+                                  f"model's RBM)")
+    added = binding.Sequential("m", [])  # a loss layer the script added itself needs none from compile
+    added.add(binding.Dense(3))
+    added.add(binding.Loss("softmaxloss"))
+    added.compile(optimizer=binding.SGD(0.1), cluster=binding.Cluster("ws"))
+    added.fit(data, nb_epoch=2, with_test=True)
+    added._compiled("fit")
+
+
 def test_argv_options_are_read_and_singa_s_flags_left_alone():
     options = binding._argv_options(["x.py", "-singa_conf", "conf/singa.conf", "--resume", "--write-conf=a.conf"])
     assert options == {"resume": True, "overwrite": False, "write_conf": "a.conf"}

@@ -332,6 +332,11 @@ class Model:
         if not self.jobconf.HasField("cluster"):
             raise ArgumentError(f"{where}: the model is not compiled: expected m.compile(loss=..., optimizer=..., "
                                 f"cluster=Cluster(workspace)) first")
+        if not isinstance(self, Energy) and not any(_is_loss(layer) for layer in self.layers):
+            # compile(loss=None) is an Energy model's (its RBM scores itself): the job's check said only
+            # that the last softmax had the labels as a second source
+            raise ArgumentError(f"{where}: the model has no loss: expected m.compile(loss=..., ...) with one of "
+                                f"{', '.join(repr(name) for name in LOSSES)} (loss=None is for an Energy model's RBM)")
 
     def _run(self, test_only: bool) -> dict[int, dict[str, float]]:
         options = _argv_options(self.argv)
@@ -383,6 +388,21 @@ class Energy(Model):
                                      w_param=Parameter(name="w", init="none", level=level),
                                      b_param=Parameter(name="b", init="none", level=level)))
         self.layers.append(layer)
+
+
+def _is_loss(layer: Any) -> bool:
+    """Whether a layer of the chain (or the softmax compile made a loss of) computes a loss."""
+    from singa_mpi.layers.base import layer_class_of
+
+    for proto in (layer.layer, getattr(layer, "mask", None)):
+        if proto is None:
+            continue
+        try:
+            if layer_class_of(proto).is_loss:
+                return True
+        except Exception:  # a type this process cannot build (a plugin's): the job's check says what it is
+            return True
+    return False
 
 
 def _autoencoder_layers(auto: Autoencoder) -> list[Dense]:
