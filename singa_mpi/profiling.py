@@ -69,7 +69,7 @@ def build(parts: list[dict]) -> dict:
 
 def write(workspace: str, profile: dict) -> str:
     """WORKSPACE/profile.json, whole or not at all (an OSError, no temporary file left)."""
-    from singa_mpi.checkpoints.hdf5 import write_whole
+    from singa_mpi.durable import write_whole
 
     path = os.path.join(workspace, FILE)
     write_whole(path, json.dumps(profile, indent=1))

@@ -31,6 +31,7 @@ import time
 import uuid
 
 from singa_mpi import timeline_parts
+from singa_mpi.durable import write_whole
 from singa_mpi.errors import DataError
 from singa_mpi.tracing import Span, Tracer
 
@@ -133,8 +134,6 @@ def chrome_trace(parts: list[dict]) -> dict:
 
 def write(path: str, parts: list[dict]) -> str:
     """Write the trace atomically; returns one line saying what was written."""
-    from singa_mpi.checkpoints.hdf5 import write_whole
-
     trace = chrome_trace(parts)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -145,6 +144,22 @@ def write(path: str, parts: list[dict]) -> str:
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
     return (f"timeline {path}: {spans} spans from {len(parts)} rank(s); "
             f"open it in https://ui.perfetto.dev or chrome://tracing")
+
+
+def write_from_parts(path: str, run: str, own: dict | None = None) -> tuple[str, list[int]] | None:
+    """A run that failed under MPI: the trace from its ranks' part files (:mod:`singa_mpi.timeline_parts`)
+    and ``own``, the :func:`rank_trace` of the rank that writes it (its spans up to the failure, from
+    memory; None from the guardian of a rank that vanished); the parts merged are removed.  Returns the
+    line saying what was written and the ranks it holds, or None when there was nothing to write."""
+    read = [(header, spans) for header, spans in timeline_parts.read_parts(path, run)
+            if own is None or header["rank"] != own["rank"]]
+    parts = [part_of(header["rank"], spans, header["origin_unix"]) for header, spans in read]
+    parts += [own] if own is not None else []
+    if not parts:
+        return None
+    line = write(path, parts)
+    timeline_parts.remove_parts(path, run)
+    return line, sorted(part["rank"] for part in parts)
 
 
 def start(runtime, path: str | None = None) -> str:

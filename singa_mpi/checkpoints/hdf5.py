@@ -60,6 +60,8 @@ import zlib
 import h5py
 import numpy as np
 
+from singa_mpi import durable
+from singa_mpi.durable import write_durably as _write_durably  # a module global: tests make it fail
 from singa_mpi.errors import DataError
 from singa_mpi.file_kinds import TEXT, kind_of
 
@@ -230,33 +232,7 @@ def _what_else(image: bytes) -> str:
     return "not a singa_mpi checkpoint, or its first bytes are damaged"
 
 
-def write_whole(path: str, text: str) -> None:
-    """``text`` into ``path`` as a checkpoint is written: through a temporary file, fsynced and renamed; a
-    failure (a full disk, a Ctrl-C) is raised with the temporary removed: no part of a file is left (the
-    run's smaller files, profile.json and stopped.txt, whose writers must not end a run that saved its
-    checkpoint)."""
-    _write_durably(path, text.encode())
-
-
-def _write_durably(path: str, image: bytes) -> None:
-    """``image`` to ``path`` through a temporary file: written, fsynced, renamed (or removed on failure)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(image)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path) or ".")
-    finally:
-        _remove_if_there(tmp)
-
-
-def _remove_if_there(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:  # not there: written and renamed, or never created (a read-only disk)
-        pass
+write_whole = durable.write_whole  # the run's small files (profile.json, stopped.txt), written as checkpoints are
 
 
 # {option}: the option that names the place (a run's --workspace, `ckpt convert`'s --out); {keep}: a
@@ -301,18 +277,6 @@ def disk_problem(err: OSError, option: str = "--workspace") -> str:
 def _scalar(value):
     """An HDF5 attribute as a Python number (numpy scalars do not survive JSON or comparisons well)."""
     return value.item() if hasattr(value, "item") and getattr(value, "ndim", 0) == 0 else value
-
-
-def _fsync_dir(folder: str) -> None:
-    """Make the rename itself durable."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _plain(value):

@@ -173,7 +173,7 @@ def _vanished_line(first: list[int], records: dict[int, Status], ended: str, loc
 def guard(folder: str, rank: int, pid: int, stall_timeout: float) -> None:
     """The guardian's life: wait for the rank to end; if it vanished, help name it (see the module)."""
     ready = time.time()  # from now on this rank's end is noticed at once (earliest_noticed)
-    said = _wait_for_the_end(folder, rank, pid, stall_timeout)
+    said, trace = _wait_for_the_end(folder, rank, pid, stall_timeout)
     if said.strip():  # it ended as it meant to ("exit", or "abort" after saying why)
         remove_quietly(record_path(folder, rank))
         remove_folder_if_done(folder)
@@ -190,28 +190,31 @@ def guard(folder: str, rank: int, pid: int, stall_timeout: float) -> None:
         os.replace(tmp, os.path.join(folder, f"seen{rank}"))
     except OSError:
         pass
-    _speak_if_first(folder, rank, records)
+    _speak_if_first(folder, rank, records, trace)
 
 
-def _wait_for_the_end(folder: str, rank: int, pid: int, stall_timeout: float) -> bytes:
-    """What the rank said before its pipe closed ("exit", "abort").  Meanwhile, with a stall timeout
-    (from the command line, or a line "stall SECONDS" from a rank whose guardian started before it had
-    read its own), watch its wait in MPI_Init, which the rank's own watchdog cannot: mpi4py holds the
+def _wait_for_the_end(folder: str, rank: int, pid: int, stall_timeout: float) -> tuple[bytes, dict | None]:
+    """What the rank said before its pipe closed ("exit", "abort"), and the --trace timeline it writes
+    its part of (a line "trace {path, run}"), if it does.  Meanwhile, with a stall timeout (from the
+    command line, or a line "stall SECONDS" from a rank whose guardian started before it had read its
+    own), watch its wait in MPI_Init, which the rank's own watchdog cannot: mpi4py holds the
     interpreter there."""
-    said, line = b"", b""
+    said, line, trace = b"", b"", None
     watch = _InitWatch(folder, rank, pid, stall_timeout) if stall_timeout > 0 else None
     while True:
         if watch is not None and not select.select([0], [], [], 0.1)[0]:
             watch = watch if watch.still_waiting() else None
             continue
-        chunk = os.read(0, 256)
+        chunk = os.read(0, 4096)
         if not chunk:
-            return said + line
+            return said + line, trace
         *complete, line = (line + chunk).split(b"\n")
         for words in complete:
             if words.startswith(b"stall "):
                 timeout = float(words.split()[1])
                 watch = _InitWatch(folder, rank, pid, timeout) if timeout > 0 else None
+            elif words.startswith(b"trace "):
+                trace = json.loads(words[6:])
             else:
                 said += words + b"\n"
 
@@ -248,8 +251,9 @@ class _InitWatch:
         return False
 
 
-def _speak_if_first(folder: str, rank: int, records: dict[int, Status]) -> None:
-    """Wait for the node's other guardians (or GRACE), then let one of them print the line."""
+def _speak_if_first(folder: str, rank: int, records: dict[int, Status], trace: dict | None = None) -> None:
+    """Wait for the node's other guardians (or GRACE), then let one of them print the line (and, where a
+    rank of this node vanished and the ranks wrote a --trace timeline's parts, write the timeline)."""
     local = sorted(records)
     deadline = time.monotonic() + GRACE
     sightings: list[dict] = []
@@ -279,6 +283,8 @@ def _speak_if_first(folder: str, rank: int, records: dict[int, Status]) -> None:
             run_events.note(kind, ranks=first, node_ranks=local, ended=ended, line=line.strip(),
                             who={str(r): {"step": records[r].step, "host": records[r].host, "pid": records[r].pid,
                                           "activity": records[r].activity} for r in first if r in records})
+            if kind == "vanished" and trace is not None:
+                _keep_the_timeline(trace, first)
     time.sleep(0.2)  # the others read the verdict before it goes
     remove_quietly(os.path.join(folder, f"seen{rank}"))
     remove_quietly(record_path(folder, rank))
@@ -286,6 +292,26 @@ def _speak_if_first(folder: str, rank: int, records: dict[int, Status]) -> None:
         if _death_level(status.pid) == 2:
             remove_quietly(record_path(folder, other))
     remove_folder_if_done(folder)
+
+
+def _keep_the_timeline(trace: dict, vanished: list[int]) -> None:
+    """The --trace timeline of a run whose rank vanished: no rank is left to merge the ranks' parts (each
+    up to its last written step), so the guardian that named the rank does, and says so if the launcher
+    still reads (the file is written first: the launcher may be gone)."""
+    from singa_mpi import timeline  # the standard library only, as this module
+
+    try:
+        written = timeline.write_from_parts(trace["path"], trace["run"])
+    except Exception:  # the parts stay beside the trace (docs/observability.md)
+        return
+    if written is not None:
+        line, ranks = written
+        who = f"rank {vanished[0]}" if len(vanished) == 1 else f"ranks {' '.join(map(str, vanished))}"
+        try:
+            os.write(2, (f"singa-mpi: {line} (each of ranks {' '.join(map(str, ranks))} up to its last written "
+                         f"step; {who} vanished)\n").encode(errors="replace"))
+        except OSError:
+            pass
 
 
 def main(argv: list[str]) -> None:

@@ -41,6 +41,7 @@ import array
 import atexit
 import collections
 import fcntl
+import json
 import mmap
 import os
 import select
@@ -475,6 +476,15 @@ class Guardian:
             except OSError:
                 pass
 
+    def tell_trace(self, path: str, run: str) -> None:
+        """The rank writes its part of ``--trace PATH`` (run ``run``): if it vanishes, the guardian that
+        names it writes the trace from the ranks' parts (:func:`singa_mpi.timeline.write_from_parts`)."""
+        if self._write_end is not None:
+            try:
+                os.write(self._write_end, b"trace " + json.dumps({"path": path, "run": run}).encode() + b"\n")
+            except OSError:
+                pass
+
     def finish(self, how: str = "exit") -> None:
         """``exit``: the rank ends normally; ``abort``: it ends the job after printing why."""
         fd, self._write_end = self._write_end, None
@@ -727,6 +737,13 @@ class RankLife:
 
 
 _LIVES: list[RankLife] = []  # this process's open lives (one at most)
+
+
+def tell_guardian_of_trace(path: str, run: str) -> None:
+    """This rank writes its part of the --trace timeline ``path`` (:meth:`Guardian.tell_trace`)."""
+    for life in _LIVES:
+        if life.guardian is not None:
+            life.guardian.tell_trace(path, run)
 
 
 def close_lives() -> None:

@@ -10,6 +10,7 @@ from typing import Callable
 from singa_mpi import plugins, progress, run_events, timeline, timeline_parts
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.emergency import Rescue
+from singa_mpi.communication import liveness
 from singa_mpi.config.load import JobConfig
 from singa_mpi.errors import NonFiniteError, one_line
 from singa_mpi.launcher.checks import merged_checkpoint_paths, resumes
@@ -88,10 +89,14 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
 
 def _write_trace_parts(trainer: Trainer, options: RunOptions) -> None:
     """Under MPI with --trace, each rank writes its spans, step by step, to its own part file: a failure
-    aborts the job before the ranks' timelines can be gathered (``_keep_the_timelines``)."""
+    aborts the job before the ranks' timelines can be gathered (``_keep_the_timelines``; a rank that
+    vanished: its guardian)."""
     if options.trace and not isinstance(trainer.runtime, SerialRuntime):
         part = timeline_parts.PartWriter(options.trace, trainer.runtime.tracer, trainer.trace_run)
         trainer.trace_part, trainer.after_step = part, part.flush
+        # a rank killed outright (SIGKILL, the out-of-memory killer) leaves no rank to merge the parts:
+        # its guardian process does (singa_mpi.communication.guardian)
+        liveness.tell_guardian_of_trace(os.path.abspath(options.trace), trainer.trace_run)
 
 
 def _finish_trace(trainer: Trainer, options: RunOptions) -> None:
@@ -117,7 +122,7 @@ def _keep_the_record(trainer: Trainer, options: RunOptions) -> None:
 def _keep_the_timelines(trainer: Trainer, options: RunOptions) -> None:
     """A rank that failed under MPI (or saw another fail): its failure aborts the job, so the ranks'
     timelines cannot be gathered.  It writes the trace itself from every rank's part file it can read
-    (each up to the rank's last finished step) and its own spans, up to the failure.  A failure here
+    (each up to the rank's last written step) and its own spans, up to the failure.  A failure here
     is one note: the first is the one reported."""
     part = trainer.trace_part
     if not options.trace or part is None:
@@ -125,21 +130,18 @@ def _keep_the_timelines(trainer: Trainer, options: RunOptions) -> None:
     part.close()
     tracer = trainer.runtime.tracer
     try:
-        others = [(header, spans) for header, spans in timeline_parts.read_parts(options.trace, trainer.trace_run)
-                  if header["rank"] != tracer.rank]
-        parts = [timeline.part_of(header["rank"], spans, header["origin_unix"]) for header, spans in others]
-        line = timeline.write(options.trace, parts + [timeline.rank_trace(tracer)])
-        timeline_parts.remove_parts(options.trace, trainer.trace_run)
+        written = timeline.write_from_parts(options.trace, trainer.trace_run, timeline.rank_trace(tracer))
     except Exception as err:
         print(f"note: the timeline of the failed run could not be written: {one_line(str(err))}", flush=True)
         return
     if part.note:  # this rank's own spans are in the trace whole, from memory
         print(part.note, flush=True)
-    ranks = sorted([header["rank"] for header, _ in others] + [tracer.rank])
+    assert written is not None  # this rank's own part at least
+    line, ranks = written
     missing = trainer.runtime.size - len(ranks)
     lost = f"; {missing} rank(s)' parts were not found (on another node's disk?)" if missing > 0 else ""
     print(f"{line} (up to the failure: rank {tracer.rank}'s to its failure, the others' to their last "
-          f"finished step; ranks {' '.join(map(str, ranks))}{lost}; the job is aborted)", flush=True)
+          f"written step; ranks {' '.join(map(str, ranks))}{lost}; the job is aborted)", flush=True)
 
 
 def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:

@@ -151,7 +151,7 @@ def test_a_rank_that_fails_under_mpi_keeps_every_rank_s_timeline(tmp_path):
     assert result.returncode == 3, result.stderr[-3000:]
     assert "the store's disk went away" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stdout.count(f"timeline {trace}: ") == 1, result.stdout[-2000:]
-    assert ("(up to the failure: rank 1's to its failure, the others' to their last finished step; ranks 0 1; "
+    assert ("(up to the failure: rank 1's to its failure, the others' to their last written step; ranks 0 1; "
             "the job is aborted)") in result.stdout, result.stdout[-2000:]
     spans = check_chrome_trace(json.loads(trace.read_text()))
     batches = collections.Counter(e["pid"] for e in spans if e["name"] == "train_one_batch")
@@ -159,3 +159,38 @@ def test_a_rank_that_fails_under_mpi_keeps_every_rank_s_timeline(tmp_path):
     # the fourth: its part holds the first and as many more as its writes' pauses let in (timeline_parts)
     assert batches[1] == 4 and 1 <= batches[0] <= 3 and set(batches) == {0, 1}, batches
     assert not list((tmp_path / "out").glob("*.part"))
+
+
+@pytest.mark.slow
+def test_a_rank_killed_outright_under_mpi_leaves_every_rank_s_timeline(tmp_path):
+    """A rank SIGKILLed (the out-of-memory killer) leaves no rank to merge the ranks' part files: the
+    guardian process that names the vanished rank writes the trace from them, each rank up to its last
+    written step, and removes them."""
+    import subprocess
+    import sys
+    import time
+
+    from mpi_jobs import mpi_env, mpiexec_command
+
+    (tmp_path / "fail.py").write_text(FAIL.replace('raise DataError("the store\'s disk went away")',
+                                                   "os.kill(os.getpid(), 9)"))
+    conf = job_file(tmp_path, "data", steps=8)
+    text = open(conf).read().replace('layer { name: "fc1" type: kInnerProduct srclayers: "data"',
+                                     'layer { name: "fail" type: kUserLayer user_type: "kFailOnRank1" srclayers: '
+                                     '"data" }\nlayer { name: "fc1" type: kInnerProduct srclayers: "fail"')
+    conf_path = tmp_path / "fail.conf"
+    conf_path.write_text(f'plugin: "{tmp_path}/fail.py"\n' + text)
+    trace = tmp_path / "out" / "trace.json"
+    cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf_path), "--workspace",
+                                str(tmp_path / "ws"), "--trace", str(trace)]
+    result = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode != 0 and "rank 1 (pid " in result.stderr and " vanished without a word" in \
+        result.stderr, result.stderr[-3000:]
+    deadline = time.monotonic() + 30  # the guardian outlives the launcher: it writes once it named the rank
+    while time.monotonic() < deadline and (not trace.exists() or list(trace.parent.glob("*.part"))):
+        time.sleep(0.1)
+    spans = check_chrome_trace(json.loads(trace.read_text()))
+    batches = collections.Counter(e["pid"] for e in spans if e["name"] == "train_one_batch")
+    # each rank's part up to its last written step: rank 1 died in its fourth, rank 0 waited in its fourth
+    assert set(batches) == {0, 1} and all(1 <= n <= 3 for n in batches.values()), batches
+    assert not list(trace.parent.glob("*.part"))

@@ -1,0 +1,49 @@
+"""Files written whole or not at all: through a temporary file beside them, fsynced and renamed.
+
+The one rule for every file a run leaves (checkpoints, profile.json, stopped.txt, job.conf, the
+--trace timeline): a crash, a full disk or a Ctrl-C at any moment leaves the previous file intact and
+no part of the new one.  Standard library only: the guardian process (:mod:`singa_mpi.communication.guardian`),
+which runs without the packages a rank imports, writes a failed run's timeline through it too.
+"""
+from __future__ import annotations
+
+import os
+
+
+def write_whole(path: str, text: str) -> None:
+    """``text`` into ``path`` as :func:`write_durably` writes bytes; a failure is raised with the
+    temporary removed."""
+    write_durably(path, text.encode())
+
+
+def write_durably(path: str, image: bytes) -> None:
+    """``image`` to ``path`` through a temporary file: written, fsynced, renamed (or removed on failure)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(image)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(os.path.dirname(path) or ".")
+    finally:
+        remove_if_there(tmp)
+
+
+def remove_if_there(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:  # not there: written and renamed, or never created (a read-only disk)
+        pass
+
+
+def fsync_dir(folder: str) -> None:
+    """Make the rename itself durable."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
