@@ -16,6 +16,8 @@ import os
 import signal
 import threading
 
+from singa_mpi import threads  # stdlib only, like this module
+
 _early_signals: list[int] = []
 _CATCHING = ("train",)  # the commands whose stop signals the launcher handles
 
@@ -34,7 +36,7 @@ def catch_stop_signals_early() -> None:
     def remember(signum, frame):
         if signum == signal.SIGINT and _early_signals:
             raise KeyboardInterrupt("second Ctrl-C")
-        if not _early_signals and _launched_rank() in (None, 0):  # raw write: a handler may interrupt a print
+        if not _early_signals and threads.world_rank(os.environ) == 0:  # raw write: a handler may interrupt a print
             os.write(2, f"singa-mpi: {signal.Signals(signum).name} while starting: stopping before training; "
                         f"nothing is written\n".encode())
         _early_signals.append(signum)
@@ -45,15 +47,6 @@ def catch_stop_signals_early() -> None:
 
         for signum in stop_signals((signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)):
             signal.signal(signum, remember)
-
-
-def _launched_rank() -> int | None:
-    """This process's rank as the launcher announced it (MPICH, Open MPI, Slurm), None if none did."""
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return None
 
 
 def early_stop_signal() -> int | None:
