@@ -211,7 +211,7 @@ def cmd_plan(args) -> int:
         text = renderers[args.format](the_plan, args.sync, algorithm=algorithm)
     if args.format == "text" and not args.cost:
         text = "\n".join(render.roles_lines(cfg, the_plan) + [text])
-    if args.output and args.format == "dot" and not args.output.endswith(".dot"):
+    if args.output and args.format == "dot" and pathlib.Path(args.output).suffix.lower() not in DOT_TEXT_SUFFIXES:
         return _render_dot(text, args.output)
     if args.output:
         write_output(args.output, text + "\n", "the plan")
@@ -223,6 +223,9 @@ def cmd_plan(args) -> int:
 
 # what Graphviz draws a plan into (by -o's suffix); the text formats are written as they are
 PICTURE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".gif", ".ps", ".eps")
+# where --format dot writes its text as it is (Graphviz's own names for it, and plain text): any
+# other -o name is a picture Graphviz draws
+DOT_TEXT_SUFFIXES = (".dot", ".gv", ".txt")
 
 
 def check_plan_options(args) -> None:
@@ -624,7 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how params every worker holds are synchronised: node-shared memory (all workers on "
                         "one node, the default there) or bucketed Allreduce (several nodes, or SINGA_MPI_SHM=0)")
     p.add_argument("-o", "--output", type=writable_file,
-                   help="write to FILE (dot: .png/.svg/.pdf are rendered with Graphviz)")
+                   help="write to FILE (dot: written as text to .dot/.gv/.txt; .png/.svg/.pdf are drawn with Graphviz)")
     p.add_argument("--cost", action="store_true",
                    help="print the predicted ms per layer (forward, backward, communication) and per step instead")
     p.add_argument("--recalibrate", action="store_true", help="--cost: time the kernels afresh (else cached)")

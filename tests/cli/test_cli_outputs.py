@@ -201,3 +201,20 @@ def test_proc_refuses_the_write_in_one_line(tmp_path, argv):
     assert done.returncode == 3, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("singa-mpi: error: /proc/singa-mpi-test") and "cannot write" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["plan.txt", "plan.gv", "plan.DOT"])
+def test_plan_dot_text_goes_to_the_file_named_with_or_without_graphviz(capsys, tmp_path, monkeypatch, name):
+    """`--format dot -o plan.txt` wrote plan.dot instead (no Graphviz) or failed on Graphviz's `-Ttxt`:
+    dot text is text, written where asked; only pictures need Graphviz."""
+    fake = tmp_path / "bin" / "dot"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Format: \"txt\" not recognized' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    for path in (str(tmp_path), str(fake.parent)):  # without Graphviz, then with it
+        monkeypatch.setenv("PATH", path)
+        out = tmp_path / path.replace("/", "_") / name
+        assert cli.main(["plan", DIGITS, "-n", "2", "--format", "dot", "-o", str(out)]) == 0
+        assert out.read_text().startswith("digraph") and not out.with_suffix(".dot").exists()
+        said = capsys.readouterr()
+        assert said.out.strip().endswith(f"wrote {out}") and said.err == ""
