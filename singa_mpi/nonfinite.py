@@ -32,7 +32,7 @@ from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.config.load import JobConfig
 from singa_mpi.errors import NonFiniteError
 from singa_mpi.net import Net, phase_nodes
-from singa_mpi.sync.base import first_nonfinite
+from singa_mpi.sync.base import first_bad_value, first_nonfinite
 
 INPUT, LOSS, GRADIENT, VALUES = range(4)  # the stages of a step, in the order they make values
 DIVERGED = ("the training diverged or its data or initial values are bad: try a lower learning rate or "
@@ -55,12 +55,6 @@ def param_owners(cfg: JobConfig) -> dict[str, str]:
         for param in node.conf.param:
             owners.setdefault(param.name, node.name)
     return owners
-
-
-def first_bad_value(array: np.ndarray) -> float:
-    """The first NaN or infinity of ``array`` (which holds one)."""
-    flat = array.reshape(-1)
-    return float(flat[int(np.argmin(np.isfinite(flat)))])
 
 
 class NonFiniteCheck:
@@ -113,7 +107,21 @@ class NonFiniteCheck:
             return
         param = sync.nonfinite_grad()
         if param is not None:
-            self._note(GRADIENT, f"gradient of {self._name(param)} holds {first_bad_value(param.grad)}")
+            self._note(GRADIENT, f"gradient of {self._name(param)} {self._gradient_holds(param)}")
+            return
+        overflowed = sync.overflowed() if hasattr(sync, "overflowed") else None
+        if overflowed is not None:  # the servers updated the values: they say which one overflowed
+            param, value = overflowed
+            self._note(VALUES, f"{self._name(param)} holds {value} after the update on its server (its "
+                               f"gradient was finite)")
+
+    @staticmethod
+    def _gradient_holds(param) -> str:
+        """What the gradient holds: its first non-finite value, or, where this worker's part is finite
+        (servers summed the group's parts), that the sum is not."""
+        if first_nonfinite([param]) is param:
+            return f"holds {first_bad_value(param.grad)}"
+        return "holds a NaN or an infinity once summed on its server (this worker's part of it is finite)"
 
     def look_at_values(self, sync, when: str = "after the update (its gradient was finite)") -> None:
         """After the update, before a checkpoint: the values this rank updated (and checkpoints)."""

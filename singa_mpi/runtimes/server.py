@@ -33,7 +33,7 @@ from singa_mpi.planner.servers import pieces, server_ranges, trained_params
 from singa_mpi.sync.base import finite_at_a_glance
 from singa_mpi.sync.shared_memory import ChunkView
 from singa_mpi.sync.servers import (APPLIED, BYE, CONTROL, CONTROL_WORDS, FINISHED, FOUND_NONFINITE, GET, HEADER,
-                                    INIT, LABEL, NOT_FINITE, SNAPSHOT, SNAPSHOT_REPLY, STOPPED_EARLY)
+                                    INIT, LABEL, NOT_FINITE, OVERFLOWED, SNAPSHOT, SNAPSHOT_REPLY, STOPPED_EARLY)
 from singa_mpi.topology import Role, Topology
 from singa_mpi.updaters import make_updater
 
@@ -157,14 +157,17 @@ class ServerRuntime:
         status = APPLIED
         with np.errstate(over="ignore"):
             finite = not self.check_finite or finite_at_a_glance(grad) or np.isfinite(grad).all()
-        if finite:
+        if not finite:
+            status = NOT_FINITE
+        else:
             with self.lock:
                 self.updater.update(step, value)
                 the_range.done = step + 1
             with np.errstate(over="ignore"):  # a finite gradient can still overflow the values
                 finite = not self.check_finite or finite_at_a_glance(value.data) or np.isfinite(value.data).all()
-        if not finite:
-            status, self.stop_reason = NOT_FINITE, FOUND_NONFINITE  # every group stops, none checkpoints
+            status = APPLIED if finite else OVERFLOWED
+        if status != APPLIED:
+            self.stop_reason = FOUND_NONFINITE  # every group stops, none checkpoints
         if self.stop_requested:  # every group stops after this step, as on a group's own stop
             self.stop_reason = max(self.stop_reason, STOPPED_EARLY)
         staleness = the_range.version - the_range.seen[g]

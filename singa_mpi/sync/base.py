@@ -50,6 +50,12 @@ def first_nonfinite(params: Iterable[Param], values: bool = False) -> Param | No
     return None
 
 
+def first_bad_value(array: np.ndarray) -> float:
+    """The first NaN or infinity of ``array`` (which holds one)."""
+    flat = array.reshape(-1)
+    return float(flat[int(np.argmin(np.isfinite(flat)))])
+
+
 class LocalSync:
     """Params no other worker holds: nothing to sum, this rank updates them all.
 
@@ -174,6 +180,11 @@ class Synchronizer:
     def nonfinite_elsewhere(self) -> bool:
         """Another worker group's gradient was not finite (servers refused it): stop as on one's own."""
         return any(self._each("nonfinite_elsewhere"))
+
+    def overflowed(self) -> tuple[Param, float] | None:
+        """After ``gradients_complete``: a param whose finite gradient the servers applied into
+        non-finite values, with the first of them (servers update there, not here), else None."""
+        return next((found for found in self._each("overflowed") if found is not None), None)
 
     def metrics(self) -> dict[str, float]:
         """What the strategies measure per step (staleness), for the progress lines."""

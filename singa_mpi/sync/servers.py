@@ -12,8 +12,9 @@ Messages (tags below :data:`singa_mpi.planner.servers.FIRST_PIECE_TAG` are the p
 
 * a gradient piece: float32[n + 1], the last word the worker's step as int32 (the learning-rate
   schedule follows the requesting group's step, as in SINGA);
-* a reply: float32[n + HEADER]: the values, then int32 words ``status`` (APPLIED, or NOT_FINITE:
-  the summed gradient held a NaN or an infinity and was not applied), the range's version (updates
+* a reply: float32[n + HEADER]: the values, then int32 words ``status`` (APPLIED; NOT_FINITE:
+  the summed gradient held a NaN or an infinity and was not applied; OVERFLOWED: the gradient was
+  finite, the values it updated are not), the range's version (updates
   applied so far), the staleness of this update (other groups' updates applied since this group
   last got the range's values), the slowest and fastest group's update count, ``stop`` (why
   every group stops after its current step: STOPPED_EARLY, a group stopped on a signal; or
@@ -32,13 +33,14 @@ from __future__ import annotations
 import numpy as np
 
 from singa_mpi.params import Param
+from singa_mpi.sync.base import first_bad_value
 
 CONTROL, SNAPSHOT_REPLY, INIT = 1, 2, 3  # tags
 CONTROL_WORDS = 3
 GET, FINISHED, SNAPSHOT, BYE = 1, 2, 3, 4  # control kinds
 HEADER = 7  # int32 words after a reply's values
 STATUS, VERSION, STALENESS, SLOWEST, FASTEST, STOP, SIGNAL = range(HEADER)
-APPLIED, NOT_FINITE = 0, 1
+APPLIED, NOT_FINITE, OVERFLOWED = 0, 1, 2
 STOPPED_EARLY, FOUND_NONFINITE = 1, 2  # a reply's STOP word: why every group stops
 LABEL = "servers"
 
@@ -73,6 +75,7 @@ class ServerSync:
         self.back = {id(piece): np.zeros(piece.size + HEADER, np.float32) for piece, _ in self.pieces}
         self.talks_to = sorted({piece.server for piece, _ in self.pieces})
         self._nonfinite: Param | None = None
+        self._overflowed: tuple[Param, float] | None = None  # a param the servers' update made non-finite
         self._stop = 0  # the largest STOP word seen
         self._signal = 0  # the first stop signal a reply named (a server's, another group's)
         self._seen: list[np.ndarray] = []  # reply headers since the last metrics()
@@ -116,12 +119,14 @@ class ServerSync:
         for param in self.params:
             self._send(param)
         self.world.Waitall(self.requests, LABEL, awaits=self.awaits)
-        self._nonfinite = None
+        self._nonfinite = self._overflowed = None
         for piece, param in self.pieces:
             header = self.back[id(piece)][piece.size:].view(np.int32)
             self._seen.append(header.copy())
             if header[STATUS] == NOT_FINITE and self._nonfinite is None:
                 self._nonfinite = param
+            if header[STATUS] == OVERFLOWED and self._overflowed is None:  # the reply holds the values
+                self._overflowed = (param, first_bad_value(self.back[id(piece)][:piece.size]))
             self._stop = max(self._stop, int(header[STOP]))
             self._signal = self._signal or int(header[SIGNAL])
         self._reset()
@@ -143,6 +148,11 @@ class ServerSync:
     def nonfinite_grad(self) -> Param | None:
         """A param whose summed gradient a server found not finite (and did not apply)."""
         return self._nonfinite
+
+    def overflowed(self) -> tuple[Param, float] | None:
+        """A param whose values a server's update of a finite gradient made non-finite, with the
+        first such value."""
+        return self._overflowed
 
     def close(self) -> None:
         """This worker is done with the servers (every worker says so; the servers then end)."""

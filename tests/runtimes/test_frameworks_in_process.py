@@ -9,6 +9,7 @@ serial run's, from the serial run's start (the same starting values).  Their MPI
 tests/runtimes/test_frameworks.py and tests/mpi/test_servers.py.
 """
 import pathlib
+import re
 import signal
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.communication.local import run_ranks
 from singa_mpi.config.load import load_job
+from singa_mpi.errors import NonFiniteError
 from singa_mpi.launcher.checks import check_inputs
 from singa_mpi.launcher.describe import World, describe, read_job
 from singa_mpi.launcher.options import Request
@@ -202,3 +204,30 @@ def test_a_stop_signal_that_reached_a_server_or_another_group_is_named_and_ackno
     assert step < 5000
     assert (tmp_path / "ws" / "stopped.txt").read_text().startswith(
         f"stopped on a signal (SIGTERM) after {step} steps: checkpoint {path}")
+
+
+def test_a_downpour_update_that_overflows_on_the_server_is_named_with_its_value(tmp_path, monkeypatch):
+    """With a learning rate of 1e30 the servers' first update turns finite gradients into infinite
+    values: the worker said its gradient "holds 0.0" (the first value of its finite gradient); it names
+    the value the server's update made now, as a serial run does."""
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job("downpour", 4, tmp_path / "ws")
+    cfg.proto.updater.learning_rate.base_lr = 1e30
+    said = []
+
+    def prepare(trainer):
+        run = trainer.run
+
+        def stopping():
+            try:
+                return run()
+            except NonFiniteError as err:
+                said.append(str(err))
+                return {}
+        trainer.run = stopping
+
+    run_in_threads(cfg, tmp_path / "ws", prepare=prepare)
+    found = [line for line in said if "another worker group" not in line and "see rank 0" not in line]
+    assert found and not any("holds 0.0" in line for line in said), said
+    assert all(re.match(r"non-finite value at step 0 \(train\)[^:]*: param '\w+' \(layer '\w+'\) holds -?inf after "
+                        r"the update on its server \(its gradient was finite\): ", line) for line in found), found
