@@ -51,6 +51,7 @@ class NonFiniteError(SingaError):
     """
 
     exit_code = 5
+    finding = None  # the group root's own finding (nonfinite.GroupFinding), joined into a job's one line
 
 
 class ResourceError(SingaError):

@@ -41,6 +41,19 @@ ADVICE = {INPUT: "clean the store (or pass --no-check-finite to train on it anyw
           LOSS: DIVERGED, GRADIENT: DIVERGED, VALUES: DIVERGED}
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupFinding:
+    """A worker group's own finding, as its root raised it: with several groups the job's root joins
+    every group's into the job's one line (:func:`job_line`)."""
+
+    group: int
+    step: int
+    phase: str
+    on_rank: str  # " on rank 1" (of the group), or ""
+    text: str
+    stage: int
+
+
 @dataclasses.dataclass(order=True)
 class Finding:
     stage: int  # INPUT, LOSS, GRADIENT or VALUES: an earlier stage is the cause of the later ones
@@ -161,7 +174,24 @@ class NonFiniteCheck:
         elsewhere = f" in worker group {runtime.group}" if runtime.group else ""
         first = min(found)
         on_rank = f" on rank {first.rank}" if runtime.size > 1 else ""
-        newest = checkpoint.listed(workspace)
-        kept = f"the newest checkpoint is still {newest[0][1]}" if newest else "no checkpoint was written"
-        raise NonFiniteError(f"non-finite value at step {step} ({phase}){on_rank}{elsewhere}: {first.text}: stopped "
-                             f"without checkpointing it ({kept}); {ADVICE[first.stage]}")
+        err = NonFiniteError(f"non-finite value at step {step} ({phase}){on_rank}{elsewhere}: {first.text}: stopped "
+                             f"without checkpointing it ({_kept(workspace)}); {ADVICE[first.stage]}")
+        err.finding = GroupFinding(runtime.group, step, phase, on_rank, first.text, first.stage)
+        raise err
+
+
+def _kept(workspace: str) -> str:
+    newest = checkpoint.listed(workspace)
+    return f"the newest checkpoint is still {newest[0][1]}" if newest else "no checkpoint was written"
+
+
+def job_line(findings: list[GroupFinding], workspace: str) -> str:
+    """The one line of a job of several worker groups that stopped on non-finite values, from every
+    group's own finding (a group stopped by another's has none): the first (training before
+    evaluation, then the earliest step, then the lowest group) with where, then the others'."""
+    ordered = sorted(findings, key=lambda f: (f.phase != "train", f.step, f.group))
+    first = ordered[0]
+    others = "".join(f"; in worker group {f.group} too, at step {f.step} ({f.phase}){f.on_rank}: {f.text}"
+                     for f in ordered[1:])
+    return (f"non-finite value at step {first.step} ({first.phase}){first.on_rank} in worker group {first.group}: "
+            f"{first.text}{others}: stopped without checkpointing it ({_kept(workspace)}); {ADVICE[first.stage]}")

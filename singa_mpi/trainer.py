@@ -180,6 +180,7 @@ class Trainer:
         self.training = False  # the steps have begun: a stop now writes a checkpoint (else none)
         self.resume_hint: str | None = None  # "resume with: ...", for WORKSPACE/stopped.txt
         self.stopped = False
+        self.nonfinite_said = None  # several groups: this group root's NonFiniteError, said by the job's root
         self._layer_types: dict[str, list] = {}  # phase -> its layer classes (their `report`)
         self.print_profile = False  # --profile: print the per-layer table at the end of the run
         self.debug = False  # --debug: the communication table shows the run's bookkeeping rows too

@@ -149,8 +149,10 @@ def _stopped_on_nonfinite(trainer: Trainer, err: NonFiniteError) -> int:
     the one line and all ranks exit with its code, with no abort; serially the CLI reports it."""
     if isinstance(trainer.runtime, SerialRuntime):
         raise err
+    if trainer.runtime.rank == 0 and getattr(trainer.runtime.place, "groups", 1) > 1:
+        trainer.nonfinite_said = err.finding or str(err)  # the job's root says every group's in one line
     # the root of the group that found it prints (other groups' roots hold a pointer to it)
-    if trainer.runtime.rank == 0 and "another worker group" not in str(err) and "see rank 0" not in str(err):
+    elif trainer.runtime.rank == 0 and "another worker group" not in str(err) and "see rank 0" not in str(err):
         print(f"singa-mpi: error: {err}", file=sys.stderr, flush=True)
     return err.exit_code
 

@@ -7,12 +7,14 @@ single-process communicator, so Sandblaster, Downpour and both Hogwilds run with
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Callable
 
 from singa_mpi import threads
 from singa_mpi.checkpoints import emergency
 from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED
 from singa_mpi.config.load import JobConfig
+from singa_mpi.nonfinite import GroupFinding, job_line
 from singa_mpi.program.job import JobPrograms
 from singa_mpi.runtimes.server import ServerRuntime
 from singa_mpi.runtimes.worker import Place, WorkerRuntime
@@ -80,17 +82,24 @@ def run_role(world, job: RoleJob, body: Callable[[Trainer], int], hooks: RoleHoo
         hooks.finished()
     runtime.close()
     world.barrier(patient=place is not None)  # a worker group may finish well before the others
-    return agreed_exit_code(world, topo, code, trainer.stop_signal) if place is not None else code
+    if place is None:
+        return code
+    return agreed_exit_code(world, topo, code, trainer.stop_signal, trainer.nonfinite_said, job.workspace)
 
 
-def agreed_exit_code(world, topo: Topology, code: int, signal: int | None) -> int:
+def agreed_exit_code(world, topo: Topology, code: int, signal: int | None, said=None, workspace: str = "") -> int:
     """The exit code every rank of a job with several worker groups or servers returns (collective over the
     world, every rank past the final barrier): group 0's root writes the job's checkpoints, so its code is
     the job's.  A group that stopped on a stop signal (75) after group 0 had trained its last step (its
     final checkpoint waits for every group) leaves a complete run: 0, and the root says the late signal
-    did not stop the job.  Otherwise the first error any rank met (a server's, another group's)."""
-    everyone = world.allgather_object((code, signal))
+    did not stop the job.  Otherwise the first error any rank met (a server's, another group's).
+    ``said``: what a group root's non-finite stop would say (its own finding, or its line); the job's
+    root says the groups' in one line."""
+    everyone = world.allgather_object((code, signal, said))
     lead = topo.worker_groups[0][0]
+    if world.rank == lead:
+        _say_nonfinite([s for _, _, s in everyone if s is not None], workspace)
+    everyone = [(c, s) for c, s, _ in everyone]
     job = everyone[lead][0]
     if job == 0:
         job = next((c for c, _ in everyone if c not in (0, EXIT_CHECKPOINTED)), 0)
@@ -102,6 +111,15 @@ def agreed_exit_code(world, topo: Topology, code: int, signal: int | None) -> in
               f"the run is complete (its final checkpoint written), worker group(s) "
               f"{', '.join(map(str, late_groups))} stopped early; exit 0", flush=True)
     return job
+
+
+def _say_nonfinite(said: list, workspace: str) -> None:
+    """The job's one line for the non-finite values its worker groups stopped on: every group's own
+    finding, else the line of a group stopped by another's."""
+    findings = [s for s in said if isinstance(s, GroupFinding)]
+    if findings or said:
+        line = job_line(findings, workspace) if findings else said[0]
+        print(f"singa-mpi: error: {line}", file=sys.stderr, flush=True)
 
 
 def place_of(world, topo: Topology, role, cluster) -> Place | None:

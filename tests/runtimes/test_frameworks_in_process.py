@@ -231,3 +231,36 @@ def test_a_downpour_update_that_overflows_on_the_server_is_named_with_its_value(
     assert found and not any("holds 0.0" in line for line in said), said
     assert all(re.match(r"non-finite value at step 0 \(train\)[^:]*: param '\w+' \(layer '\w+'\) holds -?inf after "
                         r"the update on its server \(its gradient was finite\): ", line) for line in found), found
+
+
+@pytest.mark.parametrize("name, share_memory", [("downpour", None), ("hogwild", False), ("hogwild", True)],
+                         ids=["downpour", "hogwild", "hogwild-in-memory"])
+def test_non_finite_values_in_several_groups_are_one_line_for_the_job(tmp_path, monkeypatch, capsys, name,
+                                                                      share_memory):
+    """A diverging job of two worker groups printed a line per group that found a NaN (each group's
+    root its own); the job's root now prints one line, naming the groups, and every rank exits 5."""
+    from singa_mpi.launcher.options import RunOptions
+    from singa_mpi.launcher.train import train
+
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job(name, 40, tmp_path / "ws", share_memory=share_memory)
+    cfg.proto.updater.learning_rate.base_lr = 1e8
+    cfg.proto.test_steps, cfg.proto.test_freq = 1, 20  # group 0 also tests the values the groups share
+    size = cfg.proto.cluster.nworker_groups * cfg.proto.cluster.nworkers_per_group
+    if cfg.proto.cluster.server_worker_separate:
+        size += cfg.proto.cluster.nserver_groups * cfg.proto.cluster.nservers_per_group
+    request = Request(cfg, lambda _: str(tmp_path / "ws"))
+    launch = describe(read_job(request), World(size), request)
+    job = RoleJob(launch.cfg, launch.topo, launch.programs, launch.workspace)
+
+    def rank(comm):
+        def body(trainer):
+            trainer.log, trainer.live_bar = (lambda line: None), False
+            return train(trainer, RunOptions())
+        return run_role(comm, job, body)
+
+    assert run_ranks(size, rank, timeout=240.0) == [NonFiniteError.exit_code] * size
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("singa-mpi: error:")]
+    assert len(lines) == 1, lines
+    assert re.match(r"singa-mpi: error: non-finite value at step \d+ \((train|test)\)( on rank \d)? in worker "
+                    r"group \d: .*: stopped without checkpointing it \(no checkpoint was written\); ", lines[0]), lines
