@@ -101,9 +101,10 @@ def cmd_check(args) -> int:
         phases = [phase.phase for phase in summary.phases]
         per_group = check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # as a launch on N refuses
         cfg = resolve_auto(cfg, per_group)
-        job_programs(cfg, per_group, phases)  # plans and proved programs, as a launch on N ranks has
+        built = job_programs(cfg, per_group, phases)  # plans and proved programs, as a launch on N ranks has
         print(f"  plans on {per_group} worker(s){' per group' if per_group != args.n else ''}: "
               f"{', '.join(phases)} OK")
+        _say_idle_pipeline(cfg, per_group, built.plans.get("train"))
     return 0
 
 
@@ -201,6 +202,8 @@ def cmd_plan(args) -> int:
     cfg = resolve_auto(cfg, plan_workers(cfg, args.n), args.sync)
     algorithm = make_algorithm(cfg.proto.train_one_batch)
     the_plan = plan(cfg, plan_workers(cfg, args.n), phase=args.phase, method=args.sync, algorithm=algorithm)
+    if args.phase == "train":  # on stderr: stdout is the plan (JSON, dot) a program may read
+        _say_idle_pipeline(cfg, plan_workers(cfg, args.n), the_plan, sys.stderr)
     renderers = {"json": render.to_json, "dot": render.to_dot, "program": render.to_program,
                  "text": lambda p, sync, algorithm: render.to_text(p, sync, full=args.full, algorithm=algorithm)}
     if args.cost:  # the prediction instead of the plan (at 1,024 ranks the plan is 100,000 lines)
@@ -219,6 +222,15 @@ def cmd_plan(args) -> int:
     else:
         print(text)
     return 0
+
+
+def _say_idle_pipeline(cfg, workers: int, train_plan, stream=None) -> None:
+    """The note when the job's pipeline does nothing on ``workers`` workers (as a training run says it)."""
+    from singa_mpi.program.schedules import idle_pipeline_note
+
+    note = idle_pipeline_note(cfg, workers, train_plan)
+    if note:
+        print(note, file=stream or sys.stdout)
 
 
 # what Graphviz draws a plan into (by -o's suffix); the text formats are written as they are

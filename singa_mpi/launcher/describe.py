@@ -22,6 +22,7 @@ from singa_mpi.planner.deterministic import deterministic_of
 from singa_mpi.planner.syncs import ALLREDUCE, DETERMINISTIC, DETERMINISTIC_SHARED, SHARED_MEMORY
 from singa_mpi.program.build import SERVERS
 from singa_mpi.program.job import JobPrograms, job_programs
+from singa_mpi.program.schedules import idle_pipeline_note
 from singa_mpi.topology import Topology, check_supported, topology
 
 # what `test` leaves out of the cluster: it needs neither servers nor several groups
@@ -106,8 +107,9 @@ def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
     phases = tuple(phases_of(cfg) if request.trains else ["test"])
     if world.size == 1:  # the serial runtime: the whole net in this process, on the batch
         cfg = resolved(cfg, {name: 0 for name in auto_layers(cfg)})
+        pipeline = idle_pipeline_note(cfg, 1) if request.trains else None
         return Launch(cfg, summary, None, phases, None, request.workspace_of(cfg), request.options.steps, (),
-                      one_process_notes(cfg))
+                      one_process_notes(cfg) + ((pipeline,) if pipeline else ()))
     notes = []
     if chosen is not None:
         notes.append(chosen.describe())
@@ -118,6 +120,8 @@ def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
     notes += [note] if note else []
     built = job_programs(cfg, topo.workers_per_group, phases, servers=topo.servers_separate,
                          method=sync_method(topo, world, deterministic_of(cfg.proto) is not None))
+    pipeline = idle_pipeline_note(cfg, topo.workers_per_group, built.plans.get("train")) if request.trains else None
+    notes += [pipeline] if pipeline else []
     facts = run_facts(cfg, request) + job_facts(cfg, built)
     return Launch(cfg, summary, topo, phases, built, request.workspace_of(cfg), request.options.steps,
                   tuple(facts), tuple(notes))

@@ -457,13 +457,38 @@ def idle_share(plan) -> float:
     return 1 - sum(len(row) for row in placed.values()) / (len(placed) * length)
 
 
+def stage_count(plan) -> int:
+    """The stages of a pipelined plan; of an interleaved plan, its virtual stages."""
+    if plan.pipeline.schedule == INTERLEAVED:
+        return len(virtual_stages(plan)[1])
+    return max(stages_of(plan).values()) + 1
+
+
 def pipeline_shape(plan) -> tuple[str, int, int, float]:
     """(schedule, micro-batches, stages, :func:`idle_share`) of a pipelined plan, for the run's
     summary; the stages of an interleaved plan are its virtual stages."""
     pipe = plan.pipeline
-    stages = (len(virtual_stages(plan)[1]) if pipe.schedule == INTERLEAVED
-              else max(stages_of(plan).values()) + 1)
-    return pipe.schedule, pipe.micro_batches, stages, idle_share(plan)
+    return pipe.schedule, pipe.micro_batches, stage_count(plan), idle_share(plan)
+
+
+def idle_pipeline_note(cfg, workers: int, plan=None) -> str | None:
+    """The note ``plan``, ``check -n`` and a training run's start print when the job's pipeline (two
+    micro-batches or more) does nothing on ``workers`` workers per group: one worker runs the step
+    unpipelined; a training ``plan`` of one stage runs each worker's micro-batches one after another,
+    overlapping nothing.  None otherwise."""
+    net = cfg.proto.neuralnet
+    if not net.HasField("pipeline") or net.pipeline.micro_batches < 2:
+        return None
+    where = f"note: {cfg.where('neuralnet', 'pipeline')}: neuralnet.pipeline"
+    if workers < 2:
+        return (f"{where} has no effect on 1 worker: the step runs unpipelined, on the whole batch (a pipeline "
+                f"overlaps stages: runs of layers on different workers; launch with mpiexec -n 2 or more)")
+    if plan is not None and plan.pipeline is not None and stage_count(plan) == 1:
+        return (f"{where}'s schedule has no effect: every worker starts at the net's first layer, so the net is "
+                f"one stage and each worker runs its {plan.pipeline.micro_batches} micro-batches one after another, "
+                f"overlapping nothing (place runs of layers on different workers, with location and "
+                f"partition_dim: -1, to make stages)")
+    return None
 
 
 def timeline(plan) -> list[str]:
@@ -495,5 +520,5 @@ def timeline(plan) -> list[str]:
 
 
 __all__ = ["slots", "zero_bubble_orders", "stages_of", "pipelined_train", "slot_times", "timeline", "placed_slots",
-           "idle_share", "pipeline_shape",
+           "idle_share", "pipeline_shape", "stage_count", "idle_pipeline_note",
            "virtual_stages", "unit_stage", "interleaved_orders", "interleaved_play", "FORWARD_SLOT", "BACKWARD_SLOT", "WEIGHT_SLOT"]

@@ -174,3 +174,24 @@ def test_calibrate_on_two_ranks_saves_the_node_rates_that_plan_cost_then_uses(tm
     assert across.returncode == 0, across.stderr
     # no calibration between nodes on this machine: that part is assumed, and says so
     assert "between nodes (2 ranks per node) assumed" in across.stdout
+
+
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_plan_and_check_note_a_pipeline_on_one_worker(tmp_path, capsys, command):
+    """`pipeline { micro_batches: 2 }` planned or checked for one worker: a note that it does nothing
+    (plan's on stderr: its stdout is the plan, JSON here)."""
+    from singa_mpi import cli
+
+    import nets
+
+    conf = tmp_path / "job.conf"
+    data = nets.make_data(str(tmp_path / "d.h5"), 128, (12,), 5)
+    conf.write_text(nets.pipelined(nets.mlp(str(data), 64, "data"), 2))
+    extra = ["--format", "json"] if command == "plan" else []
+    assert cli.main([command, str(conf), "-n", "1", *extra]) == 0
+    out, err = capsys.readouterr()
+    said = (err if command == "plan" else out).splitlines()
+    notes = [line for line in said if line.startswith(f"note: {conf}:")]
+    assert len(notes) == 1 and "neuralnet.pipeline has no effect on 1 worker" in notes[0], said
+    if command == "plan":
+        json.loads(out)

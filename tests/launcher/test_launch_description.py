@@ -240,3 +240,22 @@ def test_a_bug_in_rank_0s_choice_ends_every_rank_and_says_where(tmp_path, capfd)
     err = capfd.readouterr().err
     assert err.startswith("singa-mpi: rank 0: error at step 0: ZeroDivisionError: division by zero\n"), err
     assert "in choose" in err and "Traceback" in err  # a bug: where it happened
+
+
+@pytest.mark.parametrize("scheme, size, said", [
+    ("data", 1, "has no effect on 1 worker: the step runs unpipelined"),
+    ("data", 2, "'s schedule has no effect: every worker starts at the net's first layer, so the net is one stage "
+                "and each worker runs its 2 micro-batches one after another"),
+    ("stages", 2, None),  # two stages: the schedule overlaps them
+])
+def test_a_pipeline_that_does_nothing_is_noted_once_at_the_start(tmp_path, scheme, size, said):
+    """`pipeline { micro_batches: 2 }` trained on one worker, or on workers that each hold every layer,
+    ran without a word that it changed nothing; the launch notes it (rank 0 prints the notes)."""
+    conf = tmp_path / "job.conf"
+    conf.write_text(nets.pipelined(nets.mlp(str(nets.make_data(str(tmp_path / "d.h5"), 128, (12,), 5)), 64, scheme),
+                                   2))
+    notes = [note for note in _launch(str(conf), size).notes if "neuralnet.pipeline" in note]
+    if said is None:
+        assert notes == []
+        return
+    assert len(notes) == 1 and notes[0].startswith(f"note: {conf}:") and said in notes[0], notes
