@@ -153,6 +153,16 @@ def test_every_skipped_block_says_why(page):
             assert not re.search(r"docs test expects", command.comment), f"{page_id(page)}:{command.line}"
 
 
+@pytest.mark.parametrize("page", PAGES + sorted((dc.ROOT / "conf").glob("*.conf")), ids=page_id)
+def test_the_generic_launch_is_mpiexec(page):
+    """The pages and the example jobs' comments showed `mpirun -n` in places and `mpiexec -n` in others,
+    where plan and the notes say `mpiexec -n` (the MPI standard's name, which MPICH and Open MPI both
+    install): `mpirun -n` only where the line is about Open MPI's."""
+    generic = [f"{page_id(page)}:{number}: {line.strip()}" for number, line in enumerate(page.read_text().splitlines(), 1)
+               if re.search(r"\bmpirun -n\b", line) and "Open MPI" not in line]
+    assert generic == []
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
