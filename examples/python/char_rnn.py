@@ -4,7 +4,7 @@ carried from batch to batch).
 
     singa-mpi data text --out data/text                  # Python's own source as the text, no download
     python examples/python/char_rnn.py --steps 300
-    mpirun -n 2 python examples/python/char_rnn.py --steps 300
+    mpiexec -n 2 python examples/python/char_rnn.py --steps 300
     singa-mpi sample workspace/char_rnn/job.conf --workspace workspace/char_rnn    # text from the trained net
 
 The job built is conf/char_rnn.conf, field for field (tests/examples/test_python_examples.py).

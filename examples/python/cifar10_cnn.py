@@ -3,7 +3,7 @@ SINGA's examples/cifar10/job.conf and tool/python/examples/cifar10_cnn.py), writ
 
     python examples/python/cifar10_cnn.py                                 # CIFAR-10 stores in data/cifar10/
     python examples/python/cifar10_cnn.py --synthetic 1000 --steps 50     # random arrays of CIFAR-10's shapes
-    mpirun -n 2 python examples/python/cifar10_cnn.py --synthetic 1000    # the same job over 2 ranks
+    mpiexec -n 2 python examples/python/cifar10_cnn.py --synthetic 1000    # the same job over 2 ranks
 
 The stores: ``singa-mpi data cifar10 --out data/cifar10 ...`` (``singa-mpi data -h``).  The job
 built is conf/cifar10_convnet.conf, field for field (tests/examples/test_python_examples.py).

@@ -3,7 +3,7 @@ SINGA's examples/mnist/job.conf and tool/python/examples/mnist_mlp.py), written 
 
     python examples/python/mnist_mlp.py                                  # MNIST stores in data/mnist/
     python examples/python/mnist_mlp.py --synthetic 2000 --steps 100     # random arrays of MNIST's shapes
-    mpirun -n 2 python examples/python/mnist_mlp.py --synthetic 2000     # the same job over 2 ranks
+    mpiexec -n 2 python examples/python/mnist_mlp.py --synthetic 2000     # the same job over 2 ranks
 
 The stores: ``singa-mpi data mnist --images train-images-idx3-ubyte.gz --labels
 train-labels-idx1-ubyte.gz --out data/mnist/train.h5`` (and t10k- for test.h5).  The job built is

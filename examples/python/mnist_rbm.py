@@ -6,7 +6,7 @@ their checkpoints; examples/python/mnist_ae.py then unrolls them into an autoenc
     python examples/python/mnist_rbm.py                                # stages 1-4 on data/mnist/
     python examples/python/mnist_rbm.py --stage 2                      # one stage (stage 1's checkpoint at hand)
     python examples/python/mnist_rbm.py --synthetic 1000 --steps 50    # random arrays of MNIST's shapes
-    mpirun -n 2 python examples/python/mnist_rbm.py --synthetic 1000 --steps 50
+    mpiexec -n 2 python examples/python/mnist_rbm.py --synthetic 1000 --steps 50
 
 Stage k writes workspace/rbm_mnist_k/ (stage k+1 reads it).  The jobs built are
 conf/rbm_mnist_1.conf ... rbm_mnist_4.conf, field for field (tests/examples/test_python_examples.py).

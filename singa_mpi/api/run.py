@@ -1,5 +1,5 @@
 """Training and testing a Python-built job in the calling process: serially, or as one rank of an MPI
-job when the script runs under ``mpirun -n N python script.py`` (every rank runs the same script).
+job when the script runs under ``mpiexec -n N python script.py`` (every rank runs the same script).
 
 The run is the CLI's own (:mod:`singa_mpi.launcher`): the same two-phase failure protocol, checkpoints,
 resume, progress lines (rank 0 prints), stop signals, profile and trace.  The job's text, with its

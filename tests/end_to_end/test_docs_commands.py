@@ -158,9 +158,19 @@ def test_the_generic_launch_is_mpiexec(page):
     """The pages and the example jobs' comments showed `mpirun -n` in places and `mpiexec -n` in others,
     where plan and the notes say `mpiexec -n` (the MPI standard's name, which MPICH and Open MPI both
     install): `mpirun -n` only where the line is about Open MPI's."""
-    generic = [f"{page_id(page)}:{number}: {line.strip()}" for number, line in enumerate(page.read_text().splitlines(), 1)
-               if re.search(r"\bmpirun -n\b", line) and "Open MPI" not in line]
-    assert generic == []
+    assert generic_mpirun_lines(page) == []
+
+
+def test_the_python_examples_and_the_package_say_mpiexec_too():
+    """Their docstrings (the Python examples' usage lines, the API's) said `mpirun -n` after the pages
+    had changed."""
+    files = sorted((dc.ROOT / "examples" / "python").glob("*.py")) + sorted((dc.ROOT / "singa_mpi").rglob("*.py"))
+    assert [line for path in files for line in generic_mpirun_lines(path)] == []
+
+
+def generic_mpirun_lines(page: pathlib.Path) -> list[str]:
+    return [f"{page_id(page)}:{number}: {line.strip()}" for number, line in enumerate(page.read_text().splitlines(), 1)
+            if re.search(r"\bmpirun -n\b", line) and "Open MPI" not in line]
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ SINGA's binding runs here with its import lines changed::
 
 ``Sequential``/``Energy`` collect layers, ``compile`` adds the loss, the updater and the cluster,
 ``fit``/``evaluate`` build the JobProto the binding built and run it here (serially, or as one rank
-under ``mpirun -n N python script.py``).  ``to_job()`` gives the job as a :class:`singa_mpi.api.Job`.
+under ``mpiexec -n N python script.py``).  ``to_job()`` gives the job as a :class:`singa_mpi.api.Job`.
 
 Where this differs from the binding, on purpose:
 * a bad argument raises ArgumentError naming the layer (or part) and the argument; the binding
