@@ -364,6 +364,8 @@ class Trainer:
                 done = step + 1  # batches trained: stepN.h5 is the state after N of them
                 self._learn_stop_signal()
                 self.runtime.sync().training_done(stopped=True, signal=self.stop_signal)
+                if done == self.train_steps:  # the last step: its checkpoint is the final one, the run is complete
+                    return self._finish(final, stop_at_end=True)
                 path = self.save_checkpoint(done, final=True)
                 self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")
                 self.note_stop(done, path)
@@ -371,7 +373,16 @@ class Trainer:
                 self.summarize_run(done, path)
                 return final
         self.runtime.sync().training_done(stopped=False)
+        return self._finish(final)
+
+    def _finish(self, final: dict[str, float], stop_at_end: bool = False) -> dict[str, float]:
+        """The end of a complete run: the final checkpoint, the final test, the tables and the summary.
+        ``stop_at_end``: a stop signal came at the last step; what it asked for (the step finished, a
+        checkpoint) is the run's normal end, which the root says and writes in WORKSPACE/stopped.txt."""
+        job = self.job
         path = self.save_checkpoint(self.train_steps, final=True)
+        if stop_at_end:
+            self.note_stop_at_end(path)
         if self.test_net is not None:
             final = self.evaluate(self.test_net, job.test_steps, "test", self.train_steps)
         table = self.runtime.report(self.train_steps - self.start_step, debug=self.debug)
@@ -399,6 +410,19 @@ class Trainer:
         name = f" ({signal_name(self.stop_signal)})" if self.stop_signal else ""
         line = f"stopped on a signal{name} after {done} steps: checkpoint {path}"
         write_stop_note(self.workspace, [line] + ([self.resume_hint] if self.resume_hint else []))
+        progress.also_on_stderr(line)
+
+    def note_stop_at_end(self, path: str | None) -> None:
+        """Root: a stop signal came at the last step, so the run is complete: said, and kept in
+        WORKSPACE/stopped.txt in place of the pending stop its acknowledgement noted there."""
+        if not self.runtime.is_root:
+            return
+        name = f"{signal_name(self.stop_signal)} " if self.stop_signal else "a stop "
+        saved = f"; final checkpoint {path}" if path else ""
+        line = (f"{name}came at the last step ({self.train_steps}): the run is complete{saved}; "
+                f"nothing to resume")
+        self.log(line)
+        write_stop_note(self.workspace, [line])
         progress.also_on_stderr(line)
 
     def summarize_run(self, end: int, checkpoint_path: str | None) -> None:

@@ -58,6 +58,23 @@ def test_ctrl_c_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, m
     assert checkpoint.listed(str(ws))[0][0] == 20
 
 
+def test_a_stop_at_the_last_step_ends_the_complete_run_with_exit_0(tmp_path, monkeypatch, capfd):
+    """Ctrl-C during the last step: the run exited 75 'stopped on a signal', skipped its final test, and
+    --resume said 'nothing to do'.  The step and its checkpoint are the run's end: exit 0, the final test,
+    no resume hint, and stopped.txt says the run is complete."""
+    conf = job_file(tmp_path, steps=20, extra="test_freq: 10\ntest_steps: 1\n")
+    ws = tmp_path / "ws"
+    interrupt_at(monkeypatch, 19, times=1)
+    assert cli.main(["train", conf, "--workspace", str(ws)]) == 0
+    out, err = capfd.readouterr()
+    (step, path), = checkpoint.listed(str(ws))
+    assert step == 20
+    said = f"SIGINT came at the last step (20): the run is complete; final checkpoint {path}; nothing to resume"
+    assert said in out.splitlines() and "resume with" not in out and "stopped on a signal" not in out
+    assert "step 20/20  test " in out
+    assert (ws / "stopped.txt").read_text() == said + "\n"
+
+
 def test_second_ctrl_c_aborts_without_a_checkpoint(tmp_path, monkeypatch, capfd):
     conf, ws = job_file(tmp_path, steps=20), tmp_path / "ws"
     interrupt_at(monkeypatch, 4, times=2)
