@@ -343,8 +343,9 @@ def cmd_ckpt(args) -> int:
     from singa_mpi.checkpoints import tools as ckpt_tools
 
     if args.action == "inspect":
-        if len(args.files) > 1 or args.out or args.step is not None:
+        if len(args.files) > 1 or args.out or args.step is not None or args.job:
             extra = args.files[1:] + (["--out"] if args.out else []) + (["--step"] if args.step is not None else [])
+            extra += ["--job"] if args.job else []
             raise ConfigError(f"ckpt inspect: {' '.join(extra)}: expected one checkpoint and no convert options "
                               f"(inspect each file on its own)")
         print(ckpt_tools.inspect(args.files[0]))
@@ -355,7 +356,13 @@ def cmd_ckpt(args) -> int:
         raise ConfigError(f"ckpt convert: --out {args.out} exists: expected a new file (--overwrite replaces it)")
     if len(set(map(os.path.realpath, args.files))) < len(args.files):
         raise ConfigError(f"ckpt convert: {' '.join(args.files)}: a file given twice: expected each worker's file once")
-    print(ckpt_tools.convert_singa(args.files, args.out, step=args.step))
+    shapes = None
+    if args.job:  # the job that wrote the files: the whole shape of each param, hence the axis of its parts
+        from singa_mpi.checks.job import validate
+        from singa_mpi.config.load import load_job
+
+        shapes = dict(validate(load_job(args.job)).params)
+    print(ckpt_tools.convert_singa(args.files, args.out, step=args.step, shapes=shapes, job=args.job))
     return 0
 
 
@@ -663,6 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=writable_file, help="convert: the HDF5 checkpoint to write")
     p.add_argument("--step", type=non_negative_int, help="convert: the step to record (default: from the file name)")
     p.add_argument("--overwrite", action="store_true", help="convert: replace --out if it exists")
+    p.add_argument("--job", help="convert: the SINGA job (JOB.conf) that wrote the files: it says how a "
+                                 "feature-partitioned param's parts join")
     p.set_defaults(func=cmd_ckpt)
 
     p = sub.add_parser("plot", help="draw runs' metrics.jsonl (or a run's profile) into a PNG (needs matplotlib)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from typing import Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -81,11 +82,18 @@ def read_blobprotos(path: str) -> list[tuple[str, int, np.ndarray]]:
     return out
 
 
-def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
+Shapes = Mapping[str, Sequence[int]]  # a job's params (owners) -> whole shape
+AXIS_UNKNOWN = ("SINGA's files do not say on which axis: axis 0 (SINGA's (out, in) layout), or axis 1 for an "
+                "InnerProduct layer with transpose: true")
+
+
+def convert_singa(paths: list[str], out: str, step: int | None = None, shapes: Shapes | None = None,
+                  job: str | None = None) -> str:
     """SINGA 0.x worker checkpoints (step<N>-worker<W>) -> one singa_mpi HDF5 checkpoint.
 
-    A param found in several worker files is a feature-partitioned param whose parts are joined along
-    axis 0 in worker order (:func:`_join`).
+    A param found in several worker files is a feature-partitioned param whose parts are joined in
+    worker order (:func:`_join`): along the axis that gives it its shape in ``shapes``, the params of
+    ``job`` (the job that wrote the files); without them a 1-D param's parts alone can be joined.
     """
     pieces: dict[str, list[tuple[str, np.ndarray]]] = {}
     for path in paths:
@@ -95,7 +103,7 @@ def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
     for path in sorted(paths, key=_worker_index):
         for name, _, value in read_blobprotos(path):
             pieces.setdefault(name, []).append((path, value))
-    params = _join(pieces)
+    params = _join(pieces, shapes, job=job or "")
     if not params:  # an empty file parses as a BlobProtos of nothing
         raise DataError(f"{', '.join(paths)}: no parameters: expected SINGA 0.x checkpoint files holding "
                         f"the params (step<N>-worker<W>)")
@@ -108,25 +116,51 @@ def convert_singa(paths: list[str], out: str, step: int | None = None) -> str:
     return f"wrote {out}: {len(params)} params from {len(paths)} SINGA file(s), step {step}"
 
 
-def _join(pieces: dict[str, list[tuple[str, np.ndarray]]]) -> dict[str, np.ndarray]:
+def _join(pieces: dict[str, list[tuple[str, np.ndarray]]], shapes: Shapes | None,
+          job: str | None = None) -> dict[str, np.ndarray]:
     """Per param, its values from the worker files (in worker order) that hold it: the whole param
-    from one file, or parts joined on axis 0.  SINGA's ``Worker::Checkpoint`` writes only the params
-    a worker owns: a data-parallel replica (``partition_dim: 0``) is its owner's, worker 0's, alone,
-    so a name in several files is a feature-partitioned param (``partition_dim: 1``: weights and
-    biases cut along axis 0 into parts of one shape), even where the parts hold equal values (the
-    zero biases of step 0): taken for one replica, such a param came out a part of its size."""
+    from one file, or its parts joined.  SINGA's ``Worker::Checkpoint`` writes only the params a
+    worker owns: a data-parallel replica (``partition_dim: 0``) is its owner's, worker 0's, alone, so
+    a name in several files is a feature-partitioned param (``partition_dim: 1``), even where the
+    parts hold equal values (the zero biases of step 0): taken for one replica, such a param came out
+    a part of its size.  Its parts are cut along its output features: axis 0 of a bias, a weight in
+    SINGA's (out, in) layout or a convolution's, but axis 1 of an InnerProduct weight stored
+    (in, out) (``transpose: true``), which the files do not record.  The axis is the one that gives
+    the param its shape in ``shapes``, else the only axis its parts can be joined on; parts that
+    ``shapes`` does not settle are refused for ``ckpt convert`` (``job``: its --job, "" for none) and
+    joined on axis 0 for a job's checkpoint_path (``job`` None: the job's own check then names a
+    param that does not fit)."""
     params = {}
     for name, parts in pieces.items():
-        shapes = {v.shape for _, v in parts}
         first = parts[0][1]
         if len(parts) == 1:
             params[name] = first
-        elif all(len(s) == first.ndim and s[1:] == first.shape[1:] for s in shapes):
-            params[name] = np.concatenate([v for _, v in parts], axis=0)
-        else:
-            detail = ", ".join(f"{os.path.basename(p)}: {list(v.shape)}" for p, v in parts)
+            continue
+        detail = ", ".join(f"{os.path.basename(p)}: {list(v.shape)}" for p, v in parts)
+        axes = [axis for axis in range(first.ndim) if all(v.ndim == first.ndim and np.delete(v.shape, axis).tolist()
+                                                          == np.delete(first.shape, axis).tolist() for _, v in parts)]
+        if not axes:
             raise DataError(f"param {name!r} has shapes that cannot be joined ({detail})")
+        joined = {axis: tuple(sum(v.shape[axis] for _, v in parts) if k == axis else n
+                              for k, n in enumerate(first.shape)) for axis in axes}
+        wanted = tuple(shapes[name]) if shapes is not None and name in shapes else None
+        axis = next((a for a in axes if joined[a] == wanted), axes[0] if len(axes) == 1 else None)
+        if axis is None and job is None:
+            axis = axes[0]
+        if axis is None:
+            raise DataError(_unsettled(name, detail, wanted, job))
+        params[name] = np.concatenate([v for _, v in parts], axis=axis)
     return params
+
+
+def _unsettled(name: str, detail: str, wanted: tuple | None, job: str | None) -> str:
+    if not job:
+        return (f"param {name!r} comes in parts ({detail}): {AXIS_UNKNOWN}: expected --job JOB.conf, the job "
+                f"that wrote them, to tell")
+    if wanted is None:
+        return f"param {name!r} comes in parts ({detail}): {job} has no param {name!r}: expected the job that wrote them"
+    return (f"param {name!r} comes in parts ({detail}) that join to no shape {list(wanted)}, as {job} gives it: "
+            f"expected the job that wrote them")
 
 
 def _worker_index(path: str) -> int:
@@ -134,14 +168,15 @@ def _worker_index(path: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def read_initial(path: str) -> checkpoint.Checkpoint:
-    """A ``checkpoint_path`` entry as a checkpoint of params (SINGA's stacked-RBM jobs name these).
+def read_initial(path: str, shapes: Shapes | None = None) -> checkpoint.Checkpoint:
+    """A ``checkpoint_path`` entry as a checkpoint of params (SINGA's stacked-RBM jobs name these) for
+    the job whose params have ``shapes`` (None: not known, SINGA's parts are joined on axis 0).
 
     * a singa_mpi HDF5 checkpoint: read as it is;
     * a folder: the newest good checkpoint of that workspace (or of that checkpoint folder), so a
       job names the run before it in a chain, whatever its step count;
     * a SINGA 0.x BlobProtos file (``step6000-worker0``): read with every ``-worker<W>`` file of
-      the same step beside it, joined as ``ckpt convert`` joins them;
+      the same step beside it, joined as ``ckpt convert --job`` joins them, to the job's shapes;
     * a SINGA name that does not exist, ``DIR/step<N>-worker<W>``: this tool's checkpoint of that
       step in the same folder, ``DIR/step<N>.h5`` (where running SINGA's previous job here put it).
     """
@@ -154,7 +189,7 @@ def read_initial(path: str) -> checkpoint.Checkpoint:
                             f"the job that trains into {workspace} to have run")
         return found
     if os.path.exists(path) and not h5py.is_hdf5(path):
-        return _read_singa(path)
+        return _read_singa(path, shapes)
     m = re.fullmatch(r"step(\d+)-worker\d+", os.path.basename(path))
     if not os.path.exists(path) and m:
         ours = os.path.join(os.path.dirname(path), f"step{m.group(1)}.h5")
@@ -175,7 +210,7 @@ def _workspace_of(folder: str) -> str:
     return folder
 
 
-def _read_singa(path: str) -> checkpoint.Checkpoint:
+def _read_singa(path: str, shapes: Shapes | None) -> checkpoint.Checkpoint:
     m = re.fullmatch(r"(step\d+)-worker\d+", os.path.basename(path))
     folder = os.path.dirname(path) or "."
     siblings = sorted(os.path.join(folder, f) for f in os.listdir(folder)
@@ -185,4 +220,4 @@ def _read_singa(path: str) -> checkpoint.Checkpoint:
         for name, _, value in read_blobprotos(file):
             pieces.setdefault(name, []).append((file, value))
     step = re.search(r"step(\d+)", os.path.basename(path))
-    return checkpoint.Checkpoint(step=int(step.group(1)) if step else 0, params=_join(pieces), path=path)
+    return checkpoint.Checkpoint(step=int(step.group(1)) if step else 0, params=_join(pieces, shapes), path=path)

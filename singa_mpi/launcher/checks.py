@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Callable
+from typing import Callable, Sequence
 
 from singa_mpi.checkpoints import hdf5 as checkpoint
-from singa_mpi.checkpoints.tools import read_initial
+from singa_mpi.checkpoints.tools import Shapes, read_initial
 from singa_mpi.config.load import JobConfig, layers_for_phase
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.launcher.describe import Launch
@@ -34,8 +34,8 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
             clear_dead_writes(launch.workspace)
         return fitting(launch, read_resumed(launch, request.options, log), True, request.options.allow_partial)
     if request.trains:
-        return fitting(launch, read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume), False,
-                       request.options.allow_partial)
+        return fitting(launch, read_checkpoint_paths(launch.cfg, launch.workspace, request.options.resume,
+                                                     launch.summary.params), False, request.options.allow_partial)
     return fitting(launch, checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root,
                                                request.options), False, None)
 
@@ -259,10 +259,12 @@ def _check_job_identity(launch: Launch, ckpt: checkpoint.Checkpoint, options: Ru
         say(f"note: --allow-other-job: {mismatch}")
 
 
-def read_checkpoint_paths(cfg: JobConfig, workspace: str, resume: bool) -> checkpoint.Checkpoint | None:
+def read_checkpoint_paths(cfg: JobConfig, workspace: str, resume: bool,
+                          shapes: Sequence[tuple[str, tuple[int, ...]]] | None = None) -> checkpoint.Checkpoint | None:
     """The job's checkpoint_path files, read in phase 1 so that a missing or damaged one is a voted error
     (one line from rank 0) rather than every rank's abort at step 0; None when the job names none, or
-    when --resume continues from the workspace's own checkpoints."""
+    when --resume continues from the workspace's own checkpoints.  ``shapes``: the job's params, as
+    :func:`merged_checkpoint_paths` takes them."""
     from singa_mpi.checks.checkpoint_paths import missing_checkpoint_paths
 
     if not cfg.proto.checkpoint_path or resumes(workspace, resume):
@@ -270,17 +272,21 @@ def read_checkpoint_paths(cfg: JobConfig, workspace: str, resume: bool) -> check
     missing = missing_checkpoint_paths(cfg)  # a line that names the job writing it, where one does
     if missing:
         raise DataError(missing[0])
-    return merged_checkpoint_paths(cfg)
+    return merged_checkpoint_paths(cfg, dict(shapes) if shapes is not None else None)
 
 
-def merged_checkpoint_paths(cfg: JobConfig) -> checkpoint.Checkpoint:
+def merged_checkpoint_paths(cfg: JobConfig, shapes: Shapes | None = None) -> checkpoint.Checkpoint:
     """The job's checkpoint_path files as one checkpoint of params (SINGA: params matched by name;
-    later files override earlier ones).  A file that is no checkpoint is a DataError naming the job's
-    line that names it."""
+    later files override earlier ones).  ``shapes``: the job's params (owners) and their shapes, by
+    which SINGA 0.x's parts are joined (None: found here).  A file that is no checkpoint is a
+    DataError naming the job's line that names it."""
+    from singa_mpi.checks.job import validate
+
+    shapes = dict(validate(cfg).params) if shapes is None else shapes
     merged = None
     for k, path in enumerate(cfg.proto.checkpoint_path):
         try:
-            ckpt = read_initial(path)
+            ckpt = read_initial(path, shapes)
         except DataError as err:
             raise DataError(f"{cfg.where('checkpoint_path', k)}: checkpoint_path {path!r}: {err}") from None
         if merged is None:

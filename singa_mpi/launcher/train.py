@@ -201,6 +201,6 @@ def _load_initial_state(trainer: Trainer, options: RunOptions, initial: checkpoi
     if options.resume:
         trainer.log(f"note: no checkpoint in {checkpoint.checkpoint_dir(trainer.workspace)}: starting at step 0")
     if job.checkpoint_path:  # a fresh start (a first --resume of a requeued job included)
-        merged = initial or merged_checkpoint_paths(trainer.cfg)
+        merged = initial or merged_checkpoint_paths(trainer.cfg, trainer.job_params)
         trainer.log(f"initialising parameters from {', '.join(job.checkpoint_path)}")
         trainer.restore(merged, full=False, allow_partial=options.allow_partial)

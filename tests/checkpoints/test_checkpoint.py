@@ -205,7 +205,8 @@ def test_inspect_and_convert_singa_checkpoints(tmp_path):
             blobs.blob.add(shape=[3], data=[7.0, 8.0, 9.0])
         (tmp_path / f"step10-worker{worker}").write_bytes(blobs.SerializeToString())
     out = str(tmp_path / "converted.h5")
-    message = ckpt_tools.convert_singa([str(tmp_path / "step10-worker1"), str(tmp_path / "step10-worker0")], out)
+    message = ckpt_tools.convert_singa([str(tmp_path / "step10-worker1"), str(tmp_path / "step10-worker0")], out,
+                                       shapes={"w1": (4, 3)}, job="job.conf")  # w1's axis: the job's (4, 3)
     assert "3 params" in message and "step 10" in message
     ckpt = checkpoint.read(out)
     np.testing.assert_allclose(ckpt.params["w1"], w)  # feature parts joined in worker order
@@ -372,3 +373,47 @@ def test_resuming_with_another_updater_resumes_the_params_and_starts_its_state_a
     capsys.readouterr()
     assert train(str(adam), tmp_path / "ws", resume=True, steps=6) == 0  # the same updater: no word, state kept
     assert "updater" not in capsys.readouterr().out
+
+
+def _transposed_job(tmp_path) -> str:
+    """A job whose InnerProduct ``fc`` (3 inputs, 4 outputs) stores its weight (in, out): transpose: true."""
+    import nets
+
+    data = nets.make_data(str(tmp_path / "data.h5"), 16, (3,), 4)
+    layers = [nets._data_layer(data, 4, (3,)), nets._ip("fc", "data", 4, transpose=True), nets._loss("fc")]
+    path = tmp_path / "transposed.conf"
+    path.write_text(nets.job_text(layers))
+    return str(path)
+
+
+def test_convert_joins_a_transposed_weights_parts_on_the_axis_the_job_gives(tmp_path, capsys):
+    """SINGA cuts a feature-partitioned InnerProduct's weight along its outputs: axis 1 of a (in, out)
+    weight (transpose: true), which its files do not record.  `ckpt convert` joined every param's parts
+    on axis 0: w_fc came out (6, 2) instead of (3, 4).  With --job (the job that wrote them) each param's
+    shape tells the axis; without it, parts of two axes are refused in one line."""
+    from singa_mpi import cli
+
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)  # (in, out)
+    for worker in (0, 1):
+        blobs = job_pb2.BlobProtos(name=["0#w_fc", "0#b_fc"], version=[10, 10])
+        part = w[:, 2 * worker:2 * worker + 2]
+        blobs.blob.add(shape=list(part.shape), data=part.reshape(-1).tolist())
+        blobs.blob.add(shape=[2], data=[worker, worker])
+        (tmp_path / f"step10-worker{worker}").write_bytes(blobs.SerializeToString())
+    files = [str(tmp_path / "step10-worker0"), str(tmp_path / "step10-worker1")]
+    out = tmp_path / "converted.h5"
+    assert cli.main(["ckpt", "convert", *files, "--out", str(out)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "param 'w_fc' comes in parts" in err and "transpose: true" in err, err
+    assert err.endswith("expected --job JOB.conf, the job that wrote them, to tell") and not out.exists()
+    job = _transposed_job(tmp_path)
+    assert cli.main(["ckpt", "convert", *files, "--out", str(out), "--job", job]) == 0
+    np.testing.assert_array_equal(checkpoint.read(str(out)).params["w_fc"], w)
+    np.testing.assert_array_equal(checkpoint.read(str(out)).params["b_fc"], [0, 0, 1, 1])
+    # a job's checkpoint_path naming SINGA's files joins them to that job's shapes
+    from singa_mpi.launcher.checks import merged_checkpoint_paths
+    from singa_mpi.config.load import load_job
+
+    with open(job, "a") as f:
+        f.write(f'checkpoint_path: "{files[0]}"\n')
+    np.testing.assert_array_equal(merged_checkpoint_paths(load_job(job)).params["w_fc"], w)
