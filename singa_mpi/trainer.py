@@ -338,9 +338,9 @@ class Trainer:
             # one vote a step, on stop signals and non-finite values; every rank stops after the same step
             halt = self.runtime.vote_to_stop(self.stop_requested or self.finite.found is not None
                                              or self.runtime.sync().stop_asked(), self.stop_signal,
-                                             self.finite.found is not None)
+                                             self.finite.found is not None, self._look_before_stop)
             if halt:  # a NaN stops here, before its progress line and with no checkpoint
-                self.finite.look_at_values(self.runtime.sync())  # a stop writes one
+                self._look_before_stop()  # a stop writes one
                 self.finite.raise_if_found(self.runtime, step, "train", self.workspace)
                 # voted: each worker reads its own servers' replies, and every worker of the group must raise
                 # together (the profile and the trace are gathered after it)
@@ -390,6 +390,13 @@ class Trainer:
             self.log(table)
         self.summarize_run(self.train_steps, path)
         return final
+
+    def _look_before_stop(self) -> bool:
+        """Before a stop's checkpoint: whether this rank finds a non-finite value in the values it
+        updated (an overflow whose gradient was finite); where groups vote together (distributed
+        Hogwild), called inside the vote, so that every group learns it before any checkpoints."""
+        self.finite.look_at_values(self.runtime.sync())
+        return self.finite.found is not None
 
     def _learn_stop_signal(self) -> None:
         """The signal that stopped the job, also where it reached other ranks only (collective over the

@@ -1,7 +1,7 @@
 """The runtime interface: what the trainer needs from "where the job runs"."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from singa_mpi.net import Net
 from singa_mpi.params import Param
@@ -43,9 +43,12 @@ class Runtime(Protocol):
     def server_state(self, final: bool) -> list[dict] | None:
         """The servers' params and updater state for a checkpoint (root), or None without servers."""
 
-    def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False) -> bool:
+    def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False,
+                     look: Callable[[], bool] | None = None) -> bool:
         """The trainer's vote after each step: True on every worker that must stop with the others
-        (``signal``: the stop signal this rank received, if any; ``nonfinite``: this rank found a NaN)."""
+        (``signal``: the stop signal this rank received, if any; ``nonfinite``: this rank found a NaN;
+        ``look``: where groups vote together, called once a stop is agreed, before the verdict: whether
+        this rank finds a NaN in what the stop would checkpoint)."""
 
     def allgather_object(self, value) -> list:
         """Every worker's ``value`` on every worker of the group."""

@@ -1,6 +1,8 @@
 """The serial runtime: the whole net in one process, nothing to reduce."""
 from __future__ import annotations
 
+from typing import Callable
+
 from singa_mpi.algorithms import frozen_params
 from singa_mpi.config.load import JobConfig
 from singa_mpi.cost.beside import Prediction, predict_plan
@@ -52,7 +54,8 @@ class SerialRuntime:
     def server_state(self, final: bool) -> list[dict] | None:
         return None
 
-    def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False) -> bool:
+    def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False,
+                     look: Callable[[], bool] | None = None) -> bool:
         return flag
 
     def allgather_object(self, value) -> list:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -351,13 +352,15 @@ class WorkerRuntime:
         """True on every worker of the group if ``flag`` is on any."""
         return self.comm.any(flag)
 
-    def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False) -> bool:
+    def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False,
+                     look: Callable[[], bool] | None = None) -> bool:
         """The trainer's vote after each step; distributed Hogwild's groups must stop together (their
         exchanges are collective): they vote at the exchanges only, every worker of every group (and
-        learn the stop ``signal`` a rank of another group received, and whether one found a NaN)."""
+        learn the stop ``signal`` a rank of another group received, and whether one found a NaN, also
+        by ``look`` once the stop is agreed)."""
         for strategy in self._sync.strategies if self._sync is not None else []:
             if isinstance(strategy, GroupDeltaSync):
-                return strategy.vote(flag, signal, nonfinite)
+                return strategy.vote(flag, signal, nonfinite, look)
         return self.any(flag)
 
     def barrier(self) -> None:

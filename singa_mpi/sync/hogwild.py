@@ -23,6 +23,8 @@ tested for convergence.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from singa_mpi.params import Param
@@ -109,17 +111,22 @@ class GroupDeltaSync:
             self.request = None
 
     # ------------------------------------------------------------- stopping together
-    def vote(self, flag: bool, signal: int | None = None, nonfinite: bool = False) -> bool:
+    def vote(self, flag: bool, signal: int | None = None, nonfinite: bool = False,
+             look: Callable[[], bool] | None = None) -> bool:
         """The per-step stop vote: kept until the next exchange, then taken over every worker of every
         group (so that all stop after the same step, with the same number of exchanges behind them);
         on a stop every worker learns the stop signal one of them received (``signal``: this one's) and
         whether one found a non-finite value (``nonfinite``): the exchange under way carries that
-        group's values to every group, which must then write no checkpoint either."""
+        group's values to every group, which must then write no checkpoint either.  ``look``, once the
+        stop is agreed: whether this worker finds a non-finite value in what the stop would checkpoint
+        (its values, which the exchange under way carries too), told in the same verdict."""
         self.pending_stop = self.pending_stop or flag
         self.pending_signal = self.pending_signal or signal
         self.pending_nonfinite = self.pending_nonfinite or nonfinite
         if not self.at_exchange() or not self.world.any(self.pending_stop):
             return False
+        if look is not None and look():
+            self.pending_nonfinite = True
         everyone = self.world.allgather_object((self.pending_signal, self.pending_nonfinite))
         self.signal = next((s for s, _ in everyone if s), None)
         self.nonfinite = any(found for _, found in everyone)

@@ -264,3 +264,47 @@ def test_non_finite_values_in_several_groups_are_one_line_for_the_job(tmp_path, 
     assert len(lines) == 1, lines
     assert re.match(r"singa-mpi: error: non-finite value at step \d+ \((train|test)\)( on rank \d)? in worker "
                     r"group \d: .*: stopped without checkpointing it \(no checkpoint was written\); ", lines[0]), lines
+
+
+def test_a_hogwild_overflow_found_only_at_a_stop_is_in_the_vote_and_no_group_checkpoints_it(tmp_path, monkeypatch):
+    """Distributed Hogwild, a stop signal in group 1 and, at that step, an overflow in group 1's values
+    (its gradients finite): found only by the look at the values that a stop's checkpoint takes, after
+    the exchange vote.  Group 1 stopped on it, but group 0 took group 1's change in the last exchange and
+    wrote it as a checkpoint 'stopped on a signal'.  The look is now part of the vote: every group stops
+    on the finding, and no checkpoint is written."""
+    from singa_mpi.errors import NonFiniteError
+    from singa_mpi.sync.hogwild import GroupDeltaSync
+
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job("hogwild", 5000, tmp_path / "ws", share_memory=False)
+    publish = GroupDeltaSync.publish
+
+    def overflowing_publish(self):
+        if self.world.rank == 1 and self.step == 3:  # group 1's third update overflowed its first value
+            self.views[0][0] = np.float32("inf")
+        publish(self)
+
+    monkeypatch.setattr(GroupDeltaSync, "publish", overflowing_publish)
+    raised = {}
+
+    def prepare(trainer):
+        group = trainer.runtime.place.role.group
+        run = trainer.run
+
+        def stop_at_step_3_in_group_1(step):
+            Trainer.train_one_batch(trainer, step)
+            if group == 1 and step == 2:
+                trainer.stop_requested, trainer.stop_signal = True, signal.SIGTERM
+
+        def caught():
+            try:
+                run()
+            except NonFiniteError as err:
+                raised[group] = str(err)
+
+        trainer.train_one_batch, trainer.run = stop_at_step_3_in_group_1, caught
+
+    trainers = run_in_threads(cfg, tmp_path / "ws", prepare=prepare)
+    assert sorted(raised) == [0, 1, 2], (raised, [t.stopped for t in trainers])
+    assert "worker group 1" in raised[1] and "another worker group" in raised[0], raised
+    assert checkpoint.listed(str(tmp_path / "ws")) == [] and not any(t.stopped for t in trainers)
