@@ -196,10 +196,20 @@ class RecordInput(Layer):
 
     # -------------------------------------------------------------- compute
     def state(self) -> dict[str, int]:
-        return {"batches": self.batches}
+        """The batches this group has read, and (several groups) how many groups shared the data."""
+        groups = self.ctx.stream[1]
+        return {"batches": self.batches, "groups": groups} if groups > 1 else {"batches": self.batches}
 
     def load_state(self, state: dict[str, int]) -> None:
-        self.batches = int(state.get("batches", 0))
+        """Go on after ``state``'s batches.  Of a job with another number of worker groups (a Downpour
+        checkpoint resumed by one synchronous group, say): ``batches`` counted the writing group's own
+        batches, every ``groups``-th global one, so the global batches read by then (each group at its
+        pace) are ``batches * groups``, and this group starts at the first of its own after them (read
+        as its own count, one group re-read the batches the others had trained on, and several skipped
+        some)."""
+        batches, written = int(state.get("batches", 0)), int(state.get("groups", 1))
+        groups = self.ctx.stream[1]
+        self.batches = batches if written == groups else -(-batches * written // groups)
 
     def forward(self, inputs, train):
         if self.store is None:

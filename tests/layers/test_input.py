@@ -189,3 +189,26 @@ def test_preprocess_conf_errors():
         preprocess('meanfile: "m.bin"', (3, 6, 6))
     with pytest.raises(LayerConfigError, match="srclayers"):
         preprocess("cropsize: 2", (36,))
+
+
+@pytest.mark.parametrize("written, resumed", [(2, 1), (1, 2), (2, 3)])
+def test_a_resume_with_another_number_of_worker_groups_goes_on_after_the_batches_read(tmp_path, written, resumed):
+    """A reader's position counted its own group's batches (every G-th global one) and was taken as its
+    own count by a job of another number of groups: a Downpour checkpoint of 2 groups, resumed by one
+    synchronous group after 10 steps, read global batch 10 again (groups 0 and 1 had read 0..19), and a
+    serial checkpoint resumed by 2 groups skipped batches 10..19.  Every group now starts after the
+    global batches read, at the first of its own."""
+    path, _ = make_store(tmp_path, n=200)
+    writer = input_layer(path, ctx=LayerContext(global_batch=5, seed=7, stream=(0, written)))
+    for _ in range(10):
+        writer.forward([], True)
+    state = writer.state()
+    for group in range(resumed):
+        reader = input_layer(path, ctx=LayerContext(global_batch=5, seed=7, stream=(group, resumed)))
+        reader.load_state(state)
+        first = reader.global_batch_number()
+        # none read before, and at most resumed - 1 skipped where 10 * written is no multiple of resumed
+        assert 0 <= first - 10 * written < 2 * resumed - 1 and first % resumed == group, (group, first)
+    last = input_layer(path, ctx=LayerContext(global_batch=5, seed=7, stream=(written - 1, written)))
+    last.load_state(state)
+    assert last.global_batch_number() == 10 * written + written - 1  # the same layout: as it was
