@@ -47,6 +47,9 @@ class StopSignals:
         self._acknowledged = False
         self._acknowledging = threading.Lock()
         self._watcher: _WakeupWatcher | None = None
+        # under MPI: the other ranks of this node that have ended unannounced (a killed rank: the launcher
+        # then SIGTERMs the others, Open MPI's mpirun does, and no stop can complete)
+        self.ended_ranks: Callable[[], list[int]] = list
 
     def install(self) -> None:
         from singa_mpi.early_signals import early_stop_signal, python_default
@@ -115,7 +118,9 @@ class StopSignals:
         """Root, on the first stop signal (``elsewhere``: one that reached another rank alone): one line
         on stderr at once (raw write: a handler may interrupt a print), and while training the pending
         stop in WORKSPACE/stopped.txt, naming the newest checkpoint there is, in case the launcher ends
-        the run before the stop's checkpoint is written."""
+        the run before the stop's checkpoint is written.  Where another rank of this node has ended
+        unannounced (killed: the signal is the launcher ending the job), both say that no checkpoint
+        can be written instead of promising one."""
         name = "Ctrl-C" if signum == signal.SIGINT else signal_name(signum)
         name += " (it reached another rank)" if elsewhere else ""
         again = " (Ctrl-C again to abort without one)" if signum == signal.SIGINT and not elsewhere else ""
@@ -127,6 +132,13 @@ class StopSignals:
         newest = checkpoint.listed(trainer.workspace)
         there = (f"the newest checkpoint is {newest[0][1]} (step {newest[0][0]})" if newest else
                  "there is no checkpoint (the run would start again at step 0)")
+        ended = self.ended_ranks()
+        if ended:  # the launcher's end of the job, not a stop: the step cannot finish, nothing is written
+            ranks = f"rank {ended[0]} has" if len(ended) == 1 else f"ranks {', '.join(map(str, ended))} have"
+            line = f"{ranks} ended, so the launcher is ending the job: no checkpoint can be written; {there}"
+            note = write_stop_note(trainer.workspace, [f"{signal_name(signum)} at step {step}: {line}"])
+            os.write(2, f"singa-mpi: {name}: {line}{f' (also in {note})' if note else ''}\n".encode())
+            return
         note = write_stop_note(trainer.workspace, [
             f"{signal_name(signum)} at step {step}: stopping after this step and writing a checkpoint; if the run "
             f"ends before it is written, {there}"])

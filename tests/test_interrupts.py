@@ -228,6 +228,23 @@ def test_a_stop_that_is_cut_short_has_said_what_there_was(tmp_path, monkeypatch)
     assert StopSignals  # the handler that wrote it
 
 
+def test_a_stop_signal_after_another_rank_ended_promises_no_checkpoint(tmp_path, capfd):
+    """Open MPI's mpirun SIGTERMs the ranks left when one is killed: rank 0 said "stopping after this
+    step and writing a checkpoint", which the job never got to (the killed rank cannot finish the
+    step).  With a rank of its node ended unannounced, it says that no checkpoint can be written."""
+    from singa_mpi.stop_signals import StopSignals
+
+    stops = StopSignals(is_root=True)
+    stops.trainer = types.SimpleNamespace(training=True, workspace=str(tmp_path), stop_requested=False,
+                                          stop_signal=None, runtime=types.SimpleNamespace(tracer=types.SimpleNamespace(step=7)))
+    stops.ended_ranks = lambda: [1]
+    stops._request_stop(signal.SIGTERM, None)
+    line = ("rank 1 has ended, so the launcher is ending the job: no checkpoint can be written; there is no "
+            "checkpoint (the run would start again at step 0)")
+    assert capfd.readouterr().err == f"singa-mpi: SIGTERM: {line} (also in {tmp_path / 'stopped.txt'})\n"
+    assert (tmp_path / "stopped.txt").read_text() == f"SIGTERM at step 7: {line}\n"
+
+
 def fill(fd: int) -> None:
     """Fill a pipe's buffer, as a launcher that stopped reading leaves it."""
     os.set_blocking(fd, False)

@@ -338,6 +338,15 @@ def proc_state(pid: int) -> str:
         return ""
 
 
+def ended_ranks(folder: str, but: int = -1) -> list[int]:
+    """The ranks of this node, ``but`` this one, whose status record is still there while their process
+    has ended: killed or crashed (a rank that ends as it should removes its record).  A launcher ends
+    the job once one has (Open MPI's mpirun SIGTERMs the others): no stop can complete then."""
+    host = os.uname().nodename
+    return sorted(rank for rank, status in read_all(folder).items()
+                  if rank != but and status.host == host and proc_state(status.pid) in ("", "Z", "X"))
+
+
 def holds_up_setup(records: dict[int, Status], awaited: list[int], now: float) -> bool:
     """Whether every awaited rank is alive and still setting up without communicating (reading the
     job, preparing data): a legitimate wait at start-up, however long."""
@@ -663,6 +672,10 @@ class RankLife:
         self.watchdog.timeout = stall_timeout
         if stall_timeout and self.guardian is not None:
             self.guardian.watch_init(stall_timeout)
+
+    def ended_ranks(self) -> list[int]:
+        """The other ranks of this node that have ended unannounced (:func:`ended_ranks`)."""
+        return ended_ranks(self.folder, self.rank)
 
     @staticmethod
     def _exit(code: int) -> None:

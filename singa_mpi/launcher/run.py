@@ -79,6 +79,7 @@ def _launch(request: Request, body: Body) -> int:
             world.status = life.record if life is not None else None
         if life is not None:  # a stop a rank's MPI wait would hold: acknowledged, and a stall named
             stops.watch_from_thread(life.watchdog.stop_signal)
+            stops.ended_ranks = life.ended_ranks
         return run_parallel(world, request, body, stops, life)
     finally:
         stops.restore(keep_ignoring=world is not None and stops.received is not None)

@@ -48,6 +48,19 @@ def test_a_status_record_reads_back_what_was_published(tmp_path):
     assert not (tmp_path / "launch").exists()  # the last record out removes the folder
 
 
+def test_a_rank_that_ended_without_removing_its_record_is_an_ended_rank(tmp_path):
+    """A rank killed leaves its record with no process behind it: the one sign, on its node, that the
+    SIGTERM the others then get is the launcher ending the job (Open MPI's mpirun), not a stop."""
+    folder = str(tmp_path / "launch")
+    mine = liveness.StatusRecord(folder, rank=0, size=3)
+    killed = subprocess.run([sys.executable, "-c", "import os, sys; from singa_mpi.communication import liveness; "
+                             "liveness.StatusRecord(sys.argv[1], rank=2, size=3); os._exit(9)", folder], cwd=ROOT)
+    assert killed.returncode == 9
+    assert liveness.ended_ranks(folder, but=0) == [2]
+    assert liveness.ended_ranks(folder, but=2) == []  # its own rank is never named
+    mine.close()
+
+
 def test_a_rank_stopped_in_the_middle_of_a_write_leaves_its_last_whole_record(tmp_path):
     """SIGSTOP can land between a write's two sequence bumps: the record then still reads as the
     last heartbeat before it (a stall report says "last seen at step N", not "no record")."""
@@ -283,6 +296,21 @@ def test_a_killed_rank_is_named_by_the_survivors(tmp_path, n, victim):
     # exactly this rank as a rule; on a node short of cores it may be named among the candidates
     assert re.search(rf"rank {victim} \(pid {pid} on \S+\) at step \d+ \(.+\)", named[0]), named[0]
     assert named[0].startswith(f"singa-mpi: rank {victim} (pid {pid}") or "one of ranks" in named[0], named[0]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_leaves_no_promise_of_a_checkpoint(tmp_path):
+    """Open MPI's mpirun SIGTERMs the ranks left when one is killed; rank 0 acknowledged it as a stop,
+    "stopping after this step and writing a checkpoint", which the job never got to."""
+    conf = job(tmp_path)
+    proc = launch(2, conf, tmp_path)
+    wait_for_progress(proc, tmp_path)
+    os.kill(pids_of(conf, 2)[1], signal.SIGKILL)
+    code, _, err = finish(proc, 30)
+    assert code != 0 and "writing a checkpoint" not in err, err[-3000:]
+    if launcher().flavor == "openmpi":  # (MPICH's hydra kills the others without a SIGTERM)
+        assert "SIGTERM: rank 1 has ended, so the launcher is ending the job: no checkpoint can be written" in err, \
+            err[-3000:]
 
 
 @pytest.mark.slow
