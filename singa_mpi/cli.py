@@ -154,7 +154,7 @@ def cmd_run(args) -> int:
     hosts = named or slurm_hosts() or []
     policy = Policy(args.ranks, args.elastic, args.min_ranks or 1,
                     Policy.max_restarts if args.max_restarts is None else args.max_restarts, args.shrink, servers,
-                    tuple(hosts), name_hosts=named is not None, emergency=args.emergency, mpi=args.mpi,
+                    max(1, cluster.nworker_groups), tuple(hosts), name_hosts=named is not None, emergency=args.emergency, mpi=args.mpi,
                     hostfile=args.hostfile)
     return Supervisor(job_path, resolve_workspace(cfg, workspace), train_args, policy, launcher).run()
 

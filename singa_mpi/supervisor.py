@@ -65,6 +65,7 @@ class Policy:
     max_restarts: int = 3
     shrink: bool = False
     servers: int = 0  # ranks that are servers (Sandblaster, Downpour): the workers are the rest
+    groups: int = 1  # worker groups (Downpour, Hogwild): the workers are shared among them
     hosts: tuple[Host, ...] = ()  # where the ranks run, when known (--hosts, --hostfile, Slurm): a lost one is left out
     name_hosts: bool = False  # pass ``hosts`` to the launcher from the start (not only once one is left out)
     emergency: bool = True  # --elastic: survivors save their state when a rank dies (checkpoints.emergency)
@@ -204,8 +205,9 @@ def why_not_restart(policy: Policy, attempts: list[Attempt]) -> str | None:
     if failure.hosts_lost and len(failure.hosts_lost) >= len(last.hosts):
         return "every host it ran on is gone"
     ranks = next_ranks(policy, last.ranks, failure)
-    if ranks < max(policy.min_ranks, policy.servers + 1):
-        return f"{ranks} ranks would be left, fewer than --min-ranks {max(policy.min_ranks, policy.servers + 1)}"
+    fewest = max(policy.min_ranks, policy.servers + policy.groups)  # a worker per group, beside the servers
+    if ranks < fewest:
+        return f"{ranks} ranks would be left, fewer than --min-ranks {fewest}"
     return None
 
 
@@ -452,8 +454,8 @@ class Supervisor:
             args.append("--resume" if resumed_from is not None else "--overwrite")
             args = [_attempt_file(a, attempt) if previous == "--trace" else a
                     for previous, a in zip([""] + args[:-1], args)]
-        if self.policy.servers:
-            args += ["--workers", str(ranks - self.policy.servers)]
+        if self.policy.servers:  # --workers is per group: the workers beside the servers, shared among the groups
+            args += ["--workers", str((ranks - self.policy.servers) // self.policy.groups)]
         return self.launcher.command(ranks, hosts) + [sys.executable, "-m", "singa_mpi", "train", self.job,
                                                "--workspace", self.workspace, *args]
 

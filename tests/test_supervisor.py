@@ -172,6 +172,18 @@ def test_a_restart_resumes_and_never_moves_the_dead_attempt_s_files_aside():
     assert traced._command(2, 3, 100)[-3:] == ["--trace", "run/trace.attempt3.json", "--resume"]
 
 
+def test_the_workers_of_a_supervised_job_with_several_groups_are_per_group():
+    """`singa-mpi run -n 3` of a Downpour job (2 groups of 1 worker, 1 server) passed --workers 2, the
+    workers beside the servers, which train takes per group: 2 x 2 + 1 = 5 ranks, refused on 3."""
+    class Launcher:
+        def command(self, n, hosts=None):
+            return ["mpiexec", "-n", str(n)]
+
+    downpour = Supervisor("job.conf", "ws", [], Policy(3, servers=1, groups=2), Launcher())
+    assert downpour._command(3, 1, None)[-2:] == ["--workers", "1"]
+    assert downpour._command(7, 1, None)[-2:] == ["--workers", "3"]
+
+
 def test_a_supervised_run_says_to_resume_with_the_supervisor(tmp_path):
     from singa_mpi.launcher.options import RunOptions
     from singa_mpi.launcher.train import resume_command
