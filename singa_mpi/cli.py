@@ -128,7 +128,7 @@ def cmd_run(args) -> int:
     from singa_mpi.communication.hosts import HostListError, parse_hosts, read_hostfile, slurm_hosts
     from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
     from singa_mpi.config.load import load_job
-    from singa_mpi.supervisor import Policy, Supervisor, spelled_out
+    from singa_mpi.supervisor import Policy, Supervisor, cannot_shrink, spelled_out
 
     healing = [option for option, given in (("--shrink", args.shrink), ("--min-ranks", args.min_ranks is not None),
                                             ("--max-restarts", args.max_restarts is not None),
@@ -143,6 +143,12 @@ def cmd_run(args) -> int:
     cluster = cfg.proto.cluster
     servers = (max(1, cluster.nserver_groups) * max(1, cluster.nservers_per_group)
                if cluster.server_worker_separate else 0)
+    groups = max(1, cluster.nworker_groups)
+    unfit = cannot_shrink(cluster, args.ranks, servers, groups) if args.shrink else None
+    if unfit:  # it would be found at the first death, its restart refused: say it before anything runs
+        raise ConfigError(f"run: --shrink: {cfg.where('cluster')}: the survivors of a rank's death could not run "
+                          f"this cluster ({unfit}): expected --elastic without --shrink (a restart on the same "
+                          f"{args.ranks} ranks)")
     try:
         launcher = find_launcher(args.mpi)
     except LauncherNotFound as err:
@@ -154,7 +160,7 @@ def cmd_run(args) -> int:
     hosts = named or slurm_hosts() or []
     policy = Policy(args.ranks, args.elastic, args.min_ranks or 1,
                     Policy.max_restarts if args.max_restarts is None else args.max_restarts, args.shrink, servers,
-                    max(1, cluster.nworker_groups), tuple(hosts), name_hosts=named is not None, emergency=args.emergency, mpi=args.mpi,
+                    groups, tuple(hosts), name_hosts=named is not None, emergency=args.emergency, mpi=args.mpi,
                     hostfile=args.hostfile)
     return Supervisor(job_path, resolve_workspace(cfg, workspace), train_args, policy, launcher).run()
 

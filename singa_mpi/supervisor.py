@@ -184,6 +184,31 @@ def next_ranks(policy: Policy, ranks: int, failure: Failure) -> int:
     return ranks
 
 
+def cannot_shrink(cluster, ranks: int, servers: int, groups: int) -> str | None:
+    """Why the survivors of one death could not run a job of ``cluster`` (a ClusterProto) launched on
+    ``ranks`` (``servers``, ``groups``: its server ranks and worker groups), told as train would refuse
+    them with the --workers :meth:`Supervisor._command` passes (several worker groups share the workers
+    evenly, co-located servers set a count of their own); None when they could."""
+    from singa_mpi.topology import check_launch
+
+    fewer = ranks - 1
+    if fewer < 1:
+        return None  # nothing to shrink to: the restart's own check says so
+    if servers:
+        workers = (fewer - servers) // groups
+        if workers < 1:
+            return f"{fewer} rank(s) leave no worker per group beside {servers} server(s)"
+        copy = type(cluster)()
+        copy.CopyFrom(cluster)
+        copy.nworkers_per_group = workers
+        cluster = copy
+    try:
+        check_launch(cluster, fewer, where="")  # (one group without servers follows the count, as train does)
+    except ConfigError as err:
+        return str(err).removeprefix(": ").split(": expected")[0].replace(", launched with ", ", not ")
+    return None
+
+
 def why_not_restart(policy: Policy, attempts: list[Attempt]) -> str | None:
     """None to restart after the last attempt's failure, else the reason to stop (one clause)."""
     last = attempts[-1]

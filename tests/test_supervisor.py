@@ -422,6 +422,39 @@ def test_how_to_heal_without_elastic_is_refused_before_anything_starts(tmp_path,
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("name, ranks, why", [
+    ("downpour", 6, "2 worker group(s) x 1 worker(s) + 1 server group(s) x 2 server(s) need 4 ranks, not 5"),
+    ("hogwild", 3, "3 worker group(s) x 1 worker(s) need 3 ranks, not 2"),
+    ("allreduce", 3, "1 worker group(s) x 2 worker(s) with 3 co-located server(s) (cluster.nservers_per_group) need "
+                     "3 ranks, not 2")])
+def test_shrink_of_a_cluster_that_cannot_lose_a_rank_is_refused_before_anything_starts(tmp_path, capsys, name,
+                                                                                       ranks, why):
+    """`run --elastic --shrink` of a job of several worker groups (or with co-located servers that fix its count)
+    launched it, and at the first death its restart on the survivors was refused (exit 2 from train):
+    the shrink was never possible.  It is refused up front, in one line naming the cluster."""
+    from singa_mpi import cli
+
+    conf = ROOT / "conf" / f"digits_{name}.conf"
+    code = cli.main(["run", "-n", str(ranks), "--elastic", "--shrink", str(conf), "--workspace", str(tmp_path / "w")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and lines == [f"singa-mpi: error: run: --shrink: {conf}:67:1: the survivors of a rank's death "
+                                   f"could not run this cluster ({why}): expected --elastic without --shrink (a "
+                                   f"restart on the same {ranks} ranks)"]
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_sandblaster_job_can_shrink_its_workers():
+    from singa_mpi.config.load import load_job
+    from singa_mpi.supervisor import cannot_shrink
+
+    cluster = load_job(ROOT / "conf" / "digits_sandblaster.conf").proto.cluster
+    assert cannot_shrink(cluster, 5, servers=2, groups=1) is None  # 2 workers beside the 2 servers
+    assert cannot_shrink(cluster, 3, servers=2, groups=1) == "2 rank(s) leave no worker per group beside 2 server(s)"
+    mlp = load_job(ROOT / "conf" / "digits_mlp.conf").proto.cluster
+    mlp.nworkers_per_group = 3  # a job file's count gives way to the ranks launched
+    assert cannot_shrink(mlp, 3, servers=0, groups=1) is None
+
+
 def test_run_takes_the_workspace_out_of_train_s_options():
     assert _taken_out(["--steps", "5", "--workspace", "w", "--resume"], "--workspace") == (["--steps", "5", "--resume"],
                                                                                           "w")
