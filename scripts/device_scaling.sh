@@ -31,7 +31,7 @@
 # One BLAS thread per rank; MPICH (the mpich wheel) launches the ranks.  Exit 0 when no stage failed
 # (stages cut short by the budget are not failures), 1 otherwise, 2 when the wheels are missing.
 set -uo pipefail  # not -e: a stage that fails is reported and the next one runs
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
 part=${1:-all}
 dry=${SINGA_DEVICE_DRY_RUN:-0}
@@ -92,12 +92,15 @@ if [ "$dry" != 1 ]; then
     # Python's packages, not numpy and PyTorch, so a .pth file adds python3's own site folders, after
     # the venv's (the carried mpi4py wins).  A venv, not pip --target: mpi4py finds the mpich wheel's
     # libmpi under sys.prefix/lib, where --target does not put it (the system's MPI would be loaded).
-    parents=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))') &&
-      python3 -m venv --system-site-packages "$venv" &&
-      own=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])') &&
-      printf '%s\n' "$parents" > "$own/zz-device-python.pth" &&
-      "$venv/bin/python" -m pip install -q --no-index --find-links "$wheels" --no-deps \
-        mpich mpi4py protobuf threadpoolctl || { echo "device_scaling: installing the wheels failed" >&2; exit 2; }
+    if ! { parents=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))') &&
+           python3 -m venv --system-site-packages "$venv" &&
+           own=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])') &&
+           printf '%s\n' "$parents" > "$own/zz-device-python.pth" &&
+           "$venv/bin/python" -m pip install -q --no-index --find-links "$wheels" --no-deps \
+             mpich mpi4py protobuf threadpoolctl; }; then
+      echo "device_scaling: installing the wheels failed" >&2
+      exit 2
+    fi
   fi
   # shellcheck disable=SC1091
   source "$venv/bin/activate"
@@ -211,5 +214,5 @@ if [ "$part" = pipeline ] || [ "$part" = all ]; then
 fi
 
 echo "== device_scaling $part: done [${done_stages[*]}], cut short [${cut[*]}], failed [${failed[*]}]," \
-     "skipped [${skipped[*]}]; files: $(cd "$out" && ls | tr '\n' ' ')"
+     "skipped [${skipped[*]}]; files: $(cd "$out" && echo *)"
 [ "${#failed[@]}" -eq 0 ]

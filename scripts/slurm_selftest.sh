@@ -236,7 +236,7 @@ print(' '.join(f'{k}={v}' for k, v in find_launcher('openmpi').variables))")
     say "submitting the 2-task training job $what"
     wait_idle
     set +e
-    JOBID=$(cd "$ROOT" && env "$@" SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-$name timeout 150 \
+    JOBID=$(cd "$ROOT" && env "$@" SINGA_PYTHON="$PY" SINGA_WORKSPACE="$WORK/ws-$name" timeout 150 \
       sbatch --wait --parsable --ntasks=2 --time=00:05:00 --job-name="selftest-$name" \
       --output="$WORK/$name-%j.out" slurm/train.sbatch "$WORK/good.conf"); status=$?
     set -e
@@ -273,7 +273,7 @@ preempt() {  # name signal [VAR=value ...]: a long job signalled (to its batch s
   shift 2
   say "preemption ($name): submitting a long job, then signalling it with SIG$sig"
   wait_idle
-  JOBID=$(cd "$ROOT" && env "$@" SINGA_PYTHON=$PY SINGA_WORKSPACE=$WORK/ws-$name timeout 30 \
+  JOBID=$(cd "$ROOT" && env "$@" SINGA_PYTHON="$PY" SINGA_WORKSPACE="$WORK/ws-$name" timeout 30 \
     sbatch --parsable --ntasks=2 --time=00:05:00 --job-name="selftest-$name" --output="$WORK/$name-%j.out" \
            slurm/train.sbatch "$WORK/long.conf")
   wait_for_train_lines "$name" 5
