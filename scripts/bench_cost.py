@@ -11,8 +11,8 @@ table gives both step times and predicted / measured.  The goal (issue #20) is w
 on a machine with a core per rank.
 
 Each row prints as it is measured; Ctrl-C or SIGTERM (a time limit) prints the summary of the rows
-done and writes them to --json (under --in-job once the configuration under way is measured: every rank
-stops at the same point, rank 0 reports; exit 143 or 130).  A run that fails is said in one line, the other configurations go on, and the exit code is 1.
+done and writes them to --json (under --in-job once the prediction or the measured run under way is done:
+every rank stops at the same point, rank 0 reports; exit 143 or 130).  A run that fails is said in one line, the other configurations go on, and the exit code is 1.
 """
 from __future__ import annotations
 
@@ -66,19 +66,17 @@ def print_row(r: dict, where: str = "") -> None:
           flush=True)
 
 
-def in_job(args, rows: list[dict], stops: list[int]) -> None:
-    """Under mpiexec: every net and scheme on the launched world, predicted for the nodes it spans (ranks
-    in blocks per host: node-local rates within one, the network's between) and measured there; rank 0
+def in_job(args, rows: list[dict], stops: list[int], world) -> None:
+    """Under mpiexec: every net and scheme on ``world``, predicted for the nodes it spans (ranks in
+    blocks per host: node-local rates within one, the network's between) and measured there; rank 0
     appends the rows to ``rows``.  A stop signal (``stops``, benchkit.stop_requests) ends it on every
-    rank together, after the configuration under way."""
+    rank together, after the prediction or the measured run under way (a row of the runs done)."""
     import socket
 
     from singa_mpi import threads
-    from singa_mpi.communication import mpi as comm_module
     from singa_mpi.cost import rates as rate_module
     from singa_mpi.cost.kernels import KernelTimes, corunners_for
 
-    world = comm_module.world()
     hosts = world.allgather_object(socket.gethostname())
     nodes = len(set(hosts))
     # as the runtime chooses: node-shared memory on one node unless SINGA_MPI_SHM=0
@@ -92,7 +90,7 @@ def in_job(args, rows: list[dict], stops: list[int]) -> None:
             network = rate_module.Network(rate_module.load(nodes=1), rate_module.load(nodes=nodes),
                                           hosts.count(hosts[0])) if nodes > 1 else rate_module.load()
             print(f"{world.size} ranks on {nodes} node(s); communicator rates: {network.source}", flush=True)
-            guesses = [predicted(net, scheme, world.size, kernels, network, method) for net, scheme in configs]
+            guesses = predictions(configs, world.size, kernels, network, method, stops)
             kernels.save()
     guesses = world.root_value(guesses, "predictions")  # the others asleep while rank 0 times kernels
     for (net, scheme), guess in zip(configs, guesses):
@@ -101,20 +99,41 @@ def in_job(args, rows: list[dict], stops: list[int]) -> None:
         if guess is None:
             continue
         steps = args.steps if net == "mnist_mlp" else max(5, args.steps // 2)
-        results = [measure(net, scheme, steps) for _ in range(args.repeat)]
+        results = [measure(net, scheme, steps)]
+        while len(results) < args.repeat and not world.any(bool(stops)):  # each run is a point to stop at
+            results.append(measure(net, scheme, steps))
         if world.rank == 0:
             rows.append(row(net, scheme, world.size, guess, statistics.median(r["step_ms"] for r in results) / 1e3,
                             results[-1]["blas_threads"]))
+            rows[-1]["repeats"] = len(results)  # fewer than --repeat where a stop cut the configuration short
             print_row(rows[-1], f" ({nodes} node(s))")
+
+
+def predictions(configs: list[tuple[str, str]], ranks: int, kernels, rates, method: str,
+                stops: list[int]) -> list[float | None]:
+    """Rank 0's predictions of ``configs``, None for those a stop signal (``stops``) left unpredicted.  The
+    signal may also have ended the kernel co-runners (it reaches every process of the job): the prediction
+    under way then fails, and that failure is the stop, not an error."""
+    guesses: list[float | None] = []
+    for net, scheme in configs:
+        if stops:
+            break
+        try:
+            guesses.append(predicted(net, scheme, ranks, kernels, rates, method))
+        except Exception:
+            if not stops:
+                raise
+    return guesses + [None] * (len(configs) - len(guesses))
 
 
 def run_in_job(args, rows: list[dict], report) -> int:
     """--in-job on every rank; rank 0 reports (also when a stop signal cut it short: the rows done)."""
     from singa_mpi.communication import mpi as comm_module
 
+    world = comm_module.world()
     with stop_requests() as stops:
-        in_job(args, rows, stops)
-    if comm_module.world().rank == 0:
+        in_job(args, rows, stops, world)
+    if world.rank == 0:
         if stops:
             print(f"\ncut short ({'SIGTERM' if exit_code_of(stops) == 143 else 'Ctrl-C'}): the rows done so far",
                   flush=True)
