@@ -17,6 +17,7 @@
 #                    carry=["wheels"]); the results come back from $OUT)
 #   rehearsal here: SINGA_DEVICE_DRY_RUN=1 bash scripts/device_scaling.sh all   (1-2 ranks, ~1 minute)
 #                   bash scripts/device_scaling.sh check-wheels   (are the carried wheels all there?)
+#                   bash scripts/device_scaling.sh install        (check them and make the venv, no more)
 #
 # Environment:
 #   SINGA_DEVICE_OUT     where the log, machine.json and each stage's JSON go (default: $OUT when the
@@ -25,6 +26,8 @@
 #                        a stage cut short still prints and keeps what it measured (the bench scripts
 #                        report on SIGTERM), the next stages are skipped and said so
 #   SINGA_DEVICE_WHEELS  the carried wheels (default wheels/)
+#   SINGA_DEVICE_VENV    the venv they go into, over the machine's python3 (default /tmp/singa-device-venv,
+#                        kept while the machine stays warm: the second call reuses it)
 #   SINGA_DEVICE_COMMIT  the commit measured, for machine.json (default: git's, where .git is there)
 #   SINGA_DEVICE_DRY_RUN=1: ranks 1-2, two timed steps, the MLP only, in this environment (no install)
 #
@@ -36,6 +39,7 @@ ROOT=$PWD
 part=${1:-all}
 dry=${SINGA_DEVICE_DRY_RUN:-0}
 wheels=${SINGA_DEVICE_WHEELS:-wheels}
+venv=${SINGA_DEVICE_VENV:-/tmp/singa-device-venv}
 out=${SINGA_DEVICE_OUT:-${OUT:-bench-results/device-$(date +%Y%m%d-%H%M%S)}}
 budget=${SINGA_DEVICE_BUDGET:-270}
 if ! [[ $budget =~ ^[1-9][0-9]*$ ]]; then  # bash arithmetic would garble 5m (or read 0270 as octal)
@@ -69,13 +73,30 @@ check_wheels() {  # every wheel this machine's Python needs from the carried fol
   echo "device_scaling: the wheels for $tag are all in $wheels/"
 }
 
-if [ "$part" = check-wheels ]; then
-  check_wheels
-  exit $?
-fi
+install_venv() {  # the venv over this machine's python3, with the carried wheels first (return 2 if that failed)
+  [ -x "$venv/bin/mpiexec" ] && return  # made by an earlier call while the machine stayed warm
+  # That machine's python3 is itself a venv (/opt/torch/.venv): a venv made from it sees its *base*
+  # Python's packages, not numpy and PyTorch, so a .pth file adds python3's own site folders, after
+  # the venv's (the carried mpi4py wins).  A venv, not pip --target: mpi4py finds the mpich wheel's
+  # libmpi under sys.prefix/lib, where --target does not put it (the system's MPI would be loaded).
+  local parents own
+  if ! { parents=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))') &&
+         python3 -m venv --system-site-packages "$venv" &&
+         own=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])') &&
+         printf '%s\n' "$parents" > "$own/zz-device-python.pth" &&
+         "$venv/bin/python" -m pip install -q --no-index --find-links "$wheels" --no-deps \
+           mpich mpi4py protobuf threadpoolctl; }; then
+    echo "device_scaling: installing the wheels into $venv failed (above)" >&2
+    return 2
+  fi
+  echo "device_scaling: $venv has the carried wheels, then $(python3 -c 'import sys; print(sys.executable)')'s packages"
+}
+
 case $part in
+  check-wheels) check_wheels; exit $? ;;
+  install) check_wheels && install_venv; exit $? ;;
   scaling|peer-cost|pipeline|all) ;;
-  *) echo "device_scaling: unknown part '$part': expected scaling, peer-cost, pipeline, all or check-wheels" >&2
+  *) echo "device_scaling: unknown part '$part': expected scaling, peer-cost, pipeline, all, check-wheels or install" >&2
      exit 2 ;;
 esac
 
@@ -85,23 +106,7 @@ echo "== device_scaling $part ($(date -u +%FT%TZ)), budget ${budget}s, results i
 
 # --- the environment: this one for a dry run; else a venv over the machine's Python with the wheels ---
 if [ "$dry" != 1 ]; then
-  check_wheels || exit 2
-  venv=/tmp/singa-device-venv  # kept while the machine stays warm: the second call reuses it
-  if [ ! -x "$venv/bin/mpiexec" ]; then
-    # That machine's python3 is itself a venv (/opt/torch/.venv): a venv made from it sees its *base*
-    # Python's packages, not numpy and PyTorch, so a .pth file adds python3's own site folders, after
-    # the venv's (the carried mpi4py wins).  A venv, not pip --target: mpi4py finds the mpich wheel's
-    # libmpi under sys.prefix/lib, where --target does not put it (the system's MPI would be loaded).
-    if ! { parents=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))') &&
-           python3 -m venv --system-site-packages "$venv" &&
-           own=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])') &&
-           printf '%s\n' "$parents" > "$own/zz-device-python.pth" &&
-           "$venv/bin/python" -m pip install -q --no-index --find-links "$wheels" --no-deps \
-             mpich mpi4py protobuf threadpoolctl; }; then
-      echo "device_scaling: installing the wheels failed" >&2
-      exit 2
-    fi
-  fi
+  { check_wheels && install_venv; } || exit 2
   # shellcheck disable=SC1091
   source "$venv/bin/activate"
 fi

@@ -42,7 +42,7 @@ def test_an_unknown_part_is_one_line():
     proc = run_script(["everything"], {}, 60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("device_scaling: unknown part 'everything': expected scaling, peer-cost, "
-                                   "pipeline, all or check-wheels")
+                                   "pipeline, all, check-wheels or install")
 
 
 @pytest.mark.slow
@@ -90,3 +90,67 @@ def test_a_budget_that_is_no_whole_seconds_is_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "device_scaling: SINGA_DEVICE_BUDGET=5m: expected whole seconds, e.g. 270"
     assert not (tmp_path / "out").exists()
+
+
+def standin_wheel(folder: pathlib.Path, name: str, tag: str = "py3-none-any") -> pathlib.Path:
+    """A wheel of distribution ``name`` 99.0 holding one module, ``name``.py, that says it was carried."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-99.0.dist-info"
+    files = {f"{name}.py": "CARRIED = True\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 99.0\n",
+             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: a test\nRoot-Is-Purelib: true\nTag: {tag}\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for path, text in files.items()) + f"{info}/RECORD,,\n"
+    wheel = folder / f"{name}-99.0-{tag}.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in {**files, f"{info}/RECORD": record}.items():
+            archive.writestr(path, text)
+    return wheel
+
+
+def site_folder(python: pathlib.Path) -> pathlib.Path:
+    return pathlib.Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                       capture_output=True, text=True, check=True).stdout.strip())
+
+
+@pytest.mark.slow
+def test_the_install_puts_the_carried_wheels_before_the_machines_packages(tmp_path):
+    """The measurement machine's python3 is a venv whose base Python lacks numpy and PyTorch: here, a venv
+    (`machine`) whose packages are stand-ins the base has not (`standin_numpy`; a `threadpoolctl` of its
+    own, which the carried one must shadow).  `install` makes the venv over it with the carried wheels
+    (stand-ins too, built here: no network): they come first, then the machine venv's site folder."""
+    machine = tmp_path / "machine"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(machine)], check=True, timeout=120)
+    machine_site = site_folder(machine / "bin" / "python3")
+    (machine_site / "standin_numpy.py").write_text("FROM = 'the machine'\n")
+    (machine_site / "threadpoolctl.py").write_text("CARRIED = False\n")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("mpich", "protobuf", "threadpoolctl"):
+        standin_wheel(wheels, name)
+    standin_wheel(wheels, "mpi4py", f"{TAG}-{TAG}-linux_x86_64")
+    venv = tmp_path / "device venv"  # a space: every path in the script is quoted
+    environ = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    environ.update(PATH=f"{machine / 'bin'}{os.pathsep}{os.environ['PATH']}", SINGA_DEVICE_WHEELS=str(wheels),
+                   SINGA_DEVICE_VENV=str(venv), PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    proc = subprocess.run(["bash", str(SCRIPT), "install"], cwd=ROOT, env=environ, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].startswith(f"device_scaling: {venv} has the carried wheels, then "), \
+        proc.stdout
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", """
+import json, sys, mpi4py, mpich, protobuf, threadpoolctl, standin_numpy
+print(json.dumps({"path": sys.path, "carried": [m.CARRIED for m in (mpi4py, mpich, protobuf, threadpoolctl)],
+                  "threadpoolctl": threadpoolctl.__file__, "numpy": standin_numpy.__file__}))
+"""], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout)
+    own_site = site_folder(venv / "bin" / "python")
+    assert found["carried"] == [True] * 4, found
+    assert pathlib.Path(found["threadpoolctl"]).parent == own_site  # the carried one, not the machine's own
+    assert pathlib.Path(found["numpy"]).parent == machine_site  # the machine's packages are found
+    path = [pathlib.Path(p) for p in found["path"]]
+    assert path.index(own_site) < path.index(machine_site), found["path"]
