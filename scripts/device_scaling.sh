@@ -77,10 +77,13 @@ install_venv() {  # the venv over this machine's python3, with the carried wheel
   [ -x "$venv/bin/mpiexec" ] && return  # made by an earlier call while the machine stayed warm
   # That machine's python3 is itself a venv (/opt/torch/.venv): a venv made from it sees its *base*
   # Python's packages, not numpy and PyTorch, so a .pth file adds python3's own site folders, after
-  # the venv's (the carried mpi4py wins).  A venv, not pip --target: mpi4py finds the mpich wheel's
-  # libmpi under sys.prefix/lib, where --target does not put it (the system's MPI would be loaded).
+  # the venv's (the carried mpi4py wins), as site folders: their own .pth files count too (a package
+  # installed with pip install -e is only there).  A venv, not pip --target: mpi4py finds the mpich
+  # wheel's libmpi under sys.prefix/lib, where --target does not put it (the system's would be loaded).
   local parents own
-  if ! { parents=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))') &&
+  if ! { parents=$(python3 -c 'import site
+for folder in site.getsitepackages():
+    print(f"import site; site.addsitedir({folder!r})")') &&
          python3 -m venv --system-site-packages "$venv" &&
          own=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])') &&
          printf '%s\n' "$parents" > "$own/zz-device-python.pth" &&

@@ -127,6 +127,10 @@ def test_the_install_puts_the_carried_wheels_before_the_machines_packages(tmp_pa
     machine_site = site_folder(machine / "bin" / "python3")
     (machine_site / "standin_numpy.py").write_text("FROM = 'the machine'\n")
     (machine_site / "threadpoolctl.py").write_text("CARRIED = False\n")
+    editable = tmp_path / "src"  # a package the machine's Python has through a .pth file (pip install -e)
+    editable.mkdir()
+    (editable / "standin_torch.py").write_text("FROM = 'a .pth file'\n")
+    (machine_site / "__editable__.standin_torch-1.0.pth").write_text(f"{editable}\n")
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     for name in ("mpich", "protobuf", "threadpoolctl"):
@@ -142,9 +146,10 @@ def test_the_install_puts_the_carried_wheels_before_the_machines_packages(tmp_pa
     assert proc.stdout.strip().splitlines()[-1].startswith(f"device_scaling: {venv} has the carried wheels, then "), \
         proc.stdout
     probe = subprocess.run([str(venv / "bin" / "python"), "-c", """
-import json, sys, mpi4py, mpich, protobuf, threadpoolctl, standin_numpy
+import json, sys, mpi4py, mpich, protobuf, threadpoolctl, standin_numpy, standin_torch
 print(json.dumps({"path": sys.path, "carried": [m.CARRIED for m in (mpi4py, mpich, protobuf, threadpoolctl)],
-                  "threadpoolctl": threadpoolctl.__file__, "numpy": standin_numpy.__file__}))
+                  "threadpoolctl": threadpoolctl.__file__, "numpy": standin_numpy.__file__,
+                  "torch": standin_torch.__file__}))
 """], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr
     found = json.loads(probe.stdout)
@@ -152,5 +157,6 @@ print(json.dumps({"path": sys.path, "carried": [m.CARRIED for m in (mpi4py, mpic
     assert found["carried"] == [True] * 4, found
     assert pathlib.Path(found["threadpoolctl"]).parent == own_site  # the carried one, not the machine's own
     assert pathlib.Path(found["numpy"]).parent == machine_site  # the machine's packages are found
+    assert pathlib.Path(found["torch"]).parent == editable  # and those its .pth files add
     path = [pathlib.Path(p) for p in found["path"]]
     assert path.index(own_site) < path.index(machine_site), found["path"]
