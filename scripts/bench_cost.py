@@ -12,17 +12,20 @@ on a machine with a core per rank.
 
 Each row prints as it is measured; Ctrl-C or SIGTERM (a time limit) prints the summary of the rows
 done and writes them to --json (under --in-job once the prediction or the measured run under way is done:
-every rank stops at the same point, rank 0 reports; exit 143 or 130).  A run that fails is said in one line, the other configurations go on, and the exit code is 1.
+every rank stops at the same point, rank 0 reports; exit 143 or 130; a rank that fails there ends every
+rank, exit 1).  A run that fails is said in one line, the other configurations go on, and the exit code is 1.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
 import statistics
 import sys
 import tempfile
+import traceback
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -132,7 +135,15 @@ def run_in_job(args, rows: list[dict], report) -> int:
 
     world = comm_module.world()
     with stop_requests() as stops:
-        in_job(args, rows, stops, world)
+        try:
+            in_job(args, rows, stops, world)
+        except Exception:  # the other ranks would wait for this one in their next collective for ever
+            traceback.print_exc()
+            print(f"bench_cost: rank {world.rank} failed (above): ending every rank", file=sys.stderr, flush=True)
+            if world.rank == 0:
+                with contextlib.suppress(Exception):
+                    report()  # the rows measured before it
+            world.abort(1)
     if world.rank == 0:
         if stops:
             print(f"\ncut short ({'SIGTERM' if exit_code_of(stops) == 143 else 'Ctrl-C'}): the rows done so far",

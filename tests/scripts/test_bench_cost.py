@@ -216,3 +216,23 @@ def test_in_job_cut_short_while_predicting_stops_at_once(tmp_path):
     assert job.returncode == 143, rest
     assert "cut short (SIGTERM): the rows done so far" in rest and "Traceback" not in rest, rest
     assert json.loads(out.read_text()) == []
+
+
+@pytest.mark.slow
+def test_in_job_a_rank_that_fails_ends_every_rank(tmp_path):
+    """Rank 0 fails (its kernel cache cannot be written: XDG_CACHE_HOME is a file): its error is printed
+    and every rank ends, exit 1.  The other rank used to wait for it in the next collective for ever."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchkit import bench_env, mpiexec_command
+
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    rank_zero = '[ "${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-}}" = 0 ] && export XDG_CACHE_HOME="$1"; shift; exec "$@"'
+    cmd = mpiexec_command(2) + ["sh", "-c", rank_zero, "sh", str(not_a_folder), sys.executable,
+                                str(ROOT / "scripts" / "bench_cost.py"), "--in-job", "--nets", "mnist_mlp", "--schemes",
+                                "data", "--repeat", "1", "--steps", "2", "--json", str(tmp_path / "rows.json")]
+    out = subprocess.run(cmd, env=dict(bench_env(), XDG_CACHE_HOME=str(tmp_path / "cache")), capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "NotADirectoryError" in out.stderr and "bench_cost: rank 0 failed (above): ending every rank" in out.stderr
+    assert json.loads((tmp_path / "rows.json").read_text()) == []  # rank 0 reported the rows done: none
