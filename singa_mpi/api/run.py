@@ -131,10 +131,7 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
                          deterministic=_switch("fit", "deterministic", deterministic),
                          profile=_switch("fit", "profile", profile), trace=_file_to_write("fit", "trace", trace))
     _folder("fit", workspace)
-    if said_as is not None and (not isinstance(said_as, dict) or not all(
-            isinstance(key, str) and isinstance(value, str) for key, value in said_as.items())):
-        raise ArgumentError(f"fit: argument said_as = {said_as!r}: expected a dict of option flags to the words "
-                            f"that name them")
+    _spelling("fit", said_as)
     job.check()
     where = workspace_of(job, workspace)
     options.write_job, options.resume_hint, options.spelling = (True, resume_hint(job),
@@ -153,10 +150,12 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
     return history
 
 
-def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoints: list[str] | None = None
-             ) -> dict[str, Any]:
+def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoints: list[str] | None = None,
+             said_as: dict[str, str] | None = None) -> dict[str, Any]:
     """The test phase on the newest checkpoint of ``workspace`` (or ``checkpoints``), partitioned as
-    training when run on several ranks; the test's metrics (``loss``, ``accuracy``, ...)."""
+    training when run on several ranks; the test's metrics (``loss``, ``accuracy``, ...).
+    ``said_as``: how the messages name ``--checkpoint`` to the script's user (default: evaluate's own
+    ``checkpoints`` argument; the SINGA binding's ``evaluate`` takes ``checkpoint_path``)."""
     from singa_mpi.checkpoints.hdf5 import listed
     from singa_mpi.errors import DataError
     from singa_mpi.test_command import TEST_RESULTS, run_test
@@ -166,6 +165,8 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     if checkpoints is not None and (isinstance(checkpoints, (str, bytes)) or not all(
             isinstance(path, (str, os.PathLike)) for path in checkpoints)):
         raise ArgumentError(f"evaluate: argument checkpoints = {checkpoints!r}: expected a list of checkpoint files")
+    _spelling("evaluate", said_as)
+    spelling = EVALUATE_SPELLING if said_as is None else {**EVALUATE_SPELLING, **said_as}
     job.check()
     where = workspace_of(job, workspace)
     make_workspace(where)
@@ -178,8 +179,8 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
                             "batches each test reads")
     if not checkpoints and not listed(where):
         raise DataError(f"{where}: no checkpoint to test: expected a workspace that fit() wrote, or "
-                        f"evaluate(..., checkpoints=[FILE])")
-    code = run_test(cfg, lambda cfg: where, checkpoints=checkpoints, spelling=EVALUATE_SPELLING)
+                        f"{spelling['--checkpoint']}")
+    code = run_test(cfg, lambda cfg: where, checkpoints=checkpoints, spelling=spelling)
     if code != 0:
         raise RunFailed(code, "the test")
     return History(_shared_records(results)).last("test")
@@ -327,6 +328,14 @@ def _file_to_write(function: str, name: str, value: Any) -> str | None:
         return option_values.writable_file(os.fspath(value))
     except option_values.BadPath as err:
         raise ArgumentError(f"{function}: argument {name} = {os.fspath(value)!r}: {err}") from None
+
+
+def _spelling(function: str, said_as: Any) -> None:
+    """The said_as argument: None (the function's own names) or option flags to the words naming them."""
+    if said_as is not None and (not isinstance(said_as, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in said_as.items())):
+        raise ArgumentError(f"{function}: argument said_as = {said_as!r}: expected a dict of option flags to the "
+                            f"words that name them")
 
 
 def _folder(function: str, value: Any) -> None:

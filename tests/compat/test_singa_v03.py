@@ -323,3 +323,44 @@ def test_evaluate_of_a_test_only_model_tests_the_workspace_s_checkpoint(fresh_na
     assert given == after_fit
     assert [list(layer.include) for layer in tester.jobconf.neuralnet.layer if layer.type == job_pb2.kRecordInput] == [
         [job_pb2.kTest]]  # the job built is the binding's: the test input of phase test
+
+
+def test_a_test_with_no_good_checkpoint_names_the_binding_s_own_argument(fresh_names, tmp_path, monkeypatch):
+    """A binding script whose checkpoints were all damaged (or that had none) was told
+    `evaluate(..., checkpoints=[FILE])`, the Python API's argument; the binding's is checkpoint_path."""
+    import warnings
+
+    import nets
+    from singa_mpi.errors import DataError
+
+    monkeypatch.chdir(tmp_path)
+    nets.make_data("train.h5", 64, (6,), 3)
+    nets.make_data("test.h5", 32, (6,), 3, seed=4)
+
+    def model(workspace):
+        binding.reset_names()
+        built = binding.Sequential("damaged", [])
+        built.add(binding.Dense(3, init="uniform", activation="softmax"))
+        built.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1),
+                      cluster=binding.Cluster(workspace))
+        return built
+
+    def store(path, batch):
+        return binding.Store(path=path, backend="hdf5", batchsize=batch, shape=6)
+
+    def tested(workspace):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # each damaged file's own note
+            with pytest.raises(DataError) as err:
+                model(workspace).evaluate(binding.Data("recordinput", phase="test", conf=store("test.h5", 32)),
+                                          test_steps=1)
+        return str(err.value)
+
+    said = "evaluate(..., checkpoint_path=[FILE])"
+    assert tested("empty").endswith(f"no checkpoint to test: expected a workspace that fit() wrote, or {said}")
+    model("ws").fit(binding.Data("recordinput", phase="train", conf=store("train.h5", 16)), nb_epoch=2)
+    for path in (tmp_path / "ws" / "checkpoint").glob("step*.h5"):
+        path.write_bytes(b"\0" * 64)
+    message = tested("ws")
+    assert "every checkpoint there is damaged" in message and message.endswith(
+        f"none to test: expected {said} or a workspace with a good checkpoint"), message

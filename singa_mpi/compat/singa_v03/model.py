@@ -52,6 +52,8 @@ JOB_FIELDS = fields_of(job_pb2.JobProto)
 LOSSES = ("categorical_crossentropy", "mean_squared_error")
 LR_TYPES = (None, "fixed", "step", "manual", "linear")
 ARGV_SPELLING = {"--allow-other-job": ""}  # the options a script's argv takes keep their flags' names
+# the test's --checkpoint files, as the binding's evaluate takes them
+EVALUATE_SPELLING = {"--checkpoint": "evaluate(..., checkpoint_path=[FILE])"}
 # metrics.jsonl's names -> the binding's result keys
 RESULT_KEYS = {"accuracy": "acc", "loss": "loss", "perplexity": "ppl", "squared_error": "se"}
 
@@ -349,7 +351,8 @@ class Model:
         if test_only:
             checkpoints = list(self.jobconf.checkpoint_path) or None
             inputs = {layer.layer.name for layer in self.layers if layer.is_datalayer}
-            return results([{**_testable(job, inputs).evaluate(checkpoints=checkpoints), "phase": "test"}])
+            tested = _testable(job, inputs).evaluate(checkpoints=checkpoints, said_as=EVALUATE_SPELLING)
+            return results([{**tested, "phase": "test"}])
         # the script's argv takes --resume and --overwrite: the run's messages name them so
         history = job.fit(resume=options["resume"], overwrite=options["overwrite"], said_as=ARGV_SPELLING)
         self.trained = True
