@@ -81,9 +81,24 @@ class History:
 
     def metric(self, name: str, phase: str = "train") -> list[tuple[int, float]]:
         """(step, value) of ``name`` in ``phase``'s records, in order; ArgumentError for a ``phase``
-        that is none of a run's (``train``, ``test``, ``validation``)."""
+        that is none of a run's (``train``, ``test``, ``validation``), and for a ``name`` no record of
+        the history holds (listing those ``phase``'s records hold).  A name other records hold (the
+        test's ``accuracy`` asked of ``train``'s records, a phase without records) finds none: []."""
         self._known("metric", phase)
-        return [(r["step"], r[name]) for r in self.records if r.get("phase") == phase and name in r]
+        held = isinstance(name, str) and any(name in r for r in self.records)
+        if self.records and not held:  # a history without records has no names to judge by
+            self._unheld(name, phase)
+        return [(r["step"], r[name]) for r in self.records if r.get("phase") == phase and name in r] if held else []
+
+    def _unheld(self, name: Any, phase: str) -> None:
+        """A metric no record holds ("acc", "Loss") found nothing without a word: refused, listing them."""
+        def names(records: list[dict[str, Any]]) -> list[str]:
+            return list(dict.fromkeys(key for r in records for key in r if key not in ("step", "phase")))
+
+        held = names([r for r in self.records if r.get("phase") == phase])
+        why = f"the names the {phase} records hold" if held else f"this history holds no {phase} records"
+        raise ArgumentError(f"History.metric: argument name = {name!r}: expected one of "
+                            f"{', '.join(held or names(self.records))} ({why})")
 
     def last(self, phase: str = "train") -> dict[str, Any]:
         """The newest record of ``phase`` (empty when there is none); ArgumentError as :meth:`metric`."""

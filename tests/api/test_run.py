@@ -403,6 +403,27 @@ def test_a_history_asked_for_a_phase_no_run_records_lists_the_phases():
         sm.History([]).metric("loss", "tset")
 
 
+def test_a_history_asked_for_a_metric_it_does_not_hold_lists_the_phase_s_metrics():
+    """history.metric("acc") (the binding's name) or "Loss" found nothing and returned [] without a word."""
+    history = sm.History([{"step": 0, "phase": "test", "loss": 2.5, "accuracy": 0.1, "elapsed": 0.1},
+                          {"step": 0, "phase": "train", "loss": 2.0, "elapsed": 0.2, "samples_per_s": 9.0}])
+    assert history.metric("accuracy", "test") == [(0, 0.1)] and history.metric("elapsed") == [(0, 0.2)]
+    # held by another phase's records, or a phase without records: none of this phase's
+    assert history.metric("accuracy") == [] and history.metric("loss", "validation") == []
+    with pytest.raises(sm.ArgumentError) as err:
+        history.metric("acc", "test")
+    assert str(err.value) == ("History.metric: argument name = 'acc': expected one of loss, accuracy, elapsed (the "
+                              "names the test records hold)")
+    with pytest.raises(sm.ArgumentError, match=r"^History.metric: argument name = 'Loss': expected one of loss, "
+                                               r"elapsed, samples_per_s \(the names the train records hold\)$"):
+        history.metric("Loss")
+    with pytest.raises(sm.ArgumentError, match=r"^History.metric: argument name = 'Loss': expected one of loss, "
+                                               r"accuracy, elapsed, samples_per_s \(this history holds no validation "
+                                               r"records\)$"):
+        history.metric("Loss", "validation")
+    assert sm.History([]).metric("loss") == []  # a history without records: no name to judge by
+
+
 @pytest.mark.parametrize("options", [{}, {"overwrite": True}, {"resume": True}])
 def test_a_fit_that_fails_before_training_where_another_run_is_names_the_job_it_was_given(tmp_path, options):
     """In a workspace holding another job's checkpoints, a fit that failed before training (a missing
