@@ -105,6 +105,8 @@ def cmd_check(args) -> int:
         print(f"  plans on {per_group} worker(s){' per group' if per_group != args.n else ''}: "
               f"{', '.join(phases)} OK")
         _say_idle_pipeline(cfg, per_group, built.plans.get("train"))
+    else:
+        _say_idle_pipeline_of_cluster(cfg)
     return 0
 
 
@@ -237,6 +239,29 @@ def _say_idle_pipeline(cfg, workers: int, train_plan, stream=None) -> None:
     note = idle_pipeline_note(cfg, workers, train_plan)
     if note:
         print(note, file=stream or sys.stdout)
+
+
+def _say_idle_pipeline_of_cluster(cfg) -> None:
+    """`check` without -n: the note of :func:`_say_idle_pipeline` on the workers per group the job's
+    cluster fixes (cluster.nworkers_per_group); nothing when it fixes none (a launch's count is unknown)."""
+    from singa_mpi.algorithms import make_algorithm
+    from singa_mpi.cost.auto import resolve_auto_layers
+    from singa_mpi.planner import plan
+    from singa_mpi.program.schedules import idle_pipeline_note
+
+    cluster = cfg.proto.cluster
+    if not cluster.HasField("nworkers_per_group") or idle_pipeline_note(cfg, 1) is None:
+        return  # no worker count to judge by, or no pipeline (one worker always notes a pipeline)
+    workers = cluster.nworkers_per_group
+    if workers < 2:
+        _say_idle_pipeline(cfg, workers, None)
+        return
+    try:  # only the stages are wanted: a plan that cannot be made is check -n's to say, as before
+        cfg, _ = resolve_auto_layers(cfg, workers)
+        train_plan = plan(cfg, workers, algorithm=make_algorithm(cfg.proto.train_one_batch))
+    except ConfigError:
+        return
+    _say_idle_pipeline(cfg, workers, train_plan)
 
 
 # what Graphviz draws a plan into (by -o's suffix); the text formats are written as they are

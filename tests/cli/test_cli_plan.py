@@ -195,3 +195,32 @@ def test_plan_and_check_note_a_pipeline_on_one_worker(tmp_path, capsys, command)
     assert len(notes) == 1 and "neuralnet.pipeline has no effect on 1 worker" in notes[0], said
     if command == "plan":
         json.loads(out)
+
+
+@pytest.mark.parametrize("scheme, workers, note", [
+    ("data", 1, "neuralnet.pipeline has no effect on 1 worker"),
+    ("data", 2, "neuralnet.pipeline's schedule has no effect: every worker starts at the net's first layer"),
+    ("stages", 2, None),  # two stages: the pipeline works
+    ("data", None, None)])
+def test_check_without_n_notes_a_pipeline_the_job_s_own_cluster_leaves_idle(tmp_path, capsys, scheme, workers,
+                                                                             note):
+    """`check JOB` (no -n) made no plan, so a pipeline its own cluster.nworkers_per_group leaves idle got
+    no note there, while `check -n N` and `plan` gave one; a job whose cluster fixes no worker count
+    still gets none (what -n would be is unknown)."""
+    from singa_mpi import cli
+
+    import nets
+
+    conf = tmp_path / "job.conf"
+    data = nets.make_data(str(tmp_path / "d.h5"), 128, (12,), 5)
+    text = nets.pipelined(nets.mlp(str(data), 64, scheme), 2)
+    if workers is not None:
+        assert "cluster {" not in text
+        text += f"cluster {{ nworkers_per_group: {workers} }}\n"
+    conf.write_text(text)
+    assert cli.main(["check", str(conf)]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    if note is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0].startswith(f"note: {conf}:") and note in notes[0], notes
