@@ -170,7 +170,24 @@ def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | 
             arrays = ckpt.carried.setdefault(phase, {}).setdefault(layer, {})
             target = arrays.setdefault(name, np.zeros((batch,) + value.shape[1:], np.float32))
             target[lo:hi] = value  # this worker's rows of the global batch
+    steps = trainer.runtime.group_steps(served)
+    if steps is not None:  # the training readers: every group's position, not group 0's alone
+        ckpt.readers["train"] = {name: paced(state, steps) for name, state in ckpt.readers.get("train", {}).items()}
     return ckpt
+
+
+def paced(state: dict, steps: Sequence[int]) -> dict:
+    """Group 0's training reader ``state`` with each group's own position: ``steps``, the steps each
+    group has trained in this run (one batch each), moves ``ahead<g>`` (group g's batches beyond group
+    0's) by group g's steps beyond group 0's.  Other states (no ``groups``, or another count) as they are."""
+    if int(state.get("groups", 1)) != len(steps):
+        return state
+    paced = {key: value for key, value in state.items() if not key.startswith("ahead")}
+    for g in range(1, len(steps)):
+        ahead = int(state.get(f"ahead{g}", 0)) + steps[g] - steps[0]
+        if ahead:
+            paced[f"ahead{g}"] = ahead
+    return paced
 
 
 def misfit(ckpt: checkpoint.Checkpoint, name: str, shape: Sequence[int], from_checkpoint: bool, full: bool,

@@ -115,6 +115,7 @@ class RecordInput(Layer):
                                    f"a global batch holding rows {lo}..{hi - 1} (this sub-layer's batch slice)")
         self.store: RecordStore | None = None
         self.batches = 0  # global batches read so far; the next forward reads batch number `batches`
+        self.ahead: dict[int, int] = {}  # group -> its batches beyond group 0's at the start (state())
         self._orders: dict[int, np.ndarray] = {}
         self.nonfinite: str | None = None  # where the first NaN/infinity read was (the trainer reports it)
 
@@ -196,20 +197,28 @@ class RecordInput(Layer):
 
     # -------------------------------------------------------------- compute
     def state(self) -> dict[str, int]:
-        """The batches this group has read, and (several groups) how many groups shared the data."""
+        """The batches this group has read, and (several groups) how many groups shared the data and
+        ``ahead<g>``: how many more group g had read than group 0 when this reader's run started (the
+        checkpoint adds the steps each group has trained since: :func:`singa_mpi.checkpoints.snapshot.paced`)."""
         groups = self.ctx.stream[1]
-        return {"batches": self.batches, "groups": groups} if groups > 1 else {"batches": self.batches}
+        if groups == 1:
+            return {"batches": self.batches}
+        return {"batches": self.batches, "groups": groups, **{f"ahead{g}": n for g, n in self.ahead.items() if n}}
 
     def load_state(self, state: dict[str, int]) -> None:
-        """Go on after ``state``'s batches.  Of a job with another number of worker groups (a Downpour
-        checkpoint resumed by one synchronous group, say): ``batches`` counted the writing group's own
-        batches, every ``groups``-th global one, so the global batches read by then (each group at its
-        pace) are ``batches * groups``, and this group starts at the first of its own after them (read
-        as its own count, one group re-read the batches the others had trained on, and several skipped
-        some)."""
+        """Go on after ``state``'s batches, each group from its own position (``ahead<g>``: Downpour's
+        and in-memory Hogwild's groups go at their own pace).  Of a job with another number of worker
+        groups (a Downpour checkpoint resumed by one synchronous group, say): the groups had read every
+        ``groups``-th global batch each, ``batches`` + ``ahead<g>`` of them, so the global batches read
+        are their sum, and this group starts at the first of its own after them (read as its own
+        count, one group re-read the batches the others had trained on, and several skipped some)."""
         batches, written = int(state.get("batches", 0)), int(state.get("groups", 1))
-        groups = self.ctx.stream[1]
-        self.batches = batches if written == groups else -(-batches * written // groups)
+        group, groups = self.ctx.stream
+        ahead = {g: int(state.get(f"ahead{g}", 0)) for g in range(1, written)}
+        if written == groups:
+            self.ahead, self.batches = ahead, batches + ahead.get(group, 0)
+        else:
+            self.ahead, self.batches = {}, -(-(batches * written + sum(ahead.values())) // groups)
 
     def forward(self, inputs, train):
         if self.store is None:

@@ -43,6 +43,11 @@ class Runtime(Protocol):
     def server_state(self, final: bool) -> list[dict] | None:
         """The servers' params and updater state for a checkpoint (root), or None without servers."""
 
+    def group_steps(self, served: list[dict] | None) -> list[int] | None:
+        """The steps each worker group has trained in this run, where the groups go at their own pace
+        (Downpour: as the servers counted them, ``served``: :meth:`server_state`'s; in-memory Hogwild:
+        as the groups wrote them beside the shared values); None where they keep one pace."""
+
     def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False,
                      look: Callable[[], bool] | None = None) -> bool:
         """The trainer's vote after each step: True on every worker that must stop with the others

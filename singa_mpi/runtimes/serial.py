@@ -54,6 +54,9 @@ class SerialRuntime:
     def server_state(self, final: bool) -> list[dict] | None:
         return None
 
+    def group_steps(self, served: list[dict] | None) -> list[int] | None:
+        return None
+
     def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False,
                      look: Callable[[], bool] | None = None) -> bool:
         return flag

@@ -237,8 +237,11 @@ class ServerRuntime:
             params.append((name, value.logical_shape, value.region(), value.data.copy()))
             for slot, array in self.updater.state(name).items():
                 states.append((name, slot, value.logical_shape, value.region(), array))
-        self.world.send_object({"params": params, "states": states, "counters": self._own_counters()},
-                               rank, SNAPSHOT_REPLY, LABEL)
+        # each group's updates of these ranges in this run: the checkpoint's readers go on from each group's
+        groups = range(len(self.topo.worker_groups))
+        steps = [max((r.clock[g] for r in self.ranges.values()), default=0) for g in groups]
+        self.world.send_object({"params": params, "states": states, "counters": self._own_counters(),
+                                "steps": steps}, rank, SNAPSHOT_REPLY, LABEL)
         return True
 
     def _own_counters(self) -> dict[str, dict[str, int]]:

@@ -231,7 +231,8 @@ class WorkerRuntime:
             return self._server_sync(net, the_plan, params, uses)
         if self.place is not None and self.place.node is not None:  # in-memory Hogwild: one worker per group
             frozen = frozen_params(self.cfg.proto) | untrained_params(the_plan.sublayers)
-            return Synchronizer([SharedHogwild(self.place.node, [p for p in net.params if p.name not in frozen]),
+            return Synchronizer([SharedHogwild(self.place.node, [p for p in net.params if p.name not in frozen],
+                                               self.group, self.place.groups),
                                  FrozenParams([p for p in net.params if p.name in frozen])], self.tracer)
         strategies = []
         gathered = gathered_rows(the_plan, self.method)
@@ -303,6 +304,17 @@ class WorkerRuntime:
         if self.place is None or not self.place.has_servers:
             return None
         return self._sync.strategies[0].snapshot(final)
+
+    def group_steps(self, served: list[dict] | None) -> list[int] | None:
+        """Each group's steps in this run: the most any server applied of it (Downpour), or the counts
+        beside in-memory Hogwild's values; None for one group, or distributed Hogwild's (one pace: they
+        exchange every sync_freq steps, so a checkpoint's step is every group's)."""
+        if self.place is None or self.place.groups == 1:
+            return None
+        if served is not None:
+            return [max(steps) for steps in zip(*(part["steps"] for part in served))]
+        strategy = self._sync.strategies[0] if self._sync is not None else None
+        return strategy.group_steps() if isinstance(strategy, SharedHogwild) else None
 
     def _setup_queue(self, net: Net, the_plan: Plan) -> None:
         """Weight gradients of params that no other worker sums with (feature shards, params of

@@ -156,13 +156,16 @@ class SharedHogwild(LocalSync):
     # not_rescuable stays None: each group's updater keeps its own state for every param, so one survivor's
     # replica at its own step is a whole state (asynchronous: as good as any other step's)
 
-    def __init__(self, node, params: list[Param]):
+    def __init__(self, node, params: list[Param], group: int = 0, groups: int = 1):
         super().__init__(params)
         sizes = [p.data.size for p in params]
         # the values, then one stop word: the groups share no step and take no vote, so a group that stops
-        # early (a signal that reached it alone) raises it, and every other group stops after its step
-        self.window, segments = node.shared_arrays([sum(sizes) + 1 if r == 0 else 0 for r in range(node.size)])
-        values, self.stop_word = segments[0][:-1], segments[0][-1:]
+        # early (a signal that reached it alone) raises it, and every other group stops after its step;
+        # then each group's steps in this run (int32 words), where group 0's checkpoint finds every pace
+        words = sum(sizes) + 1
+        self.window, segments = node.shared_arrays([words + groups if r == 0 else 0 for r in range(node.size)])
+        values, self.stop_word = segments[0][:words - 1], segments[0][words - 1:words]
+        self.steps, self.group = segments[0][words:].view(np.int32), group
         offset = 0
         for param, size in zip(params, sizes):
             if node.rank == 0:  # every rank starts from the same values: rank 0's copy serves them all
@@ -170,11 +173,20 @@ class SharedHogwild(LocalSync):
             offset += size
         if node.rank == 0:
             self.stop_word[0] = 0.0
+            self.steps[:] = 0
         node.memory_fence(self.window, "hogwild(values)")
         offset = 0
         for param, size in zip(params, sizes):
             param.data = values[offset:offset + size].reshape(param.data.shape)
             offset += size
+
+    def update(self, step: int, updater) -> None:
+        super().update(step, updater)
+        self.steps[self.group] += 1  # this group's word alone: no other rank writes it
+
+    def group_steps(self) -> list[int]:
+        """The steps each group has updated the values with in this run."""
+        return [int(n) for n in self.steps]
 
     def training_done(self, stopped: bool, signal: int | None = None) -> None:
         """A group that stops early tells the others (they read the word after each step): the stop

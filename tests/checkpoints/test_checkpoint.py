@@ -417,3 +417,14 @@ def test_convert_joins_a_transposed_weights_parts_on_the_axis_the_job_gives(tmp_
     with open(job, "a") as f:
         f.write(f'checkpoint_path: "{files[0]}"\n')
     np.testing.assert_array_equal(merged_checkpoint_paths(load_job(job)).params["w_fc"], w)
+
+
+def test_a_checkpoint_moves_each_group_s_reader_position_by_the_steps_it_trained():
+    """Group 0's training reader state, with the steps each group trained in the run (Downpour's
+    servers count them): each other group's ahead<g> moves by its steps beyond group 0's."""
+    from singa_mpi.checkpoints.snapshot import paced
+
+    state = {"batches": 10, "groups": 3, "ahead1": 4}
+    assert paced(state, [6, 4, 9]) == {"batches": 10, "groups": 3, "ahead1": 2, "ahead2": 3}
+    assert paced(state, [6, 2, 6]) == {"batches": 10, "groups": 3}  # group 1 fell back to group 0: none ahead
+    assert paced({"batches": 10}, [6, 8]) == {"batches": 10}  # a reader of one group's layout (a test's)

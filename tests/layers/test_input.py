@@ -212,3 +212,20 @@ def test_a_resume_with_another_number_of_worker_groups_goes_on_after_the_batches
     last = input_layer(path, ctx=LayerContext(global_batch=5, seed=7, stream=(written - 1, written)))
     last.load_state(state)
     assert last.global_batch_number() == 10 * written + written - 1  # the same layout: as it was
+
+
+def test_a_resume_takes_each_group_s_own_position_and_another_layout_the_batches_they_read(tmp_path):
+    """A checkpoint of groups at their own pace (ahead<g>: group g's batches beyond group 0's): each
+    group of the same layout goes on from its own position; a job of another number of groups starts
+    after every batch the groups read in all (group 0's count times the groups took none ahead)."""
+    path, _ = make_store(tmp_path, n=200)
+    state = {"batches": 10, "groups": 3, "ahead1": 4, "ahead2": -2}
+    for group, own in enumerate((10, 14, 8)):
+        reader = input_layer(path, ctx=LayerContext(global_batch=5, seed=7, stream=(group, 3)))
+        reader.load_state(state)
+        assert reader.batches == own
+        if group == 0:  # the writer's: the checkpoint moves each ahead<g> by the steps trained since
+            assert reader.state() == state
+    one = input_layer(path, ctx=LayerContext(global_batch=5, seed=7, stream=(0, 1)))
+    one.load_state(state)
+    assert one.global_batch_number() == 10 + 14 + 8 and one.state() == {"batches": 32}

@@ -314,3 +314,58 @@ def test_a_hogwild_overflow_found_only_at_a_stop_is_in_the_vote_and_no_group_che
     assert sorted(raised) == [0, 1, 2], (raised, [t.stopped for t in trainers])
     assert "worker group 1" in raised[1] and "another worker group" in raised[0], raised
     assert checkpoint.listed(str(tmp_path / "ws")) == [] and not any(t.stopped for t in trainers)
+
+
+def train_readers(trainer: Trainer) -> dict[str, int]:
+    """The batches each training input layer of this worker has read."""
+    return {layer.name: layer.batches for layer in trainer.train_net.layers if hasattr(layer, "batches")}
+
+
+@pytest.mark.parametrize("name, share_memory", [("downpour", None), ("hogwild", True)],
+                         ids=["downpour", "hogwild-in-memory"])
+def test_each_worker_group_resumes_from_its_own_reader_position(tmp_path, monkeypatch, name, share_memory):
+    """Groups that go at their own pace held only group 0's reader position in a checkpoint, and a resume
+    started every group from it: a group that had read more read those batches again.  The checkpoint
+    now holds each group's position (ahead<g>: its batches beyond group 0's), and each group resumes from
+    its own."""
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job(name, 2, tmp_path / "ws", share_memory)
+    run_in_threads(cfg, tmp_path / "ws")
+    ckpt = checkpoint.read(checkpoint.checkpoint_path(str(tmp_path / "ws"), 2))
+    (reader, state), = ckpt.readers["train"].items()
+    groups = cfg.proto.cluster.nworker_groups
+    # group 1 had read 3 batches more than group 0 when this was written, the others as many
+    ckpt.readers["train"][reader] = {"batches": 2, "groups": groups, "ahead1": 3}
+    cfg.proto.train_steps = 4
+    trainers = run_in_threads(cfg, tmp_path / "ws", resume=ckpt)
+    for trainer in (t for t in trainers if t is not None):
+        group = trainer.runtime.place.role.group
+        assert train_readers(trainer) == {reader: 2 + 2 + (3 if group == 1 else 0)}, group
+    again = checkpoint.read(checkpoint.checkpoint_path(str(tmp_path / "ws"), 4)).readers["train"][reader]
+    if name == "downpour":  # the last checkpoint waits for every group: each trained its 2 steps
+        assert again == {"batches": 4, "groups": groups, "ahead1": 3}
+    else:  # in memory, group 0's last checkpoint waits for none: the others had trained 0 to 2 steps then
+        assert again["batches"] == 4 and 1 <= again.get("ahead1", 0) <= 3, again
+        assert all(-2 <= again.get(f"ahead{g}", 0) <= 0 for g in range(2, groups)), again
+
+
+@pytest.mark.parametrize("name, share_memory", [("downpour", None), ("hogwild", True)],
+                         ids=["downpour", "hogwild-in-memory"])
+def test_a_stop_s_checkpoint_holds_every_group_s_reader_position(tmp_path, monkeypatch, name, share_memory):
+    """Group 1 stops after its first step, the others after the step they are in: the stop's checkpoint
+    holds where each group's reader is (group 0's batches, and ahead<g> for a group elsewhere).  In
+    memory, group 0's checkpoint waits for no other group: one may read a batch more before it stops."""
+    monkeypatch.chdir(tmp_path)
+    cfg = framework_job(name, 5000, tmp_path / "ws", share_memory)
+
+    def stopped_in_group_1(trainer):
+        trainer.stop_requested = trainer.runtime.place.role.group == 1 and trainer.runtime.rank == 0
+
+    trainers = run_in_threads(cfg, tmp_path / "ws", prepare=stopped_in_group_1)
+    (step, path), *_ = checkpoint.listed(str(tmp_path / "ws"))
+    (reader, state), = checkpoint.read(path).readers["train"].items()
+    assert state["batches"] == step
+    for trainer in (t for t in trainers if t is not None):
+        group = trainer.runtime.place.role.group
+        read_after = train_readers(trainer)[reader] - state["batches"] - state.get(f"ahead{group}", 0)
+        assert read_after == 0 or (name == "hogwild" and group > 1 and read_after == 1), (group, state, read_after)
