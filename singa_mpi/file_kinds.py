@@ -9,6 +9,17 @@ _MAGIC = ((b"\x89HDF\r\n\x1a\n", "an HDF5 file"), (b"\x1f\x8b", "a gzip file"),
           (b"\x00\x00\x08\x03", "an MNIST IDX image file"), (b"\x00\x00\x08\x01", "an MNIST IDX label file"),
           (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"))
 TEXT = "a text file"
+CHECKPOINT_SEAL = b"SINGA-MPI-CHECKPOINT\n"  # a checkpoint's first bytes (its user block: checkpoints/hdf5.py)
+
+
+def kind_of_job_candidate(head: bytes) -> str | None:
+    """What a file given as a job holds when it is no text at all: a singa_mpi checkpoint (its seal comes
+    before HDF5's signature) or one of :func:`kind_of`'s kinds; None for text or bytes of no known kind
+    (the parser then names what is wrong, where)."""
+    if head.startswith(CHECKPOINT_SEAL):
+        return "a singa_mpi checkpoint"
+    kind = kind_of(head)
+    return None if kind == TEXT else kind
 
 
 def kind_of(head: bytes) -> str | None:

@@ -63,7 +63,7 @@ import numpy as np
 from singa_mpi import durable
 from singa_mpi.durable import write_durably as _write_durably  # a module global: tests make it fail
 from singa_mpi.errors import DataError
-from singa_mpi.file_kinds import TEXT, kind_of
+from singa_mpi.file_kinds import CHECKPOINT_SEAL, TEXT, kind_of
 
 FORMAT_VERSION = 3
 FIRST_CHECKSUMMED_HEADER = 3  # format 2 files have no header_crc32 and unchecked /job_config, /plan
@@ -73,7 +73,7 @@ STALE_TEMPORARY_SECONDS = 600  # no checkpoint write takes this long: an older .
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped on a signal after writing a checkpoint; resume to go on
 _SET_AFTER_HEADER_CRC = ("header_crc32", "complete")
 USER_BLOCK = 512  # HDF5's smallest user block: the seal lives there
-_SEAL_MAGIC = b"SINGA-MPI-CHECKPOINT\n"
+_SEAL_MAGIC = CHECKPOINT_SEAL
 _SEAL = re.compile(rb"SINGA-MPI-CHECKPOINT\nlength (\d+)\ncrc32 (\d+)\n")
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 # What h5py raises on a damaged file depends on the damaged byte (flipping every byte of a small

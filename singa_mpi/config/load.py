@@ -22,6 +22,7 @@ from singa_mpi.config.parse_errors import explain_parse_error
 from singa_mpi.config.source import SourceMap
 from singa_mpi.config.unroll import unroll
 from singa_mpi.errors import ConfigError
+from singa_mpi.file_kinds import PROBE, kind_of_job_candidate
 from singa_mpi.proto import job_pb2
 
 PHASES = {"train": job_pb2.kTrain, "val": job_pb2.kVal, "test": job_pb2.kTest}
@@ -120,7 +121,19 @@ def load_job(path: str | pathlib.Path) -> JobConfig:
     except OSError as err:
         raise ConfigError(f"{path}: cannot read job configuration: {err.strerror}") from None
     limits.check_size(len(data), path)
+    _refuse_other_kinds(data, path)
     return parse_job(decode_job_text(data, path), path)
+
+
+def _refuse_other_kinds(data: bytes, path: str) -> None:
+    """A checkpoint, data store or archive given where the job goes (``test WORKSPACE/checkpoint/step600.h5``)
+    is named as what it is, rather than as text that is not UTF-8 at some byte."""
+    kind = kind_of_job_candidate(data[:PROBE])
+    if kind is None:
+        return
+    hint = f" (`singa-mpi ckpt inspect {path}` shows what it holds)" if "checkpoint" in kind else ""
+    raise ConfigError(f"{path}: {kind}, not a job file: expected the job's configuration, a text file such as "
+                      f"conf/digits_mlp.conf{hint}")
 
 
 def decode_job_text(data: bytes, path: str) -> str:

@@ -57,6 +57,24 @@ def test_a_bad_byte_after_a_byte_order_mark_is_counted_in_the_file(tmp_path):
         load_job(conf)
 
 
+@pytest.mark.parametrize("head, kind, hint", [
+    (b"SINGA-MPI-CHECKPOINT\nlength 9\ncrc32 1\n" + b"\0" * 470 + b"\x89HDF\r\n\x1a\n", "a singa_mpi checkpoint",
+     True),
+    (b"\x89HDF\r\n\x1a\n\0\0", "an HDF5 file", False),
+    (b"\x1f\x8b\x08\x00\xff", "a gzip file", False),
+])
+def test_a_checkpoint_or_store_given_as_the_job_is_named_as_what_it_is(tmp_path, head, kind, hint):
+    """`singa-mpi test WORKSPACE/checkpoint/step600.h5` (the checkpoint where the job goes) said "byte 513:
+    not UTF-8 text"."""
+    path = tmp_path / "step600.h5"
+    path.write_bytes(head)
+    with pytest.raises(ConfigError) as err:
+        load_job(path)
+    inspect = f" (`singa-mpi ckpt inspect {path}` shows what it holds)" if hint else ""
+    assert str(err.value) == (f"{path}: {kind}, not a job file: expected the job's configuration, a text file "
+                              f"such as conf/digits_mlp.conf{inspect}")
+
+
 # ------------------------------------------------------------------ nesting
 
 def test_deep_nesting_is_refused_quickly_at_the_first_block_too_deep():
