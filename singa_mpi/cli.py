@@ -752,7 +752,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("examples", help="copy the example jobs (digits, MNIST, CIFAR-10) into a folder")
-    p.add_argument("dir", nargs="?", default="conf", type=writable_path, help="where to copy them (default: ./conf)")
+    p.add_argument("dir", nargs="?", default="conf", type=writable_folder,
+                   help="the folder to copy them into (default: ./conf)")
     p.add_argument("--overwrite", action="store_true", help="replace files that exist")
     p.set_defaults(func=cmd_examples)
 
@@ -901,6 +902,11 @@ def positive_seconds(text: str) -> float:
 def writable_file(text: str) -> str:
     """A file the command will write (:func:`singa_mpi.option_values.writable_file`)."""
     return _writable(option_values.writable_file, text)
+
+
+def writable_folder(text: str) -> str:
+    """A folder the command will write into (:func:`singa_mpi.option_values.writable_folder`)."""
+    return _writable(option_values.writable_folder, text)
 
 
 def writable_path(text: str) -> str:

@@ -46,6 +46,14 @@ def writable_file(text: str) -> str:
     return writable_path(text)
 
 
+def writable_folder(text: str) -> str:
+    """A folder the command will write into (see :func:`writable_path`); an existing file is refused too
+    (writing into it, the OS says only "File exists")."""
+    if os.path.lexists(text) and not os.path.isdir(text):
+        raise BadPath("is a file, not a folder: expected a folder (or a path where one can be made)")
+    return writable_path(text)
+
+
 def writable_path(text: str) -> str:
     """A file or folder the command will write: refused now if its nearest existing folder cannot take it
     (a path below a regular file, a folder without write permission, a read-only file system)."""
@@ -73,4 +81,4 @@ def writable_path(text: str) -> str:
 
 
 __all__ = ["ValueRule", "COUNT", "NON_NEGATIVE", "JOB_SEED", "DATA_SEED", "POSITIVE_NUMBER", "POSITIVE_SECONDS",
-           "INT64", "BadPath", "writable_file", "writable_path"]
+           "INT64", "BadPath", "writable_file", "writable_folder", "writable_path"]

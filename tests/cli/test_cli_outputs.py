@@ -41,6 +41,7 @@ def unchecked(monkeypatch):
     """The up-front check of output options off: the write itself meets what the file system refuses."""
     monkeypatch.setattr(cli, "writable_file", str)
     monkeypatch.setattr(cli, "writable_path", str)
+    monkeypatch.setattr(cli, "writable_folder", str)
 
 
 @pytest.fixture
@@ -184,6 +185,20 @@ def test_a_name_too_long_for_the_file_system_is_refused_up_front(capsys, tmp_pat
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1, err
     assert "argument -o/--output: " in err and "File name too long" in err and "Traceback" not in err, err
+
+
+def test_examples_into_a_file_is_refused_up_front(capsys, tmp_path):
+    """`examples afile` said "afile/char_rnn.conf: cannot write an example job: File exists" (exit 3), where
+    `examples afile/sub` was already refused up front (exit 2)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["examples", str(blocker)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"singa-mpi examples: error: argument dir: {blocker}: is a file, not a folder: "
+                                       f"expected a folder (or a path where one can be made) (see singa-mpi "
+                                       f"examples -h)\n")
+    assert blocker.read_text() == "x"
 
 
 # ------------------------------------------------------------------ the issue's commands, as run
