@@ -818,6 +818,12 @@ class _Parser(argparse.ArgumentParser):
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             command = getattr(parsed, "command", None)
+            early = [arg for arg in extras if arg.startswith("--") and len(arg.split("=", 1)[0]) > 2 and any(
+                option.startswith(arg.split("=", 1)[0]) for option in getattr(parsed, "train_options", ()))]
+            if command == "run" and early:  # `run -n 2 --workspace W JOB`: train's options go after the job
+                self.exit(2, f"{self.prog} run: error: {early[0]} is an option of `singa-mpi train`: expected it after "
+                             f"the job (singa-mpi run -n N [run's options] JOB {early[0]} ...) (see {self.prog} run "
+                             f"-h)\n")
             self.exit(2, f"{self.prog}: error: unrecognized arguments: {' '.join(extras)} (see "
                          f"{self.prog} {command + ' ' if command else ''}-h)\n")
         return parsed

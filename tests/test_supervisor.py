@@ -395,6 +395,21 @@ def test_train_s_options_abbreviated_are_read_as_train_reads_them(tmp_path, monk
     assert seen["workspace"] == str(tmp_path / "w") and seen["train_args"] == ["--overwrite", "--steps", "5"]
 
 
+@pytest.mark.parametrize("early", [["--workspace", "w"], ["--steps=5"], ["--resume"], ["--worksp", "w"]])
+def test_a_train_option_before_the_job_says_where_it_goes(tmp_path, capsys, monkeypatch, early):
+    """`run -n 2 --workspace w JOB` said "unrecognized arguments: --workspace", an option `run -h` lists
+    among those it passes on."""
+    from singa_mpi import cli
+
+    monkeypatch.setattr(Supervisor, "run", lambda self: pytest.fail("the job started"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["run", "-n", "2", *early, str(ROOT / "conf" / "digits_mlp.conf")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"singa-mpi run: error: {early[0]} is an option of `singa-mpi train`: "
+                                       f"expected it after the job (singa-mpi run -n N [run's options] JOB "
+                                       f"{early[0]} ...) (see singa-mpi run -h)\n")
+
+
 def test_min_ranks_above_the_ranks_launched_is_refused_before_anything_starts(tmp_path, capsys):
     from singa_mpi import cli
 
