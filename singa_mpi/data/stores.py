@@ -45,6 +45,11 @@ MAX_VALUE_BYTES = (1 << 31) - 1  # SINGA reads a value length into an int
 Arrays = tuple[np.ndarray, "np.ndarray | None"]
 
 
+class ShapeMismatch(DataError):
+    """A store's records hold another number of values than the layer's ``store_conf.shape``: the job's
+    field is the one to name (the launcher puts its file:line in front)."""
+
+
 def _where(path: str, layer: str | None) -> str:
     """Error-message prefix naming the layer (if any) and the file."""
     return f"layer '{layer}': {path}" if layer else path
@@ -614,6 +619,7 @@ def open_store(backend: str, path: str, mode: str = "r", *, layer: str | None = 
         raise DataError(f"{_where(path, layer)}: empty {backend} store (no records)")
     if shape is not None and int(np.prod(store.shape)) != int(np.prod(shape)):
         store.close()
-        raise DataError(f"{_where(path, layer)}: records of shape {store.shape}, but store_conf.shape is "
-                        f"{tuple(shape)}")
+        raise ShapeMismatch(f"{_where(path, layer)}: records of shape {store.shape}, but store_conf.shape is "
+                            f"{tuple(shape)}: expected a shape whose sizes multiply to {int(np.prod(store.shape))}, "
+                            f"the values in each record, or another store")
     return store

@@ -128,6 +128,7 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str]) -> No
     step would have said."""
     import numpy as np
 
+    from singa_mpi.data.stores import ShapeMismatch
     from singa_mpi.layers.base import LayerContext
     from singa_mpi.net import global_batch_size, instantiate, phase_nodes
 
@@ -143,7 +144,10 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str]) -> No
                 srcs = [by_name[name] for name in node.conf.srclayers if name in by_name]
                 if layer.is_input and not srcs:
                     if hasattr(layer, "open"):
-                        layer.open(cache=False)
+                        try:
+                            layer.open(cache=False)
+                        except ShapeMismatch as err:  # the job's field, where the file has it
+                            raise DataError(f"{cfg.layer_where(node.index, 'store_conf', 'shape')}: {err}") from None
                     read[node.name] = layer.forward([], train)
                 elif getattr(layer, "provides_labels", False) and srcs and all(s.name in read for s in srcs):
                     read[node.name] = layer.forward([s.aux if k == "aux" else read[s.name]

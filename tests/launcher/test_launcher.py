@@ -131,6 +131,27 @@ def test_the_first_batch_of_every_phase_is_read_before_any_communication(tmp_pat
     assert f"in the first batch of layer 'data' read from {store}" in str(err.value)
 
 
+def test_records_of_another_shape_name_the_jobs_shape_field(tmp_path):
+    """`store_conf.shape: 13` for records of 12 values said "layer 'data': STORE: records of shape (12,),
+    but store_conf.shape is (13,)": no file:line of the field, nothing about what to change."""
+    import nets
+    from singa_mpi.config.load import load_job
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher.checks import check_first_batches
+
+    store = nets.make_data(str(tmp_path / "data.h5"), 100, (12,), 5)
+    conf = tmp_path / "job.conf"
+    conf.write_text(nets.mlp(store, 32, "data").replace("shape: 12", "shape: 13"))
+    cfg = load_job(str(conf))
+    index = next(k for k, layer in enumerate(cfg.proto.neuralnet.layer) if layer.name == "data")
+    with pytest.raises(DataError) as err:
+        check_first_batches(cfg, str(tmp_path), ["train"])
+    assert str(err.value) == (f"{cfg.layer_where(index, 'store_conf', 'shape')}: layer 'data': {store}: records of "
+                              f"shape (12,), but store_conf.shape is (13,): expected a shape whose sizes multiply "
+                              f"to 12, the values in each record, or another store")
+    assert str(err.value).startswith(f"{conf}:")
+
+
 @pytest.mark.parametrize("label", [12, 2.5])
 def test_a_bad_label_past_the_first_batch_is_named_with_its_file_and_record_before_training(tmp_path, label):
     """An HDF5 store's labels are read whole before training (cheap beside its records): a label out
