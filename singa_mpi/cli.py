@@ -658,16 +658,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("-v", "--verbose", action="store_true", help="list layers with output shapes")
     p.add_argument("--print-workspace", action="store_true", help="only print the job's workspace folder")
-    p.add_argument("-n", "--workers", dest="n", type=positive_int,
-                   help="also partition every phase over N workers and prove its schedule safe (no MPI)")
+    p.add_argument("-n", "--ranks", "--workers", dest="n", type=positive_int, metavar="N",
+                   help="also check a launch on N MPI ranks as train there checks it (a framework's server ranks "
+                        "count among them, as in run -n N), partition every phase over its workers and prove its "
+                        "schedule safe (no MPI; --workers is the older name)")
     _plugin_option(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("plan", help="show how a job is partitioned over N workers (no MPI needed)")
     p.add_argument("job")
     p.add_argument("-n", "--workers", dest="n", type=positive_int,
-                   help="number of workers (MPI ranks) to plan for (default: the job's cluster.nworkers_per_group; "
-                        "a job without it needs -n)")
+                   help="workers per group to plan for: the MPI ranks, but for a framework's server ranks, which "
+                        "come on top (default: the job's cluster.nworkers_per_group; a job without it needs -n)")
     p.add_argument("--phase", default="train", choices=["train", "test", "val"])
     p.add_argument("--format", default="text", choices=["text", "json", "dot", "program"],
                    help="program: each rank's step as the ordered actions the runtime executes")

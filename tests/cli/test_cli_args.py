@@ -191,6 +191,20 @@ def test_check_on_n_workers_refuses_a_cluster_a_launch_on_n_refuses(capsys, tmp_
     assert cli.main(["check", "-n", "3", str(conf)]) == 0
 
 
+def test_check_counts_ranks_as_run_does_and_plan_counts_workers_per_group(capsys):
+    """`check -n N` and `plan -n N` were both "-n N, --workers N ... N workers", but check counts a launch's
+    ranks (Downpour's 2 groups of 2 workers and its 2 servers: 6) where plan counts workers per group; check
+    now takes --ranks, as run does, and each help says which it counts."""
+    downpour = str(REPO / "conf" / "digits_downpour.conf")
+    assert cli.main(["check", downpour, "--ranks", "6"]) == 0
+    assert "plans on 2 worker(s) per group: train, test OK" in capsys.readouterr().out
+    assert cli.main(["check", downpour, "--workers", "6"]) == 0  # the older name still works
+    helps = {sub: parser.format_help() for sub, parser in cli.build_parser()._subparsers._group_actions[0]
+             .choices.items()}
+    assert "-n N, --ranks N" in helps["check"] and "N MPI ranks" in " ".join(helps["check"].split())
+    assert "workers per group to plan for" in " ".join(helps["plan"].split())
+
+
 def test_check_refuses_a_workspace_that_is_a_file_as_train_does(capsys, tmp_path, monkeypatch):
     """`check JOB` said OK to a cluster.workspace naming an existing file (only --print-workspace and
     train refused it): the run it passed then stopped at launch."""
