@@ -50,6 +50,9 @@ def default_job_path() -> pathlib.Path:
     return path
 
 
+WORKSPACE_DEFAULT = "the job's cluster.workspace, else workspace/JOB_NAME"  # what resolve_workspace picks
+
+
 def resolve_workspace(cfg, override: str | None) -> str:
     """--workspace, else the job's cluster.workspace (a ConfigError at its file:line:col when a file
     is in the way of that folder), else workspace/JOB_NAME."""
@@ -577,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a job (default: conf/digits_mlp.conf)")
     p.add_argument("job", nargs="?", help="job configuration (text-format JobProto)")
-    p.add_argument("--workspace", help="output folder (default: cluster.workspace)")
+    p.add_argument("--workspace", help=f"output folder (default: {WORKSPACE_DEFAULT})")
     p.add_argument("--seed", type=job_seed, help="overrides the job's seed (a 64-bit integer)")
     p.add_argument("--steps", type=non_negative_int,
                    help="overrides train_steps (0: write the initial params as step 0 and stop)")
@@ -646,8 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("test", help="run the test phase on a trained model")
     p.add_argument("job", help="the job file that trained it")
-    p.add_argument("--workspace", help="the run's folder (default: the job's cluster.workspace, else "
-                                       "workspace/JOB_NAME)")
+    p.add_argument("--workspace", help=f"the run's folder (default: {WORKSPACE_DEFAULT})")
     p.add_argument("--checkpoint", action="append",
                    help="checkpoint file(s) to load (default: the newest in the workspace)")
     p.add_argument("--workers", type=positive_int, metavar="N", help="overrides cluster.nworkers_per_group")
@@ -732,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-n", type=positive_int, default=10, help="how many inputs (default 10)")
     d.add_argument("--phase", default="test", choices=["train", "test", "val"], help="whose batch (default test)")
     d.add_argument("--shape", metavar="HxW", help="image height x width (default: square)")
-    d.add_argument("--workspace", help="also look for data files there (default: cluster.workspace)")
+    d.add_argument("--workspace", help=f"also look for data files there (default: {WORKSPACE_DEFAULT})")
     d.add_argument("-o", "--output", type=writable_file,
                    help="the PNG to write (default: CKPT_STEM_reconstructions.png beside CKPT)")
     _plugin_option(d)
@@ -749,7 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="divides the logits: below 1 likelier characters, above 1 more varied (default 1)")
     p.add_argument("--seed", type=data_seed, default=0, help="the sampling's random seed (default 0: the same text "
                                                        "each time)")
-    p.add_argument("--workspace", help="where the job's checkpoints are (default: cluster.workspace)")
+    p.add_argument("--workspace", help=f"where the job's checkpoints are (default: {WORKSPACE_DEFAULT})")
     _plugin_option(p)
     p.set_defaults(func=cmd_sample)
 

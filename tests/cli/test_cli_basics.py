@@ -78,6 +78,16 @@ def test_help_texts_have_no_rest_markup():
             assert markup not in text, text
 
 
+def test_every_workspace_option_names_the_default_it_takes():
+    """train's, sample's and draw's --workspace said "(default: cluster.workspace)" while test's added "else
+    workspace/JOB_NAME", where every one of them goes when the job names no workspace."""
+    helps = [action.help for parser in _parsers(cli.build_parser()) for action in parser._actions
+             if "--workspace" in action.option_strings]
+    assert len(helps) == 4  # train, test, draw reconstructions, sample
+    for text in helps:
+        assert text.endswith("(default: the job's cluster.workspace, else workspace/JOB_NAME)"), text
+
+
 @pytest.mark.slow
 def test_mpi_tests_create_their_scratch_folder(tmp_path):
     """The README's by-hand command names a folder that need not exist yet."""
