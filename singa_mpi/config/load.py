@@ -25,6 +25,7 @@ from singa_mpi.errors import ConfigError
 from singa_mpi.file_kinds import PROBE, kind_of_job_candidate
 from singa_mpi.proto import job_pb2
 
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "conf"  # the example jobs the package ships
 PHASES = {"train": job_pb2.kTrain, "val": job_pb2.kVal, "test": job_pb2.kTest}
 
 
@@ -119,10 +120,19 @@ def load_job(path: str | pathlib.Path) -> JobConfig:
             limits.check_size(os.fstat(f.fileno()).st_size, path)  # before reading a huge file into memory
             data = f.read(limits.MAX_JOB_BYTES + 1)  # a file still growing is cut off here
     except OSError as err:
-        raise ConfigError(f"{path}: cannot read job configuration: {err.strerror}") from None
+        raise ConfigError(f"{path}: cannot read job configuration: {err.strerror}{_example_hint(path)}") from None
     limits.check_size(len(data), path)
     _refuse_other_kinds(data, path)
     return parse_job(decode_job_text(data, path), path)
+
+
+def _example_hint(path: str) -> str:
+    """For a missing file named as an example job is (``conf/digits_mlp.conf`` in a folder without the
+    checkout's conf/): where the examples are."""
+    if os.path.exists(path) or not (EXAMPLES / os.path.basename(path)).is_file():
+        return ""
+    return (f" (an example job of singa_mpi's: `singa-mpi examples` copies them to ./conf/, or give "
+            f"{EXAMPLES / os.path.basename(path)})")
 
 
 def _refuse_other_kinds(data: bytes, path: str) -> None:

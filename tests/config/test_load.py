@@ -128,6 +128,20 @@ def test_load_job_of_a_missing_file_is_a_config_error(tmp_path):
         load_job(path)
 
 
+def test_a_missing_example_job_says_where_the_examples_are(tmp_path, monkeypatch):
+    """README's `singa-mpi test conf/digits_mlp.conf`, run where there is no conf/ (singa_mpi installed
+    without the checkout, `singa-mpi train` having run the packaged job), said only "No such file"."""
+    from singa_mpi.config.load import EXAMPLES
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_job("conf/digits_mlp.conf")
+    assert str(err.value) == (f"conf/digits_mlp.conf: cannot read job configuration: No such file or directory (an "
+                              f"example job of singa_mpi's: `singa-mpi examples` copies them to ./conf/, or give "
+                              f"{EXAMPLES / 'digits_mlp.conf'})")
+    assert load_job(str(EXAMPLES / "digits_mlp.conf")).proto.name == "digits-mlp"
+
+
 def test_load_job_reports_the_path_it_was_given(tmp_path):
     path = tmp_path / "bad.conf"
     path.write_text("name: \"x\"\nfoo: 1\n")
