@@ -321,5 +321,7 @@ def checkpoints_to_test(workspace: str, checkpoints: list[str] | None, is_root: 
         ckpt = checkpoint.newest_good(workspace, todo=f"none to test: expected {given} or a workspace with a good "
                                                       f"checkpoint")
     if ckpt is None:
-        raise DataError(f"{workspace}: no checkpoint found: expected {given} or a trained workspace")
+        where = ("the --workspace of a trained run (`singa-mpi train JOB --workspace WS` writes "
+                 "WS/checkpoint/step<N>.h5)") if spelled == "--checkpoint" else "a trained workspace"
+        raise DataError(f"{workspace}: no checkpoint found: expected {given} or {where}")
     return ckpt

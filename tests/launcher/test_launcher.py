@@ -152,6 +152,20 @@ def test_records_of_another_shape_name_the_jobs_shape_field(tmp_path):
     assert str(err.value).startswith(f"{conf}:")
 
 
+def test_testing_before_any_training_says_which_workspace_to_name(tmp_path):
+    """`singa-mpi train --workspace runs/digits` then `singa-mpi test JOB` (the job's own workspace, empty)
+    said "expected `--checkpoint FILE` or a trained workspace", not how to name the one it trained in."""
+    from singa_mpi.errors import DataError
+    from singa_mpi.test_command import run_test
+
+    conf = job_file(tmp_path, steps=1, extra=TEST_PHASE)
+    with pytest.raises(DataError) as err:
+        run_test(conf, lambda cfg: str(tmp_path / "empty"))
+    assert str(err.value) == (f"{tmp_path / 'empty'}: no checkpoint found: expected `--checkpoint FILE` or the "
+                              f"--workspace of a trained run (`singa-mpi train JOB --workspace WS` writes "
+                              f"WS/checkpoint/step<N>.h5)")
+
+
 @pytest.mark.parametrize("label", [12, 2.5])
 def test_a_bad_label_past_the_first_batch_is_named_with_its_file_and_record_before_training(tmp_path, label):
     """An HDF5 store's labels are read whole before training (cheap beside its records): a label out
