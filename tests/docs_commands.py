@@ -84,7 +84,7 @@ SUBSTITUTIONS = (
     Substitution("newest_checkpoint", "WORKSPACE/checkpoint/stepN.h5 (not there)",
                  "WORKSPACE's newest checkpoint", "the shortened runs stop before step N"),
     Substitution("placeholder_files", "the names of PLACEHOLDER_FILES (JOB.conf, mydata.csv, MNIST IDX "
-                 "files, CIFAR-10 batches, SINGA BlobProtos)",
+                 "files, CIFAR-10 batches, SINGA BlobProtos and the job that wrote them)",
                  "those files, made here before the first command that names them",
                  "the user brings them; the test makes small ones"),
     Substitution("synthetic_data", "train/test/draw of a job on MNIST or CIFAR-10 (SYNTHETIC_JOBS)",
@@ -442,6 +442,27 @@ def make_blobprotos(folder: pathlib.Path) -> None:
         (folder / f"step6000-worker{worker}").write_bytes(blobs.SerializeToString())
 
 
+RBM1_JOB = """\
+# the SINGA job that wrote step6000-worker0 and -worker1 (make_blobprotos): fc1 split on its 4 outputs
+name: "rbm1"
+train_steps: 6000
+train_one_batch { alg: kBP }
+updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }
+neuralnet {
+  layer { name: "data" type: kRecordInput store_conf { backend: "hdf5" path: "train.h5" batchsize: 8 shape: 3 } }
+  layer { name: "fc1" type: kInnerProduct srclayers: "data" partition_dim: 1 innerproduct_conf { num_output: 4 }
+          param { name: "w1" init { type: kGaussian std: 0.1 } } param { name: "b1" init { type: kConstant } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "fc1" srclayers: "data" }
+}
+cluster { nworkers_per_group: 2 }
+"""
+
+
+def make_rbm1_job(folder: pathlib.Path) -> None:
+    """The job that wrote make_blobprotos's files: `ckpt convert --job` joins their parts to its shapes."""
+    (folder / "rbm1.conf").write_text(RBM1_JOB)
+
+
 PLACEHOLDER_FILES = {
     "JOB.conf": make_job,
     "mydata.csv": make_csv,
@@ -449,6 +470,7 @@ PLACEHOLDER_FILES = {
     "train-labels-idx1-ubyte.gz": make_mnist,
     "cifar-10-batches-bin/": make_cifar10,
     "step6000-worker0": make_blobprotos,
+    "rbm1.conf": make_rbm1_job,
 }
 
 
