@@ -123,18 +123,15 @@ class Fail(Layer):
 '''
 
 
-@pytest.mark.slow
-def test_a_rank_that_fails_under_mpi_keeps_every_rank_s_timeline(tmp_path):
-    """One rank's failure aborts the job: every rank's timeline, kept in memory to be gathered at the
-    end, was lost with it.  Each rank now writes its spans step by step to a part file, and the failing
-    rank writes the trace from them: the others up to their last finished step, its own up to the
-    failure; no part file is left."""
+def traced_failing_run(tmp_path, plugin: str):
+    """``mpiexec -n 2`` of the test job with a plugin layer (``plugin``: its source) after the data, traced
+    to tmp_path/out/trace.json; returns (the finished process, the trace's path)."""
     import subprocess
     import sys
 
     from mpi_jobs import mpi_env, mpiexec_command
 
-    (tmp_path / "fail.py").write_text(FAIL)
+    (tmp_path / "fail.py").write_text(plugin)
     conf = job_file(tmp_path, "data", steps=8)
     text = open(conf).read().replace('layer { name: "fc1" type: kInnerProduct srclayers: "data"',
                                      'layer { name: "fail" type: kUserLayer user_type: "kFailOnRank1" srclayers: '
@@ -142,12 +139,21 @@ def test_a_rank_that_fails_under_mpi_keeps_every_rank_s_timeline(tmp_path):
     conf_path = tmp_path / "fail.conf"
     conf_path.write_text(f'plugin: "{tmp_path}/fail.py"\n' + text)
     trace = tmp_path / "out" / "trace.json"
-    trace.parent.mkdir()
-    stale = tmp_path / "out" / "trace.rank3.part"  # left by an older run killed outright: never merged
-    stale.write_text('{"run": "older", "rank": 3, "origin_unix": 0}\n["fc1","forward",0,1,0,0,null]\n')
     cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf_path), "--workspace",
                                 str(tmp_path / "ws"), "--trace", str(trace)]
-    result = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=240)
+    return subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=240), trace
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_under_mpi_keeps_every_rank_s_timeline(tmp_path):
+    """One rank's failure aborts the job: every rank's timeline, kept in memory to be gathered at the
+    end, was lost with it.  Each rank now writes its spans step by step to a part file, and the failing
+    rank writes the trace from them: the others up to their last finished step, its own up to the
+    failure; no part file is left."""
+    (tmp_path / "out").mkdir()
+    stale = tmp_path / "out" / "trace.rank3.part"  # left by an older run killed outright: never merged
+    stale.write_text('{"run": "older", "rank": 3, "origin_unix": 0}\n["fc1","forward",0,1,0,0,null]\n')
+    result, trace = traced_failing_run(tmp_path, FAIL)
     assert result.returncode == 3, result.stderr[-3000:]
     assert "the store's disk went away" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stdout.count(f"timeline {trace}: ") == 1, result.stdout[-2000:]
@@ -166,24 +172,10 @@ def test_a_rank_killed_outright_under_mpi_leaves_every_rank_s_timeline(tmp_path)
     """A rank SIGKILLed (the out-of-memory killer) leaves no rank to merge the ranks' part files: the
     guardian process that names the vanished rank writes the trace from them, each rank up to its last
     written step, and removes them."""
-    import subprocess
-    import sys
     import time
 
-    from mpi_jobs import mpi_env, mpiexec_command
-
-    (tmp_path / "fail.py").write_text(FAIL.replace('raise DataError("the store\'s disk went away")',
-                                                   "os.kill(os.getpid(), 9)"))
-    conf = job_file(tmp_path, "data", steps=8)
-    text = open(conf).read().replace('layer { name: "fc1" type: kInnerProduct srclayers: "data"',
-                                     'layer { name: "fail" type: kUserLayer user_type: "kFailOnRank1" srclayers: '
-                                     '"data" }\nlayer { name: "fc1" type: kInnerProduct srclayers: "fail"')
-    conf_path = tmp_path / "fail.conf"
-    conf_path.write_text(f'plugin: "{tmp_path}/fail.py"\n' + text)
-    trace = tmp_path / "out" / "trace.json"
-    cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf_path), "--workspace",
-                                str(tmp_path / "ws"), "--trace", str(trace)]
-    result = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=240)
+    result, trace = traced_failing_run(tmp_path, FAIL.replace('raise DataError("the store\'s disk went away")',
+                                                              "os.kill(os.getpid(), 9)"))
     assert result.returncode != 0 and "rank 1 (pid " in result.stderr and " vanished without a word" in \
         result.stderr, result.stderr[-3000:]
     deadline = time.monotonic() + 30  # the guardian outlives the launcher: it writes once it named the rank
