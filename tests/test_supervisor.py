@@ -508,10 +508,13 @@ def _kill_after(proc: subprocess.Popen, workspace: pathlib.Path, rank: int, step
 
 
 def _wait_for_step(proc: subprocess.Popen, workspace: pathlib.Path, step: int, timeout: float = 120) -> None:
+    """Until training has reported ``step``: a train record, not the test pass written before that step
+    trains (test_freq 200: a kill at 1200 then landed inside step 1200, a progress step, and an emergency
+    checkpoint after its update left its progress line unreported, docs/self-healing.md)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        records = _records(workspace)
-        if records and records[-1]["step"] >= step:
+        trained = [r for r in _records(workspace) if r.get("phase") == "train"]
+        if trained and trained[-1]["step"] >= step:
             break
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.02)
