@@ -27,7 +27,6 @@ import collections
 import json
 import os
 import socket
-import time
 import uuid
 
 from singa_mpi import timeline_parts
@@ -103,8 +102,7 @@ def in_flight_events(events: list[Span], pid: int) -> list[dict]:
 
 def rank_trace(tracer: Tracer) -> dict:
     """This rank's part of the trace: its events and the metadata naming its process and tracks."""
-    origin_unix = time.time() - (time.perf_counter() - tracer.origin)
-    return part_of(tracer.rank, tracer.events, origin_unix)
+    return part_of(tracer.rank, tracer.events, tracer.origin_unix())
 
 
 def part_of(pid: int, spans: list[Span], origin_unix: float) -> dict:

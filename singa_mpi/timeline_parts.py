@@ -6,8 +6,8 @@ that fails aborts the job instead, and the other ranks' spans, kept in memory, d
 every rank of an MPI run also appends its new spans, step by step, to its own part file beside the
 trace (``trace.rank1.part`` for ``--trace trace.json``).  On a normal end each rank removes its part.
 On a failure, the rank that fails (or a survivor that sees the failure as an error) reads every part
-it can find of the same run and writes the trace file itself: each rank up to its last finished step,
-its own up to the failure.
+it can find of the same run and writes the trace file itself: each rank up to its last written step,
+its own up to the failure (a rank killed outright: its guardian, :mod:`singa_mpi.communication.guardian`).
 
 A part is JSON lines: a header ``{"run", "rank", "origin_unix"}``, then one line per step, a list of
 its spans ``[name, cat, start, duration, bytes, step, args]``.  Each line is one ``write``, so a part
@@ -21,6 +21,7 @@ import json
 import os
 import time
 
+from singa_mpi.durable import remove_if_there
 from singa_mpi.errors import one_line
 from singa_mpi.tracing import Span, Tracer
 
@@ -38,7 +39,7 @@ def remove_stale(trace_path: str) -> None:
     """Parts an earlier run left beside ``trace_path`` (killed before it could remove them): called on
     the root before the ranks write theirs, so that a later failure merges none of them."""
     for path in _all_parts(trace_path):
-        _remove(path)
+        remove_if_there(path)
 
 
 class PartWriter:
@@ -52,11 +53,11 @@ class PartWriter:
         self.written = 0  # tracer.events[:written] are in the file
         self.note: str | None = None  # why the part stopped being written (one note, once)
         self.next_at = 0.0  # perf_counter before which flush() writes nothing
-        origin_unix = time.time() - (time.perf_counter() - tracer.origin)
+        self.run = run
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)  # as the trace's writer does
             self.file = open(self.path, "w", encoding="utf-8")
-            self.file.write(json.dumps({"run": run, "rank": tracer.rank, "origin_unix": origin_unix}) + "\n")
+            self.file.write(json.dumps({"run": run, "rank": tracer.rank, "origin_unix": tracer.origin_unix()}) + "\n")
             self.file.flush()
         except OSError as err:
             self.file = None
@@ -98,7 +99,7 @@ class PartWriter:
                 pass
             self.file = None
         if remove:
-            _remove(self.path)
+            remove_if_there(self.path)
 
 
 def read_parts(trace_path: str, run: str) -> list[tuple[dict, list[Span]]]:
@@ -128,7 +129,7 @@ def read_parts(trace_path: str, run: str) -> list[tuple[dict, list[Span]]]:
 def remove_parts(trace_path: str, run: str) -> None:
     """The parts of run ``run``, once merged into the trace."""
     for header, _ in read_parts(trace_path, run):
-        _remove(part_path(trace_path, header["rank"]))
+        remove_if_there(part_path(trace_path, header["rank"]))
 
 
 def _all_parts(trace_path: str) -> list[str]:
@@ -136,13 +137,6 @@ def _all_parts(trace_path: str) -> list[str]:
     stem, _ = os.path.splitext(trace_path)
     return [path for path in glob.glob(glob.escape(stem) + ".rank*" + SUFFIX)
             if path[len(stem) + 5:-len(SUFFIX)].isdigit()]
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
 
 
 def _unwritable(path: str, err: OSError) -> str:

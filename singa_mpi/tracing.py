@@ -152,6 +152,10 @@ class Tracer:
         """A copy of the totals (subtract two to get what happened in between)."""
         return {key: dataclasses.replace(total) for key, total in self.totals.items()}
 
+    def origin_unix(self) -> float:
+        """The time origin of recorded events in Unix time (as near as this process's clocks tell)."""
+        return time.time() - (time.perf_counter() - self.origin)
+
     def restart_clock(self) -> None:
         """Make now the time origin of recorded events and forget those recorded so far (totals
         are kept).  Called on every rank right after a barrier, it puts all ranks' timelines on

@@ -188,10 +188,9 @@ class Trainer:
         self.finite = NonFiniteCheck(cfg, runtime.rank)  # NaN/inf stop the run (switch_off: --no-check-finite)
         self.rescue = None  # checkpoints.emergency.Rescue under `singa-mpi run --elastic`: survivors save their state
         # called after every step: under MPI with --trace, this rank's new spans to its part file
-        # (launcher.train; timeline_parts), with what it needs to merge the parts if the job fails
+        # (launcher.train; timeline_parts), which it merges with the others' if the job fails
         self.after_step: Callable[[], None] | None = None
         self.trace_part: timeline_parts.PartWriter | None = None
-        self.trace_run = ""
 
     def nets(self) -> dict[str, Net]:
         nets = {"train": self.train_net, "test": self.test_net, "val": self.val_net}

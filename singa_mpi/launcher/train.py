@@ -46,7 +46,7 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
         trainer.finite.switch_off(list(trainer.nets().values()))
     if options.trace:  # record from here on, one clock on every rank
         serial = isinstance(trainer.runtime, SerialRuntime)
-        trainer.trace_run = timeline.start(trainer.runtime, None if serial else options.trace)
+        run = timeline.start(trainer.runtime, None if serial else options.trace)
     _load_initial_state(trainer, options, initial)
     if options.write_job and trainer.runtime.is_root:  # this run is the job's now: its file names it
         write_job_file(os.path.join(os.path.dirname(trainer.cfg.path), JOB_FILE), trainer.cfg.text)
@@ -66,7 +66,8 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
         return checkpoint.EXIT_CHECKPOINTED
     trainer.training = True  # a stop signal from now on: after the step, with a checkpoint
     trainer.resume_hint = f"resume with: {options.resume_hint or resume_command(trainer, options)}"  # a stop's note too
-    _write_trace_parts(trainer, options)
+    if options.trace:
+        _write_trace_parts(trainer, options, run)
     try:
         trainer.run()
     except NonFiniteError as err:
@@ -87,16 +88,16 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     return 0
 
 
-def _write_trace_parts(trainer: Trainer, options: RunOptions) -> None:
+def _write_trace_parts(trainer: Trainer, options: RunOptions, run: str) -> None:
     """Under MPI with --trace, each rank writes its spans, step by step, to its own part file: a failure
     aborts the job before the ranks' timelines can be gathered (``_keep_the_timelines``; a rank that
     vanished: its guardian)."""
-    if options.trace and not isinstance(trainer.runtime, SerialRuntime):
-        part = timeline_parts.PartWriter(options.trace, trainer.runtime.tracer, trainer.trace_run)
+    if not isinstance(trainer.runtime, SerialRuntime):
+        part = timeline_parts.PartWriter(options.trace, trainer.runtime.tracer, run)
         trainer.trace_part, trainer.after_step = part, part.flush
         # a rank killed outright (SIGKILL, the out-of-memory killer) leaves no rank to merge the parts:
         # its guardian process does (singa_mpi.communication.guardian)
-        liveness.tell_guardian_of_trace(os.path.abspath(options.trace), trainer.trace_run)
+        liveness.tell_guardian_of_trace(os.path.abspath(options.trace), run)
 
 
 def _finish_trace(trainer: Trainer, options: RunOptions) -> None:
@@ -130,7 +131,7 @@ def _keep_the_timelines(trainer: Trainer, options: RunOptions) -> None:
     part.close()
     tracer = trainer.runtime.tracer
     try:
-        written = timeline.write_from_parts(options.trace, trainer.trace_run, timeline.rank_trace(tracer))
+        written = timeline.write_from_parts(options.trace, part.run, timeline.rank_trace(tracer))
     except Exception as err:
         print(f"note: the timeline of the failed run could not be written: {one_line(str(err))}", flush=True)
         return
