@@ -130,32 +130,36 @@ def chrome_trace(parts: list[dict]) -> dict:
                           "origin_unix": parts[0]["origin_unix"] if parts else None}}
 
 
-def write(path: str, parts: list[dict]) -> str:
-    """Write the trace atomically; returns one line saying what was written."""
+def write(path: str, parts: list[dict], shown: str | None = None) -> str:
+    """Write the trace atomically; returns one line saying what was written, naming the file ``shown``
+    (the path as the user gave it, where ``path`` is another spelling of it; default ``path``)."""
     trace = chrome_trace(parts)
+    shown = shown or path
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         # one string: much faster than json.dump's chunks; no temporary file left if it fails
         write_whole(path, json.dumps(trace, separators=(",", ":")))
     except OSError as err:
-        raise DataError(f"--trace {path}: could not write the timeline: {err.strerror or err}") from None
+        raise DataError(f"--trace {shown}: could not write the timeline: {err.strerror or err}") from None
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
-    return (f"timeline {path}: {spans} spans from {len(parts)} rank(s); "
+    return (f"timeline {shown}: {spans} spans from {len(parts)} rank(s); "
             f"open it in https://ui.perfetto.dev or chrome://tracing")
 
 
-def write_from_parts(path: str, run: str, own: dict | None = None) -> tuple[str, list[int]] | None:
+def write_from_parts(path: str, run: str, own: dict | None = None,
+                     shown: str | None = None) -> tuple[str, list[int]] | None:
     """A run that failed under MPI: the trace from its ranks' part files (:mod:`singa_mpi.timeline_parts`)
     and ``own``, the :func:`rank_trace` of the rank that writes it (its spans up to the failure, from
     memory; None from the guardian of a rank that vanished); the parts merged are removed.  Returns the
-    line saying what was written and the ranks it holds, or None when there was nothing to write."""
+    line saying what was written (naming the file ``shown``, as :func:`write`) and the ranks it holds,
+    or None when there was nothing to write."""
     read = [(header, spans) for header, spans in timeline_parts.read_parts(path, run)
             if own is None or header["rank"] != own["rank"]]
     parts = [part_of(header["rank"], spans, header["origin_unix"]) for header, spans in read]
     parts += [own] if own is not None else []
     if not parts:
         return None
-    line = write(path, parts)
+    line = write(path, parts, shown)
     timeline_parts.remove_parts(path, run)
     return line, sorted(part["rank"] for part in parts)
 

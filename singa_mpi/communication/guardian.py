@@ -301,7 +301,8 @@ def _keep_the_timeline(trace: dict, vanished: list[int]) -> None:
     from singa_mpi import timeline  # the standard library only, as this module
 
     try:
-        written = timeline.write_from_parts(trace["path"], trace["run"])
+        # named as the user gave it (relative, if so), as the ranks' lines name it; written where it was meant
+        written = timeline.write_from_parts(trace["path"], trace["run"], shown=trace.get("shown"))
     except Exception:  # the parts stay beside the trace (docs/observability.md)
         return
     if written is not None:

@@ -485,12 +485,14 @@ class Guardian:
             except OSError:
                 pass
 
-    def tell_trace(self, path: str, run: str) -> None:
-        """The rank writes its part of ``--trace PATH`` (run ``run``): if it vanishes, the guardian that
-        names it writes the trace from the ranks' parts (:func:`singa_mpi.timeline.write_from_parts`)."""
+    def tell_trace(self, path: str, run: str, shown: str) -> None:
+        """The rank writes its part of ``--trace PATH`` (run ``run``; ``shown``: the path as the user gave
+        it, for the line): if it vanishes, the guardian that names it writes the trace from the ranks'
+        parts (:func:`singa_mpi.timeline.write_from_parts`)."""
         if self._write_end is not None:
             try:
-                os.write(self._write_end, b"trace " + json.dumps({"path": path, "run": run}).encode() + b"\n")
+                told = {"path": path, "run": run, "shown": shown}
+                os.write(self._write_end, b"trace " + json.dumps(told).encode() + b"\n")
             except OSError:
                 pass
 
@@ -753,10 +755,11 @@ _LIVES: list[RankLife] = []  # this process's open lives (one at most)
 
 
 def tell_guardian_of_trace(path: str, run: str) -> None:
-    """This rank writes its part of the --trace timeline ``path`` (:meth:`Guardian.tell_trace`)."""
+    """This rank writes its part of the --trace timeline ``path``, as the user gave it (the guardian
+    writes to its absolute path: :meth:`Guardian.tell_trace`)."""
     for life in _LIVES:
         if life.guardian is not None:
-            life.guardian.tell_trace(path, run)
+            life.guardian.tell_trace(os.path.abspath(path), run, path)
 
 
 def close_lives() -> None:

@@ -97,7 +97,7 @@ def _write_trace_parts(trainer: Trainer, options: RunOptions, run: str) -> None:
         trainer.trace_part, trainer.after_step = part, part.flush
         # a rank killed outright (SIGKILL, the out-of-memory killer) leaves no rank to merge the parts:
         # its guardian process does (singa_mpi.communication.guardian)
-        liveness.tell_guardian_of_trace(os.path.abspath(options.trace), run)
+        liveness.tell_guardian_of_trace(options.trace, run)
 
 
 def _finish_trace(trainer: Trainer, options: RunOptions) -> None:
