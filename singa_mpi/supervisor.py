@@ -332,7 +332,8 @@ class Supervisor:
                 self.log(f"singa-mpi: supervisor: {describe_failure(attempt.failure)}; restarting on {ranks} ranks"
                          f"{without} "
                          f"from {'checkpoint step ' + str(resumed_from) if resumed_from is not None else 'step 0'}"
-                         f" (restart {len(self.attempts)} of at most {self.policy.max_restarts})")
+                         f" (restart {len(self.attempts)} of at most {self.policy.max_restarts})"
+                         f"{self._traces_told(attempt.number)}")
         finally:
             self._end_job()  # only a failure of the supervisor itself leaves one running
             for s, handler in previous.items():
@@ -477,12 +478,24 @@ class Supervisor:
         if attempt > 1:  # never move aside what the dead attempt wrote: resume it (or, without a checkpoint, restart)
             args = [a for a in args if a not in ("--overwrite", "--resume")]
             args.append("--resume" if resumed_from is not None else "--overwrite")
-            args = [_attempt_file(a, attempt) if previous == "--trace" else a
-                    for previous, a in zip([""] + args[:-1], args)]
+            args = _with_trace(args, lambda path: _attempt_file(path, attempt))
         if self.policy.servers:  # --workers is per group: the workers beside the servers, shared among the groups
             args += ["--workers", str((ranks - self.policy.servers) // self.policy.groups)]
         return self.launcher.command(ranks, hosts) + [sys.executable, "-m", "singa_mpi", "train", self.job,
                                                "--workspace", self.workspace, *args]
+
+    def _traces_told(self, failed: int) -> str:
+        """Where the relaunch after attempt ``failed`` writes its --trace timeline, and where the failed
+        attempt's is (each attempt has its own: :func:`_attempt_file`); "" without --trace."""
+        args = self.train_args
+        given = [arg.removeprefix("--trace=") for previous, arg in zip([""] + args[:-1], args)
+                 if previous == "--trace" or arg.startswith("--trace=")]
+        if not given:
+            return ""
+        path = given[-1]  # argparse keeps the last
+        old = path if failed == 1 else _attempt_file(path, failed)
+        return (f"; its --trace timeline goes to {_attempt_file(path, failed + 1)} (attempt {failed}'s, up "
+                f"to its failure, stays in {old})")
 
     def _stopped(self, attempt: Attempt) -> int:
         """The exit code of a run a stop signal ended.  The ranks' own (75: they checkpointed and said how
@@ -597,8 +610,22 @@ def _signal_number(name: str) -> int:
         return int(signal.SIGKILL)
 
 
+def _with_trace(args: list[str], renamed: Callable[[str], str]) -> list[str]:
+    """``args`` with the path of ``--trace PATH`` or ``--trace=PATH`` (abbreviations are spelled out
+    already: :func:`spelled_out`) replaced by ``renamed(PATH)``."""
+    out = []
+    for previous, arg in zip([""] + args[:-1], args):
+        if previous == "--trace":
+            arg = renamed(arg)
+        elif arg.startswith("--trace="):
+            arg = "--trace=" + renamed(arg[len("--trace="):])
+        out.append(arg)
+    return out
+
+
 def _attempt_file(path: str, attempt: int) -> str:
-    """``trace.json`` -> ``trace.attempt2.json``: each attempt's own file (a dead one writes none)."""
+    """``trace.json`` -> ``trace.attempt2.json``: each attempt's own file (a failed one writes its ranks'
+    timelines up to the failure: singa_mpi.timeline_parts; a relaunch must not write over it)."""
     stem, suffix = os.path.splitext(path)
     return f"{stem}.attempt{attempt}{suffix}"
 

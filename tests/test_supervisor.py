@@ -172,6 +172,28 @@ def test_a_restart_resumes_and_never_moves_the_dead_attempt_s_files_aside():
     assert traced._command(2, 3, 100)[-3:] == ["--trace", "run/trace.attempt3.json", "--resume"]
 
 
+def test_a_restart_under_trace_equals_keeps_the_failed_attempt_s_timeline_and_says_where(tmp_path):
+    """`--trace=run/trace.json` was passed to the relaunch as it was: the healed run's trace replaced the
+    failed attempt's, the one that shows what happened before the heal."""
+    said = []
+    launcher = Programs("import sys; sys.exit(9)", "import sys; sys.exit(8)", "import sys; sys.exit(0)")
+    supervisor = Supervisor("job.conf", str(tmp_path / "ws"), ["--trace=run/trace.json"], Policy(2, elastic=True),
+                            launcher, log=said.append)
+    assert Supervisor("job.conf", "ws", ["--trace=run/trace.json"], Policy(2), Programs("")).\
+        _command(2, 2, 100)[-2:] == ["--trace=run/trace.attempt2.json", "--resume"]
+    assert supervisor.run() == 0 and launcher.launched == 3
+    restarts = [line for line in said if "restarting on" in line]
+    assert [line.split(")", 1)[1] for line in restarts] == [
+        "; its --trace timeline goes to run/trace.attempt2.json (attempt 1's, up to its failure, stays in "
+        "run/trace.json)",
+        "; its --trace timeline goes to run/trace.attempt3.json (attempt 2's, up to its failure, stays in "
+        "run/trace.attempt2.json)"], said
+    untraced = []
+    Supervisor("job.conf", str(tmp_path / "ws2"), [], Policy(2, elastic=True),
+               Programs("import sys; sys.exit(9)", "import sys; sys.exit(0)"), log=untraced.append).run()
+    assert any(line.endswith("(restart 1 of at most 3)") for line in untraced), untraced
+
+
 def test_the_workers_of_a_supervised_job_with_several_groups_are_per_group():
     """`singa-mpi run -n 3` of a Downpour job (2 groups of 1 worker, 1 server) passed --workers 2, the
     workers beside the servers, which train takes per group: 2 x 2 + 1 = 5 ranks, refused on 3."""
