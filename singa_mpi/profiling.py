@@ -6,7 +6,14 @@
     {"steps": N,                     # training steps of this run
      "ranks": [[{"cat": "forward", "name": "fc1", "calls": 1.0, "bytes": 0.0, "seconds": 0.0004}, ...],
                ...],                 # worker r's totals per training step
-     "evaluation": [[...], ...]}     # worker r's test/validation passes, whole-run totals
+     "evaluation": [[...], ...],     # worker r's test/validation passes, whole-run totals
+     "missing": [2, 3]}              # a run that failed under MPI only: the workers it holds no rows of
+
+A run that fails on one rank under MPI is aborted before the workers' totals can be gathered: the
+rank that fails writes the profile itself (:func:`build_partial`), from its own totals up to the
+failure and, under ``--trace``, the other workers' from the spans of their timeline part files
+(:func:`part_from_spans`, :mod:`singa_mpi.timeline_parts`), each up to its last written step and
+without the set-up before the trace began.
 
 ``ranks`` counts everything the run did outside test and validation passes (setup,
 checkpoints, metric reductions included), divided by the steps trained; ``cat`` is ``comm``
@@ -21,11 +28,14 @@ from __future__ import annotations
 import json
 import os
 
+import bisect
+
 from singa_mpi.progress import BOOKKEEPING_ROWS
-from singa_mpi.tracing import Total, Tracer
+from singa_mpi.tracing import Span, Total, Tracer
 
 FILE = "profile.json"
 STEP_ORDER = {"train_one_batch": 0, "sync": 1, "update": 2}  # the trainer's phases first, in step order
+EVALUATION_PASSES = ("test", "val")  # the trainer's "step" spans of its test and validation passes
 
 
 def subtract(after: dict, before: dict) -> dict:
@@ -61,10 +71,41 @@ def worker_part(tracer: Tracer, evaluation: dict) -> dict:
     return {"steps": steps, "train": _rows(training, steps), "evaluation": _rows(evaluation, 1)}
 
 
+def part_from_spans(spans: list[Span]) -> dict:
+    """A worker's :func:`worker_part` from the spans it recorded (its --trace part file): a span within
+    a test or validation pass counts as evaluation.  What the worker did before its recording began
+    (set-up) is not in it."""
+    passes = sorted((s.start, s.start + s.duration) for s in spans if s.cat == "step" and s.name in EVALUATION_PASSES)
+    begins = [begin for begin, _ in passes]
+    training: dict = {}
+    evaluation: dict = {}
+    for span in spans:
+        at = bisect.bisect_right(begins, span.start) - 1  # the last pass begun by the span's start
+        inside = at >= 0 and span.start + span.duration <= passes[at][1] + 1e-9  # (sums of rounded floats)
+        total = (evaluation if inside else training).setdefault((span.cat, span.name), Total())
+        total.calls += 1
+        total.bytes += span.bytes
+        total.seconds += span.duration
+    steps = training.get(("step", "train_one_batch"), Total()).calls
+    return {"steps": steps, "train": _rows(training, steps), "evaluation": _rows(evaluation, 1)}
+
+
 def build(parts: list[dict]) -> dict:
     """The profile from every worker's :func:`worker_part` (in rank order)."""
     return {"steps": parts[0]["steps"] if parts else 0, "ranks": [p["train"] for p in parts],
             "evaluation": [p["evaluation"] for p in parts]}
+
+
+def build_partial(parts: dict[int, dict], size: int) -> dict:
+    """The profile of a run that failed under MPI from the workers' parts it has (rank -> part, of
+    :func:`worker_part` or :func:`part_from_spans`) of its ``size``: a worker with no part has no rows
+    and is listed in ``missing``; ``steps`` are those of the worker that trained most."""
+    ranks = range(max([size] + [rank + 1 for rank in parts]))
+    nothing = {"steps": 0, "train": [], "evaluation": []}
+    profile = build([parts.get(rank, nothing) for rank in ranks])
+    profile["steps"] = max((part["steps"] for part in parts.values()), default=0)
+    profile["missing"] = [rank for rank in ranks if rank not in parts]
+    return profile
 
 
 def write(workspace: str, profile: dict) -> str:

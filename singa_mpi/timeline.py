@@ -146,14 +146,15 @@ def write(path: str, parts: list[dict], shown: str | None = None) -> str:
             f"open it in https://ui.perfetto.dev or chrome://tracing")
 
 
-def write_from_parts(path: str, run: str, own: dict | None = None,
-                     shown: str | None = None) -> tuple[str, list[int]] | None:
-    """A run that failed under MPI: the trace from its ranks' part files (:mod:`singa_mpi.timeline_parts`)
-    and ``own``, the :func:`rank_trace` of the rank that writes it (its spans up to the failure, from
-    memory; None from the guardian of a rank that vanished); the parts merged are removed.  Returns the
-    line saying what was written (naming the file ``shown``, as :func:`write`) and the ranks it holds,
-    or None when there was nothing to write."""
-    read = [(header, spans) for header, spans in timeline_parts.read_parts(path, run)
+def write_from_parts(path: str, run: str, own: dict | None = None, shown: str | None = None,
+                     read: list[tuple[dict, list[Span]]] | None = None) -> tuple[str, list[int]] | None:
+    """A run that failed under MPI: the trace from its ranks' part files (:mod:`singa_mpi.timeline_parts`;
+    ``read``: as :func:`timeline_parts.read_parts` read them already) and ``own``, the :func:`rank_trace`
+    of the rank that writes it (its spans up to the failure, from memory; None from the guardian of a
+    rank that vanished); the parts merged are removed.  Returns the line saying what was written
+    (naming the file ``shown``, as :func:`write`) and the ranks it holds, or None when there was
+    nothing to write."""
+    read = [(header, spans) for header, spans in (timeline_parts.read_parts(path, run) if read is None else read)
             if own is None or header["rank"] != own["rank"]]
     parts = [part_of(header["rank"], spans, header["origin_unix"]) for header, spans in read]
     parts += [own] if own is not None else []

@@ -1,6 +1,8 @@
 """The `train --profile` table (singa_mpi.profiling.format_table) from made-up profiles: the run's
 bookkeeping rows (set-up, verdicts, final gathers) are left out unless --debug, and a run of no step
 has nothing per step to show."""
+import pytest
+
 from singa_mpi import profiling
 
 ROWS = [{"cat": "forward", "name": "fc1", "calls": 1.0, "bytes": 0.0, "seconds": 0.002},
@@ -33,3 +35,51 @@ def test_debug_shows_every_row():
 def test_a_run_of_no_step_has_nothing_to_profile():
     assert profiling.format_table({"steps": 0, "ranks": [ROWS], "evaluation": [[]]}) == (
         "profile: this run trained no step: nothing per step to show")
+
+
+def traced_run(steps: int = 3):
+    """A recording tracer over ``steps`` training steps and a test pass after the first, with the
+    evaluation totals the trainer keeps (Trainer.evaluate)."""
+    from singa_mpi.tracing import Tracer
+
+    tracer, evaluation = Tracer(rank=1, record=True), {}
+    for step in range(steps):
+        tracer.step = step
+        if step == 1:
+            before = tracer.snapshot()
+            with tracer.span("test", "step"):
+                with tracer.span("fc1", "forward"):
+                    tracer.end(tracer.begin("metrics", "comm"), 8)
+            profiling.add(evaluation, profiling.subtract(tracer.snapshot(), before))
+        with tracer.span("train_one_batch", "step"):
+            with tracer.span("fc1", "forward"):
+                pass
+            tracer.end(tracer.begin("allreduce(bucket0)", "comm"), 64)
+    return tracer, evaluation
+
+
+def by_key(rows):
+    return {(row["cat"], row["name"]): row for row in rows}
+
+
+def test_a_worker_s_part_from_its_recorded_spans_is_the_one_from_its_totals():
+    """What a failed MPI run's profile holds of the other ranks (their --trace part files) is what their
+    totals would have given, test passes kept apart."""
+    tracer, evaluation = traced_run()
+    mine, theirs = profiling.worker_part(tracer, evaluation), profiling.part_from_spans(tracer.events)
+    assert theirs["steps"] == mine["steps"] == 3
+    for phase in ("train", "evaluation"):
+        assert by_key(theirs[phase]).keys() == by_key(mine[phase]).keys(), phase
+        for key, row in by_key(mine[phase]).items():
+            assert by_key(theirs[phase])[key] == pytest.approx(row), (phase, key)
+    assert ("comm", "metrics") in by_key(theirs["evaluation"]) and ("step", "test") not in by_key(theirs["train"])
+
+
+def test_a_failed_run_s_profile_holds_the_workers_it_has_and_names_the_others():
+    tracer, evaluation = traced_run()
+    part = profiling.worker_part(tracer, evaluation)
+    fewer = profiling.part_from_spans(traced_run(2)[0].events)
+    profile = profiling.build_partial({1: part, 3: fewer}, 4)
+    assert profile["ranks"][0] == profile["ranks"][2] == [] and profile["ranks"][1] == part["train"]
+    assert profile["missing"] == [0, 2] and profile["steps"] == 3  # the worker that trained most
+    assert profiling.build_partial({5: part}, 2)["missing"] == [0, 1, 2, 3, 4]  # a rank beyond the group's size

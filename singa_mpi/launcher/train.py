@@ -7,7 +7,7 @@ import shlex
 import sys
 from typing import Callable
 
-from singa_mpi import plugins, progress, run_events, timeline, timeline_parts
+from singa_mpi import plugins, profiling, progress, run_events, timeline, timeline_parts
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.emergency import Rescue
 from singa_mpi.communication import liveness
@@ -77,7 +77,7 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
         if isinstance(trainer.runtime, SerialRuntime):  # the one rank: what it recorded is the whole run's
             _keep_the_record(trainer, options)
         else:
-            _keep_the_timelines(trainer, options)
+            _keep_what_it_can(trainer, options)
         raise
     _finish_trace(trainer, options)
     if trainer.stopped:
@@ -120,18 +120,57 @@ def _keep_the_record(trainer: Trainer, options: RunOptions) -> None:
         trainer.log(f"note: the profile or timeline of the failed run could not be written: {one_line(str(err))}")
 
 
-def _keep_the_timelines(trainer: Trainer, options: RunOptions) -> None:
+def _keep_what_it_can(trainer: Trainer, options: RunOptions) -> None:
     """A rank that failed under MPI (or saw another fail): its failure aborts the job, so the ranks'
-    timelines cannot be gathered.  It writes the trace itself from every rank's part file it can read
-    (each up to the rank's last written step) and its own spans, up to the failure.  A failure here
-    is one note: the first is the one reported."""
+    profiles and timelines cannot be gathered.  It writes both itself: its own up to the failure and,
+    under --trace, the others' from the part files they wrote as they ran (each up to its last
+    written step), read once for both."""
     part = trainer.trace_part
-    if not options.trace or part is None:
-        return
-    part.close()
+    read: list = []
+    if part is not None:
+        part.close()
+        read = timeline_parts.read_parts(options.trace, part.run)
+    _keep_the_profile(trainer, options, read)
+    if part is not None:
+        _keep_the_timelines(trainer, options, part, read)
+
+
+def _keep_the_profile(trainer: Trainer, options: RunOptions, read: list) -> None:
+    """WORKSPACE/profile.json of a run that failed under MPI (:func:`profiling.build_partial`): this
+    rank's totals up to its failure, the others' from their timeline parts ``read`` (under --trace),
+    and one line saying whose it holds.  A failure here is one note: the first is the one reported."""
     tracer = trainer.runtime.tracer
     try:
-        written = timeline.write_from_parts(options.trace, part.run, timeline.rank_trace(tracer))
+        parts = {header["rank"]: profiling.part_from_spans(spans) for header, spans in read
+                 if header["rank"] != tracer.rank}
+        parts[tracer.rank] = profiling.worker_part(tracer, trainer.evaluation_totals)
+        profile = profiling.build_partial(parts, trainer.runtime.size)
+        path = profiling.write(trainer.workspace, profile)
+    except Exception as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        print(f"note: {os.path.join(trainer.workspace, profiling.FILE)}: the profile of the failed run could not "
+              f"be written: {one_line(why)}", flush=True)
+        return
+    line = f"profile {path}: rank {tracer.rank} up to its failure"
+    others, missing = sorted(rank for rank in parts if rank != tracer.rank), profile["missing"]
+    if not options.trace:
+        line += (" alone: the other ranks' totals are lost with the aborted job (--trace keeps each rank's "
+                 "up to its last written step)") if missing else ""
+    else:
+        line += f", ranks {' '.join(map(str, others))} up to their last written step (their --trace parts)" \
+            if others else ""
+        line += f"; no part of ranks {' '.join(map(str, missing))} was found (on another node's disk?)" \
+            if missing else ""
+    print(line, flush=True)
+
+
+def _keep_the_timelines(trainer: Trainer, options: RunOptions, part: timeline_parts.PartWriter, read: list) -> None:
+    """The --trace timeline of a rank that failed under MPI: written from the ranks' part files ``read``
+    (each up to the rank's last written step) and its own spans (``part``: its own part file's writer),
+    up to the failure.  A failure here is one note: the first is the one reported."""
+    tracer = trainer.runtime.tracer
+    try:
+        written = timeline.write_from_parts(options.trace, part.run, timeline.rank_trace(tracer), read=read)
     except Exception as err:
         print(f"note: the timeline of the failed run could not be written: {one_line(str(err))}", flush=True)
         return

@@ -123,9 +123,9 @@ class Fail(Layer):
 '''
 
 
-def traced_failing_run(tmp_path, plugin: str):
+def traced_failing_run(tmp_path, plugin: str, traced: bool = True):
     """``mpiexec -n 2`` of the test job with a plugin layer (``plugin``: its source) after the data, traced
-    to tmp_path/out/trace.json; returns (the finished process, the trace's path)."""
+    to tmp_path/out/trace.json (unless not ``traced``); returns (the finished process, the trace's path)."""
     import subprocess
     import sys
 
@@ -140,7 +140,7 @@ def traced_failing_run(tmp_path, plugin: str):
     conf_path.write_text(f'plugin: "{tmp_path}/fail.py"\n' + text)
     trace = tmp_path / "out" / "trace.json"
     cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf_path), "--workspace",
-                                str(tmp_path / "ws"), "--trace", str(trace)]
+                                str(tmp_path / "ws")] + (["--trace", str(trace)] if traced else [])
     return subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=240), trace
 
 
@@ -165,6 +165,26 @@ def test_a_rank_that_fails_under_mpi_keeps_every_rank_s_timeline(tmp_path):
     # the fourth: its part holds the first and as many more as its writes' pauses let in (timeline_parts)
     assert batches[1] == 4 and 1 <= batches[0] <= 3 and set(batches) == {0, 1}, batches
     assert not list((tmp_path / "out").glob("*.part"))
+    # the profile too (it was lost): rank 1's totals to its failure, rank 0's from the spans of its part
+    profile = json.loads((tmp_path / "ws" / "profile.json").read_text())
+    assert profile["steps"] == 4 and profile["missing"] == [] and all(profile["ranks"]), profile
+    steps = [next(row["calls"] for row in rows if row["name"] == "train_one_batch") for rows in profile["ranks"]]
+    assert steps == [1.0, 1.0]  # per step: each rank's own steps
+    assert result.stdout.count("profile ") == 1 and (
+        f"profile {tmp_path / 'ws' / 'profile.json'}: rank 1 up to its failure, ranks 0 up to their last written "
+        f"step (their --trace parts)\n") in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_under_mpi_untraced_keeps_its_own_profile_and_says_so(tmp_path):
+    """Without --trace there are no parts: the failing rank's own totals, where nothing was written."""
+    result, _ = traced_failing_run(tmp_path, FAIL, traced=False)
+    assert result.returncode == 3, result.stderr[-3000:]
+    profile = json.loads((tmp_path / "ws" / "profile.json").read_text())
+    assert profile["steps"] == 4 and profile["missing"] == [0] and profile["ranks"][0] == [] and profile["ranks"][1]
+    assert (f"profile {tmp_path / 'ws' / 'profile.json'}: rank 1 up to its failure alone: the other ranks' totals "
+            f"are lost with the aborted job (--trace keeps each rank's up to its last written step)\n") \
+        in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.slow
