@@ -60,6 +60,30 @@ def drop_records_from(path: str, step: int) -> None:
         f.write("".join(line + "\n" for line in kept))
 
 
+def lost_progress_line(job: job_pb2.JobProto, path: str, step: int) -> str | None:
+    """A run resumed from a checkpoint at ``step`` whose step before is a progress step with no train
+    record in metrics.jsonl (``path``): the run that trained it ended inside that step after its update
+    (a rank died; the survivors' emergency checkpoint holds the update, docs/self-healing.md), and its
+    line was never printed.  The line that says so, or None."""
+    last = step - 1
+    if last < 0 or not display_now(job, last):
+        return None
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:  # no record to go by
+        return None
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("step") == last and entry.get("phase") == "train":
+            return None
+    return (f"step {last}: no progress line: the run before this one ended inside that step, after its update, "
+            f"so its metrics were never reported (this run resumed from the checkpoint at step {step}, past it)")
+
+
 def display_now(job: job_pb2.JobProto, step: int) -> bool:
     return job.disp_freq > 0 and step >= job.disp_after and (step - job.disp_after) % job.disp_freq == 0
 
@@ -302,6 +326,9 @@ class Trainer:
                 open(self.metrics_path, "w").close()
             elif self.runtime.is_root:
                 drop_records_from(self.metrics_path, self.start_step)
+                lost = lost_progress_line(self.job, self.metrics_path, self.start_step)
+                if lost is not None:
+                    self.log(lost)
         bar = progress.open_bar(self.train_steps, self.start_step) if self.live_bar and self.runtime.is_root else None
         if self.rescue:
             with self.rescue.lock:

@@ -123,6 +123,29 @@ def test_checkpoint_after_0_writes_step_0_and_a_resume_does_not_rewrite_its_star
     assert listed() == [0, 3, 6]
 
 
+def test_a_resume_past_a_progress_step_whose_line_was_lost_says_so(tmp_path, capsys):
+    """A rank that died inside a progress step after the survivors' update left an emergency checkpoint
+    past that step, whose line was never printed: the resumed run went on without a word for it
+    (docs/self-healing.md).  Here the dead run's metrics.jsonl lacks that record, as it would."""
+    import json
+
+    conf = job_file(tmp_path, steps=6, extra="checkpoint_freq: 3\n")  # a progress line every step
+    assert train(conf, tmp_path / "ws", steps=3) == 0
+    kept = [line for line in (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()
+            if (json.loads(line)["step"], json.loads(line)["phase"]) != (2, "train")]
+    (tmp_path / "ws" / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+    capsys.readouterr()
+    assert train(conf, tmp_path / "ws", resume=True) == 0
+    out = capsys.readouterr().out
+    assert out.count("no progress line") == 1 and (
+        "step 2: no progress line: the run before this one ended inside that step, after its update, so its metrics "
+        "were never reported (this run resumed from the checkpoint at step 3, past it)\n") in out, out
+    assert [m["step"] for m in metrics(tmp_path / "ws") if m["phase"] == "train"] == [0, 1, 3, 4, 5]
+    # a resume whose step before has its line: nothing said
+    assert train(conf, tmp_path / "ws2", steps=3) == 0 and train(conf, tmp_path / "ws2", resume=True) == 0
+    assert "no progress line" not in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_a_stop_signal_names_one_step_in_the_log_the_checkpoint_and_the_resume(tmp_path):
     """stepN.h5 holds the state after N batches (steps 0..N-1); the log and --resume say N too."""
