@@ -229,3 +229,24 @@ def test_a_resume_takes_each_group_s_own_position_and_another_layout_the_batches
     one = input_layer(path, ctx=LayerContext(global_batch=5, seed=7, stream=(0, 1)))
     one.load_state(state)
     assert one.global_batch_number() == 10 + 14 + 8 and one.state() == {"batches": 32}
+
+
+@pytest.mark.parametrize("text,shape", [("cropsize: 3 mirror: true scale: 0.5", (2, 5, 7)),
+                                        ("cropsize: 4 mirror: true", (3, 4, 6)), ("mirror: true", (1, 3, 3)),
+                                        ("cropsize: 2", (2, 5, 5))])
+@pytest.mark.parametrize("train", [True, False])
+def test_crops_are_each_sample_s_window_at_its_drawn_place(text, shape, train):
+    """The layer's crops against sample-by-sample slicing at the places it drew (an odd batch, a slice of rows)."""
+    ctx = LayerContext(global_batch=9, seed=5, step=4, batch_slice=(2, 7))
+    layer = preprocess(text, shape, ctx=ctx)
+    x = np.random.default_rng(1).standard_normal((5,) + shape).astype(np.float32)
+    tops, lefts, flips = layer._placement(*shape[1:], train)
+    assert not train or flips.any() or "mirror" not in text  # the seed mirrors some
+    crop_h, crop_w = layer.crop
+    expected = []
+    for i in range(5):
+        window = x[i, :, tops[i]:tops[i] + crop_h, lefts[i]:lefts[i] + crop_w]
+        expected.append((window[:, :, ::-1] if flips[i] else window) * np.float32(layer.scale))
+    y = layer.forward([x], train)
+    assert y.dtype == np.float32 and y.flags.c_contiguous
+    np.testing.assert_array_equal(y, np.stack(expected))
