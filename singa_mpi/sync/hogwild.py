@@ -59,10 +59,6 @@ class GroupDeltaSync:
     def _values(self) -> np.ndarray:
         return np.concatenate(self.views) if self.views else np.zeros(0, np.float32)
 
-    def _store(self, values: np.ndarray) -> None:
-        for view, lo, hi in zip(self.views, self.offsets, self.offsets[1:]):
-            view[...] = values[lo:hi]
-
     # ------------------------------------------------------------- the step: nothing until publish
     def layer_done(self, layer) -> None:
         pass
@@ -82,8 +78,15 @@ class GroupDeltaSync:
     def at_exchange(self) -> bool:
         return self.step % self.sync_freq == 0
 
+    def _pieces(self, *arrays: np.ndarray):
+        """Each param's values with its run of each of ``arrays`` (laid out as the params, end to end):
+        an exchange works param by param, in place, with no model-sized temporary."""
+        for view, lo, hi in zip(self.views, self.offsets, self.offsets[1:]):
+            yield (view, *(array[lo:hi] for array in arrays))
+
     def _start(self) -> None:
-        np.subtract(self._values(), self.base, out=self.sent)
+        for view, base, sent in self._pieces(self.base, self.sent):
+            np.subtract(view, base, out=sent)
         self.sums[...] = self.sent
         self.request = self.peers.Iallreduce(self.sums, "hogwild(deltas)")
 
@@ -92,11 +95,10 @@ class GroupDeltaSync:
             return
         self.peers.Wait(self.request, "hogwild(deltas)", "Wait(Iallreduce)")
         self.request = None
-        values = self._values()
-        values += self.sums
-        values -= self.sent  # the others' changes; this group's own are in its values already
+        for view, sums, sent in self._pieces(self.sums, self.sent):
+            view += sums
+            view -= sent  # the others' changes; this group's own are in its values already
         self.base += self.sums
-        self._store(values)
 
     def owned(self) -> list[Param]:
         return []  # the group's own strategies own them
