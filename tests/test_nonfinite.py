@@ -60,10 +60,17 @@ def job(tmp_path, data: str, scheme: str = "data", lr: float = 0.05, test_data: 
     return str(path)
 
 
-def train(conf: str, workspace, *extra, ranks: int = 1, steps: int = 6) -> subprocess.CompletedProcess:
+# `python -m singa_mpi` for which every store is too big to be decoded whole (and looked at whole before
+# training): the batches the training reads are looked at one by one, as a store over MEMORY_LIMIT's are
+BIG_STORES = ("import runpy; import singa_mpi.data.stores as stores; stores.MEMORY_LIMIT = 0; "
+              "runpy.run_module('singa_mpi', run_name='__main__', alter_sys=True)")
+
+
+def train(conf: str, workspace, *extra, ranks: int = 1, steps: int = 6,
+          big_stores: bool = False) -> subprocess.CompletedProcess:
     launch = mpiexec_command(ranks) if ranks > 1 else []
-    cmd = launch + [sys.executable, "-m", "singa_mpi", "train", conf, "--workspace", str(workspace),
-                    "--steps", str(steps), *extra]
+    python = [sys.executable, "-c", BIG_STORES] if big_stores else [sys.executable, "-m", "singa_mpi"]
+    cmd = launch + python + ["train", conf, "--workspace", str(workspace), "--steps", str(steps), *extra]
     return subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=240)
 
 
@@ -152,8 +159,21 @@ def test_each_rank_finds_the_nonfinite_sums_it_is_about_to_apply(poisoned, on_ra
 # ------------------------------------------------------------------ serial runs
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
-def test_a_nonfinite_record_stops_the_run_naming_layer_and_record(tmp_path, value):
+def test_a_nonfinite_record_of_a_small_store_is_refused_before_training(tmp_path, value):
+    """A store that the first read decodes whole is looked at whole first: exit 3, one line, no step."""
     result = train(job(tmp_path, store(tmp_path, value)), tmp_path / "ws")
+    assert result.returncode == 3, result.stderr[-3000:]
+    lines = error_lines(result)
+    assert lines == [f"singa-mpi: error: layer 'data': {tmp_path / 'data.h5'}: record {BAD_RECORD}, value "
+                     f"{BAD_VALUE} is {float(value)}: expected finite numbers (training would stop at the step that "
+                     f"reads it): clean the store (or pass --no-check-finite to train on it anyway)"], result.stderr
+    assert not checkpoint_steps(tmp_path / "ws")
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_nonfinite_record_of_a_big_store_stops_the_run_naming_layer_and_record(tmp_path, value):
+    """A store too big to be decoded whole: the step that reads the record stops the run."""
+    result = train(job(tmp_path, store(tmp_path, value)), tmp_path / "ws", big_stores=True)
     line = assert_stopped(result, tmp_path / "ws", BAD_STEP)
     assert f"input layer 'data': record {BAD_RECORD} of {tmp_path / 'data.h5'}, value {BAD_VALUE} is " \
            f"{float(value)} in the store" in line
@@ -190,9 +210,12 @@ def test_a_diverging_learning_rate_stops_at_the_first_nonfinite_step(tmp_path):
 
 
 def test_a_nan_in_the_test_store_stops_the_test_phase(tmp_path):
-    """Tests at steps 0 and 5 read one batch each: records 0..63, then 64..127."""
+    """Tests at steps 0 and 5 read one batch each: records 0..63, then 64..127 (of a big store: a small
+    one is refused before training, as the train phase's)."""
     conf = job(tmp_path, store(tmp_path), test_data=store(tmp_path, np.nan, "test.h5"))
-    result = train(conf, tmp_path / "ws")
+    refused = train(conf, tmp_path / "small")
+    assert refused.returncode == 3 and f"{tmp_path / 'test.h5'}: record {BAD_RECORD}, value" in refused.stderr
+    result = train(conf, tmp_path / "ws", big_stores=True)
     line = assert_stopped(result, tmp_path / "ws", 5, "test")
     assert f"input layer 'data': record {BAD_RECORD} of {tmp_path / 'test.h5'}" in line, line
 
@@ -234,7 +257,7 @@ def test_a_nonfinite_gradient_is_named_with_its_layer_before_the_update(tmp_path
 
 @pytest.mark.parametrize("scheme", ["data", "feature"])
 def test_two_ranks_stop_together_and_rank_0_prints_once(tmp_path, scheme):
-    result = train(job(tmp_path, store(tmp_path, np.nan), scheme), tmp_path / "ws", ranks=2)
+    result = train(job(tmp_path, store(tmp_path, np.nan), scheme), tmp_path / "ws", ranks=2, big_stores=True)
     line = assert_stopped(result, tmp_path / "ws", BAD_STEP)
     assert f"input layer 'data': record {BAD_RECORD} of" in line
     if scheme == "data":  # rows 32..63 of each batch are rank 1's

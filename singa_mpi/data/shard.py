@@ -56,7 +56,7 @@ def _parse_record(blob: bytes, where: str) -> job_pb2.RecordProto:
 class DataShardStore(KVFileStore):
     """A DataShard folder read as a record store: the kvfile index, records unwrapped from ``Record``."""
 
-    def __init__(self, folder: str, cache_limit: int):
+    def __init__(self, folder: str, cache_limit: int | None):
         if not os.path.isdir(folder):
             raise DataError(f"{folder}: not a folder: expected a DataShard folder holding {SHARD_FILE}")
         super().__init__(os.path.join(folder, SHARD_FILE), cache_limit)

@@ -6,11 +6,13 @@ random access: ``store.read(indices) -> (data, labels)``.  ``open_store(...,
 "w")`` gives a writer that appends batches (converters and output layers).
 
 Caching: the first ``read`` decodes the whole store into memory when its
-float32 form is smaller than ``cache_limit`` (1 GiB).  An epoch touches every
-record anyway, so this costs no more than one epoch of per-batch decoding, and
-afterwards a batch is one numpy fancy-indexing operation (no per-record
-protobuf parsing in the steady state).  Larger stores decode only the requested
-records on every read.
+float32 form is smaller than ``cache_limit`` (:data:`MEMORY_LIMIT`, 1 GiB).  An
+epoch touches every record anyway, so this costs no more than one epoch of
+per-batch decoding, and afterwards a batch is one numpy fancy-indexing operation
+(no per-record protobuf parsing in the steady state).  Larger stores decode only
+the requested records on every read.  A store decoded whole is small enough to
+be looked at whole before training: :meth:`RecordStore.first_nonfinite` finds
+its first NaN or infinity (larger stores are checked batch by batch as read).
 
 kvfile layout (SINGA 0.2+ ``io::KVFile``, also v0.1's ``<folder>/shard.dat``):
 a concatenation of ``[key_len][key][value_len][value]`` tuples, lengths as
@@ -38,6 +40,7 @@ from singa_mpi.proto import job_pb2
 from singa_mpi.registry import Registry
 
 MEMORY_LIMIT = 1 << 30  # bytes of float32 data below which a store is decoded once and cached
+SCAN_BYTES = 1 << 24  # float32 bytes decoded at a time by a scan of a whole store for NaN and infinity
 _LEN = struct.Struct("<Q")
 MAX_KEY_BYTES = 1 << 16  # keys name records (SINGA's converters: 5 to 8 digits)
 MAX_VALUE_BYTES = (1 << 31) - 1  # SINGA reads a value length into an int
@@ -67,9 +70,9 @@ class RecordStore:
     shape: tuple[int, ...]
     has_labels: bool
 
-    def __init__(self, path: str, cache_limit: int = MEMORY_LIMIT):
+    def __init__(self, path: str, cache_limit: int | None = None):
         self.path = path
-        self.cache_limit = cache_limit
+        self.cache_limit = MEMORY_LIMIT if cache_limit is None else cache_limit  # looked up now: tests lower it
         self._cache: Arrays | None = None
 
     def __len__(self) -> int:
@@ -78,6 +81,35 @@ class RecordStore:
     def _decode(self, rows: np.ndarray) -> Arrays:
         """float32 (len(rows), *shape) and int32 (len(rows),) labels or None; rows sorted, unique."""
         raise NotImplementedError
+
+    def _decode_span(self, start: int, stop: int) -> np.ndarray:
+        """The values of records start..stop-1.  # (stop - start, *shape) float32"""
+        return self._decode(np.arange(start, stop))[0]
+
+    def _may_hold_nonfinite(self) -> bool:
+        """False where the stored type has no NaN or infinity (uint8 pixels): nothing to scan."""
+        return True
+
+    def decodes_whole(self, limit: int | None = None) -> bool:
+        """Whether a first read decodes every record and keeps them: their float32 form is below ``limit``
+        (default: this store's cache_limit)."""
+        return len(self) * int(np.prod(self.shape)) * 4 < (self.cache_limit if limit is None else limit)
+
+    def first_nonfinite(self, limit: int | None = None) -> tuple[int, int, float] | None:
+        """(record, value index, value) of the first NaN or infinity of a store that a first read decodes
+        whole (``limit``: that read's cache_limit, default MEMORY_LIMIT, the input layers'), decoded a few
+        MiB at a time; None when every value is finite, and for a store too big to be decoded whole (the
+        input layer looks at each batch it reads instead)."""
+        if self._cache is not None:  # held already (text files, a script's arrays): a look costs little
+            return _first_nonfinite_in(self._cache[0], 0)
+        if not self.decodes_whole(MEMORY_LIMIT if limit is None else limit) or not self._may_hold_nonfinite():
+            return None
+        rows = max(1, SCAN_BYTES // (4 * int(np.prod(self.shape))))
+        for start in range(0, len(self), rows):
+            found = _first_nonfinite_in(self._decode_span(start, min(start + rows, len(self))), start)
+            if found is not None:
+                return found
+        return None
 
     def _release(self) -> None:
         """Drop file handles once everything is cached (subclasses that hold any)."""
@@ -92,7 +124,7 @@ class RecordStore:
         indices = np.asarray(indices, np.int64).reshape(-1)
         if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"{self.path}: record index outside 0..{len(self) - 1}")
-        if self._cache is None and len(self) * int(np.prod(self.shape)) * 4 < self.cache_limit:
+        if self._cache is None and self.decodes_whole():
             self._cache = self._decode(np.arange(len(self)))
             self._release()
         if self._cache is not None:
@@ -111,6 +143,18 @@ class RecordStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _first_nonfinite_in(values: np.ndarray, first: int) -> tuple[int, int, float] | None:
+    """(first + row, value index, value) of the first NaN or infinity of ``values`` (records from
+    ``first`` on), or None."""
+    flat = values.reshape(len(values), -1)
+    finite = np.isfinite(flat)
+    if finite.all():
+        return None
+    row = int(np.argmin(finite.all(axis=1)))
+    at = int(np.argmin(finite[row]))
+    return first + row, at, float(flat[row, at])
 
 
 class ArrayStore(RecordStore):
@@ -186,7 +230,7 @@ def record_values(record: job_pb2.RecordProto) -> np.ndarray:
 class KVFileStore(RecordStore):
     """A kvfile indexed once by its headers; records are decoded on demand (or all, then cached)."""
 
-    def __init__(self, path: str, cache_limit: int = MEMORY_LIMIT):
+    def __init__(self, path: str, cache_limit: int | None = None):
         super().__init__(kvfile_path(path), cache_limit)
         if not os.path.isfile(self.path):
             raise DataError(f"{self.path}: no such file")
@@ -377,7 +421,7 @@ class HDF5Store(RecordStore):
     An empty or damaged file is a DataError naming it and what is wrong, when opened (its header,
     datasets and shapes) or when records are read (damage inside the data)."""
 
-    def __init__(self, path: str, cache_limit: int = MEMORY_LIMIT):
+    def __init__(self, path: str, cache_limit: int | None = None):
         import h5py
 
         super().__init__(path, cache_limit)
@@ -424,6 +468,16 @@ class HDF5Store(RecordStore):
             raise DataError(f"{self.path}: damaged HDF5 store: cannot read its records{_hdf5_reason(err)}: expected "
                             f"records HDF5 can read: write it again (`singa-mpi data`)") from None
         return data, labels
+
+    def _may_hold_nonfinite(self) -> bool:
+        return self._data.dtype.kind not in "iub"  # pixels (uint8) or other integers: always finite
+
+    def _decode_span(self, start: int, stop: int) -> np.ndarray:
+        try:
+            return np.asarray(self._data[start:stop], np.float32)  # a slice: h5py's fancy indexing is slow
+        except HDF5_DAMAGE as err:
+            raise DataError(f"{self.path}: damaged HDF5 store: cannot read its records{_hdf5_reason(err)}: expected "
+                            f"records HDF5 can read: write it again (`singa-mpi data`)") from None
 
     def every_label(self) -> np.ndarray | None:
         if self._cache is not None or self._labels is None or not self._file:
@@ -552,7 +606,7 @@ class StoreOptions:
 
     has_label: bool = True  # textfile: the first column is the label
     separator: str = ","  # textfile
-    cache_limit: int = MEMORY_LIMIT  # readers: decode everything on the first read below this size
+    cache_limit: int | None = None  # readers: decode everything on the first read below this size (MEMORY_LIMIT)
     key_format: str = "{:05d}"  # kvfile writers: keys of a running count
 
 
@@ -589,7 +643,7 @@ def check_backend(backend: str) -> Backend:
 
 def open_store(backend: str, path: str, mode: str = "r", *, layer: str | None = None,
                shape: Sequence[int] | None = None, has_label: bool = True, separator: str = ",",
-               cache_limit: int = MEMORY_LIMIT, key_format: str = "{:05d}") -> RecordStore | StoreWriter:
+               cache_limit: int | None = None, key_format: str = "{:05d}") -> RecordStore | StoreWriter:
     """A RecordStore (mode "r") or a batch writer (mode "w") for ``backend`` at ``path``.
 
     Reading: DataError naming the layer (if given) and the path for a missing or

@@ -28,7 +28,7 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
         if is_root:  # the one that writes it
             probe_file_folder(request.options.trace, "--trace")
     # what step 0 would meet (under MPI voted, before any communication), and a label any later step would
-    check_first_batches(launch.cfg, launch.workspace, list(launch.phases))
+    check_first_batches(launch.cfg, launch.workspace, list(launch.phases), request.options.check_finite)
     if request.trains and resumes(launch.workspace, request.options.resume):
         if is_root:  # before the checkpoint is judged: a refused resume leaves no dead writer's file either
             clear_dead_writes(launch.workspace)
@@ -119,11 +119,13 @@ def _run_files(cfg: JobConfig, workspace: str) -> list[tuple[str, str]]:
     return files + [(os.path.join(workspace, name), f"the run's {name}") for name in names]
 
 
-def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str]) -> None:
+def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check_finite: bool = True) -> None:
     """What the first step of each phase would find wrong with the data, found before any communication
     (every rank runs this in phase 1, so that data that every rank reads alike fails as one voted line):
     every input layer opens its data and reads the first global batch (all ranks' rows: the store
     decodes only these), label sources (kLabel) take their labels, and every loss layer looks at them.
+    ``check_finite`` (not --no-check-finite): a store small enough for its first read to decode it whole
+    is looked at whole, and a NaN or an infinity in it is refused, naming the record.
     The layers are throw-away serial instances without parameters; a DataError says what the first
     step would have said."""
     import numpy as np
@@ -148,6 +150,8 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str]) -> No
                             layer.open(cache=False)
                         except ShapeMismatch as err:  # the job's field, where the file has it
                             raise DataError(f"{cfg.layer_where(node.index, 'store_conf', 'shape')}: {err}") from None
+                        if check_finite and hasattr(layer, "refuse_nonfinite"):
+                            layer.refuse_nonfinite()
                     read[node.name] = layer.forward([], train)
                 elif getattr(layer, "provides_labels", False) and srcs and all(s.name in read for s in srcs):
                     read[node.name] = layer.forward([s.aux if k == "aux" else read[s.name]

@@ -21,6 +21,9 @@ The store is opened on the first forward, never in setup, so ``check`` and
 ``plan`` work without the data.  Each batch is checked for NaN and infinity
 (one BLAS pass when all is well): the first record holding one is noted in
 ``nonfinite`` for the trainer to report (``check_finite = False`` turns it off).
+Before training the launcher looks at every value of a store that the first
+read decodes whole (:meth:`RecordInput.refuse_nonfinite`), so only stores too big for
+that meet a NaN at the step that reads it.
 """
 from __future__ import annotations
 
@@ -130,6 +133,17 @@ class RecordInput(Layer):
         self._open()
         if not cache:
             self.store.cache_limit = 0
+
+    def refuse_nonfinite(self) -> None:
+        """DataError naming the record of the first NaN or infinity of the (open) store, where the
+        training's first read decodes it whole (the launcher's look before any communication); a larger
+        store is looked at batch by batch as read, and the step that reads one stops the run."""
+        found = self.store.first_nonfinite()
+        if found is not None:
+            record, at, value = found
+            raise DataError(f"layer '{self.name}': {self.store.path}: record {record}, value {at} is {value}: "
+                            f"expected finite numbers (training would stop at the step that reads it): clean "
+                            f"the store (or pass --no-check-finite to train on it anyway)")
 
     def _find(self, path: str, field: str) -> str:
         return find_file(path, self.ctx.workspace, f"layer '{self.name}': store_conf.{field}",

@@ -228,3 +228,38 @@ def test_a_text_store_of_nan_or_inf_is_refused_naming_the_value(tmp_path, has_la
         open_store("textfile", str(tmp_path / "t.csv"), has_label=has_label)
     assert str(err.value) == (f"{tmp_path / 't.csv'}: row 2, column {column}: nan: expected a finite number "
                               f"(a missing value?)")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("value", [np.nan, -np.inf])
+def test_a_store_decoded_whole_names_its_first_nonfinite_record(tmp_path, backend, value):
+    """A store small enough to be decoded whole on its first read is looked at whole before training:
+    the first NaN or infinity is found by record and value (a text store refuses it when read)."""
+    data = np.random.default_rng(4).normal(size=(40, 2, 3)).astype(np.float32)
+    data[31, 1, 2], data[35, 0, 0] = value, np.nan
+    path = str(tmp_path / "store")
+    with open_store(backend, path, "w") as writer:
+        writer.write_batch(data, np.arange(40) % 3)
+    if backend == "textfile":
+        with pytest.raises(DataError, match=r"row 32, column 7: .*expected a finite number"):
+            open_store(backend, path)
+        return
+    store = open_store(backend, path)
+    record, at, found = store.first_nonfinite()
+    assert (record, at) == (31, 5) and (np.isnan(found) if np.isnan(value) else found == value)
+    assert store._cache is None  # looked at in pieces: the reads to come decide what they keep
+    assert store.first_nonfinite(limit=40 * 6 * 4) is None  # too big for a read of that limit to decode whole
+    clean = str(tmp_path / "clean")
+    with open_store(backend, clean, "w") as writer:
+        writer.write_batch(np.nan_to_num(data), np.arange(40) % 3)
+    assert open_store(backend, clean).first_nonfinite() is None
+
+
+def test_a_store_of_pixels_is_not_decoded_to_look_for_nonfinite_values(tmp_path):
+    """uint8 holds no NaN: an HDF5 store of pixels is not read whole for nothing."""
+    path = str(tmp_path / "pixels.h5")
+    with open_store("hdf5", path, "w") as writer:
+        writer.write_batch(np.zeros((5, 4), np.uint8), np.arange(5))
+    store = open_store("hdf5", path)
+    store._decode_span = None  # a scan would call it
+    assert store.first_nonfinite() is None

@@ -213,6 +213,40 @@ def test_a_bad_kvfile_label_past_the_first_batch_is_named_before_training(tmp_pa
                               f"(layer 'loss' scores 5 classes)")
 
 
+@pytest.mark.parametrize("backend", ["hdf5", "kvfile"])
+def test_a_nan_past_the_first_batch_of_a_store_decoded_whole_is_refused_before_training(tmp_path, backend,
+                                                                                        monkeypatch):
+    """A NaN or an infinity in a store was found by the step that read it (hours in, perhaps); a store that
+    the first read decodes whole is looked at whole before any communication, and refused in one line
+    naming the file, the record and what was expected.  --no-check-finite looks at nothing, and a store
+    too big to be decoded whole is still left to the check of each batch the training reads."""
+    import h5py
+
+    from singa_mpi.data import stores
+    from singa_mpi.data.convert import write_store
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher.checks import check_first_batches
+
+    cfg, h5 = _first_batch_job(tmp_path, 5)
+    with h5py.File(h5, "r+") as f:
+        f["data"][90, 7] = np.inf  # not in the first batch of 32 (the job's seeded shuffle leaves it out)
+        data, labels = f["data"][()], f["label"][()]
+    store = h5
+    if backend == "kvfile":
+        store = write_store(str(tmp_path / "data.kvfile"), backend, data, labels)
+        for layer in cfg.proto.neuralnet.layer:
+            if layer.HasField("store_conf"):
+                layer.store_conf.backend, layer.store_conf.path = backend, store
+    with pytest.raises(DataError) as err:
+        check_first_batches(cfg, str(tmp_path), ["train"])
+    assert str(err.value) == (f"layer 'data': {store}: record 90, value 7 is inf: expected finite numbers (training "
+                              f"would stop at the step that reads it): clean the store (or pass --no-check-finite "
+                              f"to train on it anyway)")
+    check_first_batches(cfg, str(tmp_path), ["train"], check_finite=False)
+    monkeypatch.setattr(stores, "MEMORY_LIMIT", 100 * 12 * 4)  # 100 records of 12 float32: now too big
+    check_first_batches(cfg, str(tmp_path), ["train"])
+
+
 def test_checkpoint_path_is_read_in_phase_one_unless_resume_continues_the_workspace(tmp_path):
     from singa_mpi.errors import DataError
     from singa_mpi.launcher.checks import read_checkpoint_paths
