@@ -56,6 +56,8 @@ def _parse_record(blob: bytes, where: str) -> job_pb2.RecordProto:
 class DataShardStore(KVFileStore):
     """A DataShard folder read as a record store: the kvfile index, records unwrapped from ``Record``."""
 
+    wrapped_in = 5  # Record.image
+
     def __init__(self, folder: str, cache_limit: int | None):
         if not os.path.isdir(folder):
             raise DataError(f"{folder}: not a folder: expected a DataShard folder holding {SHARD_FILE}")

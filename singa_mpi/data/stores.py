@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from singa_mpi.data import wire
 from singa_mpi.errors import DataError
 from singa_mpi.file_kinds import TEXT, kind_of_file
 from singa_mpi.proto import job_pb2
@@ -44,6 +45,8 @@ SCAN_BYTES = 1 << 24  # float32 bytes decoded at a time by a scan of a whole sto
 _LEN = struct.Struct("<Q")
 MAX_KEY_BYTES = 1 << 16  # keys name records (SINGA's converters: 5 to 8 digits)
 MAX_VALUE_BYTES = (1 << 31) - 1  # SINGA reads a value length into an int
+WALK_RECORDS = 1 << 20  # records whose fields are read together at a time (memory: ~100 bytes each)
+LABEL_FIELD, DATA_FIELD = 2, 4  # RecordProto's field numbers of ``label`` (int32) and ``data`` (packed floats)
 
 Arrays = tuple[np.ndarray, "np.ndarray | None"]
 
@@ -104,6 +107,10 @@ class RecordStore:
             return _first_nonfinite_in(self._cache[0], 0)
         if not self.decodes_whole(MEMORY_LIMIT if limit is None else limit) or not self._may_hold_nonfinite():
             return None
+        return self._scan_nonfinite()
+
+    def _scan_nonfinite(self) -> tuple[int, int, float] | None:
+        """:meth:`first_nonfinite` of every record, decoded a few MiB at a time."""
         rows = max(1, SCAN_BYTES // (4 * int(np.prod(self.shape))))
         for start in range(0, len(self), rows):
             found = _first_nonfinite_in(self._decode_span(start, min(start + rows, len(self))), start)
@@ -220,6 +227,34 @@ def scan_kvfile(buffer, path: str) -> tuple[list[bytes], np.ndarray, np.ndarray]
     return keys, np.array(offsets, np.int64), np.array(lengths, np.int64)
 
 
+def _first_nonfinite_at(buffer, starts: np.ndarray, records: np.ndarray,
+                        size: int) -> tuple[int, int, float] | None:
+    """(record, value index, value) of the first NaN or infinity among the ``size`` float32 values at each
+    byte offset ``starts`` of ``buffer`` (those of ``records``, ascending), a few MiB at a time.
+
+    Records a converter writes lie at a constant distance from each other (a change of key length
+    starts another run): each run is read as one strided table, not record by record."""
+    raw, width, found = np.frombuffer(buffer, np.uint8), 4 * size, None
+    gaps = np.diff(starts)
+    changes = [0, *(np.flatnonzero(gaps[1:] != gaps[:-1]) + 1).tolist(), len(gaps)]
+    step, begin = max(1, SCAN_BYTES // width), 0
+    for lo, hi in zip(changes, changes[1:]):  # gaps[lo:hi] alike: records lo..hi (those before begin read)
+        end = hi + 1
+        stride = int(gaps[lo]) if lo < len(gaps) else width
+        for first in range(begin, end, step):
+            rows = min(step, end - first)
+            table = np.lib.stride_tricks.as_strided(raw[starts[first]:], (rows, width), (stride, 1), writeable=False)
+            found = _first_nonfinite_in(np.ascontiguousarray(table).view(np.float32), 0)
+            if found is not None:
+                found = (int(records[first + found[0]]), found[1], found[2])
+                break
+        begin = end
+        if found is not None:
+            break
+    del raw  # no view may outlive the call: the mmap closes when the store does
+    return found
+
+
 def record_values(record: job_pb2.RecordProto) -> np.ndarray:
     """A record's float ``data`` if it has any, else its ``pixel`` bytes (as SINGA's Parse does)."""
     if len(record.data):
@@ -228,7 +263,13 @@ def record_values(record: job_pb2.RecordProto) -> np.ndarray:
 
 
 class KVFileStore(RecordStore):
-    """A kvfile indexed once by its headers; records are decoded on demand (or all, then cached)."""
+    """A kvfile indexed once by its headers; records are decoded on demand (or all, then cached).
+
+    The checks before training read every record's label and look at its values without a protobuf
+    parse per record (:mod:`singa_mpi.data.wire`), where the records are encoded as protobuf's own
+    writers encode them; otherwise record by record."""
+
+    wrapped_in: int | None = None  # the field of an outer message holding each RecordProto (a DataShard's)
 
     def __init__(self, path: str, cache_limit: int | None = None):
         super().__init__(kvfile_path(path), cache_limit)
@@ -282,14 +323,55 @@ class KVFileStore(RecordStore):
         labels = np.array([record.label for record in records], np.int32) if self.has_labels else None
         return data, labels
 
+    def _record_fields(self, start: int, stop: int) -> dict[int, wire.Field] | None:
+        """The fields of the RecordProtos of records start..stop-1, read together
+        (:func:`singa_mpi.data.wire.walk`); None where only a parse of each record reads them as protobuf does."""
+        offsets, lengths = self.offsets[start:stop], self.lengths[start:stop]
+        if self.wrapped_in is not None:
+            outer = wire.walk(self._buffer, offsets, lengths)
+            inner = None if outer is None else outer.get(self.wrapped_in)
+            if inner is None or inner.wire != wire.DELIMITED or (inner.count != 1).any():
+                return None  # records without it (the parse words that), or several (protobuf merges them)
+            offsets, lengths = inner.value, inner.length
+        return wire.walk(self._buffer, offsets, lengths)
+
     def every_label(self) -> np.ndarray | None:
-        """Each record's label, parsed from every record when the file is no bigger than MEMORY_LIMIT
-        (about a microsecond a record; a run decodes a store that size whole on its first read anyway)."""
+        """Each record's label, read from every record when the file is no bigger than MEMORY_LIMIT (a
+        run decodes a store that size whole on its first read anyway): read from the bytes of all records
+        together, or parsed record by record (about a microsecond each) where those are not as protobuf
+        writes them."""
         if self._cache is not None or not self.has_labels or self._file.closed:
             return super().every_label()
         if len(self._buffer) > MEMORY_LIMIT:  # a pass over a bigger file is no cheap check
             return None
-        return np.array([self.record(row).label for row in range(len(self))], np.int64)
+        labels = np.zeros(len(self), np.int64)  # a record without one reads as 0
+        for start in range(0, len(self), WALK_RECORDS):  # the walk's arrays: some 100 bytes a record
+            stop = min(start + WALK_RECORDS, len(self))
+            fields = self._record_fields(start, stop)
+            label = None if fields is None else fields.get(LABEL_FIELD)
+            if fields is None or (label is not None and label.wire != wire.VARINT):
+                return np.array([self.record(row).label for row in range(len(self))], np.int64)
+            if label is not None:
+                labels[start:stop] = wire.int32_of(label.value)
+        return labels
+
+    def _scan_nonfinite(self) -> tuple[int, int, float] | None:
+        """The float ``data`` of every record, looked at where the bytes lie (uint8 ``pixel`` records hold
+        no NaN); decoded a few MiB at a time where the records are not as protobuf writes them."""
+        for start in range(0, len(self), WALK_RECORDS):
+            fields = self._record_fields(start, min(start + WALK_RECORDS, len(self)))
+            data = None if fields is None else fields.get(DATA_FIELD)
+            if fields is None or (data is not None and (data.wire != wire.DELIMITED or (data.count > 1).any())):
+                return super()._scan_nonfinite()  # unpacked or repeated values: the decode's concern
+            if data is None:
+                continue  # pixels alone
+            floats = np.flatnonzero(data.length > 0)  # the others are read as their pixels
+            if (data.length[floats] != 4 * self.size).any():
+                return super()._scan_nonfinite()  # a record of another size: the decode words it
+            found = _first_nonfinite_at(self._buffer, data.value[floats], start + floats, self.size)
+            if found is not None:
+                return found
+        return None
 
     def _release(self) -> None:
         if not self._file.closed:

@@ -263,3 +263,127 @@ def test_a_store_of_pixels_is_not_decoded_to_look_for_nonfinite_values(tmp_path)
     store = open_store("hdf5", path)
     store._decode_span = None  # a scan would call it
     assert store.first_nonfinite() is None
+
+
+def random_kvfile(path, rng, count: int, classes: int, backend: str = "kvfile") -> None:
+    """``count`` records of 6 values: pixels or floats, labels in 0..classes (the limit itself included,
+    and beyond), some without a label, some with a field protobuf keeps as unknown."""
+    from singa_mpi.data.shard import DataShardWriter
+
+    writer = DataShardWriter(str(path)) if backend == "shard" else KVFileWriter(str(path))
+    with writer:
+        for i in range(count):
+            record = job_pb2.RecordProto(shape=[2, 3])
+            if i == 0 or rng.random() < 0.9:  # the first holds one: a labelled store
+                record.label = int(rng.choice([0, classes - 1, classes, classes + 1, 2 ** 31 - 1, -1,
+                                               int(rng.integers(0, classes))]))
+            if rng.random() < 0.5:
+                record.pixel = rng.integers(0, 256, 6).astype(np.uint8).tobytes()
+            else:
+                record.data.extend(rng.normal(size=6).tolist())
+            if rng.random() < 0.1:
+                record.MergeFromString(bytes([0xA0, 0x06, 0x07]))  # field 100, an unknown varint
+            writer.write(f"{i:06d}", record)
+
+
+def parsed_labels(store) -> np.ndarray:
+    """The labels as the per-record parse reads them (every_label's way before it read them together)."""
+    return np.array([store.record(row).label for row in range(len(store))], np.int64)
+
+
+@pytest.mark.parametrize("backend", ["kvfile", "shard"])
+@pytest.mark.parametrize("count", [1, 2, 997])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_kvfile_label_is_read_as_the_per_record_parse_reads_it(tmp_path, backend, count, seed, monkeypatch):
+    """The labels of every record, read together from the bytes, are the parse's, label by label: at the
+    class limit and past it, negative, absent (0), beside unknown fields; no record is parsed for them
+    (seed 1: read 100 records at a time)."""
+    from singa_mpi.data import stores
+
+    if seed:
+        monkeypatch.setattr(stores, "WALK_RECORDS", 100)
+    random_kvfile(tmp_path / "s", np.random.default_rng(seed), count, classes=10, backend=backend)
+    with open_store(backend, str(tmp_path / "s")) as store:
+        expected = parsed_labels(store)
+        store.record = None  # the labels come from the bytes of all records at once
+        got = store.every_label()
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_every_label_of_records_protobuf_reads_otherwise_comes_from_the_parse(tmp_path):
+    """Records the walk does not read exactly (a record's label given as bytes: an unknown field to
+    protobuf) are parsed one by one, with the parse's result."""
+    with KVFileWriter(str(tmp_path / "odd.bin")) as writer:
+        writer.write("0", job_pb2.RecordProto(shape=[1], label=4, pixel=b"\x01"))
+        writer.write("1", job_pb2.RecordProto.FromString(bytes([0x08, 1, 0x12, 1, 9, 0x1A, 1, 2])))
+    with open_store("kvfile", str(tmp_path / "odd.bin")) as store:
+        np.testing.assert_array_equal(store.every_label(), [4, 0])
+
+
+@pytest.mark.parametrize("walked", [1 << 20, 100])
+@pytest.mark.parametrize("backend", ["kvfile", "shard"])
+def test_a_kvfile_is_looked_at_for_nonfinite_values_without_a_parse_per_record(tmp_path, backend, walked,
+                                                                               monkeypatch):
+    """The float values of every record are looked at where they lie in the file (any byte alignment):
+    the first NaN or infinity is the decode's, and no record is parsed for it (``walked``: the records
+    whose fields are read at a time)."""
+    from singa_mpi.data import stores
+
+    monkeypatch.setattr(stores, "WALK_RECORDS", walked)
+    rng = np.random.default_rng(7)
+    random_kvfile(tmp_path / "s", rng, 500, classes=10, backend=backend)
+    with open_store(backend, str(tmp_path / "s")) as store:
+        data = store._decode(np.arange(len(store)))[0].reshape(len(store), -1)
+        floats = [row for row in range(len(store)) if len(store.record(row).data)]
+    assert len(floats) > 100
+    assert open_store(backend, str(tmp_path / "s")).first_nonfinite() is None
+    from singa_mpi.data.shard import DataShardWriter
+
+    path = tmp_path / "bad"
+    with (DataShardWriter if backend == "shard" else KVFileWriter)(str(path)) as writer:  # two bad records
+        for row, values in enumerate(data):
+            record = job_pb2.RecordProto(shape=[2, 3], label=1)
+            if row in floats:
+                values = values.copy()
+                values[[4, 1]] = (np.nan, np.inf) if row == floats[-40] else values[[4, 1]]
+                values[2] = -np.inf if row == floats[-3] else values[2]
+                record.data.extend(values.tolist())
+            else:
+                record.pixel = values.astype(np.uint8).tobytes()
+            writer.write("k" * (1 + row % 5), record) if row < 5 else writer.write(f"{row:0{1 + row % 7}d}", record)
+    with open_store(backend, str(path)) as store:
+        store.record = None
+        assert store.first_nonfinite() == (floats[-40], 1, np.inf)
+
+
+def test_float_values_written_unpacked_are_looked_at_by_the_decode(tmp_path):
+    """Floats written one field each (protobuf reads them too): the decode finds the NaN."""
+    nan = np.float32(np.nan).tobytes()
+    unpacked = bytes([0x08, 2, 0x10, 1]) + b"".join(bytes([0x25]) + v for v in (np.float32(1).tobytes(), nan))
+    with KVFileWriter(str(tmp_path / "u.bin")) as writer:
+        writer.write("0", job_pb2.RecordProto(shape=[2], label=1, data=[1, 2]))
+        writer.write("1", job_pb2.RecordProto.FromString(unpacked))
+    found = open_store("kvfile", str(tmp_path / "u.bin")).first_nonfinite()
+    assert found[:2] == (1, 1) and np.isnan(found[2])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_values_read_in_strided_runs_are_those_of_each_record(seed, monkeypatch):
+    """Records at distances that change now and then (keys growing a digit), in pieces of a few records:
+    the first NaN found is the one a look at each record finds."""
+    from singa_mpi.data import stores
+
+    rng = np.random.default_rng(seed)
+    size, count = int(rng.integers(1, 5)), int(rng.integers(1, 60))
+    gaps = np.repeat(rng.integers(4 * size, 4 * size + 9, 5), rng.integers(1, 15, 5))[:count - 1]
+    first = int(rng.integers(0, 7))
+    starts = np.concatenate([[first], first + np.cumsum(gaps)]).astype(np.int64)
+    # bytes below 0x40: any four of them read as a finite float32, at any alignment
+    buffer = bytearray(rng.integers(0, 0x40, int(starts[-1]) + 4 * size, dtype=np.uint8).tobytes())
+    bad = sorted(rng.choice(len(starts), min(2, len(starts)), replace=False))
+    for record in bad:
+        buffer[starts[record] + 4 * (size - 1):starts[record] + 4 * size] = np.float32(np.inf).tobytes()
+    monkeypatch.setattr(stores, "SCAN_BYTES", 4 * size * 3)  # three records at a time
+    records = np.arange(len(starts)) * 2  # their numbers in the store
+    assert stores._first_nonfinite_at(bytes(buffer), starts, records, size) == (2 * bad[0], size - 1, np.inf)
