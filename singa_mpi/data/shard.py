@@ -23,7 +23,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from singa_mpi.data.stores import (MAX_KEY_BYTES, Backend, KVFileStore, KVFileWriter, foreign_kind,
-                                   read_first_record, record_values)
+                                   read_first_record, record_values, starts_as_kvfile)
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
 
@@ -89,7 +89,7 @@ def first_record(folder: str) -> job_pb2.RecordProto:
     path = os.path.join(folder, SHARD_FILE)
     with open(path, "rb") as f:
         blob = f.read(8 + MAX_KEY_BYTES + 8)  # the first key and the first value's length, at most
-        if not _is_kvfile(blob, os.fstat(f.fileno()).st_size):
+        if not starts_as_kvfile(blob, os.fstat(f.fileno()).st_size):
             raise DataError(f"{path}: no whole record at byte 0 (an empty or corrupt DataShard)")
         (key_len,) = _LEN.unpack_from(blob, 0)
         (value_len,) = _LEN.unpack_from(blob, 8 + key_len)
@@ -107,20 +107,6 @@ def record_shape(record: job_pb2.RecordProto) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------ mean files
 
-def _is_kvfile(blob: bytes, size: int | None = None) -> bool:
-    """Whether ``blob`` (the start of a file of ``size`` bytes) starts with a whole kvfile tuple.
-
-    A serialized record never does: its first eight bytes read as a length far beyond any key."""
-    size = len(blob) if size is None else size
-    if len(blob) < 16:
-        return False
-    (key_len,) = _LEN.unpack_from(blob, 0)
-    if key_len > MAX_KEY_BYTES or 16 + key_len > len(blob):
-        return False
-    (value_len,) = _LEN.unpack_from(blob, 8 + key_len)
-    return 16 + key_len + value_len <= size
-
-
 def read_mean_file(path: str) -> np.ndarray:
     """Per-pixel means, flat float32: v0.1's SingleLabelImageRecord file, or a kvfile/DataShard's first record."""
     if os.path.isdir(path):
@@ -130,7 +116,7 @@ def read_mean_file(path: str) -> np.ndarray:
                         f"(`singa-mpi data cifar10 ... --mean FILE` writes one)")
     with open(path, "rb") as f:
         blob = f.read()
-    if _is_kvfile(blob):
+    if starts_as_kvfile(blob):
         return read_first_record(path)
     kind = foreign_kind(path)
     if kind is not None:

@@ -56,6 +56,11 @@ class ShapeMismatch(DataError):
     field is the one to name (the launcher puts its file:line in front)."""
 
 
+class BackendMismatch(DataError):
+    """A store read with another backend than its kind (an HDF5 file named ``backend: "kvfile"``): the
+    job's ``store_conf.backend`` is the field to name (the launcher puts its file:line in front)."""
+
+
 def _where(path: str, layer: str | None) -> str:
     """Error-message prefix naming the layer (if any) and the file."""
     return f"layer '{layer}': {path}" if layer else path
@@ -177,6 +182,47 @@ class ArrayStore(RecordStore):
         return len(self._cache[0])
 
 
+def starts_as_kvfile(blob: bytes, size: int | None = None) -> bool:
+    """Whether ``blob`` (the start of a file of ``size`` bytes) starts with a whole kvfile tuple.
+
+    A serialized record never does: its first eight bytes read as a length far beyond any key."""
+    size = len(blob) if size is None else size
+    if len(blob) < 16:
+        return False
+    (key_len,) = _LEN.unpack_from(blob, 0)
+    if key_len > MAX_KEY_BYTES or 16 + key_len > len(blob):
+        return False
+    (value_len,) = _LEN.unpack_from(blob, 8 + key_len)
+    return 16 + key_len + value_len <= size
+
+
+def backend_of_file(path: str) -> tuple[str, str] | None:
+    """(backend, what it is) of the store ``path`` looks like, by its first bytes: an HDF5 file, a text
+    file, a kvfile (a whole first tuple), a folder holding a DataShard's shard.dat; None otherwise."""
+    if os.path.isdir(path):
+        return ("shard", "a DataShard folder") if os.path.isfile(os.path.join(path, "shard.dat")) else None
+    kind = kind_of_file(path)
+    if kind is not None:
+        return ("hdf5", kind) if "HDF5" in kind else ("textfile", f"{kind} (a CSV store?)") if kind == TEXT else None
+    try:
+        with open(path, "rb") as f:
+            if starts_as_kvfile(f.read(16 + MAX_KEY_BYTES), os.fstat(f.fileno()).st_size):
+                return "kvfile", "a kvfile"
+    except OSError:
+        pass
+    return None
+
+
+def misread(path: str, backend: str) -> BackendMismatch | None:
+    """The error for a store of another backend's kind read as a ``backend`` store, else None."""
+    found = backend_of_file(path)
+    if found is None or found[0] == backend:
+        return None
+    other, what = found
+    return BackendMismatch(f"{path}: {what}, read with backend \"{backend}\": expected backend \"{other}\" for "
+                           f"it (or another file at this path)")
+
+
 def kvfile_path(path: str) -> str:
     """SINGA accepts a file, or (v0.1's DataShard) a folder holding ``shard.dat``."""
     return os.path.join(path, "shard.dat") if os.path.isdir(path) else path
@@ -291,6 +337,9 @@ class KVFileStore(RecordStore):
             raise DataError(f"{self.path}: no whole record in this kvfile")
         first = self.record(0)
         self.size = record_values(first).size
+        if self.size == 0 and self._is_datashard():
+            raise BackendMismatch(f"{self.path}: a DataShard (SINGA 0.1's Record values), read with backend "
+                                  f"\"kvfile\": expected backend \"shard\" for it (or a kvfile of RecordProto values)")
         self.shape = tuple(first.shape) or (self.size,)
         if int(np.prod(self.shape)) != self.size:
             raise DataError(f"{self.path}: record 0 has {self.size} values but shape {list(first.shape)}")
@@ -298,6 +347,16 @@ class KVFileStore(RecordStore):
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def _is_datashard(self) -> bool:
+        """Whether record 0 is a DataShard's Record (its image one level down), which read as a kvfile's
+        RecordProto holds no values."""
+        start, wrapper = int(self.offsets[0]), job_pb2.Record()
+        try:
+            wrapper.ParseFromString(self._buffer[start:start + int(self.lengths[0])])
+        except DecodeError:
+            return False
+        return wrapper.HasField("image") and record_values(wrapper.image).size > 0
 
     def record(self, row: int) -> job_pb2.RecordProto:
         """The parsed RecordProto at position ``row`` of the file."""
@@ -742,11 +801,17 @@ def open_store(backend: str, path: str, mode: str = "r", *, layer: str | None = 
     if not kind.in_memory and not os.path.exists(path):
         raise DataError(f"{_where(path, layer)}: no such file")
     if backend in ("hdf5", "textfile") and os.path.isdir(path):  # a kvfile may be a v0.1 folder (shard.dat)
-        raise DataError(f"{_where(path, layer)}: a folder: expected a file")
+        other = misread(path, backend)  # a DataShard folder
+        message = f"{path}: a folder: expected a file" if other is None else str(other)
+        raise (DataError if other is None else BackendMismatch)(f"layer '{layer}': {message}" if layer else message)
     try:
         store = kind.reader(path, options)
     except DataError as err:
-        raise DataError(f"layer '{layer}': {err}" if layer else str(err)) from None
+        # a file of another backend's kind, where the reader's words would call it damaged or not text (HDF5's
+        # say "not an HDF5 file"; kShardData's name its folder, and it has no backend field)
+        mismatch = backend in ("kvfile", "textfile") and not isinstance(err, BackendMismatch)
+        found = misread(path, backend) or err if mismatch else err
+        raise type(found)(f"layer '{layer}': {found}" if layer else str(found)) from None
     except OSError as err:  # the OS's reason, not Python's "[Errno 21] ...: 'path'"
         raise DataError(f"{_where(path, layer)}: cannot read it as a {backend} store "
                         f"({err.strerror or ' '.join(str(err).split())})") from None

@@ -130,7 +130,7 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
     step would have said."""
     import numpy as np
 
-    from singa_mpi.data.stores import ShapeMismatch
+    from singa_mpi.data.stores import BackendMismatch, ShapeMismatch
     from singa_mpi.layers.base import LayerContext
     from singa_mpi.net import global_batch_size, instantiate, phase_nodes
 
@@ -148,8 +148,9 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
                     if hasattr(layer, "open"):
                         try:
                             layer.open(cache=False)
-                        except ShapeMismatch as err:  # the job's field, where the file has it
-                            raise DataError(f"{cfg.layer_where(node.index, 'store_conf', 'shape')}: {err}") from None
+                        except (ShapeMismatch, BackendMismatch) as err:  # the job's field, where the file has it
+                            field = "shape" if isinstance(err, ShapeMismatch) else "backend"
+                            raise DataError(f"{cfg.layer_where(node.index, 'store_conf', field)}: {err}") from None
                         if check_finite and hasattr(layer, "refuse_nonfinite"):
                             layer.refuse_nonfinite()
                     read[node.name] = layer.forward([], train)

@@ -387,3 +387,32 @@ def test_values_read_in_strided_runs_are_those_of_each_record(seed, monkeypatch)
     monkeypatch.setattr(stores, "SCAN_BYTES", 4 * size * 3)  # three records at a time
     records = np.arange(len(starts)) * 2  # their numbers in the store
     assert stores._first_nonfinite_at(bytes(buffer), starts, records, size) == (2 * bad[0], size - 1, np.inf)
+
+
+KINDS = {"hdf5": "an HDF5 file", "kvfile": "a kvfile", "textfile": "a text file (a CSV store?)",
+         "shard": "a DataShard folder"}
+
+
+@pytest.mark.parametrize("written", BACKENDS)
+@pytest.mark.parametrize("backend", ["hdf5", "kvfile", "textfile"])
+def test_a_store_read_with_another_backend_says_which_backend_reads_it(tmp_path, written, backend):
+    """An HDF5 store named `backend: "kvfile"` was "byte 0: key length ... is corrupt: the file is damaged",
+    a kvfile read as text "0xbf is not UTF-8 text", a DataShard read as a kvfile "records of shape (0,)",
+    a DataShard folder read as HDF5 "a folder: expected a file": the line now says what the file is and
+    which backend reads it (HDF5's own line says a file is not an HDF5 file)."""
+    from singa_mpi.data.convert import write_store
+    from singa_mpi.data.stores import BackendMismatch
+
+    if written == backend or (backend == "hdf5" and written != "shard"):
+        return
+    data = np.random.default_rng(3).normal(size=(10, 4)).astype(np.float32)
+    path = write_store(str(tmp_path / f"s.{written}"), written, data, np.arange(10) % 3)
+    with pytest.raises(BackendMismatch) as err:
+        open_store(backend, path, layer="data", shape=(4,))
+    if written == "shard" and backend == "kvfile":
+        assert str(err.value) == (f"layer 'data': {path}/shard.dat: a DataShard (SINGA 0.1's Record values), read "
+                                  f"with backend \"kvfile\": expected backend \"shard\" for it (or a kvfile of "
+                                  f"RecordProto values)")
+    else:
+        assert str(err.value) == (f"layer 'data': {path}: {KINDS[written]}, read with backend \"{backend}\": "
+                                  f"expected backend \"{written}\" for it (or another file at this path)")

@@ -152,6 +152,25 @@ def test_records_of_another_shape_name_the_jobs_shape_field(tmp_path):
     assert str(err.value).startswith(f"{conf}:")
 
 
+def test_a_store_of_another_backend_names_the_jobs_backend_field(tmp_path):
+    """An HDF5 store named `backend: "kvfile"` said the file was damaged (a key length at byte 0)."""
+    import nets
+    from singa_mpi.config.load import load_job
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher.checks import check_first_batches
+
+    store = nets.make_data(str(tmp_path / "data.h5"), 100, (12,), 5)
+    conf = tmp_path / "job.conf"
+    conf.write_text(nets.mlp(store, 32, "data").replace('backend: "hdf5"', 'backend: "kvfile"'))
+    cfg = load_job(str(conf))
+    index = next(k for k, layer in enumerate(cfg.proto.neuralnet.layer) if layer.name == "data")
+    with pytest.raises(DataError) as err:
+        check_first_batches(cfg, str(tmp_path), ["train"])
+    assert str(err.value) == (f"{cfg.layer_where(index, 'store_conf', 'backend')}: layer 'data': {store}: an HDF5 "
+                              f"file, read with backend \"kvfile\": expected backend \"hdf5\" for it (or another "
+                              f"file at this path)")
+
+
 def test_testing_before_any_training_says_which_workspace_to_name(tmp_path):
     """`singa-mpi train --workspace runs/digits` then `singa-mpi test JOB` (the job's own workspace, empty)
     said "expected `--checkpoint FILE` or a trained workspace", not how to name the one it trained in."""
