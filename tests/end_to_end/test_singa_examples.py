@@ -50,9 +50,10 @@ PLUGINS = {"v0.1.0/examples/rnnlm/job.conf": "examples/rnnlm/rnnlm.py",
            "v0.2.0/examples/rnnlm/job.conf": "examples/rnnlm/rnnlm.py"}
 NOT_YET: dict[str, tuple[str, str]] = {}  # file -> (why, the one-line error `check` gives: a regex of what follows
 #                                           "FILE:LINE:COL: ")
+JOB_FIELDS = ", ".join(sorted(job_pb2.JobProto.DESCRIPTOR.fields_by_name))  # what an unknown one is told
 REJECTED = {  # SINGA's own job.proto of the time has no `model` field either
-    "v0.1.0/examples/mnist/rbm_job.conf": "model: unknown field of JobProto",
-    "v0.2.0/examples/mnist/rbm_job.conf": "model: unknown field of JobProto",
+    "v0.1.0/examples/mnist/rbm_job.conf": f"model: unknown field of JobProto: expected one of {JOB_FIELDS}",
+    "v0.2.0/examples/mnist/rbm_job.conf": f"model: unknown field of JobProto: expected one of {JOB_FIELDS}",
 }
 # SINGA's test-only sampling job (run with -test): passes check and plans; `train` refuses it.  It samples
 # from a 2-layer GRU that job.conf never trains (B8): `singa-mpi sample` samples from the trained job
