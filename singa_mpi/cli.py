@@ -21,9 +21,12 @@ Bad option values are refused before anything runs, on one line.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import difflib
 import os
 import pathlib
+import re
 import signal
 import sys
 import threading
@@ -815,7 +818,7 @@ class _Parser(argparse.ArgumentParser):
     subcommands' parsers are of this class too (argparse builds them as their parent's)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+        self.exit(2, f"{self.prog}: error: {message}{_closest_choice(message)} (see {self.prog} -h)\n")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         """As argparse's, but what no parser took is named with the help of the command it followed."""
@@ -831,6 +834,23 @@ class _Parser(argparse.ArgumentParser):
             self.exit(2, f"{self.prog}: error: unrecognized arguments: {' '.join(extras)} (see "
                          f"{self.prog} {command + ' ' if command else ''}-h)\n")
         return parsed
+
+
+# argparse's words for a value outside an argument's choices (a command, --phase, --format, ...)
+_INVALID_CHOICE = re.compile(r"invalid choice: (?P<bad>'.*?') \(choose from (?P<choices>.*)\)$")
+
+
+def _closest_choice(message: str) -> str:
+    """`` (did you mean 'train'?)`` when ``message`` refuses a choice one of the valid ones resembles."""
+    refused = _INVALID_CHOICE.search(message)
+    if refused is None:
+        return ""
+    try:
+        bad, choices = ast.literal_eval(refused["bad"]), ast.literal_eval(f"[{refused['choices']}]")
+    except (SyntaxError, ValueError):
+        return ""
+    close = difflib.get_close_matches(bad, [str(choice) for choice in choices], n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 class _IntermixedParser(_Parser):

@@ -297,3 +297,27 @@ def test_plan_options_that_were_ignored_or_wrote_text_as_a_picture_are_one_line(
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and expected.replace("{tmp}", str(tmp_path)) in lines[0], captured.err
     assert captured.out == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["trian"], "'trian' (choose from 'train', 'run', "),
+    (["chekc", DIGITS], "'chekc' (choose from "),
+    (["ckpt", "inspct", "a.h5"], "'inspct' (choose from 'inspect', 'convert') (did you mean 'inspect'?) (see singa-mpi ckpt -h)"),
+    (["plan", DIGITS, "--phase", "tset"], "'tset' (choose from 'train', 'test', 'val') (did you mean 'test'?) (see "),
+    (["data", "digit", "--out", "d"], "'digit' (choose from 'digits', "),
+    (["plan", DIGITS, "--format", "jsn"], "'jsn' (choose from 'text', 'json', 'dot', 'program') (did you mean 'json'?)"),
+])
+def test_a_mistyped_choice_names_the_closest_valid_one(capsys, argv, said):
+    """A mistyped command (or --phase, --format, ...) was refused with the list alone."""
+    line = refused(capsys, *argv)
+    assert f"invalid choice: {said}" in line
+    closest = {"trian": "train", "chekc": "check", "digit": "digits"}.get(said.split("'")[1])
+    if closest:
+        assert line.endswith(f" (did you mean '{closest}'?) (see singa-mpi{' data' if closest == 'digits' else ''} -h)")
+    else:
+        assert "(did you mean '" in line
+
+
+def test_a_choice_like_none_of_the_valid_ones_suggests_nothing(capsys):
+    line = refused(capsys, "xyzzy")
+    assert "invalid choice: 'xyzzy' (choose from 'train', " in line and "did you mean" not in line
