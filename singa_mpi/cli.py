@@ -660,7 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_test)
 
     p = sub.add_parser("check", help="validate a job configuration (no data, no MPI)")
-    p.add_argument("job")
+    p.add_argument("job", help="job configuration (text-format JobProto) to check")
     p.add_argument("-v", "--verbose", action="store_true", help="list layers with output shapes")
     p.add_argument("--print-workspace", action="store_true", help="only print the job's workspace folder")
     p.add_argument("-n", "--ranks", "--workers", dest="n", type=positive_int, metavar="N",
@@ -671,11 +671,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("plan", help="show how a job is partitioned over N workers (no MPI needed)")
-    p.add_argument("job")
+    p.add_argument("job", help="job configuration (text-format JobProto) to partition")
     p.add_argument("-n", "--workers", dest="n", type=positive_int,
                    help="workers per group to plan for: the MPI ranks, but for a framework's server ranks, which "
                         "come on top (default: the job's cluster.nworkers_per_group; a job without it needs -n)")
-    p.add_argument("--phase", default="train", choices=["train", "test", "val"])
+    p.add_argument("--phase", default="train", choices=["train", "test", "val"],
+                   help="the phase whose net to partition (default: train)")
     p.add_argument("--format", default="text", choices=["text", "json", "dot", "program"],
                    help="program: each rank's step as the ordered actions the runtime executes")
     p.add_argument("--full", action="store_true", help="an unrolled net: list every time step's copies "
@@ -703,7 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("ckpt", help="inspect or convert checkpoints")
-    p.add_argument("action", choices=["inspect", "convert"])
+    p.add_argument("action", choices=["inspect", "convert"],
+                   help="inspect: print a checkpoint's step, params and shapes and check its checksums; convert: "
+                        "join SINGA 0.x BlobProtos files into one HDF5 checkpoint (--out)")
     p.add_argument("files", nargs="+", help="inspect: a checkpoint; convert: SINGA 0.x BlobProtos files")
     p.add_argument("--out", type=writable_file, help="convert: the HDF5 checkpoint to write")
     p.add_argument("--step", type=non_negative_int, help="convert: the step to record (default: from the file name)")
@@ -766,7 +769,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data", help="convert data sets into stores")
     p.__class__ = _IntermixedParser  # add_parser builds the parent's class; FILES may follow the options
-    p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv", "synthetic", "text"])
+    p.add_argument("source", choices=["digits", "mnist", "cifar10", "csv", "synthetic", "text"],
+                   help="digits: scikit-learn's bundled digits (nothing to download); mnist: IDX files; cifar10: "
+                        "binary batches; csv: label,v1,v2,... lines; synthetic: random stores for a job's input "
+                        "layers (--like); text: a char-rnn corpus and its vocabulary")
     p.add_argument("files", nargs="*", metavar="FILES",
                    help="text: files to concatenate (default: the Python standard library's own source)")
     p.add_argument("--out", type=writable_path, help="output store (folder for digits)")

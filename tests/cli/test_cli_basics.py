@@ -78,6 +78,20 @@ def test_help_texts_have_no_rest_markup():
             assert markup not in text, text
 
 
+def test_every_argument_of_every_command_has_a_help_text():
+    """check's and plan's JOB, plan --phase, ckpt's ACTION and data's SOURCE showed in -h with no word."""
+    unexplained = []
+    for parser in _parsers(cli.build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if isinstance(action, argparse._SubParsersAction):  # each command is explained in the list
+                unexplained += [f"{parser.prog} {choice.dest}" for choice in action._choices_actions if not choice.help]
+            elif not action.help:
+                unexplained.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
+    assert unexplained == []
+
+
 def test_every_workspace_option_names_the_default_it_takes():
     """train's, sample's and draw's --workspace said "(default: cluster.workspace)" while test's added "else
     workspace/JOB_NAME", where every one of them goes when the job names no workspace."""
