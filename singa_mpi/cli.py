@@ -963,6 +963,7 @@ def _check_data_args(args) -> None:
     for name in required.get(getattr(args, "source", ""), ()):
         if not getattr(args, name):
             raise ConfigError(f"data {args.source}: --{name} is required")
+    _check_data_out(args)
     if getattr(args, "files", None) and args.source != "text":
         raise ConfigError(f"data {args.source}: unexpected arguments {' '.join(args.files)}: expected options only "
                           f"(file arguments are for `data text`)")
@@ -974,6 +975,20 @@ def _check_data_args(args) -> None:
             takes = ", ".join(f"--{n.replace('_', '-')}" for n in (*mine, "overwrite"))
             raise ConfigError(f"data {args.source}: --{name.replace('_', '-')} is an option of {owners}: expected "
                               f"options of data {args.source} ({takes})")
+
+
+def _check_data_out(args) -> None:
+    """ConfigError (exit 2, as for ``--out FILE/sub``) when --out is a file where the source writes a folder,
+    or a folder where it writes a file: `data digits --out FILE` was found only while writing (exit 3)."""
+    if not getattr(args, "out", None) or args.source == "synthetic":
+        return
+    folder = args.source in ("digits", "text") or args.backend == "shard"
+    what = {"digits": "the digits' train and test stores", "text": "the text and its vocabulary"}.get(
+        args.source, "the DataShard" if folder else "the store")
+    try:
+        writable_folder(args.out) if folder else writable_file(args.out)
+    except argparse.ArgumentTypeError as err:
+        raise ConfigError(f"data {args.source}: argument --out: {err} for {what}") from None
 
 
 # the options each source of `data` reads (besides --overwrite), and their defaults: one given to another

@@ -201,6 +201,27 @@ def test_examples_into_a_file_is_refused_up_front(capsys, tmp_path):
     assert blocker.read_text() == "x"
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["data", "digits", "--out", "{file}"], "is a file, not a folder: expected a folder (or a path where one can be "
+                                            "made) for the digits' train and test stores"),
+    (["data", "text", "--out", "{file}"], "is a file, not a folder: expected a folder (or a path where one can be "
+                                          "made) for the text and its vocabulary"),
+    (["data", "mnist", "--images", "i", "--labels", "l", "--out", "{folder}"], "is a folder: expected a file name "
+                                                                                "for the store"),
+])
+def test_data_out_of_the_wrong_kind_is_refused_up_front(capsys, tmp_path, argv, expected):
+    """`data digits --out FILE` exited 3 ("a file: expected a folder", found while writing) where
+    `data digits --out FILE/sub` exited 2: both are the command line's mistake, exit 2, nothing written."""
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-folder").mkdir()
+    paths = {"{file}": str(tmp_path / "a-file"), "{folder}": str(tmp_path / "a-folder")}
+    argv = [paths.get(arg, arg) for arg in argv]
+    out = next(arg for arg in argv if arg in paths.values())
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"singa-mpi: error: data {argv[1]}: argument --out: {out}: {expected}\n"
+    assert sorted(os.listdir(tmp_path)) == ["a-file", "a-folder"] and (tmp_path / "a-file").read_text() == "x"
+
+
 # ------------------------------------------------------------------ the issue's commands, as run
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="/proc is refused up front (exit 2) to users other than root")
