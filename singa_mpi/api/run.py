@@ -24,6 +24,7 @@ from singa_mpi.errors import SingaError
 
 # what a run's messages tell a script to do, for the options `singa-mpi train` spells as flags
 FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., overwrite=True)",
+                "--steps": "fit(..., steps={})",  # {}: the count
                 "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
 RECORDED_PHASES = ("train", "test", "validation")  # the phases of metrics.jsonl's records
 EVALUATE_SPELLING = {"--checkpoint": "evaluate(..., checkpoints=[FILE])"}  # the test command's option, as evaluate takes it

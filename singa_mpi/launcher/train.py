@@ -56,8 +56,7 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     # server ranks wait for their initial state before anything else
     trainer.runtime.begin_training(trainer.loaded, trainer.finite.enabled)
     if trainer.start_step > 0 and trainer.start_step >= trainer.train_steps:
-        trainer.log(f"nothing to do: the checkpoint is at step {trainer.start_step}, "
-                    f"train_steps is {trainer.train_steps}")
+        trainer.log(nothing_to_do(trainer.start_step, trainer.train_steps, options))
         return 0
     if trainer.runtime.any(trainer.stop_requested):  # a signal during setup (StopSignals): stop before step 1
         trainer.log(STOPPED_BEFORE_TRAINING)
@@ -86,6 +85,17 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
             progress.also_on_stderr(trainer.resume_hint)
         return checkpoint.EXIT_CHECKPOINTED
     return 0
+
+
+def nothing_to_do(at: int, steps: int, options: RunOptions) -> str:
+    """Why a resumed run at checkpoint step ``at`` trains no step, in the words of whoever set the last step
+    (``--steps``, as the caller spells it, else the job's train_steps), and what to give instead."""
+    flag = options.said("--steps")
+    flag = flag if "{}" in flag else flag + " {}"  # the caller's words, the count in place of {}
+    further = f"expected {flag.format('N')} with N above {at} to train further (N counts from step 0)"
+    if options.steps is not None:
+        return f"nothing to do: {flag.format(steps)} is not beyond the checkpoint's step {at}: {further}"
+    return f"nothing to do: the job's train_steps {steps} is not beyond the checkpoint's step {at}: {further}"
 
 
 def _write_trace_parts(trainer: Trainer, options: RunOptions, run: str) -> None:

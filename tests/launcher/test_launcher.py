@@ -309,3 +309,31 @@ def test_test_command_on_a_workspace_of_damaged_checkpoints_says_what_it_expects
     assert result.returncode == 3 and len(errors) == 1, result.stderr[-2000:]
     assert "every checkpoint there is damaged" in errors[0] and "none to test: expected `--checkpoint FILE`" in \
         errors[0] and "step 0" not in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("given,said", [
+    (["--steps", "2"], "nothing to do: --steps 2 is not beyond the checkpoint's step 4: expected --steps N with N "
+                       "above 4 to train further (N counts from step 0)"),
+    ([], "nothing to do: the job's train_steps 4 is not beyond the checkpoint's step 4: expected --steps N with N "
+         "above 4 to train further (N counts from step 0)"),
+])
+def test_a_resume_with_no_step_left_says_so_in_the_words_of_the_option_given(tmp_path, capsys, given, said):
+    """`--resume --steps 5` at step 700 said "train_steps is 5": an option the user never wrote."""
+    from singa_mpi import cli
+
+    conf = job_file(tmp_path, steps=4)
+    workspace = tmp_path / "ws"
+    assert train(conf, workspace) == 0
+    capsys.readouterr()
+    assert cli.main(["train", conf, "--workspace", str(workspace), "--resume", *given]) == 0
+    assert said in capsys.readouterr().out
+
+
+def test_fit_words_a_resume_with_no_step_left_as_its_own_argument():
+    from singa_mpi.api.run import FIT_SPELLING
+    from singa_mpi.launcher import RunOptions
+    from singa_mpi.launcher.train import nothing_to_do
+
+    assert nothing_to_do(700, 5, RunOptions(steps=5, spelling=FIT_SPELLING)) == (
+        "nothing to do: fit(..., steps=5) is not beyond the checkpoint's step 700: expected fit(..., steps=N) with "
+        "N above 700 to train further (N counts from step 0)")
