@@ -116,10 +116,10 @@ def topology(world_size: int, cluster, nworkers: int | None = None, where: str =
 
 
 def _fit(world_size: int, cluster, nworkers: int | None, where: str,
-         launcher: str = "mpiexec") -> tuple[int, int, int, int, bool]:
+         launcher: str = "mpiexec", checked: bool = False) -> tuple[int, int, int, int, bool]:
     """(worker groups, workers per group, server groups, servers per group, servers separate) of
     ``cluster`` on ``world_size`` ranks; ConfigError saying how many ranks to launch (with ``launcher``)
-    if they do not fit."""
+    if they do not fit (``checked``: the count is `check -n`'s, which launches nothing)."""
     ngroups = max(1, cluster.nworker_groups)
     per_group = cluster.nworkers_per_group if cluster.HasField("nworkers_per_group") else None
     nserver_groups = max(1, cluster.nserver_groups)
@@ -139,6 +139,9 @@ def _fit(world_size: int, cluster, nworkers: int | None, where: str,
             parts.append(f"{nserver_groups} server group(s) x {per_server_group} server(s)")
         elif server_ranks > ngroups * per_group:  # the servers, not the workers, set the count
             parts[0] += f" with {server_ranks} co-located server(s) (cluster.nservers_per_group)"
+        if checked:
+            raise ConfigError(f"{where}: {' + '.join(parts)} need {needed} ranks, checked for {world_size} (check -n "
+                              f"{world_size}): expected check -n {needed} (and {launcher} -n {needed} to train it)")
         raise ConfigError(f"{where}: {' + '.join(parts)} need {needed} ranks, launched with {world_size}: "
                           f"expected {launcher} -n {needed}")
     return ngroups, per_group, nserver_groups, per_server_group, separate
@@ -165,17 +168,17 @@ def check_cluster_supported(cluster, where: str = "cluster", field_where: Callab
                         where)
 
 
-def check_launch(cluster, nranks: int, where: str = "cluster") -> int:
+def check_launch(cluster, nranks: int, where: str = "cluster", checked: bool = True) -> int:
     """``check -n N``: the refusals of a launch of ``cluster`` on N ranks, as ``train`` makes them (one
     worker group follows the launched count, as ``--workers`` does); no roles are built.  Returns the
-    workers per group."""
+    workers per group.  ``checked``: the refusal speaks of `check -n N` (else of a launch on N ranks)."""
     check_cluster_supported(cluster, where)
     if cluster.nworker_groups == 1 and not cluster.server_worker_separate:
         copy = type(cluster)()
         copy.CopyFrom(cluster)
         copy.nworkers_per_group = nranks
         cluster = copy
-    return _fit(nranks, cluster, nranks, where)[1]
+    return _fit(nranks, cluster, nranks, where, checked=checked)[1]
 
 
 def ranks_needed(cluster) -> int:

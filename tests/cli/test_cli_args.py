@@ -186,8 +186,9 @@ def test_check_on_n_workers_refuses_a_cluster_a_launch_on_n_refuses(capsys, tmp_
                                                              "cluster { nservers_per_group: 3 }"))
     assert cli.main(["check", "-n", "2", str(conf)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"singa-mpi: error: {conf}:68:1: 1 worker group(s) x 2 worker(s) with 3 co-located "
-                          f"server(s) (cluster.nservers_per_group) need 3 ranks, launched with 2: expected mpiexec -n 3")
+    assert err == (f"singa-mpi: error: {conf}:68:1: 1 worker group(s) x 2 worker(s) with 3 co-located server(s) "
+                   f"(cluster.nservers_per_group) need 3 ranks, checked for 2 (check -n 2): expected check -n 3 (and "
+                   f"mpiexec -n 3 to train it)\n")  # check launches nothing: it said "launched with 2"
     assert cli.main(["check", "-n", "3", str(conf)]) == 0
 
 
