@@ -5,6 +5,7 @@ Also ``python -m singa_mpi``.
 Launch examples::
 
     singa-mpi train                                   # the default job (digits MLP)
+    singa-mpi test                                    # its test phase on the run's newest checkpoint
     singa-mpi train conf/mnist_mlp.conf --workspace runs/mlp --seed 1
     singa-mpi check conf/cifar10_convnet.conf
     singa-mpi data digits --out data/digits
@@ -191,8 +192,8 @@ def _taken_out(args: list[str], option: str) -> tuple[list[str], str | None]:
 def cmd_test(args) -> int:
     from singa_mpi.test_command import run_test
 
-    return run_test(args.job, lambda cfg: resolve_workspace(cfg, args.workspace), checkpoints=args.checkpoint,
-                    workers=args.workers)
+    return run_test(str(args.job or default_job_path()), lambda cfg: resolve_workspace(cfg, args.workspace),
+                    checkpoints=args.checkpoint, workers=args.workers)
 
 
 def cmd_plan(args) -> int:
@@ -650,8 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="options of `singa-mpi train` (--workspace, --steps, --stall-timeout, ...)")
     p.set_defaults(func=cmd_run, train_options=train_options)
 
-    p = sub.add_parser("test", help="run the test phase on a trained model")
-    p.add_argument("job", help="the job file that trained it")
+    p = sub.add_parser("test", help="run the test phase on a trained model (default: conf/digits_mlp.conf's, "
+                                    "as train trains it)")
+    p.add_argument("job", nargs="?", help="the job file that trained it (default: conf/digits_mlp.conf, train's)")
     p.add_argument("--workspace", help=f"the run's folder (default: {WORKSPACE_DEFAULT})")
     p.add_argument("--checkpoint", action="append",
                    help="checkpoint file(s) to load (default: the newest in the workspace)")

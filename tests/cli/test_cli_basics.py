@@ -145,3 +145,19 @@ def test_main_in_process_keeps_the_callers_warning_filters(tmp_path, capsys):
         warnings.filterwarnings("ignore", message=".*gpu. .0. ignored")
         assert cli.main(["check", str(job)]) == 0
     assert [str(w.message) for w in seen] == []
+
+
+def test_test_takes_the_default_job_as_train_does(tmp_path, capsys, monkeypatch):
+    """`singa-mpi train` trained the default job but `singa-mpi test` refused to run without one: the test
+    of that run needed the job named."""
+    from checkpoint_jobs import job_file, train
+
+    conf = job_file(tmp_path, steps=2, extra="\ntest_steps: 1\ntest_freq: 100\n")
+    workspace = tmp_path / "ws"
+    assert train(conf, workspace) == 0
+    monkeypatch.setattr(cli, "default_job_path", lambda: pathlib.Path(conf))
+    capsys.readouterr()
+    code, said = cli.main(["test", "--workspace", str(workspace)]), capsys.readouterr()
+    assert code == 0, said.err
+    assert f"testing {workspace}/checkpoint/step2.h5 (step 2)" in said.out
+    assert (workspace / "test_results.jsonl").exists()
