@@ -754,7 +754,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "in the job's workspace)")
     p.add_argument("--seed-text", metavar="TEXT", help="fed in first, then printed before the sample "
                                                        "(default: a newline)")
-    p.add_argument("-n", type=non_negative_int, default=500, help="how many characters to sample (default 500)")
+    p.add_argument("-n", type=non_negative_int, default=500, metavar="CHARS",
+                   help="how many characters (the vocabulary's symbols: bytes) to sample after the seed text, "
+                        "which is printed first and not counted (default 500; not ranks, as -n is elsewhere)")
     p.add_argument("--temperature", type=positive_number, default=1.0,
                    help="divides the logits: below 1 likelier characters, above 1 more varied (default 1)")
     p.add_argument("--seed", type=data_seed, default=0, help="the sampling's random seed (default 0: the same text "

@@ -161,3 +161,11 @@ def test_test_takes_the_default_job_as_train_does(tmp_path, capsys, monkeypatch)
     assert code == 0, said.err
     assert f"testing {workspace}/checkpoint/step2.h5 (step 2)" in said.out
     assert (workspace / "test_results.jsonl").exists()
+
+
+def test_sample_n_says_it_counts_characters_not_ranks():
+    """-n is ranks or workers in check, plan and run: sample's -n N read the same in its usage."""
+    sample = next(parser for parser in _parsers(cli.build_parser()) if parser.prog == "singa-mpi sample")
+    assert "[-n CHARS]" in sample.format_usage()
+    count = next(action for action in sample._actions if "-n" in action.option_strings)
+    assert "characters" in count.help and "after the seed text" in count.help and "not counted" in count.help
