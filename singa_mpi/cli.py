@@ -868,6 +868,17 @@ class _IntermixedParser(_Parser):
     argparse's plain parse matches every positional in one run, leaving FILES empty at ``text``."""
 
     _inside = False
+    _REQUIRED = "the following arguments are required: "
+
+    def error(self, message: str):
+        """As :class:`_Parser`'s, without the optional positionals argparse's intermixed parse names as
+        required when a required one is missing (`singa-mpi data` said "required: source, FILES")."""
+        if message.startswith(self._REQUIRED):
+            optional = {action.metavar or action.dest for action in self._actions
+                        if not action.option_strings and action.nargs in ("?", "*")}
+            names = [name for name in message[len(self._REQUIRED):].split(", ") if name not in optional]
+            message = self._REQUIRED + ", ".join(names) if names else message
+        super().error(message)
 
     def parse_known_args(self, args=None, namespace=None):
         if self._inside:  # the stdlib's intermixed parse calls back here for each of its two passes

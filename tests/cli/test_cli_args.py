@@ -322,3 +322,12 @@ def test_a_mistyped_choice_names_the_closest_valid_one(capsys, argv, said):
 def test_a_choice_like_none_of_the_valid_ones_suggests_nothing(capsys):
     line = refused(capsys, "xyzzy")
     assert "invalid choice: 'xyzzy' (choose from 'train', " in line and "did you mean" not in line
+
+
+def test_data_without_a_source_names_only_the_source_as_required(capsys):
+    """argparse's intermixed parse (FILES may follow the options) said "required: source, FILES", but FILES
+    is optional (data text's, default: the standard library's source)."""
+    assert refused(capsys, "data") == ("singa-mpi data: error: the following arguments are required: source "
+                                       "(see singa-mpi data -h)")
+    assert refused(capsys, "data", "--out", "d") == ("singa-mpi data: error: the following arguments are required: "
+                                                     "source (see singa-mpi data -h)")
