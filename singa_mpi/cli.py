@@ -803,7 +803,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text: keep the first N bytes (default 2,000,000)")
     p.set_defaults(func=cmd_data)
     _debug_after_the_command_too(parser)
+    _described(parser)
     return parser
+
+
+def _described(parser: argparse.ArgumentParser) -> None:
+    """Each command's ``-h`` opens with what the command does, as the list in ``singa-mpi -h`` says it
+    (add_parser's help= goes to that list only: `singa-mpi calibrate -h` showed its usage alone)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                child = action.choices[choice.dest]
+                child.description = child.description or f"{choice.help[:1].upper()}{choice.help[1:]}."
+                _described(child)
 
 
 def _debug_after_the_command_too(parser: argparse.ArgumentParser) -> None:

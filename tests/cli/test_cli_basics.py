@@ -169,3 +169,17 @@ def test_sample_n_says_it_counts_characters_not_ranks():
     assert "[-n CHARS]" in sample.format_usage()
     count = next(action for action in sample._actions if "-n" in action.option_strings)
     assert "characters" in count.help and "after the seed text" in count.help and "not counted" in count.help
+
+
+def test_every_command_s_help_says_what_it_does():
+    """`singa-mpi calibrate -h` (and every command's -h) showed the usage and options alone: what the command
+    does was only in the list of `singa-mpi -h`."""
+    for parser in _parsers(cli.build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for choice in action._choices_actions:
+                    described = " ".join(action.choices[choice.dest].format_help().split())
+                    assert " ".join(choice.help.split())[1:] in described, choice.dest
+    calibrate = subprocess.run([sys.executable, "-m", "singa_mpi", "calibrate", "-h"], capture_output=True, text=True,
+                               timeout=60, cwd=ROOT)
+    assert "measure the communicator's latency and bandwidth" in " ".join(calibrate.stdout.split())
