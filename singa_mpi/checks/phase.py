@@ -9,7 +9,7 @@ import os
 
 from singa_mpi.checks.algorithms import check_carried_state, check_energy_models
 from singa_mpi.checks.params import check_params, check_shared_params
-from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
+from singa_mpi.config.load import AUTO, PHASES, JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
 from singa_mpi.data.prepare import folder_problem, how_to_make, is_bundled_digits
 from singa_mpi.data.stores import in_memory
@@ -74,8 +74,16 @@ def _check_names_and_sources(cfg: JobConfig, nodes: list[Node], phase: str) -> N
             raise layer_error(cfg, node, "name", repr(node.name),
                               f"a name unique in phase {phase} (layer #{seen[node.name].index} has it)")
         seen[node.name] = node
+    in_job = {layer.name for layer in cfg.proto.neuralnet.layer}
+    code = job_pb2.Phase.Name(PHASES[phase])
     for node in nodes:
         for k, src in enumerate(node.conf.srclayers):
+            if src in in_job and src not in seen:  # written, but its include/exclude leave it out here
+                raise ConfigError(
+                    f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "
+                    f"srclayers[{k}] = {src!r}: layer {src!r} is not kept for phase {phase} (its include/exclude): "
+                    f"expected a source kept for phase {phase}: add {code} to its include, or give phase "
+                    f"{phase} a layer of its own named {src!r} (include: {code})")
             if src not in seen:
                 raise ConfigError(
                     f"{cfg.layer_where(node.index, 'srclayers', k)}: {describe(cfg, node)}: "

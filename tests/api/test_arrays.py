@@ -237,5 +237,5 @@ def test_predict_with_a_test_phase_the_job_never_checked_names_the_layer(tmp_pat
     job = sm.Job("train-only-source", net, updater=sm.SGD(0.1), seed=1, train_steps=1)
     job.fit(tmp_path / "ws")
     with pytest.raises(sm.ArgumentError, match=r"^predict: the job's test phase: layer 'loss' \(#3, kSoftmaxLoss\): "
-                                               r"srclayers\[0\] = 'drop': expected the name of a layer of phase test"):
+                                               r"srclayers\[0\] = 'drop': layer 'drop' is not kept for phase test"):
         job.predict(x, tmp_path / "ws", layer="fc")

@@ -34,12 +34,15 @@ def test_plan_of_a_cluster_names_mpiexec_the_launcher_every_mpi_has():
 
 def test_plan_of_a_phase_the_job_does_not_run_is_one_line():
     """digits_mlp has no validation phase: its val net reads no input layer (a traceback before); the
-    check of that phase says so, as `check` does for the phases a job runs."""
+    check of that phase says so, as `check` does for the phases a job runs, naming the layer its
+    include leaves out of the phase (it said "expected the name of a layer of phase val" of a layer
+    the job has) and the two ways to give the phase its source."""
     out = run("plan", "conf/digits_mlp.conf", "-n", "2", "--phase", "val")
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines() == [
         "singa-mpi: error: conf/digits_mlp.conf:37:5: layer 'fc1' (#2, kInnerProduct): srclayers[0] = 'data': "
-        "expected the name of a layer of phase val (known: fc1, fc2, fc3, loss, relu1, relu2)"]
+        "layer 'data' is not kept for phase val (its include/exclude): expected a source kept for phase val: "
+        "add kVal to its include, or give phase val a layer of its own named 'data' (include: kVal)"]
     assert run("plan", "conf/digits_mlp.conf", "-n", "2", "--phase", "test").returncode == 0
 
 

@@ -207,7 +207,7 @@ CASES = {
     "train_steps_zero.conf": (None, ["train_steps = 0"], "train_steps"),
     "test_freq_zero.conf": (None, ["test_freq = 0", "test_steps = 10"], "test_freq"),
     "no_layer_for_test_phase.conf": (None, ["phase test"], "neuralnet"),
-    "srclayer_of_other_phase.conf": ("loss", ["srclayers[0] = 'drop1'", "known: data, fc1, loss"], "srclayers"),
+    "srclayer_of_other_phase.conf": ("loss", ["srclayers[0] = 'drop1'", "give phase test a layer of its own named 'drop1' (include: kTest)"], "srclayers"),
     "srclayer_is_itself.conf": ("loss", ["srclayers[1] = 'loss'"], "srclayers"),
     "layer_name_with_at.conf": ("fc1@0", ["name = 'fc1@0'"], "name"),
     "lrn_even_local_size.conf": ("norm1", ["lrn_conf.local_size = 4"], "local_size"),
