@@ -502,7 +502,7 @@ class Trainer:
             path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), ckpt)
         self.log(f"checkpoint {path}")
         if self.keep:
-            checkpoint.prune(self.workspace, self.keep)
+            checkpoint.prune(self.workspace, self.keep, written=step)
         return path
 
     def restore(self, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool | None = None) -> None:

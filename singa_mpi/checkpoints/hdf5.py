@@ -476,10 +476,12 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def prune(workspace: str, keep: int) -> list[str]:
-    """Delete all but the ``keep`` newest checkpoints; returns the removed paths."""
+def prune(workspace: str, keep: int, written: int | None = None) -> list[str]:
+    """Delete all but the ``keep`` newest checkpoints up to step ``written`` (the one just written; None:
+    the newest there is); returns the removed paths.  Newer files are neither counted nor removed: a
+    resume skipped them as damaged, and counted, they took the place of the checkpoint just written."""
     removed = []
-    for _, path in listed(workspace)[keep:]:
+    for _, path in [(step, path) for step, path in listed(workspace) if written is None or step <= written][keep:]:
         try:
             os.remove(path)
         except OSError as err:

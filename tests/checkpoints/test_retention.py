@@ -1,0 +1,41 @@
+"""--keep K: the K newest checkpoints stay, and pruning never takes the one just written nor leaves a
+workspace whose only checkpoints are damaged."""
+import os
+import shutil
+
+import pytest
+
+from singa_mpi.checkpoints import hdf5 as checkpoint
+from checkpoint_jobs import job_file, train
+
+
+def test_keep_never_removes_the_checkpoint_just_written_for_a_newer_damaged_one(tmp_path):
+    """A damaged step5.h5 (a stop's checkpoint the disk damaged since): --resume skips it for step 2 and
+    writes step 4; --keep 1 kept the damaged step5.h5, the newest by name, and removed step4.h5 and
+    step2.h5: the run said `checkpoint .../step4.h5` and left nothing to resume from."""
+    conf = job_file(tmp_path, steps=2, extra="checkpoint_after: 2 checkpoint_freq: 2\n")
+    ws = tmp_path / "ws"
+    assert train(conf, ws) == 0
+    damaged = checkpoint.checkpoint_path(str(ws), 5)
+    shutil.copy(checkpoint.checkpoint_path(str(ws), 2), damaged)
+    with open(damaged, "r+b") as f:
+        f.truncate(os.path.getsize(damaged) // 2)
+    with pytest.warns(UserWarning, match=r"skipping damaged checkpoint: .*step5\.h5"):
+        assert train(conf, ws, resume=True, steps=4, keep=1) == 0
+    assert checkpoint.read(checkpoint.checkpoint_path(str(ws), 4)).step == 4  # the one just written stays
+    with pytest.warns(UserWarning, match=r"skipping damaged checkpoint: .*step5\.h5"):
+        assert checkpoint.newest_good(str(ws)).step == 4
+
+
+def test_keep_counts_the_checkpoints_up_to_the_one_written(tmp_path):
+    """Files newer than the checkpoint just written (damaged ones a resume skipped) are not counted
+    among the K newest, nor removed: the K up to the one written stay."""
+    conf = job_file(tmp_path, steps=2, extra="checkpoint_after: 2 checkpoint_freq: 2\n")
+    ws = tmp_path / "ws"
+    assert train(conf, ws) == 0
+    damaged = checkpoint.checkpoint_path(str(ws), 9)
+    with open(damaged, "wb") as f:
+        f.write(b"")
+    with pytest.warns(UserWarning, match=r"skipping damaged checkpoint: .*step9\.h5"):
+        assert train(conf, ws, resume=True, steps=8, keep=2) == 0
+    assert [step for step, _ in checkpoint.listed(str(ws))] == [9, 8, 6]
