@@ -7,7 +7,12 @@ which runs without the packages a rank imports, writes a failed run's timeline t
 """
 from __future__ import annotations
 
+import errno
 import os
+
+# fsync on a folder refused as unsupported (some FUSE and SMB file systems; PostgreSQL ignores these too):
+# nothing more can be done to make the rename durable, as where the folder cannot be opened
+_UNSUPPORTED = (errno.EINVAL, errno.ENOTSUP, errno.ENOSYS)
 
 
 def write_whole(path: str, text: str) -> None:
@@ -45,5 +50,8 @@ def fsync_dir(folder: str) -> None:
         return
     try:
         os.fsync(fd)
+    except OSError as err:
+        if err.errno not in _UNSUPPORTED:
+            raise
     finally:
         os.close(fd)

@@ -239,3 +239,39 @@ def test_metrics_that_cannot_be_written_are_one_line_exit_3(tmp_path, nranks):
     one_error_line(cli_train(nranks, conf, ws), f"{ws / 'metrics.jsonl'}: cannot write the run's metrics: ",
                    "the previous checkpoints are intact")
     assert leftovers(ws) == []
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOTSUP, errno.ENOSYS])
+def test_a_file_system_that_cannot_fsync_a_folder_still_takes_checkpoints(tmp_path, monkeypatch, code):
+    """Some file systems (FUSE mounts, SMB shares) refuse fsync on a folder as unsupported: every run
+    there ended at its first checkpoint, exit 3, saying it could not write a checkpoint it had written
+    whole and renamed.  Such a refusal is no failure, as where the folder cannot be opened."""
+    conf = job(tmp_path, steps=4, extra="checkpoint_after: 2 checkpoint_freq: 2\n")
+    ws = tmp_path / "ws"
+    real_fsync = os.fsync
+
+    def folder_refusing_fsync(fd):
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(code, os.strerror(code))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", folder_refusing_fsync)
+    assert cli.main(["train", conf, "--workspace", str(ws)]) == 0
+    assert [step for step, _ in checkpoint.listed(str(ws))] == [4, 2]
+    assert checkpoint.read(checkpoint.checkpoint_path(str(ws), 4)).step == 4
+    assert leftovers(ws) == []
+
+
+def test_a_folder_fsync_that_fails_for_another_reason_still_fails_the_write(tmp_path, monkeypatch):
+    """An I/O error making the rename durable is reported (the disk is failing), as before."""
+    real_fsync = os.fsync
+
+    def folder_failing_fsync(fd):
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", folder_failing_fsync)
+    ckpt = checkpoint.Checkpoint(step=3, params={"w": np.ones((2, 2), np.float32)})
+    with pytest.raises(DataError, match="step3.h5: cannot write the checkpoint: Input/output error"):
+        checkpoint.write(checkpoint.checkpoint_path(str(tmp_path), 3), ckpt)
