@@ -82,6 +82,11 @@ _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 DAMAGE = (OSError, KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError, OverflowError)
 
 
+class NotACheckpoint(DataError):
+    """A file of another kind than a checkpoint (a job file, a data store), or of a newer format: not
+    damage, which `ckpt inspect` reports as DAMAGED."""
+
+
 @dataclasses.dataclass
 class Checkpoint:
     """The content of a checkpoint, as logical arrays."""
@@ -207,7 +212,8 @@ def _unsealed(path: str, image: bytes) -> bool:
         return False
     m = _SEAL.match(image)
     if m is None:
-        raise DataError(f"{path}: {_what_else(image)}")
+        kind = kind_of(image) if image else None  # (an empty file: a checkpoint cut to nothing, say)
+        raise (DataError if kind is None else NotACheckpoint)(f"{path}: {_what_else(image)}")
     body = memoryview(image)[USER_BLOCK:]
     if int(m.group(1)) != len(body):
         raise DataError(f"{path}: fails its whole-file checksum (the file is truncated or damaged: {len(body)} "
@@ -308,10 +314,10 @@ def _check_header(f, path: str) -> int:
     """The file's format version, once its header and layout verify; DataError otherwise."""
     version = int(f.attrs.get("format_version", 0))
     if "step" not in f.attrs and "complete" not in f.attrs:  # every checkpoint, of any format, has both
-        raise DataError(f"{path}: an HDF5 file, but not a singa_mpi checkpoint (no step attribute: a data "
+        raise NotACheckpoint(f"{path}: an HDF5 file, but not a singa_mpi checkpoint (no step attribute: a data "
                         f"store, say)")
     if version > FORMAT_VERSION:
-        raise DataError(f"{path}: checkpoint format {version} is newer than this singa_mpi ({FORMAT_VERSION}), "
+        raise NotACheckpoint(f"{path}: checkpoint format {version} is newer than this singa_mpi ({FORMAT_VERSION}), "
                         f"or the file is damaged: upgrade singa_mpi if a newer one wrote it")
     if int(f.attrs.get("complete", 0)) != 1:
         raise DataError(f"{path}: incomplete checkpoint (writing was interrupted)")

@@ -25,6 +25,8 @@ def inspect(path: str) -> str:
     try:
         ckpt = checkpoint.read(path)
         verdict = "all checksums OK"
+    except checkpoint.NotACheckpoint:
+        raise
     except DataError as err:
         raise DataError(f"{path}: DAMAGED: {str(err).removeprefix(path + ': ')}") from None
     identity = f"identity {ckpt.job_identity}" if ckpt.job_identity else "no job identity"

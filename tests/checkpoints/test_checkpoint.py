@@ -428,3 +428,32 @@ def test_a_checkpoint_moves_each_group_s_reader_position_by_the_steps_it_trained
     assert paced(state, [6, 4, 9]) == {"batches": 10, "groups": 3, "ahead1": 2, "ahead2": 3}
     assert paced(state, [6, 2, 6]) == {"batches": 10, "groups": 3}  # group 1 fell back to group 0: none ahead
     assert paced({"batches": 10}, [6, 8]) == {"batches": 10}  # a reader of one group's layout (a test's)
+
+
+def test_ckpt_inspect_calls_a_file_of_another_kind_no_checkpoint_not_damaged(tmp_path):
+    """`ckpt inspect job.conf` (or a data store, or a newer singa_mpi's checkpoint) said
+    `DAMAGED: a text file (a job file?), not a checkpoint`: the file is fine, it is another kind."""
+    import h5py
+
+    conf = job_file(tmp_path, steps=2)
+    train(conf, tmp_path / "ws")
+    newer = str(tmp_path / "step2.h5")
+    shutil.copy(checkpoint.checkpoint_path(str(tmp_path / "ws"), 2), newer)
+    with h5py.File(newer, "r+") as f:  # what a newer format would be, its checksums made anew
+        f.attrs["format_version"] = checkpoint.FORMAT_VERSION + 1
+        f.attrs["header_crc32"] = checkpoint._layout_crc(f)
+    with open(newer, "rb") as f:
+        image = checkpoint.seal(f.read())
+    with open(newer, "wb") as f:
+        f.write(image)
+    store = str(tmp_path / "data.h5")
+    for path, said in [(conf, "a text file (a job file?), not a checkpoint"),
+                       (store, "an HDF5 file, but not a singa_mpi checkpoint"),
+                       (newer, f"checkpoint format {checkpoint.FORMAT_VERSION + 1} is newer than this singa_mpi")]:
+        with pytest.raises(DataError) as err:
+            ckpt_tools.inspect(path)
+        assert str(err.value).startswith(f"{path}: {said}"), err.value
+    with pytest.raises(DataError, match=r"step2\.h5: DAMAGED: an empty file"):  # a checkpoint cut to nothing
+        empty = tmp_path / "ws" / "checkpoint" / "step2.h5"
+        empty.write_bytes(b"")
+        ckpt_tools.inspect(str(empty))
