@@ -20,6 +20,9 @@ def inspect(path: str) -> str:
     DataError (exit code 3) when the file is missing or damaged."""
     if os.path.isdir(path):
         raise DataError(f"{path}: a folder: expected a checkpoint file, such as WORKSPACE/checkpoint/step<N>.h5")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise DataError(f"{path}: not a regular file (a device or a pipe): expected a checkpoint file, such as "
+                        f"WORKSPACE/checkpoint/step<N>.h5")
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such checkpoint file")
     try:

@@ -457,3 +457,14 @@ def test_ckpt_inspect_calls_a_file_of_another_kind_no_checkpoint_not_damaged(tmp
         empty = tmp_path / "ws" / "checkpoint" / "step2.h5"
         empty.write_bytes(b"")
         ckpt_tools.inspect(str(empty))
+
+
+def test_ckpt_inspect_of_something_that_is_no_regular_file_does_not_call_it_missing(tmp_path):
+    """`ckpt inspect /dev/null` said `no such checkpoint file` of a path that exists."""
+    fifo = str(tmp_path / "pipe")
+    os.mkfifo(fifo)
+    for path in ("/dev/null", fifo):
+        with pytest.raises(DataError) as err:
+            ckpt_tools.inspect(path)
+        assert str(err.value) == (f"{path}: not a regular file (a device or a pipe): expected a checkpoint file, such "
+                                  f"as WORKSPACE/checkpoint/step<N>.h5"), err.value
