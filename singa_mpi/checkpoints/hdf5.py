@@ -87,6 +87,11 @@ class NotACheckpoint(DataError):
     damage, which `ckpt inspect` reports as DAMAGED."""
 
 
+class NewerFormat(NotACheckpoint):
+    """A checkpoint whose seal verifies, of a format newer than this singa_mpi reads: a newer singa_mpi
+    wrote it, so `--resume` stops rather than go back past it and write over it."""
+
+
 @dataclasses.dataclass
 class Checkpoint:
     """The content of a checkpoint, as logical arrays."""
@@ -317,7 +322,7 @@ def _check_header(f, path: str) -> int:
         raise NotACheckpoint(f"{path}: an HDF5 file, but not a singa_mpi checkpoint (no step attribute: a data "
                         f"store, say)")
     if version > FORMAT_VERSION:
-        raise NotACheckpoint(f"{path}: checkpoint format {version} is newer than this singa_mpi ({FORMAT_VERSION}), "
+        raise NewerFormat(f"{path}: checkpoint format {version} is newer than this singa_mpi ({FORMAT_VERSION}), "
                         f"or the file is damaged: upgrade singa_mpi if a newer one wrote it")
     if int(f.attrs.get("complete", 0)) != 1:
         raise DataError(f"{path}: incomplete checkpoint (writing was interrupted)")
@@ -415,6 +420,8 @@ RESUME_TODO = "none to continue from; move them aside to start again from step 0
 
 def newest_good(workspace: str, todo: str = RESUME_TODO) -> Checkpoint | None:
     """The newest checkpoint that reads and verifies; damaged newer ones are skipped with a warning.
+    A file of a newer format stops the search (NewerFormat): its writer, a newer singa_mpi, is the one to
+    go on from it, and a resume from an older one would write over it.
     None when the workspace has no checkpoint; DataError when it has some and every one is damaged
     (taken for "none", a resumed run would start again from step 0 without a word), ending with
     ``todo``: what the caller, which need not resume (`test`, `sample`), can do about it."""
@@ -422,6 +429,8 @@ def newest_good(workspace: str, todo: str = RESUME_TODO) -> Checkpoint | None:
     for _, path in files:
         try:
             return read(path)
+        except NewerFormat as err:
+            raise NewerFormat(f"{err} (or move it aside to use the older ones)") from None
         except DataError as err:
             warnings.warn(f"skipping damaged checkpoint: {err}", stacklevel=2)
     if files:

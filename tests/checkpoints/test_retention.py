@@ -39,3 +39,29 @@ def test_keep_counts_the_checkpoints_up_to_the_one_written(tmp_path):
     with pytest.warns(UserWarning, match=r"skipping damaged checkpoint: .*step9\.h5"):
         assert train(conf, ws, resume=True, steps=8, keep=2) == 0
     assert [step for step, _ in checkpoint.listed(str(ws))] == [9, 8, 6]
+
+
+def test_resume_stops_at_a_newer_singa_mpi_s_checkpoint_instead_of_overwriting_it(tmp_path):
+    """A step4.h5 of a newer format (a newer singa_mpi wrote it) was skipped as damaged: the run resumed
+    from step 2 and wrote its own step4.h5 over it, losing the newer run's checkpoint.  Now --resume
+    stops in one line naming it (exit 3), and the file stays as it was."""
+    import h5py
+
+    conf = job_file(tmp_path, steps=4, extra="checkpoint_after: 2 checkpoint_freq: 2\n")
+    ws = tmp_path / "ws"
+    assert train(conf, ws) == 0
+    newer = checkpoint.checkpoint_path(str(ws), 4)
+    with h5py.File(newer, "r+") as f:
+        f.attrs["format_version"] = checkpoint.FORMAT_VERSION + 1
+        f.attrs["header_crc32"] = checkpoint._layout_crc(f)
+    with open(newer, "rb") as f:
+        image = checkpoint.seal(f.read())
+    with open(newer, "wb") as f:
+        f.write(image)
+    with pytest.raises(checkpoint.DataError) as err:
+        train(conf, ws, resume=True, steps=6)
+    line = str(err.value)
+    assert line.startswith(f"{newer}: checkpoint format {checkpoint.FORMAT_VERSION + 1} is newer than this "
+                           f"singa_mpi") and "move it aside" in line and "\n" not in line, line
+    with open(newer, "rb") as f:
+        assert f.read() == image
