@@ -580,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"singa-mpi {__version__}")
     parser.add_argument("--debug", "--traceback", dest="debug", action="store_true",
                         help="show the Python traceback on errors (--traceback is the older name)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")  # errors say COMMAND, not command
 
     p = sub.add_parser("train", help="train a job (default: conf/digits_mlp.conf)")
     p.add_argument("job", nargs="?", help="job configuration (text-format JobProto)")
@@ -727,7 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("draw", help="draw an RBM's or autoencoder's filters or reconstructions from a checkpoint "
                                     "into a PNG (needs matplotlib)")
-    draw = p.add_subparsers(dest="what", required=True)
+    draw = p.add_subparsers(dest="what", required=True, metavar="WHAT")  # errors say WHAT, not what
     d = draw.add_parser("filters", help="one tile per hidden unit: the rows of a 2-D weight as images")
     d.add_argument("checkpoint", metavar="CKPT", help="an HDF5 checkpoint (WORKSPACE/checkpoint/step<N>.h5)")
     d.add_argument("--param", help="the weight to draw (default: the checkpoint's first 2-D param)")

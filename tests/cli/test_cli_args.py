@@ -64,7 +64,18 @@ def test_other_commands_refuse_bad_counts_and_seeds(capsys, argv, expected):
 
 
 def test_an_unknown_command_is_one_line_too(capsys):
-    assert "argument command: invalid choice: 'trian'" in refused(capsys, "trian")
+    assert "argument COMMAND: invalid choice: 'trian'" in refused(capsys, "trian")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], "the following arguments are required: COMMAND (see singa-mpi -h)"),
+    (["draw"], "the following arguments are required: WHAT (see singa-mpi draw -h)"),
+    (["draw", "filt"], "argument WHAT: invalid choice: 'filt'"),
+])
+def test_a_missing_or_unknown_command_is_named_as_the_usage_names_it(capsys, argv, expected):
+    """The usage says COMMAND (and draw's WHAT); the errors said argparse's inner names, "command" and
+    "what", which no help text shows."""
+    assert expected in refused(capsys, *argv)
 
 
 # ------------------------------------------------------------------ outputs that cannot be written
