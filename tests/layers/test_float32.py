@@ -218,17 +218,21 @@ def test_every_built_in_layer_type_has_a_case():
     assert set(LAYERS.builtin_names()) - set(PAIRS) - set(CASES) == set(), "add a case for each new layer type"
 
 
-@pytest.mark.parametrize("place", sorted(PLACES))
-@pytest.mark.parametrize("block_rows", [None, 2], ids=["default", "deterministic"])
-@pytest.mark.parametrize("type_name", sorted(CASES))
-def test_a_float32_batch_stays_float32(type_name, block_rows, place, tmp_path):
+def applicable(type_name: str, block_rows: int | None, place: str) -> bool:
+    """Whether a run can put the layer there: deterministic mode covers only some layers, only some
+    layers' features are split, and some layers always run on the whole batch."""
     cls = layer_class(type_name)
-    if block_rows is not None and not cls.deterministic:
-        pytest.skip("deterministic mode does not cover this layer")
-    if place == "features" and not cls.feature_partitionable:
-        pytest.skip("its features are never split")
-    if place == "rows" and type_name in WHOLE_BATCH:
-        pytest.skip("it runs on the whole batch")
+    return ((block_rows is None or cls.deterministic) and (place != "features" or cls.feature_partitionable)
+            and (place != "rows" or type_name not in WHOLE_BATCH))
+
+
+PLACED_CASES = [pytest.param(type_name, block_rows, place, id=f"{type_name}-{mode}-{place}")
+                for type_name in sorted(CASES) for block_rows, mode in ((None, "default"), (2, "deterministic"))
+                for place in sorted(PLACES) if applicable(type_name, block_rows, place)]
+
+
+@pytest.mark.parametrize("type_name, block_rows, place", PLACED_CASES)
+def test_a_float32_batch_stays_float32(type_name, block_rows, place, tmp_path):
     assert run_case(type_name, CASES[type_name](tmp_path), block_rows, place=place) == []
 
 
