@@ -223,6 +223,7 @@ def grid_figure(cells: list[list[np.ndarray | None]], title: str):
 
 
 def read_checkpoint(path: str) -> checkpoint.Checkpoint:
+    checkpoint.refuse_irregular(path)
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file: expected a checkpoint such as WORKSPACE/checkpoint/step<N>.h5")
     return checkpoint.read(path)

@@ -169,6 +169,7 @@ def generate(sampler: Sampler, seed_text: bytes, n: int, temperature: float = 1.
 def find_checkpoint(path: str | None, workspace: str) -> checkpoint.Checkpoint:
     """``path``, else the newest good checkpoint of ``workspace``; DataError if there is none."""
     if path:
+        checkpoint.refuse_irregular(path)
         if not os.path.isfile(path):
             raise DataError(f"{path}: no such file: expected a checkpoint such as WORKSPACE/checkpoint/step<N>.h5")
         return checkpoint.read(path)

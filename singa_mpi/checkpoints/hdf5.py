@@ -357,8 +357,22 @@ def _read_text(f, name: str, path: str, checked: bool) -> str:
     return raw.decode()
 
 
+EXPECTED_FILE = "expected a checkpoint file, such as WORKSPACE/checkpoint/step<N>.h5"
+
+
+def refuse_irregular(path: str, expected: str = EXPECTED_FILE) -> None:
+    """DataError when ``path`` is there but is no regular file: a folder, or a device or a pipe, whose
+    read would block for good (a FIFO without a writer) or give nothing a checkpoint holds; checked
+    before a checkpoint is opened, so that a run refuses it in phase 1, before any communication."""
+    if os.path.isdir(path):
+        raise DataError(f"{path}: a folder: {expected}")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise DataError(f"{path}: not a regular file (a device or a pipe): {expected}")
+
+
 def read(path: str) -> Checkpoint:
     """Read and verify a checkpoint; DataError naming the file and the damaged part."""
+    refuse_irregular(path)
     try:
         with open(path, "rb") as handle:
             image = handle.read()

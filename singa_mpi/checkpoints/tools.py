@@ -18,11 +18,7 @@ def inspect(path: str) -> str:
     """A summary of a checkpoint: step, params and shapes, plan, checksum verdict.
 
     DataError (exit code 3) when the file is missing or damaged."""
-    if os.path.isdir(path):
-        raise DataError(f"{path}: a folder: expected a checkpoint file, such as WORKSPACE/checkpoint/step<N>.h5")
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise DataError(f"{path}: not a regular file (a device or a pipe): expected a checkpoint file, such as "
-                        f"WORKSPACE/checkpoint/step<N>.h5")
+    checkpoint.refuse_irregular(path)
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such checkpoint file")
     try:
@@ -65,6 +61,7 @@ def _writers(ckpt: checkpoint.Checkpoint) -> str:
 
 def read_blobprotos(path: str) -> list[tuple[str, int, np.ndarray]]:
     """(name, version, array) of a SINGA 0.x checkpoint file (binary BlobProtos)."""
+    checkpoint.refuse_irregular(path, "expected SINGA 0.x's BlobProtos file, such as step<N>-worker<W>")
     blobs = job_pb2.BlobProtos()
     try:
         with open(path, "rb") as f:
@@ -193,6 +190,7 @@ def read_initial(path: str, shapes: Shapes | None = None) -> checkpoint.Checkpoi
             raise DataError(f"{path}: no good checkpoint in {checkpoint.checkpoint_dir(workspace)}: expected "
                             f"the job that trains into {workspace} to have run")
         return found
+    checkpoint.refuse_irregular(path)  # (h5py.is_hdf5 would block for good on a pipe)
     if os.path.exists(path) and not h5py.is_hdf5(path):
         return _read_singa(path, shapes)
     m = re.fullmatch(r"step(\d+)-worker\d+", os.path.basename(path))

@@ -468,3 +468,44 @@ def test_ckpt_inspect_of_something_that_is_no_regular_file_does_not_call_it_miss
             ckpt_tools.inspect(path)
         assert str(err.value) == (f"{path}: not a regular file (a device or a pipe): expected a checkpoint file, such "
                                   f"as WORKSPACE/checkpoint/step<N>.h5"), err.value
+
+
+# (a hang guard: before the fix each of these blocked for good in read(), waiting for the pipe's writer)
+@pytest.mark.timeout(60)
+def test_a_pipe_or_device_named_as_a_checkpoint_is_refused_wherever_one_is_read(tmp_path):
+    """A FIFO given as checkpoint_path or --checkpoint blocked for good in read() (only `ckpt inspect`
+    refused it): every reader of a checkpoint now refuses it in one line, before opening it."""
+    from singa_mpi import pictures, sampling
+
+    fifo = str(tmp_path / "pipe")
+    os.mkfifo(fifo)
+    expected = "expected a checkpoint file, such as WORKSPACE/checkpoint/step<N>.h5"
+    for path in (fifo, "/dev/null"):
+        refusal = f"{path}: not a regular file (a device or a pipe): {expected}"
+        for reader in (checkpoint.read, ckpt_tools.read_initial, lambda p: sampling.find_checkpoint(p, str(tmp_path)),
+                       pictures.read_checkpoint):
+            with pytest.raises(DataError) as err:
+                reader(path)
+            assert str(err.value) == refusal, (reader, err.value)
+    with pytest.raises(DataError, match=r"pipe: not a regular file \(a device or a pipe\): expected SINGA 0\.x's "):
+        ckpt_tools.convert_singa([fifo], str(tmp_path / "out.h5"))
+
+
+@pytest.mark.timeout(60)
+def test_a_pipe_as_checkpoint_path_or_checkpoint_is_one_line_exit_3_before_training(tmp_path, capsys):
+    """`train` with a FIFO as its checkpoint_path, `test --checkpoint FIFO`: one line naming it, exit 3."""
+    from singa_mpi import cli
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    conf = job_file(tmp_path, steps=1, name="init", extra=f'checkpoint_path: "{fifo}"\n')
+    line = len(open(conf).read().splitlines())
+    assert cli.main(["train", conf, "--workspace", str(tmp_path / "ws")]) == DataError.exit_code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"singa-mpi: error: {conf}:{line}:1: checkpoint_path '{fifo}': {fifo}: not a regular file (a "
+                   f"device or a pipe): expected a checkpoint file, such as WORKSPACE/checkpoint/step<N>.h5"], err
+    plain = job_file(tmp_path, steps=1, extra="\ntest_steps: 1\ntest_freq: 100\n")
+    assert cli.main(["test", plain, "--workspace", str(tmp_path / "ws"), "--checkpoint", str(fifo)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(f"{fifo}: not a regular file (a device or a pipe): expected a "
+                                             f"checkpoint file, such as WORKSPACE/checkpoint/step<N>.h5"), err
