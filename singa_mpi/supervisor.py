@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 
 from singa_mpi import run_events
 from singa_mpi.checkpoints import emergency
-from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED, checkpoint_path, listed
+from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED, checkpoint_dir, checkpoint_path, listed, newest_sound_step
 from singa_mpi.checkpoints.hdf5 import write as write_checkpoint
 from singa_mpi.communication.guardian import GRACE as GUARDIAN_GRACE  # how long a node's guardians may take
 from singa_mpi.communication.hosts import Host, placement, ranks_on
@@ -478,7 +478,8 @@ class Supervisor:
         args = list(self.train_args)
         if attempt > 1:  # never move aside what the dead attempt wrote: resume it (or, without a checkpoint, restart)
             args = [a for a in args if a not in ("--overwrite", "--resume")]
-            args.append("--resume" if resumed_from is not None else "--overwrite")
+            # (files none of which verifies: --resume judges them itself, and says so if it finds none good)
+            args.append("--resume" if resumed_from is not None or listed(self.workspace) else "--overwrite")
             args = _with_trace(args, lambda path: _attempt_file(path, attempt))
         if self.policy.servers:  # --workers is per group: the workers beside the servers, shared among the groups
             args += ["--workers", str((ranks - self.policy.servers) // self.policy.groups)]
@@ -516,6 +517,9 @@ class Supervisor:
         step = newest_checkpoint_step(self.workspace)
         args = [a for a in self.train_args if a not in ("--overwrite", "--resume")]
         words = self.own_command(ranks, hosts) + [self.job, "--workspace", self.workspace, *args]
+        if step is None and listed(self.workspace):  # --resume would refuse them all: what it would say
+            return (f"no good checkpoint: each in {checkpoint_dir(self.workspace)} is damaged; start again from "
+                    f"step 0 with: {shlex.join(words + ['--overwrite'])} (it moves them aside)")
         if step is None:  # nothing to resume: the same run afresh
             return f"no checkpoint yet; start it again with: {shlex.join(words)}"
         return (f"newest checkpoint {checkpoint_path(self.workspace, step)}; "
@@ -632,11 +636,11 @@ def _attempt_file(path: str, attempt: int) -> str:
 
 
 def newest_checkpoint_step(workspace: str) -> int | None:
-    """The step of the newest checkpoint file (``train --resume`` verifies it, and falls back past a
-    damaged one); None when there is none."""
-    for step, _ in listed(workspace):
-        return step
-    return None
+    """The step of the newest good checkpoint, the one ``train --resume`` goes on from (a damaged newer
+    file, which it skips, is not counted: taken for the newest, it made an emergency checkpoint of a
+    later step "not needed"); None when there is none.  Judged by the seal alone (:func:`newest_sound_step`):
+    no checkpoint is loaded."""
+    return newest_sound_step(workspace)
 
 
 

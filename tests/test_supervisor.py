@@ -25,7 +25,7 @@ from singa_mpi.cli import _taken_out
 from singa_mpi.communication.hosts import Host, parse_hosts
 from singa_mpi.supervisor import (STOP_GRACE, Attempt, Failure, Policy, Supervisor, after_a_death, describe_failure,
                                   failure_of, hosts_lost, lost_steps, next_ranks, rescue_wait, spelled_out,
-                                  summary_lines, why_not_restart)
+                                  newest_checkpoint_step, summary_lines, why_not_restart)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VANISHED = {"kind": "vanished", "time": 100.0, "ranks": [1], "ended": " (killed by SIGKILL)",
@@ -276,11 +276,56 @@ def test_a_stopped_run_in_which_a_rank_died_exits_75_naming_the_newest_checkpoin
                     "no checkpoint yet; start it again with: singa-mpi run -n 2 --elastic --min-ranks 1 --max-restarts "
                     f"3 job.conf --workspace {tmp_path} --steps 9"]
     (tmp_path / "checkpoint").mkdir()
-    (tmp_path / "checkpoint" / "step1503.h5").write_bytes(b"")
+    (tmp_path / "checkpoint" / "step1600.h5").write_bytes(b"")  # damaged: --resume would skip it
+    assert supervisor.resume_hint(2).startswith(f"no good checkpoint: each in {tmp_path / 'checkpoint'} is damaged; "
+                                                f"start again from step 0 with: singa-mpi run -n 2 ")
+    assert supervisor.resume_hint(2).endswith("--steps 9 --overwrite (it moves them aside)")
+    _checkpoint_at(tmp_path, 1503)
     assert supervisor.resume_hint(2).endswith(f"step1503.h5; resume with: singa-mpi run -n 2 --elastic --min-ranks 1 "
                                               f"--max-restarts 3 job.conf --workspace {tmp_path} --steps 9 --resume")
     assert supervisor._stopped(Attempt(1, 2, None, 75)) == 75  # the ranks stopped and said it: as it is
     assert supervisor._stopped(Attempt(1, 2, None, 1, failure_of([ERROR], 1, 0.0))) == 1  # a rank's error
+
+
+def _checkpoint_at(workspace, step: int) -> str:
+    from singa_mpi.checkpoints import hdf5
+
+    ckpt = hdf5.Checkpoint(step=step, params={"w": np.full((3, 4), step, np.float32)})
+    return hdf5.write(hdf5.checkpoint_path(str(workspace), step), ckpt)
+
+
+def test_a_damaged_newest_checkpoint_does_not_make_the_emergency_one_needless(tmp_path):
+    """The newest periodic checkpoint, step 6, damaged since: the supervisor took its name for a good
+    checkpoint, called the survivors' emergency checkpoint of step 5 "not needed", and the restart went
+    back to step 2.  Only a checkpoint whose seal verifies counts: step 5 is written and resumed from."""
+    import pickle
+
+    from singa_mpi.checkpoints import emergency, hdf5
+
+    _checkpoint_at(tmp_path, 2)
+    damaged = _checkpoint_at(tmp_path, 6)
+    with open(damaged, "r+b") as f:
+        f.seek(-9, os.SEEK_END)
+        f.write(b"\xff" * 9)
+    assert newest_checkpoint_step(str(tmp_path)) == 2
+    rescue = tmp_path / "supervisor" / "rescue1"
+    emergency.request(str(rescue))
+    piece = {"rank": 0, "pid": 1, "step": 5, "params": [("w", (3, 4), ("nd", ((0, 3), (0, 4))), np.ones((3, 4), np.float32))],
+             "owned": [("w", (3, 4), ("nd", ((0, 3), (0, 4))), {})], "readers": {}, "counters": {}, "carried": [],
+             "refused": None, "elapsed": 1.0, "trains": True, "expected": {"w": (3, 4)},
+             "header": {"job_name": "j", "job_config": "", "plan": {}, "seed": 1, "nranks": 2, "job_identity": ""}}
+    with open(emergency.piece_path(str(rescue), 0), "wb") as f:
+        pickle.dump(piece, f)
+    supervisor = Supervisor("job.conf", str(tmp_path), [], Policy(2, elastic=True), None)
+    assert supervisor._emergency_checkpoint(str(rescue)) == "emergency checkpoint at step 5, from what ranks 0 held"
+    assert hdf5.read(hdf5.checkpoint_path(str(tmp_path), 5)).step == 5
+    assert newest_checkpoint_step(str(tmp_path)) == 5
+    # a later death: the emergency checkpoint of step 5 is the newest good one, not the damaged step 6
+    emergency.request(str(rescue))
+    with open(emergency.piece_path(str(rescue), 0), "wb") as f:
+        pickle.dump(dict(piece, step=4), f)
+    assert supervisor._emergency_checkpoint(str(rescue)) == ("no emergency checkpoint needed: the newest periodic "
+                                                              "one is at step 5")
 
 
 class Programs:
