@@ -440,8 +440,11 @@ class Supervisor:
         newest = newest_checkpoint_step(self.workspace)
         if newest is not None and newest >= ckpt.step:
             return f"no emergency checkpoint needed: the newest periodic one is at step {newest}"
+        # the run restarts by itself: what it uses instead (not the user's --resume of a stopped run)
+        instead = (f" (the restart resumes from the newest good checkpoint, step {newest}, instead)" if newest is not None
+                   else " (the restart starts again from step 0: there is no good checkpoint)")
         try:
-            write_checkpoint(checkpoint_path(self.workspace, ckpt.step), ckpt)
+            write_checkpoint(checkpoint_path(self.workspace, ckpt.step), ckpt, after=instead)
         except SingaError as err:  # a disk that refuses: the periodic checkpoint still serves
             return f"no emergency checkpoint: {err}"
         return f"emergency checkpoint at {note}"

@@ -294,13 +294,27 @@ def _checkpoint_at(workspace, step: int) -> str:
     return hdf5.write(hdf5.checkpoint_path(str(workspace), step), ckpt)
 
 
+def _survivor_saved(rescue, step: int) -> None:
+    """The supervisor's request, and rank 0's answer: whole replicas of one param at ``step``."""
+    import pickle
+
+    from singa_mpi.checkpoints import emergency
+
+    emergency.request(str(rescue))
+    whole = ("nd", ((0, 3), (0, 4)))
+    piece = {"rank": 0, "pid": 1, "step": step, "params": [("w", (3, 4), whole, np.ones((3, 4), np.float32))],
+             "owned": [("w", (3, 4), whole, {})], "readers": {}, "counters": {}, "carried": [],
+             "refused": None, "elapsed": 1.0, "trains": True, "expected": {"w": (3, 4)},
+             "header": {"job_name": "j", "job_config": "", "plan": {}, "seed": 1, "nranks": 2, "job_identity": ""}}
+    with open(emergency.piece_path(str(rescue), 0), "wb") as f:
+        pickle.dump(piece, f)
+
+
 def test_a_damaged_newest_checkpoint_does_not_make_the_emergency_one_needless(tmp_path):
     """The newest periodic checkpoint, step 6, damaged since: the supervisor took its name for a good
     checkpoint, called the survivors' emergency checkpoint of step 5 "not needed", and the restart went
     back to step 2.  Only a checkpoint whose seal verifies counts: step 5 is written and resumed from."""
-    import pickle
-
-    from singa_mpi.checkpoints import emergency, hdf5
+    from singa_mpi.checkpoints import hdf5
 
     _checkpoint_at(tmp_path, 2)
     damaged = _checkpoint_at(tmp_path, 6)
@@ -309,23 +323,41 @@ def test_a_damaged_newest_checkpoint_does_not_make_the_emergency_one_needless(tm
         f.write(b"\xff" * 9)
     assert newest_checkpoint_step(str(tmp_path)) == 2
     rescue = tmp_path / "supervisor" / "rescue1"
-    emergency.request(str(rescue))
-    piece = {"rank": 0, "pid": 1, "step": 5, "params": [("w", (3, 4), ("nd", ((0, 3), (0, 4))), np.ones((3, 4), np.float32))],
-             "owned": [("w", (3, 4), ("nd", ((0, 3), (0, 4))), {})], "readers": {}, "counters": {}, "carried": [],
-             "refused": None, "elapsed": 1.0, "trains": True, "expected": {"w": (3, 4)},
-             "header": {"job_name": "j", "job_config": "", "plan": {}, "seed": 1, "nranks": 2, "job_identity": ""}}
-    with open(emergency.piece_path(str(rescue), 0), "wb") as f:
-        pickle.dump(piece, f)
+    _survivor_saved(rescue, 5)
     supervisor = Supervisor("job.conf", str(tmp_path), [], Policy(2, elastic=True), None)
     assert supervisor._emergency_checkpoint(str(rescue)) == "emergency checkpoint at step 5, from what ranks 0 held"
     assert hdf5.read(hdf5.checkpoint_path(str(tmp_path), 5)).step == 5
     assert newest_checkpoint_step(str(tmp_path)) == 5
     # a later death: the emergency checkpoint of step 5 is the newest good one, not the damaged step 6
-    emergency.request(str(rescue))
-    with open(emergency.piece_path(str(rescue), 0), "wb") as f:
-        pickle.dump(dict(piece, step=4), f)
+    _survivor_saved(rescue, 4)
     assert supervisor._emergency_checkpoint(str(rescue)) == ("no emergency checkpoint needed: the newest periodic "
                                                               "one is at step 5")
+
+
+def test_an_emergency_checkpoint_that_cannot_be_written_says_what_the_restart_uses(tmp_path, monkeypatch):
+    """Its line ended "continue with --resume once it is fixed", a stopped run's advice, though the
+    supervisor restarts the run by itself: it now says which checkpoint the restart resumes from."""
+    import errno
+
+    from singa_mpi.checkpoints import hdf5
+
+    def full_disk(path, image):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    rescue = tmp_path / "supervisor" / "rescue1"
+    supervisor = Supervisor("job.conf", str(tmp_path), [], Policy(2, elastic=True), None)
+    for newest, instead in [(None, "the restart starts again from step 0: there is no good checkpoint"),
+                            (2, "the restart resumes from the newest good checkpoint, step 2, instead")]:
+        if newest is not None:
+            _checkpoint_at(tmp_path, newest)
+        _survivor_saved(rescue, 5)
+        monkeypatch.setattr(hdf5, "_write_durably", full_disk)
+        note = supervisor._emergency_checkpoint(str(rescue))
+        monkeypatch.undo()
+        assert note == (f"no emergency checkpoint: {hdf5.checkpoint_path(str(tmp_path), 5)}: cannot write the "
+                        f"checkpoint: No space left on device: the disk is full: free space there (--keep K keeps "
+                        f"fewer checkpoints) or choose another --workspace ({instead})"), note
+        assert "--resume" not in note
 
 
 class Programs:
