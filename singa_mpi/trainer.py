@@ -196,6 +196,7 @@ class Trainer:
         self._steps_timed = [0.0, 0.0]  # this run's seconds in training steps, and in communication within them
         self.pace_mark: tuple[float, int] | None = None  # (time, steps done) when this run's first step ended
         self.keep: int | None = None  # checkpoints to keep (None: all)
+        self.prune_refused: set[str] = set()  # old checkpoints --keep could not remove, each said once
         self.stop_requested = False  # set by a signal handler: checkpoint and stop after this step
         self.stop_signal: int | None = None  # the signal that asked for it, when this process got one
         # the root's acknowledgement of a stop signal another rank received (StopSignals.attach sets it;
@@ -502,7 +503,12 @@ class Trainer:
             path = checkpoint.write(checkpoint.checkpoint_path(self.workspace, step), ckpt)
         self.log(f"checkpoint {path}")
         if self.keep:
-            checkpoint.prune(self.workspace, self.keep, written=step)
+            _, refused = checkpoint.prune(self.workspace, self.keep, written=step)
+            for old, reason in refused.items():
+                if old not in self.prune_refused:  # once per file: each later checkpoint's prune tries it again
+                    self.log(f"warning: {old}: cannot remove this old checkpoint (--keep {self.keep}): {reason}; "
+                             f"training goes on, and each later checkpoint tries again")
+            self.prune_refused = set(refused)
         return path
 
     def restore(self, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool | None = None) -> None:

@@ -529,18 +529,23 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def prune(workspace: str, keep: int, written: int | None = None) -> list[str]:
+def prune(workspace: str, keep: int, written: int | None = None) -> tuple[list[str], dict[str, str]]:
     """Delete all but the ``keep`` newest checkpoints up to step ``written`` (the one just written; None:
-    the newest there is); returns the removed paths.  Newer files are neither counted nor removed: a
-    resume skipped them as damaged, and counted, they took the place of the checkpoint just written."""
-    removed = []
+    the newest there is); returns the removed paths, and those that could not be removed with the OS's
+    reason (permissions, a file in use: the run goes on, the new checkpoint is whole, and the next prune
+    tries again).  Newer files are neither counted nor removed: a resume skipped them as damaged, and
+    counted, they took the place of the checkpoint just written."""
+    removed, refused = [], {}
     for _, path in [(step, path) for step, path in listed(workspace) if written is None or step <= written][keep:]:
         try:
             os.remove(path)
+        except FileNotFoundError:  # removed meanwhile
+            continue
         except OSError as err:
-            raise DataError(f"{path}: cannot remove this old checkpoint (--keep {keep}): {disk_problem(err)}") from None
+            refused[path] = err.strerror or one_line(err)
+            continue
         removed.append(path)
-    return removed
+    return removed, refused
 
 
 def plan_diff(saved: dict, current: dict) -> list[str]:

@@ -1,5 +1,6 @@
 """--keep K: the K newest checkpoints stay, and pruning never takes the one just written nor leaves a
 workspace whose only checkpoints are damaged."""
+import errno
 import os
 import shutil
 
@@ -65,3 +66,32 @@ def test_resume_stops_at_a_newer_singa_mpi_s_checkpoint_instead_of_overwriting_i
                            f"singa_mpi") and "move it aside" in line and "\n" not in line, line
     with open(newer, "rb") as f:
         assert f.read() == image
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EBUSY], ids=["denied", "busy"])
+def test_an_old_checkpoint_keep_cannot_remove_is_one_warning_and_training_goes_on(tmp_path, monkeypatch, capsys, code):
+    """--keep 1 that could not remove step3.h5 (no permission, a file in use) ended the run, exit 3, though
+    the new checkpoint was written whole.  Now one warning naming the file and the OS's reason, said
+    once; training goes on and each later checkpoint tries again."""
+    conf = job_file(tmp_path, steps=12, extra="checkpoint_freq: 3\n")
+    ws = tmp_path / "ws"
+    stuck = checkpoint.checkpoint_path(str(ws), 3)
+    real_remove = os.remove
+    tries = []
+
+    def refusing_remove(path, *args, **kwargs):
+        if path == stuck:
+            tries.append(path)
+            raise OSError(code, os.strerror(code), path)
+        real_remove(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "remove", refusing_remove)
+    capsys.readouterr()
+    assert train(conf, ws, keep=1) == 0
+    out = capsys.readouterr().out
+    warned = [line for line in out.splitlines() if "cannot remove" in line]
+    assert warned == [f"warning: {stuck}: cannot remove this old checkpoint (--keep 1): {os.strerror(code)}; "
+                      f"training goes on, and each later checkpoint tries again"], out
+    assert len(tries) == 3  # after steps 6, 9 and 12
+    assert [step for step, _ in checkpoint.listed(str(ws))] == [12, 3]
+    assert checkpoint.read(checkpoint.checkpoint_path(str(ws), 12)).step == 12
