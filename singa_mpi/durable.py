@@ -15,6 +15,12 @@ import os
 _UNSUPPORTED = (errno.EINVAL, errno.ENOTSUP, errno.ENOSYS)
 
 
+class NotDurable(OSError):
+    """The file is written whole and renamed into place, but the fsync of its folder failed (an I/O
+    error: the disk is failing): a crash of the machine may still lose the rename.  ``filename``: the
+    folder."""
+
+
 def write_whole(path: str, text: str) -> None:
     """``text`` into ``path`` as :func:`write_durably` writes bytes; a failure is raised with the
     temporary removed."""
@@ -30,7 +36,11 @@ def write_durably(path: str, image: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        fsync_dir(os.path.dirname(path) or ".")
+        folder = os.path.dirname(path) or "."
+        try:
+            fsync_dir(folder)
+        except OSError as err:
+            raise NotDurable(err.errno, err.strerror, folder) from None
     finally:
         remove_if_there(tmp)
 

@@ -35,7 +35,8 @@ from typing import Callable, Sequence
 
 from singa_mpi import run_events
 from singa_mpi.checkpoints import emergency
-from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED, checkpoint_dir, checkpoint_path, listed, newest_sound_step
+from singa_mpi.checkpoints.hdf5 import (EXIT_CHECKPOINTED, NotDurable, checkpoint_dir, checkpoint_path, listed,
+                                        newest_sound_step)
 from singa_mpi.checkpoints.hdf5 import write as write_checkpoint
 from singa_mpi.communication.guardian import GRACE as GUARDIAN_GRACE  # how long a node's guardians may take
 from singa_mpi.communication.hosts import Host, placement, ranks_on
@@ -445,6 +446,8 @@ class Supervisor:
                    else " (the restart starts again from step 0: there is no good checkpoint)")
         try:
             write_checkpoint(checkpoint_path(self.workspace, ckpt.step), ckpt, after=instead)
+        except NotDurable as err:  # in place: the restart resumes from it, unless the machine crashes first
+            return f"emergency checkpoint at {note}, though {err.what}"
         except SingaError as err:  # a disk that refuses: the periodic checkpoint still serves
             return f"no emergency checkpoint: {err}"
         return f"emergency checkpoint at {note}"

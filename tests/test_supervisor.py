@@ -336,7 +336,8 @@ def test_a_damaged_newest_checkpoint_does_not_make_the_emergency_one_needless(tm
 
 def test_an_emergency_checkpoint_that_cannot_be_written_says_what_the_restart_uses(tmp_path, monkeypatch):
     """Its line ended "continue with --resume once it is fixed", a stopped run's advice, though the
-    supervisor restarts the run by itself: it now says which checkpoint the restart resumes from."""
+    supervisor restarts the run by itself: it now says which checkpoint the restart resumes from.  One
+    written whole whose folder's fsync then failed is no failure to write: the restart resumes from it."""
     import errno
 
     from singa_mpi.checkpoints import hdf5
@@ -358,6 +359,21 @@ def test_an_emergency_checkpoint_that_cannot_be_written_says_what_the_restart_us
                         f"checkpoint: No space left on device: the disk is full: free space there (--keep K keeps "
                         f"fewer checkpoints) or choose another --workspace ({instead})"), note
         assert "--resume" not in note
+    # written and in place, the folder's fsync failed (EIO): the restart resumes from it, said as such
+    real_fsync = os.fsync
+
+    def folder_failing_fsync(fd):
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", folder_failing_fsync)
+    _survivor_saved(rescue, 5)
+    note = supervisor._emergency_checkpoint(str(rescue))
+    assert note == ("emergency checkpoint at step 5, from what ranks 0 held, though the checkpoint is written whole "
+                    "and in place, but may not survive a crash of the machine: the file system reported Input/output "
+                    f"error (EIO) when making it durable (fsync of {tmp_path / 'checkpoint'}): check the disk"), note
+    assert newest_checkpoint_step(str(tmp_path)) == 5
 
 
 class Programs:

@@ -92,6 +92,14 @@ class NewerFormat(NotACheckpoint):
     wrote it, so `--resume` stops rather than go back past it and write over it."""
 
 
+class NotDurable(DataError):
+    """A checkpoint written whole and renamed into place whose folder's fsync failed (an I/O error): the
+    file is there and reads, but a crash of the machine may lose it.  A run stops (the disk is failing).
+    ``what``: that, without the file's name and what is left to the user."""
+
+    what: str = ""
+
+
 @dataclasses.dataclass
 class Checkpoint:
     """The content of a checkpoint, as logical arrays."""
@@ -159,6 +167,14 @@ def write(path: str, ckpt: Checkpoint, fault_after: int | None = None, option: s
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         _write_durably(path, image)
+    except durable.NotDurable as err:  # the file is there: saying it was not written would be false
+        code = f" ({errno.errorcode[err.errno]})" if err.errno in errno.errorcode else ""
+        what = (f"the checkpoint is written whole and in place, but may not survive a crash of the machine: the "
+                f"file system reported {err.strerror or one_line(err)}{code} when making it durable (fsync of "
+                f"{err.filename}): check the disk")
+        failure = NotDurable(f"{path}: {what}{after}")
+        failure.what = what
+        raise failure from None
     except OSError as err:
         raise DataError(f"{path}: cannot write the checkpoint: {disk_problem(err, option)}{after}") from None
     return path

@@ -262,16 +262,47 @@ def test_a_file_system_that_cannot_fsync_a_folder_still_takes_checkpoints(tmp_pa
     assert leftovers(ws) == []
 
 
-def test_a_folder_fsync_that_fails_for_another_reason_still_fails_the_write(tmp_path, monkeypatch):
-    """An I/O error making the rename durable is reported (the disk is failing), as before."""
+def folder_failing_fsync(monkeypatch) -> None:
+    """fsync of a folder fails with EIO (a failing disk); of a file it works."""
     real_fsync = os.fsync
 
-    def folder_failing_fsync(fd):
+    def failing(fd):
         if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         real_fsync(fd)
 
-    monkeypatch.setattr(os, "fsync", folder_failing_fsync)
+    monkeypatch.setattr(os, "fsync", failing)
+
+
+def not_durable(path: str, after: str) -> str:
+    folder = os.path.dirname(path)
+    return (f"{path}: the checkpoint is written whole and in place, but may not survive a crash of the machine: "
+            f"the file system reported Input/output error (EIO) when making it durable (fsync of {folder}): "
+            f"check the disk{after}")
+
+
+def test_a_folder_fsync_that_fails_for_another_reason_still_fails_the_write(tmp_path, monkeypatch):
+    """An I/O error making the rename durable is reported (the disk is failing), as before, but as what
+    it is: it said the checkpoint could not be written, of a file whole at its final name."""
+    folder_failing_fsync(monkeypatch)
     ckpt = checkpoint.Checkpoint(step=3, params={"w": np.ones((2, 2), np.float32)})
-    with pytest.raises(DataError, match="step3.h5: cannot write the checkpoint: Input/output error"):
-        checkpoint.write(checkpoint.checkpoint_path(str(tmp_path), 3), ckpt)
+    path = checkpoint.checkpoint_path(str(tmp_path), 3)
+    with pytest.raises(DataError) as err:
+        checkpoint.write(path, ckpt)
+    assert str(err.value) == not_durable(path, checkpoint.RUN_GOES_ON), err.value
+    assert "cannot write" not in str(err.value)
+    assert checkpoint.read(path).step == 3 and leftovers(tmp_path) == []
+
+
+def test_a_run_whose_checkpoint_folder_cannot_be_made_durable_stops_saying_the_file_is_there(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """The run stops at that checkpoint, exit 3 (the disk is failing), in one line that says the file
+    is in place rather than that it could not be written."""
+    conf = job(tmp_path, steps=4, extra="checkpoint_after: 2 checkpoint_freq: 2\n")
+    ws = tmp_path / "ws"
+    folder_failing_fsync(monkeypatch)
+    assert cli.main(["train", conf, "--workspace", str(ws)]) == DataError.exit_code
+    lines = capsys.readouterr().err.strip().splitlines()
+    path = checkpoint.checkpoint_path(str(ws), 2)
+    assert lines == [f"singa-mpi: error: {not_durable(path, checkpoint.RUN_GOES_ON)}"], lines
+    assert checkpoint.read(path).step == 2
