@@ -391,9 +391,10 @@ class Trainer:
                 done = step + 1  # batches trained: stepN.h5 is the state after N of them
                 self._learn_stop_signal()
                 self.runtime.sync().training_done(stopped=True, signal=self.stop_signal)
-                if done == self.train_steps:  # the last step: its checkpoint is the final one, the run is complete
-                    return self._finish(final, stop_at_end=True)
-                path = self.save_checkpoint(done, final=True)
+                with self._stop_checkpoint(done):
+                    if done == self.train_steps:  # the last step: its checkpoint is the final one, the run is complete
+                        return self._finish(final, stop_at_end=True)
+                    path = self.save_checkpoint(done, final=True)
                 self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")
                 self.note_stop(done, path)
                 self.stopped = True
@@ -434,6 +435,23 @@ class Trainer:
             or self.runtime.sync().signal_elsewhere()
         if own is None and self.stop_signal is not None and self.acknowledge is not None and self.runtime.is_root:
             self.acknowledge(self.stop_signal)
+
+    @contextlib.contextmanager
+    def _stop_checkpoint(self, done: int) -> Iterator[None]:
+        """A stop's checkpoint after ``done`` steps that cannot be written: stopped.txt, which said it was on
+        its way, now says so on the root, naming the newest good checkpoint; the error goes on (exit 3)."""
+        try:
+            yield
+        except DataError as err:
+            if self.runtime.is_root:
+                step = checkpoint.newest_sound_step(self.workspace)
+                there = ("there is no good checkpoint (the run would start again at step 0)" if step is None else
+                         f"the newest good checkpoint is {checkpoint.checkpoint_path(self.workspace, step)} (step {step})")
+                name = signal_name(self.stop_signal) if self.stop_signal else "a stop"
+                hint = [self.resume_hint] if self.resume_hint and step is not None else []
+                write_stop_note(self.workspace, [f"{name}: the stop's checkpoint after {done} steps could not be "
+                                                 f"written ({err}); {there}"] + hint)
+            raise
 
     def note_stop(self, done: int, path: str | None) -> None:
         """Root: what the stop saved, in WORKSPACE/stopped.txt (its first line also on stderr while

@@ -306,3 +306,36 @@ def test_a_run_whose_checkpoint_folder_cannot_be_made_durable_stops_saying_the_f
     path = checkpoint.checkpoint_path(str(ws), 2)
     assert lines == [f"singa-mpi: error: {not_durable(path, checkpoint.RUN_GOES_ON)}"], lines
     assert checkpoint.read(path).step == 2
+
+
+def test_a_stop_whose_checkpoint_cannot_be_written_says_so_in_stopped_txt(tmp_path, monkeypatch, capfd):
+    """stopped.txt kept saying the stop's checkpoint was on its way after the disk had refused it (exit
+    3): it now says the write failed and names the newest good checkpoint."""
+    import shlex
+    import signal
+
+    from singa_mpi.trainer import Trainer
+
+    conf = job(tmp_path, steps=20, extra="checkpoint_freq: 3\n")
+    ws = tmp_path / "ws"
+    original_batch, real_write = Trainer.train_one_batch, checkpoint._write_durably
+
+    def stopped_after_batch_4(self, step):  # Ctrl-C during batch 4: the stop's checkpoint is step5.h5
+        original_batch(self, step)
+        if step == 4:
+            signal.raise_signal(signal.SIGINT)
+
+    def full_at_step_5(path, image):
+        if path.endswith("step5.h5"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write(path, image)
+
+    monkeypatch.setattr(Trainer, "train_one_batch", stopped_after_batch_4)
+    monkeypatch.setattr(checkpoint, "_write_durably", full_at_step_5)
+    assert cli.main(["train", conf, "--workspace", str(ws)]) == DataError.exit_code
+    (line,) = [line for line in capfd.readouterr().err.splitlines() if line.startswith("singa-mpi: error: ")]
+    resume = "resume with: " + shlex.join(["singa-mpi", "train", conf, "--workspace", str(ws), "--resume"])
+    assert (ws / "stopped.txt").read_text().splitlines() == [
+        f"SIGINT: the stop's checkpoint after 5 steps could not be written ({line.removeprefix('singa-mpi: error: ')}); "
+        f"the newest good checkpoint is {checkpoint.checkpoint_path(str(ws), 3)} (step 3)", resume]
+    assert leftovers(ws) == []
