@@ -1,15 +1,29 @@
-"""What an algorithm needs of the net: kCD trains RBM pairs (one hdim, one shared W, split together);
-kBPTT over text streams carries a recurrent layer's hidden state, which a split of its hidden units cannot.
+"""What an algorithm needs of the net: kBP and kBPTT follow a loss's gradient; kCD trains RBM pairs
+(one hdim, one shared W, split together); kBPTT over text streams carries a recurrent layer's hidden
+state, which a split of its hidden units cannot.
 """
 from __future__ import annotations
 
 from singa_mpi.algorithms import algorithm_name
-from singa_mpi.config.load import JobConfig, effective_partition_dim
+from singa_mpi.config.load import JobConfig, effective_partition_dim, is_test_only
 from singa_mpi.errors import ConfigError
 from singa_mpi.graph import Node
 from singa_mpi.layers.base import Layer
 from singa_mpi.net import describe, layer_error
 from singa_mpi.proto import job_pb2
+
+
+def check_loss(cfg: JobConfig, phase: str, built: list[tuple[Node, Layer]]) -> None:
+    """kBP and kBPTT train on the gradient of a loss: a train net without a loss layer has none, so
+    every step would leave the params as they were (weight decay aside) and report no loss."""
+    alg = algorithm_name(cfg.proto.train_one_batch)
+    if phase != "train" or is_test_only(cfg.proto) or alg not in ("kBP", "kBPTT"):
+        return  # a test-only job (SINGA's char-rnn sample.conf) trains nothing
+    if any(layer.is_loss for _, layer in built):
+        return
+    raise ConfigError(f"{cfg.where('train_one_batch', 'alg')}: train_one_batch.alg = {alg}: expected a loss "
+                      f"layer in the train net to take the gradient of (kSoftmaxLoss, kEuclideanLoss or a plugin "
+                      f"layer with is_loss = True), found none among its {len(built)} layers")
 
 
 def check_energy_models(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:

@@ -290,10 +290,9 @@ def test_rnn_label_needs_a_char_rnn_source(tmp_path, capsys):
 
 
 def sample_with_job_fields(tmp_path, *more):
-    """sample.conf with what `check` asks of a job besides its layers (SINGA ran it by `-test`)."""
+    """sample.conf as SINGA ran it (by `-test`: a test-only job, without train_steps or an updater; its net
+    has no loss to train on), its kOneHot's vocab_size written."""
     return edited(tmp_path, "sample.conf",
-                  ("test_steps: 100", ("test_steps: 100 test_freq: 1 train_steps: 1 "
-                                       "updater { type: kSGD learning_rate { type: kFixed } }")),
                   ('srclayers: "data"\n  }', 'srclayers: "data"\n    onehot_conf { vocab_size: 101 }\n  }'), *more)
 
 
