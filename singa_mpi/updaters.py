@@ -99,6 +99,8 @@ class StepLR(LRSchedule):
     def __init__(self, conf):
         super().__init__(conf)
         self.gamma = conf.step_conf.gamma
+        # a negative gamma flips the rate's sign every change_freq steps: a negative rate half the time
+        _require(self.gamma >= 0, "learning_rate.step_conf.gamma", self.gamma, "a value >= 0")
         self.freq = _positive_freq(conf.step_conf, "step_conf")
 
     def __call__(self, step: int) -> float:
@@ -124,6 +126,8 @@ class FixedStepLR(LRSchedule):
                  "one step_lr per step, at least one")
         _require(all(a < b for a, b in zip(self.steps, self.steps[1:])), "learning_rate.fixedstep_conf.step",
                  self.steps, "strictly increasing steps")
+        _require(all(rate >= 0 for rate in self.rates), "learning_rate.fixedstep_conf.step_lr",
+                 f"[{', '.join(_show(rate) for rate in self.rates)}]", "rates >= 0")
 
     def __call__(self, step: int) -> float:
         index = bisect.bisect_right(self.steps, step) - 1
@@ -137,6 +141,8 @@ class LinearLR(LRSchedule):
     def __init__(self, conf):
         super().__init__(conf)
         self.final_lr = conf.linear_conf.final_lr
+        # the rate heads for final_lr (and past it, unclamped): a negative one turns it negative
+        _require(self.final_lr >= 0, "learning_rate.linear_conf.final_lr", self.final_lr, "a value >= 0")
         self.freq = _positive_freq(conf.linear_conf, "linear_conf")
 
     def __call__(self, step: int) -> float:

@@ -84,6 +84,13 @@ def test_step_schedule_with_float32_conf_values():
     ("type: kFixedStep", "updater.learning_rate.fixedstep_conf = 0 step / 0 step_lr values"),
     ("type: kFixedStep fixedstep_conf { step: 10 step: 0 step_lr: 0.1 step_lr: 0.2 }",
      "updater.learning_rate.fixedstep_conf.step = [10, 0]: expected strictly increasing steps"),
+    # schedules that turn the rate negative (a step that climbs the loss), as a negative base_lr would
+    ("type: kStep step_conf { gamma: -0.5 change_freq: 3 }", "updater.learning_rate.step_conf.gamma = -0.5: "
+                                                             "expected a value >= 0"),
+    ("type: kLinear linear_conf { final_lr: -0.05 change_freq: 4 }",
+     "updater.learning_rate.linear_conf.final_lr = -0.05: expected a value >= 0"),
+    ("type: kFixedStep fixedstep_conf { step: 0 step: 2 step_lr: 0.05 step_lr: -0.05 }",
+     "updater.learning_rate.fixedstep_conf.step_lr = [0.05, -0.05]: expected rates >= 0"),
 ])
 def test_bad_schedules_are_config_errors(lr_text, message):
     with pytest.raises(ConfigError) as err:

@@ -25,6 +25,12 @@ def check_params(cfg: JobConfig, node: Node, layer: Layer, params: dict) -> None
             raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, 'name')}: {describe(cfg, node)}: "
                               f"{field}.name = {conf.name!r}: expected a name not used twice in one layer")
         names.add(conf.name)
+        for scale, what in (("lr_scale", "learning rate for this param; 0 freezes it"),
+                            ("wd_scale", "weight decay for this param; 0 turns it off")):
+            if getattr(conf, scale) < 0:  # a sign slip: the updater refuses a negative rate or decay too
+                raise ConfigError(f"{cfg.layer_where(node.index, 'param', k, scale)}: {describe(cfg, node)}: "
+                                  f"{field}.{scale} = {getattr(conf, scale):g}: expected a value >= 0 (it "
+                                  f"scales the updater's {what})")
         if conf.share_from:
             continue
         if not conf.HasField("init") and not cfg.proto.checkpoint_path:

@@ -196,6 +196,8 @@ CASES = {
     "cd_k_zero.conf": (None, [], "cd_k"),
     "cd_without_rbm.conf": (None, ["kRBMVis and kRBMHid pair"], "alg"),
     "bp_without_loss.conf": (None, ["kSoftmaxLoss, kEuclideanLoss", "found none among its 2 layers"], "alg"),
+    "param_lr_scale_negative.conf": ("fc1", ["it scales the updater's learning rate"], "lr_scale"),
+    "param_wd_scale_negative.conf": ("fc1", ["it scales the updater's weight decay"], "wd_scale"),
     "param_without_name.conf": ("fc1", ["param[1].name = missing"], "param"),
     "param_name_reused.conf": ("fc2", ["param[1].name = 'b1'", "layer 'fc1' declares it"], "name"),
     "ip_missing_bias_param.conf": ("fc1", ["param[1] = missing"], "layer"),
