@@ -47,7 +47,7 @@ import numpy as np
 from singa_mpi.errors import ConfigError
 from singa_mpi.params import Param
 from singa_mpi.proto import job_pb2
-from singa_mpi.registry import Registry
+from singa_mpi.registry import Registry, selected_name
 
 
 def _show(value: object) -> str:
@@ -208,6 +208,7 @@ class Updater:
     """Applies one step to a param in place from ``param.grad``; keeps per-param state."""
 
     clips: ClassVar[bool] = False  # whether SINGA clips the gradient for this updater
+    divides: ClassVar[bool] = False  # whether its rule divides by a history plus ``delta`` (or its root)
 
     def __init__(self, conf: job_pb2.UpdaterProto):
         self.conf = conf
@@ -216,6 +217,11 @@ class Updater:
         # m >= 1 keeps every gradient forever (h grows with each step): no run trains with it
         _require(0 <= self.momentum < 1, "momentum", self.momentum, "a value from 0 up to, not including, 1")
         _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a value >= 0")
+        # a history of zeros (a weight whose gradient is still 0) plus a negative delta is the root of a negative
+        # number: NaN in the first step (0, textbook Adam's, is the caller's choice: it divides 0 by 0 there)
+        _require(self.delta >= 0 or not self.divides, "delta", self.delta,
+                 f"a value >= 0 for updater.type {selected_name(conf)} (it keeps the division by the history "
+                 f"finite; default 1e-08)")
         self.clip = self._clip_bounds(conf)
         self._slots: dict[str, dict[str, np.ndarray]] = {}
         self._counters: dict[str, dict[str, int]] = {}
@@ -390,6 +396,7 @@ class AdaGrad(Updater):
     """h += g²; data -= lr·g / sqrt(h + delta)."""
 
     clips = True
+    divides = True
 
     def apply(self, name, data, grad, lr):
         history = self.slot(name, "history", data.shape)
@@ -404,6 +411,7 @@ class RMSProp(Updater):
     """h = rho·h + (1-rho)·g²; data -= lr·g / sqrt(h + delta)."""
 
     clips = True
+    divides = True
 
     def __init__(self, conf):
         super().__init__(conf)
@@ -420,6 +428,8 @@ class RMSProp(Updater):
 @UPDATERS.register("kAdaDelta")
 class AdaDelta(Updater):
     """h = rho·h + (1-rho)·g²; t = g·sqrt(u+delta)/sqrt(h+delta); u = rho·u + (1-rho)·t²; data -= lr·t."""
+
+    divides = True
 
     def __init__(self, conf):
         super().__init__(conf)
@@ -446,6 +456,8 @@ class AdaDelta(Updater):
 @UPDATERS.register("kAdam")
 class Adam(Updater):
     """h = b1·h + (1-b1)·g; u = b2·u + (1-b2)·g²; data -= lr·h / sqrt(u + delta) (see module doc)."""
+
+    divides = True
 
     def __init__(self, conf):
         super().__init__(conf)
@@ -480,6 +492,8 @@ class Adam(Updater):
 @UPDATERS.register("kAdamMax")
 class AdamMax(Updater):
     """h = b1·h + (1-b1)·g; u = max(b2·u, |g|) + delta; data -= lr·h / u."""
+
+    divides = True
 
     def __init__(self, conf):
         super().__init__(conf)

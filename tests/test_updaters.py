@@ -116,6 +116,12 @@ def test_unknown_or_unset_updater_type_lists_the_valid_names():
     ("type: kSGD clip_low: -5", "updater.clip_high = (unset): expected both clip_low and clip_high"),
     ("type: kSGD clip_high: 5", "updater.clip_low = (unset)"),
     ("type: kSGD clip_low: 5 clip_high: -5", "updater.clip_high = -5.0: expected a value > clip_low (5.0)"),
+    # the root of a negative history + delta: NaN in the first step, reported then as a diverged run
+    ("type: kAdaGrad delta: -1", "updater.delta = -1.0: expected a value >= 0 for updater.type kAdaGrad"),
+    ("type: kRMSProp delta: -1e-8", "updater.delta = -1e-08: expected a value >= 0 for updater.type kRMSProp"),
+    ("type: kAdaDelta delta: -1", "updater.delta = -1.0: expected a value >= 0"),
+    ("type: kAdam delta: -1", "updater.delta = -1.0: expected a value >= 0"),
+    ("type: kAdamMax delta: -1", "updater.delta = -1.0: expected a value >= 0"),
 ])
 def test_bad_updater_fields_are_config_errors(text, message):
     with pytest.raises(ConfigError) as err:
