@@ -13,6 +13,7 @@ from singa_mpi.config.load import JobConfig, layers_for_phase
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.launcher.describe import Launch
 from singa_mpi.launcher.options import Request, RunOptions
+from singa_mpi.proto import job_pb2
 from singa_mpi.workspace import clear_dead_writes, probe_file_folder
 
 
@@ -134,6 +135,7 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
     from singa_mpi.layers.base import LayerContext
     from singa_mpi.net import global_batch_size, instantiate, phase_nodes
 
+    vocab_checked: set[tuple[str, int, str]] = set()  # (phase, layer in the file, source): once for its copies
     for phase in phases:
         nodes = phase_nodes(cfg, phase)
         batch, train = global_batch_size(cfg, nodes), phase == "train"
@@ -166,11 +168,38 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
                         except DataError as err:
                             raise DataError(f"{err}, in the first batch{_read_from(labels, by_name)}") from None
                         _check_every_label(layer, labels)
+                elif node.conf.type in _VOCABULARIES and srcs and srcs[0].name in read:
+                    if (phase, node.index, srcs[0].name) not in vocab_checked:
+                        vocab_checked.add((phase, node.index, srcs[0].name))
+                        _check_vocabulary(cfg, node, srcs[0], read[srcs[0].name])
         finally:
             for layer in by_name.values():
                 store = getattr(layer, "store", None)
                 if store is not None:
                     store.close()
+
+
+# the layers that take integer ids, and the conf holding their vocab_size
+_VOCABULARIES = {job_pb2.kOneHot: "onehot_conf", job_pb2.kEmbedding: "embedding_conf"}
+
+
+def _check_vocabulary(cfg: JobConfig, node, src, first_batch) -> None:
+    """Every id ``src`` gives (a kCharRNN's whole text, else its first batch) is inside the vocab_size of
+    ``node`` (kOneHot, kEmbedding): a smaller one ends the step that meets the first id beyond it."""
+    from singa_mpi.net import describe
+
+    text = getattr(src, "ids", None)  # kCharRNN: the text as indices into its vocabulary file
+    ids = first_batch if text is None else text
+    if ids.size == 0:
+        return
+    conf = _VOCABULARIES[node.conf.type]
+    vocab, top = getattr(node.conf, conf).vocab_size, int(ids.max())
+    if top < vocab:
+        return
+    where = (f"the text {src.conf.char_rnn_conf.path} (read by layer '{src.name}', its vocabulary "
+             f"{src.conf.char_rnn_conf.vocab_path})" if text is not None else f"the first batch of layer '{src.name}'")
+    raise ConfigError(f"{cfg.layer_where(node.index, conf, 'vocab_size')}: {describe(cfg, node)}: "
+                      f"{conf}.vocab_size = {vocab}: expected at least {top + 1}: {where} holds ids up to {top}")
 
 
 def _check_every_label(loss, labels) -> None:

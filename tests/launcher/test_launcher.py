@@ -1,5 +1,6 @@
 """The launcher: `singa-mpi test` under mpiexec runs the test phase once, partitioned; runs end clean."""
 import json
+import re
 import subprocess
 import sys
 
@@ -129,6 +130,47 @@ def test_the_first_batch_of_every_phase_is_read_before_any_communication(tmp_pat
         check_first_batches(cfg, str(tmp_path), ["train"])
     assert "layer 'loss': label" in str(err.value) and "expected a class index in 0..4" in str(err.value)
     assert f"in the first batch of layer 'data' read from {store}" in str(err.value)
+
+
+def _char_rnn_job(tmp_path, vocab_size: int):
+    import nets
+
+    text, vocab = nets.text_data(str(tmp_path / "text"))
+    job = nets.char_rnn(text, vocab, 4, "data", steps=2)
+    size = len(open(vocab, "rb").read())
+    assert job.count(f"vocab_size: {size} ") == 1
+    conf = tmp_path / f"charrnn{vocab_size}.conf"
+    conf.write_text(job.replace(f"vocab_size: {size} ", f"vocab_size: {vocab_size} "))
+    return conf, size
+
+
+def test_a_vocab_size_below_the_texts_ids_is_named_with_its_field_before_training(tmp_path):
+    """A kOneHot of vocab_size 3 on a text of more symbols passed check (check reads no data) and ended
+    step 0 with "layer '0#onehot': id 7 outside the vocabulary 0..2", naming no file, line or field."""
+    from singa_mpi.config.load import load_job
+    from singa_mpi.errors import ConfigError
+    from singa_mpi.launcher.checks import check_first_batches
+
+    conf, size = _char_rnn_job(tmp_path, 3)
+    with pytest.raises(ConfigError) as err:
+        check_first_batches(load_job(str(conf)), str(tmp_path), ["train"])
+    line = next(n for n, text in enumerate(conf.read_text().splitlines(), 1) if "vocab_size: 3 " in text)
+    assert re.fullmatch(rf"{re.escape(str(conf))}:{line}:\d+: layer '0#onehot' \(#1, kOneHot\): "
+                        rf"onehot_conf.vocab_size = 3: expected at least {size}: the text \S+input.txt \(read by "
+                        rf"layer 'data', its vocabulary \S+vocab.txt\) holds ids up to {size - 1}", str(err.value))
+    conf, _ = _char_rnn_job(tmp_path, size)
+    check_first_batches(load_job(str(conf)), str(tmp_path), ["train"])  # the vocabulary's own size: fine
+
+
+def test_a_vocab_size_below_the_texts_ids_is_one_line_from_two_ranks(tmp_path):
+    conf, size = _char_rnn_job(tmp_path, 3)
+    result = subprocess.run(mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf),
+                                                  "--workspace", str(tmp_path / "ws")],
+                            cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "onehot_conf.vocab_size = 3: expected at least" in lines[0], result.stderr
+    assert "Traceback" not in result.stdout + result.stderr and "step" not in result.stdout
 
 
 def test_records_of_another_shape_name_the_jobs_shape_field(tmp_path):
