@@ -161,6 +161,9 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
                                                      for s, k in zip(srcs, kinds)], train)
                 elif layer.is_loss and "aux" in kinds[:len(srcs)]:
                     labels = srcs[kinds.index("aux")]
+                    if labels.name in read and (phase, node.index, "") not in vocab_checked:  # the whole text
+                        vocab_checked.add((phase, node.index, ""))
+                        _check_text_labels(cfg, built, node, srcs[kinds.index("data")], labels)
                     if labels.name in read and labels.aux is not None:  # scores of the right shape, and these labels
                         scores = np.zeros((len(labels.aux),) + srcs[kinds.index("data")].out_shape, np.float32)
                         try:
@@ -200,6 +203,33 @@ def _check_vocabulary(cfg: JobConfig, node, src, first_batch) -> None:
              f"{src.conf.char_rnn_conf.vocab_path})" if text is not None else f"the first batch of layer '{src.name}'")
     raise ConfigError(f"{cfg.layer_where(node.index, conf, 'vocab_size')}: {describe(cfg, node)}: "
                       f"{conf}.vocab_size = {vocab}: expected at least {top + 1}: {where} holds ids up to {top}")
+
+
+def _check_text_labels(cfg: JobConfig, built, node, scores, labels) -> None:
+    """A loss (``node`` of ``built``) whose labels are ids of a kCharRNN's text (kRNNLabel) scores at least
+    as many classes as the text holds ids (its first batch alone was checked): the field to raise is the
+    scoring layer's."""
+    from singa_mpi.net import describe
+
+    layers = {n.name: layer for n, layer, _ in built}
+    loss = layers[node.name]
+    reader, classes = labels, getattr(loss, "classes", None)
+    while getattr(reader, "ids", None) is None and reader.conf.srclayers and reader.conf.srclayers[0] in layers:
+        reader = layers[reader.conf.srclayers[0]]
+    text = getattr(reader, "ids", None)
+    if text is None or not classes or text.size == 0 or int(text.max()) < classes:
+        return
+    top = int(text.max())
+    why = (f"layer '{loss.name}' scores its {classes} outputs as classes of the labels of layer '{labels.name}', "
+           f"and the text {reader.conf.char_rnn_conf.path} (its vocabulary {reader.conf.char_rnn_conf.vocab_path}) "
+           f"holds ids up to {top}")
+    scorer = next(n for n, _, _ in built if n.name == scores.name)
+    if scorer.conf.type == job_pb2.kInnerProduct:
+        raise ConfigError(f"{cfg.layer_where(scorer.index, 'innerproduct_conf', 'num_output')}: "
+                          f"{describe(cfg, scorer)}: innerproduct_conf.num_output = {classes}: expected at least "
+                          f"{top + 1}: {why}")
+    raise ConfigError(f"{cfg.layer_where(node.index, 'srclayers', 0)}: {describe(cfg, node)}: srclayers[0] = "
+                      f"'{scores.name}' ({classes} outputs): expected a layer of at least {top + 1}: {why}")
 
 
 def _check_every_label(loss, labels) -> None:

@@ -173,6 +173,27 @@ def test_a_vocab_size_below_the_texts_ids_is_one_line_from_two_ranks(tmp_path):
     assert "Traceback" not in result.stdout + result.stderr and "step" not in result.stdout
 
 
+def test_an_output_layer_narrower_than_the_texts_ids_is_named_with_its_field_before_training(tmp_path):
+    """ip1's num_output below the ids of the text that kRNNLabel labels with: only the first batch's labels
+    were checked, as "layer '0#loss': label N: expected a class index in 0..K", naming no file, line or
+    field (or, past the first batch, a later step ended)."""
+    from singa_mpi.config.load import load_job
+    from singa_mpi.errors import ConfigError
+    from singa_mpi.launcher.checks import check_first_batches
+
+    conf, size = _char_rnn_job(tmp_path, 0)
+    job = conf.read_text().replace("vocab_size: 0 ", f"vocab_size: {size} ")
+    assert job.count(f"num_output: {size} ") == 1
+    conf.write_text(job.replace(f"num_output: {size} ", f"num_output: {size - 1} "))
+    with pytest.raises(ConfigError) as err:
+        check_first_batches(load_job(str(conf)), str(tmp_path), ["train"])
+    line = next(n for n, text in enumerate(conf.read_text().splitlines(), 1) if f"num_output: {size - 1} " in text)
+    assert re.fullmatch(rf"{re.escape(str(conf))}:{line}:\d+: layer '0#ip1' \(#4, kInnerProduct\): "
+                        rf"innerproduct_conf.num_output = {size - 1}: expected at least {size}: layer '0#loss' scores "
+                        rf"its {size - 1} outputs as classes of the labels of layer '0#label', and the text "
+                        rf"\S+input.txt \(its vocabulary \S+vocab.txt\) holds ids up to {size - 1}", str(err.value))
+
+
 def test_records_of_another_shape_name_the_jobs_shape_field(tmp_path):
     """`store_conf.shape: 13` for records of 12 values said "layer 'data': STORE: records of shape (12,),
     but store_conf.shape is (13,)": no file:line of the field, nothing about what to change."""
