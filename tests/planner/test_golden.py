@@ -131,6 +131,16 @@ def test_rejects_location_beyond_workers():
         plan(nets.job(cnn({"fc1": "partition_dim: -1 location: 5"})), 2)
 
 
+@pytest.mark.parametrize("pdim", [0, 1])
+def test_rejects_location_beyond_workers_on_a_split_layer_too(pdim):
+    """A split layer's location went unused, so `location: 5` on 2 workers trained on silently."""
+    with pytest.raises(ConfigError, match=rf"^<test>:\d+:\d+: layer 'fc1' \(#\d+, kInnerProduct\): location = 5: "
+                                          rf"expected a worker id below the number of workers \(2\); this layer is "
+                                          rf"split over them \(partition_dim {pdim}\), so leave it out$"):
+        plan(nets.job(cnn({"fc1": f"partition_dim: {pdim} location: 5"})), 2)
+    plan(nets.job(cnn({"fc1": f"partition_dim: {pdim} location: 1"})), 2)  # unused, and a worker there is
+
+
 def test_rejects_batch_smaller_than_workers():
     with pytest.raises(ConfigError, match=r"a batch of at least 9 rows"):
         plan(nets.job(cnn({})), 9)
