@@ -497,6 +497,11 @@ class LRN(Layer):
         conf = self.conf.lrn_conf
         if conf.local_size <= 0 or conf.local_size % 2 == 0:
             raise LayerConfigError("lrn_conf.local_size", conf.local_size, "a positive odd window size")
+        # knorm + alpha/local_size·Σx² is raised to -beta: a negative one is NaN in the first forward
+        for field in ("knorm", "alpha"):
+            if getattr(conf, field) < 0:
+                raise LayerConfigError(f"lrn_conf.{field}", f"{getattr(conf, field):g}",
+                                       "a value >= 0 (the norm knorm + alpha/local_size·Σx² is raised to -beta)")
         if len(src_shapes[0]) != 3:
             raise LayerConfigError("srclayers", f"output shape {tuple(src_shapes[0])}",
                                    "a (channels, height, width) source for LRN")

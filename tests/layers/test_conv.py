@@ -158,6 +158,13 @@ def test_lrn_rejects_even_window():
         build_layer(conf('name: "n" type: kLRN lrn_conf { local_size: 4 }'), [(5, 3, 3)], batch=1)
 
 
+@pytest.mark.parametrize("field", ["knorm", "alpha"])
+def test_lrn_rejects_a_negative_norm_term(field):
+    """A negative knorm or alpha made the first forward's norm^(-beta) NaN, reported as a diverged run."""
+    with pytest.raises(LayerConfigError, match=rf"lrn_conf.{field}.*-1.*expected a value >= 0"):
+        build_layer(conf(f'name: "n" type: kLRN lrn_conf {{ local_size: 3 {field}: -1 }}'), [(5, 3, 3)], batch=1)
+
+
 def test_pooling_rejects_kernel_larger_than_input():
     with pytest.raises(LayerConfigError, match="pooling_conf.kernel"):
         build_layer(conf('name: "p" type: kPooling pooling_conf { kernel: 5 }'), [(1, 3, 3)], batch=1)
