@@ -26,7 +26,8 @@ from singa_mpi.errors import SingaError
 FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., overwrite=True)",
                 "--steps": "fit(..., steps={})",  # {}: the count
                 "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
-RECORDED_PHASES = ("train", "test", "validation")  # the phases of metrics.jsonl's records
+RECORDED_PHASES = ("train", "test", "val")  # the phases of metrics.jsonl's records
+PHASE_NAMES = {"validation": "val"}  # a phase by its long name, as the API's layers take it too
 EVALUATE_SPELLING = {"--checkpoint": "evaluate(..., checkpoints=[FILE])"}  # the test command's option, as evaluate takes it
 EVALUATE_FILE = "evaluate.conf"  # what evaluate() tests: its own, so that job.conf stays the training's
 GIVEN_FILE = "fit.conf"  # the job fit() was given, where job.conf is still another run's (until training starts)
@@ -75,45 +76,46 @@ class Stopped(SingaError):
 @dataclasses.dataclass
 class History:
     """What a run recorded, as ``metrics.jsonl`` holds it: one record per report (``step``, ``phase``
-    ``train``/``test``/``validation``, and the metrics: ``loss``, ``accuracy``, ``perplexity``,
+    ``train``/``test``/``val``, and the metrics: ``loss``, ``accuracy``, ``perplexity``,
     ``squared_error``, ...)."""
 
     records: list[dict[str, Any]]
 
     def metric(self, name: str, phase: str = "train") -> list[tuple[int, float]]:
         """(step, value) of ``name`` in ``phase``'s records, in order; ArgumentError for a ``phase``
-        that is none of a run's (``train``, ``test``, ``validation``), and for a ``name`` no record of
-        the history holds (listing those ``phase``'s records hold).  A name other records hold (the
+        that is none of a run's (``train``, ``test``, ``val`` or ``validation``), and for a ``name`` no
+        record of the history holds (listing those ``phase``'s records hold).  A name other records hold (the
         test's ``accuracy`` asked of ``train``'s records, a phase without records) finds none: []."""
-        self._known("metric", phase)
+        asked, phase = phase, self._known("metric", phase)
         held = isinstance(name, str) and any(name in r for r in self.records)
         if self.records and not held:  # a history without records has no names to judge by
-            self._unheld(name, phase)
+            self._unheld(name, phase, asked)
         return [(r["step"], r[name]) for r in self.records if r.get("phase") == phase and name in r] if held else []
 
-    def _unheld(self, name: Any, phase: str) -> None:
+    def _unheld(self, name: Any, phase: str, asked: str) -> None:
         """A metric no record holds ("acc", "Loss") found nothing without a word: refused, listing them."""
         def names(records: list[dict[str, Any]]) -> list[str]:
             return list(dict.fromkeys(key for r in records for key in r if key not in ("step", "phase")))
 
         held = names([r for r in self.records if r.get("phase") == phase])
-        why = f"the names the {phase} records hold" if held else f"this history holds no {phase} records"
+        why = f"the names the {asked} records hold" if held else f"this history holds no {asked} records"
         raise ArgumentError(f"History.metric: argument name = {name!r}: expected one of "
                             f"{', '.join(held or names(self.records))} ({why})")
 
     def last(self, phase: str = "train") -> dict[str, Any]:
         """The newest record of ``phase`` (empty when there is none); ArgumentError as :meth:`metric`."""
-        self._known("last", phase)
+        phase = self._known("last", phase)
         found = [r for r in self.records if r.get("phase") == phase]
         return found[-1] if found else {}
 
-    def _known(self, function: str, phase: Any) -> None:
-        """A phase no run records ("val", "Test") found no records without a word: refused, listing them."""
+    def _known(self, function: str, phase: Any) -> str:
+        """``phase`` as the records name it (``validation``: ``val``, their name for it); a phase no run
+        records ("valid", "Test") found no records without a word: refused, listing them."""
         held = list(dict.fromkeys(r["phase"] for r in self.records if isinstance(r.get("phase"), str)))
-        if phase in RECORDED_PHASES or phase in held:
-            return
+        if isinstance(phase, str) and PHASE_NAMES.get(phase, phase) in (*RECORDED_PHASES, *held):
+            return PHASE_NAMES.get(phase, phase)
         raise ArgumentError(f"History.{function}: argument phase = {phase!r}: expected one of "
-                            f"{', '.join(dict.fromkeys([*RECORDED_PHASES, *held]))} (this history holds "
+                            f"{', '.join(dict.fromkeys([*RECORDED_PHASES, *held]))} (or validation; this history holds "
                             f"{', '.join(held) or 'no records'})")
 
 

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import warnings
 
+import numpy as np
 import pytest
 
 import nets
@@ -387,19 +388,20 @@ def test_a_batch_size_of_zero_is_refused_where_the_script_wrote_it():
 
 
 def test_a_history_asked_for_a_phase_no_run_records_lists_the_phases():
-    """history.metric("loss", "val") (or "Test") found nothing and returned [] without a word."""
+    """history.metric("loss", "valid") (or "Test") found nothing and returned [] without a word."""
     history = sm.History([{"step": 0, "phase": "train", "loss": 2.0}, {"step": 0, "phase": "test", "loss": 2.5},
                           {"step": 2, "phase": "train", "loss": 1.0}])
     assert history.metric("loss") == [(0, 2.0), (2, 1.0)] and history.last("test")["loss"] == 2.5
     assert history.metric("loss", "validation") == [] and history.last("validation") == {}  # a phase without records
-    for call, function in ((lambda: history.metric("loss", "val"), "metric"), (lambda: history.last("Test"), "last")):
+    assert history.metric("loss", "val") == []  # the records' own name of the validation phase
+    for call, function in ((lambda: history.metric("loss", "valid"), "metric"), (lambda: history.last("Test"), "last")):
         with pytest.raises(sm.ArgumentError) as err:
             call()
-        phase = "'val'" if function == "metric" else "'Test'"
+        phase = "'valid'" if function == "metric" else "'Test'"
         assert str(err.value) == (f"History.{function}: argument phase = {phase}: expected one of train, test, "
-                                  f"validation (this history holds train, test)")
-    with pytest.raises(sm.ArgumentError, match=r"expected one of train, test, validation \(this history holds no "
-                                               r"records\)$"):
+                                  f"val (or validation; this history holds train, test)")
+    with pytest.raises(sm.ArgumentError, match=r"expected one of train, test, val \(or validation; this history "
+                                               r"holds no records\)$"):
         sm.History([]).metric("loss", "tset")
 
 
@@ -465,3 +467,20 @@ def test_evaluate_with_every_checkpoint_damaged_says_its_own_argument(tmp_path):
     assert str(err.value) == (f"{tmp_path / 'ws' / 'checkpoint'}: every checkpoint there is damaged "
                               f"({len(damaged)} file(s), the newest step4.h5): none to test: expected "
                               f"evaluate(..., checkpoints=[FILE]) or a workspace with a good checkpoint")
+
+
+def test_a_history_finds_the_validation_records_a_run_writes(tmp_path):
+    """A run records its validation as phase "val" (metrics.jsonl); history.metric("loss", "validation"),
+    the phase the docs named, found none of them and returned [] without a word."""
+    rng = np.random.default_rng(0)
+    x, y = rng.random((40, 6), dtype=np.float32), rng.integers(0, 3, 40)
+    net = sm.Sequential([sm.RecordInput.from_arrays(x, y, 8, phase="train"),
+                         sm.RecordInput.from_arrays(x[:16], y[:16], 16, phase="val"),
+                         sm.InnerProduct(3, "fc"), sm.SoftmaxLoss("loss", srcs=["fc", "data"])])
+    job = sm.Job("val", net, updater=sm.SGD(0.1), seed=1, train_steps=4, disp_freq=2, validate_steps=1,
+                 validate_freq=2)
+    history = job.fit(tmp_path / "ws")
+    assert {r["phase"] for r in history.records} == {"train", "val"}
+    validated = history.metric("loss", "val")
+    assert [step for step, _ in validated] == [0, 2] and history.metric("loss", "validation") == validated
+    assert history.last("validation") == history.last("val") and history.last("val")["step"] == 2
