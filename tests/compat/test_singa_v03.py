@@ -364,3 +364,23 @@ def test_a_test_with_no_good_checkpoint_names_the_binding_s_own_argument(fresh_n
     message = tested("ws")
     assert "every checkpoint there is damaged" in message and message.endswith(
         f"none to test: expected {said} or a workspace with a good checkpoint"), message
+
+
+def test_fit_with_validate_data_returns_the_validation_s_metrics(fresh_names, tmp_path, monkeypatch):
+    """m.fit(X_train, validate_data=X_valid, nb_epoch=N, validate_steps=S), the binding's case (2): the
+    run validated (metrics.jsonl's phase "val") but the results held no val_ metrics."""
+    import nets
+
+    monkeypatch.chdir(tmp_path)
+    nets.make_data("train.h5", 64, (6,), 3)
+    nets.make_data("valid.h5", 32, (6,), 3, seed=4)
+    model = binding.Sequential("validated", [])
+    model.add(binding.Dense(3, init="uniform", activation="softmax"))
+    model.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
+    train = binding.Data("recordinput", phase="train", conf=binding.Store(path="train.h5", backend="hdf5",
+                                                                          batchsize=16, shape=6))
+    valid = binding.Data("recordinput", phase="val", conf=binding.Store(path="valid.h5", backend="hdf5",
+                                                                        batchsize=32, shape=6))
+    results = model.fit(train, validate_data=valid, nb_epoch=20, disp_freq=10, validate_freq=10, validate_steps=1)
+    validated = {step: sorted(key for key in metrics if key.startswith("val_")) for step, metrics in results.items()}
+    assert validated == {0: ["val_acc", "val_loss"], 10: ["val_acc", "val_loss"]}, results

@@ -14,7 +14,8 @@ Where this differs from the binding, on purpose:
 * ``fit``/``evaluate``'s ``batch_size`` replaces the store's batch size (the binding appended it to
   the repeated field, where SINGA read only the first value, so it had no effect);
 * the results: ``{step: {'acc', 'loss', 'ppl', 'se'}}`` of the training reports (the binding parsed
-  them from its log, as strings), with the test reports' metrics as ``test_acc``, ``test_loss``, ...;
+  them from its log, as strings), with the test reports' metrics as ``test_acc``, ``test_loss``, ...
+  and the validation's (``validate_data``) as ``val_acc``, ``val_loss``, ...;
   steps are ints, values floats;
 * ``evaluate`` after ``fit(..., with_test=True)`` without a ``test_freq`` tests at the start and the
   end of training (``test_freq`` = ``nb_epoch``): the binding's job then never tested (SINGA tests
@@ -449,10 +450,10 @@ def _testable(job: Job, inputs: set[str]) -> Job:
 
 def results(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     """The binding's results from the run's records: per step, the training metrics (``acc``,
-    ``loss``, ``ppl``, ``se``) and the test's as ``test_acc``, ...."""
+    ``loss``, ``ppl``, ``se``), the test's as ``test_acc``, ... and the validation's as ``val_acc``, ...."""
     found: dict[int, dict[str, float]] = {}
     for record in records:
-        prefix = {"train": "", "test": "test_", "validation": "val_"}.get(record.get("phase", ""))
+        prefix = {"train": "", "test": "test_", "val": "val_"}.get(record.get("phase", ""))
         if prefix is None:
             continue
         for name, value in record.items():
