@@ -384,3 +384,35 @@ def test_fit_with_validate_data_returns_the_validation_s_metrics(fresh_names, tm
     results = model.fit(train, validate_data=valid, nb_epoch=20, disp_freq=10, validate_freq=10, validate_steps=1)
     validated = {step: sorted(key for key in metrics if key.startswith("val_")) for step, metrics in results.items()}
     assert validated == {0: ["val_acc", "val_loss"], 10: ["val_acc", "val_loss"]}, results
+
+
+def test_fit_with_validate_data_validates_without_being_told_the_steps(fresh_names, tmp_path, monkeypatch):
+    """m.fit(X_train, validate_data=X_valid, nb_epoch=1000), the binding's README case (2), set
+    validate_freq alone: without validate_steps the run never validated, and under 10 steps its
+    validate_freq of nb_epoch // 10 = 0 was refused by the job's check; a validate_data of another phase
+    (load_data's X_test) failed the check on a source layer the script never named."""
+    import nets
+
+    monkeypatch.chdir(tmp_path)
+    nets.make_data("train.h5", 64, (6,), 3)
+    nets.make_data("valid.h5", 32, (6,), 3, seed=4)
+
+    def model():
+        binding.reset_names()
+        built = binding.Sequential("validated", [])
+        built.add(binding.Dense(3, init="uniform", activation="softmax"))
+        built.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
+        return built
+
+    def data(path, phase):
+        return binding.Data("recordinput", phase=phase, conf=binding.Store(path=path, backend="hdf5", batchsize=16,
+                                                                           shape=6))
+
+    with pytest.raises(ArgumentError) as err:
+        model().fit(data("train.h5", "train"), validate_data=data("valid.h5", "test"), nb_epoch=4)
+    assert str(err.value) == ("fit: argument validate_data: a Data of phase 'test': expected a Data of phase 'val' "
+                              "(Data(..., phase='val'))")
+    validated = model()
+    results = validated.fit(data("train.h5", "train"), validate_data=data("valid.h5", "val"), nb_epoch=4)
+    assert validated.jobconf.validate_steps == 10 and validated.jobconf.validate_freq == 1
+    assert [step for step, metrics in sorted(results.items()) if "val_acc" in metrics] == [0, 1, 2, 3], results

@@ -20,6 +20,9 @@ Where this differs from the binding, on purpose:
 * ``evaluate`` after ``fit(..., with_test=True)`` without a ``test_freq`` tests at the start and the
   end of training (``test_freq`` = ``nb_epoch``): the binding's job then never tested (SINGA tests
   every ``test_freq`` steps only), and ``singa-mpi check`` refuses ``test_steps`` without ``test_freq``;
+* ``fit(..., validate_data=X_valid)`` (a Data of phase ``'val'``) validates ``validate_steps``
+  batches (default 10, as ``evaluate``'s test) every ``nb_epoch // 10`` steps (at least 1): the
+  binding set no ``validate_steps``, so SINGA never validated;
 * ``evaluate`` without ``fit`` (a model that only tests) runs its job with the test input read in
   every phase (every net of a job is built here, the training one too; SINGA's ``-test`` built the
   test net alone); the job written (``--write-conf``, ``to_job``) is the binding's;
@@ -260,8 +263,10 @@ class Model:
             self.layers.insert(0, data)
         setval(self.jobconf, "fit", train_steps=nb_epoch, disp_freq=fields.get("disp_freq", nb_epoch // 10))
         if "validate_data" in fields:
+            _validation_data(fields["validate_data"])
             self.layers.insert(1, fields["validate_data"])
-            setval(self.jobconf, "fit", validate_freq=nb_epoch // 10)
+            # the binding set no validate_steps (SINGA validated none) and nb_epoch // 10 may be 0
+            setval(self.jobconf, "fit", validate_freq=max(nb_epoch // 10, 1), validate_steps=10)
         setval(self.jobconf, "fit", **only(fields, JOB_FIELDS))
         if data.checkpoint is not None:
             setval(self.jobconf, "fit", checkpoint_path=data.checkpoint)
@@ -460,6 +465,19 @@ def results(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
             if name in RESULT_KEYS:
                 found.setdefault(int(record.get("step", 0)), {})[prefix + RESULT_KEYS[name]] = float(value)
     return found
+
+
+def _validation_data(data: Any) -> None:
+    """fit's ``validate_data``: a Data of phase val (load_data's X_test is of phase test: the
+    validation net would have no input)."""
+    phases = {job_pb2.kTrain: "train", job_pb2.kTest: "test", job_pb2.kVal: "val"}
+    if not isinstance(data, Data):
+        raise ArgumentError(f"fit: argument validate_data = {data!r}: expected a Data of phase 'val' "
+                            f"(Data(..., phase='val'))")
+    if list(data.layer.include) != [job_pb2.kVal]:
+        given = ", ".join(repr(phases.get(phase, phase)) for phase in data.layer.include) or "every phase"
+        raise ArgumentError(f"fit: argument validate_data: a Data of phase {given}: expected a Data of phase 'val' "
+                            f"(Data(..., phase='val'))")
 
 
 def _batch_size(data: Data, size: int, where: str) -> None:
