@@ -35,10 +35,18 @@ from singa_mpi.net import Net, phase_nodes
 from singa_mpi.sync.base import first_bad_value, first_nonfinite
 
 INPUT, LOSS, GRADIENT, VALUES = range(4)  # the stages of a step, in the order they make values
-DIVERGED = ("the training diverged or its data or initial values are bad: try a lower learning rate or "
-            "gradient clipping (or pass --no-check-finite to run on regardless)")
-ADVICE = {INPUT: "clean the store (or pass --no-check-finite to train on it anyway)",
-          LOSS: DIVERGED, GRADIENT: DIVERGED, VALUES: DIVERGED}
+SWITCH = "--no-check-finite"  # the command's switch that turns the check off
+
+
+def advice(stage: int, switch: str = SWITCH) -> str:
+    """What to do about a finding of ``stage``; ``switch``: how the caller turns the check off (the
+    command's flag, or the Python API's ``fit(..., check_finite=False)``)."""
+    off = f"pass {switch}" if switch.startswith("-") else f"use {switch}"
+    if stage == INPUT:
+        return f"clean the store (or {off} to train on it anyway)"
+    return (f"the training diverged or its data or initial values are bad: try a lower learning rate or "
+            f"gradient clipping (or {off} to run on regardless)")
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +60,7 @@ class GroupFinding:
     on_rank: str  # " on rank 1" (of the group), or ""
     text: str
     stage: int
+    switch: str = SWITCH  # how the run's caller turns the check off
 
 
 @dataclasses.dataclass(order=True)
@@ -75,6 +84,7 @@ class NonFiniteCheck:
 
     def __init__(self, cfg: JobConfig, rank: int):
         self.enabled = True
+        self.switch = SWITCH  # how the caller turns the check off, as its messages say it
         self.rank = rank
         self.found: Finding | None = None
         self.owners = param_owners(cfg)
@@ -170,13 +180,13 @@ class NonFiniteCheck:
         found = [f for f in findings if f is not None]
         if not found:  # several worker groups stop together: the finding was another group's
             raise NonFiniteError(f"non-finite value at step {step} ({phase}) in another worker group: stopped "
-                                 f"without checkpointing it; {DIVERGED}")
+                                 f"without checkpointing it; {advice(LOSS, self.switch)}")
         elsewhere = f" in worker group {runtime.group}" if runtime.group else ""
         first = min(found)
         on_rank = f" on rank {first.rank}" if runtime.size > 1 else ""
         err = NonFiniteError(f"non-finite value at step {step} ({phase}){on_rank}{elsewhere}: {first.text}: stopped "
-                             f"without checkpointing it ({_kept(workspace)}); {ADVICE[first.stage]}")
-        err.finding = GroupFinding(runtime.group, step, phase, on_rank, first.text, first.stage)
+                             f"without checkpointing it ({_kept(workspace)}); {advice(first.stage, self.switch)}")
+        err.finding = GroupFinding(runtime.group, step, phase, on_rank, first.text, first.stage, self.switch)
         raise err
 
 
@@ -194,4 +204,5 @@ def job_line(findings: list[GroupFinding], workspace: str) -> str:
     others = "".join(f"; in worker group {f.group} too, at step {f.step} ({f.phase}){f.on_rank}: {f.text}"
                      for f in ordered[1:])
     return (f"non-finite value at step {first.step} ({first.phase}){first.on_rank} in worker group {first.group}: "
-            f"{first.text}{others}: stopped without checkpointing it ({_kept(workspace)}); {ADVICE[first.stage]}")
+            f"{first.text}{others}: stopped without checkpointing it ({_kept(workspace)}); "
+            f"{advice(first.stage, first.switch)}")

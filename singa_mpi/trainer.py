@@ -30,7 +30,7 @@ from singa_mpi.cost.beside import Prediction, beside_lines
 from singa_mpi.layers.base import fold_block_sums, layer_class_of
 from singa_mpi.net import Net, global_batch_size, phase_nodes
 from singa_mpi.errors import DataError, NonFiniteError
-from singa_mpi.nonfinite import DIVERGED, NonFiniteCheck
+from singa_mpi.nonfinite import LOSS, NonFiniteCheck, advice
 from singa_mpi.proto import job_pb2
 from singa_mpi.updaters import load_blas, make_updater
 
@@ -373,7 +373,7 @@ class Trainer:
                 # together (the profile and the trace are gathered after it)
                 if self.runtime.any(self.runtime.sync().nonfinite_elsewhere()):
                     raise NonFiniteError(f"non-finite value at step {step} (train) in another worker group: "
-                                         f"stopped without checkpointing it; {DIVERGED}")
+                                         f"stopped without checkpointing it; {advice(LOSS, self.finite.switch)}")
             if self.after_step is not None:
                 self.after_step()
             if display_now(job, step):

@@ -25,6 +25,7 @@ from singa_mpi.errors import SingaError
 # what a run's messages tell a script to do, for the options `singa-mpi train` spells as flags
 FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., overwrite=True)",
                 "--steps": "fit(..., steps={})",  # {}: the count
+                "--no-check-finite": "fit(..., check_finite=False)",
                 "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
 RECORDED_PHASES = ("train", "test", "val")  # the phases of metrics.jsonl's records
 PHASE_NAMES = {"validation": "val"}  # a phase by its long name, as the API's layers take it too
@@ -130,7 +131,7 @@ def workspace_of(job: Job, workspace: str | os.PathLike | None) -> str:
 
 def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | None = None, resume: bool = False,
         overwrite: bool = False, seed: int | None = None, stall_timeout: float | None = None,
-        deterministic: bool = False, profile: bool = False, trace: str | None = None,
+        deterministic: bool = False, profile: bool = False, trace: str | None = None, check_finite: bool = True,
         said_as: dict[str, str] | None = None) -> History:
     """Train ``job`` (the arguments are ``singa-mpi train``'s options); every rank returns the same
     :class:`History`.  ArgumentError for a bad job (before any communication, on every rank),
@@ -147,7 +148,8 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
                          stall_timeout=_number("fit", "stall_timeout", stall_timeout, option_values.POSITIVE_SECONDS),
                          resume=_switch("fit", "resume", resume), overwrite=_switch("fit", "overwrite", overwrite),
                          deterministic=_switch("fit", "deterministic", deterministic),
-                         profile=_switch("fit", "profile", profile), trace=_file_to_write("fit", "trace", trace))
+                         profile=_switch("fit", "profile", profile), trace=_file_to_write("fit", "trace", trace),
+                         check_finite=_switch("fit", "check_finite", check_finite))
     _folder("fit", workspace)
     _spelling("fit", said_as)
     job.check()

@@ -42,6 +42,7 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     trainer.keep = options.keep
     trainer.print_profile = options.profile
     trainer.debug = options.debug
+    trainer.finite.switch = options.said("--no-check-finite")  # how the caller turns it off (the API: fit's)
     if not options.check_finite:
         trainer.finite.switch_off(list(trainer.nets().values()))
     if options.trace:  # record from here on, one clock on every rank

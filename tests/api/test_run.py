@@ -484,3 +484,24 @@ def test_a_history_finds_the_validation_records_a_run_writes(tmp_path):
     validated = history.metric("loss", "val")
     assert [step for step, _ in validated] == [0, 2] and history.metric("loss", "validation") == validated
     assert history.last("validation") == history.last("val") and history.last("val")["step"] == 2
+
+
+def test_a_non_finite_input_tells_the_script_fit_s_own_switch_and_fit_takes_it(tmp_path):
+    """A NaN in the arrays stopped fit with "clean the store (or pass --no-check-finite to train on it
+    anyway)": a flag of `singa-mpi train` that fit did not take."""
+    from singa_mpi.errors import NonFiniteError
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((32, 6), dtype=np.float32), rng.integers(0, 3, 32)
+    x[5, 2] = np.nan
+    net = sm.Sequential([sm.RecordInput.from_arrays(x, y, 8, phase="train"), sm.InnerProduct(3, "fc"),
+                         sm.SoftmaxLoss("loss", srcs=["fc", "data"])])
+    job = sm.Job("nan", net, updater=sm.SGD(0.1), seed=1, train_steps=4, disp_freq=2)
+    with pytest.raises(NonFiniteError) as err:
+        job.fit(tmp_path / "ws")
+    assert "--no-check-finite" not in str(err.value)
+    assert str(err.value).endswith("(or use fit(..., check_finite=False) to train on it anyway)"), err.value
+    with pytest.raises(sm.ArgumentError, match=r"^fit: argument check_finite = 0: expected True or False$"):
+        job.fit(tmp_path / "ws", check_finite=0)
+    history = job.fit(tmp_path / "ws", check_finite=False)
+    assert [step for step, _ in history.metric("loss")] == [0, 2]

@@ -31,8 +31,9 @@ Where this differs from the binding, on purpose:
   copy of every layer into it).
 
 The script's ``argv`` (``Sequential('mlp', sys.argv)``) takes ``--resume`` (continue the workspace's
-run), ``--overwrite`` (move an earlier run aside) and ``--write-conf PATH`` (write the job's ``.conf``
-text and skip the run); SINGA's driver flags (``-singa_conf ...``) are ignored.
+run), ``--overwrite`` (move an earlier run aside), ``--no-check-finite`` (train on past a NaN or an
+infinity) and ``--write-conf PATH`` (write the job's ``.conf`` text and skip the run); SINGA's driver
+flags (``-singa_conf ...``) are ignored.
 """
 from __future__ import annotations
 
@@ -360,7 +361,8 @@ class Model:
             tested = _testable(job, inputs).evaluate(checkpoints=checkpoints, said_as=EVALUATE_SPELLING)
             return results([{**tested, "phase": "test"}])
         # the script's argv takes --resume and --overwrite: the run's messages name them so
-        history = job.fit(resume=options["resume"], overwrite=options["overwrite"], said_as=ARGV_SPELLING)
+        history = job.fit(resume=options["resume"], overwrite=options["overwrite"],
+                          check_finite=options["check_finite"], said_as=ARGV_SPELLING)
         self.trained = True
         return results(history.records)
 
@@ -500,15 +502,17 @@ def _cpu_only(where: str, execpath: str, device: Any) -> None:
 
 
 def _argv_options(argv: Sequence[str]) -> dict[str, Any]:
-    """``--resume``, ``--overwrite``, ``--write-conf PATH`` from the script's argv (SINGA's own
-    flags, ``-singa_conf FILE`` and the like, mean nothing here and are left alone)."""
-    options: dict[str, Any] = {"resume": False, "overwrite": False, "write_conf": None}
+    """``--resume``, ``--overwrite``, ``--no-check-finite``, ``--write-conf PATH`` from the script's argv
+    (SINGA's own flags, ``-singa_conf FILE`` and the like, mean nothing here and are left alone)."""
+    options: dict[str, Any] = {"resume": False, "overwrite": False, "check_finite": True, "write_conf": None}
     args = list(argv[1:])
     for index, arg in enumerate(args):
         if arg in ("--resume", "-resume"):
             options["resume"] = True
         elif arg == "--overwrite":
             options["overwrite"] = True
+        elif arg == "--no-check-finite":
+            options["check_finite"] = False
         elif arg.startswith("--write-conf="):
             options["write_conf"] = arg.split("=", 1)[1]
         elif arg == "--write-conf":
