@@ -204,6 +204,7 @@ class Trainer:
         self.acknowledge: Callable[[int], None] | None = None
         self.training = False  # the steps have begun: a stop now writes a checkpoint (else none)
         self.resume_hint: str | None = None  # "resume with: ...", for WORKSPACE/stopped.txt
+        self.resume_flag = "--resume"  # how the caller resumes (the Python API: fit(..., resume=True))
         self.stopped = False
         self.nonfinite_said = None  # several groups: this group root's NonFiniteError, said by the job's root
         self._layer_types: dict[str, list] = {}  # phase -> its layer classes (their `report`)
@@ -395,7 +396,7 @@ class Trainer:
                     if done == self.train_steps:  # the last step: its checkpoint is the final one, the run is complete
                         return self._finish(final, stop_at_end=True)
                     path = self.save_checkpoint(done, final=True)
-                self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with --resume")
+                self.log(f"stopped on a signal after {done} steps (checkpoint {path}): resume with {self.resume_flag}")
                 self.note_stop(done, path)
                 self.stopped = True
                 self.summarize_run(done, path)

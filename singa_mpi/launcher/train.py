@@ -65,6 +65,7 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
             write_stop_note(trainer.workspace, [STOPPED_BEFORE_TRAINING])
         return checkpoint.EXIT_CHECKPOINTED
     trainer.training = True  # a stop signal from now on: after the step, with a checkpoint
+    trainer.resume_flag = options.said("--resume")
     trainer.resume_hint = f"resume with: {options.resume_hint or resume_command(trainer, options)}"  # a stop's note too
     if options.trace:
         _write_trace_parts(trainer, options, run)

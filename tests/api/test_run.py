@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import numpy as np
@@ -505,3 +506,28 @@ def test_a_non_finite_input_tells_the_script_fit_s_own_switch_and_fit_takes_it(t
         job.fit(tmp_path / "ws", check_finite=0)
     history = job.fit(tmp_path / "ws", check_finite=False)
     assert [step for step, _ in history.metric("loss")] == [0, 2]
+
+
+def test_a_ctrl_c_in_fit_says_to_resume_with_fit_s_own_argument(tmp_path, monkeypatch, capfd):
+    """A Ctrl-C in fit logged "stopped on a signal after 2 steps (checkpoint ...): resume with --resume",
+    a flag of the command, not fit's resume=True."""
+    import signal
+
+    from singa_mpi.trainer import Trainer
+
+    original = Trainer.train_one_batch
+
+    def train_one_batch(self, step):
+        original(self, step)
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C would, after batch 1
+            time.sleep(0.01)  # the handler runs between bytecodes: let it
+
+    monkeypatch.setattr(Trainer, "train_one_batch", train_one_batch)
+    job = _small_job(nets.make_data(str(tmp_path / "data.h5"), 32, (12,), 5))
+    job.settings.train_steps = 20
+    with pytest.raises(sm.Stopped):
+        job.fit(tmp_path / "ws")
+    out = capfd.readouterr().out
+    path = tmp_path / "ws" / "checkpoint" / "step2.h5"
+    assert f"stopped on a signal after 2 steps (checkpoint {path}): resume with fit(..., resume=True)\n" in out, out
