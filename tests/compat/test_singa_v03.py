@@ -417,3 +417,23 @@ def test_fit_with_validate_data_validates_without_being_told_the_steps(fresh_nam
     results = validated.fit(data("train.h5", "train"), validate_data=data("valid.h5", "val"), nb_epoch=4)
     assert validated.jobconf.validate_steps == 10 and validated.jobconf.validate_freq == 1
     assert [step for step, metrics in sorted(results.items()) if "val_acc" in metrics] == [0, 1, 2, 3], results
+
+
+def test_a_parameter_given_to_two_params_is_refused_where_the_script_gives_it(fresh_names):
+    """The binding README's tip, par = Parameter(init='uniform', scale=0.05) given as w_param and b_param
+    of every Dense: the binding names a Parameter's param once, so all were 'w1', and the job's check
+    said "param[1].name = 'w1': expected a name not used twice in one layer", at fit, naming no argument."""
+    par = binding.Parameter(init="uniform", scale=0.05)
+    with pytest.raises(ArgumentError) as err:
+        binding.Dense(100, w_param=par, b_param=par, activation="tanh")
+    assert str(err.value) == ("layer 'layer1' (Dense): argument b_param: the Parameter (param 'w1') given as layer "
+                              "'layer1''s w_param: expected a Parameter(...) of its own (one Parameter given twice "
+                              "makes two params named 'w1')")
+    parw, parb = binding.Parameter(init="gaussian", std=0.01), binding.Parameter(init="constant")
+    binding.Dense(100, w_param=parw, b_param=parb)
+    with pytest.raises(ArgumentError, match=r"^layer 'layer3' \(Dense\): argument w_param: the Parameter \(param "
+                                            r"'w2'\) given as layer 'layer2''s w_param: expected"):
+        binding.Dense(10, w_param=parw, b_param=binding.Parameter(init="constant"))
+    conv = binding.Parameter(init="gaussian", std=0.0001)  # a convolution renames its params: w4, then w5
+    first, second = binding.Convolution2D(32, 5, w_param=conv), binding.Convolution2D(32, 5, w_param=conv)
+    assert [first.layer.param[0].name, second.layer.param[0].name] == ["w4", "w5"]

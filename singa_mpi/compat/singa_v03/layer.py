@@ -56,8 +56,13 @@ class Layer:
             if given is not None and not isinstance(given, Parameter):
                 raise ArgumentError(f"{self.where}: argument {pname}_param = {given!r}: expected a Parameter(...)")
             param = given if given is not None else Parameter(init=init or default)
+            if param.given_as is not None and not changename:  # its param keeps the name it got then
+                raise ArgumentError(f"{self.where}: argument {pname}_param: the Parameter (param {param.param.name!r}) "
+                                    f"given as {param.given_as}: expected a Parameter(...) of its own (one "
+                                    f"Parameter given twice makes two params named {param.param.name!r})")
             set_param_field(param.param, pname, changename, where=self.where, **kwargs)
             setval(self.layer, self.where, param=param.param)
+            param.given_as = f"layer {self.layer.name!r}'s {pname}_param"
 
     def _activation(self, activation: str | None) -> None:
         if activation:

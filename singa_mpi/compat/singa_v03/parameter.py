@@ -42,6 +42,7 @@ class Parameter:
     def __init__(self, **kwargs: Any):
         check_arguments("Parameter", kwargs, PARAMETER_ARGUMENTS)
         self.param = job_pb2.ParamProto()
+        self.given_as: str | None = None  # "layer 'layer1''s w_param": a layer's param was made of it
         given = f"Parameter {kwargs['name']!r}" if "name" in kwargs else "Parameter"  # as the script wrote it
         set_multipliers(self.param, given, kwargs.get("lr", 1), kwargs.get("wd", 1), "lr", "wd")
         if "name" not in kwargs:
