@@ -193,9 +193,8 @@ def read_initial(path: str, shapes: Shapes | None = None) -> checkpoint.Checkpoi
     checkpoint.refuse_irregular(path)  # (h5py.is_hdf5 would block for good on a pipe)
     if os.path.exists(path) and not h5py.is_hdf5(path):
         return _read_singa(path, shapes)
-    m = re.fullmatch(r"step(\d+)-worker\d+", os.path.basename(path))
-    if not os.path.exists(path) and m:
-        ours = os.path.join(os.path.dirname(path), f"step{m.group(1)}.h5")
+    ours = ours_for_singa_name(path)
+    if ours is not None:
         if os.path.exists(ours):
             return checkpoint.read(ours)
         raise DataError(f"{path}: no such checkpoint, nor {ours} (this tool's name for it): expected the "
@@ -203,6 +202,15 @@ def read_initial(path: str, shapes: Shapes | None = None) -> checkpoint.Checkpoi
     if not os.path.exists(path):
         raise DataError(f"{path}: no such checkpoint")
     return checkpoint.read(path)
+
+
+def ours_for_singa_name(path: str) -> str | None:
+    """This tool's name, ``DIR/step<N>.h5``, of a SINGA checkpoint name ``DIR/step<N>-worker<W>`` that
+    does not exist (where running SINGA's job here put its checkpoint); None for any other path."""
+    m = re.fullmatch(r"step(\d+)-worker\d+", os.path.basename(path))
+    if os.path.exists(path) or m is None:
+        return None
+    return os.path.join(os.path.dirname(path), f"step{m.group(1)}.h5")
 
 
 def _workspace_of(folder: str) -> str:

@@ -437,3 +437,30 @@ def test_a_parameter_given_to_two_params_is_refused_where_the_script_gives_it(fr
     conv = binding.Parameter(init="gaussian", std=0.0001)  # a convolution renames its params: w4, then w5
     first, second = binding.Convolution2D(32, 5, w_param=conv), binding.Convolution2D(32, 5, w_param=conv)
     assert [first.layer.param[0].name, second.layer.param[0].name] == ["w4", "w5"]
+
+
+def test_a_test_only_evaluate_reads_singa_s_name_of_a_checkpoint(fresh_names, tmp_path, monkeypatch):
+    """The binding README's case (4), m.evaluate(X_test, checkpoint_path=workspace+'/checkpoint/step4-worker0'):
+    "cannot read the checkpoint: No such file or directory", where the job's own checkpoint_path reads
+    SINGA's name as this tool's step4.h5 in that folder."""
+    import nets
+
+    monkeypatch.chdir(tmp_path)
+    nets.make_data("train.h5", 64, (6,), 3)
+    nets.make_data("test.h5", 32, (6,), 3, seed=4)
+
+    def model():
+        binding.reset_names()
+        built = binding.Sequential("singa-name", [])
+        built.add(binding.Dense(3, init="uniform", activation="softmax"))
+        built.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
+        return built
+
+    def data(path, phase, batch):
+        return binding.Data("recordinput", phase=phase, conf=binding.Store(path=path, backend="hdf5",
+                                                                           batchsize=batch, shape=6))
+
+    model().fit(data("train.h5", "train", 16), nb_epoch=4)
+    newest = model().evaluate(data("test.h5", "test", 32), test_steps=1)
+    named = model().evaluate(data("test.h5", "test", 32), test_steps=1, checkpoint_path="ws/checkpoint/step4-worker0")
+    assert named == newest and list(named) == [4], named

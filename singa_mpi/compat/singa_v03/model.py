@@ -284,7 +284,8 @@ class Model:
                  **fields: Any) -> dict[int, dict[str, float]]:
         """Test on ``data`` (``test_steps`` batches, default 10; ``test_freq``, ``batch_size``): after
         ``fit(..., with_test=True)`` the training job tested as it trains; else the test alone on
-        ``checkpoint_path`` (default: the workspace's newest checkpoint).  ``show_acc`` adds an
+        ``checkpoint_path`` (default: the workspace's newest checkpoint; SINGA's ``step100-worker0``
+        is read as this tool's ``step100.h5`` in that folder).  ``show_acc`` adds an
         accuracy layer to the test."""
         if not isinstance(data, Data):
             raise ArgumentError(f"evaluate: argument data = {data!r}: expected the test data (load_data's second "
@@ -356,7 +357,8 @@ class Model:
                 job.to_conf(temporary)
             return {}
         if test_only:
-            checkpoints = list(self.jobconf.checkpoint_path) or None
+            # SINGA's names (step100-worker0), as the job's checkpoint_path reads them: this tool's step100.h5
+            checkpoints = [_ours(path) for path in self.jobconf.checkpoint_path] or None
             inputs = {layer.layer.name for layer in self.layers if layer.is_datalayer}
             tested = _testable(job, inputs).evaluate(checkpoints=checkpoints, said_as=EVALUATE_SPELLING)
             return results([{**tested, "phase": "test"}])
@@ -467,6 +469,15 @@ def results(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
             if name in RESULT_KEYS:
                 found.setdefault(int(record.get("step", 0)), {})[prefix + RESULT_KEYS[name]] = float(value)
     return found
+
+
+def _ours(path: str) -> str:
+    """A checkpoint the test reads: SINGA's name ``DIR/step<N>-worker0`` that is not there as this
+    tool's ``DIR/step<N>.h5`` where that is (as the job's ``checkpoint_path`` reads it), else ``path``."""
+    from singa_mpi.checkpoints.tools import ours_for_singa_name
+
+    ours = ours_for_singa_name(path)
+    return ours if ours is not None and os.path.exists(ours) else path
 
 
 def _validation_data(data: Any) -> None:
