@@ -60,6 +60,18 @@ def build(train: sm.Layer | None = None, test: sm.Layer | None = None) -> sm.Job
                   test_steps=100, test_freq=200, disp_freq=50)
 
 
+def synthetic_rows(text: str) -> int:
+    """--synthetic's value: at least 5 rows (a fifth as many more are made for the test)."""
+    try:
+        rows = int(text)
+    except ValueError:
+        rows = 0
+    if rows < 5:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of rows >= 5 (a fifth as many more are the "
+                                         f"test's)")
+    return rows
+
+
 def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:
     """Random pixels in CIFAR-10's shape and random labels, the same on every rank (a fixed seed);
     their mean is taken off as one value (the stores' image_mean.bin is a per-pixel file)."""
@@ -72,7 +84,7 @@ def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:
 
 def main(argv: list[str] | None = None) -> sm.History:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--synthetic", type=int, metavar="ROWS", help="train on ROWS random rows, not data/cifar10/")
+    parser.add_argument("--synthetic", type=synthetic_rows, metavar="ROWS", help="train on ROWS random rows, not data/cifar10/")
     parser.add_argument("--steps", type=int, help="train this many steps (default: the job's 1000)")
     parser.add_argument("--workspace", help="where to write (default: the job's cluster.workspace)")
     args = parser.parse_args(argv)

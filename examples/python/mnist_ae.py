@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 import singa_mpi.api as sm
-from mnist_rbm import SIZES, data_layers, frozen_encoder, synthetic_inputs
+from mnist_rbm import SIZES, data_layers, frozen_encoder, synthetic_inputs, synthetic_rows
 
 
 def build(train: sm.Layer | None = None, test: sm.Layer | None = None) -> sm.Job:
@@ -33,7 +33,7 @@ def build(train: sm.Layer | None = None, test: sm.Layer | None = None) -> sm.Job
 
 def main(argv: list[str] | None = None) -> sm.History:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--synthetic", type=int, metavar="ROWS", help="train on ROWS random rows, not data/mnist/")
+    parser.add_argument("--synthetic", type=synthetic_rows, metavar="ROWS", help="train on ROWS random rows, not data/mnist/")
     parser.add_argument("--steps", type=int, help="train this many steps (default: the job's 12200)")
     args = parser.parse_args(argv)
     job = build(*synthetic_inputs(args.synthetic)) if args.synthetic else build()

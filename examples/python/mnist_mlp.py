@@ -39,6 +39,18 @@ def build(train: sm.Layer | None = None, test: sm.Layer | None = None) -> sm.Job
                   seed=1, train_steps=1000, test_steps=10, test_freq=60, disp_freq=10)
 
 
+def synthetic_rows(text: str) -> int:
+    """--synthetic's value: at least 5 rows (a fifth as many more are made for the test)."""
+    try:
+        rows = int(text)
+    except ValueError:
+        rows = 0
+    if rows < 5:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of rows >= 5 (a fifth as many more are the "
+                                         f"test's)")
+    return rows
+
+
 def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:
     """Random bytes in MNIST's shape and random labels, the same on every rank (a fixed seed)."""
     rng = np.random.default_rng(0)
@@ -50,7 +62,7 @@ def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:
 
 def main(argv: list[str] | None = None) -> sm.History:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--synthetic", type=int, metavar="ROWS", help="train on ROWS random rows, not data/mnist/")
+    parser.add_argument("--synthetic", type=synthetic_rows, metavar="ROWS", help="train on ROWS random rows, not data/mnist/")
     parser.add_argument("--steps", type=int, help="train this many steps (default: the job's 1000)")
     parser.add_argument("--workspace", help="where to write (default: the job's cluster.workspace)")
     args = parser.parse_args(argv)

@@ -61,6 +61,18 @@ def build(stage: int, train: sm.Layer | None = None, test: sm.Layer | None = Non
                   checkpoint_path=earlier or None)
 
 
+def synthetic_rows(text: str) -> int:
+    """--synthetic's value: at least 5 rows (a fifth as many more are made for the test)."""
+    try:
+        rows = int(text)
+    except ValueError:
+        rows = 0
+    if rows < 5:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of rows >= 5 (a fifth as many more are the "
+                                         f"test's)")
+    return rows
+
+
 def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:
     """Random bytes in MNIST's shape, the same on every rank (a fixed seed); no labels (CD needs none)."""
     x = np.random.default_rng(0).integers(0, 256, (rows + rows // 5, 784)).astype(np.float32)
@@ -71,7 +83,7 @@ def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:
 def main(argv: list[str] | None = None) -> list[sm.History]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", type=int, choices=range(1, 5), help="train this stage only (default: 1 to 4)")
-    parser.add_argument("--synthetic", type=int, metavar="ROWS", help="train on ROWS random rows, not data/mnist/")
+    parser.add_argument("--synthetic", type=synthetic_rows, metavar="ROWS", help="train on ROWS random rows, not data/mnist/")
     parser.add_argument("--steps", type=int, help="train this many steps per stage (default: the jobs' 6000)")
     args = parser.parse_args(argv)
     inputs = synthetic_inputs(args.synthetic) if args.synthetic else (None, None)

@@ -72,3 +72,17 @@ def test_the_api_and_the_examples_pass_the_type_checker():
         pytest.fail("mypy not found: pip install -e '.[test]' installs it")
     done = subprocess.run([mypy, "--no-incremental"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", ["mnist_mlp.py", "cifar10_cnn.py", "mnist_rbm.py", "mnist_ae.py"])
+@pytest.mark.parametrize("rows", ["0", "-3", "4", "many"])
+def test_an_example_refuses_a_number_of_synthetic_rows_it_cannot_use(script, rows, monkeypatch, capsys):
+    """--synthetic 0 trained on data/mnist/ (a missing file's error), -3 ended in numpy's "negative
+    dimensions are not allowed", 4 in "argument x of shape (0, 784)" (a fifth as many test rows: none)."""
+    module = _module(script, monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--synthetic", rows])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: argument --synthetic: {rows!r}: expected a number of rows >= 5 (a fifth as many more are the "
+        f"test's)")
