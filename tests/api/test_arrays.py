@@ -239,3 +239,19 @@ def test_predict_with_a_test_phase_the_job_never_checked_names_the_layer(tmp_pat
     with pytest.raises(sm.ArgumentError, match=r"^predict: the job's test phase: layer 'loss' \(#3, kSoftmaxLoss\): "
                                                r"srclayers\[0\] = 'drop': layer 'drop' is not kept for phase test"):
         job.predict(x, tmp_path / "ws", layer="fc")
+
+
+def test_a_test_reads_test_steps_batches_on_from_the_last_test_and_round_the_rows(tmp_path):
+    """docs/python-api.md: a test of 10 rows in batches of 8 reads rows 0-7, then 8, 9, 0-5, ...; its
+    accuracy counts each row once only where batchsize x test_steps is the number of rows."""
+    x, y = _rows(40)
+    x_test, y_test = _rows(10, seed=3)
+    net = sm.Sequential([sm.RecordInput.from_arrays(x, y, 8, phase="train"),
+                         sm.RecordInput.from_arrays(x_test, y_test, 8, phase="test"),
+                         sm.InnerProduct(5, "fc"), sm.SoftmaxLoss("loss", srcs=["fc", "data"])])
+    job = sm.Job("rounds", net, updater=sm.SGD(0.0), seed=1, train_steps=6, disp_freq=2, test_steps=1, test_freq=2)
+    tested = job.fit(tmp_path / "ws").metric("accuracy", "test")
+    right = job.predict(x_test, tmp_path / "ws").argmax(1) == y_test  # a rate of 0: the params of every test
+    read = np.tile(right, 4)  # rows 0-9, 0-9, ...
+    assert tested == [(step, pytest.approx(read[8 * k:8 * k + 8].mean())) for k, step in enumerate((0, 2, 4, 6))]
+    assert job.evaluate(tmp_path / "ws")["accuracy"] == pytest.approx(read[:8].mean())  # a test of its own: row 0 on
