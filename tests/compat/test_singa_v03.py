@@ -464,3 +464,20 @@ def test_a_test_only_evaluate_reads_singa_s_name_of_a_checkpoint(fresh_names, tm
     newest = model().evaluate(data("test.h5", "test", 32), test_steps=1)
     named = model().evaluate(data("test.h5", "test", 32), test_steps=1, checkpoint_path="ws/checkpoint/step4-worker0")
     assert named == newest and list(named) == [4], named
+
+
+def test_compile_given_an_argument_it_does_not_take_names_the_ones_it_takes(fresh_names):
+    """m.compile(updater=sgd, cluster=topo), as the binding README's CNN example writes it, said
+    "argument optimizer = None" (an argument the script never wrote), and compile(lr=0.1) said
+    "unknown argument lr: expected one of " and nothing more."""
+    model = binding.Sequential("m", [])
+    model.add(binding.Dense(3, activation="softmax"))
+    with pytest.raises(ArgumentError) as err:
+        model.compile(updater=binding.SGD(0.1), cluster=binding.Cluster("ws"), loss="categorical_crossentropy")
+    assert str(err.value) == ("compile: unknown argument updater: expected compile(optimizer=..., cluster=..., "
+                              "loss=..., topk=...) (the updater is its optimizer)")
+    with pytest.raises(ArgumentError) as err:
+        model.compile(optimizer=binding.SGD(0.1), cluster=binding.Cluster("ws"), lr=0.1)
+    assert str(err.value) == "compile: unknown argument lr: expected compile(optimizer=..., cluster=..., loss=..., topk=...)"
+    with pytest.raises(ArgumentError, match=r"^Algorithm: unknown argument cd_k: expected no other argument$"):
+        binding.Algorithm(job_pb2.kBP, cd_k=2)  # CD's alone

@@ -180,6 +180,10 @@ class Model:
                 topk: int = 1, **kwargs: Any) -> None:
         """The updater, the cluster and the loss: ``'categorical_crossentropy'`` (a softmax loss,
         made of a last softmax activation or added) or ``'mean_squared_error'`` (euclidean)."""
+        for key in kwargs:  # before the arguments it lacks: compile(updater=sgd) lacks optimizer
+            why = " (the updater is its optimizer)" if key == "updater" else ""
+            raise ArgumentError(f"compile: unknown argument {key}: expected compile(optimizer=..., cluster=..., "
+                                f"loss=..., topk=...){why}")
         if not isinstance(optimizer, Updater):
             raise ArgumentError(f"compile: argument optimizer = {optimizer!r}: expected an updater such as SGD(...)")
         if not isinstance(cluster, Cluster):
@@ -187,7 +191,6 @@ class Model:
         if loss is not None and loss not in LOSSES:
             raise ArgumentError(f"compile: argument loss = {loss!r}: expected one of {', '.join(LOSSES)}"
                                 + (" (the rnnlm user loss is not supported)" if loss == "user_loss_rnnlm" else ""))
-        check_arguments("compile", kwargs, ())
         if not self.layers and loss is not None:
             raise ArgumentError("compile: the model has no layers: add them before compile")
         self.jobconf.updater.CopyFrom(optimizer.proto)

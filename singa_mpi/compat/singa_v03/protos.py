@@ -42,7 +42,8 @@ def check_arguments(where: str, given: Iterable[str], allowed: Iterable[str]) ->
     allowed = set(allowed)
     for key in given:
         if key not in allowed:
-            raise ArgumentError(f"{where}: unknown argument {key}: expected one of {', '.join(sorted(allowed))}")
+            expected = f"one of {', '.join(sorted(allowed))}" if allowed else "no other argument"
+            raise ArgumentError(f"{where}: unknown argument {key}: expected {expected}")
 
 
 def fields_of(message_type: Any) -> set[str]:
