@@ -481,3 +481,18 @@ def test_compile_given_an_argument_it_does_not_take_names_the_ones_it_takes(fres
     assert str(err.value) == "compile: unknown argument lr: expected compile(optimizer=..., cluster=..., loss=..., topk=...)"
     with pytest.raises(ArgumentError, match=r"^Algorithm: unknown argument cd_k: expected no other argument$"):
         binding.Algorithm(job_pb2.kBP, cd_k=2)  # CD's alone
+
+
+def test_a_fit_of_fewer_than_ten_steps_returns_its_training_results(fresh_names, tmp_path, monkeypatch):
+    """m.fit(X_train, nb_epoch=5) displayed every nb_epoch // 10 = 0 steps, that is never: it returned {}."""
+    import nets
+
+    monkeypatch.chdir(tmp_path)
+    nets.make_data("train.h5", 64, (6,), 3)
+    model = binding.Sequential("short", [])
+    model.add(binding.Dense(3, init="uniform", activation="softmax"))
+    model.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
+    train = binding.Data("recordinput", phase="train", conf=binding.Store(path="train.h5", backend="hdf5",
+                                                                          batchsize=16, shape=6))
+    results = model.fit(train, nb_epoch=5)
+    assert sorted(results) == [0, 1, 2, 3, 4] and model.jobconf.disp_freq == 1, results

@@ -20,6 +20,8 @@ Where this differs from the binding, on purpose:
 * ``evaluate`` after ``fit(..., with_test=True)`` without a ``test_freq`` tests at the start and the
   end of training (``test_freq`` = ``nb_epoch``): the binding's job then never tested (SINGA tests
   every ``test_freq`` steps only), and ``singa-mpi check`` refuses ``test_steps`` without ``test_freq``;
+* ``fit`` displays (and returns the results of) every ``nb_epoch // 10`` steps, every step under 10
+  (the binding's 0 displayed none);
 * ``fit(..., validate_data=X_valid)`` (a Data of phase ``'val'``) validates ``validate_steps``
   batches (default 10, as ``evaluate``'s test) every ``nb_epoch // 10`` steps (at least 1): the
   binding set no ``validate_steps``, so SINGA never validated;
@@ -265,7 +267,8 @@ class Model:
             _batch_size(data, fields["batch_size"], "fit")
         if not self.exist_datalayer("train"):
             self.layers.insert(0, data)
-        setval(self.jobconf, "fit", train_steps=nb_epoch, disp_freq=fields.get("disp_freq", nb_epoch // 10))
+        # the binding's nb_epoch // 10 is 0 under 10 steps: SINGA then displayed nothing, and fit returned {}
+        setval(self.jobconf, "fit", train_steps=nb_epoch, disp_freq=fields.get("disp_freq", max(nb_epoch // 10, 1)))
         if "validate_data" in fields:
             _validation_data(fields["validate_data"])
             self.layers.insert(1, fields["validate_data"])
