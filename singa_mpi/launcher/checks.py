@@ -7,6 +7,7 @@ import os
 import warnings
 from typing import Callable, Sequence
 
+from singa_mpi import nonfinite
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import Shapes, read_initial
 from singa_mpi.config.load import JobConfig, layers_for_phase
@@ -29,7 +30,8 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
         if is_root:  # the one that writes it
             probe_file_folder(request.options.trace, "--trace")
     # what step 0 would meet (under MPI voted, before any communication), and a label any later step would
-    check_first_batches(launch.cfg, launch.workspace, list(launch.phases), request.options.check_finite)
+    check_first_batches(launch.cfg, launch.workspace, list(launch.phases),
+                        request.options.check_finite, request.options.said(nonfinite.SWITCH))
     if request.trains and resumes(launch.workspace, request.options.resume):
         if is_root:  # before the checkpoint is judged: a refused resume leaves no dead writer's file either
             clear_dead_writes(launch.workspace)
@@ -120,13 +122,15 @@ def _run_files(cfg: JobConfig, workspace: str) -> list[tuple[str, str]]:
     return files + [(os.path.join(workspace, name), f"the run's {name}") for name in names]
 
 
-def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check_finite: bool = True) -> None:
+def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check_finite: bool = True,
+                        switch: str = nonfinite.SWITCH) -> None:
     """What the first step of each phase would find wrong with the data, found before any communication
     (every rank runs this in phase 1, so that data that every rank reads alike fails as one voted line):
     every input layer opens its data and reads the first global batch (all ranks' rows: the store
     decodes only these), label sources (kLabel) take their labels, and every loss layer looks at them.
     ``check_finite`` (not --no-check-finite): a store small enough for its first read to decode it whole
-    is looked at whole, and a NaN or an infinity in it is refused, naming the record.
+    is looked at whole, and a NaN or an infinity in it is refused, naming the record and how the caller
+    turns the check off (``switch``: the command's flag, or fit's argument).
     The layers are throw-away serial instances without parameters; a DataError says what the first
     step would have said."""
     import numpy as np
@@ -154,7 +158,7 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
                             field = "shape" if isinstance(err, ShapeMismatch) else "backend"
                             raise DataError(f"{cfg.layer_where(node.index, 'store_conf', field)}: {err}") from None
                         if check_finite and hasattr(layer, "refuse_nonfinite"):
-                            layer.refuse_nonfinite()
+                            layer.refuse_nonfinite(nonfinite.advice(nonfinite.INPUT, switch))
                     read[node.name] = layer.forward([], train)
                 elif getattr(layer, "provides_labels", False) and srcs and all(s.name in read for s in srcs):
                     read[node.name] = layer.forward([s.aux if k == "aux" else read[s.name]

@@ -134,16 +134,16 @@ class RecordInput(Layer):
         if not cache:
             self.store.cache_limit = 0
 
-    def refuse_nonfinite(self) -> None:
+    def refuse_nonfinite(self, what_to_do: str) -> None:
         """DataError naming the record of the first NaN or infinity of the (open) store, where the
         training's first read decodes it whole (the launcher's look before any communication); a larger
-        store is looked at batch by batch as read, and the step that reads one stops the run."""
+        store is looked at batch by batch as read, and the step that reads one stops the run.
+        ``what_to_do``: the advice that ends the line, in the caller's words (nonfinite.advice)."""
         found = self.store.first_nonfinite()
         if found is not None:
             record, at, value = found
             raise DataError(f"layer '{self.name}': {self.store.path}: record {record}, value {at} is {value}: "
-                            f"expected finite numbers (training would stop at the step that reads it): clean "
-                            f"the store (or pass --no-check-finite to train on it anyway)")
+                            f"expected finite numbers (training would stop at the step that reads it): {what_to_do}")
 
     def _find(self, path: str, field: str) -> str:
         return find_file(path, self.ctx.workspace, f"layer '{self.name}': store_conf.{field}",
