@@ -13,14 +13,16 @@ A run that fails on one rank under MPI is aborted before the workers' totals can
 rank that fails writes the profile itself (:func:`build_partial`), from its own totals up to the
 failure and, under ``--trace``, the other workers' from the spans of their timeline part files
 (:func:`part_from_spans`, :mod:`singa_mpi.timeline_parts`), each up to its last written step and
-without the set-up before the trace began.
+without the set-up before the trace began.  A rank killed outright leaves that to its guardian
+(:mod:`singa_mpi.communication.guardian`), which builds the profile from every rank's part with the
+standard library alone: so does this module (it imports :mod:`singa_mpi.tracing` alone of the package).
 
 ``ranks`` counts everything the run did outside test and validation passes (setup,
 checkpoints, metric reductions included), divided by the steps trained; ``cat`` is ``comm``
 (one row per connection layer or sync label: bytes sent+received), ``step`` (trainer phases),
 or a layer pass (``forward``, ``backward``, an algorithm's phase).  A layer's pass time
 includes the communication it waits in.  The ``--profile`` table and ``plot --profile`` leave the
-run's bookkeeping rows out (set-up, verdicts, final gathers: ``progress.BOOKKEEPING_ROWS``): spread
+run's bookkeeping rows out (set-up, verdicts, final gathers: ``BOOKKEEPING_ROWS``): spread
 over the steps they would read as a per-step cost.  ``--debug`` shows them in the table.
 """
 from __future__ import annotations
@@ -30,12 +32,18 @@ import os
 
 import bisect
 
-from singa_mpi.progress import BOOKKEEPING_ROWS
 from singa_mpi.tracing import Span, Total, Tracer
 
 FILE = "profile.json"
 STEP_ORDER = {"train_one_batch": 0, "sync": 1, "update": 2}  # the trainer's phases first, in step order
 EVALUATION_PASSES = ("test", "val")  # the trainer's "step" spans of its test and validation passes
+# rows of the communication table (singa_mpi.progress) and of the profile that are the run's own bookkeeping,
+# not a cost a user can change: exchanges of Python objects (verdicts, checkpoints' pieces, summaries),
+# barriers, communicator and shared-memory set-up, the vote on stop signals each step, rank 0's choices
+# sent to the others
+BOOKKEEPING_ROWS = frozenset({"allgather(objects)", "gather(objects)", "barrier", "communicators", "shared memory",
+                              "stop-signal vote", "partition_dim: auto", "prediction", "calibrate",
+                              "calibrate(hosts)"})
 
 
 def subtract(after: dict, before: dict) -> dict:
@@ -110,11 +118,16 @@ def build_partial(parts: dict[int, dict], size: int) -> dict:
 
 def write(workspace: str, profile: dict) -> str:
     """WORKSPACE/profile.json, whole or not at all (an OSError, no temporary file left)."""
+    path = os.path.join(workspace, FILE)
+    write_file(path, profile)
+    return path
+
+
+def write_file(path: str, profile: dict) -> None:
+    """``profile`` to ``path`` as :func:`write` writes it (the guardian of a vanished rank too)."""
     from singa_mpi.durable import write_whole
 
-    path = os.path.join(workspace, FILE)
     write_whole(path, json.dumps(profile, indent=1))
-    return path
 
 
 def is_bookkeeping(row: dict) -> bool:

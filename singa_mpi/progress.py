@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
+from singa_mpi.profiling import BOOKKEEPING_ROWS
+
 
 def format_seconds(seconds: float) -> str:
     """``3.2s``, ``4m05s``, ``2h07m``: short enough for a progress line."""
@@ -266,14 +268,6 @@ def peak_rss() -> int | None:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     except (ImportError, OSError, ValueError):
         return None
-
-
-# rows of the communication table that are the run's own bookkeeping, not a cost a user can change:
-# exchanges of Python objects (verdicts, checkpoints' pieces, summaries), barriers, communicator and
-# shared-memory set-up, the vote on stop signals each step, rank 0's choices sent to the others
-BOOKKEEPING_ROWS = frozenset({"allgather(objects)", "gather(objects)", "barrier", "communicators", "shared memory",
-                              "stop-signal vote", "partition_dim: auto", "prediction", "calibrate",
-                              "calibrate(hosts)"})
 
 
 def communication_table(rows: list[dict[str, tuple[int, int, float]]], steps: int, debug: bool = False) -> str:

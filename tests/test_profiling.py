@@ -83,3 +83,28 @@ def test_a_failed_run_s_profile_holds_the_workers_it_has_and_names_the_others():
     assert profile["ranks"][0] == profile["ranks"][2] == [] and profile["ranks"][1] == part["train"]
     assert profile["missing"] == [0, 2] and profile["steps"] == 3  # the worker that trained most
     assert profiling.build_partial({5: part}, 2)["missing"] == [0, 1, 2, 3, 4]  # a rank beyond the group's size
+
+
+def test_the_guardian_builds_a_profile_from_parts_with_the_standard_library_alone(tmp_path):
+    """The guardian of a rank killed outright runs as `python -I -S` (no site-packages: no numpy) and
+    writes the profile from the ranks' parts with this module: it must import without them, and without
+    the modules of the package that lead to them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(profiling.__file__)))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); sys.modules['numpy'] = None\n"
+            "from singa_mpi import profiling\n"
+            "from singa_mpi.tracing import Span\n"
+            "spans = [Span('train_one_batch', 'step', 0, 0.0, 1.0)]\n"
+            "profiling.write_file(sys.argv[2], profiling.build_partial({0: profiling.part_from_spans(spans)}, 2))\n"
+            "print(' '.join(sorted(name for name in sys.modules if name.startswith('singa_mpi'))))\n")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code, package_parent, str(tmp_path / "p.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # nothing of the package that leads to numpy (singa_mpi.progress did: a pipeline's line names its planner)
+    assert done.stdout.split() == ["singa_mpi", "singa_mpi.durable", "singa_mpi.profiling", "singa_mpi.tracing"]
+    profile = json.loads((tmp_path / "p.json").read_text())
+    assert profile["missing"] == [1] and profile["steps"] == 1

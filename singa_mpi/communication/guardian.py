@@ -9,7 +9,9 @@ without that means the rank vanished (SIGKILL, the out-of-memory killer, a segfa
 then records which of the node's ranks it saw dead (its sighting), waits up to a second for the other
 guardians of the node (the launcher kills every other rank within milliseconds), and the lowest-ranked
 of them prints one line naming the rank that vanished first: rank, pid, host, step, what it was doing,
-how it ended when the kernel still tells (:func:`first_gone`, :func:`earliest_noticed`).
+how it ended when the kernel still tells (:func:`first_gone`, :func:`earliest_noticed`).  Under
+``--trace`` it then writes the run's profile and timeline from the ranks' part files, which no rank is
+left to do (:func:`_keep_what_is_left`).
 
 With ``--stall-timeout`` it also watches its rank's wait in MPI_Init, which the rank's own watchdog
 thread cannot (mpi4py holds the interpreter there): past the timeout it names the rank that holds the
@@ -284,7 +286,7 @@ def _speak_if_first(folder: str, rank: int, records: dict[int, Status], trace: d
                             who={str(r): {"step": records[r].step, "host": records[r].host, "pid": records[r].pid,
                                           "activity": records[r].activity} for r in first if r in records})
             if kind == "vanished" and trace is not None:
-                _keep_the_timeline(trace, first)
+                _keep_what_is_left(trace, first)
     time.sleep(0.2)  # the others read the verdict before it goes
     remove_quietly(os.path.join(folder, f"seen{rank}"))
     remove_quietly(record_path(folder, rank))
@@ -294,25 +296,68 @@ def _speak_if_first(folder: str, rank: int, records: dict[int, Status], trace: d
     remove_folder_if_done(folder)
 
 
-def _keep_the_timeline(trace: dict, vanished: list[int]) -> None:
+def _keep_what_is_left(trace: dict, vanished: list[int]) -> None:
+    """A run whose rank vanished under --trace: no rank is left to write its profile and timeline, so the
+    guardian that named the rank writes both from the ranks' parts (each up to its last written step),
+    read once for both."""
+    from singa_mpi import timeline_parts  # the standard library only, as this module
+
+    try:
+        read = timeline_parts.read_parts(trace["path"], trace["run"])
+    except Exception:  # the parts stay beside the trace (docs/observability.md)
+        return
+    _keep_the_profile(trace, vanished, read)
+    _keep_the_timeline(trace, vanished, read)
+
+
+def _keep_the_profile(trace: dict, vanished: list[int], read: list) -> None:
+    """The profile of a run whose rank vanished, from the ranks' parts ``read`` (:func:`singa_mpi.profiling.
+    build_partial`; each rank up to its last written step), where the rank said (``trace["profile"]``);
+    one line saying whose it holds, if the launcher still reads (the file is written first)."""
+    from singa_mpi import profiling  # the standard library only, as this module
+
+    if not trace.get("profile") or not read:
+        return
+    try:
+        parts = {header["rank"]: profiling.part_from_spans(spans) for header, spans in read}
+        profile = profiling.build_partial(parts, int(trace.get("size") or 0))
+        profiling.write_file(trace["profile"], profile)
+    except Exception:  # a by-product: the timeline is still written
+        return
+    missing = profile["missing"]
+    lost = f"; no part of ranks {' '.join(map(str, missing))} was found (on another node's disk?)" if missing else ""
+    _say(f"singa-mpi: profile {trace.get('profile_shown') or trace['profile']}: ranks "
+         f"{' '.join(map(str, sorted(parts)))} up to their last written step (their --trace parts; "
+         f"{_who(vanished)} vanished){lost}\n")
+
+
+def _keep_the_timeline(trace: dict, vanished: list[int], read: list | None = None) -> None:
     """The --trace timeline of a run whose rank vanished: no rank is left to merge the ranks' parts (each
-    up to its last written step), so the guardian that named the rank does, and says so if the launcher
-    still reads (the file is written first: the launcher may be gone)."""
+    up to its last written step; ``read``: as read already), so the guardian that named the rank does,
+    and says so if the launcher still reads (the file is written first: the launcher may be gone)."""
     from singa_mpi import timeline  # the standard library only, as this module
 
     try:
         # named as the user gave it (relative, if so), as the ranks' lines name it; written where it was meant
-        written = timeline.write_from_parts(trace["path"], trace["run"], shown=trace.get("shown"))
+        written = timeline.write_from_parts(trace["path"], trace["run"], shown=trace.get("shown"), read=read)
     except Exception:  # the parts stay beside the trace (docs/observability.md)
         return
     if written is not None:
         line, ranks = written
-        who = f"rank {vanished[0]}" if len(vanished) == 1 else f"ranks {' '.join(map(str, vanished))}"
-        try:
-            os.write(2, (f"singa-mpi: {line} (each of ranks {' '.join(map(str, ranks))} up to its last written "
-                         f"step; {who} vanished)\n").encode(errors="replace"))
-        except OSError:
-            pass
+        _say(f"singa-mpi: {line} (each of ranks {' '.join(map(str, ranks))} up to its last written "
+             f"step; {_who(vanished)} vanished)\n")
+
+
+def _who(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {' '.join(map(str, ranks))}"
+
+
+def _say(line: str) -> None:
+    """One line on the rank's stderr, which the launcher forwards while it is still there."""
+    try:
+        os.write(2, line.encode(errors="replace"))
+    except OSError:
+        pass
 
 
 def main(argv: list[str]) -> None:

@@ -485,13 +485,17 @@ class Guardian:
             except OSError:
                 pass
 
-    def tell_trace(self, path: str, run: str, shown: str) -> None:
+    def tell_trace(self, path: str, run: str, shown: str, profile: str | None = None,
+                   profile_shown: str | None = None, size: int = 0) -> None:
         """The rank writes its part of ``--trace PATH`` (run ``run``; ``shown``: the path as the user gave
         it, for the line): if it vanishes, the guardian that names it writes the trace from the ranks'
-        parts (:func:`singa_mpi.timeline.write_from_parts`)."""
+        parts (:func:`singa_mpi.timeline.write_from_parts`), and the failed run's profile of the
+        ``size`` ranks to ``profile`` from the same parts (``profile_shown``: as the user's workspace
+        names it)."""
         if self._write_end is not None:
             try:
-                told = {"path": path, "run": run, "shown": shown}
+                told = {"path": path, "run": run, "shown": shown, "profile": profile,
+                        "profile_shown": profile_shown, "size": size}
                 os.write(self._write_end, b"trace " + json.dumps(told).encode() + b"\n")
             except OSError:
                 pass
@@ -754,12 +758,14 @@ class RankLife:
 _LIVES: list[RankLife] = []  # this process's open lives (one at most)
 
 
-def tell_guardian_of_trace(path: str, run: str) -> None:
-    """This rank writes its part of the --trace timeline ``path``, as the user gave it (the guardian
-    writes to its absolute path: :meth:`Guardian.tell_trace`)."""
+def tell_guardian_of_trace(path: str, run: str, profile: str | None = None, size: int = 0) -> None:
+    """This rank writes its part of the --trace timeline ``path``, as the user gave it; ``profile``: where
+    a failed run's profile of the ``size`` ranks goes (the guardian writes to their absolute paths:
+    :meth:`Guardian.tell_trace`)."""
     for life in _LIVES:
         if life.guardian is not None:
-            life.guardian.tell_trace(os.path.abspath(path), run, path)
+            life.guardian.tell_trace(os.path.abspath(path), run, path,
+                                     None if profile is None else os.path.abspath(profile), profile, size)
 
 
 def close_lives() -> None:

@@ -108,8 +108,9 @@ def _write_trace_parts(trainer: Trainer, options: RunOptions, run: str) -> None:
         part = timeline_parts.PartWriter(options.trace, trainer.runtime.tracer, run)
         trainer.trace_part, trainer.after_step = part, part.flush
         # a rank killed outright (SIGKILL, the out-of-memory killer) leaves no rank to merge the parts:
-        # its guardian process does (singa_mpi.communication.guardian)
-        liveness.tell_guardian_of_trace(options.trace, run)
+        # its guardian process does (singa_mpi.communication.guardian), and writes the profile from them
+        liveness.tell_guardian_of_trace(options.trace, run, os.path.join(trainer.workspace, profiling.FILE),
+                                        trainer.runtime.size)
 
 
 def _finish_trace(trainer: Trainer, options: RunOptions) -> None:

@@ -192,7 +192,7 @@ def test_a_rank_that_fails_under_mpi_untraced_keeps_its_own_profile_and_says_so(
 def test_a_rank_killed_outright_under_mpi_leaves_every_rank_s_timeline(tmp_path):
     """A rank SIGKILLed (the out-of-memory killer) leaves no rank to merge the ranks' part files: the
     guardian process that names the vanished rank writes the trace from them, each rank up to its last
-    written step, and removes them."""
+    written step, and removes them; and the profile from the same parts (it left none)."""
     import time
 
     result, trace = traced_failing_run(tmp_path, FAIL.replace('raise DataError("the store\'s disk went away")',
@@ -207,3 +207,7 @@ def test_a_rank_killed_outright_under_mpi_leaves_every_rank_s_timeline(tmp_path)
     # each rank's part up to its last written step: rank 1 died in its fourth, rank 0 waited in its fourth
     assert set(batches) == {0, 1} and all(1 <= n <= 3 for n in batches.values()), batches
     assert not list(trace.parent.glob("*.part"))
+    profile = json.loads((tmp_path / "ws" / "profile.json").read_text())  # written before the trace
+    assert profile["missing"] == [] and all(profile["ranks"]) and 1 <= profile["steps"] <= 3, profile
+    steps = [next(row["calls"] for row in rows if row["name"] == "train_one_batch") for rows in profile["ranks"]]
+    assert steps == [1.0, 1.0]  # per step: each rank's own steps
