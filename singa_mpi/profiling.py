@@ -116,9 +116,17 @@ def build_partial(parts: dict[int, dict], size: int) -> dict:
     return profile
 
 
-def write(workspace: str, profile: dict) -> str:
-    """WORKSPACE/profile.json, whole or not at all (an OSError, no temporary file left)."""
-    path = os.path.join(workspace, FILE)
+def failed_file(attempt: int | None) -> str:
+    """The name of a failed run's profile in its workspace: profile.json, or attempt N's of ``singa-mpi run
+    --elastic`` (``attempt``: :func:`singa_mpi.run_events.attempt`) ``profile.attemptN.json``, which the
+    restart's profile.json does not replace."""
+    stem, suffix = os.path.splitext(FILE)
+    return FILE if attempt is None else f"{stem}.attempt{attempt}{suffix}"
+
+
+def write(workspace: str, profile: dict, name: str = FILE) -> str:
+    """WORKSPACE/profile.json (or ``name``), whole or not at all (an OSError, no temporary file left)."""
+    path = os.path.join(workspace, name)
     write_file(path, profile)
     return path
 

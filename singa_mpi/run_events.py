@@ -16,6 +16,9 @@ import time
 EVENTS_VARIABLE = "SINGA_MPI_EVENTS"
 # the supervisor's command up to the job (``singa-mpi run -n 2 --elastic``): a stopped run's "resume with"
 SUPERVISOR_VARIABLE = "SINGA_MPI_SUPERVISOR"
+# the attempt's number under ``singa-mpi run --elastic``, whose restart writes WORKSPACE/profile.json:
+# a failed attempt's profile goes to a file of its own (singa_mpi.profiling.failed_file)
+ATTEMPT_VARIABLE = "SINGA_MPI_ATTEMPT"
 
 
 def note(kind: str, **fields) -> None:
@@ -34,6 +37,12 @@ def note(kind: str, **fields) -> None:
         pass  # the supervisor then learns less: the exit code and metrics.jsonl still tell
 
 
+def attempt() -> int | None:
+    """This run's attempt number under ``singa-mpi run --elastic`` (None: not restarted by a supervisor)."""
+    number = os.environ.get(ATTEMPT_VARIABLE, "")
+    return int(number) if number.isdigit() else None
+
+
 def read(path: str) -> list[dict]:
     """The events of ``path`` in order (none when it does not exist; a torn last line is skipped)."""
     try:
@@ -50,4 +59,4 @@ def read(path: str) -> list[dict]:
     return events
 
 
-__all__ = ["EVENTS_VARIABLE", "SUPERVISOR_VARIABLE", "note", "read"]
+__all__ = ["ATTEMPT_VARIABLE", "EVENTS_VARIABLE", "SUPERVISOR_VARIABLE", "attempt", "note", "read"]

@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from singa_mpi import run_events
+from singa_mpi import profiling, run_events
 from singa_mpi.checkpoints import emergency
 from singa_mpi.checkpoints.hdf5 import (EXIT_CHECKPOINTED, NotDurable, checkpoint_dir, checkpoint_path, listed,
                                         newest_sound_step)
@@ -105,6 +105,7 @@ class Attempt:
     first_step_at: float | None = None
     hosts: list[Host] = dataclasses.field(default_factory=list)  # where it ran ([]: not known)
     emergency: str | None = None  # what the survivors' emergency checkpoint gave (or why there is none)
+    profile_before: tuple | None = None  # its failed run's profile file as it was before the launch (_identity)
 
 
 def failure_of(events: list[dict], code: int, ended: float, hosts: Sequence[Host] = (), ranks: int = 0) -> Failure:
@@ -335,7 +336,7 @@ class Supervisor:
                          f"{without} "
                          f"from {'checkpoint step ' + str(resumed_from) if resumed_from is not None else 'step 0'}"
                          f" (restart {len(self.attempts)} of at most {self.policy.max_restarts})"
-                         f"{self._traces_told(attempt.number)}")
+                         f"{self._traces_told(attempt.number)}{self._profiles_told(attempt)}")
         finally:
             self._end_job()  # only a failure of the supervisor itself leaves one running
             for s, handler in previous.items():
@@ -362,6 +363,9 @@ class Supervisor:
             os.remove(events_path)
         env = self.launcher.environ(**{run_events.EVENTS_VARIABLE: os.path.abspath(events_path),
                                        run_events.SUPERVISOR_VARIABLE: shlex.join(self.own_command(ranks, hosts))})
+        if self.policy.elastic:  # a restart writes profile.json: a failed attempt keeps its own (profiling.failed_file)
+            env[run_events.ATTEMPT_VARIABLE] = str(attempt.number)
+            attempt.profile_before = _identity(self._failed_profile(attempt.number))
         where = hosts if self.name_hosts else None
         command = self._command(ranks, attempt.number, resumed_from, where)
         rescue = self._rescue_folder(attempt.number)
@@ -495,15 +499,35 @@ class Supervisor:
     def _traces_told(self, failed: int) -> str:
         """Where the relaunch after attempt ``failed`` writes its --trace timeline, and where the failed
         attempt's is (each attempt has its own: :func:`_attempt_file`); "" without --trace."""
-        args = self.train_args
-        given = [arg.removeprefix("--trace=") for previous, arg in zip([""] + args[:-1], args)
-                 if previous == "--trace" or arg.startswith("--trace=")]
-        if not given:
+        path = self._trace_given()
+        if path is None:
             return ""
-        path = given[-1]  # argparse keeps the last
         old = path if failed == 1 else _attempt_file(path, failed)
         return (f"; its --trace timeline goes to {_attempt_file(path, failed + 1)} (attempt {failed}'s, up "
                 f"to its failure, stays in {old})")
+
+    def _failed_profile(self, number: int) -> str:
+        return os.path.join(self.workspace, profiling.failed_file(number))
+
+    def _profiles_told(self, failed: Attempt) -> str:
+        """Where the relaunch after attempt ``failed`` writes its profile, and where the failed attempt's is
+        (its own file: :func:`profiling.failed_file`); "" when it left none: it wrote none during the
+        attempt, and no guardian writes one (a rank killed outright under --trace: its guardian does,
+        perhaps still now)."""
+        kept = self._failed_profile(failed.number)
+        written = _identity(kept) not in (None, failed.profile_before)
+        by_guardian = failed.failure is not None and failed.failure.kind == "vanished" and self._trace_given() is not None
+        if not (written or by_guardian):
+            return ""
+        return (f"; its profile goes to {os.path.join(self.workspace, profiling.FILE)} (attempt {failed.number}'s, "
+                f"up to its failure, stays in {kept})")
+
+    def _trace_given(self) -> str | None:
+        """The path of --trace PATH or --trace=PATH in train's options, if given (argparse keeps the last)."""
+        args = self.train_args
+        given = [arg.removeprefix("--trace=") for previous, arg in zip([""] + args[:-1], args)
+                 if previous == "--trace" or arg.startswith("--trace=")]
+        return given[-1] if given else None
 
     def _stopped(self, attempt: Attempt) -> int:
         """The exit code of a run a stop signal ended.  The ranks' own (75: they checkpointed and said how
@@ -632,6 +656,15 @@ def _with_trace(args: list[str], renamed: Callable[[str], str]) -> list[str]:
             arg = "--trace=" + renamed(arg[len("--trace="):])
         out.append(arg)
     return out
+
+
+def _identity(path: str) -> tuple | None:
+    """What tells a file written anew (whole files are renamed into place) from one left as it was."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_ino, status.st_mtime_ns, status.st_size
 
 
 def _attempt_file(path: str, attempt: int) -> str:

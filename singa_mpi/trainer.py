@@ -294,8 +294,8 @@ class Trainer:
             for net in self.nets().values():
                 net.close_files()
 
-    def finish_profile(self) -> None:
-        """WORKSPACE/profile.json from every worker's tracer totals (collective); with
+    def finish_profile(self, name: str = profiling.FILE) -> None:
+        """WORKSPACE/profile.json (or ``name``) from every worker's tracer totals (collective); with
         ``print_profile`` the root prints it as the per-layer table too, and the cost model's
         prediction of the step beside it (BP jobs: the model replays forward and backward)."""
         parts = self.runtime.gather_object(profiling.worker_part(self.runtime.tracer, self.evaluation_totals))
@@ -310,9 +310,9 @@ class Trainer:
             return
         profile = profiling.build(parts)
         try:
-            profiling.write(self.workspace, profile)
+            profiling.write(self.workspace, profile, name)
         except OSError as err:  # a by-product: the run (its checkpoint written) is not failed for it
-            self.log(f"note: {os.path.join(self.workspace, profiling.FILE)}: not written: "
+            self.log(f"note: {os.path.join(self.workspace, name)}: not written: "
                      f"{checkpoint.disk_problem(err)}")
         if self.print_profile:
             self.log(profiling.format_table(profile, self.debug))

@@ -194,6 +194,32 @@ def test_a_restart_under_trace_equals_keeps_the_failed_attempt_s_timeline_and_sa
     assert any(line.endswith("(restart 1 of at most 3)") for line in untraced), untraced
 
 
+def test_a_restart_keeps_the_failed_attempt_s_profile_and_says_where(tmp_path):
+    """The failing rank of attempt 1 wrote WORKSPACE/profile.json, up to its failure, and the healed run's
+    replaced it at its end: each failed attempt's now stays in its own file, and the restart line says so."""
+    ws = tmp_path / "ws"
+    failing = ("import sys; from singa_mpi import profiling; from singa_mpi.launcher import train; "
+               f"profiling.write({str(ws)!r}, {{'by': train._failed_profile()}}, train._failed_profile()); "
+               "sys.exit(CODE)")
+    said = []
+    launcher = Programs(failing.replace("CODE", "9"), failing.replace("CODE", "8"),
+                        f"from singa_mpi import profiling; profiling.write({str(ws)!r}, {{'by': 'the healed run'}})")
+    assert Supervisor("job.conf", str(ws), [], Policy(2, elastic=True), launcher, log=said.append).run() == 0
+    assert [json.loads((ws / name).read_text())["by"] for name in ("profile.attempt1.json", "profile.attempt2.json",
+                                                                  "profile.json")] == [
+        "profile.attempt1.json", "profile.attempt2.json", "the healed run"]
+    restarts = [line.split(")", 1)[1] for line in said if "restarting on" in line]
+    assert restarts == [f"; its profile goes to {ws}/profile.json (attempt {n}'s, up to its failure, stays in "
+                        f"{ws}/profile.attempt{n}.json)" for n in (1, 2)], said
+    # a file of an earlier run, left as it was: not this attempt's to name
+    (tmp_path / "ws2").mkdir()
+    (tmp_path / "ws2" / "profile.attempt1.json").write_text("{}")
+    untouched = []
+    Supervisor("job.conf", str(tmp_path / "ws2"), [], Policy(2, elastic=True),
+               Programs("import sys; sys.exit(9)", "import sys; sys.exit(0)"), log=untouched.append).run()
+    assert any(line.endswith("(restart 1 of at most 3)") for line in untouched), untouched
+
+
 def test_the_workers_of_a_supervised_job_with_several_groups_are_per_group():
     """`singa-mpi run -n 3` of a Downpour job (2 groups of 1 worker, 1 server) passed --workers 2, the
     workers beside the servers, which train takes per group: 2 x 2 + 1 = 5 ranks, refused on 3."""

@@ -109,7 +109,7 @@ def _write_trace_parts(trainer: Trainer, options: RunOptions, run: str) -> None:
         trainer.trace_part, trainer.after_step = part, part.flush
         # a rank killed outright (SIGKILL, the out-of-memory killer) leaves no rank to merge the parts:
         # its guardian process does (singa_mpi.communication.guardian), and writes the profile from them
-        liveness.tell_guardian_of_trace(options.trace, run, os.path.join(trainer.workspace, profiling.FILE),
+        liveness.tell_guardian_of_trace(options.trace, run, os.path.join(trainer.workspace, _failed_profile()),
                                         trainer.runtime.size)
 
 
@@ -127,7 +127,7 @@ def _keep_the_record(trainer: Trainer, options: RunOptions) -> None:
     (Under MPI the failing rank aborts the job: the other ranks' parts cannot be gathered.)  A second
     failure here is one note: the first is the one reported."""
     try:
-        trainer.finish_profile()
+        trainer.finish_profile(_failed_profile())
         _finish_trace(trainer, options)
     except Exception as err:
         trainer.log(f"note: the profile or timeline of the failed run could not be written: {one_line(str(err))}")
@@ -149,19 +149,19 @@ def _keep_what_it_can(trainer: Trainer, options: RunOptions) -> None:
 
 
 def _keep_the_profile(trainer: Trainer, options: RunOptions, read: list) -> None:
-    """WORKSPACE/profile.json of a run that failed under MPI (:func:`profiling.build_partial`): this
-    rank's totals up to its failure, the others' from their timeline parts ``read`` (under --trace),
-    and one line saying whose it holds.  A failure here is one note: the first is the one reported."""
+    """WORKSPACE/profile.json (:func:`_failed_profile`) of a run that failed under MPI
+    (:func:`profiling.build_partial`): this rank's totals up to its failure, the others' from their
+    timeline parts ``read`` (under --trace), and one line saying whose it holds.  A failure here is one note: the first is the one reported."""
     tracer = trainer.runtime.tracer
     try:
         parts = {header["rank"]: profiling.part_from_spans(spans) for header, spans in read
                  if header["rank"] != tracer.rank}
         parts[tracer.rank] = profiling.worker_part(tracer, trainer.evaluation_totals)
         profile = profiling.build_partial(parts, trainer.runtime.size)
-        path = profiling.write(trainer.workspace, profile)
+        path = profiling.write(trainer.workspace, profile, _failed_profile())
     except Exception as err:
         why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        print(f"note: {os.path.join(trainer.workspace, profiling.FILE)}: the profile of the failed run could not "
+        print(f"note: {os.path.join(trainer.workspace, _failed_profile())}: the profile of the failed run could not "
               f"be written: {one_line(why)}", flush=True)
         return
     line = f"profile {path}: rank {tracer.rank} up to its failure"
@@ -175,6 +175,12 @@ def _keep_the_profile(trainer: Trainer, options: RunOptions, read: list) -> None
         line += f"; no part of ranks {' '.join(map(str, missing))} was found (on another node's disk?)" \
             if missing else ""
     print(line, flush=True)
+
+
+def _failed_profile() -> str:
+    """The name of a failed run's profile in its workspace: profile.json, or under ``singa-mpi run --elastic``
+    the attempt's own, which the restart's profile.json does not replace (:func:`profiling.failed_file`)."""
+    return profiling.failed_file(run_events.attempt())
 
 
 def _keep_the_timelines(trainer: Trainer, options: RunOptions, part: timeline_parts.PartWriter, read: list) -> None:

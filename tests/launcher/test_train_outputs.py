@@ -124,9 +124,10 @@ class Fail(Layer):
 '''
 
 
-def traced_failing_run(tmp_path, plugin: str, traced: bool = True):
+def traced_failing_run(tmp_path, plugin: str, traced: bool = True, **env: str):
     """``mpiexec -n 2`` of the test job with a plugin layer (``plugin``: its source) after the data, traced
-    to tmp_path/out/trace.json (unless not ``traced``); returns (the finished process, the trace's path)."""
+    to tmp_path/out/trace.json (unless not ``traced``), with the variables ``env``; returns (the finished
+    process, the trace's path)."""
     import subprocess
     import sys
 
@@ -142,7 +143,7 @@ def traced_failing_run(tmp_path, plugin: str, traced: bool = True):
     trace = tmp_path / "out" / "trace.json"
     cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "train", str(conf_path), "--workspace",
                                 str(tmp_path / "ws")] + (["--trace", str(trace)] if traced else [])
-    return subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=240), trace
+    return subprocess.run(cmd, env=mpi_env(**env), capture_output=True, text=True, timeout=240), trace
 
 
 @pytest.mark.slow
@@ -186,6 +187,20 @@ def test_a_rank_that_fails_under_mpi_untraced_keeps_its_own_profile_and_says_so(
     assert (f"profile {tmp_path / 'ws' / 'profile.json'}: rank 1 up to its failure alone: the other ranks' totals "
             f"are lost with the aborted job (--trace keeps each rank's up to its last written step)\n") \
         in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_failed_attempt_of_an_elastic_run_keeps_its_profile_apart_and_says_where(tmp_path):
+    """Under `singa-mpi run --elastic` (which tells the ranks their attempt) the failing rank wrote
+    WORKSPACE/profile.json, which the healed run's replaced: it now writes the attempt's own file."""
+    from singa_mpi import run_events
+
+    result, _ = traced_failing_run(tmp_path, FAIL, **{run_events.ATTEMPT_VARIABLE: "2"})
+    assert result.returncode == 3, result.stderr[-3000:]
+    kept = tmp_path / "ws" / "profile.attempt2.json"
+    assert json.loads(kept.read_text())["steps"] == 4 and not (tmp_path / "ws" / "profile.json").exists()
+    assert f"profile {kept}: rank 1 up to its failure, ranks 0 up to their last written step" in result.stdout, \
+        result.stdout[-2000:]
 
 
 @pytest.mark.slow
