@@ -109,6 +109,12 @@ def cmd_check(args) -> int:
         per_group = check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # as a launch on N refuses
         cfg = resolve_auto(cfg, per_group)
         built = job_programs(cfg, per_group, phases)  # plans and proved programs, as a launch on N ranks has
+        if args.check_memory:  # as train checks it, the N ranks on this machine (run -n N starts them so)
+            from singa_mpi.cost.memory import check_memory
+
+            near = check_memory(cfg, built.plans.values(), args.n)
+            if near:
+                print(f"warning: {near}")
         print(f"  plans on {per_group} worker(s){' per group' if per_group != args.n else ''}: "
               f"{', '.join(phases)} OK")
         _say_idle_pipeline(cfg, per_group, built.plans.get("train"))
@@ -126,6 +132,7 @@ def cmd_train(args) -> int:
     options.trace, options.profile = args.trace, args.profile
     options.allow_other_job = args.allow_other_job
     options.check_finite = args.check_finite
+    options.check_memory = args.check_memory
     options.workers = args.workers
     options.debug = args.debug  # the communication table's bookkeeping rows too
     options.deterministic = args.deterministic
@@ -574,6 +581,10 @@ def cmd_sample(args) -> int:
 
 # ------------------------------------------------------------------ parser
 
+MEMORY_HELP = ("do not refuse a job predicted to need more memory per rank than a rank can have (the cgroup's "
+               "limit, else physical memory, over the ranks on the node; docs/troubleshooting.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="singa-mpi", description="Train, test, check and plan SINGA 0.x jobs on MPI ranks "
                                                     "(`singa-mpi COMMAND -h`: a command's options).")
@@ -618,6 +629,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "batches, the loss and other metrics, and the gradients before the update; the first "
                         "non-finite value ends the run with exit code 5, naming step, phase and layer, "
                         "and no checkpoint of it is written)")
+    p.add_argument("--no-check-memory", dest="check_memory", action="store_false",
+                   help=MEMORY_HELP)
     _plugin_option(p)
     p.set_defaults(func=cmd_train)
     train_options = [option for action in p._actions for option in action.option_strings]  # run reads them
@@ -669,6 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also check a launch on N MPI ranks as train there checks it (a framework's server ranks "
                         "count among them, as in run -n N), partition every phase over its workers and prove its "
                         "schedule safe (no MPI; --workers is the older name)")
+    p.add_argument("--no-check-memory", dest="check_memory", action="store_false",
+                   help="-n N: " + MEMORY_HELP + " (here: the N ranks on this machine)")
     _plugin_option(p)
     p.set_defaults(func=cmd_check)
 

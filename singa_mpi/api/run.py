@@ -26,7 +26,8 @@ from singa_mpi.errors import SingaError
 FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., overwrite=True)",
                 "--steps": "fit(..., steps={})",  # {}: the count
                 "--no-check-finite": "fit(..., check_finite=False)",
-                "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
+                "--allow-other-job": "",  # fit has no way to resume another job's checkpoint
+                "--no-check-memory": ""}  # nor to skip the memory check
 RECORDED_PHASES = ("train", "test", "val")  # the phases of metrics.jsonl's records
 PHASE_NAMES = {"validation": "val"}  # a phase by its long name, as the API's layers take it too
 EVALUATE_SPELLING = {"--checkpoint": "evaluate(..., checkpoints=[FILE])"}  # the test command's option, as evaluate takes it

@@ -116,20 +116,29 @@ def with_choice(cfg: JobConfig, choice: Choice) -> JobConfig:
 
 
 def plan_memory(the_plan) -> int:
-    """Bytes on the fullest rank: its param shards with two more arrays each (gradient, updater
-    history) and its sub-layers' outputs with their gradients; of a pipeline, the micro-batches a
-    rank holds at once (GPipe: all; 1F1B: at most its stages to go)."""
-    per_rank = [0] * the_plan.nranks
+    """Bytes on the fullest rank (:func:`memory_by_rank`)."""
+    return max(sum(parts.values()) for parts in memory_by_rank(the_plan))
+
+
+def memory_by_rank(the_plan) -> list[dict[tuple[str, str], int]]:
+    """Per rank, its predicted bytes by (layer, "params" or "activations"): its param shards with two
+    more arrays each (gradient, updater history) and its sub-layers' outputs with their gradients
+    (an inserted layer under its own name); of a pipeline, the micro-batches a rank holds at once
+    (GPipe: all; 1F1B: at most its stages to go)."""
+    per_rank: list[dict[tuple[str, str], int]] = [{} for _ in range(the_plan.nranks)]
     seen: set[tuple] = set()
     held = _micro_batches_held(the_plan)
     for sub in the_plan.sublayers:
+        parts = per_rank[sub.rank]
         for shard in sub.params:
             if (sub.rank, shard.name, shard.offsets) not in seen:
                 seen.add((sub.rank, shard.name, shard.offsets))
-                per_rank[sub.rank] += 3 * 4 * shard.size
+                key = (sub.origin or sub.name, "params")
+                parts[key] = parts.get(key, 0) + 3 * 4 * shard.size
         if sub.micro < held.get(sub.rank, sub.micro + 1):
-            per_rank[sub.rank] += 2 * 4 * math.prod(sub.out_shape)
-    return max(per_rank)
+            key = (sub.origin or sub.name, "activations")
+            parts[key] = parts.get(key, 0) + 2 * 4 * math.prod(sub.out_shape)
+    return per_rank
 
 
 def _micro_batches_held(the_plan) -> dict[int, int]:

@@ -11,6 +11,7 @@ from singa_mpi import nonfinite
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.tools import Shapes, read_initial
 from singa_mpi.config.load import JobConfig, layers_for_phase
+from singa_mpi.cost.memory import SWITCH as MEMORY_SWITCH, check_memory
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.launcher.describe import Launch
 from singa_mpi.launcher.options import Request, RunOptions
@@ -24,6 +25,10 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
     first batches; return the parameters the run starts from: with --resume the workspace's newest
     good checkpoint, checked to be this job's (:func:`read_resumed`), else the job's checkpoint_path
     files (None without them), or for ``test`` the checkpoints to test."""
+    if request.trains and request.options.check_memory:  # first: a batch too big would fail reading its first rows
+        near = check_memory(launch.cfg, plans_to_fit(launch), launch.node_ranks, request.options.said(MEMORY_SWITCH))
+        if near:
+            warnings.warn(near)  # recorded: rank 0 says it once (said_once)
     check_inputs(launch.cfg, launch.workspace, list(launch.phases), log)
     if request.trains and request.options.trace:
         check_trace_path(launch.cfg, launch.workspace, request.options.trace)
@@ -41,6 +46,20 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
                                                      launch.summary.params), False, request.options.allow_partial)
     return fitting(launch, checkpoints_to_test(launch.workspace, list(request.checkpoints), is_root,
                                                request.options), False, None)
+
+
+def plans_to_fit(launch: Launch) -> list:
+    """The plans whose memory :func:`check_memory` predicts: the launch's, else (one process, the whole
+    net) each phase's on one worker, as placed by no job's location (none where the planner refuses)."""
+    from singa_mpi.cost.auto import placement_free
+    from singa_mpi.planner import partition
+
+    if launch.plans:
+        return list(launch.plans.values())
+    try:
+        return [partition(placement_free(launch.cfg), 1, phase) for phase in launch.phases]
+    except ConfigError:
+        return []
 
 
 def fitting(launch: Launch, ckpt: checkpoint.Checkpoint | None, full: bool,

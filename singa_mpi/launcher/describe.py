@@ -39,6 +39,7 @@ class World:
     nodes: int = 1
     shared_memory: bool = False
     launcher: str = "mpiexec"  # the command that started the world (start.launcher_name): named in its errors
+    node_ranks: int = 1  # the ranks on this rank's node: they share its memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Launch:
     steps: int | None  # --steps, else the job's train_steps
     facts: tuple[tuple[str, str], ...]  # (what, value) pairs every rank must share, compared in order
     notes: tuple[str, ...] = ()  # lines rank 0 prints: what the launch decided for the user
+    node_ranks: int = 1  # the ranks on this rank's node (World.node_ranks)
 
     @property
     def plans(self) -> Mapping:
@@ -109,7 +111,7 @@ def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
         cfg = resolved(cfg, {name: 0 for name in auto_layers(cfg)})
         pipeline = idle_pipeline_note(cfg, 1) if request.trains else None
         return Launch(cfg, summary, None, phases, None, request.workspace_of(cfg), request.options.steps, (),
-                      one_process_notes(cfg) + ((pipeline,) if pipeline else ()))
+                      one_process_notes(cfg) + ((pipeline,) if pipeline else ()), world.node_ranks)
     notes = []
     if chosen is not None:
         notes.append(chosen.describe())
@@ -124,7 +126,7 @@ def describe(read: tuple[JobConfig, Summary], world: World, request: Request,
     notes += [pipeline] if pipeline else []
     facts = run_facts(cfg, request) + job_facts(cfg, built)
     return Launch(cfg, summary, topo, phases, built, request.workspace_of(cfg), request.options.steps,
-                  tuple(facts), tuple(notes))
+                  tuple(facts), tuple(notes), world.node_ranks)
 
 
 def _copy(cfg: JobConfig) -> JobConfig:

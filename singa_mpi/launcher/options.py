@@ -25,6 +25,7 @@ class RunOptions:
     trace: str | None = None  # FILE: every rank's timeline as Chrome-trace JSON (singa_mpi.timeline)
     profile: bool = False  # print the per-layer compute/communication table at the end
     check_finite: bool = True  # stop at the first NaN/inf in inputs, metrics or gradients (exit 5)
+    check_memory: bool = True  # refuse a job predicted not to fit a rank's memory (singa_mpi.cost.memory)
     debug: bool = False  # --debug: also the communication table's bookkeeping rows
     deterministic: bool = False  # --deterministic: the job's deterministic setting, on (its default blocks)
     # the Python API: the job's text is written to WORKSPACE/job.conf (the folder of its path) once the run

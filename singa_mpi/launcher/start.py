@@ -97,6 +97,6 @@ def world_facts(world) -> World:
     """The launched world as the launch description sees it (collective: every rank asks its node)."""
     from singa_mpi.sync.shared_memory import shared_memory_enabled
 
-    one_node = world.on_one_node()
-    return World(world.size, -(-world.size // world.node_size()), shared_memory=one_node and shared_memory_enabled(),
-                 launcher=launcher_name(os.environ))
+    one_node, node_ranks = world.on_one_node(), world.node_size()
+    return World(world.size, -(-world.size // node_ranks), shared_memory=one_node and shared_memory_enabled(),
+                 launcher=launcher_name(os.environ), node_ranks=node_ranks)
