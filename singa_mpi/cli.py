@@ -109,12 +109,8 @@ def cmd_check(args) -> int:
         per_group = check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # as a launch on N refuses
         cfg = resolve_auto(cfg, per_group)
         built = job_programs(cfg, per_group, phases)  # plans and proved programs, as a launch on N ranks has
-        if args.check_memory:  # as train checks it, the N ranks on this machine (run -n N starts them so)
-            from singa_mpi.cost.memory import check_memory
-
-            near = check_memory(cfg, built.plans.values(), args.n)
-            if near:
-                print(f"warning: {near}")
+        if args.check_memory:
+            _check_memory_of_n_ranks(cfg, list(built.plans.values()), args.n)
         print(f"  plans on {per_group} worker(s){' per group' if per_group != args.n else ''}: "
               f"{', '.join(phases)} OK")
         _say_idle_pipeline(cfg, per_group, built.plans.get("train"))
@@ -201,6 +197,21 @@ def cmd_test(args) -> int:
 
     return run_test(str(args.job or default_job_path()), lambda cfg: resolve_workspace(cfg, args.workspace),
                     checkpoints=args.checkpoint, workers=args.workers)
+
+
+def _check_memory_of_n_ranks(cfg, plans: list, n: int) -> None:
+    """`check -n N`: a job that would not fit one rank alone on a machine like this one is refused; one
+    that fits a rank alone but not N ranks on this machine (as `run -n N` starts them) is warned of, as
+    its N ranks may be spread over nodes (train checks each node's own share before any communication)."""
+    from singa_mpi.cost.memory import check_memory
+
+    try:
+        near = check_memory(cfg, plans, n)
+    except ConfigError as err:
+        check_memory(cfg, plans, 1)  # raises where even one rank alone would not fit
+        near = f"{err} (if all {n} ranks share this machine; across nodes, train checks each node's share)"
+    if near:
+        print(f"warning: {near}")
 
 
 def cmd_plan(args) -> int:

@@ -59,6 +59,24 @@ def test_a_job_near_the_bound_is_warned_of_once(capsys, monkeypatch):
     assert out.count("near the") == 1 and "a test's bound" in out, out
 
 
+def test_check_n_warns_of_a_job_that_fits_a_rank_alone_but_not_n_on_this_machine(capsys, monkeypatch):
+    """`check -n N` runs where the N ranks may not be (a login node, for a job spread over nodes): it
+    refused any job whose N ranks would not fit this machine together; now only one that a rank alone
+    would not fit, and warns of the other (train checks each node's own share)."""
+    from singa_mpi.config.load import load_job
+    from singa_mpi.cost.auto import plan_memory
+    from singa_mpi.planner import partition
+
+    cfg = load_job(str(DIGITS))
+    need = max(plan_memory(partition(cfg, 2, phase)) for phase in ("train", "test"))
+    monkeypatch.setattr(memory, "memory_bound", lambda node_ranks: (int(need * 1.5) // node_ranks, "a test's bound"))
+    assert cli.main(["check", str(DIGITS), "-n", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("warning: ") == 1 and "(if all 2 ranks share this machine; across nodes" in out, out
+    monkeypatch.setattr(memory, "memory_bound", lambda node_ranks: (int(need * 0.5) // node_ranks, "a test's bound"))
+    assert cli.main(["check", str(DIGITS), "-n", "2"]) == 2  # not even one rank alone
+
+
 def test_num_output_2e9_is_refused_against_the_machines_memory_by_check_and_train(tmp_path, capsys):
     path, line = mutated(tmp_path, DIGITS, "num_output: 256", "num_output: 2000000000")
     assert cli.main(["check", path, "-n", "2"]) == 2
