@@ -20,7 +20,7 @@ from singa_mpi import plugins
 from singa_mpi.config import limits
 from singa_mpi.config.parse_errors import explain_parse_error
 from singa_mpi.config.source import SourceMap
-from singa_mpi.config.unroll import unroll
+from singa_mpi.config.unroll import stateless_unrolling, unroll
 from singa_mpi.errors import ConfigError
 from singa_mpi.file_kinds import PROBE, kind_of_job_candidate
 from singa_mpi.proto import job_pb2
@@ -72,7 +72,10 @@ def parse_job(text: str, path: str = "<string>") -> JobConfig:
         job = _parse(text, path, allow_unknown_extension=False)
     _warn_ignored(job, path)
     _infer_onehot_vocabulary(job, path)
-    return JobConfig(job, path, text, source)
+    cfg = JobConfig(job, path, text, source)
+    if (stateless := stateless_unrolling(cfg)) is not None:  # said once a run, as the others here
+        warnings.warn(stateless, stacklevel=2)
+    return cfg
 
 
 def _parse(text: str, path: str, allow_unknown_extension: bool) -> job_pb2.JobProto:

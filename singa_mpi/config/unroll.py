@@ -130,6 +130,30 @@ def check(cfg) -> None:
                                   f"{max(counts)} times); use unroll_conn_type kUnrollOneToAll or kUnrollFirstToLast")
 
 
+def stateless_unrolling(cfg) -> str | None:
+    """The warning line for a net unrolled (some layer's unroll_len > 1) where nothing carries state
+    from copy to copy: no recurrent layer, no kCharRNN windows, every source kUnrollOneToOne without
+    shift.  SINGA unrolled it all the same (tied copies, one gradient); a plain MLP given
+    ``neuralnet { unroll_len: 3 }`` trains three copies of itself each step and never says so."""
+    job = cfg.proto
+    layers = list(job.neuralnet.layer)
+    if all(unroll_len(job, layer) <= 1 for layer in layers):
+        return None
+    for layer in layers:
+        timed = selected_name(layer) in RECURRENT | {"kCharRNN"}
+        if timed or any(kind != ONE_TO_ONE for kind in layer.unroll_conn_type) or any(layer.shift):
+            return None
+    index, layer = next((k, layer) for k, layer in enumerate(layers) if unroll_len(job, layer) > 1)
+    own = layer.HasField("unroll_len")
+    where = cfg.layer_where(index, "unroll_len") if own else cfg.where("neuralnet", "unroll_len")
+    field = f"layer '{layer.name}': unroll_len" if own else "neuralnet.unroll_len"
+    length = unroll_len(job, layer)
+    return (f"{where}: {field} = {length}: no layer carries state across the {length} copies (no kGRU, no "
+            f"shift, no kUnrollOneToAll or kUnrollFirstToLast source): each step trains {length} tied copies "
+            f"of the net, sharing its params and adding their gradients, as SINGA did; leave unroll_len out "
+            f"for one copy")
+
+
 def _check_copies(cfg, layers: list[job_pb2.LayerProto]) -> None:
     """Unrolled copies are layers too: at most MAX_UNROLLED_LAYERS of them in the net (an unroll_len of
     a million would build a million layers before anything else could complain)."""

@@ -66,3 +66,38 @@ def test_bad_unrolling_is_one_line_with_file_and_line(edit, field, message):
         unroll.check(cfg)
     text = str(info.value)
     assert text.startswith("u.conf:") and message in text and "\n" not in text
+
+
+MLP = """
+name: "m" train_steps: 1 train_one_batch { alg: kBP }
+neuralnet {
+  unroll_len: 3
+  layer { name: "data" type: kRecordInput store_conf { path: "d" batchsize: 4 shape: 5 } }
+  layer { name: "ip" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 2 } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+}
+"""
+
+
+def test_an_mlp_unrolled_says_once_that_it_trains_tied_copies():
+    with pytest.warns(UserWarning) as said:
+        parse_job(MLP, "m.conf")
+    assert [str(w.message) for w in said] == [
+        "m.conf:4:3: neuralnet.unroll_len = 3: no layer carries state across the 3 copies (no kGRU, no shift, "
+        "no kUnrollOneToAll or kUnrollFirstToLast source): each step trains 3 tied copies of the net, sharing "
+        "its params and adding their gradients, as SINGA did; leave unroll_len out for one copy"]
+    with pytest.warns(UserWarning, match=r"^m.conf:5:22: layer 'ip': unroll_len = 2: "):  # a layer's own field
+        parse_job(MLP.replace("unroll_len: 3\n", "").replace('name: "ip"', 'name: "ip" unroll_len: 2'), "m.conf")
+
+
+@pytest.mark.parametrize("text", [
+    CHAR_RNN, CHAR_RNN.replace("type: kGRU", "type: kSigmoid").replace("kOneHot", "kSigmoid"),
+    MLP.replace('srclayers: "data" innerproduct', 'srclayers: "data" shift: 1 innerproduct'),
+    MLP.replace("unroll_len: 3\n", ""),
+])
+def test_a_net_whose_copies_are_wired_in_time_or_not_unrolled_says_nothing(text):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        parse_job(text, "u.conf")
