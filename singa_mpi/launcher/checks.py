@@ -192,6 +192,7 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
                         try:
                             layer.forward([labels.aux if k == "aux" else scores for k in kinds[:len(srcs)]], train)
                         except DataError as err:
+                            _check_every_label(layer, _reader(labels, by_name), arrays_only=True)  # y's row
                             raise DataError(f"{err}, in the first batch{_read_from(labels, by_name)}") from None
                         _check_every_label(layer, labels)
                 elif node.conf.type in _VOCABULARIES and srcs and srcs[0].name in read:
@@ -255,27 +256,35 @@ def _check_text_labels(cfg: JobConfig, built, node, scores, labels) -> None:
                       f"'{scores.name}' ({classes} outputs): expected a layer of at least {top + 1}: {why}")
 
 
-def _check_every_label(loss, labels) -> None:
+def _check_every_label(loss, labels, arrays_only: bool = False) -> None:
     """Every label of the store that ``labels`` (an input layer) reads, where that is cheap: one out of
-    the loss's classes ends some later step, naming neither the file nor the record."""
+    the loss's classes ends some later step, naming neither the file nor the record.  ``arrays_only``:
+    only a script's arrays (their row of y, where the first batch's message named the store's digest)."""
+    from singa_mpi.data.memory import is_memory_path
     from singa_mpi.layers.loss import first_label_outside
 
     store, classes = getattr(labels, "store", None), getattr(loss, "classes", None)
+    if arrays_only and (store is None or not is_memory_path(store.path)):
+        return
     every = store.every_label() if store is not None and classes else None
     row = first_label_outside(every, classes) if every is not None else None
     if row is not None:
-        from singa_mpi.data.memory import is_memory_path
-
         where = f"layer '{labels.name}': row {row} of its y" if is_memory_path(store.path) else \
             f"{store.path}: record {row}"  # a script's arrays, or a file
         raise DataError(f"{where}: label {every[row]:g}: expected a class index in 0..{classes - 1} "
                         f"(layer '{loss.name}' scores {classes} classes)")
 
 
-def _read_from(layer, layers: dict) -> str:
-    """" of layer 'data' read from PATH": the input layer (and its store) that ``layer``'s labels come from."""
+def _reader(layer, layers: dict):
+    """The input layer that ``layer``'s labels come from (itself, or the reader below a label source)."""
     while getattr(layer, "store", None) is None and layer.conf.srclayers and layer.conf.srclayers[0] in layers:
         layer = layers[layer.conf.srclayers[0]]  # a label source (kLabel) takes them from its input layer
+    return layer
+
+
+def _read_from(layer, layers: dict) -> str:
+    """" of layer 'data' read from PATH": the input layer (and its store) that ``layer``'s labels come from."""
+    layer = _reader(layer, layers)
     store = getattr(layer, "store", None)
     return f" of layer '{layer.name}'" + (f" read from {store.path}" if store is not None else "")
 

@@ -104,9 +104,13 @@ def test_the_memory_store_never_wraps_a_label():
 
 def test_labels_beyond_the_loss_s_classes_stop_the_run_naming_the_layer_and_the_label(tmp_path):
     x, y = _rows()
-    y[3] = 7  # five classes
-    with pytest.raises(SingaError, match=r"^layer 'loss': label 7: expected a class index in 0..4 \(5 classes\)"):
+    y[3] = 7  # five classes; in the first batch, which the script's arrays name by row as they do the others'
+    with pytest.raises(SingaError, match=r"^layer 'data': row 3 of its y: label 7: expected a class index in 0..4 "
+                                         r"\(layer 'loss' scores 5 classes\)$"):
         _job(sm.RecordInput.from_arrays(x, y, 16)).fit(tmp_path / "ws")
+    y[3], y[40] = 0, 7  # past the first batch of 16
+    with pytest.raises(SingaError, match=r"^layer 'data': row 40 of its y: label 7: expected a class index"):
+        _job(sm.RecordInput.from_arrays(x, y, 16)).fit(tmp_path / "ws2")
 
 
 def test_a_job_file_cannot_carry_arrays_and_says_so(tmp_path):
