@@ -21,6 +21,15 @@ class NotDurable(OSError):
     folder."""
 
 
+def not_durable(err: NotDurable, what: str = "the file") -> str:
+    """What to say of a file :func:`write_durably` raised ``err`` for (``what``: "the checkpoint", ...):
+    it is written whole and in place, so never "not written" or "cannot write"."""
+    code = f" ({errno.errorcode[err.errno]})" if err.errno in errno.errorcode else ""
+    reason = err.strerror or " ".join(str(err).split())
+    return (f"{what} is written whole and in place, but may not survive a crash of the machine: the file system "
+            f"reported {reason}{code} when making it durable (fsync of {err.filename}): check the disk")
+
+
 def write_whole(path: str, text: str) -> None:
     """``text`` into ``path`` as :func:`write_durably` writes bytes; a failure is raised with the
     temporary removed."""

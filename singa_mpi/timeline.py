@@ -30,7 +30,7 @@ import socket
 import uuid
 
 from singa_mpi import timeline_parts
-from singa_mpi.durable import write_whole
+from singa_mpi.durable import NotDurable, not_durable, write_whole
 from singa_mpi.errors import DataError
 from singa_mpi.tracing import Span, Tracer
 
@@ -134,16 +134,18 @@ def write(path: str, parts: list[dict], shown: str | None = None) -> str:
     """Write the trace atomically; returns one line saying what was written, naming the file ``shown``
     (the path as the user gave it, where ``path`` is another spelling of it; default ``path``)."""
     trace = chrome_trace(parts)
-    shown = shown or path
+    shown, caveat = shown or path, ""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         # one string: much faster than json.dump's chunks; no temporary file left if it fails
         write_whole(path, json.dumps(trace, separators=(",", ":")))
+    except NotDurable as err:  # in place: said as written, and what the disk did
+        caveat = f" ({not_durable(err)})"
     except OSError as err:
         raise DataError(f"--trace {shown}: could not write the timeline: {err.strerror or err}") from None
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
     return (f"timeline {shown}: {spans} spans from {len(parts)} rank(s); "
-            f"open it in https://ui.perfetto.dev or chrome://tracing")
+            f"open it in https://ui.perfetto.dev or chrome://tracing{caveat}")
 
 
 def write_from_parts(path: str, run: str, own: dict | None = None, shown: str | None = None,

@@ -19,6 +19,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from singa_mpi import durable
 from singa_mpi import profiling
 from singa_mpi import progress
 from singa_mpi import run_events
@@ -148,10 +149,13 @@ def signal_name(signum: int) -> str:
 
 def write_stop_note(workspace: str, lines: list[str]) -> str | None:
     """WORKSPACE/stopped.txt with ``lines`` (written whole, then renamed); its path, or None where the
-    workspace cannot be written (the stop goes on: this note is not worth failing it)."""
+    workspace cannot be written (the stop goes on: this note is not worth failing it).  A note whose
+    folder's fsync failed (durable.NotDurable) is there to read: its path."""
     path = os.path.join(workspace, STOP_NOTE)
     try:
         checkpoint.write_whole(path, "".join(f"{line}\n" for line in lines))
+    except durable.NotDurable:
+        return path
     except OSError:  # (no stopped.txt.tmp<PID> left: a full disk's is removed)
         return None
     return path
@@ -312,8 +316,7 @@ class Trainer:
         try:
             profiling.write(self.workspace, profile, name)
         except OSError as err:  # a by-product: the run (its checkpoint written) is not failed for it
-            self.log(f"note: {os.path.join(self.workspace, name)}: not written: "
-                     f"{checkpoint.disk_problem(err)}")
+            self.log(f"note: {os.path.join(self.workspace, name)}: {checkpoint.not_written(err)}")
         if self.print_profile:
             self.log(profiling.format_table(profile, self.debug))
             if isinstance(prediction, Prediction):

@@ -178,6 +178,8 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     ``said_as``: how the messages name ``--checkpoint`` to the script's user (default: evaluate's own
     ``checkpoints`` argument; the SINGA binding's ``evaluate`` takes ``checkpoint_path``)."""
     from singa_mpi.checkpoints.hdf5 import listed
+    from singa_mpi.communication.liveness import launched_rank
+    from singa_mpi.durable import NotDurable, not_durable
     from singa_mpi.errors import DataError
     from singa_mpi.test_command import TEST_RESULTS, run_test
     from singa_mpi.workspace import make_workspace, write_job_file
@@ -193,7 +195,11 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     make_workspace(where)
     results = os.path.join(where, TEST_RESULTS)
     cfg = _as_file(job, where, EVALUATE_FILE)
-    write_job_file(cfg.path, cfg.text)  # its own file: job.conf is the training run's
+    try:
+        write_job_file(cfg.path, cfg.text)  # its own file: job.conf is the training run's
+    except NotDurable as err:  # in place, and read by the test: said once, with what the disk did
+        if (launched_rank() or (0,))[0] == 0:
+            print(f"note: {cfg.path}: {not_durable(err)}", flush=True)
     # said in the API's words (the test command names itself and its --checkpoint option)
     if job.to_proto().test_steps <= 0:
         raise ArgumentError("evaluate: the job has no test (test_steps = 0): expected Job(..., test_steps=N), the "

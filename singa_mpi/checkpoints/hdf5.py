@@ -168,10 +168,7 @@ def write(path: str, ckpt: Checkpoint, fault_after: int | None = None, option: s
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         _write_durably(path, image)
     except durable.NotDurable as err:  # the file is there: saying it was not written would be false
-        code = f" ({errno.errorcode[err.errno]})" if err.errno in errno.errorcode else ""
-        what = (f"the checkpoint is written whole and in place, but may not survive a crash of the machine: the "
-                f"file system reported {err.strerror or one_line(err)}{code} when making it durable (fsync of "
-                f"{err.filename}): check the disk")
+        what = durable.not_durable(err, "the checkpoint")
         failure = NotDurable(f"{path}: {what}{after}")
         failure.what = what
         raise failure from None
@@ -299,6 +296,15 @@ def disk_problem(err: OSError, option: str = "--workspace") -> str:
     advice = _DISK_ADVICE.get(err.errno, "check the disk or choose another {option}")
     keep = " (--keep K keeps fewer checkpoints)" if option == "--workspace" else ""
     return f"{reason}: {advice.format(option=option, keep=keep)}"
+
+
+def not_written(err: OSError, option: str = "--workspace") -> str:
+    """What a note says of a run's by-product file (profile.json, communication.json) whose write raised
+    ``err``: ``not written: <the disk's problem>``, or, where only its folder's fsync failed, that it is
+    in place (:func:`durable.not_durable`)."""
+    if isinstance(err, durable.NotDurable):
+        return durable.not_durable(err)
+    return f"not written: {disk_problem(err, option)}"
 
 
 def _scalar(value):

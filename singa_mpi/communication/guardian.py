@@ -315,20 +315,25 @@ def _keep_the_profile(trace: dict, vanished: list[int], read: list) -> None:
     build_partial`; each rank up to its last written step), where the rank said (``trace["profile"]``);
     one line saying whose it holds, if the launcher still reads (the file is written first)."""
     from singa_mpi import profiling  # the standard library only, as this module
+    from singa_mpi.durable import NotDurable, not_durable
 
     if not trace.get("profile") or not read:
         return
+    caveat = ""
     try:
         parts = {header["rank"]: profiling.part_from_spans(spans) for header, spans in read}
         profile = profiling.build_partial(parts, int(trace.get("size") or 0))
-        profiling.write_file(trace["profile"], profile)
+        try:
+            profiling.write_file(trace["profile"], profile)
+        except NotDurable as err:  # in place: its line is said, and what the disk did
+            caveat = f" ({not_durable(err)})"
     except Exception:  # a by-product: the timeline is still written
         return
     missing = profile["missing"]
     lost = f"; no part of ranks {' '.join(map(str, missing))} was found (on another node's disk?)" if missing else ""
     _say(f"singa-mpi: profile {trace.get('profile_shown') or trace['profile']}: ranks "
          f"{' '.join(map(str, sorted(parts)))} up to their last written step (their --trace parts; "
-         f"{_who(vanished)} vanished){lost}\n")
+         f"{_who(vanished)} vanished){lost}{caveat}\n")
 
 
 def _keep_the_timeline(trace: dict, vanished: list[int], read: list | None = None) -> None:

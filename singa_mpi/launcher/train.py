@@ -7,7 +7,7 @@ import shlex
 import sys
 from typing import Callable
 
-from singa_mpi import plugins, profiling, progress, run_events, timeline, timeline_parts
+from singa_mpi import durable, plugins, profiling, progress, run_events, timeline, timeline_parts
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.emergency import Rescue
 from singa_mpi.communication import liveness
@@ -50,7 +50,11 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
         run = timeline.start(trainer.runtime, None if serial else options.trace)
     _load_initial_state(trainer, options, initial)
     if options.write_job and trainer.runtime.is_root:  # this run is the job's now: its file names it
-        write_job_file(os.path.join(os.path.dirname(trainer.cfg.path), JOB_FILE), trainer.cfg.text)
+        path = os.path.join(os.path.dirname(trainer.cfg.path), JOB_FILE)
+        try:
+            write_job_file(path, trainer.cfg.text)
+        except durable.NotDurable as err:  # there for the run and a resume; the disk is failing
+            trainer.log(f"note: {path}: {durable.not_durable(err)}")
     trainer.rescue = Rescue.from_environment(trainer)  # under `singa-mpi run --elastic` only
     if trainer.rescue is not None:
         trainer.rescue.start()
@@ -158,7 +162,11 @@ def _keep_the_profile(trainer: Trainer, options: RunOptions, read: list) -> None
                  if header["rank"] != tracer.rank}
         parts[tracer.rank] = profiling.worker_part(tracer, trainer.evaluation_totals)
         profile = profiling.build_partial(parts, trainer.runtime.size)
-        path = profiling.write(trainer.workspace, profile, _failed_profile())
+        path, caveat = os.path.join(trainer.workspace, _failed_profile()), ""
+        try:
+            profiling.write(trainer.workspace, profile, _failed_profile())
+        except durable.NotDurable as err:  # in place: its line is said, and what the disk did
+            caveat = f" ({durable.not_durable(err)})"
     except Exception as err:
         why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         print(f"note: {os.path.join(trainer.workspace, _failed_profile())}: the profile of the failed run could not "
@@ -174,7 +182,7 @@ def _keep_the_profile(trainer: Trainer, options: RunOptions, read: list) -> None
             if others else ""
         line += f"; no part of ranks {' '.join(map(str, missing))} was found (on another node's disk?)" \
             if missing else ""
-    print(line, flush=True)
+    print(line + caveat, flush=True)
 
 
 def _failed_profile() -> str:

@@ -20,7 +20,7 @@ import numpy as np
 
 from singa_mpi import plugins
 from singa_mpi.algorithms import frozen_params, make_algorithm
-from singa_mpi.checkpoints.hdf5 import disk_problem, write_whole
+from singa_mpi.checkpoints.hdf5 import not_written, write_whole
 from singa_mpi.config.load import JobConfig
 from singa_mpi.cost.beside import Prediction, predict_plan
 from singa_mpi.errors import ConfigError, SingaError
@@ -425,7 +425,7 @@ class WorkerRuntime:
         try:
             self._write_measured(rows, steps)
         except OSError as err:  # a by-product: the run (its checkpoint written) is not failed for it
-            note = f"note: {os.path.join(self.workspace, 'communication.json')}: not written: {disk_problem(err)}"
+            note = f"note: {os.path.join(self.workspace, 'communication.json')}: {not_written(err)}"
             return f"{table}\n{note}" if table else note
         return table
 

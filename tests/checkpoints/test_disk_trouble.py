@@ -339,3 +339,91 @@ def test_a_stop_whose_checkpoint_cannot_be_written_says_so_in_stopped_txt(tmp_pa
         f"SIGINT: the stop's checkpoint after 5 steps could not be written ({line.removeprefix('singa-mpi: error: ')}); "
         f"the newest good checkpoint is {checkpoint.checkpoint_path(str(ws), 3)} (step 3)", resume]
     assert leftovers(ws) == []
+
+
+# a run's command with fsync of one folder failing with EIO, in every rank: python FOLDER ARGS...
+FAILING_FOLDER = """
+import errno, os, sys
+folder, real = os.path.realpath(sys.argv[1]), os.fsync
+def failing(fd):
+    if os.path.realpath(os.readlink(f"/proc/self/fd/{fd}")) == folder:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    real(fd)
+os.fsync, sys.argv = failing, ["singa-mpi"] + sys.argv[2:]
+from singa_mpi.__main__ import run
+sys.exit(run())
+"""
+
+
+def in_place(path: str) -> str:
+    return (f"the file is written whole and in place, but may not survive a crash of the machine: the file system "
+            f"reported Input/output error (EIO) when making it durable (fsync of {os.path.dirname(path)}): check "
+            f"the disk")
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_a_run_s_other_files_whose_folder_cannot_be_made_durable_are_said_to_be_in_place(tmp_path, nranks):
+    """profile.json, communication.json and the --trace timeline, written whole and renamed into place
+    when the fsync of their folder failed (EIO), were said to be "not written" (the timeline: "could not
+    write"); their notes now say they are in place and what the disk did.  The checkpoints' folder is
+    sound: the run ends well."""
+    conf = job(tmp_path, steps=2)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    trace = ws / "trace.json"
+    launcher = mpiexec_command(nranks) if nranks > 1 else []
+    cmd = launcher + [sys.executable, "-c", FAILING_FOLDER, str(ws), "train", conf, "--workspace", str(ws),
+                      "--trace", str(trace)]
+    result = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "not written" not in result.stdout and "could not write" not in result.stdout, result.stdout[-3000:]
+    names = ["profile.json", "communication.json"] if nranks > 1 else ["profile.json"]  # (serially: no table)
+    notes = [line for line in result.stdout.splitlines() if line.startswith("note: ")]
+    assert sorted(notes) == sorted(f"note: {ws / name}: {in_place(str(ws / name))}" for name in names), notes
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith(f"timeline {trace}: ")]
+    assert line.endswith(f"chrome://tracing ({in_place(str(trace))})"), line
+    assert all((ws / name).is_file() for name in names + ["trace.json"]) and leftovers(ws) == []
+
+
+def test_a_stop_note_whose_folder_cannot_be_made_durable_is_named(tmp_path, monkeypatch):
+    """stopped.txt in place but its folder's fsync failed: the stop's line left it out (as not written)."""
+    from singa_mpi.trainer import write_stop_note
+
+    folder_failing_fsync(monkeypatch)
+    assert write_stop_note(str(tmp_path), ["stopped on a signal"]) == str(tmp_path / "stopped.txt")
+    assert (tmp_path / "stopped.txt").read_text() == "stopped on a signal\n"
+
+
+def test_a_note_of_a_file_not_written_or_not_durable_is_worded_in_one_place(tmp_path, monkeypatch):
+    from singa_mpi import durable
+
+    folder_failing_fsync(monkeypatch)
+    path = str(tmp_path / "profile.json")
+    with pytest.raises(durable.NotDurable) as err:
+        durable.write_whole(path, "{}")
+    assert checkpoint.not_written(err.value) == in_place(path)
+    assert durable.not_durable(err.value, "the checkpoint") == in_place(path).replace("the file", "the checkpoint", 1)
+    refused = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert checkpoint.not_written(refused) == f"not written: {checkpoint.disk_problem(refused)}"
+
+
+def test_a_script_s_job_conf_whose_folder_cannot_be_made_durable_is_a_note_not_a_traceback(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """fit() writes WORKSPACE/job.conf once the run is the job's: a failed fsync of its folder (the file
+    in place) was an OSError out of fit, after the file was written."""
+    import singa_mpi.api as sm
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    folder, real = str(ws), os.fsync
+
+    def failing(fd):
+        if os.readlink(f"/proc/self/fd/{fd}") == folder:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", failing)
+    sm.Job.from_conf(job(tmp_path, steps=2)).fit(ws)
+    path = str(ws / "job.conf")
+    assert f"note: {path}: {in_place(path)}" in capsys.readouterr().out.splitlines()
+    assert (ws / "job.conf").is_file()
