@@ -25,6 +25,10 @@ LR_BLOCKS = {"kFixedStep": "fixedstep_conf", "kStep": "step_conf", "kLinear": "l
 _WRITTEN_AUTO = re.compile(rf"(\bpartition_dim: ){AUTO}\b")
 PYTHON = "<python>"  # where a job built in Python comes from, for the parser
 # random stores of a Python-built job's shapes (the command reads a job file)
+# the job's own settings (Job(..., train_steps=...)): a check's message about one of them is the job's, as
+# the constructor's are ("job: argument seed = ...")
+_JOB_ARGUMENT = re.compile(r"^({}) = ".format("|".join(
+    field.name for field in job_pb2.JobProto.DESCRIPTOR.fields if field.message_type is None)))
 SYNTHETIC_FROM_PYTHON = '`singa-mpi data synthetic --like job.conf` on the file job.to_conf("job.conf") writes'
 
 
@@ -183,7 +187,8 @@ class Job:
         try:
             summary = validate(cfg)
         except ConfigError as err:
-            raise self._without_position(err) from None
+            message = self._unplaced(str(err))
+            raise ArgumentError(f"job: argument {message}" if _JOB_ARGUMENT.match(message) else message) from None
         summary.warnings = [self._unplaced(line) for line in summary.warnings]
         if self.origin == PYTHON:  # a job that is no file: the command's placeholder, in the API's words
             unwritten = synthetic_command(None)

@@ -161,6 +161,22 @@ def test_check_names_the_layer_and_field_without_a_file_position():
     assert "<python>" not in message
 
 
+@pytest.mark.parametrize("settings,message", [
+    ({"train_steps": -1}, "job: argument train_steps = -1: expected a positive integer"),
+    ({"train_steps": 5, "disp_freq": -1}, "job: argument disp_freq = -1: expected an integer >= 0"),
+    ({"train_steps": 5, "test_steps": 2}, "job: argument test_freq = 0: expected a positive test_freq when "
+                                          "test_steps = 2"),
+    ({}, "job: argument train_steps = missing: expected a positive number of training steps"),
+])
+def test_check_names_a_bad_job_setting_as_the_job_s_argument(settings, message):
+    """They said ``train_steps = -1: ...`` without the ``job:`` the constructor's errors begin with."""
+    net = sm.Net([sm.RecordInput("d.h5", 8, 4, name="data"), sm.InnerProduct(5, "fc1", srcs="data"),
+                  sm.SoftmaxLoss("loss", srcs=["fc1", "data"])])
+    with pytest.raises(sm.ArgumentError) as err:
+        sm.Job("j", net, updater=sm.SGD(0.01), **settings).check()
+    assert str(err.value) == message
+
+
 def test_check_s_warnings_name_the_layer_and_the_argument_not_the_generated_text(tmp_path, monkeypatch):
     """They began `<python>:8:7:` (lines of text the script never saw) and advised `--like <python>`
     (then `--like JOB.conf`, a file the script never wrote);
