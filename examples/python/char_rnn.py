@@ -40,7 +40,7 @@ def build(text: str = "data/text/input.txt", vocabulary: str = "data/text/vocab.
 
 
 def main(argv: list[str] | None = None) -> sm.History:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--steps", type=int, help="train this many steps (default: the job's 3000)")
     parser.add_argument("--workspace", default="workspace/char_rnn", help="where to write (default: %(default)s)")
     args = parser.parse_args(argv)

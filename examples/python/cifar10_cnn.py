@@ -83,7 +83,7 @@ def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:
 
 
 def main(argv: list[str] | None = None) -> sm.History:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--synthetic", type=synthetic_rows, metavar="ROWS", help="train on ROWS random rows, not data/cifar10/")
     parser.add_argument("--steps", type=int, help="train this many steps (default: the job's 1000)")
     parser.add_argument("--workspace", help="where to write (default: the job's cluster.workspace)")

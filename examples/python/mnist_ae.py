@@ -32,7 +32,7 @@ def build(train: sm.Layer | None = None, test: sm.Layer | None = None) -> sm.Job
 
 
 def main(argv: list[str] | None = None) -> sm.History:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--synthetic", type=synthetic_rows, metavar="ROWS", help="train on ROWS random rows, not data/mnist/")
     parser.add_argument("--steps", type=int, help="train this many steps (default: the job's 12200)")
     args = parser.parse_args(argv)

@@ -81,7 +81,7 @@ def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:
 
 
 def main(argv: list[str] | None = None) -> list[sm.History]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--stage", type=int, choices=range(1, 5), help="train this stage only (default: 1 to 4)")
     parser.add_argument("--synthetic", type=synthetic_rows, metavar="ROWS", help="train on ROWS random rows, not data/mnist/")
     parser.add_argument("--steps", type=int, help="train this many steps per stage (default: the jobs' 6000)")

@@ -86,3 +86,15 @@ def test_an_example_refuses_a_number_of_synthetic_rows_it_cannot_use(script, row
     assert capsys.readouterr().err.splitlines()[-1].endswith(
         f"error: argument --synthetic: {rows!r}: expected a number of rows >= 5 (a fifth as many more are the "
         f"test's)")
+
+
+@pytest.mark.parametrize("script", sorted({script for script, _ in MATCHING}))
+def test_an_example_s_help_describes_it_in_whole_sentences(script, monkeypatch, capsys):
+    """-h gave the docstring's first line alone, which stops mid-sentence ("... with a staircase learning
+    rate:"); it gives the first paragraph, whole."""
+    module = _module(script, monkeypatch)
+    with pytest.raises(SystemExit) as done:
+        module.main(["-h"])
+    assert done.value.code == 0
+    first = " ".join(module.__doc__.split("\n\n")[0].split())
+    assert first.endswith(".") and first in " ".join(capsys.readouterr().out.split())
