@@ -177,7 +177,7 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     training when run on several ranks; the test's metrics (``loss``, ``accuracy``, ...).
     ``said_as``: how the messages name ``--checkpoint`` to the script's user (default: evaluate's own
     ``checkpoints`` argument; the SINGA binding's ``evaluate`` takes ``checkpoint_path``)."""
-    from singa_mpi.checkpoints.hdf5 import listed
+    from singa_mpi.checkpoints.hdf5 import disk_problem, listed
     from singa_mpi.communication.liveness import launched_rank
     from singa_mpi.durable import NotDurable, not_durable
     from singa_mpi.errors import DataError
@@ -200,6 +200,8 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     except NotDurable as err:  # in place, and read by the test: said once, with what the disk did
         if (launched_rank() or (0,))[0] == 0:
             print(f"note: {cfg.path}: {not_durable(err)}", flush=True)
+    except OSError as err:  # a full disk: one line, as a checkpoint's
+        raise DataError(f"{cfg.path}: cannot write the test's job file: {disk_problem(err)}") from None
     # said in the API's words (the test command names itself and its --checkpoint option)
     if job.to_proto().test_steps <= 0:
         raise ArgumentError("evaluate: the job has no test (test_steps = 0): expected Job(..., test_steps=N), the "

@@ -12,7 +12,7 @@ from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checkpoints.emergency import Rescue
 from singa_mpi.communication import liveness
 from singa_mpi.config.load import JobConfig
-from singa_mpi.errors import NonFiniteError, one_line
+from singa_mpi.errors import DataError, NonFiniteError, one_line
 from singa_mpi.launcher.checks import merged_checkpoint_paths, resumes
 from singa_mpi.launcher.options import Request, RunOptions
 from singa_mpi.launcher.run import launch
@@ -55,6 +55,8 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
             write_job_file(path, trainer.cfg.text)
         except durable.NotDurable as err:  # there for the run and a resume; the disk is failing
             trainer.log(f"note: {path}: {durable.not_durable(err)}")
+        except OSError as err:  # a full disk: one line, as a checkpoint's, not the OS's exception
+            raise DataError(f"{path}: cannot write the run's job file: {checkpoint.disk_problem(err)}") from None
     trainer.rescue = Rescue.from_environment(trainer)  # under `singa-mpi run --elastic` only
     if trainer.rescue is not None:
         trainer.rescue.start()

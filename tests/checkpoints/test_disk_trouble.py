@@ -427,3 +427,19 @@ def test_a_script_s_job_conf_whose_folder_cannot_be_made_durable_is_a_note_not_a
     path = str(ws / "job.conf")
     assert f"note: {path}: {in_place(path)}" in capsys.readouterr().out.splitlines()
     assert (ws / "job.conf").is_file()
+
+
+def test_a_script_s_job_conf_the_disk_refuses_is_one_line_not_the_os_exception(tmp_path, monkeypatch):
+    """fit() writing WORKSPACE/job.conf on a full disk raised the OS's own OSError out of fit (a traceback
+    in the script); it is one DataError line, naming the file and the disk's reason, as a checkpoint's."""
+    import singa_mpi.api as sm
+    import singa_mpi.launcher.train as train
+    from singa_mpi.errors import DataError
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(train, "write_job_file", full)
+    ws = tmp_path / "ws"
+    with pytest.raises(DataError, match=r"job\.conf: cannot write the run's job file: No space left on device: "):
+        sm.Job.from_conf(job(tmp_path, steps=2)).fit(ws)
