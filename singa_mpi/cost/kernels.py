@@ -168,10 +168,26 @@ class KernelTimes:
 
 
 def _read(path: pathlib.Path) -> dict:
+    """The cache: machine key -> {kernel key: [forward, backward, weights] seconds}.  What is not of that
+    shape (a damaged file, or one edited or written by something else) is left out: timed again."""
     try:
-        return json.loads(path.read_text())
+        table = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(table, dict):
+        return {}
+    return {machine: {key: times for key, times in entries.items() if _is_timing(times)}
+            for machine, entries in table.items() if isinstance(entries, dict)}
+
+
+def _is_timing(times) -> bool:
+    """Three finite seconds >= 0, the weight-gradient products' part of the backward at most the backward."""
+    if not isinstance(times, list) or len(times) != 3:
+        return False
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
+               for t in times):
+        return False
+    return times[2] <= times[1]
 
 
 def kernel_spec(plan: Plan, sub: SubLayer) -> KernelSpec:

@@ -94,6 +94,35 @@ def test_kernels_are_timed_once_and_read_back_from_the_cache(mlp_cfg, tmp_path, 
     assert KernelTimes(recalibrate=True).mine == {}
 
 
+@pytest.mark.parametrize("damage", ["top level a list", "machine entry a list", "times of strings",
+                                    "negative times", "too few times", "not finite", "weights over backward"])
+def test_a_damaged_kernel_cache_is_timed_afresh_not_read_as_prices(mlp_cfg, tmp_path, monkeypatch, damage):
+    """A kernels.json of valid JSON but another shape (a list, an entry of strings, two numbers, a negative
+    time) was a traceback (AttributeError, TypeError) or a step predicted at -12000 ms; what is not three
+    finite times >= 0 is now timed again (and written back whole)."""
+    import json
+
+    from singa_mpi.cost import kernels
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "_measure", lambda spec, beside=None, cold=False: (1e-3, 3e-3, 1e-3))
+    the_plan = plan(mlp_cfg, 1)
+    fc = next(s for s in the_plan.sublayers if s.params)
+    times = KernelTimes()
+    key = signature(the_plan, fc)
+    table = {"top level a list": [1, 2], "machine entry a list": {times.machine: [1, 2]},
+             "times of strings": {times.machine: {key: ["a", "b", "c"]}},
+             "negative times": {times.machine: {key: [-1.0, -1.0, 0.0]}},
+             "too few times": {times.machine: {key: [1.0]}},
+             "not finite": {times.machine: {key: [float("nan"), 1.0, 0.5]}},
+             "weights over backward": {times.machine: {key: [1.0, 1.0, 2.0]}}}[damage]
+    kernels.cache_path().parent.mkdir(parents=True)
+    kernels.cache_path().write_text(json.dumps(table))
+    again = KernelTimes()
+    assert again.of(the_plan, fc) == kernels.KernelTime(1e-3, 3e-3, 1e-3) and again.measured == 1
+    again.save()
+    assert json.loads(kernels.cache_path().read_text())[times.machine][key] == [1e-3, 3e-3, 1e-3]
+
 def test_kernels_timed_beside_copies_of_themselves_are_kept_apart_and_leave_no_process(mlp_cfg, tmp_path,
                                                                                           monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
