@@ -37,6 +37,7 @@ import os
 import pathlib
 import platform
 import statistics
+import sys
 import tempfile
 import time
 
@@ -160,11 +161,24 @@ class KernelTimes:
             self.beside.close()
         if not self.measured:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".kernels")
+        try:
+            _write(self.path, self.everything)
+        except OSError as err:  # the prediction stands: only the next one times these kernels again
+            print(f"warning: kernel times not cached in {self.path} ({err.strerror or err}): the next plan "
+                  f"--cost or --auto times them again (set XDG_CACHE_HOME to a writable folder)", file=sys.stderr)
+
+
+def _write(path: pathlib.Path, table: dict) -> None:
+    """``table`` as ``path``'s JSON, whole or not at all (another process may read it now)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".kernels")
+    try:
         with os.fdopen(handle, "w") as f:
-            json.dump(self.everything, f)
-        os.replace(temporary, self.path)  # whole or not at all: another process may read it now
+            json.dump(table, f)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def _read(path: pathlib.Path) -> dict:

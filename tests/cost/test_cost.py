@@ -123,6 +123,25 @@ def test_a_damaged_kernel_cache_is_timed_afresh_not_read_as_prices(mlp_cfg, tmp_
     again.save()
     assert json.loads(kernels.cache_path().read_text())[times.machine][key] == [1e-3, 3e-3, 1e-3]
 
+def test_a_cache_folder_that_cannot_be_written_is_a_warning_after_the_prediction(mlp_cfg, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """XDG_CACHE_HOME naming a file (or a read-only folder): plan --cost printed nothing but a traceback
+    (NotADirectoryError) after timing every kernel; the times are used, and a warning says they were not
+    cached."""
+    from singa_mpi.cost import kernels
+
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a_file"))
+    monkeypatch.setattr(kernels, "_measure", lambda spec, beside=None, cold=False: (1e-3, 3e-3, 1e-3))
+    the_plan = plan(mlp_cfg, 1)
+    times = KernelTimes()
+    assert times.of(the_plan, next(s for s in the_plan.sublayers if s.params)).forward == 1e-3
+    times.save()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: kernel times not cached in ")
+    assert "a_file/singa_mpi/kernels.json" in lines[0] and "times them again" in lines[0]
+
+
 def test_kernels_timed_beside_copies_of_themselves_are_kept_apart_and_leave_no_process(mlp_cfg, tmp_path,
                                                                                           monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
