@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -136,27 +137,55 @@ def load(flavor: str | None = None, nodes: int = 1) -> Rates:
     """The cached rates of this machine and MPI (default: $SINGA_MPI_FLAVOR, else MPICH, as the launcher
     picks), or assumed ones (memory bandwidth measured now)."""
     flavor = flavor or os.environ.get("SINGA_MPI_FLAVOR") or "mpich"
-    try:
-        table = json.loads(rates_path().read_text())
-    except (OSError, ValueError):
-        table = {}
+    table = _read_table()
     entry = table.get(comm_key(flavor, nodes))
     if entry and "collective" not in entry:  # written by an older calibrate
         entry = None
-    if entry:  # a calibration without Alltoallv (older): Alltoallv priced as the concat's Allgatherv
-        return Rates(entry["memory"], _link(entry["p2p"]), _link(entry["allreduce"]), _link(entry["collective"]),
-                     f"calibrated ({entry['when']}, {entry['ranks']} ranks, {flavor}, {nodes} node(s))",
-                     _link(entry["alltoall"]) if "alltoall" in entry else None)
+    calibrated = _calibrated(entry, flavor, nodes) if entry else None
+    if calibrated is not None:
+        return calibrated
     memory = measure_memory()
     assumed = Link(DEFAULT_LATENCY, memory / 2)
     how = ("mpiexec -n 2 singa-mpi calibrate" if nodes <= 1 else
            "singa-mpi calibrate under mpiexec with ranks on two or more nodes")
-    return Rates(memory, assumed, assumed, assumed, f"assumed: no calibration of the communicator (run: {how})",
-                 assumed)
+    what = (f"the calibration in {rates_path()} is damaged, assumed rates instead" if entry else
+            "assumed: no calibration of the communicator")
+    return Rates(memory, assumed, assumed, assumed, f"{what} (run: {how})", assumed)
+
+
+def _read_table() -> dict:
+    """rates.json's entries by :func:`comm_key` (empty where the file is missing or not such a table)."""
+    try:
+        table = json.loads(rates_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {key: entry for key, entry in table.items() if isinstance(entry, dict)} if isinstance(table, dict) else {}
+
+
+def _calibrated(entry: dict, flavor: str, nodes: int) -> Rates | None:
+    """The rates a calibration saved, None where the entry is not what calibrate writes (a field
+    missing, a time or a rate not a positive number)."""
+    try:  # a calibration without Alltoallv (older): Alltoallv priced as the concat's Allgatherv
+        rates = Rates(float(entry["memory"]), _link(entry["p2p"]), _link(entry["allreduce"]),
+                      _link(entry["collective"]),
+                      f"calibrated ({entry['when']}, {entry['ranks']} ranks, {flavor}, {nodes} node(s))",
+                      _link(entry["alltoall"]) if "alltoall" in entry else None)
+    except (KeyError, TypeError, ValueError):
+        return None
+    links = [rates.p2p, rates.allreduce, rates.collective] + ([rates.alltoall] if rates.alltoall else [])
+    numbers = [rates.memory] + [n for link in links for n in (link.latency, link.bandwidth, *sum(link.points, ()))]
+    if not all(math.isfinite(n) and n > 0 for n in numbers):
+        return None
+    for link in links:  # (bytes, seconds) at ascending sizes, as fit keeps them
+        if any(len(point) != 2 for point in link.points) or \
+                any(a[0] >= b[0] for a, b in zip(link.points, link.points[1:])):
+            return None
+    return rates
 
 
 def _link(entry: dict) -> Link:
-    return Link(entry["latency"], entry["bandwidth"], tuple(tuple(p) for p in entry.get("points", ())))
+    return Link(float(entry["latency"]), float(entry["bandwidth"]),
+                tuple(tuple(float(n) for n in p) for p in entry.get("points", ())))
 
 
 def fit(points: list[tuple[int, float]]) -> Link:
@@ -256,10 +285,7 @@ def _slowest_median(comm, repeats: int, run) -> float:
 
 def save(entry: dict, flavor: str, nodes: int) -> None:
     path = rates_path()
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
+    table = _read_table()
     table[comm_key(flavor, nodes)] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".rates")

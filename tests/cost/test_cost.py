@@ -322,3 +322,49 @@ def test_an_alltoallv_takes_its_own_calibration_and_the_other_collectives_the_co
     assert by_op["Alltoallv"] and by_op["Allgatherv"]
     assert predict(the_plan, SHARED_MEMORY, RowKernels(), slow_alltoall).step > fast.step
     assert predict(the_plan, SHARED_MEMORY, RowKernels(), slow_concat).step > fast.step
+
+
+GOOD_RATES = {"memory": 1e10, "p2p": {"latency": 1e-5, "bandwidth": 1e9}, "allreduce": {"latency": 1e-5, "bandwidth": 1e9},
+              "collective": {"latency": 1e-5, "bandwidth": 1e9, "points": [[8, 1e-5], [65536, 7e-5]]},
+              "when": "2026-01-01", "ranks": 2}
+
+
+@pytest.mark.parametrize("damage", ["a list", "an entry of a number", "a field missing", "a negative bandwidth",
+                                    "a latency of a string", "points descending", "a point of one number"])
+def test_a_damaged_rates_cache_is_said_and_the_rates_assumed(tmp_path, monkeypatch, damage):
+    """A rates.json of valid JSON but another shape was a traceback (AttributeError, KeyError 'latency')
+    in plan --cost and --auto; the rates are now assumed, and the line naming them says why."""
+    import json
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = rate_module.comm_key("mpich", 1)
+    entry = json.loads(json.dumps(GOOD_RATES))
+    path = rate_module.rates_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({key: entry}))
+    assert rate_module.load("mpich").source.startswith("calibrated (2026-01-01, 2 ranks")
+    collective = entry["collective"]
+    table = {key: entry}
+    if damage == "a list":
+        table = [entry]
+    elif damage == "an entry of a number":
+        table = {key: 5}
+    elif damage == "a field missing":
+        del entry["memory"]
+    elif damage == "a negative bandwidth":
+        entry["allreduce"]["bandwidth"] = -1e9
+    elif damage == "a latency of a string":
+        entry["p2p"]["latency"] = "fast"
+    elif damage == "points descending":
+        collective["points"].reverse()
+    else:
+        collective["points"][1] = [65536]
+    path.write_text(json.dumps(table))
+    rates = rate_module.load("mpich")
+    damaged = isinstance(table, dict) and isinstance(table[key], dict)
+    assert rates.source == (f"the calibration in {path} is damaged, assumed rates instead" if damaged else
+                            "assumed: no calibration of the communicator") + \
+        " (run: mpiexec -n 2 singa-mpi calibrate)"
+    assert rates.p2p.bandwidth > 0 and rates.allreduce.latency == rate_module.DEFAULT_LATENCY
+    rate_module.save(GOOD_RATES, "mpich", 1)  # calibrating again mends it
+    assert rate_module.load("mpich").source.startswith("calibrated")
