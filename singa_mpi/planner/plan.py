@@ -283,14 +283,15 @@ def _place(cfg: JobConfig, node: Node, logical: Layer, nranks: int, base_ctx: La
     if nranks == 1:
         pdim = -1 if pdim == -1 else 0  # one worker: every layer is whole on rank 0
     refuse_in_plan(cfg, node, pdim, nranks)
-    if node.conf.location >= nranks and (pdim == -1 or nranks > 1):
+    if node.conf.location >= nranks > 1:
         # a split layer does not use its location, but one naming a worker the launch lacks is a slip
         # (a job written for more workers, or a typo) that a whole layer would not survive either
         split = "" if pdim == -1 else f"; this layer is split over them (partition_dim {pdim}), so leave it out"
         raise layer_error(cfg, node, "location", node.conf.location,
                           f"a worker id below the number of workers ({nranks}){split}")
     if pdim == -1:
-        ranks = {node.conf.location: (whole, None)}
+        # one worker runs the whole net, wherever the job places layers on more (as a run of one process does)
+        ranks = {node.conf.location if nranks > 1 else 0: (whole, None)}
     elif pdim == 0:
         if batch < nranks:
             raise layer_error(cfg, node, "partition_dim", 0,

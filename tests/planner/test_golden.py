@@ -144,3 +144,15 @@ def test_rejects_location_beyond_workers_on_a_split_layer_too(pdim):
 def test_rejects_batch_smaller_than_workers():
     with pytest.raises(ConfigError, match=r"a batch of at least 9 rows"):
         plan(nets.job(cnn({})), 9)
+
+
+def test_one_worker_runs_the_whole_net_wherever_the_job_places_layers():
+    """`plan -n 1` and `check -n 1` of conf/mnist_mlp_pipeline.conf refused "location = 1: expected a
+    worker id below the number of workers (1)", while `train` on one process (and mpiexec -n 1) ran the
+    whole net; one worker now plans every layer there, as its comment always said."""
+    cfg = nets.job(cnn({"fc1": "partition_dim: -1 location: 5", "loss": "partition_dim: -1 location: 1"}))
+    one = plan(cfg, 1)
+    assert {sub.rank for sub in one.sublayers} == {0} and not [s for s in one.sublayers if s.exchange]
+    with pytest.raises(ConfigError, match=r"layer 'fc1'.*location = 5: expected a worker id below the number of "
+                                          r"workers \(4\)"):
+        plan(cfg, 4)
