@@ -106,7 +106,14 @@ def cmd_check(args) -> int:
         from singa_mpi.topology import check_launch
 
         phases = [phase.phase for phase in summary.phases]
-        per_group = check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # as a launch on N refuses
+        if args.n == 1:  # one process trains the whole net serially, whatever the cluster asks for
+            from singa_mpi.launcher.describe import one_process_notes
+
+            per_group = 1
+            for note in one_process_notes(cfg):
+                print(note)
+        else:
+            per_group = check_launch(cfg.proto.cluster, args.n, cfg.where("cluster"))  # as a launch on N refuses
         cfg = resolve_auto(cfg, per_group)
         built = job_programs(cfg, per_group, phases)  # plans and proved programs, as a launch on N ranks has
         if args.check_memory:

@@ -96,6 +96,20 @@ def test_workers_option_plans_every_phase_on_that_many_workers():
     assert "partition_dim = 0: expected a batch of at least 100 rows to split over 100 workers" in result.stderr
 
 
+@pytest.mark.parametrize("job", ["digits_hogwild", "digits_downpour", "digits_allreduce"])
+def test_one_rank_checks_the_one_process_run_that_trains_the_whole_net(job):
+    """`check -n 1` of a job whose cluster asks for several ranks refused ("3 worker group(s) x 1
+    worker(s) need 3 ranks, launched with 1: expected mpiexec -n 3") while `train` on one process, and
+    `mpiexec -n 1 ... train`, train it: it now says what such a run says, and checks its plans."""
+    result = run_check(f"conf/{job}.conf", "-n", "1")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    note, = [line for line in out if line.startswith("note: ")]
+    assert note.startswith(f"note: conf/{job}.conf:67:1: cluster ") and "running as one process: the whole net, " \
+        "serially and synchronously" in note
+    assert "  plans on 1 worker(s): train, test OK" in out
+
+
 @pytest.mark.parametrize("command", [["check"], ["plan", "-n", "2"]])
 def test_under_mpiexec_check_and_plan_speak_once(tmp_path, command):
     """Users wrap every command in mpiexec or srun: each rank runs the same check, and rank 0 alone
