@@ -108,11 +108,24 @@ def is_source(sub: SubLayer) -> bool:
 def signature(plan: Plan, sub: SubLayer) -> str:
     """What a sub-layer's compute time depends on: its conf, its local input and output shapes, its shards."""
     by_name = _by_name(plan)
-    node = plan.origins[sub.origin]
-    conf = node.conf.SerializeToString(deterministic=True)
+    conf = _kernel_conf(plan, sub.origin)
     shapes = [by_name[s].out_shape for s in sub.srcs]
     text = repr((conf, shapes, sub.kinds, sub.out_shape, [p.shape for p in sub.params], plan.phase))
     return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def _kernel_conf(plan: Plan, origin: str) -> bytes:
+    """The layer's conf as its kernel sees it: without ``partition_dim`` and ``location``, which place it
+    (its local shapes say what a placement changes), so that the job's layout and the same layout
+    written out by ``--auto`` (every layer's partition_dim set) share their timings."""
+    kept = plan.__dict__.setdefault("_kernel_confs", {})
+    if origin not in kept:
+        conf = type(plan.origins[origin].conf)()
+        conf.CopyFrom(plan.origins[origin].conf)
+        conf.ClearField("partition_dim")
+        conf.ClearField("location")
+        kept[origin] = conf.SerializeToString(deterministic=True)
+    return kept[origin]
 
 
 def _by_name(plan: Plan) -> dict[str, SubLayer]:

@@ -224,6 +224,22 @@ def test_a_step_that_outgrows_the_cache_times_its_kernels_cold(mlp_cfg, tmp_path
     assert [key for key in times.mine if key.endswith("|cold")]  # timed cold, kept apart from warm timings
 
 
+def test_the_jobs_layout_and_auto_writing_it_out_share_their_kernel_timings(mlp_cfg, tmp_path):
+    """plan --cost priced conf/cifar10_convnet.conf on 2 workers at 328.78 ms and plan --auto priced the
+    same layout ("every layer on the batch") at 193.93 ms, both from the cache: a layer's own
+    partition_dim (which --auto sets on every layer) or location was part of its kernel's key, so the same
+    kernels were timed twice, under different loads."""
+    the_plan = plan(mlp_cfg, 2)  # the net's partition_dim 0, inherited
+    names = [layer.name for layer in mlp_cfg.proto.neuralnet.layer]
+    written = plan(with_dims(mlp_cfg, dict.fromkeys(names, 0)), 2)
+    placed = plan(nets.job(nets.mlp(str(tmp_path / "d.h5"), 16, "pipeline", 1)), 1)  # -1 with locations
+    whole = plan(with_dims(mlp_cfg, dict.fromkeys(names, -1)), 1)
+    for one, other in ((the_plan, written), (placed, whole)):
+        timed = [s for s in one.sublayers if s.exchange is None and s.srcs]
+        assert [signature(one, s) for s in timed] == [signature(other, s) for s in timed]
+    assert signature(the_plan, the_plan.sublayers[1]) != signature(whole, whole.sublayers[1])  # other shapes
+
+
 def test_different_local_shapes_have_different_signatures(mlp_cfg):
     one, two = plan(mlp_cfg, 1), plan(mlp_cfg, 2)
     fc = lambda p: next(s for s in p.sublayers if s.params)  # noqa: E731
