@@ -472,14 +472,21 @@ def pipeline_shape(plan) -> tuple[str, int, int, float]:
 
 
 def idle_pipeline_note(cfg, workers: int, plan=None) -> str | None:
-    """The note ``plan``, ``check -n`` and a training run's start print when the job's pipeline (two
-    micro-batches or more) does nothing on ``workers`` workers per group: one worker runs the step
-    unpipelined; a training ``plan`` of one stage runs each worker's micro-batches one after another,
-    overlapping nothing.  None otherwise."""
+    """The note ``plan``, ``check -n`` and a training run's start print when the job's pipeline does
+    nothing: it sets no micro_batches (one); or, of two micro-batches or more, on ``workers`` workers per
+    group: one worker runs the step unpipelined; a training ``plan`` of one stage runs each worker's
+    micro-batches one after another, overlapping nothing.  None otherwise (``micro_batches: 1`` written
+    out: no pipelining, as asked)."""
     net = cfg.proto.neuralnet
-    if not net.HasField("pipeline") or net.pipeline.micro_batches < 2:
+    if not net.HasField("pipeline"):
         return None
     where = f"note: {cfg.where('neuralnet', 'pipeline')}: neuralnet.pipeline"
+    if not net.pipeline.HasField("micro_batches"):  # a schedule named, as if it pipelined on its own
+        return (f"{where} sets no micro_batches (1 by default): its schedule {net.pipeline.schedule!r} has no "
+                f"effect, each step takes the whole batch through the net in one pass (set micro_batches: 2 or "
+                f"more to pipeline)")
+    if net.pipeline.micro_batches < 2:
+        return None
     if workers < 2:
         return (f"{where} has no effect on 1 worker: the step runs unpipelined, on the whole batch (a pipeline "
                 f"overlaps stages: runs of layers on different workers; launch with mpiexec -n 2 or more)")

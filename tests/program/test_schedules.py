@@ -339,3 +339,20 @@ def test_the_convnet_with_its_cut_layer_split_over_both_workers_is_a_2_stage_pip
     assert stages_of(plan) == {0: 0, 1: 1}
     split = [name for name, node in plan.origins.items() if node.conf.partition_dim == pdim and pdim != -1]
     assert len(split) == 1 and {sub.rank for sub in plan.sublayers if sub.origin == split[0]} == {0, 1}
+
+
+def test_a_pipeline_naming_a_schedule_without_micro_batches_is_noted():
+    """`pipeline { schedule: "zb" }` (micro_batches left at its default, 1) planned, checked and trained
+    two stages one after the other on the whole batch without a word: a note now says the schedule has
+    no effect; `micro_batches: 1` written out asks for exactly that and is not noted."""
+    from singa_mpi.program.schedules import idle_pipeline_note
+
+    text = nets.mlp("/tmp/unused.h5", 8, "stages", 2)
+    unset = nets.job(text.replace("neuralnet { ", 'neuralnet { pipeline { schedule: "zb" }\n', 1))
+    note = idle_pipeline_note(unset, 2, make_plan(unset, 2))
+    assert note == (f"note: {unset.where('neuralnet', 'pipeline')}: neuralnet.pipeline sets no micro_batches (1 by "
+                    "default): its schedule 'zb' has no effect, each step takes the whole batch through the net in "
+                    "one pass (set micro_batches: 2 or more to pipeline)")
+    assert idle_pipeline_note(nets.job(nets.pipelined(text, 1, "zb")), 2) is None
+    piped = nets.job(nets.pipelined(text, 2, "zb"))
+    assert idle_pipeline_note(piped, 2, make_plan(piped, 2)) is None
