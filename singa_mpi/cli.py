@@ -249,7 +249,8 @@ def cmd_plan(args) -> int:
     if args.cost:  # the prediction instead of the plan (at 1,024 ranks the plan is 100,000 lines)
         from singa_mpi.cost.beside import cost_lines
 
-        text = "\n".join(cost_lines(the_plan, args.sync, args.recalibrate, args.nodes, algorithm))
+        with _priced(cfg, "--cost"):
+            text = "\n".join(cost_lines(the_plan, args.sync, args.recalibrate, args.nodes, algorithm))
     else:
         text = renderers[args.format](the_plan, args.sync, algorithm=algorithm)
     if args.format == "text" and not args.cost:
@@ -338,12 +339,28 @@ def resolve_auto(cfg, nworkers: int, method: str = "shared_memory"):
     return cfg
 
 
+@contextlib.contextmanager
+def _priced(cfg, option: str):
+    """The cost model's refusal of a job's training algorithm (CD's passes are not timed) as the line
+    naming the job's train_one_batch."""
+    from singa_mpi.algorithms import algorithm_name
+    from singa_mpi.cost.model import NotPriced
+
+    try:
+        yield
+    except NotPriced as err:
+        name = algorithm_name(cfg.proto.train_one_batch)
+        raise ConfigError(f"{cfg.where('train_one_batch')}: train_one_batch = {name}: plan {option}: "
+                          f"{err.reason()}: expected a BP or BPTT job (kBP, kBPTT)") from None
+
+
 def auto_partition(cfg, nworkers: int, args) -> int:
     """``plan --auto``: choose every layer's partition_dim by predicted step time; -o writes the job."""
     from singa_mpi.cost.auto import auto_report
 
-    lines, job_text = auto_report(cfg, nworkers, args.sync, memory_limit=args.memory_limit * 2**20
-                                  if args.memory_limit else None, recalibrate=args.recalibrate, nodes=args.nodes)
+    with _priced(cfg, "--auto"):
+        lines, job_text = auto_report(cfg, nworkers, args.sync, memory_limit=args.memory_limit * 2**20
+                                      if args.memory_limit else None, recalibrate=args.recalibrate, nodes=args.nodes)
     print("\n".join(lines))
     if args.output:
         write_output(args.output, job_text, "the job")

@@ -227,3 +227,15 @@ def test_check_without_n_notes_a_pipeline_the_job_s_own_cluster_leaves_idle(tmp_
         assert notes == []
     else:
         assert len(notes) == 1 and notes[0].startswith(f"note: {conf}:") and note in notes[0], notes
+
+
+@pytest.mark.parametrize("option", ["--cost", "--auto"])
+def test_cost_and_auto_of_a_cd_job_name_its_train_one_batch(tmp_path, option):
+    """plan --cost / --auto of an RBM (kCD) said "the cost model times the layers' forward and backward
+    passes only; ..." without naming the job or the line that chose CD."""
+    out = run_cached(tmp_path, "plan", "conf/rbm_digits_1.conf", "-n", "2", option)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    line, = out.stderr.splitlines()
+    assert line.startswith(f"singa-mpi: error: conf/rbm_digits_1.conf:14:1: train_one_batch = kCD: plan {option}: "
+                           "the cost model times the layers' forward and backward passes only; this step also makes ")
+    assert line.endswith(": expected a BP or BPTT job (kBP, kBPTT)")
