@@ -174,8 +174,10 @@ class KernelTimes:
             self.beside.close()
         if not self.measured:
             return
-        try:
-            _write(self.path, self.everything)
+        try:  # onto what another process saved since this one read the file (its kernels stay cached)
+            table = _read(self.path)
+            table.setdefault(self.machine, {}).update(self.mine)
+            _write(self.path, table)
         except OSError as err:  # the prediction stands: only the next one times these kernels again
             print(f"warning: kernel times not cached in {self.path} ({err.strerror or err}): the next plan "
                   f"--cost or --auto times them again (set XDG_CACHE_HOME to a writable folder)", file=sys.stderr)

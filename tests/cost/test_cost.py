@@ -123,6 +123,27 @@ def test_a_damaged_kernel_cache_is_timed_afresh_not_read_as_prices(mlp_cfg, tmp_
     again.save()
     assert json.loads(kernels.cache_path().read_text())[times.machine][key] == [1e-3, 3e-3, 1e-3]
 
+def test_two_processes_timing_at_once_keep_each_others_kernels(mlp_cfg, tmp_path, monkeypatch):
+    """Two `plan --cost` (or a test run beside a user's) read the cache, timed different kernels and each
+    wrote the file as it had read it plus its own: the first one's kernels were lost (timed again next
+    time); saving now adds to what is in the file then."""
+    import json
+
+    from singa_mpi.cost import kernels
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "_measure", lambda spec, beside=None, cold=False: (1e-3, 3e-3, 1e-3))
+    one, two = plan(mlp_cfg, 1), plan(mlp_cfg, 2)  # other local shapes: other kernels
+    first, second = KernelTimes(), KernelTimes()
+    first.of(one, one.sublayers[1])
+    second.of(two, two.sublayers[1])
+    first.save()
+    second.save()
+    saved = json.loads(kernels.cache_path().read_text())[first.machine]
+    assert set(saved) == set(first.mine) | set(second.mine) and len(saved) == 2
+    assert KernelTimes(recalibrate=True).mine == {}  # --recalibrate still times afresh
+
+
 def test_a_cache_folder_that_cannot_be_written_is_a_warning_after_the_prediction(mlp_cfg, tmp_path, monkeypatch,
                                                                                   capsys):
     """XDG_CACHE_HOME naming a file (or a read-only folder): plan --cost printed nothing but a traceback
