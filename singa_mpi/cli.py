@@ -306,12 +306,17 @@ DOT_TEXT_SUFFIXES = (".dot", ".gv", ".txt")
 
 def check_plan_options(args) -> None:
     """ConfigError for ``plan`` options that do not go together, before the job is read: each was
-    ignored without a word (a --memory-limit without --auto, a --format beside --cost or --auto, which
-    print their own text) or wrote text under a picture's name (``-o plan.png`` without --format dot)."""
+    ignored without a word (a --memory-limit without --auto, --recalibrate or --nodes without --cost or
+    --auto, a --format beside --cost or --auto, which print their own text) or wrote text under a
+    picture's name (``-o plan.png`` without --format dot)."""
     if args.memory_limit is not None and not args.auto:
         raise ConfigError(f"--memory-limit {args.memory_limit}: expected --auto beside it (the limit applies to "
                           f"the partitionings --auto prices; --cost and a plain plan take none)")
     made = "--cost" if args.cost else "--auto" if args.auto else ""
+    for given, option in ((args.recalibrate, "--recalibrate"), (args.nodes != 1, f"--nodes {args.nodes}")):
+        if given and not made:
+            raise ConfigError(f"{option}: expected --cost or --auto beside it (it applies to the cost model's "
+                              f"prediction; a plain plan takes none)")
     if made and args.format != "text":
         raise ConfigError(f"--format {args.format} with {made}: expected --format text ({made} prints its own "
                           f"table{'; -o writes the chosen job' if args.auto else ''})")

@@ -301,10 +301,12 @@ def test_a_memory_limit_with_a_unit_or_below_one_mib_says_it_takes_whole_mib(cap
                                "--format dot to draw the plan, or a text file name"),
     (["--format", "json", "-o", "{tmp}/plan.SVG"], "--format json writes text, not a .svg picture"),
     (["--cost", "-o", "{tmp}/cost.pdf"], "--cost writes text, not a .pdf picture: expected a text file name"),
+    (["--recalibrate"], "--recalibrate: expected --cost or --auto beside it"),
+    (["--nodes", "2", "--format", "json"], "--nodes 2: expected --cost or --auto beside it"),
 ])
 def test_plan_options_that_were_ignored_or_wrote_text_as_a_picture_are_one_line(capsys, tmp_path, extra, expected):
-    """Each ran and exited 0: the memory limit of a plain plan and --cost's --format were ignored, and
-    `-o plan.png` without --format dot wrote the text plan into plan.png."""
+    """Each ran and exited 0: the memory limit, --recalibrate and --nodes of a plain plan and --cost's
+    --format were ignored, and `-o plan.png` without --format dot wrote the text plan into plan.png."""
     argv = ["plan", DIGITS, "-n", "2", *[arg.replace("{tmp}", str(tmp_path)) for arg in extra]]
     assert cli.main(argv) == ConfigError.exit_code
     captured = capsys.readouterr()
