@@ -457,7 +457,8 @@ def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalib
     lines = [f"automatic partitioning of {cfg.path} over {nworkers} worker(s), param sync {method}: "
              f"{choice.evaluated} plans priced (communicator rates: {choice.rates_source})"]
     for name, dim in choice.dims.items():
-        mark = "" if before.get(name) == dim else f"   (the job: {before.get(name)})"
+        written = before.get(name)
+        mark = "" if written == dim else f"   (the job: {'auto' if written == AUTO else written})"
         where = f"whole on worker {choice.locations[name]}" if choice.pipeline and dim == -1 else names[str(dim)]
         lines.append(f"  {name:<24} partition_dim {dim:>2}  {where}{mark}")
     if choice.pipeline:
@@ -475,6 +476,8 @@ def auto_report(cfg, nworkers: int, sync: str, memory_limit: int | None, recalib
         lines.append(f"the fastest pipeline ({piped.pipeline[0]}, {piped.pipeline[1]} micro-batches, {placed}): "
                      f"{1e3 * piped.step:.2f} ms")
     chosen = with_choice(cfg, choice)
+    if chosen.proto.neuralnet.partition_dim == AUTO:  # every layer says its own: no `auto` (read as 1000) left
+        chosen.proto.neuralnet.ClearField("partition_dim")
     plugins.made_portable(chosen.proto, cfg.path)  # -o writes it elsewhere: its plugin files by absolute path
     job_text = (f"# {cfg.path} with partition_dim chosen by `singa-mpi plan --auto -n {nworkers}` "
                 f"(predicted {1e3 * choice.step:.2f} ms a step)\n" + text_format.MessageToString(chosen.proto))

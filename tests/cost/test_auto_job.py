@@ -105,3 +105,21 @@ def test_the_job_plan_auto_writes_loads_its_plugins_from_any_folder(tmp_path, mo
     monkeypatch.chdir(tmp_path / "elsewhere")
     written = parse_job(text, "chosen.conf")
     assert list(written.proto.plugin) == [str(jobs / "swish_lion.py")]
+
+
+def test_plan_auto_of_an_auto_job_says_auto_and_writes_no_1000(tmp_path, monkeypatch):
+    """`plan --auto` of a job written with `partition_dim: auto` marked every layer "(the job: 1000)", the
+    number `auto` is read as, and wrote `partition_dim: 1000` into the chosen job's neuralnet."""
+    from singa_mpi.cost.auto import Choice, auto_report
+
+    cfg = parse_job(auto_mlp(str(tmp_path / "d.h5"), str(tmp_path / "ws")), "auto.conf")
+    names = [layer.name for layer in cfg.proto.neuralnet.layer]
+    monkeypatch.setattr("singa_mpi.cost.auto.choose_for_job",
+                        lambda *args, **kwargs: Choice(dict.fromkeys(names, 0), 1e-3, 1e-3, 1, 0, placed=True))
+    lines, text = auto_report(cfg, 2, "shared_memory", None, False, 1)
+    marked = [line for line in lines if "(the job: " in line]
+    assert len(marked) == len(names) and all(line.endswith("(the job: auto)") for line in marked), lines
+    assert str(AUTO) not in text
+    written = parse_job(text, "chosen.conf")
+    assert not auto_layers(written) and {effective_partition_dim(written.proto, layer)
+                                         for layer in written.proto.neuralnet.layer} == {0}
