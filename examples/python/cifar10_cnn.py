@@ -15,6 +15,7 @@ import argparse
 import numpy as np
 
 import singa_mpi.api as sm
+from synthetic import synthetic_rows
 
 MEAN = "data/cifar10/image_mean.bin"
 
@@ -58,18 +59,6 @@ def build(train: sm.Layer | None = None, test: sm.Layer | None = None) -> sm.Job
     return sm.Job("cifar10-convnet", net, updater=sm.SGD(rate, momentum=0.9, weight_decay=0.004),
                   cluster=sm.Cluster(workspace="workspace/cifar10_convnet"), seed=1, train_steps=1000,
                   test_steps=100, test_freq=200, disp_freq=50)
-
-
-def synthetic_rows(text: str) -> int:
-    """--synthetic's value: at least 5 rows (a fifth as many more are made for the test)."""
-    try:
-        rows = int(text)
-    except ValueError:
-        rows = 0
-    if rows < 5:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of rows >= 5 (a fifth as many more are the "
-                                         f"test's)")
-    return rows
 
 
 def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 
 import singa_mpi.api as sm
-from mnist_rbm import SIZES, data_layers, frozen_encoder, synthetic_inputs, synthetic_rows
+from mnist_rbm import SIZES, data_layers, frozen_encoder, synthetic_inputs
+from synthetic import synthetic_rows
 
 
 def build(train: sm.Layer | None = None, test: sm.Layer | None = None) -> sm.Job:

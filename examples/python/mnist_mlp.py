@@ -16,6 +16,7 @@ import argparse
 import numpy as np
 
 import singa_mpi.api as sm
+from synthetic import synthetic_rows
 
 MEAN = STD = 127.5  # bytes 0..255 to -1..1
 
@@ -37,18 +38,6 @@ def build(train: sm.Layer | None = None, test: sm.Layer | None = None) -> sm.Job
     rate = sm.LearningRate("kStep", 0.001, change_freq=60, gamma=0.997)
     return sm.Job("mnist-mlp", net, updater=sm.SGD(rate), cluster=sm.Cluster(workspace="workspace/mnist_mlp"),
                   seed=1, train_steps=1000, test_steps=10, test_freq=60, disp_freq=10)
-
-
-def synthetic_rows(text: str) -> int:
-    """--synthetic's value: at least 5 rows (a fifth as many more are made for the test)."""
-    try:
-        rows = int(text)
-    except ValueError:
-        rows = 0
-    if rows < 5:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of rows >= 5 (a fifth as many more are the "
-                                         f"test's)")
-    return rows
 
 
 def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:

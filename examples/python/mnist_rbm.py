@@ -18,6 +18,7 @@ import argparse
 import numpy as np
 
 import singa_mpi.api as sm
+from synthetic import synthetic_rows
 
 SIZES = [784, 1000, 500, 250, 30]
 STD = 255.0  # bytes 0..255 to 0..1
@@ -59,18 +60,6 @@ def build(stage: int, train: sm.Layer | None = None, test: sm.Layer | None = Non
                   cluster=sm.Cluster(workspace=f"workspace/rbm_mnist_{stage}"), seed=1, train_steps=6000,
                   test_steps=100, test_freq=500, disp_freq=100, checkpoint_freq=6000,
                   checkpoint_path=earlier or None)
-
-
-def synthetic_rows(text: str) -> int:
-    """--synthetic's value: at least 5 rows (a fifth as many more are made for the test)."""
-    try:
-        rows = int(text)
-    except ValueError:
-        rows = 0
-    if rows < 5:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of rows >= 5 (a fifth as many more are the "
-                                         f"test's)")
-    return rows
 
 
 def synthetic_inputs(rows: int) -> tuple[sm.Layer, sm.Layer]:
