@@ -14,7 +14,7 @@ import nets
 from singa_mpi.checkpoints import hdf5 as checkpoint, tools as ckpt_tools
 from singa_mpi.errors import DataError
 from singa_mpi.proto import job_pb2
-from checkpoint_jobs import ROOT, final, job_file, mpi_train, train, train_records
+from checkpoint_jobs import ROOT, as_newer_format, final, job_file, mpi_train, train, train_records
 from mpi_jobs import launcher, mpi_env, mpiexec_command
 
 
@@ -433,19 +433,11 @@ def test_a_checkpoint_moves_each_group_s_reader_position_by_the_steps_it_trained
 def test_ckpt_inspect_calls_a_file_of_another_kind_no_checkpoint_not_damaged(tmp_path):
     """`ckpt inspect job.conf` (or a data store, or a newer singa_mpi's checkpoint) said
     `DAMAGED: a text file (a job file?), not a checkpoint`: the file is fine, it is another kind."""
-    import h5py
-
     conf = job_file(tmp_path, steps=2)
     train(conf, tmp_path / "ws")
     newer = str(tmp_path / "step2.h5")
     shutil.copy(checkpoint.checkpoint_path(str(tmp_path / "ws"), 2), newer)
-    with h5py.File(newer, "r+") as f:  # what a newer format would be, its checksums made anew
-        f.attrs["format_version"] = checkpoint.FORMAT_VERSION + 1
-        f.attrs["header_crc32"] = checkpoint._layout_crc(f)
-    with open(newer, "rb") as f:
-        image = checkpoint.seal(f.read())
-    with open(newer, "wb") as f:
-        f.write(image)
+    as_newer_format(newer)
     store = str(tmp_path / "data.h5")
     for path, said in [(conf, "a text file (a job file?), not a checkpoint"),
                        (store, "an HDF5 file, but not a singa_mpi checkpoint"),
