@@ -4,7 +4,9 @@ process or under mpiexec, its checkpoint at a step, and a checkpoint in the prev
 Shared by the checkpoint tests, test_bptt.py, test_launcher.py, test_timeline.py, test_progress.py and
 cost/test_beside.py.
 """
+import errno
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -85,3 +87,15 @@ def as_newer_format(path: str) -> None:
         image = checkpoint.seal(f.read())
     with open(path, "wb") as f:
         f.write(image)
+
+
+def folder_failing_fsync(monkeypatch) -> None:
+    """fsync of a folder fails with EIO (a failing disk); of a file it works."""
+    real_fsync = os.fsync
+
+    def failing(fd):
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing)

@@ -20,6 +20,7 @@ import h5py
 import numpy as np
 import pytest
 
+from checkpoint_jobs import folder_failing_fsync
 from mpi_jobs import launcher, mpi_env, ranks_of
 from singa_mpi.cli import _taken_out
 from singa_mpi.communication.hosts import Host, parse_hosts
@@ -386,14 +387,7 @@ def test_an_emergency_checkpoint_that_cannot_be_written_says_what_the_restart_us
                         f"fewer checkpoints) or choose another --workspace ({instead})"), note
         assert "--resume" not in note
     # written and in place, the folder's fsync failed (EIO): the restart resumes from it, said as such
-    real_fsync = os.fsync
-
-    def folder_failing_fsync(fd):
-        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", folder_failing_fsync)
+    folder_failing_fsync(monkeypatch)
     _survivor_saved(rescue, 5)
     note = supervisor._emergency_checkpoint(str(rescue))
     assert note == ("emergency checkpoint at step 5, from what ranks 0 held, though the checkpoint is written whole "

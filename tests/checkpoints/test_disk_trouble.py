@@ -21,6 +21,7 @@ from singa_mpi import cli
 from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.errors import DataError
 from singa_mpi.launcher import RunOptions, run_training
+from checkpoint_jobs import folder_failing_fsync
 from mpi_jobs import mpi_env, mpiexec_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -260,18 +261,6 @@ def test_a_file_system_that_cannot_fsync_a_folder_still_takes_checkpoints(tmp_pa
     assert [step for step, _ in checkpoint.listed(str(ws))] == [4, 2]
     assert checkpoint.read(checkpoint.checkpoint_path(str(ws), 4)).step == 4
     assert leftovers(ws) == []
-
-
-def folder_failing_fsync(monkeypatch) -> None:
-    """fsync of a folder fails with EIO (a failing disk); of a file it works."""
-    real_fsync = os.fsync
-
-    def failing(fd):
-        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", failing)
 
 
 def not_durable(path: str, after: str) -> str:
