@@ -292,6 +292,24 @@ def test_evaluate_after_fit_tests_what_fit_trained(fresh_names, tmp_path, monkey
         again.fit(train, nb_epoch=4)
 
 
+def softmax_model(name: str, hidden: tuple[int, ...] = ()) -> binding.Sequential:
+    """A binding script's model: Dense ReLU layers of ``hidden`` units, then a 3-class softmax, compiled
+    with SGD into the workspace ws (the names counted afresh, as a script run anew counts them)."""
+    binding.reset_names()
+    built = binding.Sequential(name, [])
+    for units in hidden:
+        built.add(binding.Dense(units, init="uniform", activation="relu"))
+    built.add(binding.Dense(3, init="uniform", activation="softmax"))
+    built.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
+    return built
+
+
+def hdf5_data(path: str, phase: str, batch: int) -> binding.Data:
+    """A binding script's input of one phase: the HDF5 store at ``path``, rows of 6 values."""
+    return binding.Data("recordinput", phase=phase, conf=binding.Store(path=path, backend="hdf5", batchsize=batch,
+                                                                       shape=6))
+
+
 def test_evaluate_of_a_test_only_model_tests_the_workspace_s_checkpoint(fresh_names, tmp_path, monkeypatch):
     """A script that only tests (m.evaluate(X_test) without fit, the model trained by an earlier run):
     its job has no training input, which the check refused ("expected the name of a layer of phase
@@ -303,23 +321,15 @@ def test_evaluate_of_a_test_only_model_tests_the_workspace_s_checkpoint(fresh_na
     nets.make_data("test.h5", 32, (6,), 3, seed=4)
 
     def model():
-        binding.reset_names()
-        built = binding.Sequential("test-only", [])
-        built.add(binding.Dense(8, init="uniform", activation="relu"))
-        built.add(binding.Dense(3, init="uniform", activation="softmax"))
-        built.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
-        return built
-
-    def store(path, batch):
-        return binding.Store(path=path, backend="hdf5", batchsize=batch, shape=6)
+        return softmax_model("test-only", hidden=(8,))
 
     trainer = model()
-    trainer.fit(binding.Data("recordinput", phase="train", conf=store("train.h5", 16)), nb_epoch=4)
-    after_fit = trainer.evaluate(binding.Data("recordinput", phase="test", conf=store("test.h5", 32)), test_steps=1)
-    tested = model().evaluate(binding.Data("recordinput", phase="test", conf=store("test.h5", 32)), test_steps=1)
+    trainer.fit(hdf5_data("train.h5", "train", 16), nb_epoch=4)
+    after_fit = trainer.evaluate(hdf5_data("test.h5", "test", 32), test_steps=1)
+    tested = model().evaluate(hdf5_data("test.h5", "test", 32), test_steps=1)
     assert tested == after_fit and sorted(tested[4]) == ["test_acc", "test_loss"], tested
     tester = model()
-    given = tester.evaluate(binding.Data("recordinput", phase="test", conf=store("test.h5", 32)), test_steps=1,
+    given = tester.evaluate(hdf5_data("test.h5", "test", 32), test_steps=1,
                             checkpoint_path=["ws/checkpoint/step4.h5"])
     assert given == after_fit
     assert [list(layer.include) for layer in tester.jobconf.neuralnet.layer if layer.type == job_pb2.kRecordInput] == [
@@ -399,15 +409,10 @@ def test_fit_with_validate_data_validates_without_being_told_the_steps(fresh_nam
     nets.make_data("valid.h5", 32, (6,), 3, seed=4)
 
     def model():
-        binding.reset_names()
-        built = binding.Sequential("validated", [])
-        built.add(binding.Dense(3, init="uniform", activation="softmax"))
-        built.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
-        return built
+        return softmax_model("validated")
 
     def data(path, phase):
-        return binding.Data("recordinput", phase=phase, conf=binding.Store(path=path, backend="hdf5", batchsize=16,
-                                                                           shape=6))
+        return hdf5_data(path, phase, 16)
 
     with pytest.raises(ArgumentError) as err:
         model().fit(data("train.h5", "train"), validate_data=data("valid.h5", "test"), nb_epoch=4)
@@ -450,19 +455,12 @@ def test_a_test_only_evaluate_reads_singa_s_name_of_a_checkpoint(fresh_names, tm
     nets.make_data("test.h5", 32, (6,), 3, seed=4)
 
     def model():
-        binding.reset_names()
-        built = binding.Sequential("singa-name", [])
-        built.add(binding.Dense(3, init="uniform", activation="softmax"))
-        built.compile(loss="categorical_crossentropy", optimizer=binding.SGD(lr=0.1), cluster=binding.Cluster("ws"))
-        return built
+        return softmax_model("singa-name")
 
-    def data(path, phase, batch):
-        return binding.Data("recordinput", phase=phase, conf=binding.Store(path=path, backend="hdf5",
-                                                                           batchsize=batch, shape=6))
-
-    model().fit(data("train.h5", "train", 16), nb_epoch=4)
-    newest = model().evaluate(data("test.h5", "test", 32), test_steps=1)
-    named = model().evaluate(data("test.h5", "test", 32), test_steps=1, checkpoint_path="ws/checkpoint/step4-worker0")
+    model().fit(hdf5_data("train.h5", "train", 16), nb_epoch=4)
+    newest = model().evaluate(hdf5_data("test.h5", "test", 32), test_steps=1)
+    named = model().evaluate(hdf5_data("test.h5", "test", 32), test_steps=1,
+                             checkpoint_path="ws/checkpoint/step4-worker0")
     assert named == newest and list(named) == [4], named
 
 
