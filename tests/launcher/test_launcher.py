@@ -197,6 +197,16 @@ def test_an_output_layer_narrower_than_the_texts_ids_is_named_with_its_field_bef
 def test_records_of_another_shape_name_the_jobs_shape_field(tmp_path):
     """`store_conf.shape: 13` for records of 12 values said "layer 'data': STORE: records of shape (12,),
     but store_conf.shape is (13,)": no file:line of the field, nothing about what to change."""
+    cfg, store, index, line = first_batch_refusal(tmp_path, "shape: 12", "shape: 13")
+    assert line == (f"{cfg.layer_where(index, 'store_conf', 'shape')}: layer 'data': {store}: records of "
+                    f"shape (12,), but store_conf.shape is (13,): expected a shape whose sizes multiply "
+                    f"to 12, the values in each record, or another store")
+    assert line.startswith(f"{cfg.path}:")
+
+
+def first_batch_refusal(tmp_path, old: str, new: str):
+    """(the job, its HDF5 store, the data layer's index, the DataError's line) of the launcher's look at
+    the first batch of tests/nets.py's MLP over 100 rows of 12 values, its text's ``old`` made ``new``."""
     import nets
     from singa_mpi.config.load import load_job
     from singa_mpi.errors import DataError
@@ -204,34 +214,20 @@ def test_records_of_another_shape_name_the_jobs_shape_field(tmp_path):
 
     store = nets.make_data(str(tmp_path / "data.h5"), 100, (12,), 5)
     conf = tmp_path / "job.conf"
-    conf.write_text(nets.mlp(store, 32, "data").replace("shape: 12", "shape: 13"))
+    conf.write_text(nets.mlp(store, 32, "data").replace(old, new))
     cfg = load_job(str(conf))
     index = next(k for k, layer in enumerate(cfg.proto.neuralnet.layer) if layer.name == "data")
     with pytest.raises(DataError) as err:
         check_first_batches(cfg, str(tmp_path), ["train"])
-    assert str(err.value) == (f"{cfg.layer_where(index, 'store_conf', 'shape')}: layer 'data': {store}: records of "
-                              f"shape (12,), but store_conf.shape is (13,): expected a shape whose sizes multiply "
-                              f"to 12, the values in each record, or another store")
-    assert str(err.value).startswith(f"{conf}:")
+    return cfg, store, index, str(err.value)
 
 
 def test_a_store_of_another_backend_names_the_jobs_backend_field(tmp_path):
     """An HDF5 store named `backend: "kvfile"` said the file was damaged (a key length at byte 0)."""
-    import nets
-    from singa_mpi.config.load import load_job
-    from singa_mpi.errors import DataError
-    from singa_mpi.launcher.checks import check_first_batches
-
-    store = nets.make_data(str(tmp_path / "data.h5"), 100, (12,), 5)
-    conf = tmp_path / "job.conf"
-    conf.write_text(nets.mlp(store, 32, "data").replace('backend: "hdf5"', 'backend: "kvfile"'))
-    cfg = load_job(str(conf))
-    index = next(k for k, layer in enumerate(cfg.proto.neuralnet.layer) if layer.name == "data")
-    with pytest.raises(DataError) as err:
-        check_first_batches(cfg, str(tmp_path), ["train"])
-    assert str(err.value) == (f"{cfg.layer_where(index, 'store_conf', 'backend')}: layer 'data': {store}: an HDF5 "
-                              f"file, read with backend \"kvfile\": expected backend \"hdf5\" for it (or another "
-                              f"file at this path)")
+    cfg, store, index, line = first_batch_refusal(tmp_path, 'backend: "hdf5"', 'backend: "kvfile"')
+    assert line == (f"{cfg.layer_where(index, 'store_conf', 'backend')}: layer 'data': {store}: an HDF5 "
+                    f"file, read with backend \"kvfile\": expected backend \"hdf5\" for it (or another "
+                    f"file at this path)")
 
 
 def test_testing_before_any_training_says_which_workspace_to_name(tmp_path):
