@@ -26,8 +26,8 @@ from singa_mpi.errors import SingaError
 FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., overwrite=True)",
                 "--steps": "fit(..., steps={})",  # {}: the count
                 "--no-check-finite": "fit(..., check_finite=False)",
-                "--allow-other-job": "",  # fit has no way to resume another job's checkpoint
-                "--no-check-memory": ""}  # nor to skip the memory check
+                "--no-check-memory": "fit(..., check_memory=False)",
+                "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
 RECORDED_PHASES = ("train", "test", "val")  # the phases of metrics.jsonl's records
 PHASE_NAMES = {"validation": "val"}  # a phase by its long name, as the API's layers take it too
 EVALUATE_SPELLING = {"--checkpoint": "evaluate(..., checkpoints=[FILE])"}  # the test command's option, as evaluate takes it
@@ -133,7 +133,7 @@ def workspace_of(job: Job, workspace: str | os.PathLike | None) -> str:
 def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | None = None, resume: bool = False,
         overwrite: bool = False, seed: int | None = None, stall_timeout: float | None = None,
         deterministic: bool = False, profile: bool = False, trace: str | None = None, check_finite: bool = True,
-        said_as: dict[str, str] | None = None) -> History:
+        check_memory: bool = True, said_as: dict[str, str] | None = None) -> History:
     """Train ``job`` (the arguments are ``singa-mpi train``'s options); every rank returns the same
     :class:`History`.  ArgumentError for a bad job (before any communication, on every rank),
     :class:`Stopped` on a stop signal; another failure: in one process the run's own error (a
@@ -150,7 +150,8 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
                          resume=_switch("fit", "resume", resume), overwrite=_switch("fit", "overwrite", overwrite),
                          deterministic=_switch("fit", "deterministic", deterministic),
                          profile=_switch("fit", "profile", profile), trace=_file_to_write("fit", "trace", trace),
-                         check_finite=_switch("fit", "check_finite", check_finite))
+                         check_finite=_switch("fit", "check_finite", check_finite),
+                         check_memory=_switch("fit", "check_memory", check_memory))
     _folder("fit", workspace)
     _spelling("fit", said_as)
     job.check()

@@ -509,6 +509,28 @@ def test_a_non_finite_input_tells_the_script_fit_s_own_switch_and_fit_takes_it(t
     assert [step for step, _ in history.metric("loss")] == [0, 2]
 
 
+def test_a_job_too_big_for_memory_tells_the_script_fit_s_own_switch_and_fit_takes_it(tmp_path, monkeypatch):
+    """The memory check before training refused a fit with "...; or --no-check-memory to skip this check":
+    a flag of `singa-mpi train` that fit did not take, so a script had no way past the check."""
+    from singa_mpi.cost import memory
+    from singa_mpi.errors import ConfigError
+
+    monkeypatch.setattr(memory, "memory_bound", lambda node_ranks: (16, "a test's 16 bytes"))
+    rng = np.random.default_rng(0)
+    x, y = rng.random((32, 6), dtype=np.float32), rng.integers(0, 3, 32)
+    net = sm.Sequential([sm.RecordInput.from_arrays(x, y, 8, phase="train"), sm.InnerProduct(3, "fc"),
+                         sm.SoftmaxLoss("loss", srcs=["fc", "data"])])
+    job = sm.Job("big", net, updater=sm.SGD(0.1), seed=1, train_steps=4, disp_freq=2)
+    with pytest.raises(ConfigError) as err:
+        job.fit(tmp_path / "ws")
+    assert "a test's 16 bytes" in str(err.value) and "--no-check-memory" not in str(err.value), err.value
+    assert str(err.value).endswith("; or fit(..., check_memory=False) to skip this check"), err.value
+    with pytest.raises(sm.ArgumentError, match=r"^fit: argument check_memory = 0: expected True or False$"):
+        job.fit(tmp_path / "ws", check_memory=0)
+    history = job.fit(tmp_path / "ws", check_memory=False)
+    assert [step for step, _ in history.metric("loss")] == [0, 2]
+
+
 def test_a_ctrl_c_in_fit_says_to_resume_with_fit_s_own_argument(tmp_path, monkeypatch, capfd):
     """A Ctrl-C in fit logged "stopped on a signal after 2 steps (checkpoint ...): resume with --resume",
     a flag of the command, not fit's resume=True."""

@@ -255,8 +255,10 @@ def test_a_chain_compiled_without_a_loss_says_a_loss_is_needed(fresh_names):
 
 def test_argv_options_are_read_and_singa_s_flags_left_alone():
     options = binding._argv_options(["x.py", "-singa_conf", "conf/singa.conf", "--resume", "--write-conf=a.conf"])
-    assert options == {"resume": True, "overwrite": False, "check_finite": True, "write_conf": "a.conf"}
+    assert options == {"resume": True, "overwrite": False, "check_finite": True, "check_memory": True,
+                       "write_conf": "a.conf"}
     assert not binding._argv_options(["x.py", "--no-check-finite"])["check_finite"]
+    assert not binding._argv_options(["x.py", "--no-check-memory"])["check_memory"]
     with pytest.raises(ArgumentError, match="--write-conf: expected the path"):
         binding._argv_options(["x.py", "--write-conf"])
     assert re.search(r"Sequential\('mlp', argv=sys.argv\)", (SCRIPTS / "mnist_mlp.py").read_text())

@@ -370,7 +370,8 @@ class Model:
             return results([{**tested, "phase": "test"}])
         # the script's argv takes --resume and --overwrite: the run's messages name them so
         history = job.fit(resume=options["resume"], overwrite=options["overwrite"],
-                          check_finite=options["check_finite"], said_as=ARGV_SPELLING)
+                          check_finite=options["check_finite"], check_memory=options["check_memory"],
+                          said_as=ARGV_SPELLING)
         self.trained = True
         return results(history.records)
 
@@ -519,9 +520,10 @@ def _cpu_only(where: str, execpath: str, device: Any) -> None:
 
 
 def _argv_options(argv: Sequence[str]) -> dict[str, Any]:
-    """``--resume``, ``--overwrite``, ``--no-check-finite``, ``--write-conf PATH`` from the script's argv
-    (SINGA's own flags, ``-singa_conf FILE`` and the like, mean nothing here and are left alone)."""
-    options: dict[str, Any] = {"resume": False, "overwrite": False, "check_finite": True, "write_conf": None}
+    """``--resume``, ``--overwrite``, ``--no-check-finite``, ``--no-check-memory``, ``--write-conf PATH`` from
+    the script's argv (SINGA's own flags, ``-singa_conf FILE`` and the like, mean nothing here and are left alone)."""
+    options: dict[str, Any] = {"resume": False, "overwrite": False, "check_finite": True, "check_memory": True,
+                               "write_conf": None}
     args = list(argv[1:])
     for index, arg in enumerate(args):
         if arg in ("--resume", "-resume"):
@@ -530,6 +532,8 @@ def _argv_options(argv: Sequence[str]) -> dict[str, Any]:
             options["overwrite"] = True
         elif arg == "--no-check-finite":
             options["check_finite"] = False
+        elif arg == "--no-check-memory":
+            options["check_memory"] = False
         elif arg.startswith("--write-conf="):
             options["write_conf"] = arg.split("=", 1)[1]
         elif arg == "--write-conf":
