@@ -237,6 +237,7 @@ def cmd_plan(args) -> int:
         check_phase(cfg, args.phase, {}, [])
     if wants_deterministic(cfg.proto):  # the mode has one way to sync: its own
         args.sync = DETERMINISTIC if args.sync == ALLREDUCE else DETERMINISTIC_SHARED
+    check_nodes(cfg, args)
     if args.auto:
         return auto_partition(cfg, plan_workers(cfg, args.n), args)
     cfg = resolve_auto(cfg, plan_workers(cfg, args.n), args.sync)
@@ -385,6 +386,19 @@ def cmd_calibrate(args) -> int:
         print(line, flush=True)
     world.root_value(None, "calibrate")  # the ranks off rank 0's node wait asleep while it calibrates there
     return 0
+
+
+def check_nodes(cfg, args) -> None:
+    """ConfigError for ``plan --nodes N`` over more nodes than the ranks it plans: the model priced one
+    rank per node, as if the extra nodes were not there."""
+    workers = plan_workers(cfg, args.n)
+    if args.nodes <= workers:
+        return
+    lead, most = (f"--nodes {args.nodes} with -n {args.n}", "-n") if args.n is not None else (
+        f"{cfg.where('cluster', 'nworkers_per_group')}: --nodes {args.nodes} with cluster.nworkers_per_group = "
+        f"{workers}", "the workers per group (or -n N)")
+    raise ConfigError(f"{lead}: more nodes than the {workers} rank(s) to fill: expected --nodes at most "
+                      f"{most} (each node holds at least one rank)")
 
 
 def plan_workers(cfg, n: int | None) -> int:

@@ -346,3 +346,22 @@ def test_data_without_a_source_names_only_the_source_as_required(capsys):
                                        "(see singa-mpi data -h)")
     assert refused(capsys, "data", "--out", "d") == ("singa-mpi data: error: the following arguments are required: "
                                                      "source (see singa-mpi data -h)")
+
+
+@pytest.mark.parametrize("extra", [["--cost"], ["--auto"]])
+def test_plan_over_more_nodes_than_ranks_is_one_line(capsys, extra):
+    """`plan -n 2 --nodes 3 --cost` priced one rank per node without a word, as if a node were not there."""
+    assert cli.main(["plan", DIGITS, "-n", "2", "--nodes", "3", *extra]) == ConfigError.exit_code
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and captured.out == "", captured
+    assert lines[0].endswith("--nodes 3 with -n 2: more nodes than the 2 rank(s) to fill: expected --nodes at most "
+                             "-n (each node holds at least one rank)"), lines[0]
+
+
+def test_plan_over_more_nodes_than_the_job_s_workers_names_its_line(capsys):
+    job = str(REPO / "conf" / "cifar10_hybrid.conf")
+    assert cli.main(["plan", job, "--nodes", "3", "--cost"]) == ConfigError.exit_code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"{job}:71:" in lines[0], lines
+    assert "--nodes 3 with cluster.nworkers_per_group = 2: more nodes than the 2 rank(s)" in lines[0], lines[0]
