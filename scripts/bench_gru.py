@@ -222,7 +222,7 @@ def print_report(rows: list[tuple[str, int, dict]], args, vocab_size: int) -> No
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     # SINGA's examples/char-rnn sizes: hidden 512, batch 50, unroll 50
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--batch", type=int, default=50)

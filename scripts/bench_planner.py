@@ -76,7 +76,7 @@ def growth(layers: int, most: int, repeat: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--layers", type=int, default=100)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--width", type=int, default=64, help="outputs per inner-product layer")

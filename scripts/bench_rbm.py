@@ -198,7 +198,7 @@ def print_report(rows: list[tuple[str, int, dict]], args, n_train: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     # scikit-learn's default hidden size, SINGA's RBM batch size (examples/rbm)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch", type=int, default=100)

@@ -92,7 +92,7 @@ def load_seconds(workspace: pathlib.Path, step: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=sorted(JOBS))
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--shrink", action="store_true", help="restart on the survivors (default: as many ranks)")

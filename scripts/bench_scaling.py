@@ -527,7 +527,7 @@ def collect(folder: str, expected_ranks: list[int], plot_path: str | None) -> in
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--steps", type=positive_int, default=30, help="timed steps per run (the convnet: half)")
     parser.add_argument("--repeat", type=positive_int, default=3, help="runs per configuration (medians are reported)")

@@ -136,7 +136,7 @@ def print_results(results: dict, steps: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--steps", type=positive_int, default=30)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()

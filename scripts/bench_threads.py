@@ -151,7 +151,7 @@ def print_table(runs: list[dict], settings: list[str], stat=statistics.median) -
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))

@@ -82,7 +82,7 @@ def span_cost(record: bool, n: int = 200_000) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--steps", type=int, default=20, help="steps per round")
     parser.add_argument("--rounds", type=int, default=7, help="rounds with recording off, then on")
     parser.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS))

@@ -213,7 +213,7 @@ def gemm_lines(singa: dict, batch: int | None = None) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=100, help="samples per step (the conf's: 100)")
     args = parser.parse_args()

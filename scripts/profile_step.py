@@ -33,7 +33,7 @@ from singa_mpi.cost.beside import Prediction, beside_lines  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # its first paragraph
     parser.add_argument("--net", choices=list(NETS), default="mnist_mlp")
     parser.add_argument("--scheme", type=scheme_name, default="data",
                         help="a scheme of bench_scaling.py: data, feature, hybrid, auto, pipeline, auto-pipeline, "
