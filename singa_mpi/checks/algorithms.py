@@ -26,6 +26,19 @@ def check_loss(cfg: JobConfig, phase: str, built: list[tuple[Node, Layer]]) -> N
                       f"layer with is_loss = True), found none among its {len(built)} layers")
 
 
+def check_something_to_train(cfg: JobConfig, phase: str, built: list[tuple[Node, Layer]]) -> None:
+    """kBP and kBPTT change params: a train net whose layers hold none (inputs and a loss alone) would
+    run every step changing nothing (and plan --cost price it at next to no time)."""
+    alg = algorithm_name(cfg.proto.train_one_batch)
+    if phase != "train" or is_test_only(cfg.proto) or alg not in ("kBP", "kBPTT"):
+        return
+    if any(layer.param_specs for _, layer in built):
+        return
+    raise ConfigError(f"{cfg.where('neuralnet')}: neuralnet: the train net has nothing for {alg} to train: expected "
+                      f"a layer with params (kInnerProduct, kConvolution, ...), found none among its {len(built)} "
+                      f"layers ({', '.join(repr(node.name) for node, _ in built)})")
+
+
 def check_energy_models(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
     """RBM pairs (seed 001): kRBMVis lists [input, its kRBMHid], kRBMHid lists [its kRBMVis]; one hdim,
     one W (the hidden layer's param[0] shares the visible layer's), split together; trained by kCD."""

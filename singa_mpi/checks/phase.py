@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from singa_mpi.checks.algorithms import check_carried_state, check_energy_models, check_loss
+from singa_mpi.checks.algorithms import (check_carried_state, check_energy_models, check_loss,
+                                        check_something_to_train)
 from singa_mpi.checks.params import check_params, check_shared_params
 from singa_mpi.config.load import AUTO, PHASES, JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
@@ -55,6 +56,7 @@ def check_phase(cfg: JobConfig, phase: str, params: dict, warnings: list[str]) -
         _warn_missing_data(cfg, node, warnings)
     check_energy_models(cfg, [(n, l) for n, l, _ in built])  # an RBM's hdim before its W's shape
     check_loss(cfg, phase, [(n, l) for n, l, _ in built])  # after: an RBM under kBP has none
+    check_something_to_train(cfg, phase, [(n, l) for n, l, _ in built])  # after: a net of inputs has no loss either
     check_carried_state(cfg, [(n, l) for n, l, _ in built])
     for node, layer, _ in built:  # after all owners of the phase are known
         check_shared_params(cfg, node, layer, params)

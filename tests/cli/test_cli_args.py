@@ -365,3 +365,14 @@ def test_plan_over_more_nodes_than_the_job_s_workers_names_its_line(capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and f"{job}:71:" in lines[0], lines
     assert "--nodes 3 with cluster.nworkers_per_group = 2: more nodes than the 2 rank(s)" in lines[0], lines[0]
+
+
+def test_plan_cost_of_a_net_with_nothing_to_train_is_one_line(capsys):
+    """A train net of inputs and a loss alone was priced (0.04 ms a step, 1.8 million samples/s) and
+    trained, changing nothing; it is refused at its neuralnet's line, as check and train refuse it."""
+    job = str(REPO / "tests" / "config" / "broken" / "bp_without_params.conf")
+    assert cli.main(["plan", job, "-n", "2", "--cost"]) == ConfigError.exit_code
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and captured.out == "", captured
+    assert f"{job}:6:1: neuralnet: the train net has nothing for kBP to train" in lines[0], lines[0]
