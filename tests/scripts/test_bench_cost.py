@@ -220,17 +220,24 @@ def test_in_job_cut_short_while_predicting_stops_at_once(tmp_path):
 
 @pytest.mark.slow
 def test_in_job_a_rank_that_fails_ends_every_rank(tmp_path):
-    """Rank 0 fails (its kernel cache cannot be written: XDG_CACHE_HOME is a file): its error is printed
-    and every rank ends, exit 1.  The other rank used to wait for it in the next collective for ever."""
+    """Rank 0 fails (saving its kernel timings raises: a fault injected into rank 0 alone): its error is
+    printed and every rank ends, exit 1.  The other rank used to wait for it in the next collective for
+    ever.  (The fault was an XDG_CACHE_HOME that is a file, until a cache that cannot be written became a
+    warning.)"""
     sys.path.insert(0, str(ROOT / "scripts"))
     from benchkit import bench_env, mpiexec_command
 
-    not_a_folder = tmp_path / "file"
-    not_a_folder.write_text("")
-    rank_zero = '[ "${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-}}" = 0 ] && export XDG_CACHE_HOME="$1"; shift; exec "$@"'
-    cmd = mpiexec_command(2) + ["sh", "-c", rank_zero, "sh", str(not_a_folder), sys.executable,
-                                str(ROOT / "scripts" / "bench_cost.py"), "--in-job", "--nets", "mnist_mlp", "--schemes",
-                                "data", "--repeat", "1", "--steps", "2", "--json", str(tmp_path / "rows.json")]
+    script = str(ROOT / "scripts" / "bench_cost.py")
+    faulty = ("import runpy, sys; from singa_mpi.cost import kernels\n"
+              "def save(self): raise NotADirectoryError(20, 'Not a directory', 'injected')\n"
+              "kernels.KernelTimes.save = save; sys.argv = sys.argv[1:]\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')")
+    # rank 0 runs the script with the fault, the others as it is
+    rank_zero = ('[ "${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-}}" = 0 ] && exec "$1" -c "$2" "${@:3}"; '
+                 'exec "$1" "${@:3}"')
+    cmd = mpiexec_command(2) + ["bash", "-c", rank_zero, "bash", sys.executable, faulty, script, "--in-job", "--nets",
+                                "mnist_mlp", "--schemes", "data", "--repeat", "1", "--steps", "2", "--json",
+                                str(tmp_path / "rows.json")]
     out = subprocess.run(cmd, env=dict(bench_env(), XDG_CACHE_HOME=str(tmp_path / "cache")), capture_output=True,
                          text=True, timeout=240)
     assert out.returncode == 1, out.stdout + out.stderr
