@@ -48,9 +48,9 @@ class BackPropagationThroughTime(BackPropagation):
         if self.readers and net.layers:
             ctx = net.layers[0].ctx
             if self.period is None:
-                from singa_mpi.layers.text import reader_period
+                from singa_mpi.layers.text import reader_period, text_groups
 
-                self.period = reader_period(self.readers[0], ctx.workspace)
+                self.period = reader_period(self.readers[0], ctx.workspace, text_groups(ctx)[1])
             carry_state(net, afresh=(ctx.step + 1) % self.period == 0)
 
 

@@ -127,7 +127,8 @@ class LayerContext:
                    this sub-layer holds every row).  A function, not a rank.
     stream:        (g, G): this net belongs to worker group g of G, which reads global batches
                    g, g + G, g + 2G, ... of the data order (each group its own part of the
-                   data, as SINGA's groups are); (0, 1) for one group.
+                   data, as SINGA's groups are); (0, 1) for one group.  A text reader
+                   (kCharRNN) reads group g's contiguous part of the text instead.
     block_rows:    deterministic mode's canonical blocks of rows (products over rows run one
                    block at a time, param gradients from per-row terms); None: the default mode.
     """

@@ -40,21 +40,37 @@ def _find(layer: Layer, field: str) -> tuple[str, str]:
     return what, find_file(path, layer.ctx.workspace, what, lambda: _TODO)
 
 
-def windows_per_pass(text_bytes: int, batchsize: int, unroll: int) -> int:
+def windows_per_pass(text_bytes: int, streams: int, unroll: int) -> int:
     """How many batches a kCharRNN reader gives before its streams start again (offsets 0, U, 2U, ...
-    while the window [kU, kU + U] fits the stream of M = text_bytes // batchsize bytes): a pure
-    function, so that every worker knows when the text wraps, the reader's worker or not."""
-    stream = text_bytes // batchsize
+    while the window [kU, kU + U] fits a stream of M = text_bytes // streams bytes; ``streams``: the
+    rows of every worker group, :func:`text_streams`): a pure function, so that every worker knows
+    when the text wraps, the reader's worker or not."""
+    stream = text_bytes // streams
     return max(1, (stream - unroll - 1) // unroll + 1)
 
 
-def reader_period(conf, workspace: str) -> int:
-    """:func:`windows_per_pass` of a kCharRNN layer conf, from the size of its text file."""
+def text_groups(ctx) -> tuple[int, int]:
+    """(g, G): training reads worker group g's part of the text, one of G (``LayerContext.stream``);
+    test and validation, which group 0 alone runs, read the whole text: (0, 1)."""
+    return ctx.stream if ctx.phase == "train" else (0, 1)
+
+
+def text_streams(batchsize: int, groups: int) -> int:
+    """The streams a text is cut into: ``batchsize`` rows in each of ``groups`` worker groups.  Group g's
+    rows read streams g·B .. g·B + B - 1, so each group reads its own contiguous part of the text, and
+    every stream has the same length: every group's text wraps after the same batches."""
+    return batchsize * groups
+
+
+def reader_period(conf, workspace: str, groups: int = 1) -> int:
+    """:func:`windows_per_pass` of a kCharRNN layer conf, from the size of its text file, for a job
+    of ``groups`` worker groups (:func:`text_groups`)."""
     char, what = conf.char_rnn_conf, f"layer '{conf.name}': char_rnn_conf.path"
+    streams = text_streams(char.batchsize, groups)
     if memory.is_memory_path(char.path):
-        return windows_per_pass(len(memory.held_bytes(char.path, what)), char.batchsize, char.unroll_len)
+        return windows_per_pass(len(memory.held_bytes(char.path, what)), streams, char.unroll_len)
     path = find_file(char.path, workspace, what, lambda: _TODO)
-    return windows_per_pass(os.path.getsize(path), char.batchsize, char.unroll_len)
+    return windows_per_pass(os.path.getsize(path), streams, char.unroll_len)
 
 
 @LAYERS.register("kCharRNN")
@@ -62,7 +78,9 @@ class CharRNN(Layer):
     """Windows of ``unroll_len + 1`` character indices per row.  # (B_local, U + 1) float32
 
     The text of N bytes is cut into ``batchsize`` streams of M = N // batchsize bytes; row i reads
-    stream i, [i·M, (i+1)·M).  Each forward gives every row the characters offset .. offset + U of its
+    stream i, [i·M, (i+1)·M).  Of G worker groups (``ctx.stream``, training), into G·B streams of
+    M = N // (G·B) bytes, row i of group g reading stream g·B + i: each group its own contiguous part
+    of the text, [g·B·M, (g+1)·B·M), its rows continuing from batch to batch as one group's do.  Each forward gives every row the characters offset .. offset + U of its
     stream (consecutive windows overlap by one character: the last input is the next window's
     first), then offset += U, and back to 0 when the next window would run past M (B11).  The
     bytes at the end of a stream that fill no whole window are never read.
@@ -109,9 +127,12 @@ class CharRNN(Layer):
         vocab = read_vocab(vocab_path, vocab_what)
         what, path = _find(self, "path")
         self.ids = encode(read_bytes(path, what), vocab, what, path, vocab_path)
-        self.stream = len(self.ids) // self.batch_size  # M
+        group, groups = text_groups(self.ctx)
+        self.first = group * self.batch_size  # this group's first stream
+        self.stream = len(self.ids) // text_streams(self.batch_size, groups)  # M
         if self.stream < self.unroll + 1:
-            raise DataError(f"{what} {path}: {len(self.ids)} bytes give {self.batch_size} rows of "
+            rows = f"{groups} worker groups x {self.batch_size}" if groups > 1 else f"{self.batch_size}"
+            raise DataError(f"{what} {path}: {len(self.ids)} bytes give {rows} rows of "
                             f"{self.stream} characters: expected at least unroll_len + 1 = {self.unroll + 1} "
                             f"per row (a longer text or a smaller batchsize)")
         if self.offset % self.unroll or self.offset + self.unroll >= self.stream:
@@ -127,7 +148,7 @@ class CharRNN(Layer):
     def forward(self, inputs, train):
         if self.ids is None:
             self._open()
-        starts = np.arange(*self._rows()) * self.stream + self.offset  # (B_local,)
+        starts = (self.first + np.arange(*self._rows())) * self.stream + self.offset  # (B_local,)
         window = self.ids[starts[:, None] + np.arange(self.unroll + 1)]  # (B_local, U + 1)
         self.offset = self._next_offset()
         self.restarted = self.offset == 0

@@ -11,6 +11,7 @@ from singa_mpi.testing import build_layer
 from singa_mpi import cli
 from singa_mpi.errors import DataError
 from singa_mpi.layers.base import LayerConfigError, LayerContext
+from singa_mpi.layers.text import reader_period, windows_per_pass
 from singa_mpi.proto import job_pb2
 
 CHAR_RNN = pathlib.Path(__file__).parents[1] / "config" / "singa_examples" / "v0.2.0" / "examples" / "char-rnn"
@@ -27,11 +28,16 @@ def write(tmp_path, name, blob):
     return str(path)
 
 
-def reader(tmp_path, text, vocab=IDENTITY, unroll=4, batch=3, rows=None, workspace="."):
-    conf = layer_conf(f'name: "data" type: kCharRNN char_rnn_conf {{ path: "{write(tmp_path, "in.txt", text)}" '
+def reader_conf(tmp_path, text, vocab=IDENTITY, unroll=4, batch=3):
+    return layer_conf(f'name: "data" type: kCharRNN char_rnn_conf {{ path: "{write(tmp_path, "in.txt", text)}" '
                       f'vocab_path: "{write(tmp_path, "vocab.txt", vocab)}" unroll_len: {unroll} batchsize: {batch} }}')
+
+
+def reader(tmp_path, text, vocab=IDENTITY, unroll=4, batch=3, rows=None, workspace=".", stream=(0, 1),
+           phase="train"):
+    conf = reader_conf(tmp_path, text, vocab, unroll, batch)
     return build_layer(conf, [], batch=batch, ctx=LayerContext(global_batch=batch, batch_slice=rows,
-                                                               workspace=workspace))
+                                                               workspace=workspace, stream=stream, phase=phase))
 
 
 def expected_window(stream, row, offset, unroll):
@@ -101,6 +107,49 @@ def test_partitioned_rows_read_the_serial_characters(tmp_path, splits):
         whole = serial.forward([], True)
         np.testing.assert_array_equal(np.concatenate([part.forward([], True) for part in parts]), whole)
         assert all(part.restarted == serial.restarted and part.state() == serial.state() for part in parts)
+
+
+@pytest.mark.parametrize("groups", [2, 3])
+def test_each_worker_group_reads_its_own_contiguous_part_of_the_text(tmp_path, groups):
+    """Every group used to read the windows of group 0 (the whole text cut into B streams): G groups
+    added no data.  Now G·B streams of M = N // (G·B) bytes, group g's rows streams g·B .. g·B + B - 1."""
+    batch, unroll, size = 3, 4, 200
+    stream = size // (groups * batch)
+    readers = [reader(tmp_path, bytes(range(size)), unroll=unroll, batch=batch, stream=(g, groups))
+               for g in range(groups)]
+    period = windows_per_pass(size, batch * groups, unroll)
+    conf = reader_conf(tmp_path, bytes(range(size)), unroll=unroll, batch=batch)
+    assert reader_period(conf, ".", groups) == period < windows_per_pass(size, batch, unroll)
+    seen: list[set] = [set() for _ in range(groups)]
+    for step in range(2 * period + 1):
+        for g, layer in enumerate(readers):
+            window = layer.forward([], True)
+            for row in range(batch):
+                expected = expected_window(stream, g * batch + row, (step % period) * unroll, unroll)
+                np.testing.assert_array_equal(window[row], expected)
+            seen[g] |= set(window.astype(int).ravel())
+            assert layer.restarted == ((step + 1) % period == 0)  # BPTT's restart rule, from the group's period
+    part = batch * stream
+    for g in range(groups):  # disjoint, contiguous, and together every stream's windows
+        assert min(seen[g]) == g * part and max(seen[g]) < (g + 1) * part
+    assert len(set.union(*seen)) == sum(map(len, seen))
+
+
+def test_one_group_and_the_test_phase_read_the_whole_text_as_before(tmp_path):
+    serial = reader(tmp_path, bytes(range(60)), unroll=4, batch=3)
+    alone = reader(tmp_path, bytes(range(60)), unroll=4, batch=3, stream=(0, 1))
+    testing = reader(tmp_path, bytes(range(60)), unroll=4, batch=3, stream=(0, 2), phase="test")
+    for _ in range(5):
+        whole = serial.forward([], True)
+        np.testing.assert_array_equal(alone.forward([], True), whole)
+        np.testing.assert_array_equal(testing.forward([], False), whole)  # group 0 alone tests: the whole text
+
+
+def test_a_text_too_short_for_every_groups_rows_names_the_groups(tmp_path):
+    layer = reader(tmp_path, bytes(range(30)), unroll=4, batch=2, stream=(1, 4))  # 8 streams of 3 < 5
+    with pytest.raises(DataError, match=r"30 bytes give 4 worker groups x 2 rows of 3 characters: expected at "
+                                        r"least unroll_len \+ 1 = 5"):
+        layer.forward([], True)
 
 
 def test_indices_are_offsets_in_the_vocabulary_file(tmp_path):
