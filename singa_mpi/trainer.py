@@ -510,9 +510,10 @@ class Trainer:
         """Gather the job's state to the root and write it atomically (collective over the group;
         of several worker groups, group 0 writes).  ``final``: the last of the run (with servers
         of several groups, it waits for every group to finish)."""
-        from singa_mpi.checkpoints.snapshot import collect
+        from singa_mpi.checkpoints.snapshot import collect, contribute_group_state
 
         if not self.runtime.evaluates:
+            contribute_group_state(self)  # group 0 writes: groups of one pace send it their hidden state
             return None
         with self.runtime.tracer.span("checkpoint", "step"):
             if self.job.disp_freq > 0:  # (collective over the group, as the progress line's sums)
@@ -536,11 +537,14 @@ class Trainer:
     def restore(self, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: bool | None = None) -> None:
         """Load a checkpoint: everything to resume (``full``), or only params to initialise
         (``allow_partial``: :func:`singa_mpi.checkpoints.snapshot.restore`'s)."""
-        from singa_mpi.checkpoints.snapshot import plan_summary, restore
+        from singa_mpi.checkpoints.snapshot import group_state_note, plan_summary, restore
 
         if self.runtime.is_root:
             for line in checkpoint.plan_diff(ckpt.plan, plan_summary(self.cfg, self.runtime.size)):
                 self.log(f"note: {ckpt.path} was written with a different partitioning: {line}")
+            note = group_state_note(ckpt, self.runtime.groups) if full else None
+            if note is not None:
+                self.log(note)
         skipped = restore(self, ckpt, full, allow_partial)
         self.loaded = (ckpt, full)
         for line in skipped:

@@ -33,6 +33,10 @@ class Algorithm:
     def bind(self, job: job_pb2.JobProto) -> None:
         """Learn what the algorithm needs of the whole job (the trainer calls it once)."""
 
+    def resume_readers(self, states: dict[str, dict], stream: tuple[int, int]) -> None:
+        """Learn where the training readers of worker group g of G (``stream``) resume, from a checkpoint's
+        reader ``states`` (kBPTT: when its group's text wraps); nothing by default."""
+
     def report(self, metrics: dict[str, float]) -> dict[str, float]:
         """The metrics a progress line and metrics.jsonl show, from the layers' means."""
         return metrics

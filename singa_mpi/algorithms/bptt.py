@@ -33,6 +33,7 @@ SEQUENTIAL_READERS = {job_pb2.kCharRNN}  # inputs whose batches continue each ot
 class BackPropagationThroughTime(BackPropagation):
     readers: list = []  # the job's sequential readers (their confs), in training
     period: int | None = None  # batches per pass over the text: the state restarts at multiples of it
+    ahead = 0  # windows this group's reader is ahead of the step count (a resumed asynchronous group)
 
     def bind(self, job: job_pb2.JobProto) -> None:
         self.readers = sequential_readers(job)
@@ -51,7 +52,17 @@ class BackPropagationThroughTime(BackPropagation):
                 from singa_mpi.layers.text import reader_period, text_groups
 
                 self.period = reader_period(self.readers[0], ctx.workspace, text_groups(ctx)[1])
-            carry_state(net, afresh=(ctx.step + 1) % self.period == 0)
+            carry_state(net, afresh=(ctx.step + self.ahead + 1) % self.period == 0)
+
+    def resume_readers(self, states: dict[str, dict], stream: tuple[int, int]) -> None:
+        """A resumed worker of group g of G (``stream``), from the checkpoint's training reader ``states``:
+        where its group's text reader stands relative to the step count, known to every worker of the
+        group, the reader's or not (:func:`~singa_mpi.layers.text.group_ahead`)."""
+        from singa_mpi.layers.text import group_ahead
+
+        names = {conf.name.split("#", 1)[-1] for conf in self.readers}
+        found = [group_ahead(state, stream) for name, state in states.items() if name.split("#", 1)[-1] in names]
+        self.ahead = next((ahead for ahead in found if ahead is not None), 0)
 
 
 def sequential_readers(job: job_pb2.JobProto) -> list[job_pb2.LayerProto]:

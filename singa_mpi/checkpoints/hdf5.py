@@ -13,7 +13,10 @@ plain h5py or h5dump::
     /readers/<phase>/<layer> attrs: the layer's carried state (``Layer.state()``), e.g. an input
                              layer's ``batches`` (how many global batches it has read)
     /carried/<phase>/<layer>/<name>  float32 arrays a layer carries from batch to batch, one row
-                             per row of the global batch (``Layer.carried()``: an RNN's hidden state)
+                             per row of the global batch (``Layer.carried()``: an RNN's hidden state);
+                             of several worker groups, group 0's
+    /groups/<g>/carried/<phase>/<layer>/<name>  the same, of worker group g > 0 (groups that keep one
+                             pace: distributed Hogwild's); with the root attr ``worker_groups`` (G > 1)
 
 Integrity.  Every dataset carries a ``crc32`` attribute of its bytes (``/job_config`` and ``/plan``:
 of their UTF-8 text).  ``header_crc32`` covers the rest: every attribute in the file (the header:
@@ -112,6 +115,10 @@ class Checkpoint:
     readers: dict[str, dict[str, dict]] = dataclasses.field(default_factory=dict)
     # phase -> layer -> name -> (global batch, ...) array (``Layer.carried()``)
     carried: dict[str, dict[str, dict[str, np.ndarray]]] = dataclasses.field(default_factory=dict)
+    # of a job of several worker groups: how many (0: one, or a file written before states were kept per
+    # group), and group g > 0 -> its ``carried`` (the groups whose state was gathered: those of one pace)
+    worker_groups: int = 0
+    group_carried: dict[int, dict[str, dict[str, dict[str, np.ndarray]]]] = dataclasses.field(default_factory=dict)
     job_name: str = ""
     job_config: str = ""
     plan: dict = dataclasses.field(default_factory=dict)
@@ -205,14 +212,22 @@ def encode(ckpt: Checkpoint, fault_after: int | None = None) -> bytes:
             group = readers.create_group(phase)
             for layer, state in sorted(layers.items()):
                 group.create_group(layer).attrs.update(state)
-        for phase, layers in sorted(ckpt.carried.items()):
-            for layer, arrays in sorted(layers.items()):
-                group = f.require_group(f"carried/{phase}/{layer}")
-                for name, value in sorted(arrays.items()):
-                    _dataset(group, name, value)
+        _write_carried(f, "carried", ckpt.carried)
+        if ckpt.worker_groups > 1:
+            f.attrs["worker_groups"] = ckpt.worker_groups
+        for g, carried in sorted(ckpt.group_carried.items()):
+            _write_carried(f, f"groups/{g}/carried", carried)
         f.attrs["header_crc32"] = _layout_crc(f)
         f.attrs["complete"] = 1
     return seal(buffer.getvalue())
+
+
+def _write_carried(f, where: str, carried: dict[str, dict[str, dict[str, np.ndarray]]]) -> None:
+    for phase, layers in sorted(carried.items()):
+        for layer, arrays in sorted(layers.items()):
+            group = f.require_group(f"{where}/{phase}/{layer}")
+            for name, value in sorted(arrays.items()):
+                _dataset(group, name, value)
 
 
 def seal(image: bytes) -> bytes:
@@ -459,9 +474,15 @@ def _read_arrays(f, path: str, ckpt: Checkpoint) -> None:
             ckpt.counters[name] = {k: int(v) for k, v in group.attrs.items()}
     for phase, group in f.get("readers", {}).items():
         ckpt.readers[phase] = {layer: {k: _scalar(v) for k, v in g.attrs.items()} for layer, g in group.items()}
-    for phase, group in f.get("carried", {}).items():
-        ckpt.carried[phase] = {layer: {name: _read_array(ds, path, f"carried/{phase}/{layer}/{name}")
-                                       for name, ds in g.items()} for layer, g in group.items()}
+    ckpt.carried = _read_carried(f.get("carried", {}), path, "carried")
+    ckpt.worker_groups = int(f.attrs.get("worker_groups", 0))
+    for g, group in f.get("groups", {}).items():
+        ckpt.group_carried[int(g)] = _read_carried(group.get("carried", {}), path, f"groups/{g}/carried")
+
+
+def _read_carried(carried, path: str, where: str) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    return {phase: {layer: {name: _read_array(ds, path, f"{where}/{phase}/{layer}/{name}") for name, ds in g.items()}
+                    for layer, g in group.items()} for phase, group in carried.items()}
 
 
 def listed(workspace: str) -> list[tuple[int, str]]:

@@ -123,11 +123,32 @@ def local_pieces(trainer) -> dict:
                 states.append((owner.name, slot, owner.logical_shape, region, np.array(value)))
     readers = {phase: {layer.name: layer.state() for layer in net.layers if layer.state()}
                for phase, net in trainer.nets().items()}
-    carried = [(phase, layer.name, name, layer.ctx.rows(), layer.ctx.global_batch, np.array(value))
-               for phase, net in trainer.nets().items() for layer in net.layers
-               for name, value in layer.carried().items()]
+    carried = own_carried(trainer)
+    others = trainer.runtime.gather_groups([piece for piece in carried if piece[0] == "train"])
     return {"params": params, "states": states, "readers": readers, "counters": _own(updater.counters(), trainer),
-            "carried": carried}
+            "carried": carried, "groups": dict(enumerate(others or []))}
+
+
+def own_carried(trainer) -> list[tuple]:
+    """This worker's rows of what its layers carry from batch to batch: (phase, layer, name, (lo, hi)
+    of the global batch, global batch, array)."""
+    return [(phase, layer.name, name, layer.ctx.rows(), layer.ctx.global_batch, np.array(value))
+            for phase, net in trainer.nets().items() for layer in net.layers
+            for name, value in layer.carried().items()]
+
+
+def contribute_group_state(trainer) -> None:
+    """A worker of group g > 0 at a checkpoint: its hidden state to group 0's worker of its location ID,
+    where the groups keep one pace (collective over them; nothing elsewhere: asynchronous groups are not
+    waited for, and resume from zeros, which the resume notes)."""
+    trainer.runtime.gather_groups([piece for piece in own_carried(trainer) if piece[0] == "train"])
+
+
+def _put_carried(target: dict, pieces: list[tuple]) -> None:
+    for phase, layer, name, (lo, hi), batch, value in pieces:
+        arrays = target.setdefault(phase, {}).setdefault(layer, {})
+        rows = arrays.setdefault(name, np.zeros((batch,) + value.shape[1:], np.float32))
+        rows[lo:hi] = value  # this worker's rows of the global batch
 
 
 def _own(counters: dict[str, dict[str, int]], trainer) -> dict[str, dict[str, int]]:
@@ -149,7 +170,7 @@ def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | 
     served = trainer.runtime.server_state(final)
     if served is not None:  # after the workers' pieces: the servers' values are the job's
         everyone = everyone + [{"params": part["params"], "states": part["states"], "readers": {},
-                                "counters": part["counters"], "carried": []} for part in served]
+                                "counters": part["counters"], "carried": [], "groups": {}} for part in served]
     known = trainer.job_params  # None: a trainer built without them (a test's, a script's) writes no identity
     ckpt = checkpoint.Checkpoint(step=step, params={}, job_name=trainer.job.name, job_config=trainer.cfg.text,
                                  plan=plan_summary(trainer.cfg, trainer.runtime.size, job_shape(trainer.runtime)),
@@ -166,10 +187,11 @@ def collect(trainer, step: int, final: bool = False) -> checkpoint.Checkpoint | 
             ckpt.readers.setdefault(phase, {}).update(layers)
         for name, counters in pieces["counters"].items():
             ckpt.counters.setdefault(name, {}).update(counters)
-        for phase, layer, name, (lo, hi), batch, value in pieces["carried"]:
-            arrays = ckpt.carried.setdefault(phase, {}).setdefault(layer, {})
-            target = arrays.setdefault(name, np.zeros((batch,) + value.shape[1:], np.float32))
-            target[lo:hi] = value  # this worker's rows of the global batch
+        _put_carried(ckpt.carried, pieces["carried"])
+        for group, carried in pieces["groups"].items():
+            if group > 0:  # group 0's are its own "carried"
+                _put_carried(ckpt.group_carried.setdefault(group, {}), carried)
+    ckpt.worker_groups = trainer.runtime.groups
     steps = trainer.runtime.group_steps(served)
     if steps is not None:  # the training readers: every group's position, not group 0's alone
         ckpt.readers["train"] = {name: paced(state, steps) for name, state in ckpt.readers.get("train", {}).items()}
@@ -253,11 +275,42 @@ def restore(trainer, ckpt: checkpoint.Checkpoint, full: bool, allow_partial: boo
         if state:
             trainer.updater.load_state(owner.name, state)
     trainer.updater.load_counters(_own(ckpt.counters, trainer))
+    stream = (trainer.runtime.group, trainer.runtime.groups)
     for phase, net in trainer.nets().items():
         for layer in net.layers:
             if layer.name in ckpt.readers.get(phase, {}):
                 layer.load_state(ckpt.readers[phase][layer.name])
             lo, hi = layer.ctx.rows()
-            for name, value in ckpt.carried.get(phase, {}).get(layer.name, {}).items():
+            for name, value in group_carried(ckpt, stream).get(phase, {}).get(layer.name, {}).items():
                 layer.load_carried(name, value[lo:hi])
+    trainer.algorithm.resume_readers(ckpt.readers.get("train", {}), stream)
     return skipped
+
+
+def group_carried(ckpt: checkpoint.Checkpoint, stream: tuple[int, int]) -> dict:
+    """What worker group g of G (``stream``) resumes carrying (phase -> layer -> name -> global batch rows):
+    its own state when the checkpoint was written by G groups (none, i.e. zeros, for an asynchronous
+    group: its state was not gathered); else, from an older checkpoint or one of another number of
+    groups, group 0's, as every group resumed before states were kept per group (:func:`group_state_note`)."""
+    group, groups = stream
+    if group == 0 or max(ckpt.worker_groups, 1) != groups:
+        return ckpt.carried
+    return ckpt.group_carried.get(group, {})
+
+
+def group_state_note(ckpt: checkpoint.Checkpoint, groups: int) -> str | None:
+    """The one line a resume of ``groups`` worker groups says of the carried state (a text reader's hidden
+    state) it does not restore per group, or None: one group, nothing carried, or every group's state there."""
+    if not ckpt.carried.get("train") or max(ckpt.worker_groups, 1) == groups == 1:
+        return None
+    written = max(ckpt.worker_groups, 1)
+    if written != groups:
+        which = "written with one group, or before states were kept per group" if written == 1 else \
+            f"written by {written} worker groups"
+        return (f"note: {ckpt.path} holds worker group 0's text position and hidden state alone ({which}): "
+                f"every one of the {groups} groups resumes from them, as before")
+    missing = [g for g in range(1, groups) if g not in ckpt.group_carried]
+    if not missing:
+        return None
+    return (f"note: {ckpt.path}: worker group(s) {', '.join(map(str, missing))} resume at their own text positions "
+            f"with a hidden state of zeros (asynchronous groups' states are not gathered at checkpoints)")

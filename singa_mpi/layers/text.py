@@ -73,6 +73,18 @@ def reader_period(conf, workspace: str, groups: int = 1) -> int:
     return windows_per_pass(os.path.getsize(path), streams, char.unroll_len)
 
 
+def group_ahead(state: dict, stream: tuple[int, int]) -> int | None:
+    """Windows worker group g of G (``stream``) had read beyond group 0 when a checkpoint's kCharRNN
+    ``state`` was written (``ahead<g>``: asynchronous groups go at their own pace; the checkpoint adds
+    each group's steps, :func:`singa_mpi.checkpoints.snapshot.paced`), or None when the state was written
+    by another number of groups, or before states were kept per group: then every group starts from
+    group 0's position (the old behaviour, which the resume notes)."""
+    group, groups = stream
+    if int(state.get("groups", 1)) != groups:
+        return None
+    return int(state.get(f"ahead{group}", 0))
+
+
 @LAYERS.register("kCharRNN")
 class CharRNN(Layer):
     """Windows of ``unroll_len + 1`` character indices per row.  # (B_local, U + 1) float32
@@ -116,6 +128,8 @@ class CharRNN(Layer):
                                    f"a global batch holding rows {lo}..{hi - 1} (this sub-layer's batch slice)")
         self.ids: np.ndarray | None = None  # the text as indices, read on the first forward
         self.offset = 0  # where the next batch's windows start in every row's stream
+        self.ahead: dict[int, int] = {}  # group -> its windows beyond group 0's at the start (state())
+        self.skip: int | None = 0  # windows this group moves on from the loaded offset (None: group 0's)
         self.restarted = False
         return (self.unroll + 1,)
 
@@ -135,10 +149,14 @@ class CharRNN(Layer):
             raise DataError(f"{what} {path}: {len(self.ids)} bytes give {rows} rows of "
                             f"{self.stream} characters: expected at least unroll_len + 1 = {self.unroll + 1} "
                             f"per row (a longer text or a smaller batchsize)")
-        if self.offset % self.unroll or self.offset + self.unroll >= self.stream:
+        fits = self.offset + self.unroll < self.stream or self.skip is None  # (None: group 0's, wrapped below)
+        if self.offset % self.unroll or not fits:
             raise DataError(f"layer '{self.name}': reader state offset {self.offset}: expected a multiple of "
                             f"unroll_len {self.unroll} below {self.stream - self.unroll} (rows of {self.stream} "
                             f"characters): was the checkpoint written for another text or batchsize?")
+        period = windows_per_pass(len(self.ids), text_streams(self.batch_size, groups), self.unroll)
+        self.offset = (self.offset // self.unroll + (self.skip or 0)) % period * self.unroll
+        self.skip = 0
 
     def _next_offset(self) -> int:
         """offset + U, or 0 when the window there, [offset + U, offset + 2U], would leave the stream."""
@@ -155,10 +173,21 @@ class CharRNN(Layer):
         return window.astype(np.float32)
 
     def state(self) -> dict[str, int]:
-        return {"offset": self.offset}
+        """Where the next windows start; of several groups, also how many and ``ahead<g>`` (as the
+        record stores' readers: the checkpoint moves it by the steps each group trained)."""
+        groups = text_groups(self.ctx)[1]
+        if groups == 1:
+            return {"offset": self.offset}
+        return {"offset": self.offset, "groups": groups, **{f"ahead{g}": n for g, n in self.ahead.items() if n}}
 
     def load_state(self, state: dict[str, int]) -> None:
-        self.offset = int(state.get("offset", 0))  # checked against the text when it is read
+        """Group 0's offset, moved on by this group's ``ahead<g>`` when the text is read (checked against
+        it then); a state of another number of groups, or an older one: group 0's offset, wrapped into
+        this group's streams (:func:`group_ahead`)."""
+        self.offset = int(state.get("offset", 0))
+        self.skip = group_ahead(state, text_groups(self.ctx))
+        written = int(state.get("groups", 1))
+        self.ahead = {g: int(state.get(f"ahead{g}", 0)) for g in range(1, written)} if self.skip is not None else {}
 
 
 @LAYERS.register("kRNNLabel")

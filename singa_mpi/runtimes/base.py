@@ -20,6 +20,7 @@ class Runtime(Protocol):
     is_root: bool  # logs, writes metrics and checkpoints
     tracer: Tracer
     group: int  # this worker's group (several groups: Downpour, Hogwild); 0 otherwise
+    groups: int  # the job's worker groups (1: one group)
     evaluates: bool  # runs the test and validation phases and writes checkpoints (group 0's workers)
 
     def build_net(self, phase: str) -> Net:
@@ -47,6 +48,11 @@ class Runtime(Protocol):
         """The steps each worker group has trained in this run, where the groups go at their own pace
         (Downpour: as the servers counted them, ``served``: :meth:`server_state`'s; in-memory Hogwild:
         as the groups wrote them beside the shared values); None where they keep one pace."""
+
+    def gather_groups(self, value) -> list | None:
+        """Every worker group's ``value`` on group 0's worker of this location ID (a list by group), None
+        on the others, where the groups keep one pace (distributed Hogwild: every group checkpoints after
+        the same steps); None everywhere, without communicating, where they do not, or of one group."""
 
     def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False,
                      look: Callable[[], bool] | None = None) -> bool:

@@ -18,7 +18,7 @@ class SerialRuntime:
     """One process: the whole net, every param updated here."""
 
     rank, size, is_root = 0, 1, True
-    group, evaluates = 0, True
+    group, groups, evaluates = 0, 1, True
 
     def __init__(self, cfg: JobConfig, seed: int, workspace: str, tracer: Tracer | None = None):
         self.cfg, self.seed, self.workspace = cfg, seed, workspace
@@ -55,6 +55,9 @@ class SerialRuntime:
         return None
 
     def group_steps(self, served: list[dict] | None) -> list[int] | None:
+        return None
+
+    def gather_groups(self, value) -> list | None:
         return None
 
     def vote_to_stop(self, flag: bool, signal: int | None = None, nonfinite: bool = False,

@@ -94,6 +94,7 @@ class WorkerRuntime:
         self.rank, self.size = comm.rank, comm.size
         self.place = place
         self.group = place.role.group if place is not None else 0
+        self.groups = place.groups if place is not None else 1
         self.evaluates = self.group == 0  # test and validation: group 0's (SINGA's)
         self.is_root = self.rank == 0 and self.group == 0
         self.tracer = comm.tracer
@@ -189,7 +190,7 @@ class WorkerRuntime:
         ctx = LayerContext(global_batch=the_plan.batch, batch_slice=sub.batch_slice,
                            feature_slice=sub.feature_slice, seed=self.seed, workspace=self.workspace,
                            phase=the_plan.phase,
-                           stream=(self.group, self.place.groups) if self.place is not None else (0, 1),
+                           stream=(self.group, self.groups),
                            block_rows=the_plan.deterministic.block_rows if the_plan.deterministic else None)
         if sub.row_group:  # batch statistics summed over the workers holding the batch's rows
             ctx.allreduce = self._row_sum(sub)
@@ -355,6 +356,15 @@ class WorkerRuntime:
         """Every worker's ``value`` on the group's root (None elsewhere); only group 0's root (the
         job's root, ``is_root``) writes what it gathers."""
         return self.comm.gather_object(value)
+
+    def gather_groups(self, value) -> list | None:
+        """Every group's ``value`` on group 0's worker of this location ID, over Hogwild's exchange
+        communicator (the same location ID in every group, in group order), where the groups keep one
+        pace: distributed Hogwild's exchanges and stop votes are collective, so every group checkpoints
+        after the same steps.  Downpour's and in-memory Hogwild's groups go at their own pace: None."""
+        if self.place is None or self.place.peers is None:
+            return None
+        return self.place.peers.gather_object(value, label="gather(group states)")
 
     def allgather_object(self, value) -> list:
         """Every worker's ``value`` on every worker of the group (the timeline's clock origin)."""

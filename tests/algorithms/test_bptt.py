@@ -1,5 +1,6 @@
 """BPTT over SINGA's char-rnn: the state carried between batches, restarted where the text wraps,
 checkpointed so a resumed run continues exactly; plans of the unrolled net; bad fields."""
+import dataclasses
 import json
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 
 import nets
 from singa_mpi import cli
+from singa_mpi.checkpoints import hdf5 as checkpoint
 from singa_mpi.checks.job import validate
 from singa_mpi.config.load import parse_job
 from singa_mpi.errors import ConfigError
@@ -106,3 +108,79 @@ def test_missing_text_is_one_line_before_training(tmp_path, monkeypatch, capfd):
     assert "layer 'data': char_rnn_conf.path gone/input.txt: no such file" in err
     assert "singa-mpi data text --out DIR" in err
     assert not (tmp_path / "ws" / "metrics.jsonl").exists()
+
+
+# ------------------------------------------------------------------ worker groups
+
+def test_a_resumed_group_restarts_its_state_where_its_own_text_wraps(tmp_path):
+    """A group whose reader resumes ``ahead<g>`` windows beyond group 0 (an asynchronous group) wraps that
+    many steps earlier; every worker of the group learns it from the checkpoint, the reader's or not."""
+    cfg = parse_job(open(job_file(tmp_path, size=240)).read())
+    algorithm = Trainer(cfg, str(tmp_path / "ws"), SerialRuntime(cfg, 5, str(tmp_path / "ws")),
+                        log=lambda line: None).algorithm
+    states = {"data": {"offset": 10, "groups": 2, "ahead1": 3}}
+    algorithm.resume_readers(states, (1, 2))
+    assert algorithm.ahead == 3
+    algorithm.resume_readers(states, (0, 2))
+    assert algorithm.ahead == 0
+    algorithm.resume_readers({"data": {"offset": 10}}, (1, 2))  # an older state: group 0's pace
+    assert algorithm.ahead == 0
+
+HOGWILD = ("\ncluster { nworker_groups: 2 nserver_groups: 2 nworkers_per_group: 1 nservers_per_group: 1 "
+           "server_worker_separate: false sync_freq: 1 share_memory: false }\n")
+
+
+def hidden(ckpt, group):
+    return (ckpt.carried if group == 0 else ckpt.group_carried[group])["train"]["0#gru1"]["hidden"]
+
+
+@pytest.mark.slow
+def test_hogwild_groups_resume_each_at_its_own_text_position_and_hidden_state(tmp_path):
+    """Two distributed Hogwild groups (one pace), each its own part of the text: 2 steps, stop, resume to 6
+    (before the text wraps after 7, so the state carried at step 2 still counts) equals 6 straight, bitwise,
+    for each group's hidden state.  The learning rate is 0: Hogwild's copies exchange their changes, which
+    a resume of any job does not reproduce bit for bit (asynchronous), so the params stay put and what is
+    compared is what each group reads and carries.  A checkpoint without per-group state (an older one)
+    still loads, every group from group 0's, and says so in one line."""
+    conf = tmp_path / "hog.conf"
+    text = open(job_file(tmp_path, steps=6, size=240)).read().replace("base_lr: 0.01", "base_lr: 0")
+    conf.write_text(text + HOGWILD)
+    mpi_train(2, str(conf), tmp_path / "straight")
+    mpi_train(2, str(conf), tmp_path / "split", "--steps", "2")
+    saved = final(tmp_path / "split", 2)
+    assert saved.worker_groups == 2 and saved.readers["train"]["data"] == {"offset": 10, "groups": 2}
+    assert not np.array_equal(hidden(saved, 0), hidden(saved, 1))  # each group its own part of the text
+    older = dataclasses.replace(saved, worker_groups=0, group_carried={},
+                                readers={"train": {"data": {"offset": 10}}})
+    checkpoint.write(checkpoint.checkpoint_path(str(tmp_path / "older"), 2), older)
+    resumed = mpi_train(2, str(conf), tmp_path / "split", "--resume")
+    assert "note:" not in resumed.stdout
+    want, got = final(tmp_path / "straight", 6), final(tmp_path / "split", 6)
+    for group in (0, 1):
+        np.testing.assert_array_equal(hidden(got, group), hidden(want, group))
+    assert got.readers == want.readers
+    old = mpi_train(2, str(conf), tmp_path / "older", "--resume").stdout
+    assert old.count("holds worker group 0's text position and hidden state alone (written with one group, "
+                     "or before states were kept per group): every one of the 2 groups resumes from them") == 1
+    before = final(tmp_path / "older", 6)
+    np.testing.assert_array_equal(hidden(before, 0), hidden(want, 0))
+    assert not np.array_equal(hidden(before, 1), hidden(want, 1))  # group 1 went on from group 0's state
+
+
+@pytest.mark.slow
+def test_downpour_groups_resume_at_their_own_positions_and_say_their_state_starts_from_zeros(tmp_path):
+    """Downpour's groups go at their own pace and are not waited for at a checkpoint: their positions are
+    kept (``groups``, ``ahead<g>`` from the servers' counts), their hidden states are not, which the
+    resume says in one line."""
+    conf = tmp_path / "downpour.conf"
+    conf.write_text(open(job_file(tmp_path, steps=9, size=240)).read()
+                    + "\ncluster { nworker_groups: 2 nserver_groups: 1 nworkers_per_group: 1 nservers_per_group: 1 "
+                      "server_worker_separate: true }\n")
+    mpi_train(3, str(conf), tmp_path / "ws", "--steps", "5")
+    saved = final(tmp_path / "ws", 5)
+    assert saved.worker_groups == 2 and saved.group_carried == {}
+    assert saved.readers["train"]["data"] == {"offset": 25, "groups": 2}  # every group trained 5 steps
+    out = mpi_train(3, str(conf), tmp_path / "ws", "--resume").stdout
+    assert out.count("note:") == 1 and "worker group(s) 1 resume at their own text positions with a hidden " \
+                                       "state of zeros" in out
+    assert final(tmp_path / "ws", 9).readers["train"]["data"] == {"offset": 10, "groups": 2}  # 9 = 7 + 2

@@ -1,4 +1,5 @@
 """Checkpoints: exact resume, resume on other rank counts and partitionings, crash safety, damage, signals."""
+import dataclasses
 import os
 import re
 import shutil
@@ -501,3 +502,35 @@ def test_a_pipe_as_checkpoint_path_or_checkpoint_is_one_line_exit_3_before_train
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith(f"{fifo}: not a regular file (a device or a pipe): expected a "
                                              f"checkpoint file, such as WORKSPACE/checkpoint/step<N>.h5"), err
+
+
+def test_each_worker_groups_hidden_state_is_kept_and_goes_back_to_its_group(tmp_path):
+    """Several groups' char-rnn: group 0's carried rows in /carried, group g's in /groups/g/carried; a resume
+    of as many groups gives each its own (an asynchronous group, whose state no one gathered: zeros); an
+    older file, or one of another number of groups, gives every group group 0's and says so once."""
+    from singa_mpi.checkpoints.snapshot import group_carried, group_state_note
+
+    rows = {g: {"train": {"0#gru1": {"hidden": np.full((3, 4), g + 1, np.float32)}}} for g in range(3)}
+    ckpt = checkpoint.Checkpoint(step=5, params={"w": np.ones(2, np.float32)}, carried=rows[0],
+                                 worker_groups=3, group_carried={1: rows[1], 2: rows[2]})
+    path = checkpoint.write(str(tmp_path / "step5.h5"), ckpt)
+    back = checkpoint.read(path)
+    assert back.worker_groups == 3 and sorted(back.group_carried) == [1, 2]
+    for g in range(3):
+        np.testing.assert_array_equal(group_carried(back, (g, 3))["train"]["0#gru1"]["hidden"], g + 1)
+        np.testing.assert_array_equal(group_carried(back, (g, 2))["train"]["0#gru1"]["hidden"], 1)  # 2 groups: 0's
+    assert group_state_note(back, 3) is None
+    assert "written by 3 worker groups): every one of the 2 groups resumes from them" in group_state_note(back, 2)
+    asynchronous = dataclasses.replace(back, group_carried={2: rows[2]})
+    assert group_carried(asynchronous, (1, 3)) == {}  # zeros: its state was not gathered
+    assert group_state_note(asynchronous, 3).endswith("worker group(s) 1 resume at their own text positions with "
+                                                      "a hidden state of zeros (asynchronous groups' states are "
+                                                      "not gathered at checkpoints)")
+    older = checkpoint.read(checkpoint.write(str(tmp_path / "step6.h5"), dataclasses.replace(
+        ckpt, worker_groups=0, group_carried={})))
+    assert older.worker_groups == 0 and older.group_carried == {}
+    assert group_carried(older, (1, 2)) is older.carried and group_state_note(older, 1) is None
+    assert "(written with one group, or before states were kept per group)" in group_state_note(older, 2)
+    one = checkpoint.read(checkpoint.write(str(tmp_path / "step7.h5"), dataclasses.replace(ckpt, worker_groups=1,
+                                                                                             group_carried={})))
+    assert one.worker_groups == 0  # one group writes the file of old: no attribute

@@ -152,6 +152,26 @@ def test_a_text_too_short_for_every_groups_rows_names_the_groups(tmp_path):
         layer.forward([], True)
 
 
+def test_each_group_resumes_at_its_own_position_an_older_state_at_group_0s(tmp_path):
+    """A state of G groups: group 0's offset, and ``ahead<g>`` windows more for group g (asynchronous
+    groups), wrapped in its streams of 200 // (2 x 3) = 33 (windows at 0, 4, ..., 28: 8 a pass).  An older
+    state (no ``groups``) gives every group group 0's offset, wrapped into its shorter streams."""
+    def group(g, state):
+        layer = reader(tmp_path, bytes(range(200)), unroll=4, batch=3, stream=(g, 2))
+        layer.load_state(state)
+        return layer
+    state = {"offset": 8, "groups": 2, "ahead1": 3}
+    first, second = group(0, state), group(1, state)
+    np.testing.assert_array_equal(first.forward([], True)[0], expected_window(33, 0, 8, 4))
+    np.testing.assert_array_equal(second.forward([], True)[0], expected_window(33, 3, 20, 4))
+    assert first.state() == {"offset": 12, "groups": 2, "ahead1": 3}  # the checkpoint adds the groups' steps
+    behind = group(1, {"offset": 24, "groups": 2, "ahead1": 3})  # window 6 + 3: the second of the next pass
+    np.testing.assert_array_equal(behind.forward([], True)[0], expected_window(33, 3, 4, 4))
+    older = group(1, {"offset": 44})  # one group's (200 // 3 = 66-character) streams: window 11 of 8
+    np.testing.assert_array_equal(older.forward([], True)[0], expected_window(33, 3, 12, 4))
+    assert older.state() == {"offset": 16, "groups": 2}
+
+
 def test_indices_are_offsets_in_the_vocabulary_file(tmp_path):
     layer = reader(tmp_path, b"abcabcab\ncc", vocab=b"c\nba", unroll=2, batch=1)  # B10: c=0, \n=1, b=2, a=3
     np.testing.assert_array_equal(layer.forward([], True), [[3, 2, 0]])
