@@ -12,8 +12,8 @@ one of two ways, and neither hangs:
   responding is caught by the ``--stall-timeout`` watchdog, from MPI_Init on, which names it.
 
 The vote also compares what every rank must share (seed, steps, workers, run options, the job, the
-plugins, the schedule), so ranks started differently stop with one line instead of deadlocking.  A
-rank that vanishes (SIGKILL, the OOM killer) is named by its guardian
+plugins, the schedule, the checkpoint it starts from), so ranks started differently stop with one line
+instead of deadlocking.  A rank that vanishes (SIGKILL, the OOM killer) is named by its guardian
 (:mod:`singa_mpi.communication.liveness`).  Stop signals are caught from the start
 (:class:`~singa_mpi.stop_signals.StopSignals`): during setup the run stops before training (exit 75,
 nothing written).
@@ -36,7 +36,7 @@ from singa_mpi.launcher.describe import Launch, World, describe, read_job, topol
 from singa_mpi.launcher.options import Request
 from singa_mpi.launcher import said_once
 from singa_mpi.launcher.start import mpi_world, rank_life, world_facts
-from singa_mpi.launcher.vote import Verdict, phase_one_verdict
+from singa_mpi.launcher.vote import Verdict, phase_one_verdict, starts_from
 from singa_mpi.layers.output import output_files
 from singa_mpi.runtimes.serial import SerialRuntime
 from singa_mpi.stop_signals import StopSignals
@@ -146,8 +146,8 @@ def _both_phases(world, request: Request, body: Body, stops: StopSignals, life) 
             for line in the_launch.notes if world.rank == 0 else ():
                 print(line, flush=True)
             initial, error = _attempt(lambda: _read_and_claim(the_launch, request, world.rank == 0))
-    verdicts = world.allgather_object(Verdict(error, stops.received is not None,
-                                              the_launch.facts if the_launch is not None else None, said))
+    facts = the_launch.facts + (starts_from(initial),) if the_launch is not None else None
+    verdicts = world.allgather_object(Verdict(error, stops.received is not None, facts, said))
     said_once.say(said_once.union([verdict.warnings for verdict in verdicts]), speaks=world.rank == 0)
     code = phase_one_verdict(world, the_launch.cfg if the_launch is not None else None, verdicts)
     if code is not None:

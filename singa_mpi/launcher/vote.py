@@ -6,11 +6,20 @@ import hashlib
 import sys
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from singa_mpi import run_events
-from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED
+from singa_mpi.checkpoints.hdf5 import EXIT_CHECKPOINTED, Checkpoint
 from singa_mpi.config.load import JobConfig
 from singa_mpi.errors import ConfigError, one_line
 from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
+
+
+STARTS_FROM = "the checkpoint the run starts from"
+SAME_JOB = "expected every rank to run the same job file with the same options"
+# what a disagreement asks for where the job file and its options are not the cause
+EXPECTED = {STARTS_FROM: "expected every rank to read the same checkpoint: a workspace (and checkpoint_path files) "
+                         "in a folder every node shares, named alike from every rank's working directory"}
 
 
 class Verdict(NamedTuple):
@@ -47,10 +56,24 @@ def phase_one_verdict(world, cfg: JobConfig | None, verdicts: list[Verdict]) -> 
             or mismatch
     if world.rank == 0:
         print(f"singa-mpi: error: ranks disagree: {what} is {theirs} on rank {rank} and {ours} on rank 0 "
-              f"(job files: {files[0]} on rank 0, {files[rank]} on rank {rank}): expected every rank to run "
-              f"the same job file with the same options", file=sys.stderr, flush=True)
+              f"(job files: {files[0]} on rank 0, {files[rank]} on rank {rank}): "
+              f"{EXPECTED.get(what, SAME_JOB)}", file=sys.stderr, flush=True)
         run_events.note("setup_error", rank=rank, code=ConfigError.exit_code, message=f"ranks disagree: {what}")
     return ConfigError.exit_code
+
+
+def starts_from(ckpt: Checkpoint | None) -> tuple[str, str]:
+    """The fact of what this rank starts from (the checkpoint it read in phase 1): its step and a
+    digest of its params, or none.  Ranks that start at different steps wait for each other's
+    collectives for ever (--resume with a workspace one node does not see, or a relative one read
+    from another working directory); at one step with other params they train apart."""
+    if ckpt is None:
+        return STARTS_FROM, "none (step 0)"
+    digest = hashlib.blake2b(digest_size=6)
+    for name in sorted(ckpt.params):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(ckpt.params[name]).data)
+    return STARTS_FROM, f"step {ckpt.step} (params digest {digest.hexdigest()})"
 
 
 def job_details(cfg: JobConfig) -> list[tuple[str, str]]:

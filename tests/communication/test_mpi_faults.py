@@ -4,7 +4,8 @@
   ends within 30 s and one line names the rank that vanished (rank, pid, host, step, activity);
 * a rank stopped (SIGSTOP) in its first second, or in training: the ``--stall-timeout`` watchdog
   fires and names the stopped rank, not only the one waiting;
-* ranks started with different jobs, or another ``--seed``: the agreement message, exit 2;
+* ranks started with different jobs, or another ``--seed``, or resuming from different checkpoints:
+  the agreement message, exit 2;
 * SIGTERM twice 50 ms apart: one checkpoint, exit 75; SIGTERM while the job sets up: one line,
   exit 75, nothing written.
 
@@ -459,11 +460,12 @@ def test_a_stall_in_training_names_the_stopped_rank(tmp_path):
 
 # ------------------------------------------------------------------ ranks that disagree
 
-def split_launch(tmp_path, first, second):
+def split_launch(tmp_path, first, second, second_workspace="ws"):
+    """Rank 0 trains with ``first``'s arguments, rank 1 with ``second``'s (in ``second_workspace``)."""
     base = mpiexec_command(2)[:-2]
-    tail = ["--workspace", str(tmp_path / "ws")]
+    tail, other = ["--workspace", str(tmp_path / "ws")], ["--workspace", str(tmp_path / second_workspace)]
     cmd = (base + ["-n", "1", sys.executable, "-m", "singa_mpi", "train", *first, *tail, ":", "-n", "1",
-                   sys.executable, "-m", "singa_mpi", "train", *second, *tail])
+                   sys.executable, "-m", "singa_mpi", "train", *second, *other])
     return subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -487,6 +489,26 @@ def test_a_different_seed_on_one_rank_is_refused(tmp_path):
     proc = split_launch(tmp_path, [conf], [conf, "--steps", "10"])
     assert proc.returncode == 2 and "the steps to train (--steps, else the job's train_steps) is 10 on rank 1 " \
                                    "and 20 on rank 0" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_rank_that_resumes_from_another_step_is_refused_not_left_waiting(tmp_path):
+    """--resume where rank 1 does not see rank 0's checkpoints (a workspace on a disk of its node's
+    own, or a relative one from another working directory): rank 0 went on from step 20, rank 1 from
+    step 0, and each waited in collectives the other never made (killed by the test's timeout)."""
+    conf = job(tmp_path, steps=20)
+    first = launch(2, conf, tmp_path)
+    assert finish(first, 120)[0] == 0
+    (tmp_path / "elsewhere").mkdir()  # rank 1's own folder: empty
+    proc = split_launch(tmp_path, [conf, "--resume", "--steps", "30"], [conf, "--resume", "--steps", "30"],
+                        second_workspace="elsewhere")
+    errors = singa_lines(proc.stderr)
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    assert re.fullmatch(r"singa-mpi: error: ranks disagree: the checkpoint the run starts from is none \(step 0\) "
+                        r"on rank 1 and step 20 \(params digest [0-9a-f]{12}\) on rank 0 \(job files: .*\): expected "
+                        r"every rank to read the same checkpoint: a workspace .* every node shares, .*", errors[0]), \
+        errors[0]
+    assert not checkpoint.listed(str(tmp_path / "elsewhere")) and "Traceback" not in proc.stderr
 
 
 # ------------------------------------------------------------------ signals at the edges
