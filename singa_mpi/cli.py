@@ -147,7 +147,7 @@ def cmd_run(args) -> int:
     from singa_mpi.communication.hosts import HostListError, parse_hosts, read_hostfile, slurm_hosts
     from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
     from singa_mpi.config.load import load_job
-    from singa_mpi.supervisor import Policy, Supervisor, cannot_shrink, spelled_out
+    from singa_mpi.supervisor import Policy, Supervisor, cannot_shrink, check_ranks, spelled_out
 
     healing = [option for option, given in (("--shrink", args.shrink), ("--min-ranks", args.min_ranks is not None),
                                             ("--max-restarts", args.max_restarts is not None),
@@ -163,6 +163,9 @@ def cmd_run(args) -> int:
     servers = (max(1, cluster.nserver_groups) * max(1, cluster.nservers_per_group)
                if cluster.server_worker_separate else 0)
     groups = max(1, cluster.nworker_groups)
+    if args.ranks > 1:  # (one process trains the whole net, whatever the cluster asks, as train does)
+        # refused before anything starts, in run's words: train, launched, said `mpiexec -n` or `--workers 0`
+        check_ranks(cluster, args.ranks, servers, groups, f"run -n {args.ranks}: {cfg.where('cluster')}")
     unfit = cannot_shrink(cluster, args.ranks, servers, groups) if args.shrink else None
     if unfit:  # it would be found at the first death, its restart refused: say it before anything runs
         raise ConfigError(f"run: --shrink: {cfg.where('cluster')}: the survivors of a rank's death could not run "

@@ -53,6 +53,7 @@ DEATHS = ("vanished", "host_lost")  # failures that are deaths (a rank's, a host
 DIED = ("vanished", "rank_died")  # events that say a rank died: its survivors save their state
 RESCUE_WAIT = 30.0  # seconds for the survivors to save their state (each gives up after emergency.LOCK_TIMEOUT)
 STOP_GRACE = 5.0  # seconds a stopped run's survivors of a death get to end by themselves (their stop checkpoint)
+RUN = "singa-mpi run"  # the command a refusal of its rank count tells the user to give again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,27 +187,35 @@ def next_ranks(policy: Policy, ranks: int, failure: Failure) -> int:
     return ranks
 
 
-def cannot_shrink(cluster, ranks: int, servers: int, groups: int) -> str | None:
-    """Why the survivors of one death could not run a job of ``cluster`` (a ClusterProto) launched on
-    ``ranks`` (``servers``, ``groups``: its server ranks and worker groups), told as train would refuse
-    them with the --workers :meth:`Supervisor._command` passes (several worker groups share the workers
-    evenly, co-located servers set a count of their own); None when they could."""
+def check_ranks(cluster, ranks: int, servers: int, groups: int, where: str = "") -> None:
+    """ConfigError, in one line naming ``where`` and the count to give `run -n`, unless train takes a
+    launch of ``cluster`` (a ClusterProto) on ``ranks`` ranks with the --workers :meth:`Supervisor._command`
+    passes (``servers``, ``groups``: the job's server ranks and worker groups; several worker groups
+    share the workers evenly, co-located servers set a count of their own)."""
     from singa_mpi.topology import check_launch
 
-    fewer = ranks - 1
-    if fewer < 1:
-        return None  # nothing to shrink to: the restart's own check says so
     if servers:
-        workers = (fewer - servers) // groups
-        if workers < 1:
-            return f"{fewer} rank(s) leave no worker per group beside {servers} server(s)"
+        workers = (ranks - servers) // groups
+        if workers < 1:  # train would be told `--workers 0`, an option the user never gave
+            raise ConfigError(f"{where}: {ranks} rank(s) leave no worker per group beside {servers} server(s): "
+                              f"expected {RUN} -n {servers + groups} or more")
         copy = type(cluster)()
         copy.CopyFrom(cluster)
         copy.nworkers_per_group = workers
         cluster = copy
+    # (one group without servers follows the count, as train does)
+    check_launch(cluster, ranks, where=where, checked=False, launcher=RUN)
+
+
+def cannot_shrink(cluster, ranks: int, servers: int, groups: int) -> str | None:
+    """Why the survivors of one death could not run a job of ``cluster`` (a ClusterProto) launched on
+    ``ranks`` (``servers``, ``groups``: its server ranks and worker groups), told as train would refuse
+    them (:func:`check_ranks`); None when they could."""
+    fewer = ranks - 1
+    if fewer < 1:
+        return None  # nothing to shrink to: the restart's own check says so
     try:
-        # (one group without servers follows the count, as train does)
-        check_launch(cluster, fewer, where="", checked=False)
+        check_ranks(cluster, fewer, servers, groups)
     except ConfigError as err:
         return str(err).removeprefix(": ").split(": expected")[0].replace(", launched with ", ", not ")
     return None
@@ -491,7 +500,9 @@ class Supervisor:
             # (files none of which verifies: --resume judges them itself, and says so if it finds none good)
             args.append("--resume" if resumed_from is not None or listed(self.workspace) else "--overwrite")
             args = _with_trace(args, lambda path: _attempt_file(path, attempt))
-        if self.policy.servers:  # --workers is per group: the workers beside the servers, shared among the groups
+        # --workers is per group: the workers beside the servers, shared among the groups (one process
+        # trains the whole net: none to give it)
+        if self.policy.servers and ranks > 1:
             args += ["--workers", str((ranks - self.policy.servers) // self.policy.groups)]
         return self.launcher.command(ranks, hosts) + [sys.executable, "-m", "singa_mpi", "train", self.job,
                                                "--workspace", self.workspace, *args]

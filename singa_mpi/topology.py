@@ -168,17 +168,18 @@ def check_cluster_supported(cluster, where: str = "cluster", field_where: Callab
                         where)
 
 
-def check_launch(cluster, nranks: int, where: str = "cluster", checked: bool = True) -> int:
+def check_launch(cluster, nranks: int, where: str = "cluster", checked: bool = True, launcher: str = "mpiexec") -> int:
     """``check -n N``: the refusals of a launch of ``cluster`` on N ranks, as ``train`` makes them (one
     worker group follows the launched count, as ``--workers`` does); no roles are built.  Returns the
-    workers per group.  ``checked``: the refusal speaks of `check -n N` (else of a launch on N ranks)."""
+    workers per group.  ``checked``: the refusal speaks of `check -n N` (else of a launch on N ranks
+    with ``launcher``)."""
     check_cluster_supported(cluster, where)
     if cluster.nworker_groups == 1 and not cluster.server_worker_separate:
         copy = type(cluster)()
         copy.CopyFrom(cluster)
         copy.nworkers_per_group = nranks
         cluster = copy
-    return _fit(nranks, cluster, nranks, where, checked=checked)[1]
+    return _fit(nranks, cluster, nranks, where, launcher, checked=checked)[1]
 
 
 def ranks_needed(cluster) -> int:

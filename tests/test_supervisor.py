@@ -593,6 +593,37 @@ def test_shrink_of_a_cluster_that_cannot_lose_a_rank_is_refused_before_anything_
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize("name, ranks, why", [
+    ("sandblaster", 2, "2 rank(s) leave no worker per group beside 2 server(s): expected singa-mpi run -n 3 or more"),
+    ("downpour", 3, "3 rank(s) leave no worker per group beside 2 server(s): expected singa-mpi run -n 4 or more"),
+    ("downpour", 5, "2 worker group(s) x 1 worker(s) + 1 server group(s) x 2 server(s) need 4 ranks, launched with "
+                    "5: expected singa-mpi run -n 4"),
+    ("hogwild", 2, "3 worker group(s) x 1 worker(s) need 3 ranks, launched with 2: expected singa-mpi run -n 3")])
+def test_a_rank_count_the_cluster_cannot_take_is_refused_in_run_s_words(tmp_path, capsys, name, ranks, why):
+    """`run -n 2` of a Sandblaster job (2 servers) launched train with `--workers 0`, which every rank
+    refused as 'argument --workers: 0', an option never given; `run -n 2` of a Hogwild job of 3 groups
+    launched ranks that said 'expected mpiexec -n 3'.  Both are one line before anything starts."""
+    from singa_mpi import cli
+
+    conf = ROOT / "conf" / f"digits_{name}.conf"
+    code = cli.main(["run", "-n", str(ranks), str(conf), "--workspace", str(tmp_path / "w")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and lines == [f"singa-mpi: error: run -n {ranks}: {conf}:67:1: {why}"]
+    assert not (tmp_path / "w").exists()
+
+
+def test_one_process_of_a_job_with_servers_is_given_no_worker_count():
+    """One process trains the whole net, as `mpiexec -n 1 ... train` does: `run -n 1` of a Sandblaster
+    job passed `--workers 0`, refused by train."""
+    class Launcher:
+        def command(self, n, hosts=None):
+            return ["mpiexec", "-n", str(n)]
+
+    supervisor = Supervisor("job.conf", "ws", [], Policy(1, servers=2), Launcher())
+    assert "--workers" not in supervisor._command(1, 1, None)
+    assert supervisor._command(3, 1, None)[-2:] == ["--workers", "1"]
+
+
 def test_a_sandblaster_job_can_shrink_its_workers():
     from singa_mpi.config.load import load_job
     from singa_mpi.supervisor import cannot_shrink
