@@ -147,8 +147,10 @@ def cmd_run(args) -> int:
     from singa_mpi.communication.hosts import HostListError, parse_hosts, read_hostfile, slurm_hosts
     from singa_mpi.communication.launchers import LauncherNotFound, find_launcher
     from singa_mpi.config.load import load_job
+    from singa_mpi.launcher.start import refuse_launched_run
     from singa_mpi.supervisor import Policy, Supervisor, cannot_shrink, check_ranks, spelled_out
 
+    refuse_launched_run(os.environ)  # first: every process an outer launcher started gets here
     healing = [option for option, given in (("--shrink", args.shrink), ("--min-ranks", args.min_ranks is not None),
                                             ("--max-restarts", args.max_restarts is not None),
                                             ("--no-emergency-checkpoint", not args.emergency)) if given]

@@ -53,21 +53,49 @@ def in_slurm_step(environ) -> bool:
     return environ.get("SLURM_STEP_ID", "").isdigit()
 
 
-def refuse_launcher_mix_up(environ, library: str) -> None:
-    """An MPI world of 1 where the environment says the launcher started N > 1 processes: a launcher
-    of one MPI with mpi4py on another (one venv's mpiexec first on PATH) runs N serial copies of the
-    job into one workspace.  ConfigError on the process the launcher calls rank 0; the others leave
-    quietly with the same code (one line for the job, not N)."""
+def announced_world(environ) -> tuple[str, int, str] | None:
+    """(size variable, size, this process's rank as announced) where the environment says a launcher
+    started this process among several (N > 1), else None."""
     for size_variable, rank_variable in ANNOUNCED_WORLD:
         if size_variable.startswith("SLURM") and not in_slurm_step(environ):
             continue  # the batch script's own step, not processes srun started
         size = environ.get(size_variable, "")
         if size.isdigit() and int(size) > 1:
-            if environ.get(rank_variable, "0") not in ("", "0"):
-                raise SystemExit(ConfigError.exit_code)
-            raise ConfigError(f"the launcher started {size} processes ({size_variable}={size}) but MPI sees a world "
-                              f"of 1: the launcher is not of the MPI that mpi4py loaded ({library}): launch with "
-                              f"that MPI's own mpiexec/mpirun (see README, Your system MPI)")
+            return size_variable, int(size), environ.get(rank_variable, "0")
+    return None
+
+
+def refuse_on_first(environ, message: str) -> None:
+    """ConfigError(``message``) on the process the launcher calls rank 0; the others leave quietly with
+    the same code (one line for the job, not N)."""
+    announced = announced_world(environ)
+    if announced is not None and announced[2] not in ("", "0"):
+        raise SystemExit(ConfigError.exit_code)
+    raise ConfigError(message)
+
+
+def refuse_launcher_mix_up(environ, library: str) -> None:
+    """An MPI world of 1 where the environment says the launcher started N > 1 processes: a launcher
+    of one MPI with mpi4py on another (one venv's mpiexec first on PATH) runs N serial copies of the
+    job into one workspace."""
+    announced = announced_world(environ)
+    if announced is not None:
+        variable, size, _ = announced
+        refuse_on_first(environ, f"the launcher started {size} processes ({variable}={size}) but MPI sees a world "
+                                 f"of 1: the launcher is not of the MPI that mpi4py loaded ({library}): launch with "
+                                 f"that MPI's own mpiexec/mpirun (see README, Your system MPI)")
+
+
+def refuse_launched_run(environ) -> None:
+    """``mpiexec -n 2 singa-mpi run -n 2 JOB``: `run` starts the ranks itself, so each of the N processes
+    the outer launcher started ran a supervisor and a whole job of its own, N runs into one workspace."""
+    announced = announced_world(environ)
+    if announced is not None:
+        variable, size, _ = announced
+        outer = launcher_name(environ)
+        refuse_on_first(environ, f"run: started by {outer} as {size} processes ({variable}={size}): `singa-mpi run` "
+                                 f"launches the ranks itself: expected `singa-mpi run -n N JOB` outside {outer}, or "
+                                 f"`{outer} -n N python -m singa_mpi train JOB`")
 
 
 def rank_life(stall_timeout: float | None, rank: int | None = None, size: int | None = None, tracer=None):

@@ -86,6 +86,43 @@ def test_a_world_of_one_under_a_launcher_of_n_is_refused(environ, refused):
     assert quiet.value.code == 2
 
 
+@pytest.mark.parametrize("environ, refused", [
+    ({"PMI_SIZE": "2", "PMI_RANK": "0"}, "mpiexec as 2 processes (PMI_SIZE=2)"),
+    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0"}, "mpirun as 4 processes (OMPI_COMM_WORLD_SIZE=4)"),
+    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}, "srun as 2 processes"),
+    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0"}, None),  # the batch script itself: run's place
+    ({"PMI_SIZE": "1", "PMI_RANK": "0"}, None),  # one process: one supervisor, one job
+])
+def test_run_under_a_launcher_of_n_is_refused(environ, refused):
+    from singa_mpi.errors import ConfigError
+    from singa_mpi.launcher.start import refuse_launched_run
+
+    if refused is None:
+        refuse_launched_run(environ)
+        return
+    with pytest.raises(ConfigError) as err:
+        refuse_launched_run(environ)
+    assert str(err.value).startswith(f"run: started by {refused}") and "\n" not in str(err.value)
+    other = {k: ("1" if k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID") else v) for k, v in environ.items()}
+    with pytest.raises(SystemExit) as quiet:  # every other process: the same code, no second line
+        refuse_launched_run(other)
+    assert quiet.value.code == 2
+
+
+@pytest.mark.slow
+def test_run_nested_in_mpiexec_is_one_line_not_n_jobs(tmp_path):
+    """`mpiexec -n 2 singa-mpi run -n 2 JOB`: each of the 2 processes started a supervisor and a 2-rank
+    job of its own, both into one workspace, and the launch ended with exit 0."""
+    job = str(ROOT / "conf" / "digits_mlp.conf")
+    cmd = mpiexec_command(2) + [sys.executable, "-m", "singa_mpi", "run", "-n", "2", job, "--workspace",
+                                str(tmp_path / "ws"), "--steps", "5"]
+    done = subprocess.run(cmd, cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert lines[0].startswith("singa-mpi: error: run: started by ") and "python -m singa_mpi train JOB" in lines[0]
+    assert not (tmp_path / "ws").exists() and "Traceback" not in done.stdout
+
+
 def test_mpich_launcher_with_mpi4py_on_open_mpi_is_one_line_exit_2(tmp_path):
     """The cluster mix-up of the issue: MPICH's mpiexec first on PATH, mpi4py loading Open MPI. It ran
     N serial copies of the job into one workspace, exit 0."""
