@@ -36,9 +36,14 @@ def write_whole(path: str, text: str) -> None:
     write_durably(path, text.encode())
 
 
+def temporary(path: str) -> str:
+    """The temporary copy of ``path`` that :func:`write_durably` writes beside it, in this process."""
+    return f"{path}.tmp{os.getpid()}"
+
+
 def write_durably(path: str, image: bytes) -> None:
     """``image`` to ``path`` through a temporary file: written, fsynced, renamed (or removed on failure)."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = temporary(path)
     try:
         with open(tmp, "wb") as handle:
             handle.write(image)

@@ -3,6 +3,7 @@ the run continues them or moves them aside), created and proved writable, a prev
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -122,24 +123,35 @@ def make_workspace(workspace: str) -> None:
         raise DataError(f"{folder}: cannot write into this workspace folder: {checkpoint.disk_problem(err)}") from None
 
 
-def probe_file_folder(path: str, option: str) -> None:
+def probe_file_folder(path: str, option: str, beside: Sequence[str] = ()) -> None:
     """A DataError now if the folder of ``path`` (its nearest existing one: the writer makes the rest) takes no
     new file: the option's parser asks os.access, which says yes to root on a read-only or virtual file system
-    (/proc), and the file is written only at the end of the run."""
+    (/proc), and the file is written only at the end of the run.  ``beside``: the names of the files its
+    writers put beside it (its temporary copy, the ranks' parts), each probed too: a name the file system
+    holds may not hold with a suffix (File name too long, at the end of the run)."""
     folder = os.path.dirname(os.path.abspath(path))
     while not os.path.isdir(folder):
         folder = os.path.dirname(folder)
+    name = None
     try:
-        _probe_write(folder)
+        for name in (None, *beside):
+            _probe_write(folder, name)
     except OSError as err:
+        if err.errno == errno.ENAMETOOLONG and name is not None:
+            raise DataError(f"{option} {path}: the run writes {name} beside it, which {folder} cannot hold: "
+                            f"{err.strerror}: expected a shorter name") from None
         raise DataError(f"{option} {path}: cannot write a file in {folder}: {err.strerror or err}: expected a path "
                         f"on a file system you can write") from None
 
 
-def _probe_write(folder: str) -> None:
-    probe = os.path.join(folder, f".singa-mpi-write-test-{os.getpid()}")
-    with open(probe, "wb"):
-        pass
+def _probe_write(folder: str, name: str | None = None) -> None:
+    """Create and remove a file in ``folder`` (``name``: by that name; one that exists is left alone)."""
+    probe = os.path.join(folder, name or f".singa-mpi-write-test-{os.getpid()}")
+    try:
+        with open(probe, "xb"):
+            pass
+    except FileExistsError:  # (another's file of that name: it is not ours to remove)
+        return
     os.remove(probe)
 
 

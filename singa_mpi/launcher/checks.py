@@ -33,7 +33,7 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
     if request.trains and request.options.trace:
         check_trace_path(launch.cfg, launch.workspace, request.options.trace)
         if is_root:  # the one that writes it
-            probe_file_folder(request.options.trace, "--trace")
+            probe_file_folder(request.options.trace, "--trace", trace_companions(launch, request.options.trace))
     # what step 0 would meet (under MPI voted, before any communication), and a label any later step would
     check_first_batches(launch.cfg, launch.workspace, list(launch.phases),
                         request.options.check_finite, request.options.said(nonfinite.SWITCH))
@@ -107,6 +107,18 @@ def check_inputs(cfg: JobConfig, workspace: str, phases: list[str], log: Callabl
             for conf, field, path, todo in prepare.reader_files(layer, cfg.path):  # DataShards, char-rnn text
                 if path not in seen and resolve_path(path, workspace) is None:
                     raise _missing(_naming(cfg, index, layer.name, conf, field), path, workspace, todo)
+
+
+def trace_companions(launch: Launch, trace: str) -> list[str]:
+    """The names of the files written beside --trace's: the root's temporary copy of it and, under MPI,
+    the last rank's part (the longest rank number)."""
+    from singa_mpi.durable import temporary
+    from singa_mpi.timeline_parts import part_path
+
+    names = [temporary(trace)]
+    if launch.topo is not None:
+        names.append(part_path(trace, launch.topo.world_size - 1))
+    return [os.path.basename(name) for name in names]
 
 
 def check_trace_path(cfg: JobConfig, workspace: str, trace: str) -> None:

@@ -75,6 +75,27 @@ def test_a_trace_folder_that_takes_no_file_is_refused_before_training(tmp_path, 
     assert not os.path.exists(tmp_path / "ws" / "checkpoint")
 
 
+def _longest_trace_name(folder) -> str:
+    """A --trace file name as long as ``folder``'s file system holds: its temporary copy, and the ranks'
+    part files beside it, are not."""
+    return "t" * (os.pathconf(folder, "PC_NAME_MAX") - len(".json")) + ".json"
+
+
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_trace_name_too_long_for_the_files_beside_it_is_refused_before_training(tmp_path, ranks):
+    """A --trace name of 255 characters passed every check, the run trained to its end, then failed
+    writing the timeline's temporary copy ('could not write the timeline: File name too long', exit 3,
+    under MPI an Abort line too)."""
+    conf = job_file(tmp_path, "data", steps=2)
+    trace = str(tmp_path / _longest_trace_name(tmp_path))
+    result = train(conf, tmp_path / "ws", "--trace", trace, ranks=ranks)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 3 and len(lines) == 1, result.stderr[-2000:]
+    assert f"--trace {trace}: " in lines[0] and "File name too long: expected a shorter name" in lines[0], lines[0]
+    assert not os.path.exists(tmp_path / "ws" / "checkpoint")  # refused before the run
+    assert set(os.listdir(tmp_path)) <= {"job.conf", "data.h5", "ws"}  # and the probe left nothing
+
+
 def test_a_serial_run_that_fails_still_writes_the_trace_and_the_profile(tmp_path, capsys, monkeypatch):
     """One rank has nothing to gather: the timeline and the profile up to the failure were lost with it."""
     from singa_mpi.errors import DataError
