@@ -3,7 +3,7 @@
 Rules, measured on a 2-core VM with ``scripts/bench_threads.py`` (it prints the table):
 
 * The user's ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` / ``MKL_NUM_THREADS`` win: nothing is
-  changed when one of them is set.
+  changed when one of them is set (their count is the BLAS's own variable's, else OMP_NUM_THREADS's).
 * Otherwise numpy's BLAS (the GEMMs) gets ``cores // ranks`` threads, where ``cores`` is the CPU set
   this process may run on (``os.sched_getaffinity``) and ``ranks`` the ranks that share it: those the
   launcher started on this node, unless it bound each rank to cores of its own (Open MPI's default
@@ -30,7 +30,8 @@ import math
 import os
 from typing import Callable, Iterator, Mapping
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# the BLAS's own variable first: OpenBLAS (numpy's wheels) and MKL read theirs before OMP_NUM_THREADS
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 LOCAL_RANK_COUNTS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
 SMALL_WORK = 1e8  # multiply-adds per forward pass and worker below which one BLAS thread is used
@@ -47,12 +48,18 @@ def _count(value: str | None) -> int | None:
 
 
 def user_threads(env: Mapping[str, str]) -> int | None:
-    """The thread count the user set in the environment, or None."""
+    """The thread count the user set in the environment, as the BLAS reads it (OPENBLAS_NUM_THREADS=2
+    with OMP_NUM_THREADS=1: two threads), or None."""
     for name in THREAD_VARIABLES:
         count = _count(env.get(name))
         if count is not None:
             return count
     return None
+
+
+def _set_above(env: Mapping[str, str], share: int) -> list[str]:
+    """The thread variables the user set above ``share`` (OMP_NUM_THREADS when none: the usual one)."""
+    return [name for name in THREAD_VARIABLES if (_count(env.get(name)) or 0) > share] or ["OMP_NUM_THREADS"]
 
 
 def local_ranks(env: Mapping[str, str]) -> int:
@@ -139,12 +146,14 @@ def work_per_step(cfg, summary, nworkers: int = 1) -> float | None:
     return total * train.batch / max(1, nworkers)
 
 
-def oversubscription(cores: int, ranks: int, threads: int) -> str | None:
-    """The one-line warning when ``ranks * threads`` exceeds the cores, else None."""
+def oversubscription(cores: int, ranks: int, threads: int, env: Mapping[str, str] | None = None) -> str | None:
+    """The one-line warning when ``ranks * threads`` exceeds the cores, else None; its advice names the
+    variables of ``env`` (the user's) that set too many threads, each to change."""
     if ranks * threads <= cores:
         return None
     share = max(1, cores // ranks)
-    advice = ([f"set OMP_NUM_THREADS={share}"] if threads > share else []) + \
+    fix = " and ".join(f"{name}={share}" for name in _set_above(env or {}, share))
+    advice = ([f"set {fix}"] if threads > share else []) + \
              ([f"launch at most {cores} rank(s) on this node"] if ranks > cores else [])
     return (f"{ranks} rank(s) x {threads} BLAS thread(s) on {cores} core(s) oversubscribe this node "
             f"and slow every step: {' or '.join(advice)}")
@@ -200,7 +209,7 @@ def blas_threads(env: Mapping[str, str] | None = None, cores: int | None = None,
         launcher = launcher or launcher_cores(cores)
     ranks = sharing_ranks(local_ranks(env), cores, launcher or cores)  # the ranks on these cores
     threads = choose_threads(cores, ranks, env, work)
-    message = oversubscription(cores, ranks, threads)
+    message = oversubscription(cores, ranks, threads, env)
     if message and warn is not None and world_rank(env) == 0:
         warn(message)
     if user_threads(env) is not None:

@@ -1,6 +1,7 @@
 """BLAS threads per rank: the rule, the user's variables winning, the limit inside a run, the warning."""
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -24,6 +25,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
     (8, 1, {"OPENBLAS_NUM_THREADS": "1"}, 1),
     (8, 1, {"MKL_NUM_THREADS": "2"}, 2),
     (8, 1, {"OMP_NUM_THREADS": "4,2"}, 4),  # OpenMP's nested form: the outer level
+    (2, 2, {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "2"}, 2),  # the BLAS's own variable wins
+    (2, 2, {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "1"}, 1),
     (8, 2, {"OMP_NUM_THREADS": ""}, 4),  # empty or nonsense: not a setting
     (8, 2, {"OMP_NUM_THREADS": "many"}, 4),
     (8, 2, {"OMP_NUM_THREADS": "0"}, 4),
@@ -81,6 +84,25 @@ def test_oversubscription_message():
         "4 rank(s) x 1 BLAS thread(s) on 2 core(s) oversubscribe this node and slow every step: "
         "launch at most 2 rank(s) on this node")
     assert threads.oversubscription(2, 3, 2).endswith(": set OMP_NUM_THREADS=1 or launch at most 2 rank(s) on this node")
+    # the advice names the variables that set too many, not OMP_NUM_THREADS alone (set to 1, it changed nothing)
+    assert threads.oversubscription(2, 2, 2, {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "2"}).endswith(
+        ": set OPENBLAS_NUM_THREADS=1")
+    assert threads.oversubscription(4, 2, 4, {"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4"}).endswith(
+        ": set MKL_NUM_THREADS=2 and OMP_NUM_THREADS=2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "2"},
+                                 {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"}])
+def test_the_users_count_is_the_one_numpy_s_blas_takes(env):
+    """OMP_NUM_THREADS=1 with OPENBLAS_NUM_THREADS=2 was read as one thread per rank: 2 ranks x 2 threads
+    on 2 cores went unwarned, and the reverse was warned of, advising the OMP_NUM_THREADS=1 already set."""
+    clean = {k: v for k, v in os.environ.items() if k not in threads.THREAD_VARIABLES}
+    code = "import sys; sys.path.insert(0, 'tests'); from blas_threads import blas_threads_now; print(blas_threads_now()['numpy'])"
+    taken = subprocess.run([sys.executable, "-c", code], env=dict(clean, **env), cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+    assert taken.returncode == 0, taken.stderr
+    assert int(taken.stdout) == threads.user_threads(env)
 
 
 def test_limit_blas_sets_numpy_and_one_for_scipy_then_restores():
