@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from singa_mpi import nonfinite
 from singa_mpi.checkpoints import hdf5 as checkpoint
@@ -13,18 +13,33 @@ from singa_mpi.checkpoints.tools import Shapes, read_initial
 from singa_mpi.config.load import JobConfig, layers_for_phase
 from singa_mpi.cost.memory import SWITCH as MEMORY_SWITCH, check_memory
 from singa_mpi.errors import ConfigError, DataError
+from singa_mpi.launcher import vote
 from singa_mpi.launcher.describe import Launch
 from singa_mpi.launcher.options import Request, RunOptions
 from singa_mpi.proto import job_pb2
 from singa_mpi.workspace import clear_dead_writes, probe_file_folder
 
 
+class Start(NamedTuple):
+    """What a rank read before any communication."""
+
+    initial: checkpoint.Checkpoint | None  # the parameters the run starts from (see read_before_start)
+    first_batches: tuple[tuple[str, str], ...]  # the facts of the input layers' first batches (vote.first_batch)
+
+
 def read_before_start(launch: Launch, request: Request, is_root: bool,
-                      log: Callable[[str], None] | None) -> checkpoint.Checkpoint | None:
+                      log: Callable[[str], None] | None) -> Start:
     """Check the input files of every phase (``log``: this rank's notes, None to say nothing) and the
-    first batches; return the parameters the run starts from: with --resume the workspace's newest
-    good checkpoint, checked to be this job's (:func:`read_resumed`), else the job's checkpoint_path
-    files (None without them), or for ``test`` the checkpoints to test."""
+    first batches; return them, and the parameters the run starts from: with --resume the workspace's
+    newest good checkpoint, checked to be this job's (:func:`read_resumed`), else the job's
+    checkpoint_path files (None without them), or for ``test`` the checkpoints to test."""
+    batches = _check_and_read(launch, request, is_root, log)
+    return Start(_initial(launch, request, is_root, log), tuple(batches))
+
+
+def _check_and_read(launch: Launch, request: Request, is_root: bool,
+                    log: Callable[[str], None] | None) -> list[tuple[str, str]]:
+    """The checks of :func:`read_before_start` up to the first batches, whose facts it returns."""
     if request.trains and request.options.check_memory:  # first: a batch too big would fail reading its first rows
         near = check_memory(launch.cfg, plans_to_fit(launch), launch.node_ranks, request.options.said(MEMORY_SWITCH))
         if near:
@@ -35,8 +50,13 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
         if is_root:  # the one that writes it
             probe_file_folder(request.options.trace, "--trace", trace_companions(launch, request.options.trace))
     # what step 0 would meet (under MPI voted, before any communication), and a label any later step would
-    check_first_batches(launch.cfg, launch.workspace, list(launch.phases),
-                        request.options.check_finite, request.options.said(nonfinite.SWITCH))
+    return check_first_batches(launch.cfg, launch.workspace, list(launch.phases),
+                               request.options.check_finite, request.options.said(nonfinite.SWITCH))
+
+
+def _initial(launch: Launch, request: Request, is_root: bool,
+             log: Callable[[str], None] | None) -> checkpoint.Checkpoint | None:
+    """The parameters the run starts from (see :func:`read_before_start`)."""
     if request.trains and resumes(launch.workspace, request.options.resume):
         if is_root:  # before the checkpoint is judged: a refused resume leaves no dead writer's file either
             clear_dead_writes(launch.workspace)
@@ -154,7 +174,7 @@ def _run_files(cfg: JobConfig, workspace: str) -> list[tuple[str, str]]:
 
 
 def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check_finite: bool = True,
-                        switch: str = nonfinite.SWITCH) -> None:
+                        switch: str = nonfinite.SWITCH) -> list[tuple[str, str]]:
     """What the first step of each phase would find wrong with the data, found before any communication
     (every rank runs this in phase 1, so that data that every rank reads alike fails as one voted line):
     every input layer opens its data and reads the first global batch (all ranks' rows: the store
@@ -163,7 +183,7 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
     is looked at whole, and a NaN or an infinity in it is refused, naming the record and how the caller
     turns the check off (``switch``: the command's flag, or fit's argument).
     The layers are throw-away serial instances without parameters; a DataError says what the first
-    step would have said."""
+    step would have said.  Returns the facts of what each input layer read (:func:`vote.first_batch`)."""
     import numpy as np
 
     from singa_mpi.data.stores import BackendMismatch, ShapeMismatch
@@ -171,6 +191,7 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
     from singa_mpi.net import global_batch_size, instantiate, phase_nodes
 
     vocab_checked: set[tuple[str, int, str]] = set()  # (phase, layer in the file, source): once for its copies
+    batches: list[tuple[str, str]] = []
     for phase in phases:
         nodes = phase_nodes(cfg, phase)
         batch, train = global_batch_size(cfg, nodes), phase == "train"
@@ -191,6 +212,7 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
                         if check_finite and hasattr(layer, "refuse_nonfinite"):
                             layer.refuse_nonfinite(nonfinite.advice(nonfinite.INPUT, switch))
                     read[node.name] = layer.forward([], train)
+                    batches.append(vote.first_batch(node.name, phase, _first_rows(read[node.name], layer.aux)))
                 elif getattr(layer, "provides_labels", False) and srcs and all(s.name in read for s in srcs):
                     read[node.name] = layer.forward([s.aux if k == "aux" else read[s.name]
                                                      for s, k in zip(srcs, kinds)], train)
@@ -216,6 +238,12 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
                 store = getattr(layer, "store", None)
                 if store is not None:
                     store.close()
+    return batches
+
+
+def _first_rows(data, labels) -> list[tuple[str, object]]:
+    """An input layer's first batch as (name, array) pairs: its data and its labels (if any)."""
+    return [("data", data)] + ([("labels", labels)] if labels is not None else [])
 
 
 # the layers that take integer ids, and the conf holding their vocab_size

@@ -12,8 +12,8 @@ one of two ways, and neither hangs:
   responding is caught by the ``--stall-timeout`` watchdog, from MPI_Init on, which names it.
 
 The vote also compares what every rank must share (seed, steps, workers, run options, the job, the
-plugins, the schedule, the checkpoint it starts from), so ranks started differently stop with one line
-instead of deadlocking.  A rank that vanishes (SIGKILL, the OOM killer) is named by its guardian
+plugins, the schedule, the checkpoint it starts from, the first batch each input layer read), so ranks
+started differently stop with one line instead of deadlocking or training apart.  A rank that vanishes (SIGKILL, the OOM killer) is named by its guardian
 (:mod:`singa_mpi.communication.liveness`).  Stop signals are caught from the start
 (:class:`~singa_mpi.stop_signals.StopSignals`): during setup the run stops before training (exit 75,
 nothing written).
@@ -31,7 +31,7 @@ from singa_mpi import progress, run_events, threads
 from singa_mpi.checkpoints.hdf5 import Checkpoint
 from singa_mpi.communication import keeper
 from singa_mpi.errors import PeerLost, ResourceError, SingaError, one_line, out_of_memory
-from singa_mpi.launcher.checks import read_before_start
+from singa_mpi.launcher.checks import Start, read_before_start
 from singa_mpi.launcher.describe import Launch, World, describe, read_job, topology_of
 from singa_mpi.launcher.options import Request
 from singa_mpi.launcher import said_once
@@ -92,7 +92,7 @@ def run_serial(request: Request, body: Body, stops: StopSignals) -> int:
         the_launch = describe(read_job(request), World(), request)
         for line in the_launch.notes:
             print(line, flush=True)
-        initial = read_before_start(the_launch, request, True, log=print)
+        initial = read_before_start(the_launch, request, True, log=print).initial
     _claim(the_launch, request, True)
     make_workspace(the_launch.workspace)  # `test` claims nothing: a bad workspace is one line here too
     cfg = the_launch.cfg
@@ -139,14 +139,15 @@ def _both_phases(world, request: Request, body: Body, stops: StopSignals, life) 
         read, error = _attempt(lambda: read_job(request))
         chosen, auto_error = _auto_dims(world, read, facts)  # collective: every rank takes rank 0's choice
         error = error or auto_error
-        the_launch, initial = None, None
+        the_launch, start = None, None
         if error is None:
             the_launch, error = _attempt(lambda: describe(read, facts, request, chosen))
         if error is None:
             for line in the_launch.notes if world.rank == 0 else ():
                 print(line, flush=True)
-            initial, error = _attempt(lambda: _read_and_claim(the_launch, request, world.rank == 0))
-    facts = the_launch.facts + (starts_from(initial),) if the_launch is not None else None
+            start, error = _attempt(lambda: _read_and_claim(the_launch, request, world.rank == 0))
+    initial = start.initial if start is not None else None
+    facts = the_launch.facts + (starts_from(initial),) + start.first_batches if start is not None else None
     verdicts = world.allgather_object(Verdict(error, stops.received is not None, facts, said))
     said_once.say(said_once.union([verdict.warnings for verdict in verdicts]), speaks=world.rank == 0)
     code = phase_one_verdict(world, the_launch.cfg if the_launch is not None else None, verdicts)
@@ -177,10 +178,10 @@ def _attempt(step: Callable):
         return None, (f"interrupted ({err or 'Ctrl-C'})", EXIT_INTERRUPTED)
 
 
-def _read_and_claim(the_launch: Launch, request: Request, is_root: bool) -> Checkpoint | None:
-    initial = read_before_start(the_launch, request, is_root, log=print if is_root else None)
+def _read_and_claim(the_launch: Launch, request: Request, is_root: bool) -> Start:
+    start = read_before_start(the_launch, request, is_root, log=print if is_root else None)
     _claim(the_launch, request, is_root)  # last: the root may move files (--overwrite)
-    return initial
+    return start
 
 
 def _auto_dims(world, read, facts: World):

@@ -17,9 +17,17 @@ from singa_mpi.stop_signals import STOPPED_BEFORE_TRAINING
 
 STARTS_FROM = "the checkpoint the run starts from"
 SAME_JOB = "expected every rank to run the same job file with the same options"
+FIRST_BATCH = "the first batch of layer"
 # what a disagreement asks for where the job file and its options are not the cause
 EXPECTED = {STARTS_FROM: "expected every rank to read the same checkpoint: a workspace (and checkpoint_path files) "
-                         "in a folder every node shares, named alike from every rank's working directory"}
+                         "in a folder every node shares, named alike from every rank's working directory",
+            FIRST_BATCH: "expected every rank to read the same data files: in a folder every node shares (or "
+                         "identical copies), named alike from every rank's working directory"}
+
+
+def expected(what: str) -> str:
+    """What a disagreement on ``what`` asks for."""
+    return next((hint for start, hint in EXPECTED.items() if what.startswith(start)), SAME_JOB)
 
 
 class Verdict(NamedTuple):
@@ -57,7 +65,7 @@ def phase_one_verdict(world, cfg: JobConfig | None, verdicts: list[Verdict]) -> 
     if world.rank == 0:
         print(f"singa-mpi: error: ranks disagree: {what} is {theirs} on rank {rank} and {ours} on rank 0 "
               f"(job files: {files[0]} on rank 0, {files[rank]} on rank {rank}): "
-              f"{EXPECTED.get(what, SAME_JOB)}", file=sys.stderr, flush=True)
+              f"{expected(what)}", file=sys.stderr, flush=True)
         run_events.note("setup_error", rank=rank, code=ConfigError.exit_code, message=f"ranks disagree: {what}")
     return ConfigError.exit_code
 
@@ -69,11 +77,24 @@ def starts_from(ckpt: Checkpoint | None) -> tuple[str, str]:
     from another working directory); at one step with other params they train apart."""
     if ckpt is None:
         return STARTS_FROM, "none (step 0)"
-    digest = hashlib.blake2b(digest_size=6)
-    for name in sorted(ckpt.params):
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(ckpt.params[name]).data)
-    return STARTS_FROM, f"step {ckpt.step} (params digest {digest.hexdigest()})"
+    return STARTS_FROM, f"step {ckpt.step} (params digest {digest(sorted(ckpt.params.items()))})"
+
+
+def first_batch(layer: str, phase: str, arrays: list[tuple[str, Any]]) -> tuple[str, str]:
+    """The fact of what input layer ``layer`` of ``phase`` read as its first global batch (the same rows
+    on every rank): ``arrays``, (name, array) pairs.  Ranks whose data files differ (a copy on one
+    node's disk, stale; a relative path read from another working directory) otherwise train on both."""
+    return f"{FIRST_BATCH} '{layer}' ({phase})", f"digest {digest(arrays)}"
+
+
+def digest(arrays: list[tuple[str, Any]]) -> str:
+    """A short digest of (name, array) pairs: their names, shapes, types and bytes."""
+    hashed = hashlib.blake2b(digest_size=6)
+    for name, array in arrays:
+        array = np.ascontiguousarray(array)
+        hashed.update(f"{name} {array.shape} {array.dtype}".encode())
+        hashed.update(array.data)
+    return hashed.hexdigest()
 
 
 def job_details(cfg: JobConfig) -> list[tuple[str, str]]:

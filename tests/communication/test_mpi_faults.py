@@ -4,8 +4,8 @@
   ends within 30 s and one line names the rank that vanished (rank, pid, host, step, activity);
 * a rank stopped (SIGSTOP) in its first second, or in training: the ``--stall-timeout`` watchdog
   fires and names the stopped rank, not only the one waiting;
-* ranks started with different jobs, or another ``--seed``, or resuming from different checkpoints:
-  the agreement message, exit 2;
+* ranks started with different jobs, or another ``--seed``, or resuming from different checkpoints,
+  or reading different data files: the agreement message, exit 2;
 * SIGTERM twice 50 ms apart: one checkpoint, exit 75; SIGTERM while the job sets up: one line,
   exit 75, nothing written.
 
@@ -509,6 +509,28 @@ def test_a_rank_that_resumes_from_another_step_is_refused_not_left_waiting(tmp_p
                         r"every rank to read the same checkpoint: a workspace .* every node shares, .*", errors[0]), \
         errors[0]
     assert not checkpoint.listed(str(tmp_path / "elsewhere")) and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_ranks_that_read_different_data_files_are_refused(tmp_path):
+    """One job file whose relative store path finds another store from rank 1's folder (a stale copy on
+    its node's disk): both trained, each on its own data, and the run ended with exit 0."""
+    conf = tmp_path / "job.conf"
+    conf.write_text(nets.mlp("data.h5", 64, "data", steps=20))
+    folders = [tmp_path / "node0", tmp_path / "node1"]
+    for seed, folder in enumerate(folders):  # the same shape and labels, other values
+        folder.mkdir()
+        nets.make_data(str(folder / "data.h5"), 256, (12,), 5, seed=seed)
+    rank = [sys.executable, "-m", "singa_mpi", "train", str(conf), "--workspace", str(tmp_path / "ws")]
+    cmd = mpiexec_command(2)[:-2] + ["-wdir", str(folders[0]), "-n", "1", *rank, ":", "-wdir", str(folders[1]),
+                                     "-n", "1", *rank]
+    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=120, check=False)
+    errors = singa_lines(proc.stderr)
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    assert re.fullmatch(r"singa-mpi: error: ranks disagree: the first batch of layer 'data' \(train\) is digest "
+                        r"[0-9a-f]{12} on rank 1 and digest [0-9a-f]{12} on rank 0 \(job files: .*\): expected every "
+                        r"rank to read the same data files: .*", errors[0]), errors[0]
+    assert not (tmp_path / "ws" / "metrics.jsonl").exists()  # nothing trained
 
 
 # ------------------------------------------------------------------ signals at the edges
