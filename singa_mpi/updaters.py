@@ -170,6 +170,9 @@ class InverseLR(LRSchedule):
         super().__init__(conf)
         self.gamma, self.pow = conf.inverse_conf.gamma, conf.inverse_conf.pow
         _require(self.gamma >= 0, "learning_rate.inverse_conf.gamma", self.gamma, "a value >= 0")
+        # an inverse schedule decays: with pow < 0 the rate grows with every step, without bound
+        _require(self.pow >= 0, "learning_rate.inverse_conf.pow", self.pow,
+                 "a value >= 0 (lr = base_lr·(1 + gamma·step)^(-pow): a negative pow makes the rate grow)")
 
     def __call__(self, step: int) -> float:
         return self.base_lr * (1 + self.gamma * step) ** (-self.pow)

@@ -91,6 +91,9 @@ def test_step_schedule_with_float32_conf_values():
      "updater.learning_rate.linear_conf.final_lr = -0.05: expected a value >= 0"),
     ("type: kFixedStep fixedstep_conf { step: 0 step: 2 step_lr: 0.05 step_lr: -0.05 }",
      "updater.learning_rate.fixedstep_conf.step_lr = [0.05, -0.05]: expected rates >= 0"),
+    # (1 + gamma·step)^(-pow) with pow < 0 grows without bound: 0.01 at step 0, 1.0 at step 99 for pow -1
+    ("type: kInverse inverse_conf { gamma: 1 pow: -1 }",
+     "updater.learning_rate.inverse_conf.pow = -1.0: expected a value >= 0"),
 ])
 def test_bad_schedules_are_config_errors(lr_text, message):
     with pytest.raises(ConfigError) as err:
