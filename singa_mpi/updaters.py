@@ -437,6 +437,9 @@ class AdaDelta(Updater):
     def __init__(self, conf):
         super().__init__(conf)
         self.rho = _fraction(conf.adadelta_conf.rho, "adadelta_conf.rho")
+        # u starts at 0, so t = g·sqrt(0)/sqrt(h) = 0 and u stays 0: with delta 0 no step ever moves a weight
+        _require(self.delta > 0, "delta", self.delta, "a value > 0 for updater.type kAdaDelta (its first step "
+                 "is g·sqrt(update + delta)/sqrt(history + delta) with update 0; default 1e-08)")
 
     def apply(self, name, data, grad, lr):
         history = self.slot(name, "history", data.shape)
@@ -515,6 +518,18 @@ class AdamMax(Updater):
         np.divide(history, update, out=scratch)
         scratch *= lr
         data -= scratch
+
+
+def zero_delta_warning(updater: Updater) -> str | None:
+    """The one line to say when ``updater`` divides by a history plus a delta of 0: where a weight's
+    gradient has been exactly 0 so far (an input that is always 0, a unit that never fires) its history
+    is 0 too, and its step 0/0 = NaN.  Merely suspicious, not refused: with no such weight (dense inputs)
+    the rule is the caller's choice (textbook Adam's delta sits outside the root, where 0 is common)."""
+    if not updater.divides or updater.delta != 0:
+        return None
+    return (f"updater.delta = 0: {selected_name(updater.conf)} divides each step by its history plus delta, so a "
+            f"weight whose gradient is exactly 0 so far (an input that is always 0, a unit that never fires) gets "
+            f"0/0 = NaN; expected a small positive delta (default 1e-08)")
 
 
 def make_updater(conf: job_pb2.UpdaterProto, exact: bool = False) -> Updater:

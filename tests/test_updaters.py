@@ -11,7 +11,7 @@ from singa_mpi.errors import ConfigError
 from singa_mpi.params import Param
 from singa_mpi.proto import job_pb2
 from singa_mpi.sync.shared_memory import ChunkView
-from singa_mpi.updaters import LR_SCHEDULES, UPDATERS, axpy, exact_axpy, make_updater
+from singa_mpi.updaters import LR_SCHEDULES, UPDATERS, axpy, exact_axpy, make_updater, zero_delta_warning
 
 
 def updater_conf(text: str) -> job_pb2.UpdaterProto:
@@ -125,6 +125,8 @@ def test_unknown_or_unset_updater_type_lists_the_valid_names():
     ("type: kAdaDelta delta: -1", "updater.delta = -1.0: expected a value >= 0"),
     ("type: kAdam delta: -1", "updater.delta = -1.0: expected a value >= 0"),
     ("type: kAdamMax delta: -1", "updater.delta = -1.0: expected a value >= 0"),
+    # t = g·sqrt(u + delta)/sqrt(h + delta) from u = 0: with delta 0 every step is 0 (or 0/0 where g is 0)
+    ("type: kAdaDelta delta: 0", "updater.delta = 0.0: expected a value > 0 for updater.type kAdaDelta"),
 ])
 def test_bad_updater_fields_are_config_errors(text, message):
     with pytest.raises(ConfigError) as err:
@@ -403,6 +405,20 @@ def test_adam_counts_updates_only_with_bias_correction_and_apart_from_the_state(
     assert {key: value.shape for key, value in corrected.state("w").items()} == {"history": (3, 4),
                                                                                 "update": (3, 4)}
     np.testing.assert_array_equal(corrected.state("w")["history"], plain.state("w")["history"])
+
+
+@pytest.mark.parametrize("rule", ["kAdaGrad", "kRMSProp", "kAdam", "kAdamMax"])
+def test_delta_zero_divides_zero_by_zero_where_a_gradient_is_zero_and_is_said(rule):
+    conf = updater_conf(f"type: {rule} delta: 0 {LR}")
+    param = make_param((3,))
+    with np.errstate(invalid="ignore"):
+        run(make_updater(conf), param, [np.array([0.5, 0.0, -1.0], np.float32)])
+    assert np.isnan(param.data[1]) and np.isfinite(param.data[[0, 2]]).all()  # what the warning is about
+    note = zero_delta_warning(make_updater(conf))
+    assert note is not None and note.startswith(f"updater.delta = 0: {rule} divides ") and "NaN" in note
+    assert "\n" not in note
+    assert zero_delta_warning(make_updater(updater_conf(f"type: {rule} {LR}"))) is None  # the default 1e-08
+    assert zero_delta_warning(make_updater(updater_conf(f"type: kSGD delta: 0 {LR}"))) is None  # no division
 
 
 def test_textbook_adam_first_step_is_lr_times_sign_of_the_gradient():

@@ -40,6 +40,9 @@ class Summary:
     phases: list[PhaseSummary]
     params: list[tuple[str, tuple[int, ...]]]  # (name, logical shape), owners only
     warnings: list[str]
+    # the warnings about the job's values, which train says too (the others are about files, which a
+    # run reads, and reports on, itself)
+    said_by_runs: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def num_weights(self) -> int:
@@ -59,19 +62,21 @@ def validate(cfg: JobConfig) -> Summary:
         phases.append("test")
     if job.validate_steps > 0:
         phases.append("val")
-    summaries, params, warnings = [], {}, []
+    summaries, params, warnings, said_by_runs = [], {}, [], []
     for phase in phases:
         summaries.append(check_phase(cfg, phase, params, warnings))
     check_pipeline(cfg)
     check_deterministic(cfg)
     warnings += missing_checkpoint_paths(cfg)  # a job of a chain before the one it starts from ran
-    from singa_mpi.updaters import make_updater  # deferred: keeps `check` light
+    from singa_mpi.updaters import make_updater, zero_delta_warning  # deferred: keeps `check` light
 
     if not is_test_only(job):
         _check_updater_written(cfg)
     try:
         if not is_test_only(job):
-            make_updater(job.updater)
+            note = zero_delta_warning(make_updater(job.updater))
+            if note is not None:
+                said_by_runs.append(f"{cfg.where('updater', 'delta')}: {note}")
     except ConfigError as err:
         # messages start with the dotted field ("updater.learning_rate.type = ..."): point at it
         # or at its nearest written ancestor
@@ -85,7 +90,8 @@ def validate(cfg: JobConfig) -> Summary:
         train_steps=job.train_steps,
         phases=summaries,
         params=sorted((name, shape) for name, (shape, _) in params.items()),
-        warnings=warnings,
+        warnings=warnings + said_by_runs,
+        said_by_runs=said_by_runs,
     )
 
 

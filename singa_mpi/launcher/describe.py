@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import warnings
 from typing import Mapping
 
 from singa_mpi import plugins
@@ -75,6 +76,8 @@ def read_job(request: Request) -> tuple[JobConfig, Summary]:
     if options.deterministic:
         cfg.proto.deterministic.SetInParent()  # the job's own block_rows where it sets them
     summary = validate(cfg)
+    for line in summary.said_by_runs if request.trains else ():  # a test updates nothing
+        warnings.warn(line)  # recorded: rank 0 says it once (said_once), as `check` does
     _check_command(cfg, request)
     return cfg, summary
 

@@ -108,6 +108,16 @@ def test_existing_data_gives_no_warning(tmp_path):
     assert summary.warnings == []
 
 
+def test_an_updater_dividing_by_its_history_with_delta_zero_is_warned_at_the_field():
+    text = (REPO_CONFS[0].parent / "digits_mlp.conf").read_text()
+    text = text.replace("type: kSGD\n  momentum: 0.9\n", "type: kAdaGrad\n  delta: 0\n")
+    summary = validate(parse_job(text, "job.conf"))
+    said = [w for w in summary.warnings if "updater.delta" in w]
+    assert len(said) == 1 and said[0].startswith("job.conf:16:3: updater.delta = 0: kAdaGrad divides ")
+    text = text.replace("delta: 0\n", "delta: 1e-8\n")
+    assert not [w for w in validate(parse_job(text, "job.conf")).warnings if "updater.delta" in w]
+
+
 SMALL = """
 name: "small"
 train_steps: 5

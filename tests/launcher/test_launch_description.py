@@ -6,6 +6,7 @@ import dataclasses
 import os
 import pathlib
 import threading
+import warnings
 
 import pytest
 
@@ -259,3 +260,23 @@ def test_a_pipeline_that_does_nothing_is_noted_once_at_the_start(tmp_path, schem
         assert notes == []
         return
     assert len(notes) == 1 and notes[0].startswith(f"note: {conf}:") and said in notes[0], notes
+
+
+def test_reading_the_job_warns_of_its_values_as_check_does(tmp_path):
+    """A job's warning about a value (an updater's delta 0) is said by train too, through warnings (rank 0
+    says it once), not by test, which updates nothing; check's warnings about missing files are not: a run
+    reports those itself."""
+    text = (ROOT / "conf" / "digits_mlp.conf").read_text().replace("type: kSGD\n  momentum: 0.9\n",
+                                                                   "type: kAdaGrad\n  delta: 0\n")
+    conf = tmp_path / "job.conf"
+    conf.write_text(text)
+    with pytest.warns(UserWarning) as said:
+        _cfg, summary = read_job(Request(str(conf), lambda cfg: str(tmp_path / "ws"), RunOptions()))
+    lines = [str(warning.message) for warning in said]
+    assert lines == [f"{conf}:16:3: updater.delta = 0: kAdaGrad divides each step by its history plus delta, so a "
+                     f"weight whose gradient is exactly 0 so far (an input that is always 0, a unit that never fires) "
+                     f"gets 0/0 = NaN; expected a small positive delta (default 1e-08)"]
+    assert lines[0] in summary.warnings  # what check prints
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_job(Request(str(conf), lambda cfg: str(tmp_path / "ws"), RunOptions(), command="test"))
