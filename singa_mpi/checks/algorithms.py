@@ -39,6 +39,27 @@ def check_something_to_train(cfg: JobConfig, phase: str, built: list[tuple[Node,
                       f"layers ({', '.join(repr(node.name) for node, _ in built)})")
 
 
+def frozen_net_warning(cfg: JobConfig, phase: str, built: list[tuple[Node, Layer]]) -> str | None:
+    """The line to say when every param the train net trains has lr_scale 0: each step's change is
+    lr·lr_scale·(...), so the run would change nothing.  Said, not refused: base_lr 0 freezes a net the
+    same way and is taken (a run timing the steps alone); a layer that writes state of its own (batch
+    norm's running statistics) still learns it, so such a net is not frozen."""
+    if phase != "train" or is_test_only(cfg.proto):
+        return None
+    trained, stateful = [], False
+    for node, layer in built:
+        for k, spec in enumerate(layer.param_specs):
+            stateful |= not spec.trained
+            if spec.trained and not spec.conf.share_from:  # a sharer is updated at its owner's lr_scale
+                trained.append((node, k, spec.conf))
+    if not trained or stateful or any(conf.lr_scale != 0 for _, _, conf in trained):
+        return None
+    node, k, _ = trained[0]
+    return (f"{cfg.layer_where(node.index, 'param', k, 'lr_scale')}: {describe(cfg, node)}: param[{k}].lr_scale = 0, "
+            f"as for every one of the {len(trained)} params the train net trains, so the run changes none of them: "
+            f"expected lr_scale > 0 (1 by default) on the params to train")
+
+
 def check_energy_models(cfg: JobConfig, built: list[tuple[Node, Layer]]) -> None:
     """RBM pairs (seed 001): kRBMVis lists [input, its kRBMHid], kRBMHid lists [its kRBMVis]; one hdim,
     one W (the hidden layer's param[0] shares the visible layer's), split together; trained by kCD."""

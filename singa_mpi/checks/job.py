@@ -65,6 +65,7 @@ def validate(cfg: JobConfig) -> Summary:
     summaries, params, warnings, said_by_runs = [], {}, [], []
     for phase in phases:
         summaries.append(check_phase(cfg, phase, params, warnings))
+        said_by_runs += summaries[-1].notes
     check_pipeline(cfg)
     check_deterministic(cfg)
     warnings += missing_checkpoint_paths(cfg)  # a job of a chain before the one it starts from ran

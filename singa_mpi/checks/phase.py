@@ -8,7 +8,7 @@ import dataclasses
 import os
 
 from singa_mpi.checks.algorithms import (check_carried_state, check_energy_models, check_loss,
-                                        check_something_to_train)
+                                        check_something_to_train, frozen_net_warning)
 from singa_mpi.checks.params import check_params, check_shared_params
 from singa_mpi.config.load import AUTO, PHASES, JobConfig, effective_partition_dim
 from singa_mpi.config.retired import RETIRED_LAYER_TYPES
@@ -28,6 +28,7 @@ class PhaseSummary:
     phase: str
     layers: list[tuple[str, str, tuple[int, ...]]]  # (name, type, output shape per sample)
     batch: int
+    notes: list[str] = dataclasses.field(default_factory=list)  # warnings about values, which runs say too
 
 
 def check_phase(cfg: JobConfig, phase: str, params: dict, warnings: list[str]) -> PhaseSummary:
@@ -61,7 +62,9 @@ def check_phase(cfg: JobConfig, phase: str, params: dict, warnings: list[str]) -
     for node, layer, _ in built:  # after all owners of the phase are known
         check_shared_params(cfg, node, layer, params)
     _check_batches(cfg, [(n, l) for n, l, _ in built])
-    return PhaseSummary(phase, [(n.name, n.type_name, l.out_shape) for n, l, _ in built], batch)
+    frozen = frozen_net_warning(cfg, phase, [(n, l) for n, l, _ in built])
+    return PhaseSummary(phase, [(n.name, n.type_name, l.out_shape) for n, l, _ in built], batch,
+                        [frozen] if frozen else [])
 
 
 def _check_names_and_sources(cfg: JobConfig, nodes: list[Node], phase: str) -> None:

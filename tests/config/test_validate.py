@@ -118,6 +118,26 @@ def test_an_updater_dividing_by_its_history_with_delta_zero_is_warned_at_the_fie
     assert not [w for w in validate(parse_job(text, "job.conf")).warnings if "updater.delta" in w]
 
 
+def test_a_train_net_whose_params_all_have_lr_scale_zero_is_warned_once_at_the_first():
+    text = re.sub(r'param \{ name: "(\w+)" init', r'param { name: "\1" lr_scale: 0 init',
+                  (REPO_CONFS[0].parent / "digits_mlp.conf").read_text())
+    summary = validate(parse_job(text, "job.conf"))
+    said = [w for w in summary.warnings if "lr_scale" in w]
+    assert said == ["job.conf:39:24: layer 'fc1' (#2, kInnerProduct): param[0].lr_scale = 0, as for every one of the "
+                    "6 params the train net trains, so the run changes none of them: expected lr_scale > 0 (1 by "
+                    "default) on the params to train"]
+    assert summary.said_by_runs == said  # train says it too
+    one_trains = text.replace('name: "b3" lr_scale: 0', 'name: "b3"')
+    assert not [w for w in validate(parse_job(one_trains, "job.conf")).warnings if "lr_scale" in w]
+    # batch norm's running statistics are state the layer writes: such a net still learns them
+    norm = ('layer { name: "norm" type: kBM srclayers: "fc1" ' + "".join(
+        f'param {{ name: "{name}" lr_scale: 0 init {{ type: kConstant value: 1 }} }} ' for name in "sbmv") + "}\n")
+    normed = one_trains.replace('name: "b3"', 'name: "b3" lr_scale: 0').replace(
+        '  layer { name: "relu1" type: kReLU srclayers: "fc1" }', norm + '  layer { name: "relu1" type: kReLU srclayers: "norm" }')
+    assert "kBM" in normed
+    assert not [w for w in validate(parse_job(normed, "job.conf")).warnings if "lr_scale" in w]
+
+
 SMALL = """
 name: "small"
 train_steps: 5
