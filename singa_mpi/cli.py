@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import difflib
 import os
 import pathlib
 import re
@@ -945,8 +944,7 @@ def _closest_choice(message: str) -> str:
         bad, choices = ast.literal_eval(refused["bad"]), ast.literal_eval(f"[{refused['choices']}]")
     except (SyntaxError, ValueError):
         return ""
-    close = difflib.get_close_matches(bad, [str(choice) for choice in choices], n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    return option_values.did_you_mean(bad, choices)
 
 
 class _IntermixedParser(_Parser):

@@ -6,10 +6,11 @@ integer >= 0``).  Nothing else is imported: the CLI reads these before it loads 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import pathlib
-from typing import Callable
+from typing import Callable, Iterable
 
 INT64 = (-2 ** 63, 2 ** 63 - 1)  # JobProto.seed is an int64
 
@@ -32,6 +33,13 @@ DATA_SEED = ValueRule("a seed >= 0", lambda value: value >= 0)  # numpy's genera
 # nan compares false: refused as well as inf
 POSITIVE_NUMBER = ValueRule("a finite number > 0", lambda value: math.isfinite(value) and value > 0, whole=False)
 POSITIVE_SECONDS = ValueRule("a finite number of seconds > 0", POSITIVE_NUMBER.holds, whole=False)
+
+
+def did_you_mean(bad: str, choices: Iterable[object]) -> str:
+    """`` (did you mean 'train'?)`` when one of ``choices`` resembles ``bad`` (a mistyped command,
+    choice, option or keyword argument), else "": the hint the CLI and the API add to a refused name."""
+    close = difflib.get_close_matches(bad, [str(choice) for choice in choices], n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 class BadPath(ValueError):

@@ -224,11 +224,11 @@ class Job:
 
         return predict(self, x, workspace, **options)
 
-    def params(self, workspace: str | os.PathLike | None = None) -> dict[str, Any]:
+    def params(self, workspace: str | os.PathLike | None = None, **options: Any) -> dict[str, Any]:
         """The trained params as numpy arrays by name: :func:`singa_mpi.api.run.params`."""
         from singa_mpi.api.run import params
 
-        return params(self, workspace)
+        return params(self, workspace, **options)  # what it does not take: refused there, in the API's words
 
     @property
     def name(self) -> str:

@@ -12,10 +12,12 @@ WORKSPACE/job.conf --resume`` name a real file.  What the run recorded
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import os
 import re
-from typing import Any, Protocol
+from typing import Any, Callable, ParamSpec, Protocol, TypeVar
 
 from singa_mpi import option_values
 from singa_mpi.api.fields import ArgumentError, is_integer, is_number
@@ -33,6 +35,46 @@ PHASE_NAMES = {"validation": "val"}  # a phase by its long name, as the API's la
 EVALUATE_SPELLING = {"--checkpoint": "evaluate(..., checkpoints=[FILE])"}  # the test command's option, as evaluate takes it
 EVALUATE_FILE = "evaluate.conf"  # what evaluate() tests: its own, so that job.conf stays the training's
 GIVEN_FILE = "fit.conf"  # the job fit() was given, where job.conf is still another run's (until training starts)
+
+
+_Arguments = ParamSpec("_Arguments")
+_Result = TypeVar("_Result")
+
+
+def arguments_checked(function: Callable[_Arguments, _Result]) -> Callable[_Arguments, _Result]:
+    """``function`` refusing what Python itself would refuse (an unknown keyword, an argument given twice
+    or missing, too many by position) as one ArgumentError line in the API's words, with the CLI's
+    did-you-mean, rather than a TypeError traceback from inside the call (Job.fit forwards its options)."""
+    signature = inspect.signature(function)
+    name = function.__name__
+
+    @functools.wraps(function)
+    def checked(*args: _Arguments.args, **kwargs: _Arguments.kwargs) -> _Result:
+        _check_call(name, signature, args, kwargs)
+        return function(*args, **kwargs)
+
+    return checked
+
+
+def _check_call(name: str, signature: inspect.Signature, args: tuple, kwargs: dict) -> None:
+    parameters = list(signature.parameters.values())
+    by_position = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+    optional = [p.name for p in parameters if p.default is not p.empty]
+    if len(args) > len(by_position):
+        by_name = next((f" ({key}=...)" for key in optional if key not in by_position), "")
+        raise ArgumentError(f"{name}: {len(args)} arguments given by position: expected at most {len(by_position)} "
+                            f"({', '.join(by_position)}), the others by name{by_name}")
+    for key in kwargs:
+        if key not in signature.parameters:
+            raise ArgumentError(f"{name}: unknown argument {key}: expected one of {', '.join(optional)}"
+                                f"{option_values.did_you_mean(key, optional)}")
+        if key in by_position[:len(args)]:
+            raise ArgumentError(f"{name}: argument {key} given twice (by position and by name)")
+    for index, parameter in enumerate(parameters):
+        if parameter.default is parameter.empty and index >= len(args) and parameter.name not in kwargs:
+            required = [p.name for p in parameters if p.default is p.empty]
+            raise ArgumentError(f"{name}: argument {parameter.name}: missing: expected {name}({', '.join(required)}, "
+                                f"...)")
 
 
 class Job(Protocol):
@@ -130,6 +172,7 @@ def workspace_of(job: Job, workspace: str | os.PathLike | None) -> str:
     return os.path.join("workspace", job.name or "job")
 
 
+@arguments_checked
 def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | None = None, resume: bool = False,
         overwrite: bool = False, seed: int | None = None, stall_timeout: float | None = None,
         deterministic: bool = False, profile: bool = False, trace: str | None = None, check_finite: bool = True,
@@ -172,6 +215,7 @@ def fit(job: Job, workspace: str | os.PathLike | None = None, *, steps: int | No
     return history
 
 
+@arguments_checked
 def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoints: list[str] | None = None,
              said_as: dict[str, str] | None = None) -> dict[str, Any]:
     """The test phase on the newest checkpoint of ``workspace`` (or ``checkpoints``), partitioned as
@@ -216,6 +260,7 @@ def evaluate(job: Job, workspace: str | os.PathLike | None = None, *, checkpoint
     return History(_shared_records(results)).last("test")
 
 
+@arguments_checked
 def params(job: Job, workspace: str | os.PathLike | None = None) -> dict[str, Any]:
     """The params of the newest good checkpoint of ``workspace`` as numpy arrays by name (their whole,
     logical shapes, however the run was partitioned); DataError when there is none."""
@@ -229,6 +274,7 @@ def params(job: Job, workspace: str | os.PathLike | None = None) -> dict[str, An
     return dict(found.params)
 
 
+@arguments_checked
 def predict(job: Any, x: Any, workspace: str | os.PathLike | None = None, *, layer: str | None = None,
             batchsize: int | None = None) -> Any:
     """The output of ``layer`` (default: the scores, the loss layer's first source) for the rows of

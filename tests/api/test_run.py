@@ -255,6 +255,29 @@ def test_evaluate_and_predict_check_their_arguments(tmp_path, call, words):
         call(_small_job(str(tmp_path / "data.h5")), tmp_path / "ws")
 
 
+@pytest.mark.parametrize("call,words", [
+    (lambda job, ws: sm.fit(job, ws, stepz=1), "fit: unknown argument stepz: expected one of workspace, steps, resume, "),
+    (lambda job, ws: job.fit(ws, stepz=1), "fit: unknown argument stepz: expected one of "),
+    (lambda job, ws: job.fit(ws, stepz=1), "check_memory, said_as (did you mean 'steps'?)"),
+    (lambda job, ws: job.evaluate(ws, checkpoint=["a.h5"]), "evaluate: unknown argument checkpoint: expected one of "
+                                                            "workspace, checkpoints, said_as (did you mean 'checkpoints'?)"),
+    (lambda job, ws: job.predict([[0.0] * 12], ws, layers="fc1"), "predict: unknown argument layers: expected one of "
+                                                                  "workspace, layer, batchsize (did you mean 'layer'?)"),
+    (lambda job, ws: job.params(ws, xyz=1), "params: unknown argument xyz: expected one of workspace"),
+    (lambda job, ws: sm.fit(job, ws, 3), "fit: 3 arguments given by position: expected at most 2 (job, workspace), "
+                                         "the others by name (steps=...)"),
+    (lambda job, ws: sm.fit(job, ws, workspace=ws), "fit: argument workspace given twice (by position and by name)"),
+    (lambda job, ws: sm.predict(job), "predict: argument x: missing"),
+])
+def test_a_wrong_argument_to_a_run_is_one_line_in_the_api_s_words(tmp_path, call, words):
+    """What Python itself would refuse (an unknown keyword, ...) is an ArgumentError naming the
+    function and the argument, with the CLI's did-you-mean, before anything is touched."""
+    with pytest.raises(sm.ArgumentError) as err:
+        call(_small_job(str(tmp_path / "data.h5")), tmp_path / "ws")
+    assert words in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "ws").exists()
+
+
 BAD_SCRIPT = textwrap.dedent('''
     import sys
     import time
