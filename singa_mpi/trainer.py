@@ -4,8 +4,9 @@ Per step ``s`` (from ``job.step`` while ``s < train_steps``): checkpoint if due
 (``steps.h5``: the state after ``s`` batches), validate if due, test if due,
 train one batch, vote (stop signals and non-finite values, see
 :mod:`singa_mpi.nonfinite`), display if due.  Test and validation happen at
-step 0 too, before the first batch, as in SINGA; singa_mpi also tests once more
-after the last step so that the final model is always measured.
+step 0 too, before the first batch, as in SINGA; singa_mpi also validates and
+tests once more after the last step (in that order, SINGA's) so that the final model
+is always measured, as Keras's fit validates after its last epoch.
 
 A runtime (:mod:`singa_mpi.runtimes`) supplies this process's nets and the
 reductions across workers; the serial runtime is the one-process case.
@@ -408,13 +409,16 @@ class Trainer:
         return self._finish(final)
 
     def _finish(self, final: dict[str, float], stop_at_end: bool = False) -> dict[str, float]:
-        """The end of a complete run: the final checkpoint, the final test, the tables and the summary.
+        """The end of a complete run: the final checkpoint, the final validation and test, the tables and
+        the summary.
         ``stop_at_end``: a stop signal came at the last step; what it asked for (the step finished, a
         checkpoint) is the run's normal end, which the root says and writes in WORKSPACE/stopped.txt."""
         job = self.job
         path = self.save_checkpoint(self.train_steps, final=True)
         if stop_at_end:
             self.note_stop_at_end(path)
+        if self.val_net is not None:
+            self.evaluate(self.val_net, job.validate_steps, "val", self.train_steps)
         if self.test_net is not None:
             final = self.evaluate(self.test_net, job.test_steps, "test", self.train_steps)
         table = self.runtime.report(self.train_steps - self.start_step, debug=self.debug)

@@ -575,7 +575,8 @@ def test_check_passes_singas_job_conf_with_the_plugin_and_names_data_conf_withou
                         lines[0]), lines[0]
 
 
-STEPS, DISPLAY, VALIDATE = 6001, 1000, 6000  # validation comes before a step's training: 6001 steps end with it
+# validation comes before a step's training: 6001 steps validate at 6000 (the loop's) and 6001 (the final model)
+STEPS, DISPLAY, VALIDATE = 6001, 1000, 6000
 
 
 def metrics_of(workspace: pathlib.Path) -> list[dict]:
@@ -628,7 +629,7 @@ def test_singa_job_conf_trains_on_the_python_docs_serially_and_on_2_ranks(tmp_pa
     got = metrics_of(tmp_path / "mpi")
     displays = [(m["step"], m["phase"]) for m in want]
     assert displays == [(0, "val"), (0, "train")] + [(s, "train") for s in range(DISPLAY, VALIDATE, DISPLAY)] + \
-        [(VALIDATE, "val"), (VALIDATE, "train")], displays
+        [(VALIDATE, "val"), (VALIDATE, "train"), (STEPS, "val")], displays  # and the final model's validation
     assert [(m["step"], m["phase"]) for m in got] == displays
     for mine, theirs in zip(want, got):
         assert mine["ppl"] == pytest.approx(math.exp(mine["loss"]), rel=1e-9)
