@@ -211,6 +211,9 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
                             raise DataError(f"{cfg.layer_where(node.index, 'store_conf', field)}: {err}") from None
                         if check_finite and hasattr(layer, "refuse_nonfinite"):
                             layer.refuse_nonfinite(nonfinite.advice(nonfinite.INPUT, switch))
+                        rereads = _rereads(cfg, phase, node.name, layer, batch)
+                        if rereads:
+                            warnings.warn(rereads)  # recorded: rank 0 says it once (said_once)
                     read[node.name] = layer.forward([], train)
                     batches.append(vote.first_batch(node.name, phase, _first_rows(read[node.name], layer.aux)))
                 elif getattr(layer, "provides_labels", False) and srcs and all(s.name in read for s in srcs):
@@ -244,6 +247,25 @@ def check_first_batches(cfg: JobConfig, workspace: str, phases: list[str], check
 def _first_rows(data, labels) -> list[tuple[str, object]]:
     """An input layer's first batch as (name, array) pairs: its data and its labels (if any)."""
     return [("data", data)] + ([("labels", labels)] if labels is not None else [])
+
+
+def _rereads(cfg: JobConfig, phase: str, name: str, layer, batch: int) -> str | None:
+    """The line to say when a test (or validation) pass reads more whole batches than its store holds:
+    the store wraps around (as SINGA's), so some records would count twice or more in its metrics and
+    the pass cost more for nothing (test_steps 2,000,000,000 on a few hundred records).  Up to one pass,
+    whose last batch may wrap in part (SINGA's examples: 10,000 records, 100 batches of 100), nothing."""
+    field = {"test": "test_steps", "val": "validate_steps"}.get(phase)
+    store = getattr(layer, "store", None)
+    if field is None or store is None or not len(store):
+        return None
+    steps, records = getattr(cfg.proto, field), len(store)
+    one_pass = -(-records // batch)
+    if steps <= one_pass:
+        return None
+    what = "a test" if phase == "test" else "a validation"
+    return (f"{cfg.where(field)}: {field} = {steps}: {what} reads {steps:,} batches of {batch} = {steps * batch:,} "
+            f"records, and layer '{name}' reads {store.path}, which holds {records:,}: it reads them over again (the "
+            f"store wraps around); expected {field} <= {one_pass}, one pass")
 
 
 # the layers that take integer ids, and the conf holding their vocab_size

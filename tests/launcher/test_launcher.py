@@ -433,3 +433,26 @@ def test_fit_words_a_resume_with_no_step_left_as_its_own_argument():
     assert nothing_to_do(700, 5, RunOptions(steps=5, spelling=FIT_SPELLING)) == (
         "nothing to do: fit(..., steps=5) is not beyond the checkpoint's step 700: expected fit(..., steps=N) with "
         "N above 700 to train further (N counts from step 0)")
+
+
+@pytest.mark.parametrize("steps, said", [(4, False), (5, True), (2_000_000_000, True)])
+def test_a_test_reading_its_store_over_again_is_warned_once_before_training(tmp_path, steps, said):
+    """test_steps 2,000,000,000 (batch 32, 100 records) was taken without a word: each test pass would read
+    the store, which wraps around as SINGA's, 640 million times.  Up to one pass (4 batches; the last wraps
+    in part, as SINGA's examples' do) nothing is said; beyond it one line at test_steps."""
+    import warnings
+
+    from singa_mpi.launcher.checks import check_first_batches
+
+    cfg, store = _first_batch_job(tmp_path, 5, f"test_steps: {steps}\ntest_freq: 10\n")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        check_first_batches(cfg, str(tmp_path), ["train", "test"])
+    lines = [str(warning.message) for warning in shown]
+    if not said:
+        assert lines == []
+        return
+    line = cfg.text.splitlines().index(f"test_steps: {steps}") + 1
+    assert lines == [f"{cfg.path}:{line}:1: test_steps = {steps}: a test reads {steps:,} batches of 32 = "
+                     f"{steps * 32:,} records, and layer 'data' reads {store}, which holds 100: it reads them over "
+                     f"again (the store wraps around); expected test_steps <= 4, one pass"]
