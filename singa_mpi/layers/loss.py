@@ -107,6 +107,9 @@ class SoftmaxLoss(_Loss):
         self.classes = int(np.prod(src_shapes[0]))
         if not 1 <= conf.topk <= self.classes:
             raise LayerConfigError("softmaxloss_conf.topk", conf.topk, f"1..{self.classes} (the number of classes)")
+        if conf.scale < 0:  # a sign slip: its gradient would point up the loss, as a negative learning rate's
+            raise LayerConfigError("softmaxloss_conf.scale", conf.scale, "a value >= 0 (it multiplies the loss and "
+                                   "its gradient; default 1)")
         self.topk, self.scale = conf.topk, conf.scale
         return tuple(src_shapes[0])
 

@@ -189,6 +189,14 @@ def test_topk_outside_the_classes_is_a_config_error(topk):
         softmax_loss(batch=2, extra=f"softmaxloss_conf {{ topk: {topk} }}")
 
 
+def test_a_negative_scale_is_a_config_error_it_would_climb_the_loss():
+    """scale: -1 was taken: the gradient (p - onehot)·scale / B then pointed up the loss, so every step
+    raised it (the loss reported negative), as a negative learning rate would; 0 is taken (as base_lr 0)."""
+    with pytest.raises(LayerConfigError, match=r"softmaxloss_conf.scale = -1(\.0)?: expected a value >= 0"):
+        softmax_loss(batch=2, extra="softmaxloss_conf { scale: -1 }")
+    softmax_loss(batch=2, extra="softmaxloss_conf { scale: 0 }")
+
+
 # ----------------------------------------------------------- euclidean loss
 
 def test_euclidean_loss_values_by_hand():
