@@ -207,6 +207,18 @@ def _fraction(value: float, field: str) -> float:
     return value
 
 
+def _moving(value: float, field: str, stays: str) -> float:
+    """A decay rate below 1: at 1 the average it keeps stays at its start, 0 (``stays``: what that does)."""
+    _require(_fraction(value, field) < 1, field, value, f"a decay rate below 1 (at 1 {stays})")
+    return value
+
+
+# what a decay of 1 does to an average of gradients, and to one of their squares (a divisor)
+_NEVER_MOVES = "the average of gradients stays 0: no step moves a weight"
+_DIVIDES_BY_DELTA = ("the average of squares stays 0: each step is lr·g/sqrt(delta), 10,000·lr·g at the default "
+                     "delta")
+
+
 class Updater:
     """Applies one step to a param in place from ``param.grad``; keeps per-param state."""
 
@@ -418,7 +430,7 @@ class RMSProp(Updater):
 
     def __init__(self, conf):
         super().__init__(conf)
-        self.rho = _fraction(conf.rmsprop_conf.rho, "rmsprop_conf.rho")
+        self.rho = _moving(conf.rmsprop_conf.rho, "rmsprop_conf.rho", _DIVIDES_BY_DELTA)
 
     def apply(self, name, data, grad, lr):
         history = self.slot(name, "history", data.shape)
@@ -467,11 +479,9 @@ class Adam(Updater):
 
     def __init__(self, conf):
         super().__init__(conf)
-        self.beta1 = _fraction(conf.adam_conf.beta1, "adam_conf.beta1")
-        self.beta2 = _fraction(conf.adam_conf.beta2, "adam_conf.beta2")
-        self.bias_correction = conf.adam_conf.bias_correction
-        _require(not self.bias_correction or (self.beta1 < 1 and self.beta2 < 1), "adam_conf",
-                 f"beta1 {self.beta1}, beta2 {self.beta2}", "betas below 1 with bias_correction")
+        self.beta1 = _moving(conf.adam_conf.beta1, "adam_conf.beta1", _NEVER_MOVES)
+        self.beta2 = _moving(conf.adam_conf.beta2, "adam_conf.beta2", _DIVIDES_BY_DELTA)
+        self.bias_correction = conf.adam_conf.bias_correction  # divides by 1 - beta^t: betas below 1, as above
 
     def apply(self, name, data, grad, lr):
         history = self.slot(name, "history", data.shape)
@@ -503,8 +513,8 @@ class AdamMax(Updater):
 
     def __init__(self, conf):
         super().__init__(conf)
-        self.beta1 = _fraction(conf.adammax_conf.beta1, "adammax_conf.beta1")
-        self.beta2 = _fraction(conf.adammax_conf.beta2, "adammax_conf.beta2")
+        self.beta1 = _moving(conf.adammax_conf.beta1, "adammax_conf.beta1", _NEVER_MOVES)
+        self.beta2 = _fraction(conf.adammax_conf.beta2, "adammax_conf.beta2")  # 1: a maximum that never decays
 
     def apply(self, name, data, grad, lr):
         history = self.slot(name, "history", data.shape)

@@ -125,6 +125,12 @@ def test_unknown_or_unset_updater_type_lists_the_valid_names():
     ("type: kAdaDelta delta: -1", "updater.delta = -1.0: expected a value >= 0"),
     ("type: kAdam delta: -1", "updater.delta = -1.0: expected a value >= 0"),
     ("type: kAdamMax delta: -1", "updater.delta = -1.0: expected a value >= 0"),
+    # a decay of 1 keeps an average at its start, 0: an average of gradients that never moves the weights
+    # (kAdam, kAdamMax beta1), or a divisor sqrt(0 + delta) that makes each step 10,000 times lr·g
+    ("type: kRMSProp rmsprop_conf { rho: 1 }", "updater.rmsprop_conf.rho = 1.0: expected a decay rate below 1"),
+    ("type: kAdam adam_conf { beta1: 1 }", "updater.adam_conf.beta1 = 1.0: expected a decay rate below 1"),
+    ("type: kAdam adam_conf { beta2: 1 }", "updater.adam_conf.beta2 = 1.0: expected a decay rate below 1"),
+    ("type: kAdamMax adammax_conf { beta1: 1 }", "updater.adammax_conf.beta1 = 1.0: expected a decay rate below 1"),
     # t = g·sqrt(u + delta)/sqrt(h + delta) from u = 0: with delta 0 every step is 0 (or 0/0 where g is 0)
     ("type: kAdaDelta delta: 0", "updater.delta = 0.0: expected a value > 0 for updater.type kAdaDelta"),
 ])
@@ -419,6 +425,16 @@ def test_delta_zero_divides_zero_by_zero_where_a_gradient_is_zero_and_is_said(ru
     assert "\n" not in note
     assert zero_delta_warning(make_updater(updater_conf(f"type: {rule} {LR}"))) is None  # the default 1e-08
     assert zero_delta_warning(make_updater(updater_conf(f"type: kSGD delta: 0 {LR}"))) is None  # no division
+
+
+@pytest.mark.parametrize("text", ["kAdamMax adammax_conf { beta2: 1 }", "kAdaDelta adadelta_conf { rho: 1 }",
+                                  "kRMSProp rmsprop_conf { rho: 0 }", "kAdam adam_conf { beta1: 0 beta2: 0 }"])
+def test_decays_at_the_ends_that_still_train_are_taken(text):
+    """A running maximum that never decays, AdaDelta as SGD, averages of the last gradient alone."""
+    param = make_param((3,))
+    start = param.data.copy()
+    run(make_updater(updater_conf(f"type: {text} {LR}")), param, random_grads((3,), steps=2))
+    assert np.isfinite(param.data).all() and (param.data != start).all()
 
 
 def test_textbook_adam_first_step_is_lr_times_sign_of_the_gradient():
