@@ -152,7 +152,7 @@ def _check_job_fields(cfg: JobConfig) -> None:
         raise _fail(cfg, (), "train_steps = missing: expected a positive number of training steps")
     for field in ("train_steps", "disp_freq", "test_freq", "test_steps", "validate_freq",
                   "validate_steps", "checkpoint_freq", "disp_after", "test_after", "validate_after",
-                  "checkpoint_after"):
+                  "checkpoint_after", "step", "warmup_steps"):  # step: the one a run starts from
         value = getattr(job, field)
         if value < 0 or (field == "train_steps" and value == 0 and not is_test_only(job)):
             expected = "a positive integer" if field == "train_steps" else "an integer >= 0"

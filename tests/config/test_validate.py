@@ -138,6 +138,18 @@ def test_a_train_net_whose_params_all_have_lr_scale_zero_is_warned_once_at_the_f
     assert not [w for w in validate(parse_job(normed, "job.conf")).warnings if "lr_scale" in w]
 
 
+@pytest.mark.parametrize("field", ["step", "warmup_steps"])
+def test_a_negative_start_step_or_warmup_is_refused_at_the_field(field):
+    """step: -5 (the step a run starts from, SINGA's last snapshot step) was taken: training ran batches
+    -5..-1 and a kInverse rate of gamma 1 raised 0 to a negative power at step -1, a ZeroDivisionError
+    traceback; warmup_steps (a count of steps too) took -1 alike."""
+    text = (REPO_CONFS[0].parent / "digits_mlp.conf").read_text().replace("disp_freq: 100\n",
+                                                                         f"disp_freq: 100\n{field}: -5\n")
+    with pytest.raises(ConfigError) as err:
+        validate(parse_job(text, "job.conf"))
+    assert str(err.value) == f"job.conf:11:1: {field} = -5: expected an integer >= 0"
+
+
 SMALL = """
 name: "small"
 train_steps: 5
