@@ -42,7 +42,7 @@ class Summary:
     warnings: list[str]
     # the warnings about the job's values, which train says too (the others are about files, which a
     # run reads, and reports on, itself)
-    said_by_runs: list[str] = dataclasses.field(default_factory=list)
+    said_by_runs: list[str] = dataclasses.field(default_factory=list, repr=False)  # in warnings too
 
     @property
     def num_weights(self) -> int:

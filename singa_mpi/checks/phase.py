@@ -28,7 +28,7 @@ class PhaseSummary:
     phase: str
     layers: list[tuple[str, str, tuple[int, ...]]]  # (name, type, output shape per sample)
     batch: int
-    notes: list[str] = dataclasses.field(default_factory=list)  # warnings about values, which runs say too
+    notes: list[str] = dataclasses.field(default_factory=list, repr=False)  # warnings about values, runs say them too
 
 
 def check_phase(cfg: JobConfig, phase: str, params: dict, warnings: list[str]) -> PhaseSummary:
