@@ -228,9 +228,8 @@ def _check_memory_of_n_ranks(cfg, plans: list, n: int) -> None:
 def cmd_plan(args) -> int:
     from singa_mpi.algorithms import make_algorithm
     from singa_mpi.checks.job import validate
-    from singa_mpi.config.load import load_job, wants_deterministic
+    from singa_mpi.config.load import load_job, phases_of, wants_deterministic
     from singa_mpi.checks.phase import check_phase
-    from singa_mpi.launcher.describe import phases_of
     from singa_mpi.planner import plan, render
     from singa_mpi.planner.syncs import ALLREDUCE, DETERMINISTIC, DETERMINISTIC_SHARED
 

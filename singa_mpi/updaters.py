@@ -224,6 +224,13 @@ class Updater:
 
     clips: ClassVar[bool] = False  # whether SINGA clips the gradient for this updater
     divides: ClassVar[bool] = False  # whether its rule divides by a history plus ``delta`` (or its root)
+    state_arrays: ClassVar[int] = 1  # arrays of a param's shape it keeps per param (its slots)
+    uses_scratch: ClassVar[bool] = True  # whether its rule works in the one scratch array (the largest param's size)
+
+    @classmethod
+    def kept_arrays(cls, conf: job_pb2.UpdaterProto) -> int:
+        """Arrays of each param's shape this updater keeps for ``conf`` (the memory check counts them)."""
+        return cls.state_arrays
 
     def __init__(self, conf: job_pb2.UpdaterProto):
         self.conf = conf
@@ -377,6 +384,11 @@ class SGD(Updater):
     """Momentum SGD: h = m·h - lr·g; data += h (data -= lr·g without momentum)."""
 
     clips = True
+    uses_scratch = False
+
+    @classmethod
+    def kept_arrays(cls, conf):
+        return 1 if conf.momentum > 0 else 0  # no history without momentum
 
     def apply(self, name, data, grad, lr):
         if self.momentum > 0:
@@ -445,6 +457,7 @@ class AdaDelta(Updater):
     """h = rho·h + (1-rho)·g²; t = g·sqrt(u+delta)/sqrt(h+delta); u = rho·u + (1-rho)·t²; data -= lr·t."""
 
     divides = True
+    state_arrays = 2  # history and update
 
     def __init__(self, conf):
         super().__init__(conf)
@@ -476,6 +489,7 @@ class Adam(Updater):
     """h = b1·h + (1-b1)·g; u = b2·u + (1-b2)·g²; data -= lr·h / sqrt(u + delta) (see module doc)."""
 
     divides = True
+    state_arrays = 2  # history and update
 
     def __init__(self, conf):
         super().__init__(conf)
@@ -510,6 +524,7 @@ class AdamMax(Updater):
     """h = b1·h + (1-b1)·g; u = max(b2·u, |g|) + delta; data -= lr·h / u."""
 
     divides = True
+    state_arrays = 2  # history and update
 
     def __init__(self, conf):
         super().__init__(conf)

@@ -227,3 +227,9 @@ def is_test_only(job: job_pb2.JobProto) -> bool:
     """A job that only tests, run by SINGA with ``-test`` (char-rnn's sample.conf): no train_steps,
     test_steps > 0; no updater or test_freq needed.  ``singa-mpi test`` runs it, ``train`` refuses it."""
     return not job.HasField("train_steps") and job.test_steps > 0
+
+
+def phases_of(cfg: JobConfig) -> list[str]:
+    """The phases a training run has: train, and test and validation when the job asks for them."""
+    return (["train"] + (["test"] if cfg.proto.test_steps > 0 else [])
+            + (["val"] if cfg.proto.validate_steps > 0 else []))

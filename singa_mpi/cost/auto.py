@@ -21,8 +21,9 @@ search therefore
    (two per worker) in interleaved order; one is chosen when predicted MARGIN faster than the best of
    the above.
 
-Plans over the memory limit per rank (params, their updater state and the activations the plan
-holds, as predicted from the plan) are skipped.  The result is a choice per layer, its predicted step,
+Plans over the memory limit per rank (:func:`memory_by_rank`, the launch's memory check's prediction:
+params with their gradients and updater state, the activations and the layers' work arrays the plan
+holds, the test net's outputs beside it, and the checkpoint's copies on rank 0) are skipped.  The result is a choice per layer, its predicted step,
 and the data-parallel prediction beside it.  Every rank of a launched job must use one choice, so the
 choice is made once (``singa-mpi plan --auto -o chosen.conf``, or by the process that launches) and
 written into the job.
@@ -31,13 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Sequence
 
 from singa_mpi import plugins
-from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim
+from singa_mpi.config.load import AUTO, JobConfig, effective_partition_dim, phases_of
 from singa_mpi.cost.model import NotPriced, predict
 from singa_mpi.cost.rates import Network
 from singa_mpi.errors import ConfigError
-from singa_mpi.planner import plan as make_plan
+from singa_mpi.planner import partition, plan as make_plan
 
 CHOICES = (0, 1, -1)
 MARGIN = 0.10  # a plan other than data parallelism must be predicted this much faster to be chosen
@@ -115,30 +117,109 @@ def with_choice(cfg: JobConfig, choice: Choice) -> JobConfig:
     return chosen
 
 
-def plan_memory(the_plan) -> int:
+def plan_memory(the_plan, updater=None, trains: bool = True, beside: Sequence = ()) -> int:
     """Bytes on the fullest rank (:func:`memory_by_rank`)."""
-    return max(sum(parts.values()) for parts in memory_by_rank(the_plan))
+    return max(sum(parts.values()) for parts in memory_by_rank(the_plan, updater, trains, beside))
 
 
-def memory_by_rank(the_plan) -> list[dict[tuple[str, str], int]]:
-    """Per rank, its predicted bytes by (layer, "params" or "activations"): its param shards with two
-    more arrays each (gradient, updater history) and its sub-layers' outputs with their gradients
-    (an inserted layer under its own name); of a pipeline, the micro-batches a rank holds at once
-    (GPipe: all; 1F1B: at most its stages to go)."""
+WRITER = 0  # the rank that gathers and writes checkpoints
+CHECKPOINT_COPIES = 3  # on the writer: its pieces' copies, the pieces gathered, the whole arrays assembled
+
+
+def memory_by_rank(the_plan, updater=None, trains: bool = True, beside: Sequence = ()) -> list[dict[tuple[str, str], int]]:
+    """Per rank, its predicted bytes by (layer, what) of a job that trains ``the_plan``'s net (``trains``;
+    else one that only tests it: params alone, no backward, no checkpoint) with ``updater`` (its
+    UpdaterProto; None: one state array per param, no scratch), and evaluates ``beside`` it the nets of
+    these plans (test, validation: built and run from step 0 on, they keep their last outputs).  What:
+    "params", its param shards with their gradients and the updater's state arrays
+    (:meth:`~singa_mpi.updaters.Updater.kept_arrays`); "activations", its sub-layers' outputs with
+    their gradients (an inserted layer under its own name; an evaluated net's outputs alone); "work
+    arrays", what each layer family says it keeps besides (:meth:`~singa_mpi.layers.base.Layer.work_bytes`:
+    masks, saved spectra, im2col's columns, a store decoded whole); and the largest of what comes and
+    goes: "passing arrays", a forward's or backward's own (of one of its sub-layers, with the output it
+    replaces, or the updater's scratch), or on the writer "checkpoint copies" of every param and its
+    state.  Of a pipeline, the micro-batches a rank holds at once (GPipe: all; 1F1B: at most its
+    stages to go)."""
+    states, scratch = _updater_memory(updater) if trains else (0, False)
     per_rank: list[dict[tuple[str, str], int]] = [{} for _ in range(the_plan.nranks)]
+    passing: list[tuple[int, str]] = [(0, "")] * the_plan.nranks  # (bytes, layer) of the largest per rank
     seen: set[tuple] = set()
-    held = _micro_batches_held(the_plan)
+    whole: dict[str, tuple[int, str]] = {}  # param -> (logical size, its layer)
     for sub in the_plan.sublayers:
-        parts = per_rank[sub.rank]
+        layer = sub.origin or sub.name
         for shard in sub.params:
+            whole.setdefault(shard.name, (math.prod(shard.logical_shape), layer))
             if (sub.rank, shard.name, shard.offsets) not in seen:
                 seen.add((sub.rank, shard.name, shard.offsets))
-                key = (sub.origin or sub.name, "params")
-                parts[key] = parts.get(key, 0) + 3 * 4 * shard.size
-        if sub.micro < held.get(sub.rank, sub.micro + 1):
-            key = (sub.origin or sub.name, "activations")
-            parts[key] = parts.get(key, 0) + 2 * 4 * math.prod(sub.out_shape)
+                _add(per_rank[sub.rank], (layer, "params"), 4 * shard.size * (2 + states if trains else 1))
+                if scratch:
+                    passing[sub.rank] = max(passing[sub.rank], (4 * shard.size, layer))
+    for net, backward in [(the_plan, trains)] + [(other, False) for other in beside]:
+        _add_outputs(net, backward, per_rank, passing)
+    copies = CHECKPOINT_COPIES * 4 * (1 + states) * sum(size for size, _ in whole.values()) if trains else 0
+    if copies and WRITER < the_plan.nranks:
+        passing[WRITER] = max(passing[WRITER], (copies, max(whole.values())[1]))
+    for rank, (parts, (most, layer)) in enumerate(zip(per_rank, passing)):
+        if most:
+            _add(parts, (layer, "checkpoint copies" if rank == WRITER and most == copies else "passing arrays"), most)
     return per_rank
+
+
+def _add_outputs(the_plan, backward: bool, per_rank: list[dict], passing: list[tuple[int, str]]) -> None:
+    """Into ``per_rank`` (and the largest ``passing``), the outputs (with their gradients where the net
+    runs ``backward``) and work arrays of ``the_plan``'s sub-layers, as many micro-batches as it holds."""
+    held = _micro_batches_held(the_plan)
+    by_name = {(sub.rank, sub.name): sub for sub in the_plan.sublayers}
+    for sub in the_plan.sublayers:
+        if sub.micro >= held.get(sub.rank, sub.micro + 1):
+            continue
+        parts, layer, out = per_rank[sub.rank], sub.origin or sub.name, 4 * math.prod(sub.out_shape)
+        _add(parts, (layer, "activations"), (2 if backward else 1) * out)
+        first = by_name.get((sub.rank, sub.srcs[0])) if sub.srcs else None
+        kept, passes = _work_bytes(the_plan, sub, backward, first is not None and first.needs_grad)
+        if kept:
+            _add(parts, (layer, "work arrays"), kept)
+        passing[sub.rank] = max(passing[sub.rank], (passes + out, layer))
+
+
+def evaluated_plans(cfg: JobConfig, nranks: int) -> list:
+    """The plans of the nets a training run of ``cfg`` on ``nranks`` workers evaluates beside training
+    (:func:`~singa_mpi.config.load.phases_of`), whose outputs :func:`memory_by_rank` counts; a phase the
+    planner refuses is left out (the launch refuses the job for it)."""
+    plans = []
+    for phase in phases_of(cfg)[1:]:
+        try:
+            plans.append(partition(cfg, nranks, phase))
+        except ConfigError:
+            pass
+    return plans
+
+
+def _updater_memory(updater) -> tuple[int, bool]:
+    """(state arrays per param, whether it works in a scratch array) of ``updater`` (None: 1, False)."""
+    from singa_mpi.updaters import UPDATERS
+
+    if updater is None:
+        return 1, False
+    kind = UPDATERS.select(updater, where="updater.")
+    return kind.kept_arrays(updater), kind.uses_scratch
+
+
+def _add(parts: dict[tuple[str, str], int], key: tuple[str, str], nbytes: int) -> None:
+    parts[key] = parts.get(key, 0) + nbytes
+
+
+def _work_bytes(the_plan, sub, backward: bool, input_grad: bool) -> tuple[int, int]:
+    """(held, passing) work bytes of a sub-layer as its layer family declares them (an inserted layer:
+    none); its input as the first source's whole per-sample shape, its output as this part's."""
+    from singa_mpi.layers.base import layer_class_of
+
+    node = the_plan.origins.get(sub.origin) if sub.origin else None
+    if node is None or not sub.out_shape:
+        return 0, 0
+    in_shape = tuple(sub.src_shapes[0]) if sub.src_shapes and sub.src_shapes[0] else tuple(sub.out_shape[1:])
+    return layer_class_of(node.conf).work_bytes(node.conf, sub.out_shape[0], in_shape, tuple(sub.out_shape[1:]),
+                                                backward, input_grad)
 
 
 def _micro_batches_held(the_plan) -> dict[int, int]:
@@ -195,7 +276,7 @@ class Search:
             the_plan = make_plan(cfg, self.nranks, method=self.method, algorithm=self.algorithm)
         except ConfigError as err:
             return str(err), 0  # the planner refuses it (a loss split on features, too few rows, ...)
-        memory = plan_memory(the_plan)
+        memory = plan_memory(the_plan, cfg.proto.updater, beside=evaluated_plans(cfg, self.nranks))  # as the launch checks
         if self.memory_limit is not None and memory > self.memory_limit:
             return "", memory
         # NotPriced for a CD job, as plan --cost says

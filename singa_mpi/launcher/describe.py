@@ -16,7 +16,7 @@ from typing import Mapping
 
 from singa_mpi import plugins
 from singa_mpi.checks.job import Summary, validate
-from singa_mpi.config.load import JobConfig, effective_partition_dim, is_test_only, load_job
+from singa_mpi.config.load import JobConfig, effective_partition_dim, is_test_only, load_job, phases_of
 from singa_mpi.errors import ConfigError
 from singa_mpi.launcher.options import TEST, Request, options_to_agree
 from singa_mpi.planner.deterministic import deterministic_of
@@ -152,12 +152,6 @@ def sync_method(topo: Topology, world: World, deterministic: bool = False) -> st
     if world.shared_memory and len(topo.worker_groups) == 1:
         return SHARED_MEMORY
     return ALLREDUCE
-
-
-def phases_of(cfg: JobConfig) -> list[str]:
-    """The phases a training run has: train, and test and validation when the job asks for them."""
-    return (["train"] + (["test"] if cfg.proto.test_steps > 0 else [])
-            + (["val"] if cfg.proto.validate_steps > 0 else []))
 
 
 def one_process_notes(cfg: JobConfig) -> tuple[str, ...]:

@@ -324,6 +324,19 @@ class Layer:
         a plugin's reader overrides this (the block may be an extension: ``"[data_conf]"``)."""
         return []
 
+    @classmethod
+    def work_bytes(cls, conf: job_pb2.LayerProto, rows: int, in_shape: Shape, out_shape: Shape,
+                   backward: bool = True, input_grad: bool = True) -> tuple[int, int]:
+        """(held, passing) bytes this layer allocates besides its output and the output's gradient, at
+        ``rows`` rows of ``in_shape`` (its first source's per-sample shape, whole) giving ``out_shape``
+        (this part's per-sample shape), in a net that runs its backward (``backward``; else forward
+        alone: a test net), which asks it for its input's gradient (``input_grad``): ``held`` stays from
+        forward to backward or from step to step (work arrays, masks, saved spectra), ``passing`` lives
+        inside one forward or backward only.  The memory check (:func:`singa_mpi.cost.auto.memory_by_rank`)
+        adds every layer's ``held`` and the largest ``passing`` of a rank.  Default: nothing beyond the
+        output (a layer that keeps only references to its inputs)."""
+        return 0, 0
+
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         """Check the conf against the logical source shapes; return the logical output shape."""
         raise NotImplementedError

@@ -13,6 +13,7 @@ Output sizes use SINGA's floor rule ``(H + 2·pad - kernel) // stride + 1``.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -188,6 +189,38 @@ class Convolution(Layer):
         self.x, self.spectra = None, []  # deterministic mode: the input, or each block's spectra
         self.fourier: fft_conv.FourierConvolution | None = None
         return (conf.num_filters,) + self.out_hw
+
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """im2col: held from step to step as scratch, the padded input, the columns and GEMM products of
+        the whole batch where they fit a chunk (else a chunk's, for forward and the weight gradient) and,
+        for an input gradient of stride 1, the padded output gradient with a chunk of its columns and
+        products; held for the step, the output gradient in the columns' order where the kept columns or
+        another stride use it; passing, for an input gradient of another stride, the column gradients and the
+        padded input gradient.  The Fourier route (chosen as the
+        layer chooses it): its buffers and spectra (:func:`.fft_conv.work_bytes`)."""
+        c = conf.convolution_conf
+        kernel, pad, stride = _pair(c, "kernel", 3), _pair(c, "pad", 0), _pair(c, "stride", 1)
+        channels, hw, filters, out_hw = in_shape[0], tuple(in_shape[1:]), out_shape[0], tuple(out_shape[1:])
+        input_grad = backward and input_grad
+        if stride == (1, 1) and fft_conv.cheaper(rows, channels, filters, kernel, hw, pad, input_grad):
+            return fft_conv.work_bytes(rows, channels, filters, kernel, hw, pad, out_hw, backward, input_grad)
+        taps, positions, in_positions = kernel[0] * kernel[1], out_hw[0] * out_hw[1], hw[0] * hw[1]
+        padded = channels * rows * (hw[0] + 2 * pad[0]) * (hw[1] + 2 * pad[1])
+        step = _chunk_samples(channels * taps, positions, 4, rows)  # samples per chunk (all: kept whole)
+        chunks = 2 if backward and step < rows else 1  # forward's, and the weight gradient's made again
+        held = padded + (channels * taps + filters) * step * positions * chunks
+        if backward and (step == rows or (input_grad and stride != (1, 1))):
+            held += filters * rows * positions  # the output gradient in the columns' order, kept by the
+            # weight's pending product until the step's gradients are formed
+        passing = 0
+        if input_grad and stride == (1, 1):
+            back = _chunk_samples(filters * taps, in_positions, 4, rows)
+            held += filters * rows * (out_hw[0] + 2 * (kernel[0] - 1 - pad[0])) * (out_hw[1] + 2 * (kernel[1] - 1 - pad[1]))
+            held += filters * taps * back * in_positions + channels * back * in_positions
+        elif input_grad:  # the column gradients and the padded input gradient they are added into
+            passing += channels * taps * rows * positions + padded
+        return 4 * held, 4 * passing
 
     def _use_fourier(self, batch: int, channels: int, filters: int) -> bool:
         """The Fourier route where it is less work: a function of this part's shapes and whether its
@@ -382,6 +415,23 @@ class Pooling(Layer):
         self.max = conf.pool == conf.MAX
         return (src_shapes[0][0],) + self.out_hw
 
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """MAX: held, where each window's maximum lies and each window's corner (int32 per output);
+        passing, the padded input (where padded) and the row maxima with their columns.  AVG: passing, the input and
+        the output pixels first (and the gradient's, as large)."""
+        c = conf.pooling_conf
+        pad = _pair(c, "pad", 0)
+        planes = rows * out_shape[0]  # a channel split pools its own channels
+        padded = planes * (in_shape[1] + 2 * pad[0]) * (in_shape[2] + 2 * pad[1])
+        out = planes * out_shape[1] * out_shape[2]
+        if c.pool == c.MAX:  # the row maxima (float32) with their columns, comparisons and updates (bytes)
+            across = planes * (in_shape[1] + 2 * pad[0]) * out_shape[2]
+            # held too: the input gradient's padding (it is a view of the padded array)
+            border = padded - planes * in_shape[1] * in_shape[2]
+            return 4 * (2 * out + border), (4 * padded if any(pad) else 0) + 7 * across + 4 * out
+        return 0, 4 * (padded + out)
+
     def _offsets(self):
         """(rows, columns) each kernel offset reads, offsets in row-major order."""
         return [_offset_slices(i, j, self.stride, self.out_hw) for i in range(self.kernel[0])
@@ -506,6 +556,13 @@ class LRN(Layer):
             raise LayerConfigError("srclayers", f"output shape {tuple(src_shapes[0])}",
                                    "a (channels, height, width) source for LRN")
         return tuple(src_shapes[0])
+
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Held, the norm and its power (the scale); passing, two arrays as large (forward's squares and
+        window sums, backward's products)."""
+        size = 4 * rows * math.prod(out_shape)
+        return 2 * size, 2 * size
 
     def _window_sum(self, a: np.ndarray) -> np.ndarray:
         """Σ over the channel window of size local_size centred on each channel."""

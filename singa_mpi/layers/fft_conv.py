@@ -194,3 +194,24 @@ class FourierConvolution:
     def release(self) -> None:
         """Drop the spectra kept for backward (a pipelined step frees a micro-batch's after its backward)."""
         self.x_hat = self.w_hat = None
+
+
+def work_bytes(batch: int, channels: int, filters: int, kernel, in_hw, pad, out_hw, backward: bool = True,
+               input_grad: bool = True) -> tuple[int, int]:
+    """(held, passing) bytes of :class:`FourierConvolution` on ``batch`` samples (``backward``: its
+    backward runs; ``input_grad``: with the input gradient): held, the input's transform buffers (rows,
+    planes and the complex grid, kept from step to step) and the spectra kept for backward (the input's
+    and the kernels'), and with backward the output gradient's buffers; passing (complex64), forward's
+    product spectrum or backward's: the weight gradient's spectrum with its two tap GEMMs' products and
+    the real taps, the output gradient's and the input gradient's spectra and a half-transformed set."""
+    nh, nw = transform_size((in_hw[0] + 2 * pad[0], in_hw[1] + 2 * pad[1]))
+    bins, half = nh * (nw // 2 + 1), in_hw[0] * (nw // 2 + 1)
+    x, g, kernels, taps = batch * channels, batch * filters, channels * filters, kernel[0] * kernel[1]
+    held = 4 * (in_hw[0] * nw + in_hw[0] * in_hw[1]) * x + 8 * bins * x + 8 * bins * (x + kernels)
+    taps_spectrum = 8 * kernels * (kernel[0] * (nw // 2 + 1) + taps)  # the kernels' DFT GEMMs' products
+    if not backward:
+        return held, taps_spectrum + 8 * bins * g * 2
+    held += 4 * (out_hw[0] * nw + out_hw[0] * out_hw[1]) * g + 8 * bins * g
+    weights = 8 * kernels * bins + taps_spectrum + 4 * taps * kernels
+    passing = weights + 8 * (bins * (g + (x if input_grad else 0)) + half * max(x if input_grad else 0, g))
+    return held, passing

@@ -27,6 +27,7 @@ that meet a NaN at the step that reads it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Callable
@@ -58,6 +59,22 @@ def find_file(path: str, workspace: str, what: str, todo: Callable[[], str]) -> 
         where = f" or in the workspace {workspace}" if workspace not in ("", ".") else ""
         raise DataError(f"{what} {path}: no such file (looked in the current folder{where}): {todo()}")
     return found
+
+
+@functools.lru_cache(maxsize=64)
+def _decoded_bytes(backend: str, path: str, mtime: int, size: int, shape: tuple[int, ...], has_label: bool,
+                   separator: str) -> int:
+    """Bytes of ``path``'s store decoded whole (0 where it is too big to be: read record by record, or
+    unreadable: the launch's own look reports that).  Cached by the file's time and size: the automatic
+    partitioning asks for every plan it prices."""
+    try:
+        store = open_store(backend, path, shape=shape, has_label=has_label, separator=separator)
+    except DataError:
+        return 0
+    try:
+        return len(store) * (4 * math.prod(shape) + 4) if store.decodes_whole() else 0
+    finally:
+        store.close()
 
 
 @LAYERS.register("kRecordInput", "kCSVInput")
@@ -108,6 +125,19 @@ class RecordInput(Layer):
                                    'one character (or "" for any whitespace)')
         self._start_reading(int(sum(conf.batchsize)), "store_conf.batchsize", conf.random_skip, conf.shuffle)
         return tuple(conf.shape)
+
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Held: the whole store, decoded (float32 values and int32 labels) by the first read where that
+        is under the store's cache limit (every rank that reads holds its own); a store not found here
+        (the path as written) or read record by record: nothing."""
+        store = conf.store_conf
+        backend = store.backend or ("textfile" if job_pb2.LayerType.Name(conf.type) == "kCSVInput" else "")
+        if in_memory(backend) or backend not in BACKENDS or not os.path.isfile(store.path):
+            return 0, 0
+        found = os.stat(store.path)
+        return _decoded_bytes(backend, os.path.abspath(store.path), found.st_mtime_ns, found.st_size,
+                              tuple(store.shape), store.has_label, store.separator), 0
 
     def _start_reading(self, batch_size: int, field: str, random_skip: int, shuffle: bool) -> None:
         """Set the global batch size and data order; nothing read yet."""

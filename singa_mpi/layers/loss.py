@@ -14,6 +14,8 @@ own count, giving SINGA's per-row averages (as SINGA's ``Metric`` keeps a
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from singa_mpi.errors import DataError
@@ -101,6 +103,12 @@ class SoftmaxLoss(_Loss):
     input_kinds = ("data", "aux")
     metric_names = ("loss", "accuracy")
     per_batch = ("p", "labels")
+
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Held: the probabilities; passing: the shifted scores and their exponentials."""
+        size = 4 * rows * math.prod(in_shape)
+        return size, 2 * size
 
     def setup(self, src_shapes):
         conf = self.conf.softmaxloss_conf

@@ -32,6 +32,12 @@ class InnerProduct(Layer):
     per_batch = ("x",)
     deterministic = True
 
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Passing: the output gradient transposed for the weight gradient's GEMM (its input is kept by
+        reference: it is the source's output)."""
+        return 0, 4 * rows * math.prod(out_shape) if backward else 0
+
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         conf = self.conf.innerproduct_conf
         if conf.num_output <= 0:
@@ -114,6 +120,11 @@ class _Elementwise(Layer):
 
     deterministic = True
 
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Passing: the products of backward (two arrays as large as the output)."""
+        return 0, 2 * 4 * rows * math.prod(out_shape) if backward else 0
+
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         return tuple(src_shapes[0])
 
@@ -130,6 +141,11 @@ class ReLU(_Elementwise):
     """max(x, 0) + negative_slope·min(x, 0)."""
 
     per_batch = ("mask",)
+
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Held: the mask of positive inputs (a byte each)."""
+        return rows * math.prod(out_shape), 0
 
     def setup(self, src_shapes):
         self.slope = self.conf.relu_conf.negative_slope
@@ -170,6 +186,12 @@ class STanh(_Elementwise):
     """Scaled tanh of LeCun as SINGA computes it: 1.7159047·tanh(0.66666667·x)."""
 
     per_batch = ("t",)
+
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Held: tanh of the input (the output is it scaled); passing: a product of backward."""
+        size = 4 * rows * math.prod(out_shape)
+        return size, size if backward else 0
 
     def forward(self, inputs, train):
         x = inputs[0]
@@ -228,6 +250,13 @@ class Dropout(_Elementwise):
     """
 
     per_batch = ("mask",)
+
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Held: the scaled mask (float32); passing: the uniform draws (float64) and the kept units
+        (bool), drawn for every row of the global batch (counted here for this part's rows)."""
+        size = rows * math.prod(out_shape)
+        return (4 * size, 9 * size) if backward else (0, 0)  # a test net's forward is the identity
 
     def setup(self, src_shapes):
         ratio = self.conf.dropout_conf.dropout_ratio

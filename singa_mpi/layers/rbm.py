@@ -108,6 +108,11 @@ class RBMVis(_RBMLayer):
     def terms_for(cls, role: str) -> str:
         return "" if role == "weight" else "rows"  # W is the hidden layer's to train
 
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Held: the positive visible units, a float32 copy of the input."""
+        return 4 * rows * math.prod(in_shape), 0
+
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         hdim = _hdim(self)
         self.vdim = int(math.prod(src_shapes[0]))
@@ -184,6 +189,13 @@ class RBMHid(_RBMLayer):
     # positive and the negative phase's), the same on any worker
     deterministic = True
     deterministic_terms = "pairs"
+
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Held: the visible and hidden units of the positive and the latest negative pass (copies);
+        passing: a pass's pre-activations and samples."""
+        visible, hidden = rows * math.prod(in_shape), rows * math.prod(out_shape)
+        return 4 * 2 * (visible + hidden), 4 * 2 * hidden
 
     def setup(self, src_shapes: Sequence[Shape]) -> Shape:
         hdim = _hdim(self)

@@ -63,6 +63,14 @@ class GRU(Layer):
     num_srcs = (1, 2)  # both inputs are "data" (the default input kinds)
     deterministic = True  # products per canonical block, gradients as terms per row (each copy's)
 
+    @classmethod
+    def work_bytes(cls, conf, rows, in_shape, out_shape, backward=True, input_grad=True):
+        """Held (per unrolled copy): the update and reset gates, the candidate and the hidden state's
+        product, kept for backward, and backward's four gate gradients, kept by the params until their
+        gradients are formed (one GEMM over every copy's); passing: two of backward's products."""
+        size = 4 * rows * math.prod(out_shape)
+        return (8 * size, 2 * size) if backward else (4 * size, 0)
+
     def __init__(self, conf, ctx=None):
         super().__init__(conf, ctx)
         self.initial_state: np.ndarray | None = None

@@ -1,7 +1,11 @@
 """A job predicted not to fit a rank's memory is refused before any communication, in one line naming
 the field behind it (singa_mpi.cost.memory), by `check -n N` and by every rank of `train`."""
+import gc
+import pathlib
+import re
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 
@@ -11,7 +15,7 @@ from singa_mpi import cli
 from singa_mpi.cost import memory
 
 DIGITS, CONVNET = ROOT / "conf" / "digits_mlp.conf", ROOT / "conf" / "cifar10_convnet.conf"
-SMALL = (64 * 2 ** 20, "a test's 64 MiB")  # a bound every unmutated job here fits, far from the machine's
+SMALL = (256 * 2 ** 20, "a test's 256 MiB")  # a bound every unmutated job here fits, far from the machine's
 
 
 def mutated(tmp_path, source, old: str, new: str) -> tuple[str, int]:
@@ -41,18 +45,17 @@ def test_a_job_over_the_bound_is_one_line_naming_the_field(tmp_path, capsys, mon
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith(f"singa-mpi: error: {path}:{line}:") and field in err[0], err[0]
-    assert "over the 64.0 MiB a rank can have here (a test's 64 MiB)" in err[0] and todo in err[0], err[0]
+    assert "over the 256.0 MiB a rank can have here (a test's 256 MiB)" in err[0] and todo in err[0], err[0]
     assert "--no-check-memory to skip this check" in err[0]
     assert cli.main(["check", path, "-n", "2", "--no-check-memory"]) == 0
 
 
 def test_a_job_near_the_bound_is_warned_of_once(capsys, monkeypatch):
     from singa_mpi.config.load import load_job
-    from singa_mpi.cost.auto import plan_memory
     from singa_mpi.planner import partition
 
     cfg = load_job(str(DIGITS))
-    need = max(plan_memory(partition(cfg, 2, phase)) for phase in ("train", "test"))
+    need = memory.fullest(cfg, [partition(cfg, 2, phase) for phase in ("train", "test")])[0]
     monkeypatch.setattr(memory, "memory_bound", lambda node_ranks: (int(need / 0.9), "a test's bound"))
     assert cli.main(["check", str(DIGITS), "-n", "2"]) == 0
     out = capsys.readouterr().out
@@ -64,11 +67,10 @@ def test_check_n_warns_of_a_job_that_fits_a_rank_alone_but_not_n_on_this_machine
     refused any job whose N ranks would not fit this machine together; now only one that a rank alone
     would not fit, and warns of the other (train checks each node's own share)."""
     from singa_mpi.config.load import load_job
-    from singa_mpi.cost.auto import plan_memory
     from singa_mpi.planner import partition
 
     cfg = load_job(str(DIGITS))
-    need = max(plan_memory(partition(cfg, 2, phase)) for phase in ("train", "test"))
+    need = memory.fullest(cfg, [partition(cfg, 2, phase) for phase in ("train", "test")])[0]
     monkeypatch.setattr(memory, "memory_bound", lambda node_ranks: (int(need * 1.5) // node_ranks, "a test's bound"))
     assert cli.main(["check", str(DIGITS), "-n", "2"]) == 0
     out = capsys.readouterr().out
@@ -115,3 +117,53 @@ def test_under_mpi_every_rank_refuses_it_before_any_communication_and_one_line_s
     assert "innerproduct_conf.num_output = 2000000000" in errors[0] and "/ 2 rank(s) on this node" in errors[0]
     assert "Abort" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert not (tmp_path / "ws").exists()  # refused in the vote, before the root made the workspace
+
+
+def _shrunk(name: str, batch: int) -> str:
+    """conf/NAME in the current folder, at ``batch`` rows, 3 training steps and one test step."""
+    text = (ROOT / "conf" / name).read_text()
+    for field, value in (("train_steps", 3), ("test_steps", 1), ("batchsize", batch), ("random_skip", 0)):
+        text = re.sub(rf"\b{field}: \d+", f"{field}: {value}", text)
+    pathlib.Path(name).write_text(text)
+    return name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, batch", [("cifar10_convnet.conf", 16), ("rbm_mnist_1.conf", 100)])
+def test_the_prediction_is_within_a_quarter_of_the_measured_peak(tmp_path, monkeypatch, name, batch):
+    """The predicted need of a conv-heavy job and an RBM on one process against the peak tracemalloc
+    measures of the run (numpy reports every array to it; the run is made once before, so modules
+    imported on first use are not counted): within 25% either way.  It left out the layers' work arrays
+    (im2col's columns, FFT spectra, masks), the decoded stores, the test net's outputs and the
+    checkpoint's copies: predicted 23-25% of the measured peak of both jobs at their conf/ sizes; now
+    1.00-1.14 of the fullest rank's on the 5 jobs measured (docs/troubleshooting.md).  Checked as the check
+    decides: no refusal at a bound 25% above the peak, a warning at least with 80% of the bound at 25%
+    below it."""
+    from singa_mpi.config.load import load_job, phases_of
+    from singa_mpi.cost.auto import placement_free
+    from singa_mpi.errors import ConfigError
+    from singa_mpi.planner import partition
+
+    monkeypatch.chdir(tmp_path)
+    job = _shrunk(name, batch)
+    assert cli.main(["data", "synthetic", "--like", job, "--count", "200"]) == 0
+    assert cli.main(["train", job, "--workspace", "first", "--steps", "1"]) == 0
+    gc.collect()
+    tracemalloc.start()
+    try:
+        assert cli.main(["train", job, "--workspace", "measured"]) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    cfg = load_job(job)
+    plans = [partition(placement_free(cfg), 1, phase) for phase in phases_of(cfg)]  # one process's, as train's
+
+    def verdict(bound: float) -> str:
+        monkeypatch.setattr(memory, "memory_bound", lambda node_ranks: (int(bound), "a test's bound"))
+        try:
+            return "near" if memory.check_memory(cfg, plans, 1) else "fits"
+        except ConfigError:
+            return "over"
+
+    assert verdict(1.25 * peak) != "over", peak  # predicted at most 25% above the peak
+    assert verdict(0.75 * peak / memory.WARN_SHARE) != "fits", peak  # and more than 25% below it
