@@ -207,7 +207,7 @@ def cmd_test(args) -> int:
     from singa_mpi.test_command import run_test
 
     return run_test(str(args.job or default_job_path()), lambda cfg: resolve_workspace(cfg, args.workspace),
-                    checkpoints=args.checkpoint, workers=args.workers)
+                    checkpoints=args.checkpoint, workers=args.workers, check_memory=args.check_memory)
 
 
 def _check_memory_of_n_ranks(cfg, plans: list, n: int) -> None:
@@ -728,6 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", action="append",
                    help="checkpoint file(s) to load (default: the newest in the workspace)")
     p.add_argument("--workers", type=positive_int, metavar="N", help="overrides cluster.nworkers_per_group")
+    p.add_argument("--no-check-memory", dest="check_memory", action="store_false", help=MEMORY_HELP)
     _plugin_option(p)
     p.set_defaults(func=cmd_test)
 

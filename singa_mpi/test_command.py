@@ -16,12 +16,14 @@ TEST_RESULTS = "test_results.jsonl"  # one line per `singa-mpi test` run, in the
 
 
 def run_test(job: str, workspace_of: Callable[[JobConfig], str], checkpoints: list[str] | None = None,
-             workers: int | None = None, spelling: dict[str, str] | None = None) -> int:
+             workers: int | None = None, spelling: dict[str, str] | None = None, check_memory: bool = True) -> int:
     """Load parameters from checkpoints (default: the newest good one in the workspace) and run the
     test phase once, partitioned like training when launched on several ranks (``workers``:
-    overrides cluster.nworkers_per_group; ``spelling``: the caller's words for ``--checkpoint``)."""
-    request = Request(job, workspace_of, RunOptions(workers=workers, spelling=dict(spelling or {})), command=TEST,
-                      checkpoints=tuple(checkpoints or ()))
+    overrides cluster.nworkers_per_group; ``spelling``: the caller's words for ``--checkpoint`` and
+    ``--no-check-memory``; ``check_memory``: refuse a test predicted not to fit a rank's memory first)."""
+    options = RunOptions(workers=workers, spelling=dict(spelling or {}))
+    options.check_memory = check_memory
+    request = Request(job, workspace_of, options, command=TEST, checkpoints=tuple(checkpoints or ()))
 
     def test(trainer: Trainer, ckpt: checkpoint.Checkpoint) -> int:
         used = ", ".join(checkpoints) if checkpoints else ckpt.path

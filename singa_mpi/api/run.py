@@ -32,7 +32,8 @@ FIT_SPELLING = {"--resume": "fit(..., resume=True)", "--overwrite": "fit(..., ov
                 "--allow-other-job": ""}  # fit has no way to resume another job's checkpoint
 RECORDED_PHASES = ("train", "test", "val")  # the phases of metrics.jsonl's records
 PHASE_NAMES = {"validation": "val"}  # a phase by its long name, as the API's layers take it too
-EVALUATE_SPELLING = {"--checkpoint": "evaluate(..., checkpoints=[FILE])"}  # the test command's option, as evaluate takes it
+# the test command's options, as evaluate takes them ("": it has none: its memory check cannot be skipped)
+EVALUATE_SPELLING = {"--checkpoint": "evaluate(..., checkpoints=[FILE])", "--no-check-memory": ""}
 EVALUATE_FILE = "evaluate.conf"  # what evaluate() tests: its own, so that job.conf stays the training's
 GIVEN_FILE = "fit.conf"  # the job fit() was given, where job.conf is still another run's (until training starts)
 

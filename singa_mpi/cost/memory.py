@@ -1,5 +1,5 @@
-"""Whether a job fits the memory a rank can have, checked before any communication (every rank in phase
-1, and ``check -n N``): the fullest rank's predicted bytes (:func:`fullest`, by :func:`.auto.memory_by_rank`,
+"""Whether a job fits the memory a rank can have, checked before any communication (every rank of
+``train`` and ``test`` in phase 1, and ``check -n N``): the fullest rank's predicted bytes (:func:`fullest`, by :func:`.auto.memory_by_rank`,
 the one prediction ``plan --auto --memory-limit`` uses: params with their gradients and updater state,
 the activations and work arrays of the step's rows, the test net's outputs, the checkpoint's copies)
 against this process's share of the node (the cgroup's limit where one is set, else physical memory,

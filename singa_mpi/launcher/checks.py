@@ -40,8 +40,9 @@ def read_before_start(launch: Launch, request: Request, is_root: bool,
 def _check_and_read(launch: Launch, request: Request, is_root: bool,
                     log: Callable[[str], None] | None) -> list[tuple[str, str]]:
     """The checks of :func:`read_before_start` up to the first batches, whose facts it returns."""
-    if request.trains and request.options.check_memory:  # first: a batch too big would fail reading its first rows
-        near = check_memory(launch.cfg, plans_to_fit(launch), launch.node_ranks, request.options.said(MEMORY_SWITCH))
+    if request.options.check_memory:  # first: a batch too big would fail reading its first rows
+        near = check_memory(launch.cfg, plans_to_fit(launch), launch.node_ranks, request.options.said(MEMORY_SWITCH),
+                            trains=request.trains)
         if near:
             warnings.warn(near)  # recorded: rank 0 says it once (said_once)
     check_inputs(launch.cfg, launch.workspace, list(launch.phases), log)

@@ -167,3 +167,32 @@ def test_the_prediction_is_within_a_quarter_of_the_measured_peak(tmp_path, monke
 
     assert verdict(1.25 * peak) != "over", peak  # predicted at most 25% above the peak
     assert verdict(0.75 * peak / memory.WARN_SHARE) != "fits", peak  # and more than 25% below it
+
+
+def test_the_test_command_is_checked_too_and_no_check_memory_skips_it(tmp_path, capsys, monkeypatch):
+    """`singa-mpi test` ran a job that could not fit without a look (it allocated the params and died
+    out of memory, exit 6); now refused as train is, in one line before any checkpoint is read, for the
+    params alone (no gradients, updater state or checkpoint copies); --no-check-memory skips it."""
+    monkeypatch.chdir(tmp_path)  # the digits are prepared here
+    path, line = mutated(tmp_path, DIGITS, "num_output: 256", "num_output: 2000000000")
+    assert cli.main(["test", path, "--workspace", str(tmp_path / "ws")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}:{line}:" in err[0], err
+    assert "innerproduct_conf.num_output = 2000000000" in err[0] and "in the test phase" in err[0], err[0]
+    assert "--no-check-memory to skip this check" in err[0], err[0]
+    assert cli.main(["test", path, "--workspace", str(tmp_path / "ws"), "--no-check-memory"]) == 3
+    assert "no checkpoint found" in capsys.readouterr().err  # past the check, to the checkpoints
+
+
+def test_a_test_run_is_predicted_without_gradients_updater_state_or_checkpoint_copies():
+    from singa_mpi.config.load import load_job
+    from singa_mpi.planner import partition
+
+    cfg = load_job(str(DIGITS))
+    test_plan = partition(cfg, 1, "test")
+    tested = memory.fullest(cfg, [test_plan], trains=False)[1]
+    trained = memory.fullest(cfg, [partition(cfg, 1, "train"), test_plan])[1]
+    params = sum(n for (_, what), n in tested.items() if what == "params")
+    assert params == 4 * 50_826  # the values alone (digits_mlp: 50,826 weights)
+    assert sum(n for (_, what), n in trained.items() if what == "params") > 2 * params  # with gradients, history
+    assert not [what for _, what in tested if what == "checkpoint copies"]
