@@ -107,6 +107,7 @@ class Attempt:
     hosts: list[Host] = dataclasses.field(default_factory=list)  # where it ran ([]: not known)
     emergency: str | None = None  # what the survivors' emergency checkpoint gave (or why there is none)
     profile_before: tuple | None = None  # its failed run's profile file as it was before the launch (_identity)
+    damaged: list[str] = dataclasses.field(default_factory=list)  # checkpoints none good: started over beside them
 
 
 def failure_of(events: list[dict], code: int, ended: float, hosts: Sequence[Host] = (), ranks: int = 0) -> Failure:
@@ -319,10 +320,11 @@ class Supervisor:
         previous = {s: signal.signal(s, self._forward) for s in STOP_SIGNALS}
         try:
             ranks, resumed_from, hosts = self.policy.ranks, None, list(self.policy.hosts)
+            damaged: list[tuple[int, str]] = []
             while True:
                 if self.stopping is not None and self.attempts:  # a stop while it decided to relaunch: no relaunch
                     return self._finish(self._stopped(self.attempts[-1]))
-                attempt = self._launch(ranks, resumed_from, hosts)
+                attempt = self._launch(ranks, resumed_from, hosts, damaged if self.attempts else [])
                 if self.stopping is not None:  # stopped (75): nothing restarts
                     return self._finish(self._stopped(attempt))
                 if attempt.failure is None:  # done
@@ -341,6 +343,9 @@ class Supervisor:
                 without = f" without host {', '.join(lost)}" if lost else ""
                 if attempt.emergency:
                     self.log(f"singa-mpi: supervisor: {attempt.emergency}")
+                damaged = [] if resumed_from is not None else listed(self.workspace)
+                if damaged:
+                    self.log(f"singa-mpi: supervisor: {self._starting_over(damaged)}")
                 self.log(f"singa-mpi: supervisor: {describe_failure(attempt.failure)}; restarting on {ranks} ranks"
                          f"{without} "
                          f"from {'checkpoint step ' + str(resumed_from) if resumed_from is not None else 'step 0'}"
@@ -364,8 +369,20 @@ class Supervisor:
             self._kill_launcher()
             child.wait()
 
-    def _launch(self, ranks: int, resumed_from: int | None, hosts: list[Host]) -> Attempt:
-        attempt = Attempt(len(self.attempts) + 1, ranks, resumed_from, hosts=hosts)
+    def _starting_over(self, damaged: list[tuple[int, str]]) -> str:
+        """The line of a restart that finds only damaged checkpoints (``damaged``: :func:`listed`'s):
+        it starts again from step 0, as with none, and moves them aside, as a stopped run's advice says
+        (:meth:`resume_hint`): --resume would refuse them all, and end the healing run."""
+        names = [os.path.basename(path) for _, path in damaged]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        return (f"no good checkpoint: each of the {len(names)} in {checkpoint_dir(self.workspace)} is damaged "
+                f"({shown}); the restart starts again from step 0 and moves them to "
+                f"{os.path.join(self.workspace, 'previous-<time>')}/ (--overwrite)")
+
+    def _launch(self, ranks: int, resumed_from: int | None, hosts: list[Host],
+                damaged: list[tuple[int, str]] | None = None) -> Attempt:
+        attempt = Attempt(len(self.attempts) + 1, ranks, resumed_from, hosts=hosts,
+                          damaged=[os.path.basename(path) for _, path in damaged or []])
         self.attempts.append(attempt)
         events_path = os.path.join(self.folder, f"attempt{attempt.number}.jsonl")
         if os.path.exists(events_path):
@@ -497,8 +514,9 @@ class Supervisor:
         args = list(self.train_args)
         if attempt > 1:  # never move aside what the dead attempt wrote: resume it (or, without a checkpoint, restart)
             args = [a for a in args if a not in ("--overwrite", "--resume")]
-            # (files none of which verifies: --resume judges them itself, and says so if it finds none good)
-            args.append("--resume" if resumed_from is not None or listed(self.workspace) else "--overwrite")
+            # without a good checkpoint (none, or each damaged: --resume would refuse them all) from step 0,
+            # the dead attempt's files moved aside
+            args.append("--resume" if resumed_from is not None else "--overwrite")
             args = _with_trace(args, lambda path: _attempt_file(path, attempt))
         # --workers is per group: the workers beside the servers, shared among the groups (one process
         # trains the whole net: none to give it)
@@ -602,6 +620,7 @@ class Supervisor:
             restarts.append({"attempt": failed.number, "ranks": failed.ranks, "failure": failure,
                              "emergency": failed.emergency,
                              "resumed_from": after.resumed_from, "relaunched_on": after.ranks,
+                             "damaged_moved_aside": after.damaged,
                              "lost_steps": lost_steps(failed.failure, after.resumed_from),
                              "recovery_seconds": recovery})
         last = self.attempts[-1]
@@ -621,8 +640,9 @@ def summary_lines(summary: dict) -> list[str]:
         recovery = "" if entry["recovery_seconds"] is None else f", recovered in {entry['recovery_seconds']:.1f}s"
         note = entry.get("emergency") or ""
         kind = "an emergency checkpoint" if note.startswith("emergency checkpoint") else "the last periodic checkpoint"
+        none = "no good checkpoint: each damaged" if entry.get("damaged_moved_aside") else "no checkpoint yet"
         resumed = (f"{kind}, step {entry['resumed_from']}" if entry["resumed_from"] is not None
-                   else "step 0 (no checkpoint yet)")
+                   else f"step 0 ({none})")
         if note.startswith("no emergency checkpoint:"):
             resumed += f" ({note})"
         lines.append(f"  attempt {entry['attempt']}       {entry['ranks']} ranks: "

@@ -361,6 +361,34 @@ def test_a_damaged_newest_checkpoint_does_not_make_the_emergency_one_needless(tm
                                                               "one is at step 5")
 
 
+def test_a_restart_when_every_checkpoint_is_damaged_starts_again_from_step_0_saying_so(tmp_path):
+    """Every checkpoint damaged when a rank died: the restart line said "from step 0" but the relaunch was
+    passed --resume, which `train` refused (every checkpoint damaged, exit 3), and the healing run ended
+    "refused before training".  As when there is no checkpoint, it starts again from step 0 (--overwrite
+    moves the damaged files aside), and one line names them."""
+    ws = tmp_path / "ws"
+    damage = ("import glob, os, sys\n"
+              f"for path in glob.glob({str(ws / 'checkpoint' / 'step*.h5')!r}):\n"
+              "    open(path, 'r+b').write(b'damaged')\n"
+              "sys.exit(9)")
+    _checkpoint_at(ws, 5)
+    _checkpoint_at(ws, 10)
+    said = []
+    launcher = Programs(damage, "import sys; sys.exit(0)")
+    supervisor = Supervisor("job.conf", str(ws), [], Policy(2, elastic=True), launcher, log=said.append)
+    assert supervisor.run() == 0 and launcher.launched == 2
+    assert said[:2] == [
+        f"singa-mpi: supervisor: no good checkpoint: each of the 2 in {ws / 'checkpoint'} is damaged (step10.h5, "
+        f"step5.h5); the restart starts again from step 0 and moves them to {ws}/previous-<time>/ (--overwrite)",
+        "singa-mpi: supervisor: the job ended with exit code 9; restarting on 2 ranks from step 0 (restart 1 of at "
+        "most 3)"], said
+    assert "resumed from step 0 (no good checkpoint: each damaged) on 2 ranks" in said[-1], said
+    summary = json.loads((ws / "supervisor" / "summary.json").read_text())
+    assert summary["attempts"][0]["damaged_moved_aside"] == ["step10.h5", "step5.h5"]
+    relaunch = Supervisor("job.conf", str(ws), [], Policy(2, elastic=True), Programs(""))._command(2, 2, None)
+    assert relaunch[-1] == "--overwrite" and "--resume" not in relaunch
+
+
 def test_an_emergency_checkpoint_that_cannot_be_written_says_what_the_restart_uses(tmp_path, monkeypatch):
     """Its line ended "continue with --resume once it is fixed", a stopped run's advice, though the
     supervisor restarts the run by itself: it now says which checkpoint the restart resumes from.  One
