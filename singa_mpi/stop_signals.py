@@ -117,7 +117,7 @@ class StopSignals:
     def _acknowledge(self, signum: int, elsewhere: bool = False) -> None:
         """Root, on the first stop signal (``elsewhere``: one that reached another rank alone): one line
         on stderr at once (raw write: a handler may interrupt a print), and while training the pending
-        stop in WORKSPACE/stopped.txt, naming the newest checkpoint there is, in case the launcher ends
+        stop in WORKSPACE/stopped.txt, naming the newest good checkpoint there is, in case the launcher ends
         the run before the stop's checkpoint is written.  Where another rank of this node has ended
         unannounced (killed: the signal is the launcher ending the job), both say that no checkpoint
         can be written instead of promising one."""
@@ -129,9 +129,7 @@ class StopSignals:
             os.write(2, f"singa-mpi: {name}: stopping before training starts; nothing is written\n".encode())
             return
         step = trainer.runtime.tracer.step
-        newest = checkpoint.listed(trainer.workspace)
-        there = (f"the newest checkpoint is {newest[0][1]} (step {newest[0][0]})" if newest else
-                 "there is no checkpoint (the run would start again at step 0)")
+        there = checkpoint.newest_good_said(trainer.workspace)
         ended = self.ended_ranks()
         if ended:  # the launcher's end of the job, not a stop: the step cannot finish, nothing is written
             ranks = f"rank {ended[0]} has" if len(ended) == 1 else f"ranks {', '.join(map(str, ended))} have"

@@ -453,8 +453,7 @@ class Trainer:
         except DataError as err:
             if self.runtime.is_root:
                 step = checkpoint.newest_sound_step(self.workspace)
-                there = ("there is no good checkpoint (the run would start again at step 0)" if step is None else
-                         f"the newest good checkpoint is {checkpoint.checkpoint_path(self.workspace, step)} (step {step})")
+                there = checkpoint.newest_good_said(self.workspace)
                 name = signal_name(self.stop_signal) if self.stop_signal else "a stop"
                 hint = [self.resume_hint] if self.resume_hint and step is not None else []
                 write_stop_note(self.workspace, [f"{name}: the stop's checkpoint after {done} steps could not be "

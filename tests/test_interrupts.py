@@ -11,6 +11,7 @@ import time
 import types
 
 import nets
+import numpy as np
 import pytest
 from singa_mpi import cli
 from singa_mpi.checkpoints import hdf5 as checkpoint
@@ -224,8 +225,37 @@ def test_a_stop_that_is_cut_short_has_said_what_there_was(tmp_path, monkeypatch)
     monkeypatch.setattr(Trainer, "train_one_batch", train_one_batch)
     assert cli.main(["train", conf, "--workspace", str(ws)]) == checkpoint.EXIT_CHECKPOINTED
     assert seen == [f"SIGTERM at step 4: stopping after this step and writing a checkpoint; if the run ends before it "
-                    f"is written, the newest checkpoint is {ws / 'checkpoint' / 'step3.h5'} (step 3)\n"]
+                    f"is written, the newest good checkpoint is {ws / 'checkpoint' / 'step3.h5'} (step 3)\n"]
     assert StopSignals  # the handler that wrote it
+
+
+def test_a_stop_s_acknowledgement_names_the_newest_good_checkpoint(tmp_path):
+    """stopped.txt, while the stop's checkpoint is on its way, named the newest checkpoint file, damaged or
+    not: step6.h5, which a --resume skips, though step 3 is what the run goes on from."""
+    from singa_mpi.stop_signals import StopSignals
+
+    def acknowledged() -> str:
+        stops = StopSignals(is_root=True)
+        stops.trainer = types.SimpleNamespace(training=True, workspace=str(tmp_path), stop_requested=False,
+                                              stop_signal=None,
+                                              runtime=types.SimpleNamespace(tracer=types.SimpleNamespace(step=7)))
+        stops.ended_ranks = lambda: []
+        stops._request_stop(signal.SIGTERM, None)
+        return (tmp_path / "stopped.txt").read_text()
+
+    for step in (3, 6):
+        checkpoint.write(checkpoint.checkpoint_path(str(tmp_path), step),
+                         checkpoint.Checkpoint(step=step, params={"w": np.ones((2, 2), np.float32)}))
+    damaged = checkpoint.checkpoint_path(str(tmp_path), 6)
+    with open(damaged, "r+b") as f:
+        f.seek(-9, os.SEEK_END)
+        f.write(b"\xff" * 9)
+    assert acknowledged() == (f"SIGTERM at step 7: stopping after this step and writing a checkpoint; if the run "
+                              f"ends before it is written, the newest good checkpoint is "
+                              f"{checkpoint.checkpoint_path(str(tmp_path), 3)} (step 3)\n")
+    os.remove(checkpoint.checkpoint_path(str(tmp_path), 3))
+    assert acknowledged().endswith("if the run ends before it is written, there is no good checkpoint (the run "
+                                   "would start again at step 0)\n")
 
 
 def test_a_stop_signal_after_another_rank_ended_promises_no_checkpoint(tmp_path, capfd):

@@ -436,6 +436,15 @@ def newest_sound_step(workspace: str) -> int | None:
     return next((step for step, path in listed(workspace) if sound(path)), None)
 
 
+def newest_good_said(workspace: str) -> str:
+    """What a stop that may not get to write its checkpoint names to go on from: the newest good checkpoint
+    (:func:`newest_sound_step`: a damaged newer file, which --resume skips, is not it), or that there is none."""
+    step = newest_sound_step(workspace)
+    if step is None:
+        return f"there is no {'good ' if listed(workspace) else ''}checkpoint (the run would start again at step 0)"
+    return f"the newest good checkpoint is {checkpoint_path(workspace, step)} (step {step})"
+
+
 def read(path: str) -> Checkpoint:
     """Read and verify a checkpoint; DataError naming the file and the damaged part."""
     image = _image(path)
