@@ -310,6 +310,7 @@ class Supervisor:
         self.stops, self.passed_on = 0, 0  # stop signals received, and passed on to the launcher now running
         self.gave_up: str | None = None  # why it did not restart after a failure
         self.name_hosts = policy.name_hosts  # once a host is left out, the launcher must be told where to go
+        self.emergency_steps: dict[int, int] = {}  # step -> the attempt whose survivors' state it holds, as written
 
     def run(self) -> int:
         if self.policy.min_ranks > self.policy.ranks:  # it could never restart, nor say why until a rank died
@@ -414,7 +415,7 @@ class Supervisor:
                 events = self._events_settled(events_path)
             attempt.failure = failure_of(events, attempt.code, ended, hosts, ranks)
         if requested:
-            attempt.emergency = self._emergency_checkpoint(rescue)
+            attempt.emergency = self._emergency_checkpoint(rescue, attempt.number)
         return attempt
 
     def _rescue_folder(self, number: int) -> str | None:
@@ -461,26 +462,35 @@ class Supervisor:
         except OSError:
             pass
 
-    def _emergency_checkpoint(self, rescue: str) -> str:
-        """Write the checkpoint the survivors' pieces make whole, if they do and it is newer than the
-        newest periodic one; what it gave, in words."""
+    def _emergency_checkpoint(self, rescue: str, number: int) -> str:
+        """Write the checkpoint attempt ``number``'s survivors' pieces make whole, if they do and it is
+        newer than the newest good one (periodic, or an earlier attempt's emergency one); what it gave, in
+        words."""
         ckpt, note = emergency.assemble(emergency.pieces_in(rescue))
         shutil.rmtree(rescue, ignore_errors=True)
         if ckpt is None:
             return f"no emergency checkpoint: {note}"
         newest = newest_checkpoint_step(self.workspace)
         if newest is not None and newest >= ckpt.step:
-            return f"no emergency checkpoint needed: the newest periodic one is at step {newest}"
+            return f"no emergency checkpoint needed: the newest good checkpoint is at step {newest}{self._whose(newest)}"
         # the run restarts by itself: what it uses instead (not the user's --resume of a stopped run)
         instead = (f" (the restart resumes from the newest good checkpoint, step {newest}, instead)" if newest is not None
                    else " (the restart starts again from step 0: there is no good checkpoint)")
         try:
             write_checkpoint(checkpoint_path(self.workspace, ckpt.step), ckpt, after=instead)
         except NotDurable as err:  # in place: the restart resumes from it, unless the machine crashes first
+            self.emergency_steps[ckpt.step] = number
             return f"emergency checkpoint at {note}, though {err.what}"
         except SingaError as err:  # a disk that refuses: the periodic checkpoint still serves
             return f"no emergency checkpoint: {err}"
+        self.emergency_steps[ckpt.step] = number
         return f"emergency checkpoint at {note}"
+
+    def _whose(self, step: int) -> str:
+        """`` (attempt 1's emergency one)`` when this run's supervisor wrote the checkpoint of ``step`` from
+        survivors' state; "" otherwise (a periodic checkpoint, or a stop's, or one of an earlier run)."""
+        number = self.emergency_steps.get(step)
+        return "" if number is None else f" (attempt {number}'s emergency one)"
 
     @staticmethod
     def _events_settled(path: str, quiet: float = GUARDIAN_GRACE + 0.5, limit: float = 5.0) -> list[dict]:
@@ -620,6 +630,8 @@ class Supervisor:
             restarts.append({"attempt": failed.number, "ranks": failed.ranks, "failure": failure,
                              "emergency": failed.emergency,
                              "resumed_from": after.resumed_from, "relaunched_on": after.ranks,
+                             "resumed_from_emergency_of": None if after.resumed_from is None
+                             else self.emergency_steps.get(after.resumed_from),
                              "damaged_moved_aside": after.damaged,
                              "lost_steps": lost_steps(failed.failure, after.resumed_from),
                              "recovery_seconds": recovery})
@@ -639,7 +651,9 @@ def summary_lines(summary: dict) -> list[str]:
         lost = "" if entry["lost_steps"] is None else f", {entry['lost_steps']} steps trained again"
         recovery = "" if entry["recovery_seconds"] is None else f", recovered in {entry['recovery_seconds']:.1f}s"
         note = entry.get("emergency") or ""
-        kind = "an emergency checkpoint" if note.startswith("emergency checkpoint") else "the last periodic checkpoint"
+        earlier = entry.get("resumed_from_emergency_of")
+        kind = ("an emergency checkpoint" if note.startswith("emergency checkpoint") or earlier == entry["attempt"]
+                else f"attempt {earlier}'s emergency checkpoint" if earlier else "the last periodic checkpoint")
         none = "no good checkpoint: each damaged" if entry.get("damaged_moved_aside") else "no checkpoint yet"
         resumed = (f"{kind}, step {entry['resumed_from']}" if entry["resumed_from"] is not None
                    else f"step 0 ({none})")

@@ -352,13 +352,33 @@ def test_a_damaged_newest_checkpoint_does_not_make_the_emergency_one_needless(tm
     rescue = tmp_path / "supervisor" / "rescue1"
     _survivor_saved(rescue, 5)
     supervisor = Supervisor("job.conf", str(tmp_path), [], Policy(2, elastic=True), None)
-    assert supervisor._emergency_checkpoint(str(rescue)) == "emergency checkpoint at step 5, from what ranks 0 held"
+    assert supervisor._emergency_checkpoint(str(rescue), 1) == "emergency checkpoint at step 5, from what ranks 0 held"
     assert hdf5.read(hdf5.checkpoint_path(str(tmp_path), 5)).step == 5
     assert newest_checkpoint_step(str(tmp_path)) == 5
     # a later death: the emergency checkpoint of step 5 is the newest good one, not the damaged step 6
+    # (it said "the newest periodic one is at step 5" of attempt 1's emergency checkpoint)
     _survivor_saved(rescue, 4)
-    assert supervisor._emergency_checkpoint(str(rescue)) == ("no emergency checkpoint needed: the newest periodic "
-                                                              "one is at step 5")
+    assert supervisor._emergency_checkpoint(str(rescue), 2) == ("no emergency checkpoint needed: the newest good "
+                                                                 "checkpoint is at step 5 (attempt 1's emergency one)")
+    _checkpoint_at(tmp_path, 8)  # a periodic one since: named as the newest good one, no more
+    _survivor_saved(rescue, 7)
+    assert supervisor._emergency_checkpoint(str(rescue), 3) == ("no emergency checkpoint needed: the newest good "
+                                                                 "checkpoint is at step 8")
+
+
+def test_the_summary_names_an_earlier_attempt_s_emergency_checkpoint_resumed_from():
+    """Attempt 2 died before passing attempt 1's emergency checkpoint (step 5): the summary said attempt 3
+    "resumed from the last periodic checkpoint, step 5"."""
+    vanished = failure_of([VANISHED], 137, 100.0)
+    attempts = [Attempt(1, 2, None, 137, vanished, emergency="emergency checkpoint at step 5, from what ranks 0 held"),
+                Attempt(2, 2, 5, 137, vanished, emergency="no emergency checkpoint needed: the newest good checkpoint "
+                                                          "is at step 5 (attempt 1's emergency one)"),
+                Attempt(3, 2, 5)]
+    supervisor = Supervisor("job.conf", "ws", [], Policy(2, elastic=True), None)
+    supervisor.attempts, supervisor.emergency_steps = attempts, {5: 1}
+    lines = summary_lines(supervisor.summary(0))
+    assert "resumed from an emergency checkpoint, step 5 on 2 ranks" in lines[2], lines
+    assert "resumed from attempt 1's emergency checkpoint, step 5 on 2 ranks" in lines[3], lines
 
 
 def test_a_restart_when_every_checkpoint_is_damaged_starts_again_from_step_0_saying_so(tmp_path):
@@ -408,7 +428,7 @@ def test_an_emergency_checkpoint_that_cannot_be_written_says_what_the_restart_us
             _checkpoint_at(tmp_path, newest)
         _survivor_saved(rescue, 5)
         monkeypatch.setattr(hdf5, "_write_durably", full_disk)
-        note = supervisor._emergency_checkpoint(str(rescue))
+        note = supervisor._emergency_checkpoint(str(rescue), 1)
         monkeypatch.undo()
         assert note == (f"no emergency checkpoint: {hdf5.checkpoint_path(str(tmp_path), 5)}: cannot write the "
                         f"checkpoint: No space left on device: the disk is full: free space there (--keep K keeps "
@@ -417,7 +437,7 @@ def test_an_emergency_checkpoint_that_cannot_be_written_says_what_the_restart_us
     # written and in place, the folder's fsync failed (EIO): the restart resumes from it, said as such
     folder_failing_fsync(monkeypatch)
     _survivor_saved(rescue, 5)
-    note = supervisor._emergency_checkpoint(str(rescue))
+    note = supervisor._emergency_checkpoint(str(rescue), 1)
     assert note == ("emergency checkpoint at step 5, from what ranks 0 held, though the checkpoint is written whole "
                     "and in place, but may not survive a crash of the machine: the file system reported Input/output "
                     f"error (EIO) when making it durable (fsync of {tmp_path / 'checkpoint'}): check the disk"), note
