@@ -5,7 +5,8 @@ SINGA's stacked jobs (the RBM chain of conf/rbm_mnist_*.conf) start from params 
 SINGA 0.x's ``.../checkpoint/step<N>-worker<W>``, names it too).  When the file is not there yet, the
 line says which job to run first: the job file beside this one whose workspace (``cluster.workspace``,
 else ``workspace/<name>``) is that folder; else what file was expected.  ``check`` prints the lines
-as warnings; ``train`` refuses with them.  The rules of what counts as there follow
+as warnings; ``train`` refuses with them.  A pipe or a device in its place is refused by both
+(:func:`refuse_pipes`).  The rules of what counts as there follow
 :func:`singa_mpi.checkpoints.tools.read_initial`, which reads the files (without reading them here).
 """
 from __future__ import annotations
@@ -14,9 +15,10 @@ import glob
 import os
 import re
 
-from singa_mpi.checkpoints.hdf5 import checkpoint_dir, listed
+from singa_mpi.checkpoints.hdf5 import checkpoint_dir, listed, refuse_irregular
 from singa_mpi.config.limits import MAX_JOB_BYTES
 from singa_mpi.config.source import SourceMap
+from singa_mpi.errors import DataError
 
 _CHECKPOINT_FILE = re.compile(r"^step(\d+)(?:\.h5|-worker\d+)$")
 
@@ -31,6 +33,19 @@ def missing_checkpoint_paths(cfg) -> list[str]:
             lines.append(f"{cfg.where('checkpoint_path', k)}: checkpoint_path {path!r}{problem}: "
                          f"{_what_to_do(path, cfg.path)}")
     return lines
+
+
+def refuse_pipes(cfg) -> None:
+    """DataError, in the line ``train`` gives, for a ``checkpoint_path`` entry that is a pipe or a device
+    (a folder names a workspace): a missing file is a warning, for the job before this one in a chain
+    writes it, but nothing makes a checkpoint of a pipe, and its read would block for good."""
+    for k, path in enumerate(cfg.proto.checkpoint_path):
+        if os.path.isdir(path):
+            continue
+        try:
+            refuse_irregular(path)
+        except DataError as err:
+            raise DataError(f"{cfg.where('checkpoint_path', k)}: checkpoint_path {path!r}: {err}") from None
 
 
 def workspace_named(path: str) -> str:

@@ -13,7 +13,7 @@ import dataclasses
 import math
 
 from singa_mpi.algorithms import ALGORITHMS, algorithm_class, algorithm_name
-from singa_mpi.checks.checkpoint_paths import missing_checkpoint_paths
+from singa_mpi.checks.checkpoint_paths import missing_checkpoint_paths, refuse_pipes
 from singa_mpi.checks.phase import PhaseSummary, check_phase
 from singa_mpi.config import unroll
 from singa_mpi.config.load import AUTO, JobConfig, is_test_only
@@ -68,6 +68,7 @@ def validate(cfg: JobConfig) -> Summary:
         said_by_runs += summaries[-1].notes
     check_pipeline(cfg)
     check_deterministic(cfg)
+    refuse_pipes(cfg)  # train's line, before any warning
     warnings += missing_checkpoint_paths(cfg)  # a job of a chain before the one it starts from ran
     from singa_mpi.updaters import make_updater, zero_delta_warning  # deferred: keeps `check` light
 

@@ -485,6 +485,25 @@ def test_a_pipe_or_device_named_as_a_checkpoint_is_refused_wherever_one_is_read(
 
 
 @pytest.mark.timeout(60)
+def test_check_refuses_a_pipe_or_device_as_checkpoint_path_as_train_does(tmp_path, capsys):
+    """`singa-mpi check JOB` whose checkpoint_path is a FIFO (or /dev/null) said "OK" (exit 0), while train
+    refused it in one line: unlike a missing file, which the job before it in a chain writes, a pipe never
+    becomes a checkpoint.  check now refuses it with train's line (exit 3)."""
+    from singa_mpi import cli
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/null"):
+        conf = job_file(tmp_path, steps=1, name="init", extra=f'checkpoint_path: "{path}"\n')
+        line = len(open(conf).read().splitlines())
+        assert cli.main(["check", conf]) == DataError.exit_code
+        out, err = capsys.readouterr()
+        assert err.strip().splitlines() == [
+            f"singa-mpi: error: {conf}:{line}:1: checkpoint_path '{path}': {path}: not a regular file (a device or "
+            f"a pipe): expected a checkpoint file, such as WORKSPACE/checkpoint/step<N>.h5"], (out, err)
+
+
+@pytest.mark.timeout(60)
 def test_a_pipe_as_checkpoint_path_or_checkpoint_is_one_line_exit_3_before_training(tmp_path, capsys):
     """`train` with a FIFO as its checkpoint_path, `test --checkpoint FIFO`: one line naming it, exit 3."""
     from singa_mpi import cli
