@@ -286,13 +286,11 @@ class Trainer:
     def run(self) -> dict[str, float]:
         """Train from ``start_step`` to ``train_steps`` (or a stop signal); returns the last metrics.
 
-        Output layers' files are closed however the run ends."""
+        Output layers' files are closed however the run ends.  A NonFiniteError (every rank stops at the
+        same step, voted) goes to the caller, which profiles the steps before it (collective) where a failed
+        run's profile goes (under ``run --elastic``, not the restart's profile.json)."""
         try:
-            try:
-                final = self._run_steps()
-            except NonFiniteError:  # every rank stops at the same step (voted): the steps before it are profiled
-                self.finish_profile()
-                raise
+            final = self._run_steps()
             self.finish_profile()
             return final
         finally:

@@ -78,7 +78,10 @@ def train(trainer: Trainer, options: RunOptions, initial: checkpoint.Checkpoint 
     try:
         trainer.run()
     except NonFiniteError as err:
-        _finish_trace(trainer, options)  # every rank stops at the same step (voted): the timeline up to it
+        # every rank stops at the same step (voted): the profile and the timeline up to it (collective), the
+        # profile where a failed run's goes (its own file under run --elastic: the restart writes profile.json)
+        trainer.finish_profile(_failed_profile())
+        _finish_trace(trainer, options)
         return _stopped_on_nonfinite(trainer, err)
     except Exception:
         if isinstance(trainer.runtime, SerialRuntime):  # the one rank: what it recorded is the whole run's

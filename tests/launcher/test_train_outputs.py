@@ -30,6 +30,21 @@ def test_a_nonfinite_stop_still_writes_the_trace_and_the_profile(tmp_path, ranks
     assert profile["steps"] == BAD_STEP + 1 and len(profile["ranks"]) == ranks
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_nonfinite_stop_of_an_elastic_attempt_keeps_its_profile_apart(tmp_path, monkeypatch, ranks):
+    """Under `singa-mpi run --elastic` a non-finite stop (exit 5, which the supervisor restarts once) wrote
+    WORKSPACE/profile.json, which the restart's replaced: it writes the attempt's own file, as a failure does."""
+    from singa_mpi import run_events
+
+    monkeypatch.setenv(run_events.ATTEMPT_VARIABLE, "2")
+    workspace = tmp_path / "ws"
+    result = train(job(tmp_path, store(tmp_path, np.nan)), workspace, ranks=ranks, big_stores=True)
+    assert_stopped(result, workspace, BAD_STEP)
+    profile = json.loads((workspace / "profile.attempt2.json").read_text())
+    assert profile["steps"] == BAD_STEP + 1 and len(profile["ranks"]) == ranks
+    assert not (workspace / "profile.json").exists()
+
+
 @pytest.mark.parametrize("target, what", [
     ("job.conf", "is the job file"),
     ("data.h5", "is layer 'data' store_conf.path"),
@@ -117,6 +132,29 @@ def test_a_serial_run_that_fails_still_writes_the_trace_and_the_profile(tmp_path
     spans = check_chrome_trace(json.loads(trace.read_text()))
     assert sum(e["name"] == "train_one_batch" for e in spans) == 2
     assert json.loads((workspace / "profile.json").read_text())["steps"] == 2
+
+
+def test_a_serial_run_that_fails_under_elastic_keeps_its_profile_apart(tmp_path, capsys, monkeypatch):
+    """`singa-mpi run -n 1 --elastic`: the one rank's failure writes its attempt's own profile, which the
+    restart's WORKSPACE/profile.json does not replace (only the MPI case had a test)."""
+    from singa_mpi import run_events
+    from singa_mpi.errors import DataError
+    from singa_mpi.trainer import Trainer
+
+    def failing(trainer, step):
+        if step >= 2:
+            raise DataError("the disk went away")
+        return keep(trainer, step)
+
+    keep = Trainer.save_checkpoint
+    monkeypatch.setattr(Trainer, "save_checkpoint", failing)
+    monkeypatch.setenv(run_events.ATTEMPT_VARIABLE, "3")
+    conf = job_file(tmp_path, "data", steps=6, extra="\ncheckpoint_freq: 2\n")
+    workspace = tmp_path / "ws"
+    assert cli.main(["train", conf, "--workspace", str(workspace)]) == DataError.exit_code
+    assert "the disk went away" in capsys.readouterr().err
+    assert json.loads((workspace / "profile.attempt3.json").read_text())["steps"] == 2
+    assert not (workspace / "profile.json").exists()
 
 
 FAIL = '''\
