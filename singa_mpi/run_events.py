@@ -3,9 +3,10 @@ by ``SINGA_MPI_EVENTS`` (set by ``singa-mpi run --elastic``; without it nothing 
 
 Events: ``vanished`` (a guardian names the rank that died without a word: rank, step, host, pid, how
 it ended), ``error`` (a rank ends the job after printing what failed: rank, step, exit code, the
-message), ``setup_error`` (the launch refused the job before training: exit code, message), and
-``first_step`` (the first step of a run finished: the end of a restart's recovery).  Each line holds
-``time`` (seconds since the epoch).  Standard library only: guardians write here too.
+message), ``setup_error`` (the launch refused the job before training: exit code, message),
+``first_step`` (the first step of a run finished: the end of a restart's recovery) and ``kept`` (the
+guardian that named a vanished rank, ``keeps`` under --trace, has written what it could of the attempt's
+profile and timeline).  Each line holds ``time`` (seconds since the epoch).  Standard library only: guardians write here too.
 """
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ DIED = ("vanished", "rank_died")  # events that say a rank died: its survivors s
 RESCUE_WAIT = 30.0  # seconds for the survivors to save their state (each gives up after emergency.LOCK_TIMEOUT)
 STOP_GRACE = 5.0  # seconds a stopped run's survivors of a death get to end by themselves (their stop checkpoint)
 RUN = "singa-mpi run"  # the command a refusal of its rank count tells the user to give again
+KEPT_WAIT = 30.0  # seconds for a vanished rank's guardian to write the attempt's profile and timeline (--trace)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +109,7 @@ class Attempt:
     emergency: str | None = None  # what the survivors' emergency checkpoint gave (or why there is none)
     profile_before: tuple | None = None  # its failed run's profile file as it was before the launch (_identity)
     damaged: list[str] = dataclasses.field(default_factory=list)  # checkpoints none good: started over beside them
+    kept: bool | None = None  # a guardian writing its profile and timeline (--trace): done (True), not yet (False)
 
 
 def failure_of(events: list[dict], code: int, ended: float, hosts: Sequence[Host] = (), ranks: int = 0) -> Failure:
@@ -414,6 +416,8 @@ class Supervisor:
                 # a node's guardians may still be on their way (their GRACE): hear them out
                 events = self._events_settled(events_path)
             attempt.failure = failure_of(events, attempt.code, ended, hosts, ranks)
+            if any(e.get("keeps") for e in events):  # a guardian outlives the launcher: its files are on the way
+                attempt.kept = self._kept(events_path)
         if requested:
             attempt.emergency = self._emergency_checkpoint(rescue, attempt.number)
         return attempt
@@ -493,6 +497,17 @@ class Supervisor:
         return "" if number is None else f" (attempt {number}'s emergency one)"
 
     @staticmethod
+    def _kept(path: str) -> bool:
+        """Whether the guardian that writes a vanished rank's attempt's profile and timeline said it is
+        done (a ``kept`` event) within KEPT_WAIT seconds: the restart line names them once they are there."""
+        deadline = time.monotonic() + KEPT_WAIT
+        while not any(e.get("kind") == "kept" for e in run_events.read(path)):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    @staticmethod
     def _events_settled(path: str, quiet: float = GUARDIAN_GRACE + 0.5, limit: float = 5.0) -> list[dict]:
         """The events once ``quiet`` seconds have passed without a new one (at most ``limit``)."""
         events, last_change, start = run_events.read(path), time.monotonic(), time.monotonic()
@@ -550,16 +565,17 @@ class Supervisor:
 
     def _profiles_told(self, failed: Attempt) -> str:
         """Where the relaunch after attempt ``failed`` writes its profile, and where the failed attempt's is
-        (its own file: :func:`profiling.failed_file`); "" when it left none: it wrote none during the
-        attempt, and no guardian writes one (a rank killed outright under --trace: its guardian does,
-        perhaps still now)."""
+        (its own file: :func:`profiling.failed_file`), once written: by a rank during the attempt, or by the
+        guardian of a rank killed outright under --trace, which outlives the launcher (:meth:`_kept` waited
+        for it; one still at work is said to be).  "" when it left none."""
         kept = self._failed_profile(failed.number)
         written = _identity(kept) not in (None, failed.profile_before)
-        by_guardian = failed.failure is not None and failed.failure.kind == "vanished" and self._trace_given() is not None
-        if not (written or by_guardian):
-            return ""
-        return (f"; its profile goes to {os.path.join(self.workspace, profiling.FILE)} (attempt {failed.number}'s, "
-                f"up to its failure, stays in {kept})")
+        goes = f"; its profile goes to {os.path.join(self.workspace, profiling.FILE)} (attempt {failed.number}'s"
+        if written:
+            return f"{goes}, up to its failure, stays in {kept})"
+        if failed.kept is False:
+            return f"{goes}, up to its failure, is still being written to {kept} by a guardian)"
+        return ""
 
     def _trace_given(self) -> str | None:
         """The path of --trace PATH or --trace=PATH in train's options, if given (argparse keeps the last)."""

@@ -22,6 +22,7 @@ import pytest
 
 from checkpoint_jobs import folder_failing_fsync
 from mpi_jobs import launcher, mpi_env, ranks_of
+from singa_mpi import supervisor as supervisor_module
 from singa_mpi.cli import _taken_out
 from singa_mpi.communication.hosts import Host, parse_hosts
 from singa_mpi.supervisor import (STOP_GRACE, Attempt, Failure, Policy, Supervisor, after_a_death, describe_failure,
@@ -219,6 +220,55 @@ def test_a_restart_keeps_the_failed_attempt_s_profile_and_says_where(tmp_path):
     Supervisor("job.conf", str(tmp_path / "ws2"), [], Policy(2, elastic=True),
                Programs("import sys; sys.exit(9)", "import sys; sys.exit(0)"), log=untouched.append).run()
     assert any(line.endswith("(restart 1 of at most 3)") for line in untouched), untouched
+
+
+GUARDIAN_LATE = """
+import json, os, subprocess, sys, time
+events = os.environ["SINGA_MPI_EVENTS"]
+def note(**event):
+    with open(events, "a") as f:
+        f.write(json.dumps(dict(event, time=time.time())) + "\\n")
+note(kind="first_step", step=1, ranks=2)
+note(kind="vanished", ranks=[1], node_ranks=[0, 1], ended="", line="singa-mpi: rank 1 vanished without a word",
+     who={"1": {"step": 7}}, keeps=True)
+# the guardian outlives the launcher: it writes the attempt's profile from the ranks' parts, then says so
+late = ("import json, os, time; time.sleep(1.5); "
+        "open(PROFILE + '.tmp', 'w').write('{}'); os.replace(PROFILE + '.tmp', PROFILE); "
+        "open(EVENTS, 'a').write(json.dumps({'kind': 'kept', 'time': time.time()}) + '\\\\n')")
+late = late.replace("PROFILE", repr(PROFILE_PATH)).replace("EVENTS", repr(events))
+subprocess.Popen([sys.executable, "-c", late], start_new_session=True)
+sys.exit(137)
+"""
+
+
+def test_the_restart_line_names_a_guardian_s_profile_once_it_is_written(tmp_path, monkeypatch):
+    """A rank killed outright under --trace: its guardian writes the attempt's profile after the launcher
+    has ended; the restart line named profile.attempt1.json as kept while it was not there yet (nor ever,
+    had the guardian found no parts).  It now waits (bounded) for the guardian's word that it is done."""
+    ws = tmp_path / "ws"
+    kept = ws / "profile.attempt1.json"
+    seen = {"watched": kept}
+
+    def log(line: str) -> None:
+        if "restarting on" in line:
+            seen["line"], seen["there"] = line, os.path.exists(seen["watched"])
+
+    launcher = Programs(GUARDIAN_LATE.replace("PROFILE_PATH", repr(str(kept))), "import sys; sys.exit(0)")
+    supervisor = Supervisor("job.conf", str(ws), ["--trace", str(tmp_path / "t.json")], Policy(2, elastic=True),
+                            launcher, log=log)
+    assert supervisor.run() == 0
+    assert seen["line"].endswith(f"; its profile goes to {ws}/profile.json (attempt 1's, up to its failure, stays "
+                                 f"in {kept})") and seen["there"], seen
+    # a guardian still at work when the wait runs out: said so, not named as there
+    monkeypatch.setattr(supervisor_module, "KEPT_WAIT", 0.3)
+    seen["watched"] = tmp_path / "ws2" / "profile.attempt1.json"
+    slow = Programs(GUARDIAN_LATE.replace("PROFILE_PATH", repr(str(seen["watched"]))),
+                    "import sys; sys.exit(0)")
+    assert Supervisor("job.conf", str(tmp_path / "ws2"), ["--trace", str(tmp_path / "t.json")],
+                      Policy(2, elastic=True), slow, log=log).run() == 0
+    assert seen["line"].endswith(f"; its profile goes to {tmp_path}/ws2/profile.json (attempt 1's, up to its failure, "
+                                 f"is still being written to {tmp_path}/ws2/profile.attempt1.json by a guardian)"), seen
+    assert not seen["there"]
 
 
 def test_the_workers_of_a_supervised_job_with_several_groups_are_per_group():

@@ -282,11 +282,13 @@ def _speak_if_first(folder: str, rank: int, records: dict[int, Status], trace: d
             # a node whose ranks the launcher ended after a failure elsewhere: the supervisor hears from
             # every node still there (node_ranks), so a node that says nothing is a node lost
             kind = "ended_together" if " on this node ended together " in line else "vanished"
-            run_events.note(kind, ranks=first, node_ranks=local, ended=ended, line=line.strip(),
+            keeps = kind == "vanished" and trace is not None  # the supervisor waits for its "kept" to name them
+            run_events.note(kind, ranks=first, node_ranks=local, ended=ended, line=line.strip(), keeps=keeps,
                             who={str(r): {"step": records[r].step, "host": records[r].host, "pid": records[r].pid,
                                           "activity": records[r].activity} for r in first if r in records})
-            if kind == "vanished" and trace is not None:
+            if keeps:
                 _keep_what_is_left(trace, first)
+                run_events.note("kept")  # the profile and timeline it could write are there
     time.sleep(0.2)  # the others read the verdict before it goes
     remove_quietly(os.path.join(folder, f"seen{rank}"))
     remove_quietly(record_path(folder, rank))
