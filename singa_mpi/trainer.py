@@ -268,6 +268,7 @@ class Trainer:
         return metrics
 
     def evaluate(self, net: Net, steps: int, phase: str, step: int) -> dict[str, float]:
+        self.runtime.begin_step(step)  # "step 10 val" comes before training step 10: a death in it is at step 10
         net.collect_metrics()  # drop anything left from an earlier pass
         self.runtime.sync().refresh()  # other groups' updates too (servers of an asynchronous job)
         before = self.runtime.tracer.snapshot()
@@ -516,6 +517,7 @@ class Trainer:
         if not self.runtime.evaluates:
             contribute_group_state(self)  # group 0 writes: groups of one pace send it their hidden state
             return None
+        self.runtime.begin_step(step)  # stepN.h5 is written before training step N: a death in it is at step N
         with self.runtime.tracer.span("checkpoint", "step"):
             if self.job.disp_freq > 0:  # (collective over the group, as the progress line's sums)
                 self.display_window = added(self.display_window, collected_metrics(self.runtime, self.train_net))

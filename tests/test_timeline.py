@@ -174,7 +174,10 @@ def test_serial_trace_and_profile(tmp_path, capsys, monkeypatch):
     trainer = collections.Counter(e["name"] for e in by_track(spans, 0, timeline.TRAINER))
     assert trainer["train_one_batch"] == trainer["sync"] == trainer["update"] == 10
     assert trainer["test"] == 3 and trainer["checkpoint"] == 4  # steps 0, 4, 8 (checkpoint_after 0) and 10
-    assert {e["args"]["step"] for e in layers} == set(range(10))
+    # the training steps 0-9, and the final test pass, after the last of them, at step 10 (as it is reported)
+    assert {e["args"]["step"] for e in layers} == set(range(11))
+    test_steps = {e["args"]["step"] for e in by_track(spans, 0, timeline.TRAINER) if e["name"] == "test"}
+    assert test_steps == {0, 5, 10}, test_steps
     assert f"timeline {path}" in printed
 
     profile = json.loads((workspace / "profile.json").read_text())

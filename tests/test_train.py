@@ -56,3 +56,19 @@ def test_a_layer_nobody_consumes_is_left_out_of_backward(tmp_path):
         lines = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         losses.append([m["loss"] for m in lines if m["phase"] == "train"])
     assert losses[0] == losses[1] and len(losses[0]) == 4
+
+
+def test_a_checkpoint_and_a_validation_before_step_n_are_at_step_n(tmp_path):
+    """The validation and the checkpoint that come before training step 10 (progress: "step 10 val",
+    step10.h5) ran marked as step 9, the step before: a rank killed in them was named by its guardian "at
+    step 9 (val)", the supervisor then said "vanished at step 9; restarting ... from checkpoint step 10"
+    and counted one step fewer trained again.  Each is marked with its own step (here, in the timeline)."""
+    from checkpoint_jobs import job_file
+
+    conf = job_file(tmp_path, steps=12, extra="\ncheckpoint_freq: 5\nvalidate_steps: 1\nvalidate_freq: 10\n")
+    trace = tmp_path / "trace.json"
+    assert cli.main(["train", conf, "--workspace", str(tmp_path / "ws"), "--trace", str(trace)]) == 0
+    spans = [(e["name"], e["args"]["step"]) for e in json.loads(trace.read_text())["traceEvents"]
+             if e.get("cat") == "step" and e.get("name") in ("checkpoint", "val")]
+    assert spans == [("checkpoint", 0), ("val", 0), ("checkpoint", 5), ("checkpoint", 10), ("val", 10),
+                     ("checkpoint", 12)], spans
