@@ -41,6 +41,7 @@ from singa_mpi.checkpoints.hdf5 import write as write_checkpoint
 from singa_mpi.communication.guardian import GRACE as GUARDIAN_GRACE  # how long a node's guardians may take
 from singa_mpi.communication.hosts import Host, placement, ranks_on
 from singa_mpi.data.convert import atomic_path
+from singa_mpi.early_signals import early_stop_signal, python_default
 from singa_mpi.errors import ConfigError, SingaError
 from singa_mpi.workspace import make_workspace
 
@@ -321,6 +322,9 @@ class Supervisor:
         make_workspace(self.workspace)  # one line (exit 3) if it cannot be written, as `train` says it
         make_workspace(self.folder)
         previous = {s: signal.signal(s, self._forward) for s in STOP_SIGNALS}
+        early = early_stop_signal()  # one that came while the package loaded (`run` catches them from its start)
+        if early is not None:
+            self._forward(early, None)
         try:
             ranks, resumed_from, hosts = self.policy.ranks, None, list(self.policy.hosts)
             damaged: list[tuple[int, str]] = []
@@ -357,7 +361,7 @@ class Supervisor:
         finally:
             self._end_job()  # only a failure of the supervisor itself leaves one running
             for s, handler in previous.items():
-                signal.signal(s, handler)
+                signal.signal(s, python_default(s, handler))
 
     def _end_job(self) -> None:
         """End the launcher and its ranks if they still run: a stop signal (they checkpoint and exit 75), and

@@ -563,6 +563,30 @@ def test_a_stop_signal_before_the_first_launch_reaches_the_job(tmp_path):
     assert supervisor.attempts[0].code == -signal.SIGTERM  # stopped, not slept out
 
 
+def test_a_stop_signal_while_the_supervisor_loads_is_not_lost(tmp_path):
+    """`singa-mpi run` loads numpy, h5py and the rest for a second or two before it installs its handlers: a
+    SIGTERM or Slurm's SIGUSR1 then (the batch script's preemption) killed it at once, exit 143 or 138 with
+    nothing said, so the batch script did not requeue the job.  It is caught while the package loads, as
+    `train` catches it, and the supervisor takes it over: the job it launches is stopped, exit 75."""
+    from singa_mpi import early_signals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        early_signals.catch_for_command(["run", "-n", "2", "--elastic", "job.conf"])
+        assert getattr(signal.getsignal(signal.SIGUSR1), "early", False)
+        signal.getsignal(signal.SIGUSR1)(signal.SIGUSR1, None)  # as if it came while loading
+        launcher = Programs("import time; time.sleep(10)")
+        supervisor = Supervisor("job.conf", str(tmp_path / "ws"), [], Policy(2, elastic=True), launcher, log=print)
+        assert supervisor.run() == 75 and launcher.launched == 1
+        assert supervisor.attempts[0].code == -signal.SIGTERM  # stopped, not slept out
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # Python's own back, not the early catch
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        while early_signals.early_stop_signal() is not None:
+            pass
+
+
 @pytest.fixture
 def sighup_ignored():
     """SIGHUP ignored while the test runs, unless the supervisor handles it (else it would end pytest)."""
