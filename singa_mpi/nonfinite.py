@@ -191,8 +191,11 @@ class NonFiniteCheck:
 
 
 def _kept(workspace: str) -> str:
-    newest = checkpoint.listed(workspace)
-    return f"the newest checkpoint is still {newest[0][1]}" if newest else "no checkpoint was written"
+    """What a resume goes on from: the newest good checkpoint (a damaged newer file, which it skips, is not it)."""
+    step = checkpoint.newest_sound_step(workspace)
+    if step is not None:
+        return f"the newest checkpoint is still {checkpoint.checkpoint_path(workspace, step)}"
+    return "no good checkpoint: each written is damaged" if checkpoint.listed(workspace) else "no checkpoint was written"
 
 
 def job_line(findings: list[GroupFinding], workspace: str) -> str:

@@ -271,3 +271,21 @@ def test_two_ranks_stop_a_divergence_at_its_first_nonfinite_step(tmp_path):
     assert unchecked.returncode == 0, unchecked.stderr[-3000:]
     result = train(conf, tmp_path / "ws", ranks=2, steps=10)
     assert_stopped(result, tmp_path / "ws", first_nonfinite_step(tmp_path / "unchecked"))
+
+
+def test_the_stop_line_names_the_newest_good_checkpoint_not_a_damaged_newer_file(tmp_path):
+    """A non-finite stop's line said "the newest checkpoint is still .../step6.h5" of a damaged file, which
+    --resume skips for step3.h5; with only damaged files it named one of them too."""
+    from singa_mpi import nonfinite
+
+    for step in (3, 6):
+        checkpoint.write(checkpoint.checkpoint_path(str(tmp_path), step),
+                         checkpoint.Checkpoint(step=step, params={"w": np.ones((2, 2), np.float32)}))
+    with open(checkpoint.checkpoint_path(str(tmp_path), 6), "r+b") as f:
+        f.seek(-9, os.SEEK_END)
+        f.write(b"\xff" * 9)
+    finding = nonfinite.GroupFinding(1, 7, "train", "", "loss is nan", nonfinite.LOSS)
+    line = nonfinite.job_line([finding], str(tmp_path))
+    assert f"(the newest checkpoint is still {checkpoint.checkpoint_path(str(tmp_path), 3)})" in line, line
+    os.remove(checkpoint.checkpoint_path(str(tmp_path), 3))
+    assert "(no good checkpoint: each written is damaged)" in nonfinite.job_line([finding], str(tmp_path))
