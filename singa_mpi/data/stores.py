@@ -29,7 +29,7 @@ import os
 import re
 import struct
 import warnings
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -45,7 +45,7 @@ SCAN_BYTES = 1 << 24  # float32 bytes decoded at a time by a scan of a whole sto
 _LEN = struct.Struct("<Q")
 MAX_KEY_BYTES = 1 << 16  # keys name records (SINGA's converters: 5 to 8 digits)
 MAX_VALUE_BYTES = (1 << 31) - 1  # SINGA reads a value length into an int
-WALK_RECORDS = 1 << 20  # records whose fields are read together at a time (memory: ~100 bytes each)
+WALK_RECORDS = 1 << 20  # records whose fields (or labels) are read together at a time (memory: ~100 bytes each)
 LABEL_FIELD, DATA_FIELD = 2, 4  # RecordProto's field numbers of ``label`` (int32) and ``data`` (packed floats)
 
 Arrays = tuple[np.ndarray, "np.ndarray | None"]
@@ -126,10 +126,17 @@ class RecordStore:
     def _release(self) -> None:
         """Drop file handles once everything is cached (subclasses that hold any)."""
 
+    def label_chunks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(first record, its labels and those after it, as stored) for every record in turn, a bounded
+        number at a time, where reading them costs little beside the records (nothing without labels, or
+        where it would cost a decode): checked before training, a bad one is named with its record."""
+        if self._cache is not None and self._cache[1] is not None:
+            yield 0, self._cache[1]
+
     def every_label(self) -> np.ndarray | None:
-        """Every record's label as stored, where reading them costs little beside the records (else,
-        and without labels, None): checked before training, a bad one is named with its record."""
-        return None if self._cache is None else self._cache[1]
+        """Every record's label as :meth:`label_chunks` gives them, in one array; None where it gives none."""
+        chunks = [labels for _, labels in self.label_chunks()]
+        return np.concatenate(chunks) if chunks else None
 
     def read(self, indices: np.ndarray) -> Arrays:
         """Records ``indices`` (any order, repeats allowed): (len, *shape) float32, (len,) int32 or None."""
@@ -394,25 +401,25 @@ class KVFileStore(RecordStore):
             offsets, lengths = inner.value, inner.length
         return wire.walk(self._buffer, offsets, lengths)
 
-    def every_label(self) -> np.ndarray | None:
-        """Each record's label, read from every record when the file is no bigger than MEMORY_LIMIT (a
-        run decodes a store that size whole on its first read anyway): read from the bytes of all records
-        together, or parsed record by record (about a microsecond each) where those are not as protobuf
-        writes them."""
+    def label_chunks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """Each record's label, WALK_RECORDS records at a time (memory: some 100 bytes a record of the
+        chunk, whatever the file's size): read from the bytes of the chunk's records together (0.05 s for
+        a 200 MB file), or parsed record by record (about a microsecond each) where those are not as
+        protobuf writes them."""
         if self._cache is not None or not self.has_labels or self._file.closed:
-            return super().every_label()
-        if len(self._buffer) > MEMORY_LIMIT:  # a pass over a bigger file is no cheap check
-            return None
-        labels = np.zeros(len(self), np.int64)  # a record without one reads as 0
-        for start in range(0, len(self), WALK_RECORDS):  # the walk's arrays: some 100 bytes a record
+            yield from super().label_chunks()
+            return
+        for start in range(0, len(self), WALK_RECORDS):
             stop = min(start + WALK_RECORDS, len(self))
             fields = self._record_fields(start, stop)
             label = None if fields is None else fields.get(LABEL_FIELD)
             if fields is None or (label is not None and label.wire != wire.VARINT):
-                return np.array([self.record(row).label for row in range(len(self))], np.int64)
+                yield start, np.array([self.record(row).label for row in range(start, stop)], np.int64)
+                continue
+            labels = np.zeros(stop - start, np.int64)  # a record without one reads as 0
             if label is not None:
-                labels[start:stop] = wire.int32_of(label.value)
-        return labels
+                labels[:] = wire.int32_of(label.value)
+            yield start, labels
 
     def _scan_nonfinite(self) -> tuple[int, int, float] | None:
         """The float ``data`` of every record, looked at where the bytes lie (uint8 ``pixel`` records hold
@@ -620,13 +627,16 @@ class HDF5Store(RecordStore):
             raise DataError(f"{self.path}: damaged HDF5 store: cannot read its records{_hdf5_reason(err)}: expected "
                             f"records HDF5 can read: write it again (`singa-mpi data`)") from None
 
-    def every_label(self) -> np.ndarray | None:
+    def label_chunks(self) -> Iterator[tuple[int, np.ndarray]]:
         if self._cache is not None or self._labels is None or not self._file:
-            return super().every_label()
-        try:
-            return np.asarray(self._labels[...])  # as stored: a float label is not yet cast
-        except HDF5_DAMAGE:  # reading the records reports the damage
-            return None
+            yield from super().label_chunks()
+            return
+        for start in range(0, self._length, WALK_RECORDS):
+            try:  # as stored: a float label is not yet cast
+                labels = np.asarray(self._labels[start:start + WALK_RECORDS])
+            except HDF5_DAMAGE:  # reading the records reports the damage
+                return
+            yield start, labels
 
     def _release(self) -> None:
         if self._file:

@@ -329,13 +329,16 @@ def _check_every_label(loss, labels, arrays_only: bool = False) -> None:
     store, classes = getattr(labels, "store", None), getattr(loss, "classes", None)
     if arrays_only and (store is None or not is_memory_path(store.path)):
         return
-    every = store.every_label() if store is not None and classes else None
-    row = first_label_outside(every, classes) if every is not None else None
-    if row is not None:
-        where = f"layer '{labels.name}': row {row} of its y" if is_memory_path(store.path) else \
-            f"{store.path}: record {row}"  # a script's arrays, or a file
-        raise DataError(f"{where}: label {every[row]:g}: expected a class index in 0..{classes - 1} "
-                        f"(layer '{loss.name}' scores {classes} classes)")
+    if store is None or not classes:
+        return
+    for start, chunk in store.label_chunks():  # a bounded number at a time, whatever the store's size
+        at = first_label_outside(chunk, classes)
+        if at is not None:
+            row = start + at
+            where = f"layer '{labels.name}': row {row} of its y" if is_memory_path(store.path) else \
+                f"{store.path}: record {row}"  # a script's arrays, or a file
+            raise DataError(f"{where}: label {chunk[at]:g}: expected a class index in 0..{classes - 1} "
+                            f"(layer '{loss.name}' scores {classes} classes)")
 
 
 def _reader(layer, layers: dict):

@@ -181,6 +181,22 @@ def test_kvfile_labels_are_read_whole_without_decoding_the_records(tmp_path, bac
         assert store.every_label() is None
 
 
+@pytest.mark.parametrize("backend", ["kvfile", "shard", "hdf5"])
+def test_labels_are_read_a_bounded_number_of_records_at_a_time(tmp_path, backend, monkeypatch):
+    """The check before training reads a store's labels WALK_RECORDS records at a time, so a file of any
+    size is checked in bounded memory (a kvfile over 1 GiB went unchecked, its bad labels met mid-run)."""
+    from singa_mpi.data import stores
+    from singa_mpi.data.convert import write_store
+
+    monkeypatch.setattr(stores, "WALK_RECORDS", 3)
+    path = write_store(str(tmp_path / "l"), backend, np.zeros((7, 2, 3), np.uint8), np.arange(7) * 3)
+    with open_store(backend, path) as store:
+        store.cache_limit = 0
+        chunks = list(store.label_chunks())
+    assert [(start, len(labels)) for start, labels in chunks] == [(0, 3), (3, 3), (6, 1)]
+    np.testing.assert_array_equal(np.concatenate([labels for _, labels in chunks]), np.arange(7) * 3)
+
+
 def test_a_mean_file_of_another_kind_says_what_it_is(tmp_path):
     """An HDF5 or CSV store, an MNIST file or a kvfile of labelled samples given as a mean file was "a
     damaged kvfile" (a corrupt key length at byte 0), or worse, its first image was taken as the mean."""

@@ -303,12 +303,16 @@ def test_a_bad_label_past_the_first_batch_is_named_with_its_file_and_record_befo
                               f"(layer 'loss' scores 5 classes)")
 
 
+@pytest.mark.parametrize("big", [False, True])
 @pytest.mark.parametrize("backend", ["kvfile", "shard"])
-def test_a_bad_kvfile_label_past_the_first_batch_is_named_before_training(tmp_path, backend):
+def test_a_bad_kvfile_label_past_the_first_batch_is_named_before_training(tmp_path, backend, big, monkeypatch):
     """A kvfile's (or DataShard's) labels are parsed from every record before training: a label out of the
-    loss's classes was found by the step that read it, mid-run, naming neither the file nor the record."""
+    loss's classes was found by the step that read it, mid-run, naming neither the file nor the record.
+    ``big``: a file over MEMORY_LIMIT, its labels read WALK_RECORDS records at a time (such a file's labels
+    went unchecked, the walk that reads them taking 0.05 s for 200 MB)."""
     import h5py
 
+    from singa_mpi.data import stores
     from singa_mpi.data.convert import write_store
     from singa_mpi.errors import DataError
     from singa_mpi.launcher.checks import check_first_batches
@@ -318,6 +322,9 @@ def test_a_bad_kvfile_label_past_the_first_batch_is_named_before_training(tmp_pa
         data, labels = f["data"][()], f["label"][()]
     labels[90] = 12  # not in the first batch of 32 (the job's seeded shuffle leaves it out)
     store = write_store(str(tmp_path / f"labels.{backend}"), backend, data, labels)
+    if big:
+        monkeypatch.setattr(stores, "MEMORY_LIMIT", 1000)  # bytes: the file is some 6 kB
+        monkeypatch.setattr(stores, "WALK_RECORDS", 16)  # record 90 in the sixth walk
     for layer in cfg.proto.neuralnet.layer:
         if layer.HasField("store_conf"):
             layer.store_conf.backend, layer.store_conf.path = backend, store
