@@ -386,8 +386,18 @@ class KVFileStore(RecordStore):
             raise DataError(f"{self.path}: record {row} (key {self.keys[row]!r}) has {sizes[bad[0]]} values, "
                             f"expected {self.size} (shape {self.shape}, from record 0)")
         data = np.stack(values).astype(np.float32, copy=False).reshape((len(rows),) + self.shape)
-        labels = np.array([record.label for record in records], np.int32) if self.has_labels else None
-        return data, labels
+        if not self.has_labels:
+            return data, None
+        self._refuse_unlabelled(rows, np.array([record.HasField("label") for record in records]))
+        return data, np.array([record.label for record in records], np.int32)
+
+    def _refuse_unlabelled(self, rows: np.ndarray, labelled: np.ndarray) -> None:
+        """DataError naming the first of ``rows`` (ascending) not ``labelled``, in a store whose record 0 has a
+        label: protobuf reads a missing one as 0, and SINGA trained on it (a wrong label, without a word)."""
+        if not labelled.all():
+            row = int(rows[np.argmin(labelled)])
+            raise DataError(f"{self.path}: record {row} (key {self.keys[row]!r}) has no label, while record 0 has "
+                            f"one: expected a label in every record (protobuf reads a missing one as label 0)")
 
     def _record_fields(self, start: int, stop: int) -> dict[int, wire.Field] | None:
         """The fields of the RecordProtos of records start..stop-1, read together
@@ -413,13 +423,14 @@ class KVFileStore(RecordStore):
             stop = min(start + WALK_RECORDS, len(self))
             fields = self._record_fields(start, stop)
             label = None if fields is None else fields.get(LABEL_FIELD)
+            rows = np.arange(start, stop)
             if fields is None or (label is not None and label.wire != wire.VARINT):
-                yield start, np.array([self.record(row).label for row in range(start, stop)], np.int64)
+                records = [self.record(row) for row in range(start, stop)]
+                self._refuse_unlabelled(rows, np.array([record.HasField("label") for record in records]))
+                yield start, np.array([record.label for record in records], np.int64)
                 continue
-            labels = np.zeros(stop - start, np.int64)  # a record without one reads as 0
-            if label is not None:
-                labels[:] = wire.int32_of(label.value)
-            yield start, labels
+            self._refuse_unlabelled(rows, np.zeros(len(rows), bool) if label is None else label.count > 0)
+            yield start, wire.int32_of(label.value).astype(np.int64)
 
     def _scan_nonfinite(self) -> tuple[int, int, float] | None:
         """The float ``data`` of every record, looked at where the bytes lie (uint8 ``pixel`` records hold

@@ -281,16 +281,16 @@ def test_a_store_of_pixels_is_not_decoded_to_look_for_nonfinite_values(tmp_path)
     assert store.first_nonfinite() is None
 
 
-def random_kvfile(path, rng, count: int, classes: int, backend: str = "kvfile") -> None:
+def random_kvfile(path, rng, count: int, classes: int, backend: str = "kvfile", unlabelled: bool = False) -> None:
     """``count`` records of 6 values: pixels or floats, labels in 0..classes (the limit itself included,
-    and beyond), some without a label, some with a field protobuf keeps as unknown."""
+    and beyond), some with a field protobuf keeps as unknown; ``unlabelled``: some without a label."""
     from singa_mpi.data.shard import DataShardWriter
 
     writer = DataShardWriter(str(path)) if backend == "shard" else KVFileWriter(str(path))
     with writer:
         for i in range(count):
             record = job_pb2.RecordProto(shape=[2, 3])
-            if i == 0 or rng.random() < 0.9:  # the first holds one: a labelled store
+            if i == 0 or not unlabelled or rng.random() < 0.9:  # the first holds one: a labelled store
                 record.label = int(rng.choice([0, classes - 1, classes, classes + 1, 2 ** 31 - 1, -1,
                                                int(rng.integers(0, classes))]))
             if rng.random() < 0.5:
@@ -312,8 +312,8 @@ def parsed_labels(store) -> np.ndarray:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_kvfile_label_is_read_as_the_per_record_parse_reads_it(tmp_path, backend, count, seed, monkeypatch):
     """The labels of every record, read together from the bytes, are the parse's, label by label: at the
-    class limit and past it, negative, absent (0), beside unknown fields; no record is parsed for them
-    (seed 1: read 100 records at a time)."""
+    class limit and past it, negative, beside unknown fields; no record is parsed for them (seed 1: read
+    100 records at a time).  (Records without a label are refused: the next test.)"""
     from singa_mpi.data import stores
 
     if seed:
@@ -327,14 +327,48 @@ def test_every_kvfile_label_is_read_as_the_per_record_parse_reads_it(tmp_path, b
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("backend", ["kvfile", "shard"])
+@pytest.mark.parametrize("walked", [1 << 20, 100])
+def test_a_record_without_a_label_in_a_labelled_kvfile_is_refused_naming_it(tmp_path, backend, walked, monkeypatch):
+    """Record 0 holds a label, a later one none: protobuf reads it as label 0, and the run trained on a wrong
+    label without a word.  The check before training (the walk, ``walked`` records at a time) and every read
+    of it refuse it in one line naming the first such record and its key."""
+    from singa_mpi.data import stores
+
+    monkeypatch.setattr(stores, "WALK_RECORDS", walked)
+    random_kvfile(tmp_path / "s", np.random.default_rng(3), 500, classes=10, backend=backend, unlabelled=True)
+    with open_store(backend, str(tmp_path / "s")) as store:
+        first = next(row for row in range(len(store)) if not store.record(row).HasField("label"))
+        expected = (f"{store.path}: record {first} (key {store.keys[first]!r}) has no label, while record 0 has one: "
+                    f"expected a label in every record (protobuf reads a missing one as label 0)")
+        with pytest.raises(DataError) as err:
+            store.every_label()
+        assert str(err.value) == expected
+        store.cache_limit = 0
+        with pytest.raises(DataError) as err:
+            store.read(np.array([first + 1, first]))  # one read record by record, as a big store's batches
+        assert str(err.value) == expected
+        store.read(np.arange(first))  # the records before it read
+    with open_store(backend, str(tmp_path / "s")) as store:
+        with pytest.raises(DataError) as err:
+            store.read(np.array([0]))  # a small store's first read decodes it whole
+        assert str(err.value) == expected
+
+
 def test_every_label_of_records_protobuf_reads_otherwise_comes_from_the_parse(tmp_path):
-    """Records the walk does not read exactly (a record's label given as bytes: an unknown field to
-    protobuf) are parsed one by one, with the parse's result."""
+    """Records the walk does not read exactly (an unknown group field beside the label) are parsed one by
+    one, with the parse's result; a label given as bytes (an unknown field to protobuf: no label) is
+    refused as a record without one."""
     with KVFileWriter(str(tmp_path / "odd.bin")) as writer:
         writer.write("0", job_pb2.RecordProto(shape=[1], label=4, pixel=b"\x01"))
-        writer.write("1", job_pb2.RecordProto.FromString(bytes([0x08, 1, 0x12, 1, 9, 0x1A, 1, 2])))
+        writer.write("1", job_pb2.RecordProto.FromString(bytes([0x08, 1, 0x10, 5, 0x1A, 1, 2, 0xA3, 0x06, 0xA4, 0x06])))
     with open_store("kvfile", str(tmp_path / "odd.bin")) as store:
-        np.testing.assert_array_equal(store.every_label(), [4, 0])
+        np.testing.assert_array_equal(store.every_label(), [4, 5])
+    with KVFileWriter(str(tmp_path / "bytes.bin")) as writer:
+        writer.write("0", job_pb2.RecordProto(shape=[1], label=4, pixel=b"\x01"))
+        writer.write("1", job_pb2.RecordProto.FromString(bytes([0x08, 1, 0x12, 1, 9, 0x1A, 1, 2])))
+    with open_store("kvfile", str(tmp_path / "bytes.bin")) as store, pytest.raises(DataError, match="record 1 .* no label"):
+        store.every_label()
 
 
 @pytest.mark.parametrize("walked", [1 << 20, 100])

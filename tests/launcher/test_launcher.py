@@ -335,6 +335,39 @@ def test_a_bad_kvfile_label_past_the_first_batch_is_named_before_training(tmp_pa
                               f"(layer 'loss' scores 5 classes)")
 
 
+@pytest.mark.parametrize("backend", ["kvfile", "shard"])
+def test_a_kvfile_record_without_a_label_is_named_before_training(tmp_path, backend):
+    """Record 90 of a labelled kvfile (or DataShard) holds no label: protobuf read it as label 0 and the
+    run trained on it without a word; the check before any communication names the record."""
+    import h5py
+
+    from singa_mpi.data.convert import write_store
+    from singa_mpi.data.shard import DataShardWriter
+    from singa_mpi.data.stores import KVFileWriter
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher.checks import check_first_batches
+    from singa_mpi.proto import job_pb2
+
+    cfg, h5 = _first_batch_job(tmp_path, 5)
+    with h5py.File(h5, "r") as f:
+        data, labels = f["data"][()], f["label"][()]
+    store = write_store(str(tmp_path / f"labels.{backend}"), backend, data, labels)
+    with (DataShardWriter if backend == "shard" else KVFileWriter)(store) as writer:  # again, record 90 unlabelled
+        for row, values in enumerate(data):
+            record = job_pb2.RecordProto(shape=[12], data=values.tolist())
+            if row != 90:  # not in the first batch of 32 (the job's seeded shuffle leaves it out)
+                record.label = int(labels[row])
+            writer.write(f"{row:05d}", record)
+    for layer in cfg.proto.neuralnet.layer:
+        if layer.HasField("store_conf"):
+            layer.store_conf.backend, layer.store_conf.path = backend, store
+    with pytest.raises(DataError) as err:
+        check_first_batches(cfg, str(tmp_path), ["train"])
+    where = store if backend == "kvfile" else f"{store}/shard.dat"
+    assert str(err.value) == (f"{where}: record 90 (key b'00090') has no label, while record 0 has one: expected a "
+                              f"label in every record (protobuf reads a missing one as label 0)")
+
+
 @pytest.mark.parametrize("backend", ["hdf5", "kvfile"])
 def test_a_nan_past_the_first_batch_of_a_store_decoded_whole_is_refused_before_training(tmp_path, backend,
                                                                                         monkeypatch):
