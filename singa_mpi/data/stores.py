@@ -347,6 +347,9 @@ class KVFileStore(RecordStore):
         if self.size == 0 and self._is_datashard():
             raise BackendMismatch(f"{self.path}: a DataShard (SINGA 0.1's Record values), read with backend "
                                   f"\"kvfile\": expected backend \"shard\" for it (or a kvfile of RecordProto values)")
+        if self.size == 0:  # else read as records of shape (0,), which no store_conf.shape matches
+            raise DataError(f"{self.path}: record 0 (key {self.keys[0]!r}) holds no values: expected a RecordProto "
+                            f"with its values as float data or pixel bytes")
         self.shape = tuple(first.shape) or (self.size,)
         if int(np.prod(self.shape)) != self.size:
             raise DataError(f"{self.path}: record 0 has {self.size} values but shape {list(first.shape)}")
@@ -606,6 +609,9 @@ class HDF5Store(RecordStore):
         if self._data.ndim == 0:
             raise DataError(f"{path}: 'data' is a scalar: expected one row per record (N, *shape)")
         self.shape = tuple(self._data.shape[1:])
+        if 0 in self.shape:  # else refused as a store_conf.shape that should multiply to 0
+            raise DataError(f"{path}: 'data' of shape {self._data.shape}: records of no values: expected (N, *shape) "
+                            f"with every size above 0")
         self.has_labels = self._labels is not None
         self._length = len(self._data)
         if self._length == 0:

@@ -98,7 +98,7 @@ def test_torn_last_tuple_is_dropped_with_a_warning(tmp_path, cut):
 
 def test_duplicate_and_empty_keys_are_rejected(tmp_path):
     with KVFileWriter(str(tmp_path / "d.bin")) as writer:
-        writer.write("k", job_pb2.RecordProto(label=1))
+        writer.write("k", job_pb2.RecordProto(label=1, pixel=b"\x01"))
         with pytest.raises(ValueError, match="already written"):
             writer.write(b"k", job_pb2.RecordProto(label=2))
         with pytest.raises(ValueError, match="empty key"):
@@ -195,6 +195,31 @@ def test_labels_are_read_a_bounded_number_of_records_at_a_time(tmp_path, backend
         chunks = list(store.label_chunks())
     assert [(start, len(labels)) for start, labels in chunks] == [(0, 3), (3, 3), (6, 1)]
     np.testing.assert_array_equal(np.concatenate([labels for _, labels in chunks]), np.arange(7) * 3)
+
+
+@pytest.mark.parametrize("declared", [[], [12]])
+def test_a_kvfile_whose_records_hold_no_values_is_one_line_naming_the_record(tmp_path, declared):
+    """Records of a label alone (no float data, no pixels) read as records of shape (0,): "records of shape
+    (0,), but store_conf.shape is (12,): expected a shape whose sizes multiply to 0", as if the job were
+    wrong; with a shape declared, "record 0 has 0 values but shape [12]".  Now the file and the record."""
+    path = str(tmp_path / "labels_only.bin")
+    with KVFileWriter(path) as writer:
+        for i in range(4):
+            writer.write(f"{i:05d}", job_pb2.RecordProto(shape=declared, label=1))
+    with pytest.raises(DataError) as err:
+        open_store("kvfile", path, layer="data", shape=(12,))
+    assert str(err.value) == (f"layer 'data': {path}: record 0 (key b'00000') holds no values: expected a RecordProto "
+                              f"with its values as float data or pixel bytes")
+
+
+def test_an_hdf5_store_of_records_without_values_is_one_line(tmp_path):
+    path = str(tmp_path / "zero.h5")
+    with h5py.File(path, "w") as f:
+        f["data"], f["label"] = np.zeros((5, 3, 0), np.float32), np.zeros(5, np.int32)
+    with pytest.raises(DataError) as err:
+        open_store("hdf5", path, layer="data", shape=(12,))
+    assert str(err.value) == (f"layer 'data': {path}: 'data' of shape (5, 3, 0): records of no values: expected "
+                              f"(N, *shape) with every size above 0")
 
 
 def test_a_mean_file_of_another_kind_says_what_it_is(tmp_path):
