@@ -594,6 +594,9 @@ class HDF5Store(RecordStore):
         except DataError:
             self._release()
             raise
+        except PermissionError as err:  # an OSError too, but no damage: the OS's reason, as for other backends
+            self._release()
+            raise OSError(err.errno, os.strerror(err.errno)) from None
         except HDF5_DAMAGE as err:
             self._release()
             raise DataError(f"{path}: cannot read it as a hdf5 store: damaged, or not an HDF5 file"

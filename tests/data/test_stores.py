@@ -1,10 +1,12 @@
 """Stores: SINGA's kvfile bytes, round trips for every backend, torn files, caching, errors."""
+import os
 import warnings
 
 import h5py
 import numpy as np
 import pytest
 
+import nets
 from singa_mpi.data.stores import KVFileWriter, open_store, read_first_record
 from singa_mpi.errors import ConfigError, DataError
 from singa_mpi.proto import job_pb2
@@ -163,6 +165,39 @@ def test_errors_name_layer_path_and_shapes(tmp_path):
     (tmp_path / "junk.h5").write_bytes(b"not hdf5")
     with warnings.catch_warnings(), pytest.raises(DataError, match="cannot read it as a hdf5 store"):
         open_store("hdf5", str(tmp_path / "junk.h5"))
+
+
+def test_an_hdf5_store_it_may_not_read_is_named_so_not_damaged(tmp_path, monkeypatch):
+    """h5py raises a PermissionError (an OSError) for a file the process may not read, which was worded as
+    damage: "cannot read it as a hdf5 store: damaged, or not an HDF5 file: expected an HDF5 file ..."; it now
+    reads as the other backends' unreadable files do.  (h5py's exception as it raises it: running as root, a
+    chmod 000 is read all the same, so the next test cannot show it here.)"""
+    import h5py as h5py_module
+
+    path = nets.make_data(str(tmp_path / "d.h5"), 8, (12,), 5)
+
+    def denied(name, mode="r", **kwargs):
+        raise PermissionError(13, f"Unable to synchronously open file (unable to open file: name = '{name}', "
+                                  f"errno = 13, error message = 'Permission denied', flags = 0, o_flags = 0)")
+
+    monkeypatch.setattr(h5py_module, "File", denied)
+    with pytest.raises(DataError) as err:
+        open_store("hdf5", path, layer="data")
+    assert str(err.value) == f"layer 'data': {path}: cannot read it as a hdf5 store (Permission denied)"
+
+
+@pytest.mark.parametrize("backend", ["hdf5", "kvfile", "shard", "textfile"])
+def test_a_store_it_may_not_read_is_one_line_saying_so(tmp_path, backend):
+    from singa_mpi.data.convert import write_store
+    from singa_mpi.data.stores import kvfile_path
+
+    path = write_store(str(tmp_path / "d"), backend, np.zeros((4, 3), np.float32), np.arange(4))
+    os.chmod(kvfile_path(path) if backend == "shard" else path, 0)
+    if os.access(kvfile_path(path), os.R_OK):
+        pytest.skip("this process reads a file of mode 000 (root)")
+    with pytest.raises(DataError) as err:
+        open_store(backend, path, layer="data")
+    assert str(err.value).endswith(f"cannot read it as a {backend} store (Permission denied)"), str(err.value)
 
 
 @pytest.mark.parametrize("backend", ["kvfile", "shard"])
