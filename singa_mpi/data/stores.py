@@ -336,8 +336,10 @@ class KVFileStore(RecordStore):
             raise
 
     def _index(self) -> None:
-        if os.fstat(self._file.fileno()).st_size == 0:
+        opened = os.fstat(self._file.fileno())
+        if opened.st_size == 0:
             raise DataError(f"{self.path}: empty kvfile (no records)")
+        self._opened = (opened.st_size, opened.st_mtime_ns)  # the file the index describes
         self._buffer = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self.keys, self.offsets, self.lengths = scan_kvfile(self._buffer, self.path)
         if not self.keys:
@@ -378,7 +380,18 @@ class KVFileStore(RecordStore):
             raise DataError(f"{self.path}: record {row} (key {self.keys[row]!r}) is not a RecordProto") from None
         return record
 
+    def _refuse_changed(self) -> None:
+        """DataError when the file is no longer the one indexed: a mapped page past the end of a file cut short
+        kills the process (SIGBUS: "Bus error", not a word on the file), and a file written again in place
+        holds other records than the index says.  Looked at before each read of the mapped records."""
+        now = os.fstat(self._file.fileno())
+        if (now.st_size, now.st_mtime_ns) != self._opened:
+            raise DataError(f"{self.path}: changed while this run read it ({now.st_size} bytes now, {self._opened[0]} "
+                            f"when opened, modified since): expected it unchanged until the run ends (write a new "
+                            f"store under another name)")
+
     def _decode(self, rows: np.ndarray) -> Arrays:
+        self._refuse_changed()
         # per-record protobuf parsing cannot be vectorised; everything after it is
         records = [self.record(int(row)) for row in rows]
         values = [record_values(record) for record in records]
@@ -405,6 +418,7 @@ class KVFileStore(RecordStore):
     def _record_fields(self, start: int, stop: int) -> dict[int, wire.Field] | None:
         """The fields of the RecordProtos of records start..stop-1, read together
         (:func:`singa_mpi.data.wire.walk`); None where only a parse of each record reads them as protobuf does."""
+        self._refuse_changed()
         offsets, lengths = self.offsets[start:stop], self.lengths[start:stop]
         if self.wrapped_in is not None:
             outer = wire.walk(self._buffer, offsets, lengths)

@@ -200,6 +200,48 @@ def test_a_store_it_may_not_read_is_one_line_saying_so(tmp_path, backend):
     assert str(err.value).endswith(f"cannot read it as a {backend} store (Permission denied)"), str(err.value)
 
 
+# A store too big to be decoded whole is read from its mapped file batch by batch, in a subprocess: the old
+# reader died by SIGBUS there, which no pytest.raises catches
+CHANGED_WHILE_READ = """
+import sys
+import numpy as np
+from singa_mpi.data.stores import open_store
+backend, path, file, how = sys.argv[1:]
+store = open_store(backend, path, cache_limit=0)
+store.read(np.arange(len(store) - 1, 0, -1))
+with open(file, "r+b") as f:
+    if how == "truncated":
+        f.truncate(100)
+    else:  # the same bytes written again in place, as a converter run again would
+        f.write(f.read())
+try:
+    store.read(np.array([len(store) - 1]))  # a page past the new end: SIGBUS
+except Exception as err:
+    print(type(err).__name__, err)
+"""
+
+
+@pytest.mark.parametrize("how", ["truncated", "rewritten"])
+@pytest.mark.parametrize("backend", ["kvfile", "shard"])
+def test_a_kvfile_that_changes_while_a_run_reads_it_is_one_line_not_a_bus_error(tmp_path, backend, how):
+    """A kvfile over MEMORY_LIMIT is mapped and read batch by batch; cut short in place meanwhile (a converter
+    writing it again), the next read touched pages past its new end and the process died of SIGBUS ("Bus
+    error", exit 135, every other rank aborted), or read other records than its index said."""
+    import subprocess
+    import sys
+
+    from singa_mpi.data.convert import write_store
+    from singa_mpi.data.stores import kvfile_path
+
+    path = write_store(str(tmp_path / "d"), backend, np.arange(4000, dtype=np.float32).reshape(200, 20), np.arange(200) % 3)
+    file = kvfile_path(path)
+    done = subprocess.run([sys.executable, "-c", CHANGED_WHILE_READ, backend, path, file, how],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith(f"DataError {file}: changed while this run read it"), done.stdout
+    assert "expected it unchanged until the run ends" in done.stdout and "\n" not in done.stdout.strip()
+
+
 @pytest.mark.parametrize("backend", ["kvfile", "shard"])
 def test_kvfile_labels_are_read_whole_without_decoding_the_records(tmp_path, backend):
     """every_label parses each record's label (the launcher checks them all before training); a store
