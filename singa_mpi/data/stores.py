@@ -61,6 +61,15 @@ class BackendMismatch(DataError):
     job's ``store_conf.backend`` is the field to name (the launcher puts its file:line in front)."""
 
 
+def label_text(value) -> str:
+    """A label as stored, for a message: a whole number in full (2147483647, where ``:g`` gave 2.14748e+09,
+    a number no one could look for), a fraction as Python prints it (2.5), nan as nan."""
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, float) and np.isfinite(value) and value == int(value):
+        value = int(value)
+    return str(value)
+
+
 def _where(path: str, layer: str | None) -> str:
     """Error-message prefix naming the layer (if any) and the file."""
     return f"layer '{layer}': {path}" if layer else path
@@ -525,7 +534,7 @@ def read_textfile(path: str, has_label: bool = True, separator: str = ",") -> Ar
     whole = np.isfinite(labels) & (labels == np.round(labels)) & (labels >= 0) & (labels < 2 ** 31)
     if not whole.all():  # a cast would make 1.7 a 1 and nan, -3 or 1e12 nonsense, without a word
         row = int(np.argmin(whole))
-        raise DataError(f"{path}: row {row + 1}: label {labels[row]:g}: expected a whole number >= 0 in the "
+        raise DataError(f"{path}: row {row + 1}: label {label_text(labels[row])}: expected a whole number >= 0 in the "
                         f"first column (has_label: false, or --no-label, if the file holds no labels)")
     return ArrayStore(path, _finite(path, table[:, 1:], 1), labels.astype(np.int32))
 

@@ -324,6 +324,7 @@ def _check_every_label(loss, labels, arrays_only: bool = False) -> None:
     the loss's classes ends some later step, naming neither the file nor the record.  ``arrays_only``:
     only a script's arrays (their row of y, where the first batch's message named the store's digest)."""
     from singa_mpi.data.memory import is_memory_path
+    from singa_mpi.data.stores import label_text
     from singa_mpi.layers.loss import first_label_outside
 
     store, classes = getattr(labels, "store", None), getattr(loss, "classes", None)
@@ -337,7 +338,7 @@ def _check_every_label(loss, labels, arrays_only: bool = False) -> None:
             row = start + at
             where = f"layer '{labels.name}': row {row} of its y" if is_memory_path(store.path) else \
                 f"{store.path}: record {row}"  # a script's arrays, or a file
-            raise DataError(f"{where}: label {chunk[at]:g}: expected a class index in 0..{classes - 1} "
+            raise DataError(f"{where}: label {label_text(chunk[at])}: expected a class index in 0..{classes - 1} "
                             f"(layer '{loss.name}' scores {classes} classes)")
 
 

@@ -190,7 +190,7 @@ def test_a_damaged_gzip_is_one_line_naming_the_file(tmp_path):
 
 def test_csv_labels_must_be_whole_numbers(tmp_path):
     """1.7, -3, nan and 1e12 were cast to 1, -3, -2**31 and -2**31 with numpy's warning alone."""
-    for label, shown in (("1.7", "1.7"), ("-3", "-3"), ("nan", "nan"), ("1e12", "1e[+]12")):
+    for label, shown in (("1.7", "1.7"), ("-3", "-3"), ("nan", "nan"), ("1e12", "1000000000000")):
         (tmp_path / "in.csv").write_text("1,0.5\n" + f"{label},0.25\n")
         with pytest.raises(DataError, match=rf"in\.csv: row 2: label {shown.replace('.', '[.]')}: expected a whole"):
             convert.convert_csv(str(tmp_path / "in.csv"), str(tmp_path / "o.h5"))

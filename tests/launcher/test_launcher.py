@@ -281,11 +281,12 @@ def test_testing_before_any_training_says_which_workspace_to_name(tmp_path):
                               f"WS/checkpoint/step<N>.h5)")
 
 
-@pytest.mark.parametrize("label", [12, 2.5])
+@pytest.mark.parametrize("label", [12, 2.5, 2 ** 31 - 1, 16711681.0])
 def test_a_bad_label_past_the_first_batch_is_named_with_its_file_and_record_before_training(tmp_path, label):
     """An HDF5 store's labels are read whole before training (cheap beside its records): a label out
     of the loss's classes, or a fraction (read as an int it was cut to 2), ended some later step
-    without naming the file or the record."""
+    without naming the file or the record.  The label is given as stored: 2147483647 was "2.14748e+09",
+    a float 16711681 (a flipped byte) "1.67117e+07", numbers a user could not look for."""
     import h5py
 
     from singa_mpi.errors import DataError
@@ -299,8 +300,8 @@ def test_a_bad_label_past_the_first_batch_is_named_with_its_file_and_record_befo
         f["label"] = labels if label != int(label) else labels.astype(np.int32)
     with pytest.raises(DataError) as err:
         check_first_batches(cfg, str(tmp_path), ["train"])
-    assert str(err.value) == (f"{store}: record 90: label {label:g}: expected a class index in 0..4 "
-                              f"(layer 'loss' scores 5 classes)")
+    assert str(err.value) == (f"{store}: record 90: label {int(label) if label == int(label) else label}: expected a "
+                              f"class index in 0..4 (layer 'loss' scores 5 classes)")
 
 
 @pytest.mark.parametrize("big", [False, True])
