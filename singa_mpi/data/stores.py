@@ -632,6 +632,12 @@ class HDF5Store(RecordStore):
             raise DataError(f"{path}: HDF5 store without a 'data' dataset (found: {found})")
         self._data = self._file["data"]
         self._labels = self._file["label"] if "label" in self._file else None
+        for name, dataset in (("data", self._data), ("label", self._labels)):
+            if dataset is not None and (not hasattr(dataset, "dtype") or dataset.dtype.kind not in "biuf"):
+                # else strings are "damaged" when read, a group "not an HDF5 file", complex values cut to reals
+                found = f"of type {dataset.dtype}" if hasattr(dataset, "dtype") else "a group"
+                raise DataError(f"{path}: '{name}' is {found}: expected a dataset of numbers (integers or floats), "
+                                f"as `singa-mpi data` writes")
         if self._data.ndim == 0:
             raise DataError(f"{path}: 'data' is a scalar: expected one row per record (N, *shape)")
         self.shape = tuple(self._data.shape[1:])

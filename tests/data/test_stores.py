@@ -167,6 +167,30 @@ def test_errors_name_layer_path_and_shapes(tmp_path):
         open_store("hdf5", str(tmp_path / "junk.h5"))
 
 
+@pytest.mark.parametrize("field, value, found", [
+    ("data", np.array([[b"abc"] * 12] * 5), "of type |S3"),
+    ("data", np.ones((5, 12), np.complex64), "of type complex64"),
+    ("data", None, "a group"),
+    ("label", np.array([b"a"] * 5), "of type |S1"),
+    ("label", None, "a group"),
+])
+def test_an_hdf5_dataset_of_no_numbers_is_named_not_called_damaged(tmp_path, field, value, found):
+    """Strings were "damaged HDF5 store: cannot read its records ... write it again", a group where 'data' should
+    be "damaged, or not an HDF5 file", and complex values trained on their real part after numpy's warning."""
+    path = str(tmp_path / "d.h5")
+    with h5py.File(path, "w") as f:
+        f["data"], f["label"] = np.zeros((5, 12), np.float32), np.zeros(5, np.int32)
+        del f[field]
+        if value is None:
+            f.create_group(field)
+        else:
+            f[field] = value
+    with pytest.raises(DataError) as err:
+        open_store("hdf5", path, layer="data").read(np.arange(5))
+    assert str(err.value) == (f"layer 'data': {path}: '{field}' is {found}: expected a dataset of numbers (integers or "
+                              f"floats), as `singa-mpi data` writes")
+
+
 def test_an_hdf5_store_it_may_not_read_is_named_so_not_damaged(tmp_path, monkeypatch):
     """h5py raises a PermissionError (an OSError) for a file the process may not read, which was worded as
     damage: "cannot read it as a hdf5 store: damaged, or not an HDF5 file: expected an HDF5 file ..."; it now
