@@ -335,6 +335,9 @@ class KVFileStore(RecordStore):
 
     def __init__(self, path: str, cache_limit: int | None = None):
         super().__init__(kvfile_path(path), cache_limit)
+        if os.path.isdir(path) and not os.path.isfile(self.path):  # not "PATH/shard.dat: no such file": no one named it
+            raise DataError(f"{path}: a folder without a file shard.dat: expected a kvfile (or SINGA 0.1's DataShard "
+                            f"folder, holding shard.dat)")
         if not os.path.isfile(self.path):
             raise DataError(f"{self.path}: no such file")
         self._file = open(self.path, "rb")

@@ -191,6 +191,16 @@ def test_an_hdf5_dataset_of_no_numbers_is_named_not_called_damaged(tmp_path, fie
                               f"floats), as `singa-mpi data` writes")
 
 
+def test_a_folder_named_as_a_kvfile_is_one_line_saying_what_was_expected(tmp_path):
+    """A kvfile's path naming a folder (SINGA reads a v0.1 folder's shard.dat) without shard.dat said
+    "PATH/shard.dat: no such file", a file nobody had named."""
+    (tmp_path / "train.kv").mkdir()
+    with pytest.raises(DataError) as err:
+        open_store("kvfile", str(tmp_path / "train.kv"), layer="data")
+    assert str(err.value) == (f"layer 'data': {tmp_path / 'train.kv'}: a folder without a file shard.dat: expected a "
+                              f"kvfile (or SINGA 0.1's DataShard folder, holding shard.dat)")
+
+
 def test_an_hdf5_store_it_may_not_read_is_named_so_not_damaged(tmp_path, monkeypatch):
     """h5py raises a PermissionError (an OSError) for a file the process may not read, which was worded as
     damage: "cannot read it as a hdf5 store: damaged, or not an HDF5 file: expected an HDF5 file ..."; it now
