@@ -135,6 +135,11 @@ class RecordStore:
     def _release(self) -> None:
         """Drop file handles once everything is cached (subclasses that hold any)."""
 
+    def labels_after_all(self) -> str | None:
+        """Of a store read as unlabelled, where it holds labels all the same and what was expected (a
+        kvfile's records each have theirs, or not); None where labels are all or none (a dataset, a column)."""
+        return None
+
     def label_chunks(self) -> Iterator[tuple[int, np.ndarray]]:
         """(first record, its labels and those after it, as stored) for every record in turn, a bounded
         number at a time, where reading them costs little beside the records (nothing without labels, or
@@ -423,9 +428,26 @@ class KVFileStore(RecordStore):
         """DataError naming the first of ``rows`` (ascending) not ``labelled``, in a store whose record 0 has a
         label: protobuf reads a missing one as 0, and SINGA trained on it (a wrong label, without a word)."""
         if not labelled.all():
-            row = int(rows[np.argmin(labelled)])
-            raise DataError(f"{self.path}: record {row} (key {self.keys[row]!r}) has no label, while record 0 has "
-                            f"one: expected a label in every record (protobuf reads a missing one as label 0)")
+            raise DataError(f"{self.missing_label(int(rows[np.argmin(labelled)]), 0)} (protobuf reads a missing one as "
+                            f"label 0)")
+
+    def missing_label(self, row: int, labelled: int) -> str:
+        """Where record ``row`` has no label, while record ``labelled`` has one, and what was expected."""
+        return (f"{self.path}: record {row} (key {self.keys[row]!r}) has no label, while record {labelled} has one: "
+                f"expected a label in every record")
+
+    def labels_after_all(self) -> str | None:
+        """Record 0 holds no label, so the store reads as unlabelled: the first record holding one, read as
+        :meth:`label_chunks` reads labels (only to word a refusal), else None."""
+        for start in range(0, len(self), WALK_RECORDS):
+            stop = min(start + WALK_RECORDS, len(self))
+            fields = self._record_fields(start, stop)
+            label = None if fields is None else fields.get(LABEL_FIELD)
+            labelled = (np.array([self.record(row).HasField("label") for row in range(start, stop)])
+                        if fields is None else np.zeros(0, bool) if label is None else label.count > 0)
+            if labelled.any():
+                return self.missing_label(0, start + int(np.argmax(labelled)))
+        return None
 
     def _record_fields(self, start: int, stop: int) -> dict[int, wire.Field] | None:
         """The fields of the RecordProtos of records start..stop-1, read together

@@ -185,6 +185,9 @@ class RecordInput(Layer):
         self.store = open_store(self.backend, path, layer=self.name,
                                 shape=self.out_shape, has_label=conf.has_label, separator=conf.separator)
         if conf.has_label and not self.store.has_labels:
+            some = self.store.labels_after_all()  # a kvfile's record 0 has none, but others have
+            if some is not None:
+                raise DataError(f"layer '{self.name}': {some} (or store_conf.has_label: false to read none)")
             raise DataError(f"layer '{self.name}': {self.store.path} has no labels "
                             f"(set store_conf.has_label: false for unlabelled data)")
         self.mean = self._per_pixel("mean_file") if conf.mean_file else np.float32(conf.mean_value)

@@ -369,6 +369,35 @@ def test_a_kvfile_record_without_a_label_is_named_before_training(tmp_path, back
                               f"label in every record (protobuf reads a missing one as label 0)")
 
 
+@pytest.mark.parametrize("backend", ["kvfile", "shard"])
+def test_a_kvfile_whose_record_0_alone_has_no_label_is_named_so(tmp_path, backend):
+    """A store's labels are known by its record 0: one without a label, the others labelled, was refused as
+    "PATH has no labels (set store_conf.has_label: false for unlabelled data)", advice that trains on
+    none of the labels the file holds; the line now names the record, and the first that has one."""
+    from singa_mpi.data.shard import DataShardWriter
+    from singa_mpi.data.stores import KVFileWriter
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher.checks import check_first_batches
+    from singa_mpi.proto import job_pb2
+
+    cfg, _ = _first_batch_job(tmp_path, 5)
+    store = str(tmp_path / f"labels.{backend}")
+    with (DataShardWriter if backend == "shard" else KVFileWriter)(store) as writer:
+        for row in range(40):
+            record = job_pb2.RecordProto(shape=[12], data=[float(row)] * 12)
+            if row > 2:
+                record.label = row % 5
+            writer.write(f"{row:05d}", record)
+    for layer in cfg.proto.neuralnet.layer:
+        if layer.HasField("store_conf"):
+            layer.store_conf.backend, layer.store_conf.path = backend, store
+    with pytest.raises(DataError) as err:
+        check_first_batches(cfg, str(tmp_path), ["train"])
+    where = store if backend == "kvfile" else f"{store}/shard.dat"
+    assert str(err.value) == (f"layer 'data': {where}: record 0 (key b'00000') has no label, while record 3 has one: "
+                              f"expected a label in every record (or store_conf.has_label: false to read none)")
+
+
 @pytest.mark.parametrize("backend", ["hdf5", "kvfile"])
 def test_a_nan_past_the_first_batch_of_a_store_decoded_whole_is_refused_before_training(tmp_path, backend,
                                                                                         monkeypatch):
