@@ -154,6 +154,20 @@ def _first_batch_job(tmp_path, labels: int, extra: str = ""):
     return load_job(str(conf)), store
 
 
+def _first_batch_refusal(cfg, tmp_path, backend: str, store: str) -> tuple[str, str]:
+    """The one line the check before training refuses ``cfg`` with, its stores pointed at ``store`` (of
+    ``backend``), and the file that line should name (a DataShard folder's shard.dat)."""
+    from singa_mpi.errors import DataError
+    from singa_mpi.launcher.checks import check_first_batches
+
+    for layer in cfg.proto.neuralnet.layer:
+        if layer.HasField("store_conf"):
+            layer.store_conf.backend, layer.store_conf.path = backend, store
+    with pytest.raises(DataError) as err:
+        check_first_batches(cfg, str(tmp_path), ["train"])
+    return str(err.value), store if backend == "kvfile" else f"{store}/shard.dat"
+
+
 def test_the_first_batch_of_every_phase_is_read_before_any_communication(tmp_path):
     """Phase 1's look at the data (every rank, before the vote): the loss's labels of the first global
     batch are checked, and the message names the store they came from."""
@@ -315,8 +329,6 @@ def test_a_bad_kvfile_label_past_the_first_batch_is_named_before_training(tmp_pa
 
     from singa_mpi.data import stores
     from singa_mpi.data.convert import write_store
-    from singa_mpi.errors import DataError
-    from singa_mpi.launcher.checks import check_first_batches
 
     cfg, h5 = _first_batch_job(tmp_path, 5)
     with h5py.File(h5, "r") as f:
@@ -326,13 +338,8 @@ def test_a_bad_kvfile_label_past_the_first_batch_is_named_before_training(tmp_pa
     if big:
         monkeypatch.setattr(stores, "MEMORY_LIMIT", 1000)  # bytes: the file is some 6 kB
         monkeypatch.setattr(stores, "WALK_RECORDS", 16)  # record 90 in the sixth walk
-    for layer in cfg.proto.neuralnet.layer:
-        if layer.HasField("store_conf"):
-            layer.store_conf.backend, layer.store_conf.path = backend, store
-    with pytest.raises(DataError) as err:
-        check_first_batches(cfg, str(tmp_path), ["train"])
-    where = store if backend == "kvfile" else f"{store}/shard.dat"
-    assert str(err.value) == (f"{where}: record 90: label 12: expected a class index in 0..4 "
+    message, where = _first_batch_refusal(cfg, tmp_path, backend, store)
+    assert message == (f"{where}: record 90: label 12: expected a class index in 0..4 "
                               f"(layer 'loss' scores 5 classes)")
 
 
@@ -345,8 +352,6 @@ def test_a_kvfile_record_without_a_label_is_named_before_training(tmp_path, back
     from singa_mpi.data.convert import write_store
     from singa_mpi.data.shard import DataShardWriter
     from singa_mpi.data.stores import KVFileWriter
-    from singa_mpi.errors import DataError
-    from singa_mpi.launcher.checks import check_first_batches
     from singa_mpi.proto import job_pb2
 
     cfg, h5 = _first_batch_job(tmp_path, 5)
@@ -359,13 +364,8 @@ def test_a_kvfile_record_without_a_label_is_named_before_training(tmp_path, back
             if row != 90:  # not in the first batch of 32 (the job's seeded shuffle leaves it out)
                 record.label = int(labels[row])
             writer.write(f"{row:05d}", record)
-    for layer in cfg.proto.neuralnet.layer:
-        if layer.HasField("store_conf"):
-            layer.store_conf.backend, layer.store_conf.path = backend, store
-    with pytest.raises(DataError) as err:
-        check_first_batches(cfg, str(tmp_path), ["train"])
-    where = store if backend == "kvfile" else f"{store}/shard.dat"
-    assert str(err.value) == (f"{where}: record 90 (key b'00090') has no label, while record 0 has one: expected a "
+    message, where = _first_batch_refusal(cfg, tmp_path, backend, store)
+    assert message == (f"{where}: record 90 (key b'00090') has no label, while record 0 has one: expected a "
                               f"label in every record (protobuf reads a missing one as label 0)")
 
 
@@ -376,8 +376,6 @@ def test_a_kvfile_whose_record_0_alone_has_no_label_is_named_so(tmp_path, backen
     none of the labels the file holds; the line now names the record, and the first that has one."""
     from singa_mpi.data.shard import DataShardWriter
     from singa_mpi.data.stores import KVFileWriter
-    from singa_mpi.errors import DataError
-    from singa_mpi.launcher.checks import check_first_batches
     from singa_mpi.proto import job_pb2
 
     cfg, _ = _first_batch_job(tmp_path, 5)
@@ -388,13 +386,8 @@ def test_a_kvfile_whose_record_0_alone_has_no_label_is_named_so(tmp_path, backen
             if row > 2:
                 record.label = row % 5
             writer.write(f"{row:05d}", record)
-    for layer in cfg.proto.neuralnet.layer:
-        if layer.HasField("store_conf"):
-            layer.store_conf.backend, layer.store_conf.path = backend, store
-    with pytest.raises(DataError) as err:
-        check_first_batches(cfg, str(tmp_path), ["train"])
-    where = store if backend == "kvfile" else f"{store}/shard.dat"
-    assert str(err.value) == (f"layer 'data': {where}: record 0 (key b'00000') has no label, while record 3 has one: "
+    message, where = _first_batch_refusal(cfg, tmp_path, backend, store)
+    assert message == (f"layer 'data': {where}: record 0 (key b'00000') has no label, while record 3 has one: "
                               f"expected a label in every record (or store_conf.has_label: false to read none)")
 
 

@@ -111,8 +111,8 @@ def test_a_trace_name_too_long_for_the_files_beside_it_is_refused_before_trainin
     assert set(os.listdir(tmp_path)) <= {"job.conf", "data.h5", "ws"}  # and the probe left nothing
 
 
-def test_a_serial_run_that_fails_still_writes_the_trace_and_the_profile(tmp_path, capsys, monkeypatch):
-    """One rank has nothing to gather: the timeline and the profile up to the failure were lost with it."""
+def _checkpoints_fail_from_step_2(monkeypatch) -> None:
+    """The run's checkpoints from step 2 on fail as a disk gone away would (a DataError)."""
     from singa_mpi.errors import DataError
     from singa_mpi.trainer import Trainer
 
@@ -123,6 +123,13 @@ def test_a_serial_run_that_fails_still_writes_the_trace_and_the_profile(tmp_path
 
     keep = Trainer.save_checkpoint
     monkeypatch.setattr(Trainer, "save_checkpoint", failing)
+
+
+def test_a_serial_run_that_fails_still_writes_the_trace_and_the_profile(tmp_path, capsys, monkeypatch):
+    """One rank has nothing to gather: the timeline and the profile up to the failure were lost with it."""
+    from singa_mpi.errors import DataError
+
+    _checkpoints_fail_from_step_2(monkeypatch)
     conf = job_file(tmp_path, "data", steps=6, extra="\ncheckpoint_freq: 2\n")
     trace, workspace = tmp_path / "trace.json", tmp_path / "ws"
     assert cli.main(["train", conf, "--workspace", str(workspace), "--trace", str(trace)]) == DataError.exit_code
@@ -139,15 +146,8 @@ def test_a_serial_run_that_fails_under_elastic_keeps_its_profile_apart(tmp_path,
     restart's WORKSPACE/profile.json does not replace (only the MPI case had a test)."""
     from singa_mpi import run_events
     from singa_mpi.errors import DataError
-    from singa_mpi.trainer import Trainer
 
-    def failing(trainer, step):
-        if step >= 2:
-            raise DataError("the disk went away")
-        return keep(trainer, step)
-
-    keep = Trainer.save_checkpoint
-    monkeypatch.setattr(Trainer, "save_checkpoint", failing)
+    _checkpoints_fail_from_step_2(monkeypatch)
     monkeypatch.setenv(run_events.ATTEMPT_VARIABLE, "3")
     conf = job_file(tmp_path, "data", steps=6, extra="\ncheckpoint_freq: 2\n")
     workspace = tmp_path / "ws"
