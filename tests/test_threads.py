@@ -143,6 +143,8 @@ def test_the_limit_is_in_effect_during_training(tmp_path, monkeypatch, small_wor
 
 
 def test_the_users_variable_wins(tmp_path, monkeypatch):
+    for name in threads.THREAD_VARIABLES:  # CI sets OPENBLAS_NUM_THREADS=1, which counts before OMP's
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     monkeypatch.setattr(threads, "cores_available", lambda: 64)
     before = blas_threads_now()
